@@ -1,0 +1,110 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// AttachmentSpec records who holds a volume. Fencing rides on the API
+// server's optimistic concurrency: whoever writes an entry first holds it.
+type AttachmentSpec struct {
+	// AccessMode is the mode the holders were granted under.
+	AccessMode AccessMode `json:"accessMode"`
+
+	// Attachments are the holders: one record per node that staged the volume
+	// (Pod empty, MountDir the staging path) and one per pod mount.
+	// +listType=map
+	// +listMapKey=node
+	// +listMapKey=mountDir
+	// +kubebuilder:validation:MaxItems=1024
+	// +optional
+	Attachments []AttachmentEntry `json:"attachments,omitempty"`
+}
+
+// AttachmentEntry is one holder of a volume.
+type AttachmentEntry struct {
+	// Node is the node the volume is attached to.
+	// +kubebuilder:validation:MinLength=1
+	Node string `json:"node"`
+
+	// PodNamespace is the namespace of the pod, empty for a node's stage record.
+	// +optional
+	PodNamespace string `json:"podNamespace,omitempty"`
+
+	// Pod is the name of the pod, empty for a node's stage record.
+	// +optional
+	Pod string `json:"pod,omitempty"`
+
+	// PodUID is the UID of the pod, empty for a node's stage record.
+	// +optional
+	PodUID string `json:"podUID,omitempty"`
+
+	// MountDir is the pod's mount directory, or the staging path for a node's
+	// stage record.
+	// +kubebuilder:validation:MinLength=1
+	MountDir string `json:"mountDir"`
+
+	// StagingPath is the node-global path where the volume is staged.
+	// +optional
+	StagingPath string `json:"stagingPath,omitempty"`
+
+	// ReadOnly is true for read-only mounts.
+	// +optional
+	ReadOnly bool `json:"readOnly,omitempty"`
+}
+
+// IsStage tells whether the entry is a node's stage record rather than a pod mount.
+func (e *AttachmentEntry) IsStage() bool { return e.Pod == "" && e.PodUID == "" }
+
+// AttachmentNodeStatus is what the agent of one node reports.
+type AttachmentNodeStatus struct {
+	// Node the status is about.
+	Node string `json:"node"`
+
+	// DevicePath is the kernel block device the volume is attached as.
+	// +optional
+	DevicePath string `json:"devicePath,omitempty"`
+
+	// Staged is true once the volume is mounted at its staging path.
+	// +optional
+	Staged bool `json:"staged,omitempty"`
+}
+
+// AttachmentStatus is the observed state of an attachment.
+type AttachmentStatus struct {
+	// Nodes holds per-node state.
+	// +listType=map
+	// +listMapKey=node
+	// +optional
+	Nodes []AttachmentNodeStatus `json:"nodes,omitempty"`
+}
+
+// Attachment fences one volume: it is named after the volume (PV), so a
+// lookup is one GET, and lists every node and pod that holds it.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Cluster,shortName=batt,categories=berth
+// +kubebuilder:printcolumn:name="Mode",type=string,JSONPath=`.spec.accessMode`
+// +kubebuilder:printcolumn:name="Nodes",type=string,JSONPath=`.spec.attachments[*].node`
+// +kubebuilder:printcolumn:name="Pods",type=string,JSONPath=`.spec.attachments[*].pod`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type Attachment struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec AttachmentSpec `json:"spec"`
+	// +optional
+	Status AttachmentStatus `json:"status,omitempty"`
+}
+
+// AttachmentList is a list of Attachments.
+// +kubebuilder:object:root=true
+type AttachmentList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []Attachment `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&Attachment{}, &AttachmentList{})
+}

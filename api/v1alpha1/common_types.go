@@ -1,0 +1,46 @@
+package v1alpha1
+
+// AccessMode is how a volume may be used at once, following Kubernetes'
+// PersistentVolume access modes.
+// +kubebuilder:validation:Enum=ReadWriteOncePod;ReadWriteOnce;ReadWriteMany;ReadOnlyMany
+type AccessMode string
+
+const (
+	// ReadWriteOncePod allows a single pod.
+	ReadWriteOncePod AccessMode = "ReadWriteOncePod"
+	// ReadWriteOnce allows a single node, with any number of pods on it.
+	ReadWriteOnce AccessMode = "ReadWriteOnce"
+	// ReadWriteMany allows many nodes and pods, read-write.
+	ReadWriteMany AccessMode = "ReadWriteMany"
+	// ReadOnlyMany allows many nodes and pods, read-only.
+	ReadOnlyMany AccessMode = "ReadOnlyMany"
+)
+
+// VolumeMode says whether a volume carries a filesystem or is a raw block device.
+// +kubebuilder:validation:Enum=Filesystem;Block
+type VolumeMode string
+
+const (
+	// VolumeModeFilesystem volumes are formatted and mounted.
+	VolumeModeFilesystem VolumeMode = "Filesystem"
+	// VolumeModeBlock volumes are handed to the pod as a device.
+	VolumeModeBlock VolumeMode = "Block"
+)
+
+// Mounter says how a volume's backend image becomes a kernel block device.
+// +kubebuilder:validation:Enum=kernel;userspace
+type Mounter string
+
+const (
+	// MounterKernel attaches the image with a loop device directly.
+	MounterKernel Mounter = "kernel"
+	// MounterUserspace serves the image through berth blockdev (FUSE + loop),
+	// whose kernel connection the keeper holds across restarts.
+	MounterUserspace Mounter = "userspace"
+)
+
+// Condition types shared by berth resources.
+const (
+	// ConditionReady is True when the object is fully usable.
+	ConditionReady = "Ready"
+)

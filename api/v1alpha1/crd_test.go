@@ -1,0 +1,200 @@
+package v1alpha1_test
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/testenv"
+)
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() {
+		fmt.Println("skipping CRD tests in -short mode: they need a real kube-apiserver")
+		os.Exit(0)
+	}
+	var err error
+	env, err = testenv.Start()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	if err := env.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, "stop envtest:", err)
+	}
+	os.Exit(code)
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+// createAndRead creates obj, reads it back into out and deletes it.
+func createAndRead(t *testing.T, obj, out client.Object) {
+	t.Helper()
+	if err := env.Client.Create(ctx(t), obj); err != nil {
+		t.Fatalf("create %T %s: %v", obj, obj.GetName(), err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), obj) })
+	if err := env.Client.Get(ctx(t), client.ObjectKeyFromObject(obj), out); err != nil {
+		t.Fatalf("get %s: %v", obj.GetName(), err)
+	}
+}
+
+// mustRefuse creates obj and wants an Invalid error that mentions every want.
+func mustRefuse(t *testing.T, obj client.Object, wants ...string) {
+	t.Helper()
+	err := env.Client.Create(ctx(t), obj)
+	if err == nil {
+		_ = env.Client.Delete(context.Background(), obj)
+		t.Fatalf("create %s: accepted, want refused", obj.GetName())
+	}
+	for _, w := range wants {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("create %s: error %q does not mention %q", obj.GetName(), err, w)
+		}
+	}
+}
+
+func meta(name string) metav1.ObjectMeta { return metav1.ObjectMeta{Name: name} }
+
+func TestStorageClusterDefaultsRoundTrip(t *testing.T) {
+	var got v1.StorageCluster
+	createAndRead(t, &v1.StorageCluster{ObjectMeta: meta("defaults")}, &got)
+	s := got.Spec
+	if s.Backend != v1.BackendLocal || s.DataDir != "/var/lib/berth" || s.Network.Provider != v1.NetworkProviderHost ||
+		s.AttachmentGC.Interval == nil || s.AttachmentGC.Interval.Duration != 24*time.Hour || s.RWX.FastFailover == nil || !*s.RWX.FastFailover ||
+		s.RWX.NFSGraceSeconds == nil || *s.RWX.NFSGraceSeconds != 10 || s.CleanupPolicy != v1.CleanupDetach {
+		t.Errorf("defaults not applied: %+v", s)
+	}
+}
+
+func TestStorageClusterMultus(t *testing.T) {
+	var got v1.StorageCluster
+	createAndRead(t, &v1.StorageCluster{ObjectMeta: meta("multus"), Spec: v1.StorageClusterSpec{
+		Network:      v1.NetworkSpec{Provider: v1.NetworkProviderMultus, Selectors: &v1.NetworkSelectors{Public: "storage/public"}},
+		AttachmentGC: v1.AttachmentGCSpec{Interval: &metav1.Duration{Duration: 5 * time.Second}},
+	}}, &got)
+	if got.Spec.Network.Selectors.ClusterNetwork() != "storage/public" {
+		t.Errorf("cluster network = %q, want it to default to public", got.Spec.Network.Selectors.ClusterNetwork())
+	}
+	if got.Spec.AttachmentGC.Interval.Duration != 5*time.Second {
+		t.Errorf("gc interval = %v", got.Spec.AttachmentGC.Interval)
+	}
+
+	mustRefuse(t, &v1.StorageCluster{ObjectMeta: meta("multus-bare"), Spec: v1.StorageClusterSpec{
+		Network: v1.NetworkSpec{Provider: v1.NetworkProviderMultus},
+	}}, "multus needs at least one of network.selectors.public or network.selectors.cluster")
+	mustRefuse(t, &v1.StorageCluster{ObjectMeta: meta("multus-empty"), Spec: v1.StorageClusterSpec{
+		Network: v1.NetworkSpec{Provider: v1.NetworkProviderMultus, Selectors: &v1.NetworkSelectors{}},
+	}}, "multus needs at least one")
+	mustRefuse(t, &v1.StorageCluster{ObjectMeta: meta("bad-provider"), Spec: v1.StorageClusterSpec{
+		Network: v1.NetworkSpec{Provider: "calico"},
+	}}, "spec.network.provider", `"host", "multus"`)
+	mustRefuse(t, &v1.StorageCluster{ObjectMeta: meta("bad-gc"), Spec: v1.StorageClusterSpec{
+		AttachmentGC: v1.AttachmentGCSpec{Interval: &metav1.Duration{Duration: time.Millisecond}},
+	}}, "attachmentGC.interval must be at least 1s")
+	mustRefuse(t, &v1.StorageCluster{ObjectMeta: meta("bad-grace"), Spec: v1.StorageClusterSpec{
+		RWX: v1.RWXSpec{NFSGraceSeconds: ptr.To[int32](500)},
+	}}, "spec.rwx.nfsGraceSeconds")
+}
+
+func volume(name string, mut func(*v1.VolumeSpec)) *v1.Volume {
+	v := &v1.Volume{ObjectMeta: meta(name), Spec: v1.VolumeSpec{StorageCluster: "default", Size: resource.MustParse("1Gi"), Node: "node-a"}}
+	if mut != nil {
+		mut(&v.Spec)
+	}
+	return v
+}
+
+func TestVolumeValidation(t *testing.T) {
+	var got v1.Volume
+	createAndRead(t, volume("vol-ok", nil), &got)
+	if got.Spec.AccessMode != v1.ReadWriteOnce || got.Spec.VolumeMode != v1.VolumeModeFilesystem || got.Spec.Mounter != v1.MounterKernel {
+		t.Errorf("defaults not applied: %+v", got.Spec)
+	}
+	got.Status = v1.VolumeStatus{State: v1.VolumeAvailable, ShareState: v1.ShareRunning, ShareEndpoint: "nfs://10.0.0.1:2049/vol-ok"}
+	if err := env.Client.Status().Update(ctx(t), &got); err != nil {
+		t.Fatalf("status update: %v", err)
+	}
+
+	mustRefuse(t, volume("vol-negative", func(s *v1.VolumeSpec) { s.Size = resource.MustParse("-1Gi") }), "size must be greater than zero")
+	mustRefuse(t, volume("vol-zero", func(s *v1.VolumeSpec) { s.Size = resource.MustParse("0") }), "size must be greater than zero")
+	mustRefuse(t, volume("vol-mode", func(s *v1.VolumeSpec) { s.AccessMode = "ReadWriteSometimes" }), "spec.accessMode", "ReadWriteOncePod")
+	mustRefuse(t, volume("vol-mounter", func(s *v1.VolumeSpec) { s.Mounter = "fuse" }), "spec.mounter")
+	mustRefuse(t, volume("vol-fs", func(s *v1.VolumeSpec) { s.FSType = "ntfs" }), "spec.fsType")
+	mustRefuse(t, volume("vol-blockfs", func(s *v1.VolumeSpec) { s.VolumeMode = v1.VolumeModeBlock; s.FSType = "ext4" }), "fsType must be empty for Block volumes")
+
+	got.Spec.Node = "node-b"
+	if err := env.Client.Update(ctx(t), &got); err == nil || !strings.Contains(err.Error(), "node is immutable") {
+		t.Errorf("moving a volume to another node: err = %v, want 'node is immutable'", err)
+	}
+}
+
+func TestAttachmentValidation(t *testing.T) {
+	var got v1.Attachment
+	createAndRead(t, &v1.Attachment{ObjectMeta: meta("pvc-1"), Spec: v1.AttachmentSpec{
+		AccessMode: v1.ReadWriteOnce,
+		Attachments: []v1.AttachmentEntry{
+			{Node: "node-a", MountDir: "/var/lib/kubelet/plugins/berth.io/pv/pvc-1/globalmount", StagingPath: "/var/lib/kubelet/plugins/berth.io/pv/pvc-1/globalmount"},
+			{Node: "node-a", PodNamespace: "default", Pod: "web-0", PodUID: "u1", MountDir: "/var/lib/kubelet/pods/u1/volumes/pvc-1"},
+		},
+	}}, &got)
+	if len(got.Spec.Attachments) != 2 || !got.Spec.Attachments[0].IsStage() || got.Spec.Attachments[1].IsStage() {
+		t.Errorf("round trip: %+v", got.Spec.Attachments)
+	}
+
+	dup := v1.AttachmentEntry{Node: "node-a", Pod: "web-0", PodUID: "u1", MountDir: "/var/lib/kubelet/pods/u1/volumes/pvc-2"}
+	mustRefuse(t, &v1.Attachment{ObjectMeta: meta("pvc-2"), Spec: v1.AttachmentSpec{
+		AccessMode: v1.ReadWriteMany, Attachments: []v1.AttachmentEntry{dup, dup},
+	}}, "Duplicate value", "spec.attachments[1]")
+	mustRefuse(t, &v1.Attachment{ObjectMeta: meta("pvc-3"), Spec: v1.AttachmentSpec{AccessMode: "Sometimes"}}, "spec.accessMode")
+	mustRefuse(t, &v1.Attachment{ObjectMeta: meta("pvc-4"), Spec: v1.AttachmentSpec{
+		AccessMode: v1.ReadWriteOnce, Attachments: []v1.AttachmentEntry{{MountDir: "/x"}},
+	}}, "spec.attachments[0].node")
+}
+
+func TestNodeCleanupRoundTrip(t *testing.T) {
+	var got v1.NodeCleanup
+	now := metav1.NewTime(time.Now().Truncate(time.Second))
+	createAndRead(t, &v1.NodeCleanup{ObjectMeta: meta("node-a"), Spec: v1.NodeCleanupSpec{Entries: []v1.StaleAttachment{
+		{Volume: "pvc-1", MountDir: "/m", Reason: v1.ReasonNodeOutOfService, FoundAt: now},
+	}}}, &got)
+	if len(got.Spec.Entries) != 1 || got.Spec.Entries[0].Reason != v1.ReasonNodeOutOfService {
+		t.Errorf("round trip: %+v", got.Spec)
+	}
+	mustRefuse(t, &v1.NodeCleanup{ObjectMeta: meta("node-b"), Spec: v1.NodeCleanupSpec{Entries: []v1.StaleAttachment{
+		{Volume: "pvc-1", MountDir: "/m", Reason: "Bored", FoundAt: now},
+	}}}, "spec.entries[0].reason")
+}
+
+func TestShareManagerStates(t *testing.T) {
+	sm := &v1.ShareManager{ObjectMeta: metav1.ObjectMeta{Name: "pvc-rwx", Namespace: "default"}, Spec: v1.ShareManagerSpec{Volume: "pvc-rwx", Image: "berth:dev"}}
+	var got v1.ShareManager
+	createAndRead(t, sm, &got)
+	got.Status = v1.ShareManagerStatus{State: v1.ShareRunning, OwnerID: "node-a", Endpoint: "nfs://10.0.0.2:2049/pvc-rwx"}
+	if err := env.Client.Status().Update(ctx(t), &got); err != nil {
+		t.Fatalf("status update to running: %v", err)
+	}
+	got.Status.State = "exploded"
+	err := env.Client.Status().Update(ctx(t), &got)
+	if err == nil || !strings.Contains(err.Error(), "status.state") || !strings.Contains(err.Error(), `"running"`) {
+		t.Errorf("unknown state: err = %v, want a refusal naming status.state and the allowed states", err)
+	}
+}

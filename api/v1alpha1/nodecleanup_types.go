@@ -1,0 +1,108 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// CleanupReason says why an attachment entry became stale.
+// +kubebuilder:validation:Enum=NodeGone;NodeOutOfService;PodGone;PodMoved;ClusterDeleted
+type CleanupReason string
+
+// Reasons for stale attachment entries.
+const (
+	ReasonNodeGone         CleanupReason = "NodeGone"
+	ReasonNodeOutOfService CleanupReason = "NodeOutOfService"
+	ReasonPodGone          CleanupReason = "PodGone"
+	ReasonPodMoved         CleanupReason = "PodMoved"
+	ReasonClusterDeleted   CleanupReason = "ClusterDeleted"
+)
+
+// NodeCleanupSpec holds the stale attachment entries of one node.
+type NodeCleanupSpec struct {
+	// Entries the node's agent must undo: unmount, detach, forget.
+	// +listType=map
+	// +listMapKey=volume
+	// +listMapKey=mountDir
+	// +kubebuilder:validation:MaxItems=4096
+	// +optional
+	Entries []StaleAttachment `json:"entries,omitempty"`
+}
+
+// StaleAttachment is an attachment entry taken away from its node.
+type StaleAttachment struct {
+	// Volume whose Attachment held the entry.
+	// +kubebuilder:validation:MinLength=1
+	Volume string `json:"volume"`
+
+	// MountDir of the entry (the staging path for a stage record).
+	// +kubebuilder:validation:MinLength=1
+	MountDir string `json:"mountDir"`
+
+	// StagingPath of the volume on the node.
+	// +optional
+	StagingPath string `json:"stagingPath,omitempty"`
+
+	// Pod held the entry, as namespace/name, empty for a stage record.
+	// +optional
+	Pod string `json:"pod,omitempty"`
+
+	// PodUID held the entry.
+	// +optional
+	PodUID string `json:"podUID,omitempty"`
+
+	// Reason the entry went stale.
+	Reason CleanupReason `json:"reason"`
+
+	// FoundAt is when the entry was moved here.
+	FoundAt metav1.Time `json:"foundAt"`
+}
+
+// NodeCleanupStatus is what the node's agent reports.
+type NodeCleanupStatus struct {
+	// LastProcessed is when the agent last worked through the list.
+	// +optional
+	LastProcessed *metav1.Time `json:"lastProcessed,omitempty"`
+
+	// Pending counts entries not undone yet.
+	// +optional
+	Pending int32 `json:"pending,omitempty"`
+
+	// Conditions tell whether the last pass succeeded.
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// NodeCleanup is the stale-attachment list of one node, named after the node.
+// The attachment GC and lock breaking add entries; the node's agent undoes
+// them when it (re)starts and periodically.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Cluster,shortName=bnc,categories=berth
+// +kubebuilder:printcolumn:name="Entries",type=integer,JSONPath=`.status.pending`
+// +kubebuilder:printcolumn:name="Volumes",type=string,JSONPath=`.spec.entries[*].volume`
+// +kubebuilder:printcolumn:name="Last-Processed",type=date,JSONPath=`.status.lastProcessed`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type NodeCleanup struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +optional
+	Spec NodeCleanupSpec `json:"spec,omitempty"`
+	// +optional
+	Status NodeCleanupStatus `json:"status,omitempty"`
+}
+
+// NodeCleanupList is a list of NodeCleanups.
+// +kubebuilder:object:root=true
+type NodeCleanupList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []NodeCleanup `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&NodeCleanup{}, &NodeCleanupList{})
+}

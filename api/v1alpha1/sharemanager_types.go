@@ -1,0 +1,70 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// ShareManagerSpec is the wanted state of a read-write-many volume's share.
+type ShareManagerSpec struct {
+	// Volume is the name of the Volume this share serves.
+	// +kubebuilder:validation:MinLength=1
+	Volume string `json:"volume"`
+
+	// Image runs the share-manager pod (berth share-manager with nfs-ganesha).
+	// +kubebuilder:validation:MinLength=1
+	Image string `json:"image"`
+}
+
+// ShareManagerStatus is the observed state of a share.
+type ShareManagerStatus struct {
+	// State of the share.
+	// +kubebuilder:default=unknown
+	// +optional
+	State ShareState `json:"state,omitempty"`
+
+	// OwnerID is the node whose share-manager serves the volume now.
+	// +optional
+	OwnerID string `json:"ownerID,omitempty"`
+
+	// Endpoint is the NFS endpoint workloads mount.
+	// +optional
+	Endpoint string `json:"endpoint,omitempty"`
+
+	// Conditions tell what is ready and what is not.
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// ShareManager serves one read-write-many volume over NFS-Ganesha from one
+// node at a time, and fails over to another node when its lease lapses.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=bsm,categories=berth
+// +kubebuilder:printcolumn:name="Volume",type=string,JSONPath=`.spec.volume`
+// +kubebuilder:printcolumn:name="State",type=string,JSONPath=`.status.state`
+// +kubebuilder:printcolumn:name="Owner",type=string,JSONPath=`.status.ownerID`
+// +kubebuilder:printcolumn:name="Endpoint",type=string,JSONPath=`.status.endpoint`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type ShareManager struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec ShareManagerSpec `json:"spec"`
+	// +optional
+	Status ShareManagerStatus `json:"status,omitempty"`
+}
+
+// ShareManagerList is a list of ShareManagers.
+// +kubebuilder:object:root=true
+type ShareManagerList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []ShareManager `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&ShareManager{}, &ShareManagerList{})
+}

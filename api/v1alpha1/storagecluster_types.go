@@ -1,0 +1,220 @@
+package v1alpha1
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Backend names where a cluster's volumes live.
+// +kubebuilder:validation:Enum=local;ceph
+type Backend string
+
+const (
+	// BackendLocal keeps each volume as a sparse image file on its node.
+	BackendLocal Backend = "local"
+	// BackendCeph keeps volumes as RBD images in a Ceph pool.
+	BackendCeph Backend = "ceph"
+)
+
+// NetworkProvider selects how storage traffic reaches the nodes.
+// +kubebuilder:validation:Enum=host;multus
+type NetworkProvider string
+
+const (
+	// NetworkProviderHost uses the host network.
+	NetworkProviderHost NetworkProvider = "host"
+	// NetworkProviderMultus attaches dedicated interfaces through multus
+	// NetworkAttachmentDefinitions, kept alive by the holder/mover.
+	NetworkProviderMultus NetworkProvider = "multus"
+)
+
+// CleanupPolicy says what deleting a StorageCluster does to its volumes.
+// +kubebuilder:validation:Enum=Detach;Retain
+type CleanupPolicy string
+
+const (
+	// CleanupDetach makes every agent unmount and detach the cluster's volumes
+	// on its node, even while pods use them, before the cluster goes away.
+	CleanupDetach CleanupPolicy = "Detach"
+	// CleanupRetain leaves mounts and devices in place.
+	CleanupRetain CleanupPolicy = "Retain"
+)
+
+// StorageClusterSpec is the wanted state of one storage cluster.
+// +kubebuilder:validation:XValidation:rule="self.network.provider != 'multus' || (has(self.network.selectors) && (has(self.network.selectors.public) || has(self.network.selectors.cluster)))",message="network.provider multus needs at least one of network.selectors.public or network.selectors.cluster"
+type StorageClusterSpec struct {
+	// Backend stores the volumes.
+	// +kubebuilder:default=local
+	// +optional
+	Backend Backend `json:"backend,omitempty"`
+
+	// DataDir is the folder on each node that holds local volume images.
+	// +kubebuilder:default="/var/lib/berth"
+	// +kubebuilder:validation:Pattern=`^/.*`
+	// +optional
+	DataDir string `json:"dataDir,omitempty"`
+
+	// Agent places the node agent.
+	// +optional
+	Agent AgentSpec `json:"agent,omitempty"`
+
+	// Network selects the networks storage traffic uses.
+	// +kubebuilder:default={provider: host}
+	// +optional
+	Network NetworkSpec `json:"network,omitempty"`
+
+	// AttachmentGC sets how often stale attachments are collected.
+	// +kubebuilder:default={interval: "24h"}
+	// +optional
+	AttachmentGC AttachmentGCSpec `json:"attachmentGC,omitempty"`
+
+	// RWX sets how read-write-many volumes are shared.
+	// +kubebuilder:default={fastFailover: true, nfsGraceSeconds: 10}
+	// +optional
+	RWX RWXSpec `json:"rwx,omitempty"`
+
+	// CleanupPolicy says what deleting this cluster does to its volumes on the nodes.
+	// +kubebuilder:default=Detach
+	// +optional
+	CleanupPolicy CleanupPolicy `json:"cleanupPolicy,omitempty"`
+}
+
+// AgentSpec places the node agent DaemonSet.
+type AgentSpec struct {
+	// NodeSelector limits the agent to matching nodes.
+	// +optional
+	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+
+	// Tolerations let the agent run on tainted nodes.
+	// +optional
+	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
+}
+
+// NetworkSpec selects the networks storage traffic uses.
+type NetworkSpec struct {
+	// Provider is host (default) or multus.
+	// +kubebuilder:default=host
+	// +optional
+	Provider NetworkProvider `json:"provider,omitempty"`
+
+	// Selectors name the multus NetworkAttachmentDefinitions ("namespace/name").
+	// +optional
+	Selectors *NetworkSelectors `json:"selectors,omitempty"`
+}
+
+// NetworkSelectors name the multus networks for client and replication traffic.
+type NetworkSelectors struct {
+	// Public carries client traffic.
+	// +kubebuilder:validation:MinLength=1
+	// +optional
+	Public string `json:"public,omitempty"`
+
+	// Cluster carries replication traffic; it defaults to Public.
+	// +kubebuilder:validation:MinLength=1
+	// +optional
+	Cluster string `json:"cluster,omitempty"`
+}
+
+// ClusterNetwork returns the network replication traffic uses: Cluster when
+// set, else Public.
+func (s *NetworkSelectors) ClusterNetwork() string {
+	if s == nil {
+		return ""
+	}
+	if s.Cluster != "" {
+		return s.Cluster
+	}
+	return s.Public
+}
+
+// AttachmentGCSpec sets the stale-attachment collector.
+type AttachmentGCSpec struct {
+	// Interval between two scans of all Attachments.
+	// +kubebuilder:default="24h"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s')",message="attachmentGC.interval must be at least 1s"
+	// +optional
+	Interval *metav1.Duration `json:"interval,omitempty"`
+}
+
+// RWXSpec sets how read-write-many volumes are shared over NFS.
+type RWXSpec struct {
+	// FastFailover moves a share to another node as soon as its lease lapses.
+	// +kubebuilder:default=true
+	// +optional
+	FastFailover *bool `json:"fastFailover,omitempty"`
+
+	// NFSGraceSeconds is the NFS grace period after a share moves.
+	// +kubebuilder:default=10
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=180
+	// +optional
+	NFSGraceSeconds *int32 `json:"nfsGraceSeconds,omitempty"`
+}
+
+// StorageClusterPhase summarises a cluster's state.
+// +kubebuilder:validation:Enum=Progressing;Ready;Deleting;Error
+type StorageClusterPhase string
+
+// StorageCluster phases.
+const (
+	StorageClusterProgressing StorageClusterPhase = "Progressing"
+	StorageClusterReady       StorageClusterPhase = "Ready"
+	StorageClusterDeleting    StorageClusterPhase = "Deleting"
+	StorageClusterError       StorageClusterPhase = "Error"
+)
+
+// StorageClusterStatus is the observed state of a storage cluster.
+type StorageClusterStatus struct {
+	// Phase summarises the conditions.
+	// +optional
+	Phase StorageClusterPhase `json:"phase,omitempty"`
+
+	// ObservedGeneration is the spec generation the status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// CleanedNodes lists the nodes whose agents finished cleanup during deletion.
+	// +listType=set
+	// +optional
+	CleanedNodes []string `json:"cleanedNodes,omitempty"`
+
+	// Conditions tell what is ready and what is not.
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// StorageCluster is one storage cluster: its backend, where its agents run,
+// its networks, and how its volumes are collected and cleaned up.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Cluster,shortName=bsc,categories=berth
+// +kubebuilder:printcolumn:name="Backend",type=string,JSONPath=`.spec.backend`
+// +kubebuilder:printcolumn:name="Network",type=string,JSONPath=`.spec.network.provider`
+// +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type StorageCluster struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +optional
+	Spec StorageClusterSpec `json:"spec,omitempty"`
+	// +optional
+	Status StorageClusterStatus `json:"status,omitempty"`
+}
+
+// StorageClusterList is a list of StorageClusters.
+// +kubebuilder:object:root=true
+type StorageClusterList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []StorageCluster `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&StorageCluster{}, &StorageClusterList{})
+}

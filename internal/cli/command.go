@@ -1,0 +1,26 @@
+// Package cli holds what every berth command shares: the Command type that
+// cmd/berth dispatches to. Each command lives in its own subpackage and turns
+// its flags into a Config whose Run does the work.
+package cli
+
+import (
+	"context"
+	"io"
+)
+
+// IO is where a command reads and writes.
+type IO struct {
+	Stdin  io.Reader
+	Stdout io.Writer
+	Stderr io.Writer
+}
+
+// Command is one berth command.
+type Command struct {
+	// Name is the first argument (or argv[0]) that selects the command.
+	Name string
+	// Summary is the one line shown by `berth help`.
+	Summary string
+	// Main parses args (without the command name) and runs the command.
+	Main func(ctx context.Context, args []string, stdio IO) error
+}

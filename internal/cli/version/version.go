@@ -1,0 +1,47 @@
+// Package version is the `berth version` command.
+package version
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+
+	"github.com/berth-io/berth/internal/cli"
+	buildversion "github.com/berth-io/berth/internal/version"
+)
+
+// Config selects the output format.
+type Config struct {
+	JSON bool
+	Out  io.Writer
+}
+
+// Run prints the version.
+func (c Config) Run(context.Context) error {
+	info := buildversion.Get()
+	if c.JSON {
+		return json.NewEncoder(c.Out).Encode(info)
+	}
+	_, err := fmt.Fprintf(c.Out, "berth %s (commit %s, %s)\n", info.Version, info.Commit, info.GoVersion)
+	return err
+}
+
+// Command is `berth version`.
+func Command() cli.Command {
+	return cli.Command{
+		Name:    "version",
+		Summary: "print version, commit and Go version",
+		Main: func(ctx context.Context, args []string, stdio cli.IO) error {
+			fs := flag.NewFlagSet("berth version", flag.ContinueOnError)
+			fs.SetOutput(stdio.Stderr)
+			cfg := Config{Out: stdio.Stdout}
+			fs.BoolVar(&cfg.JSON, "json", false, "print JSON")
+			if err := fs.Parse(args); err != nil {
+				return err
+			}
+			return cfg.Run(ctx)
+		},
+	}
+}
