@@ -44,3 +44,21 @@ const (
 	// ConditionReady is True when the object is fully usable.
 	ConditionReady = "Ready"
 )
+
+// Names shared by the CSI controller, the agent and the operator.
+const (
+	// DriverName is berth's CSI driver name.
+	DriverName = "berth.io"
+	// TopologyNodeKey is the topology key of a local volume's node.
+	TopologyNodeKey = "topology.berth.io/node"
+	// NodeLabel on Volumes and Snapshots names the node whose agent owns them,
+	// so that each agent watches only its own.
+	NodeLabel = "berth.io/node"
+	// CapacityAnnotation on a Node is the free bytes its agent reports.
+	CapacityAnnotation = "capacity.berth.io/local"
+	// CSINameAnnotation keeps the name Kubernetes asked for, when the
+	// object's name had to be derived from it.
+	CSINameAnnotation = "berth.io/csi-name"
+	// ImageFinalizer keeps a Volume or Snapshot until its agent removed the image.
+	ImageFinalizer = "berth.io/image"
+)
