@@ -1,0 +1,18 @@
+package agent
+
+import "errors"
+
+// Errors callers decide on; the CSI and agent-socket boundaries map them to
+// their own codes.
+var (
+	// ErrBusy: another operation on the volume is running.
+	ErrBusy = errors.New("another operation on this volume is in progress")
+	// ErrVolumeNotFound: no Volume object (or image) of that ID.
+	ErrVolumeNotFound = errors.New("volume not found")
+	// ErrWrongNode: the volume lives on another node.
+	ErrWrongNode = errors.New("volume belongs to another node")
+	// ErrNotStaged: publish before stage.
+	ErrNotStaged = errors.New("volume is not staged on this node")
+	// ErrUnsupported: the volume asks for something this agent cannot do.
+	ErrUnsupported = errors.New("not supported")
+)

@@ -1,0 +1,540 @@
+package csi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+)
+
+const (
+	defaultVolumeSize = 1 << 30
+	sizeAlign         = 1 << 20
+	// ParamMounter selects kernel or userspace in StorageClass parameters.
+	ParamMounter = "mounter"
+	// ParamFSType is the fs type parameter Kubernetes documents for CSI.
+	ParamFSType = "csi.storage.k8s.io/fstype"
+	// reasonNoSpace is the Ready condition reason an agent sets when the
+	// image does not fit.
+	reasonNoSpace = "NoSpace"
+)
+
+// ControllerConfig configures the Controller service.
+type ControllerConfig struct {
+	// StorageCluster that new volumes belong to.
+	StorageCluster string
+	// Wait bounds how long a call waits for the agent (on top of the caller's deadline).
+	Wait time.Duration
+	// Poll is how often the controller looks at the object it waits for.
+	Poll time.Duration
+}
+
+// Controller is the CSI Controller service. It records the wanted volume in
+// the API server and waits for the agent of the chosen node to make it, so
+// that a restart of either side loses nothing.
+type Controller struct {
+	csi.UnimplementedControllerServer
+	c   client.Client
+	cfg ControllerConfig
+	log logr.Logger
+}
+
+// NewController returns the Controller service.
+func NewController(c client.Client, cfg ControllerConfig, log logr.Logger) *Controller {
+	if cfg.Wait == 0 {
+		cfg.Wait = 2 * time.Minute
+	}
+	if cfg.Poll == 0 {
+		cfg.Poll = 50 * time.Millisecond
+	}
+	return &Controller{c: c, cfg: cfg, log: log}
+}
+
+// ControllerGetCapabilities implements csi.ControllerServer.
+func (s *Controller) ControllerGetCapabilities(context.Context, *csi.ControllerGetCapabilitiesRequest) (*csi.ControllerGetCapabilitiesResponse, error) {
+	var caps []*csi.ControllerServiceCapability
+	for _, t := range []csi.ControllerServiceCapability_RPC_Type{
+		csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME,
+		csi.ControllerServiceCapability_RPC_LIST_VOLUMES,
+		csi.ControllerServiceCapability_RPC_GET_CAPACITY,
+		csi.ControllerServiceCapability_RPC_EXPAND_VOLUME,
+		csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT,
+		csi.ControllerServiceCapability_RPC_LIST_SNAPSHOTS,
+		csi.ControllerServiceCapability_RPC_CLONE_VOLUME,
+	} {
+		caps = append(caps, &csi.ControllerServiceCapability{Type: &csi.ControllerServiceCapability_Rpc{Rpc: &csi.ControllerServiceCapability_RPC{Type: t}}})
+	}
+	return &csi.ControllerGetCapabilitiesResponse{Capabilities: caps}, nil
+}
+
+// CreateVolume implements csi.ControllerServer.
+func (s *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
+	if req.GetName() == "" {
+		return nil, status.Error(codes.InvalidArgument, "name missing")
+	}
+	mode, volMode, fsType, err := checkCapabilities(req.GetVolumeCapabilities())
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	mounter, paramFS, err := parseParameters(req.GetParameters())
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	if fsType == "" {
+		fsType = paramFS
+	}
+	if volMode == v1.VolumeModeBlock {
+		fsType = ""
+	} else if fsType == "" {
+		fsType = "ext4"
+	}
+	size, err := requestedSize(req.GetCapacityRange())
+	if err != nil {
+		return nil, status.Error(codes.OutOfRange, err.Error())
+	}
+
+	spec := v1.VolumeSpec{
+		StorageCluster: s.cfg.StorageCluster, AccessMode: mode, VolumeMode: volMode,
+		FSType: fsType, Mounter: mounter,
+	}
+	if err := s.resolveSource(ctx, req.GetVolumeContentSource(), &spec, &size, req.GetCapacityRange()); err != nil {
+		return nil, err
+	}
+	spec.Size = *resource.NewQuantity(size, resource.BinarySI)
+
+	name := objectName("vol", req.GetName())
+	vol := &v1.Volume{}
+	err = s.c.Get(ctx, client.ObjectKey{Name: name}, vol)
+	switch {
+	case apierrors.IsNotFound(err):
+		if spec.Node == "" {
+			if spec.Node, err = s.chooseNode(ctx, req.GetAccessibilityRequirements(), size); err != nil {
+				return nil, err
+			}
+		}
+		vol = &v1.Volume{ObjectMeta: metav1.ObjectMeta{
+			Name:        name,
+			Labels:      map[string]string{v1.NodeLabel: spec.Node},
+			Annotations: map[string]string{v1.CSINameAnnotation: req.GetName()},
+		}, Spec: spec}
+		if err := s.c.Create(ctx, vol); err != nil && !apierrors.IsAlreadyExists(err) {
+			return nil, status.Errorf(codes.Internal, "create Volume %s: %v", name, err)
+		}
+	case err != nil:
+		return nil, status.Errorf(codes.Unavailable, "get Volume %s: %v", name, err)
+	default:
+		if err := sameVolume(vol, &spec); err != nil {
+			return nil, status.Errorf(codes.AlreadyExists, "volume %q exists with other parameters: %v", req.GetName(), err)
+		}
+	}
+
+	vol, err = s.waitVolume(ctx, name, func(v *v1.Volume) bool {
+		return v.Status.State == v1.VolumeAvailable || v.Status.State == v1.VolumeError
+	})
+	if err != nil {
+		return nil, err
+	}
+	if vol.Status.State == v1.VolumeError {
+		return nil, s.failedCreate(ctx, vol)
+	}
+	return &csi.CreateVolumeResponse{Volume: csiVolume(vol, req.GetVolumeContentSource())}, nil
+}
+
+// failedCreate removes a Volume whose image the agent could not make, so a
+// refused request leaves nothing behind, and names the agent's reason.
+func (s *Controller) failedCreate(ctx context.Context, vol *v1.Volume) error {
+	if err := s.c.Delete(ctx, vol); err != nil && !apierrors.IsNotFound(err) {
+		s.log.Error(err, "remove failed Volume", "volume", vol.Name)
+	}
+	code := codes.Internal
+	if c := meta.FindStatusCondition(vol.Status.Conditions, v1.ConditionReady); c != nil && c.Reason == reasonNoSpace {
+		code = codes.ResourceExhausted
+	}
+	return status.Errorf(code, "node %s could not create volume %s: %s", vol.Spec.Node, vol.Name, vol.Status.Message)
+}
+
+func parseParameters(params map[string]string) (v1.Mounter, string, error) {
+	mounter := v1.MounterKernel
+	var fsType string
+	for k, v := range params {
+		switch {
+		case k == ParamMounter:
+			switch v1.Mounter(v) {
+			case v1.MounterKernel, v1.MounterUserspace:
+				mounter = v1.Mounter(v)
+			default:
+				return "", "", fmt.Errorf("parameter %s=%q: want kernel or userspace", k, v)
+			}
+		case k == ParamFSType:
+			if err := checkFSType(v); err != nil {
+				return "", "", fmt.Errorf("parameter %s: %w", k, err)
+			}
+			fsType = v
+		case strings.HasPrefix(k, "csi.storage.k8s.io/"):
+			// Kubernetes' own metadata (PVC name, namespace, ...).
+		default:
+			return "", "", fmt.Errorf("unknown parameter %q (known: %s, %s)", k, ParamMounter, ParamFSType)
+		}
+	}
+	return mounter, fsType, nil
+}
+
+func requestedSize(r *csi.CapacityRange) (int64, error) {
+	req, limit := r.GetRequiredBytes(), r.GetLimitBytes()
+	if req < 0 || limit < 0 {
+		return 0, fmt.Errorf("capacity range must not be negative")
+	}
+	size := req
+	if size == 0 {
+		size = defaultVolumeSize
+		if limit > 0 && limit < size {
+			size = limit
+		}
+	}
+	size = (size + sizeAlign - 1) / sizeAlign * sizeAlign
+	if limit > 0 && size > limit {
+		if req > limit {
+			return 0, fmt.Errorf("required bytes %d exceed limit bytes %d", req, limit)
+		}
+		size = limit // the limit is not 1 MiB aligned: honour it exactly
+	}
+	return size, nil
+}
+
+// sameVolume tells whether an existing volume answers a repeated request.
+func sameVolume(vol *v1.Volume, spec *v1.VolumeSpec) error {
+	switch {
+	case vol.Spec.Size.Value() != spec.Size.Value():
+		return fmt.Errorf("size %s, asked %s", vol.Spec.Size.String(), spec.Size.String())
+	case vol.Spec.VolumeMode != spec.VolumeMode:
+		return fmt.Errorf("volume mode %s, asked %s", vol.Spec.VolumeMode, spec.VolumeMode)
+	case vol.Spec.Mounter != spec.Mounter:
+		return fmt.Errorf("mounter %s, asked %s", vol.Spec.Mounter, spec.Mounter)
+	case !sameSource(vol.Spec.Source, spec.Source):
+		return fmt.Errorf("other content source")
+	}
+	return nil
+}
+
+func sameSource(a, b *v1.VolumeSource) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
+}
+
+// chooseNode picks the node of a new local volume: the first preferred, then
+// requisite topology, or else the node whose agent reports the most free space.
+func (s *Controller) chooseNode(ctx context.Context, top *csi.TopologyRequirement, size int64) (string, error) {
+	for _, list := range [][]*csi.Topology{top.GetPreferred(), top.GetRequisite()} {
+		for _, t := range list {
+			if n := t.GetSegments()[v1.TopologyNodeKey]; n != "" {
+				free, known, err := s.nodeCapacity(ctx, n)
+				if err != nil {
+					return "", err
+				}
+				if known && free < size {
+					continue
+				}
+				return n, nil
+			}
+		}
+	}
+	if len(top.GetRequisite()) > 0 || len(top.GetPreferred()) > 0 {
+		return "", status.Errorf(codes.ResourceExhausted, "no node of the requested topology has %d bytes free", size)
+	}
+	nodes := &corev1.NodeList{}
+	if err := s.c.List(ctx, nodes); err != nil {
+		return "", status.Errorf(codes.Unavailable, "list nodes: %v", err)
+	}
+	best, bestFree := "", int64(-1)
+	for _, n := range nodes.Items {
+		if free, ok := capacityOf(&n); ok && free > bestFree {
+			best, bestFree = n.Name, free
+		}
+	}
+	switch {
+	case best == "":
+		return "", status.Error(codes.ResourceExhausted, "no berth agent reports capacity on any node")
+	case bestFree < size:
+		return "", status.Errorf(codes.ResourceExhausted, "no node has %d bytes free (most: %d on %s)", size, bestFree, best)
+	}
+	return best, nil
+}
+
+func (s *Controller) nodeCapacity(ctx context.Context, name string) (int64, bool, error) {
+	n := &corev1.Node{}
+	if err := s.c.Get(ctx, client.ObjectKey{Name: name}, n); err != nil {
+		if apierrors.IsNotFound(err) {
+			return 0, false, nil
+		}
+		return 0, false, status.Errorf(codes.Unavailable, "get node %s: %v", name, err)
+	}
+	free, ok := capacityOf(n)
+	return free, ok, nil
+}
+
+func capacityOf(n *corev1.Node) (int64, bool) {
+	v, ok := n.Annotations[v1.CapacityAnnotation]
+	if !ok {
+		return 0, false
+	}
+	free, err := strconv.ParseInt(v, 10, 64)
+	return free, err == nil
+}
+
+// DeleteVolume implements csi.ControllerServer. It returns once the agent
+// removed the image.
+func (s *Controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
+	id := req.GetVolumeId()
+	if id == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume ID missing")
+	}
+	if !validID(id) {
+		return &csi.DeleteVolumeResponse{}, nil // no such volume can exist
+	}
+	vol := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: id}}
+	if err := s.c.Delete(ctx, vol); err != nil {
+		if apierrors.IsNotFound(err) {
+			return &csi.DeleteVolumeResponse{}, nil
+		}
+		return nil, status.Errorf(codes.Internal, "delete Volume %s: %v", id, err)
+	}
+	if err := s.waitGone(ctx, vol); err != nil {
+		return nil, err
+	}
+	return &csi.DeleteVolumeResponse{}, nil
+}
+
+// ValidateVolumeCapabilities implements csi.ControllerServer.
+func (s *Controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume ID missing")
+	}
+	if len(req.GetVolumeCapabilities()) == 0 {
+		return nil, status.Error(codes.InvalidArgument, "volume capabilities missing")
+	}
+	vol, err := s.getVolume(ctx, req.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	if _, _, err := parseParameters(req.GetParameters()); err != nil {
+		return &csi.ValidateVolumeCapabilitiesResponse{Message: err.Error()}, nil
+	}
+	if err := capabilitiesFit(vol, req.GetVolumeCapabilities()); err != nil {
+		return &csi.ValidateVolumeCapabilitiesResponse{Message: err.Error()}, nil
+	}
+	return &csi.ValidateVolumeCapabilitiesResponse{Confirmed: &csi.ValidateVolumeCapabilitiesResponse_Confirmed{
+		VolumeContext:      req.GetVolumeContext(),
+		VolumeCapabilities: req.GetVolumeCapabilities(),
+		Parameters:         req.GetParameters(),
+	}}, nil
+}
+
+// ListVolumes implements csi.ControllerServer; the token is an offset into
+// the volumes sorted by name.
+func (s *Controller) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
+	vols := &v1.VolumeList{}
+	if err := s.c.List(ctx, vols); err != nil {
+		return nil, status.Errorf(codes.Unavailable, "list volumes: %v", err)
+	}
+	sort.Slice(vols.Items, func(i, j int) bool { return vols.Items[i].Name < vols.Items[j].Name })
+	start, end, next, err := page(len(vols.Items), req.GetStartingToken(), req.GetMaxEntries())
+	if err != nil {
+		return nil, err
+	}
+	resp := &csi.ListVolumesResponse{NextToken: next}
+	for i := start; i < end; i++ {
+		v := &vols.Items[i]
+		resp.Entries = append(resp.Entries, &csi.ListVolumesResponse_Entry{
+			Volume: csiVolume(v, nil),
+			Status: &csi.ListVolumesResponse_VolumeStatus{VolumeCondition: volumeCondition(v)},
+		})
+	}
+	return resp, nil
+}
+
+// page turns a starting token and a maximum into a slice range and the next token.
+func page(n int, token string, maxEntries int32) (start, end int, next string, err error) {
+	if maxEntries < 0 {
+		return 0, 0, "", status.Error(codes.InvalidArgument, "max_entries must not be negative")
+	}
+	if token != "" {
+		start, err = strconv.Atoi(token)
+		if err != nil || start < 0 || start > n {
+			return 0, 0, "", status.Errorf(codes.Aborted, "starting token %q is not valid", token)
+		}
+	}
+	end = n
+	if maxEntries > 0 && start+int(maxEntries) < n {
+		end = start + int(maxEntries)
+		next = strconv.Itoa(end)
+	}
+	return start, end, next, nil
+}
+
+// GetCapacity implements csi.ControllerServer: the free space of the node the
+// topology names, or the most any node has.
+func (s *Controller) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (*csi.GetCapacityResponse, error) {
+	if len(req.GetVolumeCapabilities()) > 0 {
+		if _, _, _, err := checkCapabilities(req.GetVolumeCapabilities()); err != nil {
+			return nil, status.Error(codes.InvalidArgument, err.Error())
+		}
+	}
+	if _, _, err := parseParameters(req.GetParameters()); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	if n := req.GetAccessibleTopology().GetSegments()[v1.TopologyNodeKey]; n != "" {
+		free, _, err := s.nodeCapacity(ctx, n)
+		if err != nil {
+			return nil, err
+		}
+		return &csi.GetCapacityResponse{AvailableCapacity: free}, nil
+	}
+	nodes := &corev1.NodeList{}
+	if err := s.c.List(ctx, nodes); err != nil {
+		return nil, status.Errorf(codes.Unavailable, "list nodes: %v", err)
+	}
+	var most int64
+	for _, n := range nodes.Items {
+		if free, ok := capacityOf(&n); ok && free > most {
+			most = free
+		}
+	}
+	return &csi.GetCapacityResponse{AvailableCapacity: most}, nil
+}
+
+// ControllerExpandVolume implements csi.ControllerServer: it raises the
+// Volume's size and waits for the agent to grow the image; the node then
+// grows the device and filesystem.
+func (s *Controller) ControllerExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume ID missing")
+	}
+	if req.GetCapacityRange() == nil {
+		return nil, status.Error(codes.InvalidArgument, "capacity range missing")
+	}
+	size, err := requestedSize(req.GetCapacityRange())
+	if err != nil {
+		return nil, status.Error(codes.OutOfRange, err.Error())
+	}
+	vol, err := s.getVolume(ctx, req.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	if vol.Spec.Size.Value() < size {
+		vol.Spec.Size = *resource.NewQuantity(size, resource.BinarySI)
+		if err := s.c.Update(ctx, vol); err != nil {
+			if apierrors.IsConflict(err) {
+				return nil, status.Errorf(codes.Aborted, "volume %s changed meanwhile, retry: %v", vol.Name, err)
+			}
+			return nil, status.Errorf(codes.Internal, "update Volume %s: %v", vol.Name, err)
+		}
+	}
+	want := vol.Spec.Size.Value()
+	vol, err = s.waitVolume(ctx, vol.Name, func(v *v1.Volume) bool {
+		return (v.Status.Capacity != nil && v.Status.Capacity.Value() >= want) || v.Status.State == v1.VolumeError
+	})
+	if err != nil {
+		return nil, err
+	}
+	if vol.Status.State == v1.VolumeError {
+		return nil, status.Errorf(codes.ResourceExhausted, "node %s could not grow volume %s: %s", vol.Spec.Node, vol.Name, vol.Status.Message)
+	}
+	return &csi.ControllerExpandVolumeResponse{CapacityBytes: vol.Status.Capacity.Value(), NodeExpansionRequired: true}, nil
+}
+
+func (s *Controller) getVolume(ctx context.Context, id string) (*v1.Volume, error) {
+	if !validID(id) {
+		return nil, status.Errorf(codes.NotFound, "volume %q not found", id)
+	}
+	vol := &v1.Volume{}
+	if err := s.c.Get(ctx, client.ObjectKey{Name: id}, vol); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, status.Errorf(codes.NotFound, "volume %q not found", id)
+		}
+		return nil, status.Errorf(codes.Unavailable, "get Volume %s: %v", id, err)
+	}
+	return vol, nil
+}
+
+// waitVolume polls the Volume until done says so.
+func (s *Controller) waitVolume(ctx context.Context, name string, done func(*v1.Volume) bool) (*v1.Volume, error) {
+	vol := &v1.Volume{}
+	err := s.poll(ctx, func(ctx context.Context) (bool, error) {
+		if err := s.c.Get(ctx, client.ObjectKey{Name: name}, vol); err != nil {
+			return false, err
+		}
+		return done(vol), nil
+	})
+	if err != nil {
+		return nil, waitError("volume "+name, err)
+	}
+	return vol, nil
+}
+
+func (s *Controller) waitGone(ctx context.Context, obj client.Object) error {
+	err := s.poll(ctx, func(ctx context.Context) (bool, error) {
+		err := s.c.Get(ctx, client.ObjectKeyFromObject(obj), obj)
+		if apierrors.IsNotFound(err) {
+			return true, nil
+		}
+		return false, err
+	})
+	if err != nil {
+		return waitError(obj.GetName()+" removal", err)
+	}
+	return nil
+}
+
+func (s *Controller) poll(ctx context.Context, cond wait.ConditionWithContextFunc) error {
+	return wait.PollUntilContextTimeout(ctx, s.cfg.Poll, s.cfg.Wait, true, cond)
+}
+
+func waitError(what string, err error) error {
+	if wait.Interrupted(err) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return status.Errorf(codes.DeadlineExceeded, "waiting for the agent: %s not done yet; the call may be retried", what)
+	}
+	return status.Errorf(codes.Unavailable, "waiting for %s: %v", what, err)
+}
+
+func csiVolume(v *v1.Volume, src *csi.VolumeContentSource) *csi.Volume {
+	capacity := v.Spec.Size.Value()
+	if v.Status.Capacity != nil {
+		capacity = v.Status.Capacity.Value()
+	}
+	return &csi.Volume{
+		VolumeId:           v.Name,
+		CapacityBytes:      capacity,
+		ContentSource:      src,
+		AccessibleTopology: []*csi.Topology{{Segments: map[string]string{v1.TopologyNodeKey: v.Spec.Node}}},
+		VolumeContext: map[string]string{
+			ParamMounter: string(v.Spec.Mounter),
+			"node":       v.Spec.Node,
+		},
+	}
+}
+
+func volumeCondition(v *v1.Volume) *csi.VolumeCondition {
+	if v.Status.State == v1.VolumeError {
+		return &csi.VolumeCondition{Abnormal: true, Message: v.Status.Message}
+	}
+	return &csi.VolumeCondition{Message: string(v.Status.State)}
+}

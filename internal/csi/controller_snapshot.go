@@ -1,0 +1,200 @@
+package csi
+
+import (
+	"context"
+	"sort"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+)
+
+// resolveSource fills the spec of a volume made from a snapshot or a clone:
+// the copy lives on the source's node and is at least as large as the source.
+func (s *Controller) resolveSource(ctx context.Context, src *csi.VolumeContentSource, spec *v1.VolumeSpec, size *int64, r *csi.CapacityRange) error {
+	if src == nil {
+		return nil
+	}
+	var srcSize int64
+	switch {
+	case src.GetSnapshot() != nil:
+		snap, err := s.getSnapshot(ctx, src.GetSnapshot().GetSnapshotId())
+		if err != nil {
+			return err
+		}
+		if !snap.Status.ReadyToUse || snap.Status.Size == nil {
+			return status.Errorf(codes.Unavailable, "snapshot %s is not ready yet", snap.Name)
+		}
+		spec.Source = &v1.VolumeSource{Snapshot: snap.Name}
+		spec.Node = snap.Spec.Node
+		srcSize = snap.Status.Size.Value()
+	case src.GetVolume() != nil:
+		vol, err := s.getVolume(ctx, src.GetVolume().GetVolumeId())
+		if err != nil {
+			return err
+		}
+		if vol.Spec.VolumeMode != spec.VolumeMode {
+			return status.Errorf(codes.InvalidArgument, "source volume %s is %s, the new one %s", vol.Name, vol.Spec.VolumeMode, spec.VolumeMode)
+		}
+		spec.Source = &v1.VolumeSource{Volume: vol.Name}
+		spec.Node = vol.Spec.Node
+		srcSize = vol.Spec.Size.Value()
+	default:
+		return status.Error(codes.InvalidArgument, "content source names neither a snapshot nor a volume")
+	}
+	if *size < srcSize {
+		if r.GetRequiredBytes() > 0 {
+			return status.Errorf(codes.OutOfRange, "requested %d bytes, smaller than the source's %d", r.GetRequiredBytes(), srcSize)
+		}
+		*size = srcSize
+	}
+	if r.GetLimitBytes() > 0 && *size > r.GetLimitBytes() {
+		return status.Errorf(codes.OutOfRange, "source has %d bytes, more than the limit %d", srcSize, r.GetLimitBytes())
+	}
+	return nil
+}
+
+// CreateSnapshot implements csi.ControllerServer.
+func (s *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequest) (*csi.CreateSnapshotResponse, error) {
+	if req.GetName() == "" {
+		return nil, status.Error(codes.InvalidArgument, "name missing")
+	}
+	if req.GetSourceVolumeId() == "" {
+		return nil, status.Error(codes.InvalidArgument, "source volume ID missing")
+	}
+	name := objectName("snap", req.GetName())
+	snap := &v1.Snapshot{}
+	err := s.c.Get(ctx, client.ObjectKey{Name: name}, snap)
+	switch {
+	case apierrors.IsNotFound(err):
+		vol, err := s.getVolume(ctx, req.GetSourceVolumeId())
+		if err != nil {
+			return nil, err
+		}
+		snap = &v1.Snapshot{
+			ObjectMeta: metav1.ObjectMeta{
+				Name:        name,
+				Labels:      map[string]string{v1.NodeLabel: vol.Spec.Node},
+				Annotations: map[string]string{v1.CSINameAnnotation: req.GetName()},
+			},
+			Spec: v1.SnapshotSpec{SourceVolume: vol.Name, Node: vol.Spec.Node},
+		}
+		if err := s.c.Create(ctx, snap); err != nil && !apierrors.IsAlreadyExists(err) {
+			return nil, status.Errorf(codes.Internal, "create Snapshot %s: %v", name, err)
+		}
+	case err != nil:
+		return nil, status.Errorf(codes.Unavailable, "get Snapshot %s: %v", name, err)
+	case snap.Spec.SourceVolume != req.GetSourceVolumeId():
+		return nil, status.Errorf(codes.AlreadyExists, "snapshot %q exists for volume %s", req.GetName(), snap.Spec.SourceVolume)
+	}
+
+	err = s.poll(ctx, func(ctx context.Context) (bool, error) {
+		if err := s.c.Get(ctx, client.ObjectKey{Name: name}, snap); err != nil {
+			return false, err
+		}
+		return snap.Status.ReadyToUse || snap.Status.Message != "", nil
+	})
+	if err != nil {
+		return nil, waitError("snapshot "+name, err)
+	}
+	if !snap.Status.ReadyToUse {
+		return nil, status.Errorf(codes.Internal, "node %s could not take snapshot %s: %s", snap.Spec.Node, name, snap.Status.Message)
+	}
+	return &csi.CreateSnapshotResponse{Snapshot: csiSnapshot(snap)}, nil
+}
+
+// DeleteSnapshot implements csi.ControllerServer.
+func (s *Controller) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequest) (*csi.DeleteSnapshotResponse, error) {
+	id := req.GetSnapshotId()
+	if id == "" {
+		return nil, status.Error(codes.InvalidArgument, "snapshot ID missing")
+	}
+	if !validID(id) {
+		return &csi.DeleteSnapshotResponse{}, nil
+	}
+	snap := &v1.Snapshot{ObjectMeta: metav1.ObjectMeta{Name: id}}
+	if err := s.c.Delete(ctx, snap); err != nil {
+		if apierrors.IsNotFound(err) {
+			return &csi.DeleteSnapshotResponse{}, nil
+		}
+		return nil, status.Errorf(codes.Internal, "delete Snapshot %s: %v", id, err)
+	}
+	if err := s.waitGone(ctx, snap); err != nil {
+		return nil, err
+	}
+	return &csi.DeleteSnapshotResponse{}, nil
+}
+
+// ListSnapshots implements csi.ControllerServer.
+func (s *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRequest) (*csi.ListSnapshotsResponse, error) {
+	var items []v1.Snapshot
+	if id := req.GetSnapshotId(); id != "" {
+		snap, err := s.getSnapshot(ctx, id)
+		if status.Code(err) == codes.NotFound {
+			return &csi.ListSnapshotsResponse{}, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		items = []v1.Snapshot{*snap}
+	} else {
+		list := &v1.SnapshotList{}
+		if err := s.c.List(ctx, list); err != nil {
+			return nil, status.Errorf(codes.Unavailable, "list snapshots: %v", err)
+		}
+		items = list.Items
+	}
+	var out []v1.Snapshot
+	for _, sn := range items {
+		if src := req.GetSourceVolumeId(); src != "" && sn.Spec.SourceVolume != src {
+			continue
+		}
+		if sn.DeletionTimestamp != nil {
+			continue
+		}
+		out = append(out, sn)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	start, end, next, err := page(len(out), req.GetStartingToken(), req.GetMaxEntries())
+	if err != nil {
+		return nil, err
+	}
+	resp := &csi.ListSnapshotsResponse{NextToken: next}
+	for i := start; i < end; i++ {
+		resp.Entries = append(resp.Entries, &csi.ListSnapshotsResponse_Entry{Snapshot: csiSnapshot(&out[i])})
+	}
+	return resp, nil
+}
+
+func (s *Controller) getSnapshot(ctx context.Context, id string) (*v1.Snapshot, error) {
+	if !validID(id) {
+		return nil, status.Errorf(codes.NotFound, "snapshot %q not found", id)
+	}
+	snap := &v1.Snapshot{}
+	if err := s.c.Get(ctx, client.ObjectKey{Name: id}, snap); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, status.Errorf(codes.NotFound, "snapshot %q not found", id)
+		}
+		return nil, status.Errorf(codes.Unavailable, "get Snapshot %s: %v", id, err)
+	}
+	return snap, nil
+}
+
+func csiSnapshot(s *v1.Snapshot) *csi.Snapshot {
+	out := &csi.Snapshot{SnapshotId: s.Name, SourceVolumeId: s.Spec.SourceVolume, ReadyToUse: s.Status.ReadyToUse}
+	if s.Status.Size != nil {
+		out.SizeBytes = s.Status.Size.Value()
+	}
+	created := s.CreationTimestamp.Time
+	if s.Status.CreatedAt != nil {
+		created = s.Status.CreatedAt.Time
+	}
+	out.CreationTime = timestamppb.New(created)
+	return out
+}
