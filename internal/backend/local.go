@@ -1,0 +1,390 @@
+// Package backend stores volumes. The local backend keeps each volume as a
+// sparse image file in a data directory on the node.
+package backend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+
+	"github.com/go-logr/logr"
+	"golang.org/x/sys/unix"
+)
+
+// Sentinel errors; callers decide with errors.Is. Returned errors wrap them
+// with detail.
+var (
+	ErrNotFound = errors.New("not found")
+	// ErrExists: the ID is taken by an image of another size or source.
+	ErrExists  = errors.New("already exists with other parameters")
+	ErrNoSpace = errors.New("not enough space")
+	ErrInvalid = errors.New("invalid argument")
+)
+
+// Image is a volume's backing file.
+type Image struct {
+	ID   string
+	Path string
+	Size int64
+}
+
+// Local is the file-image backend. Per-ID serialisation is the caller's job;
+// calls on different IDs never share a file name, so they cannot corrupt one
+// another.
+type Local struct {
+	dir     string
+	volumes string
+	snaps   string
+	log     logr.Logger
+}
+
+const (
+	// imageAlign: loop devices and filesystems want whole blocks.
+	imageAlign = 4096
+	imageExt   = ".img"
+	tmpPrefix  = ".tmp-"
+	// xattrSource records where an image's content came from, so that a
+	// retried create with another source is told apart from a true retry.
+	xattrSource = "user.berth.source"
+	maxIDLen    = 128
+)
+
+var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
+
+// NewLocal opens (creating if needed) a data dir and removes temp files a
+// crash left behind.
+func NewLocal(dir string, log logr.Logger) (*Local, error) {
+	if dir == "" {
+		return nil, fmt.Errorf("data dir: %w", ErrInvalid)
+	}
+	l := &Local{
+		dir:     dir,
+		volumes: filepath.Join(dir, "volumes"),
+		snaps:   filepath.Join(dir, "snapshots"),
+		log:     log,
+	}
+	for _, d := range []string{l.volumes, l.snaps} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("create %s: %w", d, err)
+		}
+		if err := removeTemps(d, log); err != nil {
+			return nil, err
+		}
+	}
+	if err := probeXattr(l.volumes); err != nil {
+		return nil, fmt.Errorf("data dir %s must support user xattrs: %w", dir, err)
+	}
+	return l, nil
+}
+
+func removeTemps(dir string, log logr.Logger) error {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", dir, err)
+	}
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), tmpPrefix) {
+			p := filepath.Join(dir, e.Name())
+			log.Info("removing leftover temp image", "path", p)
+			if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return fmt.Errorf("remove %s: %w", p, err)
+			}
+		}
+	}
+	return nil
+}
+
+func probeXattr(dir string) error {
+	f, err := os.CreateTemp(dir, tmpPrefix+"probe-")
+	if err != nil {
+		return err
+	}
+	defer func() { _ = os.Remove(f.Name()) }()
+	defer func() { _ = f.Close() }()
+	return unix.Fsetxattr(int(f.Fd()), xattrSource, []byte("probe"), 0)
+}
+
+// ValidateID rejects IDs that could escape the data dir or are unwieldy.
+func ValidateID(id string) error {
+	if len(id) == 0 || len(id) > maxIDLen || !idPattern.MatchString(id) || strings.Contains(id, "..") {
+		return fmt.Errorf("id %q (want 1-%d of [A-Za-z0-9._-], no '..'): %w", id, maxIDLen, ErrInvalid)
+	}
+	return nil
+}
+
+func alignSize(size int64) (int64, error) {
+	if size <= 0 {
+		return 0, fmt.Errorf("size %d: %w", size, ErrInvalid)
+	}
+	return (size + imageAlign - 1) / imageAlign * imageAlign, nil
+}
+
+func (l *Local) volumePath(id string) string { return filepath.Join(l.volumes, id+imageExt) }
+
+// Create makes an empty sparse image of at least size bytes (rounded up to
+// 4 KiB). The same id and size again returns the existing image.
+func (l *Local) Create(ctx context.Context, id string, size int64) (Image, error) {
+	return l.create(ctx, id, size, "", nil)
+}
+
+// CreateFromSnapshot makes a volume with a snapshot's content, grown to size.
+func (l *Local) CreateFromSnapshot(ctx context.Context, id, snapshotID string, size int64) (Image, error) {
+	if err := ValidateID(snapshotID); err != nil {
+		return Image{}, err
+	}
+	src := l.snapshotPath(snapshotID)
+	return l.create(ctx, id, size, "snapshot:"+snapshotID, &src)
+}
+
+// CreateFromVolume clones a volume into a new one, grown to size.
+func (l *Local) CreateFromVolume(ctx context.Context, id, sourceID string, size int64) (Image, error) {
+	if err := ValidateID(sourceID); err != nil {
+		return Image{}, err
+	}
+	src := l.volumePath(sourceID)
+	return l.create(ctx, id, size, "volume:"+sourceID, &src)
+}
+
+func (l *Local) create(ctx context.Context, id string, size int64, source string, srcPath *string) (Image, error) {
+	if err := ValidateID(id); err != nil {
+		return Image{}, err
+	}
+	size, err := alignSize(size)
+	if err != nil {
+		return Image{}, err
+	}
+	final := l.volumePath(id)
+	if img, err := l.Get(ctx, id); err == nil {
+		return img, matchExisting(final, img.Size, size, source)
+	} else if !errors.Is(err, ErrNotFound) {
+		return Image{}, err
+	}
+	var srcSize int64
+	if srcPath != nil {
+		fi, err := os.Stat(*srcPath)
+		if errors.Is(err, os.ErrNotExist) {
+			return Image{}, fmt.Errorf("source %s: %w", source, ErrNotFound)
+		} else if err != nil {
+			return Image{}, fmt.Errorf("stat source %s: %w", source, err)
+		}
+		srcSize = fi.Size()
+		if size < srcSize {
+			return Image{}, fmt.Errorf("size %d smaller than source %s (%d): %w", size, source, srcSize, ErrInvalid)
+		}
+	}
+	if err := l.checkSpace(size); err != nil {
+		return Image{}, err
+	}
+	err = writeAtomic(l.volumes, final, id, func(tmp *os.File) error {
+		if srcPath != nil {
+			if err := copyFile(ctx, *srcPath, tmp); err != nil {
+				return err
+			}
+		}
+		if err := tmp.Truncate(size); err != nil {
+			return fmt.Errorf("size image: %w", err)
+		}
+		if source != "" {
+			if err := unix.Fsetxattr(int(tmp.Fd()), xattrSource, []byte(source), 0); err != nil {
+				return fmt.Errorf("record source: %w", err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return Image{}, fmt.Errorf("create volume %s: %w", id, err)
+	}
+	l.log.Info("created volume", "id", id, "size", size, "source", source)
+	return Image{ID: id, Path: final, Size: size}, nil
+}
+
+// matchExisting decides whether an existing image satisfies a repeated create.
+func matchExisting(path string, have, want int64, source string) error {
+	if have != want {
+		return fmt.Errorf("%s has size %d, asked %d: %w", path, have, want, ErrExists)
+	}
+	got, err := readSource(path)
+	if err != nil {
+		return err
+	}
+	if got != source {
+		return fmt.Errorf("%s has source %q, asked %q: %w", path, got, source, ErrExists)
+	}
+	return nil
+}
+
+func readSource(path string) (string, error) {
+	buf := make([]byte, 512)
+	n, err := unix.Getxattr(path, xattrSource, buf)
+	if errors.Is(err, unix.ENODATA) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("read source of %s: %w", path, err)
+	}
+	return string(buf[:n]), nil
+}
+
+// checkSpace refuses images larger than the free space: a sparse image
+// could never be filled.
+func (l *Local) checkSpace(size int64) error {
+	free, err := l.Capacity(context.Background())
+	if err != nil {
+		return err
+	}
+	if size > free {
+		return fmt.Errorf("%d bytes asked, %d free in %s: %w", size, free, l.dir, ErrNoSpace)
+	}
+	return nil
+}
+
+// writeAtomic fills a temp file in dir and renames it to final only once it
+// is complete and synced, so a crash never leaves a half image under final.
+func writeAtomic(dir, final, id string, fill func(*os.File) error) (err error) {
+	tmp, err := os.CreateTemp(dir, tmpPrefix+id+"-")
+	if err != nil {
+		return fmt.Errorf("temp file: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			_ = tmp.Close()
+			_ = os.Remove(tmp.Name())
+		}
+	}()
+	if err = fill(tmp); err != nil {
+		return err
+	}
+	if err = tmp.Chmod(0o600); err != nil {
+		return err
+	}
+	if err = tmp.Sync(); err != nil {
+		return fmt.Errorf("sync: %w", err)
+	}
+	if err = tmp.Close(); err != nil {
+		return err
+	}
+	// Link, not rename: link fails if final appeared meanwhile, so a racing
+	// writer of the same ID can never be silently replaced.
+	if err = os.Link(tmp.Name(), final); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("%s appeared concurrently: %w", final, ErrExists)
+		}
+		return fmt.Errorf("publish %s: %w", final, err)
+	}
+	_ = os.Remove(tmp.Name())
+	return syncDir(dir)
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = d.Close() }()
+	return d.Sync()
+}
+
+// Get returns a volume's image.
+func (l *Local) Get(_ context.Context, id string) (Image, error) {
+	if err := ValidateID(id); err != nil {
+		return Image{}, err
+	}
+	p := l.volumePath(id)
+	fi, err := os.Stat(p)
+	if errors.Is(err, os.ErrNotExist) {
+		return Image{}, fmt.Errorf("volume %s: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return Image{}, fmt.Errorf("stat volume %s: %w", id, err)
+	}
+	return Image{ID: id, Path: p, Size: fi.Size()}, nil
+}
+
+// List returns all volumes, in name order.
+func (l *Local) List(ctx context.Context) ([]Image, error) {
+	ids, err := listIDs(l.volumes)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Image, 0, len(ids))
+	for _, id := range ids {
+		img, err := l.Get(ctx, id)
+		if errors.Is(err, ErrNotFound) {
+			continue // deleted meanwhile
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, img)
+	}
+	return out, nil
+}
+
+func listIDs(dir string) ([]string, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", dir, err)
+	}
+	var ids []string
+	for _, e := range ents {
+		name := e.Name()
+		if strings.HasPrefix(name, ".") || !strings.HasSuffix(name, imageExt) {
+			continue
+		}
+		ids = append(ids, strings.TrimSuffix(name, imageExt))
+	}
+	return ids, nil
+}
+
+// Delete removes a volume; a missing one is not an error.
+func (l *Local) Delete(_ context.Context, id string) error {
+	if err := ValidateID(id); err != nil {
+		return err
+	}
+	if err := os.Remove(l.volumePath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("delete volume %s: %w", id, err)
+	}
+	l.log.Info("deleted volume", "id", id)
+	return nil
+}
+
+// Expand grows a volume to at least size. Asking the current size again is a
+// no-op; asking less is ErrInvalid. The caller refreshes any loop device.
+func (l *Local) Expand(ctx context.Context, id string, size int64) (Image, error) {
+	img, err := l.Get(ctx, id)
+	if err != nil {
+		return Image{}, err
+	}
+	size, err = alignSize(size)
+	if err != nil {
+		return Image{}, err
+	}
+	switch {
+	case size == img.Size:
+		return img, nil
+	case size < img.Size:
+		return Image{}, fmt.Errorf("shrink %s from %d to %d: %w", id, img.Size, size, ErrInvalid)
+	}
+	if err := l.checkSpace(size - img.Size); err != nil {
+		return Image{}, err
+	}
+	if err := os.Truncate(img.Path, size); err != nil {
+		return Image{}, fmt.Errorf("grow %s: %w", id, err)
+	}
+	l.log.Info("expanded volume", "id", id, "from", img.Size, "to", size)
+	img.Size = size
+	return img, nil
+}
+
+// Capacity returns the free bytes of the data dir's filesystem.
+func (l *Local) Capacity(_ context.Context) (int64, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(l.dir, &st); err != nil {
+		return 0, fmt.Errorf("statfs %s: %w", l.dir, err)
+	}
+	return int64(st.Bavail) * st.Bsize, nil
+}
