@@ -16,12 +16,11 @@ import (
 	"strings"
 
 	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	berthv1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/scheme"
 )
 
 // Env is a running API server with berth's CRDs.
@@ -36,18 +35,6 @@ type Env struct {
 func RepoRoot() string {
 	_, file, _, _ := goruntime.Caller(0)
 	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
-}
-
-// Scheme returns a scheme with the Kubernetes and berth types.
-func Scheme() (*runtime.Scheme, error) {
-	s := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(s); err != nil {
-		return nil, err
-	}
-	if err := berthv1.AddToScheme(s); err != nil {
-		return nil, err
-	}
-	return s, nil
 }
 
 // Assets returns the folder with kube-apiserver and etcd, building them once.
@@ -71,7 +58,7 @@ func Start() (*Env, error) {
 	if err != nil {
 		return nil, err
 	}
-	s, err := Scheme()
+	s, err := scheme.New()
 	if err != nil {
 		return nil, err
 	}

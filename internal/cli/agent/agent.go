@@ -1,0 +1,171 @@
+// Package agent is the `berth agent` command: the node agent. It serves the
+// CSI Identity and Node services, registers with kubelet, reconciles the
+// images of this node's Volumes and Snapshots, and reports free capacity.
+package agent
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/rest"
+	kmount "k8s.io/mount-utils"
+	"k8s.io/utils/clock"
+	utilexec "k8s.io/utils/exec"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+	nodeagent "github.com/berth-io/berth/internal/agent"
+	"github.com/berth-io/berth/internal/backend"
+	"github.com/berth-io/berth/internal/cli"
+	"github.com/berth-io/berth/internal/controller"
+	"github.com/berth-io/berth/internal/csi"
+	"github.com/berth-io/berth/internal/fence"
+	"github.com/berth-io/berth/internal/mount"
+	"github.com/berth-io/berth/internal/scheme"
+	"github.com/berth-io/berth/internal/version"
+)
+
+// Config of the node agent.
+type Config struct {
+	NodeName string
+	DataDir  string
+	// CSIEndpoint is where the CSI Identity + Node services listen.
+	CSIEndpoint string
+	// KubeletDir is kubelet's root; empty disables plugin registration.
+	KubeletDir       string
+	CapacityInterval time.Duration
+	MetricsAddr      string
+	Rest             *rest.Config
+	Log              logr.Logger
+}
+
+// Run serves until ctx ends.
+func (c Config) Run(ctx context.Context) error {
+	if c.NodeName == "" {
+		return errors.New("node name missing: set --node-name or NODE_NAME")
+	}
+	s, err := scheme.New()
+	if err != nil {
+		return err
+	}
+	mine := labels.SelectorFromSet(labels.Set{v1.NodeLabel: c.NodeName})
+	mgr, err := ctrl.NewManager(c.Rest, ctrl.Options{
+		Scheme:  s,
+		Logger:  c.Log,
+		Metrics: metricsserver.Options{BindAddress: c.MetricsAddr},
+		// Each agent caches only its own node's volumes and snapshots.
+		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+			&v1.Volume{}:   {Label: mine},
+			&v1.Snapshot{}: {Label: mine},
+		}},
+	})
+	if err != nil {
+		return fmt.Errorf("manager: %w", err)
+	}
+	images, err := backend.NewLocal(c.DataDir, c.Log.WithName("backend"))
+	if err != nil {
+		return err
+	}
+	exec := utilexec.New()
+	fencer := fence.New(mgr.GetClient(), mgr.GetEventRecorderFor("berth-agent"), clock.RealClock{}, c.Log.WithName("fence"), fence.Options{})
+	a := nodeagent.New(c.NodeName, mgr.GetAPIReader(), images, mount.NewLoop(exec),
+		mount.NewManager(kmount.New(""), exec, c.Log.WithName("mount")), fencer, nodeagent.NewVolumeLocks(), c.Log.WithName("agent"))
+
+	if err := (&controller.VolumeReconciler{Client: mgr.GetClient(), Node: c.NodeName, Backend: images, Log: c.Log.WithName("volume")}).SetupWithManager(mgr); err != nil {
+		return err
+	}
+	if err := (&controller.SnapshotReconciler{Client: mgr.GetClient(), Node: c.NodeName, Backend: images, Log: c.Log.WithName("snapshot")}).SetupWithManager(mgr); err != nil {
+		return err
+	}
+	if err := mgr.Add(&nodeagent.CapacityReporter{Client: mgr.GetClient(), Node: c.NodeName, Free: images.Capacity, Interval: c.CapacityInterval, Log: c.Log.WithName("capacity")}); err != nil {
+		return err
+	}
+	if err := c.addCSI(mgr, a); err != nil {
+		return err
+	}
+	c.Log.Info("starting agent", "node", c.NodeName, "dataDir", c.DataDir, "csiEndpoint", c.CSIEndpoint, "version", version.Get().Version)
+	return mgr.Start(ctx)
+}
+
+// addCSI serves the CSI services and, with a kubelet dir, the kubelet
+// plugin-registration socket, both as manager runnables.
+func (c Config) addCSI(mgr manager.Manager, a *nodeagent.Agent) error {
+	l, err := csi.Listen(c.CSIEndpoint)
+	if err != nil {
+		return err
+	}
+	srv := csi.NewServer(c.Log.WithName("csi"), csi.Services{
+		Identity: csi.NewIdentity(v1.DriverName, version.Get().Version, false, nil),
+		Node:     csi.NewNode(a, 0),
+	})
+	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error { return csi.Serve(ctx, srv, l) })); err != nil {
+		return err
+	}
+	if c.KubeletDir == "" {
+		return nil
+	}
+	regPath := filepath.Join(c.KubeletDir, "plugins_registry", v1.DriverName+"-reg.sock")
+	rl, err := csi.Listen("unix://" + regPath)
+	if err != nil {
+		return err
+	}
+	reg := csi.NewRegistration(v1.DriverName, socketPath(c.CSIEndpoint), c.Log.WithName("registration"))
+	rsrv := csi.NewRegistrationServer(reg)
+	return mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+		defer os.Remove(regPath)
+		return csi.Serve(ctx, rsrv, rl)
+	}))
+}
+
+func socketPath(endpoint string) string {
+	const prefix = "unix://"
+	if len(endpoint) > len(prefix) && endpoint[:len(prefix)] == prefix {
+		return endpoint[len(prefix):]
+	}
+	return endpoint
+}
+
+// Command is `berth agent`.
+func Command() cli.Command {
+	return cli.Command{
+		Name:    "agent",
+		Summary: "run the node agent (CSI node service, volume images, kubelet registration)",
+		Main: func(ctx context.Context, args []string, stdio cli.IO) error {
+			fs := flag.NewFlagSet("berth agent", flag.ContinueOnError)
+			fs.SetOutput(stdio.Stderr)
+			var (
+				cfg        Config
+				kubeconfig string
+				verbosity  int
+			)
+			fs.StringVar(&cfg.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
+			fs.StringVar(&cfg.DataDir, "data-dir", "/var/lib/berth", "folder of the local volume images")
+			fs.StringVar(&cfg.CSIEndpoint, "csi-endpoint", "unix:///var/lib/kubelet/plugins/berth.io/csi.sock", "CSI endpoint (unix socket)")
+			fs.StringVar(&cfg.KubeletDir, "kubelet-dir", "/var/lib/kubelet", "kubelet root for plugin registration; empty: do not register")
+			fs.DurationVar(&cfg.CapacityInterval, "capacity-interval", 30*time.Second, "how often free capacity is reported")
+			fs.StringVar(&cfg.MetricsAddr, "metrics-addr", "0", "metrics listen address; 0 disables")
+			fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG or in-cluster)")
+			fs.IntVar(&verbosity, "v", 0, "log verbosity")
+			if err := fs.Parse(args); err != nil {
+				return err
+			}
+			cfg.Log = cli.NewLogger(stdio.Stderr, verbosity, "agent")
+			var err error
+			if cfg.Rest, err = cli.RestConfig(kubeconfig); err != nil {
+				return err
+			}
+			return cfg.Run(ctx)
+		},
+	}
+}

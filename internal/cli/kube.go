@@ -1,0 +1,39 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/go-logr/logr"
+	"go.uber.org/zap/zapcore"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+)
+
+// RestConfig loads a kubeconfig file when path (or $KUBECONFIG) is set,
+// else the in-cluster service account.
+func RestConfig(path string) (*rest.Config, error) {
+	if path == "" {
+		path = os.Getenv("KUBECONFIG")
+	}
+	if path != "" {
+		cfg, err := clientcmd.BuildConfigFromFlags("", path)
+		if err != nil {
+			return nil, fmt.Errorf("kubeconfig %s: %w", path, err)
+		}
+		return cfg, nil
+	}
+	cfg, err := rest.InClusterConfig()
+	if err != nil {
+		return nil, fmt.Errorf("no --kubeconfig and not in a cluster: %w", err)
+	}
+	return cfg, nil
+}
+
+// NewLogger returns a structured logger writing to w; verbosity 0 logs Info,
+// higher values log V(n) too.
+func NewLogger(w io.Writer, verbosity int, name string) logr.Logger {
+	return zap.New(zap.WriteTo(w), zap.Level(zapcore.Level(-verbosity)), zap.UseDevMode(false)).WithName(name)
+}
