@@ -1,0 +1,115 @@
+package mount
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"k8s.io/utils/exec"
+)
+
+// Loop manages loop devices over image files.
+type Loop interface {
+	// Attach returns the loop device over backingFile, making one (with
+	// direct I/O) only when none exists, so a retry after a crash never
+	// makes a second.
+	Attach(ctx context.Context, backingFile string, readOnly bool) (dev string, err error)
+	Find(ctx context.Context, backingFile string) (dev string, found bool, err error)
+	// Detach frees dev; a device already free is not an error. A device
+	// still mounted is freed by the kernel once unmounted (autoclear).
+	Detach(ctx context.Context, dev string) error
+	// Refresh makes dev see its backing file's new size.
+	Refresh(ctx context.Context, dev string) error
+}
+
+// losetup drives util-linux losetup, which does the free-device search and
+// its races with other users of /dev/loop-control for us.
+type losetup struct{ exec exec.Interface }
+
+// NewLoop returns a Loop that runs losetup through e.
+func NewLoop(e exec.Interface) Loop { return &losetup{exec: e} }
+
+func (l *losetup) run(ctx context.Context, args ...string) (string, error) {
+	out, err := l.exec.CommandContext(ctx, "losetup", args...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("losetup %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return string(out), nil
+}
+
+// find matches by the file's device and inode (losetup -j), so another path
+// to the same file still finds the device.
+func (l *losetup) find(ctx context.Context, backingFile string) (dev string, readOnly, found bool, err error) {
+	if backingFile == "" {
+		return "", false, false, fmt.Errorf("empty backing file: %w", ErrInvalid)
+	}
+	out, err := l.run(ctx, "--list", "--noheadings", "--output", "NAME,RO", "--associated", backingFile)
+	if err != nil {
+		return "", false, false, err
+	}
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 2 && strings.HasPrefix(f[0], "/dev/") {
+			return f[0], f[1] == "1", true, nil
+		}
+	}
+	return "", false, false, nil
+}
+
+func (l *losetup) Find(ctx context.Context, backingFile string) (string, bool, error) {
+	dev, _, found, err := l.find(ctx, backingFile)
+	return dev, found, err
+}
+
+func (l *losetup) Attach(ctx context.Context, backingFile string, readOnly bool) (string, error) {
+	dev, ro, found, err := l.find(ctx, backingFile)
+	if err != nil {
+		return "", err
+	}
+	if found {
+		if ro != readOnly {
+			return "", fmt.Errorf("%s is attached as %s with read-only=%t, asked %t: %w", backingFile, dev, ro, readOnly, ErrExists)
+		}
+		return dev, nil
+	}
+	args := []string{"--find", "--show", "--direct-io=on"}
+	if readOnly {
+		args = append(args, "--read-only")
+	}
+	out, err := l.run(ctx, append(args, backingFile)...)
+	if err != nil {
+		return "", err
+	}
+	// --show prints the device last; warnings (e.g. no direct I/O on this
+	// filesystem) come before it.
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		if line = strings.TrimSpace(line); strings.HasPrefix(line, "/dev/") {
+			dev = line
+		}
+	}
+	if dev == "" {
+		return "", fmt.Errorf("losetup printed no device for %s: %q", backingFile, out)
+	}
+	return dev, nil
+}
+
+func (l *losetup) Detach(ctx context.Context, dev string) error {
+	if dev == "" {
+		return fmt.Errorf("empty device: %w", ErrInvalid)
+	}
+	out, err := l.run(ctx, "--detach", dev)
+	// losetup reports a free device as ENXIO and a missing node as ENOENT;
+	// both mean there is nothing to detach.
+	if err != nil && (strings.Contains(out, "No such device or address") || strings.Contains(out, "No such file or directory")) {
+		return nil
+	}
+	return err
+}
+
+func (l *losetup) Refresh(ctx context.Context, dev string) error {
+	if dev == "" {
+		return fmt.Errorf("empty device: %w", ErrInvalid)
+	}
+	_, err := l.run(ctx, "--set-capacity", dev)
+	return err
+}

@@ -1,0 +1,70 @@
+// Package mount stages volumes on a node (format if blank, mount once per
+// node) and publishes them to pods (bind mounts), on k8s.io/mount-utils.
+package mount
+
+import (
+	"errors"
+
+	"github.com/go-logr/logr"
+	mountutils "k8s.io/mount-utils"
+	"k8s.io/utils/exec"
+)
+
+// Sentinel errors; returned errors wrap them with detail.
+var (
+	// ErrInUse: unstage refused while bind mounts or open handles remain.
+	ErrInUse    = errors.New("in use")
+	ErrNotFound = errors.New("not found")
+	ErrInvalid  = errors.New("invalid argument")
+	// ErrExists: the path already holds another device or mode.
+	ErrExists = errors.New("already exists with other parameters")
+	// ErrNotStaged: publish before stage.
+	ErrNotStaged = errors.New("not staged")
+)
+
+// StageRequest mounts Device at StagingPath (or, for Block, binds the device
+// node inside it).
+type StageRequest struct {
+	VolumeID, Device, StagingPath, FSType string
+	MountFlags                            []string
+	Block, ReadOnly                       bool
+}
+
+// PublishRequest binds a staged volume onto a pod's TargetPath.
+type PublishRequest struct {
+	VolumeID, StagingPath, TargetPath, Device string
+	Block, ReadOnly                           bool
+	MountFlags                                []string
+}
+
+// Stats is a volume's usage; Block volumes report only TotalBytes.
+type Stats struct {
+	TotalBytes, UsedBytes, AvailableBytes int64
+	TotalInodes, UsedInodes, FreeInodes   int64
+	Block                                 bool
+}
+
+// Manager stages and publishes volumes. Per-volume serialisation is the
+// caller's job.
+type Manager struct {
+	mounter mountutils.Interface
+	format  *mountutils.SafeFormatAndMount
+	resize  *mountutils.ResizeFs
+	log     logr.Logger
+	// Seams for unit tests; the real ones read /proc.
+	mountInfo func() ([]mountutils.MountInfo, error)
+	openers   func(dev string) ([]int, error)
+}
+
+// NewManager returns a Manager that mounts through m and runs mkfs, blkid,
+// fsck and resize tools through e.
+func NewManager(m mountutils.Interface, e exec.Interface, log logr.Logger) *Manager {
+	return &Manager{
+		mounter:   m,
+		format:    mountutils.NewSafeFormatAndMount(m, e),
+		resize:    mountutils.NewResizeFs(e),
+		log:       log,
+		mountInfo: readMountInfo,
+		openers:   procOpeners,
+	}
+}

@@ -1,0 +1,263 @@
+package mount
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func TestRootFilesystemLifecycle(t *testing.T) {
+	for _, tc := range []struct {
+		fs   string
+		size int64
+	}{{"ext4", 64 * mib}, {"xfs", 320 * mib}} {
+		t.Run(tc.fs, func(t *testing.T) {
+			e := newRootEnv(t)
+			img := e.image(t, "vol", tc.size)
+			dev := e.attach(t, img)
+			if again := e.attach(t, img); again != dev {
+				t.Fatalf("second attach gave %s, first %s", again, dev)
+			}
+			staging := e.path("staging")
+			req := StageRequest{VolumeID: "v", Device: dev, StagingPath: staging, FSType: tc.fs}
+			for range 2 {
+				if err := e.mgr.Stage(e.ctx, req); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if n := mountsOf(t, dev); n != 1 {
+				t.Fatalf("%d mounts after two stages", n)
+			}
+			if err := os.WriteFile(filepath.Join(staging, "hello"), []byte("world"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			// Another device on the same staging path is refused.
+			other := e.attach(t, e.image(t, "other", 64*mib))
+			if err := e.mgr.Stage(e.ctx, StageRequest{Device: other, StagingPath: staging}); !errors.Is(err, ErrExists) {
+				t.Fatalf("other device: want ErrExists, got %v", err)
+			}
+
+			t1, t2 := e.path("pod1/mount"), e.path("pod2/mount")
+			pub := PublishRequest{VolumeID: "v", StagingPath: staging, TargetPath: t1}
+			for range 2 {
+				if err := e.mgr.Publish(e.ctx, pub); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ro := PublishRequest{VolumeID: "v", StagingPath: staging, TargetPath: t2, ReadOnly: true}
+			if err := e.mgr.Publish(e.ctx, ro); err != nil {
+				t.Fatal(err)
+			}
+			if got, err := os.ReadFile(filepath.Join(t1, "hello")); err != nil || string(got) != "world" {
+				t.Fatalf("read through pod1: %q %v", got, err)
+			}
+			if err := os.WriteFile(filepath.Join(t2, "x"), nil, 0o644); err == nil {
+				t.Fatal("write through read-only publish succeeded")
+			}
+			if n := mountsOf(t, dev); n != 3 {
+				t.Fatalf("%d mounts, want staging + 2 pods", n)
+			}
+			// Same target, other read-only mode: refused.
+			pub.ReadOnly = true
+			if err := e.mgr.Publish(e.ctx, pub); !errors.Is(err, ErrExists) {
+				t.Fatalf("ro change: want ErrExists, got %v", err)
+			}
+			// A file where a directory is needed: refused, left alone.
+			file := e.path("afile")
+			if err := os.WriteFile(file, []byte("keep"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.mgr.Publish(e.ctx, PublishRequest{StagingPath: staging, TargetPath: file}); !errors.Is(err, ErrInvalid) {
+				t.Fatalf("file target: want ErrInvalid, got %v", err)
+			}
+			if got, _ := os.ReadFile(file); string(got) != "keep" {
+				t.Fatalf("file target changed: %q", got)
+			}
+
+			for range 2 {
+				if err := e.mgr.Unpublish(e.ctx, t1); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := os.Stat(t1); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("target left behind: %v", err)
+			}
+			if _, err := e.mgr.Unstage(e.ctx, staging); !errors.Is(err, ErrInUse) {
+				t.Fatalf("unstage with a pod left: want ErrInUse, got %v", err)
+			}
+			if n := mountsOf(t, dev); n != 2 {
+				t.Fatalf("refused unstage changed mounts: %d", n)
+			}
+			if err := e.mgr.Unpublish(e.ctx, t2); err != nil {
+				t.Fatal(err)
+			}
+			got, err := e.mgr.Unstage(e.ctx, staging)
+			if err != nil || got != dev {
+				t.Fatalf("unstage: %q %v, want %s", got, err, dev)
+			}
+			if got, err := e.mgr.Unstage(e.ctx, staging); err != nil || got != "" {
+				t.Fatalf("second unstage: %q %v", got, err)
+			}
+			if _, err := os.Stat(staging); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("staging dir left: %v", err)
+			}
+			for range 2 {
+				if err := e.loop.Detach(e.ctx, dev); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if n := loopsFor(t, img); n != 0 {
+				t.Fatalf("%d loop devices left", n)
+			}
+		})
+	}
+}
+
+func TestRootBlock(t *testing.T) {
+	e := newRootEnv(t)
+	img := e.image(t, "blk", 64*mib)
+	dev := e.attach(t, img)
+	staging := e.path("staging")
+	req := StageRequest{VolumeID: "b", Device: dev, StagingPath: staging, Block: true}
+	for range 2 {
+		if err := e.mgr.Stage(e.ctx, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, block, err := e.mgr.StagedDevice(e.ctx, staging); err != nil || got != dev || !block {
+		t.Fatalf("staged device %q %t %v", got, block, err)
+	}
+	dir := e.path("dirtarget")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.mgr.Publish(e.ctx, PublishRequest{StagingPath: staging, TargetPath: dir, Device: dev, Block: true}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("dir target for block: want ErrInvalid, got %v", err)
+	}
+	target := e.path("pod/dev")
+	pub := PublishRequest{VolumeID: "b", StagingPath: staging, TargetPath: target, Block: true}
+	for range 2 { // the second finds it published; no Device: taken from staging
+		if err := e.mgr.Publish(e.ctx, pub); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f, err := os.OpenFile(target, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte("through the pod"), 4096); err != nil {
+		t.Fatal(err)
+	}
+	_ = f.Sync()
+	_ = f.Close()
+	data, _ := os.ReadFile(img)
+	if string(data[4096:4096+15]) != "through the pod" {
+		t.Fatal("write through the published device did not reach the image")
+	}
+	st, err := e.mgr.Stats(e.ctx, target)
+	if err != nil || !st.Block || st.TotalBytes != 64*mib {
+		t.Fatalf("stats %+v %v", st, err)
+	}
+	if _, err := e.mgr.Unstage(e.ctx, staging); !errors.Is(err, ErrInUse) {
+		t.Fatalf("unstage with pod: want ErrInUse, got %v", err)
+	}
+	// A process holding the device open also blocks unstage.
+	if err := e.mgr.Unpublish(e.ctx, target); err != nil {
+		t.Fatal(err)
+	}
+	holder, err := os.Open(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.mgr.openers = func(d string) ([]int, error) { // our own fd counts here
+		if d == dev {
+			return []int{os.Getpid()}, nil
+		}
+		return nil, nil
+	}
+	if _, err := e.mgr.Unstage(e.ctx, staging); !errors.Is(err, ErrInUse) {
+		t.Fatalf("unstage with open handle: want ErrInUse, got %v", err)
+	}
+	_ = holder.Close()
+	e.mgr.openers = procOpeners
+	got, err := e.mgr.Unstage(e.ctx, staging)
+	if err != nil || got != dev {
+		t.Fatalf("unstage: %q %v", got, err)
+	}
+	if err := e.loop.Detach(e.ctx, dev); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRootExpandOnline(t *testing.T) {
+	for _, tc := range []struct {
+		fs       string
+		from, to int64
+	}{{"ext4", 64 * mib, 128 * mib}, {"xfs", 320 * mib, 512 * mib}} {
+		t.Run(tc.fs, func(t *testing.T) {
+			e := newRootEnv(t)
+			if tc.fs == "ext4" && !hasCapSysResource(t) {
+				t.Skip("ext4 online resize needs CAP_SYS_RESOURCE (EXT4_IOC_RESIZE_FS gives EPERM without it); this process lacks it")
+			}
+			img := e.image(t, "vol", tc.from)
+			dev := e.attach(t, img)
+			staging := e.path("staging")
+			if err := e.mgr.Stage(e.ctx, StageRequest{Device: dev, StagingPath: staging, FSType: tc.fs}); err != nil {
+				t.Fatal(err)
+			}
+			before, err := e.mgr.Stats(e.ctx, staging)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Truncate(img, tc.to); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.loop.Refresh(e.ctx, dev); err != nil {
+				t.Fatal(err)
+			}
+			for range 2 { // a retry finds nothing to do
+				if err := e.mgr.Expand(e.ctx, dev, staging); err != nil {
+					t.Fatal(err)
+				}
+			}
+			after, err := e.mgr.Stats(e.ctx, staging)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Filesystem overhead eats some of the growth, never most of it.
+			if grown := after.TotalBytes - before.TotalBytes; grown < (tc.to-tc.from)*3/4 {
+				t.Fatalf("total %d -> %d: grew %d of %d", before.TotalBytes, after.TotalBytes, grown, tc.to-tc.from)
+			}
+			t.Logf("%s: %d MiB -> %d MiB", tc.fs, before.TotalBytes/mib, after.TotalBytes/mib)
+		})
+	}
+}
+
+// A crash after attach (state lost) and a retried stage leave exactly one
+// loop device and one mount.
+func TestRootCrashRetry(t *testing.T) {
+	e := newRootEnv(t)
+	img := e.image(t, "vol", 64*mib)
+	_ = e.attach(t, img) // "crash": the device name is forgotten
+	staging := e.path("staging")
+	for range 2 { // the retry, and a retry of the retry after a crash post-mount
+		dev := e.attach(t, img)
+		if err := e.mgr.Stage(e.ctx, StageRequest{Device: dev, StagingPath: staging}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dev, found, err := e.loop.Find(e.ctx, img)
+	if err != nil || !found {
+		t.Fatalf("find: %v %t", err, found)
+	}
+	if n := loopsFor(t, img); n != 1 {
+		t.Fatalf("%d loop devices over the image", n)
+	}
+	if n := mountsOf(t, dev); n != 1 {
+		t.Fatalf("%d mounts of %s", n, dev)
+	}
+	if abnormal, msg := e.mgr.Condition(e.ctx, staging); abnormal {
+		t.Fatalf("healthy volume reported abnormal: %s", msg)
+	}
+}

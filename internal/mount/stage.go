@@ -1,0 +1,237 @@
+package mount
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+	mountutils "k8s.io/mount-utils"
+)
+
+// BlockStageFile is where a block volume's device node is bound inside the
+// staging dir. The bind is the only record of the device, and it is kernel
+// state: nothing is left behind if the node reboots.
+const BlockStageFile = "device"
+
+var fsTypes = map[string]bool{"ext4": true, "xfs": true, "ext3": true}
+
+func absPath(name, p string) error {
+	if p == "" || !filepath.IsAbs(p) {
+		return fmt.Errorf("%s %q must be an absolute path: %w", name, p, ErrInvalid)
+	}
+	return nil
+}
+
+// Stage formats Device when blank and mounts it at StagingPath; for Block it
+// binds the device node to StagingPath/device. Already staged from the same
+// device is success; from another is ErrExists.
+func (m *Manager) Stage(ctx context.Context, r StageRequest) error {
+	if err := absPath("staging path", r.StagingPath); err != nil {
+		return err
+	}
+	if err := absPath("device", r.Device); err != nil {
+		return err
+	}
+	if r.Block {
+		return m.stageBlock(r)
+	}
+	if r.FSType == "" {
+		r.FSType = "ext4"
+	}
+	if !fsTypes[r.FSType] {
+		return fmt.Errorf("fs type %q: %w", r.FSType, ErrInvalid)
+	}
+	staging := canonical(r.StagingPath)
+	mis, err := m.mountInfo()
+	if err != nil {
+		return err
+	}
+	if mountAt(mis, filepath.Join(staging, BlockStageFile)) != nil {
+		return fmt.Errorf("%s is staged as a block volume: %w", staging, ErrExists)
+	}
+	if mi := mountAt(mis, staging); mi != nil {
+		if _, err := os.Stat(staging); mountutils.IsCorruptedMnt(err) {
+			m.log.Info("unmounting stale staging mount", "path", staging, "err", err.Error())
+			if err := m.mounter.Unmount(staging); err != nil {
+				return fmt.Errorf("unmount stale %s: %w", staging, err)
+			}
+		} else if mi.Source == r.Device || sameDevice(r.Device, mi.Major, mi.Minor) {
+			return nil
+		} else {
+			return fmt.Errorf("%s already holds %s, asked %s: %w", staging, mi.Source, r.Device, ErrExists)
+		}
+	}
+	if err := mkdirTarget(staging); err != nil {
+		return err
+	}
+	opts := append([]string{}, r.MountFlags...)
+	if r.ReadOnly {
+		opts = append(opts, "ro")
+	}
+	if err := m.format.FormatAndMount(r.Device, staging, r.FSType, opts); err != nil {
+		return fmt.Errorf("format and mount %s at %s: %w", r.Device, staging, err)
+	}
+	m.log.Info("staged", "volume", r.VolumeID, "device", r.Device, "path", staging, "fsType", r.FSType)
+	return ctx.Err()
+}
+
+func (m *Manager) stageBlock(r StageRequest) error {
+	staging := canonical(r.StagingPath)
+	mis, err := m.mountInfo()
+	if err != nil {
+		return err
+	}
+	if mountAt(mis, staging) != nil {
+		return fmt.Errorf("%s is staged as a filesystem: %w", staging, ErrExists)
+	}
+	file := filepath.Join(staging, BlockStageFile)
+	if mi := mountAt(mis, file); mi != nil {
+		if have := boundDevice(mis, mi); have != canonical(r.Device) {
+			return fmt.Errorf("%s already holds %s, asked %s: %w", staging, have, r.Device, ErrExists)
+		}
+		return nil
+	}
+	if err := mkdirTarget(staging); err != nil {
+		return err
+	}
+	if err := bindDevice(m.mounter, r.Device, file, r.ReadOnly); err != nil {
+		return err
+	}
+	m.log.Info("staged block", "volume", r.VolumeID, "device", r.Device, "path", staging)
+	return nil
+}
+
+// mkdirTarget makes dir, refusing a non-directory in its place.
+func mkdirTarget(dir string) error {
+	if fi, err := os.Stat(dir); err == nil && !fi.IsDir() {
+		return fmt.Errorf("%s exists and is not a directory: %w", dir, ErrInvalid)
+	}
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return fmt.Errorf("mkdir %s: %w", dir, err)
+	}
+	return nil
+}
+
+// bindDevice binds a device node onto file, creating file; on failure it
+// removes only a file it created.
+func bindDevice(mounter mountutils.Interface, dev, file string, readOnly bool) error {
+	if fi, err := os.Stat(file); err == nil && fi.IsDir() {
+		return fmt.Errorf("%s exists and is a directory: %w", file, ErrInvalid)
+	}
+	if err := os.MkdirAll(filepath.Dir(file), 0o750); err != nil {
+		return fmt.Errorf("mkdir %s: %w", filepath.Dir(file), err)
+	}
+	f, err := os.OpenFile(file, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o640)
+	created := err == nil
+	if err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("create %s: %w", file, err)
+	}
+	if created {
+		_ = f.Close()
+	}
+	opts := []string{"bind"}
+	if readOnly {
+		opts = append(opts, "ro")
+	}
+	if err := mounter.Mount(dev, file, "", opts); err != nil {
+		if created {
+			_ = os.Remove(file)
+		}
+		return fmt.Errorf("bind %s to %s: %w", dev, file, err)
+	}
+	return nil
+}
+
+// StagedDevice returns the device staged at stagingPath and whether it is a
+// block (not filesystem) staging; "" when nothing is staged.
+func (m *Manager) StagedDevice(_ context.Context, stagingPath string) (device string, block bool, err error) {
+	mis, err := m.mountInfo()
+	if err != nil {
+		return "", false, err
+	}
+	staging := canonical(stagingPath)
+	if mi := mountAt(mis, filepath.Join(staging, BlockStageFile)); mi != nil {
+		return boundDevice(mis, mi), true, nil
+	}
+	if mi := mountAt(mis, staging); mi != nil {
+		return fsDevice(mi), false, nil
+	}
+	return "", false, nil
+}
+
+// Unstage unmounts the staging path and removes it, returning the device
+// that was staged so the caller can detach it. It refuses with ErrInUse
+// while another mount of the device (a pod's bind mount) remains or a
+// process holds the device open. Nothing staged is ("", nil).
+func (m *Manager) Unstage(ctx context.Context, stagingPath string) (string, error) {
+	if err := absPath("staging path", stagingPath); err != nil {
+		return "", err
+	}
+	staging := canonical(stagingPath)
+	mis, err := m.mountInfo()
+	if err != nil {
+		return "", err
+	}
+	target, block := filepath.Join(staging, BlockStageFile), true
+	mi := mountAt(mis, target)
+	if mi == nil {
+		target, block = staging, false
+		mi = mountAt(mis, staging)
+	}
+	if mi == nil {
+		return "", removeStaging(staging)
+	}
+	device := fsDevice(mi)
+	if block {
+		device = boundDevice(mis, mi)
+	}
+	if r := refs(mis, mi, block); len(r) > 0 {
+		return "", fmt.Errorf("%s (%s) is still mounted at %v: %w", staging, device, r, ErrInUse)
+	}
+	pids, err := m.openers(device)
+	if err != nil {
+		return "", fmt.Errorf("check users of %s: %w", device, err)
+	}
+	if len(pids) > 0 {
+		return "", fmt.Errorf("%s is open by processes %v: %w", device, pids, ErrInUse)
+	}
+	if err := m.unmountAll(target); err != nil {
+		return "", err
+	}
+	if err := removeStaging(staging); err != nil {
+		return "", err
+	}
+	m.log.Info("unstaged", "path", staging, "device", device, "block", block)
+	return device, ctx.Err()
+}
+
+// removeStaging removes the (unmounted) staging dir and the block bind file.
+func removeStaging(staging string) error {
+	for _, p := range []string{filepath.Join(staging, BlockStageFile), staging} {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, unix.ENOTDIR) {
+			return fmt.Errorf("remove %s: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// unmountAll unmounts path until nothing is mounted there: a crashed retry
+// may have stacked two mounts. Stale mounts need no stat, so they go too.
+func (m *Manager) unmountAll(path string) error {
+	for range 8 {
+		mis, err := m.mountInfo()
+		if err != nil {
+			return err
+		}
+		if mountAt(mis, path) == nil {
+			return nil
+		}
+		if err := m.mounter.Unmount(path); err != nil {
+			return fmt.Errorf("unmount %s: %w", path, err)
+		}
+	}
+	return fmt.Errorf("%s is still mounted after repeated unmounts: %w", path, ErrInUse)
+}
