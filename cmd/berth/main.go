@@ -15,12 +15,16 @@ import (
 	"syscall"
 
 	"github.com/berth-io/berth/internal/cli"
+	"github.com/berth-io/berth/internal/cli/agent"
+	"github.com/berth-io/berth/internal/cli/csicontroller"
 	"github.com/berth-io/berth/internal/cli/version"
 )
 
 // commands lists every command that works, in the order `berth help` shows them.
 func commands() []cli.Command {
 	return []cli.Command{
+		agent.Command(),
+		csicontroller.Command(),
 		version.Command(),
 	}
 }

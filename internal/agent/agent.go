@@ -198,23 +198,20 @@ func (a *Agent) Unstage(ctx context.Context, volumeID, stagingPath string) error
 	if err != nil {
 		return fmt.Errorf("unstage %s: %w", stagingPath, err)
 	}
-	image, err := a.imagePath(ctx, volumeID)
-	switch {
-	case errors.Is(err, ErrVolumeNotFound):
-		// The image is gone already; detach by the mounted device if any.
-	case err != nil:
-		return err
-	default:
-		found := false
-		if dev, found, err = a.loop.Find(ctx, image); err != nil {
-			return fmt.Errorf("find loop device of %s: %w", image, err)
-		}
-		if found {
-			if err := a.mounts.CheckDeviceFree(ctx, dev); err != nil {
-				return fmt.Errorf("unstage %s: %w", volumeID, err)
+	if dev == "" {
+		// Nothing mounted: a retry after a crash between unmount and detach
+		// finds the loop device by its backing file.
+		image, err := a.imagePath(ctx, volumeID)
+		switch {
+		case errors.Is(err, ErrVolumeNotFound):
+		case err != nil:
+			return err
+		default:
+			if d, found, err := a.loop.Find(ctx, image); err != nil {
+				return fmt.Errorf("find loop device of %s: %w", image, err)
+			} else if found {
+				dev = d
 			}
-		} else {
-			dev = ""
 		}
 	}
 	if dev != "" {
@@ -244,23 +241,11 @@ func (a *Agent) Publish(ctx context.Context, r PublishRequest) (err error) {
 	if r.Block != (vol.Spec.VolumeMode == v1.VolumeModeBlock) {
 		return fmt.Errorf("volume %s is %s, the request asks otherwise: %w", r.VolumeID, vol.Spec.VolumeMode, mount.ErrInvalid)
 	}
-	var dev string
-	if r.Block {
-		image, err := a.imagePath(ctx, r.VolumeID)
-		if err != nil {
-			return err
-		}
-		d, found, err := a.loop.Find(ctx, image)
-		if err != nil {
-			return fmt.Errorf("find loop device of %s: %w", image, err)
-		}
-		if !found {
-			return fmt.Errorf("volume %s: %w (no loop device)", r.VolumeID, ErrNotStaged)
-		}
-		dev = d
-	} else if ok, err := a.mounts.IsStaged(ctx, r.StagingPath); err != nil {
+	dev, block, err := a.mounts.StagedDevice(ctx, r.StagingPath)
+	if err != nil {
 		return fmt.Errorf("check staging path %s: %w", r.StagingPath, err)
-	} else if !ok {
+	}
+	if dev == "" || block != r.Block {
 		return fmt.Errorf("volume %s at %s: %w", r.VolumeID, r.StagingPath, ErrNotStaged)
 	}
 	claim := fence.Request{

@@ -1,0 +1,64 @@
+// Command apiserver runs a real kube-apiserver + etcd with berth's CRDs
+// (internal/testenv) until SIGTERM, and writes a kubeconfig for it, so that
+// scripts can run berth's commands as separate processes against it
+// (hack/sanity.sh).
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/berth-io/berth/internal/testenv"
+)
+
+func main() {
+	kubeconfig := flag.String("kubeconfig", "", "where to write the kubeconfig")
+	node := flag.String("node", "", "create a Node object of this name (envtest has no kubelet)")
+	flag.Parse()
+	if *kubeconfig == "" {
+		fmt.Fprintln(os.Stderr, "apiserver: --kubeconfig is required")
+		os.Exit(2)
+	}
+	env, err := testenv.Start()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "apiserver:", err)
+		os.Exit(1)
+	}
+	code := 0
+	err = writeKubeconfig(env, *kubeconfig)
+	if err == nil && *node != "" {
+		err = env.Client.Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: *node}})
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "apiserver:", err)
+		code = 1
+	} else {
+		fmt.Println("apiserver: ready, kubeconfig at", *kubeconfig)
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		<-ctx.Done()
+		stop()
+	}
+	if err := env.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, "apiserver: stop:", err)
+	}
+	os.Exit(code)
+}
+
+func writeKubeconfig(env *testenv.Env, path string) error {
+	c := env.Config
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["envtest"] = &clientcmdapi.Cluster{Server: c.Host, CertificateAuthorityData: c.CAData}
+	cfg.AuthInfos["envtest"] = &clientcmdapi.AuthInfo{ClientCertificateData: c.CertData, ClientKeyData: c.KeyData, Token: c.BearerToken}
+	cfg.Contexts["envtest"] = &clientcmdapi.Context{Cluster: "envtest", AuthInfo: "envtest"}
+	cfg.CurrentContext = "envtest"
+	return clientcmd.WriteToFile(*cfg, path)
+}
