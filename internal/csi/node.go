@@ -3,6 +3,7 @@ package csi
 import (
 	"context"
 	"errors"
+	"path/filepath"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -107,10 +108,10 @@ func (s *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 		return nil, status.Error(codes.InvalidArgument, "volume ID missing")
 	case req.GetTargetPath() == "":
 		return nil, status.Error(codes.InvalidArgument, "target path missing")
-	case req.GetStagingTargetPath() == "":
-		return nil, status.Error(codes.FailedPrecondition, "staging target path missing: berth stages volumes first (STAGE_UNSTAGE_VOLUME)")
 	case req.GetVolumeCapability() == nil:
 		return nil, status.Error(codes.InvalidArgument, "volume capability missing")
+	case req.GetStagingTargetPath() == "":
+		return nil, status.Error(codes.InvalidArgument, "staging target path missing: berth stages volumes first (STAGE_UNSTAGE_VOLUME)")
 	}
 	_, volMode, _, err := checkCapabilities([]*csi.VolumeCapability{req.GetVolumeCapability()})
 	if err != nil {
@@ -156,6 +157,9 @@ func (s *Node) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeSta
 	}
 	if !validID(req.GetVolumeId()) {
 		return nil, status.Errorf(codes.NotFound, "volume %q not found", req.GetVolumeId())
+	}
+	if !filepath.IsAbs(req.GetVolumePath()) {
+		return nil, status.Errorf(codes.NotFound, "volume path %q not found", req.GetVolumePath())
 	}
 	st, err := s.agent.Stats(ctx, req.GetVolumeId(), req.GetVolumePath())
 	if err != nil {

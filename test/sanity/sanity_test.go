@@ -109,6 +109,9 @@ func configure(c *sanity.TestConfig, access, nodeSock, ctrlSock string) {
 	c.TestVolumeSize = 64 << 20
 	c.TestVolumeExpandSize = 128 << 20
 	c.IdempotentCount = 2
+	// Each spec gets fresh target and staging folders, as kubelet would give.
+	c.CreateTargetDir = func(p string) (string, error) { return p, os.MkdirAll(p, 0o750) }
+	c.CreateStagingDir = c.CreateTargetDir
 }
 
 var _ = Describe("berth", func() {
