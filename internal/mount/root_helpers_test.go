@@ -67,7 +67,13 @@ func cleanupUnder(t *testing.T, loop Loop, dir string) {
 			_ = mountutils.New("").Unmount(p)
 		}
 	}
-	files, _ := filepath.Glob(filepath.Join(dir, "*.img"))
+	var files []string
+	_ = filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && strings.HasSuffix(p, ".img") {
+			files = append(files, p)
+		}
+		return nil
+	})
 	for _, f := range files {
 		for {
 			dev, found, err := loop.Find(context.Background(), f)
