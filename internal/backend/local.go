@@ -159,7 +159,10 @@ func (l *Local) create(ctx context.Context, id string, size int64, source string
 	}
 	final := l.volumePath(id)
 	if img, err := l.Get(ctx, id); err == nil {
-		return img, matchExisting(final, img.Size, size, source)
+		if err := matchExisting(final, img.Size, size, source); err != nil {
+			return Image{}, err
+		}
+		return img, nil
 	} else if !errors.Is(err, ErrNotFound) {
 		return Image{}, err
 	}

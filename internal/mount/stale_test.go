@@ -46,6 +46,10 @@ func TestRootStaleMounts(t *testing.T) {
 
 	staging := e.path("staging")
 	staleMount(t, staging)
+	if dev, err := e.mgr.Unstage(e.ctx, staging); err != nil || dev != "" {
+		t.Fatalf("unstage stale: %q %v", dev, err)
+	}
+	staleMount(t, staging)
 	if abnormal, msg := e.mgr.Condition(e.ctx, staging); !abnormal || !strings.Contains(msg, "stale") {
 		t.Fatalf("condition of stale staging: %t %q", abnormal, msg)
 	}
