@@ -159,7 +159,10 @@ func (l *Local) create(ctx context.Context, id string, size int64, source string
 	}
 	final := l.volumePath(id)
 	if img, err := l.Get(ctx, id); err == nil {
-		return img, matchExisting(final, img.Size, size, source)
+		if err := matchExisting(final, img.Size, size, source); err != nil {
+			return Image{}, err
+		}
+		return img, nil
 	} else if !errors.Is(err, ErrNotFound) {
 		return Image{}, err
 	}
@@ -306,20 +309,25 @@ func (l *Local) Get(_ context.Context, id string) (Image, error) {
 
 // List returns all volumes, in name order.
 func (l *Local) List(ctx context.Context) ([]Image, error) {
-	ids, err := listIDs(l.volumes)
+	return listAll(l.volumes, func(id string) (Image, error) { return l.Get(ctx, id) })
+}
+
+// listAll gets every image in dir, skipping ones deleted meanwhile.
+func listAll[T any](dir string, get func(id string) (T, error)) ([]T, error) {
+	ids, err := listIDs(dir)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]Image, 0, len(ids))
+	out := make([]T, 0, len(ids))
 	for _, id := range ids {
-		img, err := l.Get(ctx, id)
+		v, err := get(id)
 		if errors.Is(err, ErrNotFound) {
-			continue // deleted meanwhile
+			continue
 		}
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, img)
+		out = append(out, v)
 	}
 	return out, nil
 }

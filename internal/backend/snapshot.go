@@ -108,22 +108,7 @@ func (l *Local) GetSnapshot(_ context.Context, id string) (Snapshot, error) {
 
 // ListSnapshots returns all snapshots, in name order.
 func (l *Local) ListSnapshots(ctx context.Context) ([]Snapshot, error) {
-	ids, err := listIDs(l.snaps)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]Snapshot, 0, len(ids))
-	for _, id := range ids {
-		s, err := l.GetSnapshot(ctx, id)
-		if errors.Is(err, ErrNotFound) {
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, s)
-	}
-	return out, nil
+	return listAll(l.snaps, func(id string) (Snapshot, error) { return l.GetSnapshot(ctx, id) })
 }
 
 // DeleteSnapshot removes a snapshot; a missing one is not an error.

@@ -38,9 +38,14 @@ func (m *Manager) Condition(_ context.Context, stagingPath string) (abnormal boo
 	if _, err := os.Stat(dev); err != nil {
 		return true, fmt.Sprintf("device %s: %v", dev, err)
 	}
-	if back, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(dev), "loop", "backing_file")); err == nil &&
-		strings.HasSuffix(strings.TrimSpace(string(back)), "(deleted)") {
-		return true, fmt.Sprintf("image behind %s was deleted", dev)
+	if name := filepath.Base(dev); strings.HasPrefix(name, "loop") {
+		back, err := os.ReadFile(filepath.Join("/sys/block", name, "loop", "backing_file"))
+		switch {
+		case err != nil:
+			return true, fmt.Sprintf("loop device %s has no backing file (detached?): %v", dev, err)
+		case strings.HasSuffix(strings.TrimSpace(string(back)), "(deleted)"):
+			return true, fmt.Sprintf("image behind %s was deleted", dev)
+		}
 	}
 	return false, ""
 }

@@ -101,7 +101,8 @@ func boundDevice(mis []mountutils.MountInfo, mi *mountutils.MountInfo) string {
 	return filepath.Join(base, mi.Root)
 }
 
-// fsDevice names the block device a filesystem mount shows.
+// fsDevice names the block device a filesystem mount shows; "" when it is
+// not a block device (e.g. a FUSE mount).
 func fsDevice(mi *mountutils.MountInfo) string {
 	if strings.HasPrefix(mi.Source, "/dev/") {
 		return mi.Source
@@ -109,7 +110,7 @@ func fsDevice(mi *mountutils.MountInfo) string {
 	// Source is free text for some filesystems; sysfs knows the name.
 	link, err := os.Readlink(fmt.Sprintf("/sys/dev/block/%d:%d", mi.Major, mi.Minor))
 	if err != nil {
-		return mi.Source
+		return ""
 	}
 	return "/dev/" + filepath.Base(link)
 }
@@ -128,6 +129,9 @@ func isReadOnly(opts []string) bool { return slices.Contains(opts, "ro") }
 // procOpeners lists processes holding the device node open, by scanning
 // /proc/*/fd: a bound device node has no mount that would show such a user.
 func procOpeners(dev string) ([]int, error) {
+	if dev == "" {
+		return nil, nil
+	}
 	var want unix.Stat_t
 	if err := unix.Stat(dev, &want); err != nil {
 		if errors.Is(err, unix.ENOENT) {

@@ -26,7 +26,7 @@ type rootEnv struct {
 	ctx  context.Context
 }
 
-func newRootEnv(t *testing.T) *rootEnv {
+func newRootEnv(t testing.TB) *rootEnv {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: real loop devices and mounts")
@@ -37,7 +37,7 @@ func newRootEnv(t *testing.T) *rootEnv {
 	dir := t.TempDir()
 	e := &rootEnv{
 		dir:  dir,
-		mgr:  NewManager(mountutils.New(""), exec.New(), testr.New(t)),
+		mgr:  NewManager(mountutils.New(""), exec.New(), testr.NewWithInterface(t, testr.Options{})),
 		loop: NewLoop(exec.New()),
 		ctx:  context.Background(),
 	}
@@ -46,7 +46,7 @@ func newRootEnv(t *testing.T) *rootEnv {
 	return e
 }
 
-func cleanupUnder(t *testing.T, loop Loop, dir string) {
+func cleanupUnder(t testing.TB, loop Loop, dir string) {
 	for range 8 {
 		mis, err := readMountInfo()
 		if err != nil {
@@ -67,7 +67,13 @@ func cleanupUnder(t *testing.T, loop Loop, dir string) {
 			_ = mountutils.New("").Unmount(p)
 		}
 	}
-	files, _ := filepath.Glob(filepath.Join(dir, "*.img"))
+	var files []string
+	_ = filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && strings.HasSuffix(p, ".img") {
+			files = append(files, p)
+		}
+		return nil
+	})
 	for _, f := range files {
 		for {
 			dev, found, err := loop.Find(context.Background(), f)
@@ -83,7 +89,7 @@ func cleanupUnder(t *testing.T, loop Loop, dir string) {
 }
 
 // image makes a sparse file of size bytes in the env's dir.
-func (e *rootEnv) image(t *testing.T, name string, size int64) string {
+func (e *rootEnv) image(t testing.TB, name string, size int64) string {
 	t.Helper()
 	p := filepath.Join(e.dir, name+".img")
 	f, err := os.Create(p)
@@ -97,7 +103,7 @@ func (e *rootEnv) image(t *testing.T, name string, size int64) string {
 	return p
 }
 
-func (e *rootEnv) attach(t *testing.T, img string) string {
+func (e *rootEnv) attach(t testing.TB, img string) string {
 	t.Helper()
 	dev, err := e.loop.Attach(e.ctx, img, false)
 	if err != nil {

@@ -3,9 +3,33 @@ package mount
 import (
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 )
+
+// holdOpen starts a process that keeps dev open (as its stdin) until the
+// test kills it; it is killed by PID at cleanup in any case.
+func holdOpen(t *testing.T, dev string) *exec.Cmd {
+	t.Helper()
+	f, err := os.Open(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = f.Close() }()
+	cmd := exec.Command("sleep", "60")
+	cmd.Stdin = f
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	return cmd
+}
 
 func TestRootFilesystemLifecycle(t *testing.T) {
 	for _, tc := range []struct {
@@ -166,21 +190,12 @@ func TestRootBlock(t *testing.T) {
 	if err := e.mgr.Unpublish(e.ctx, target); err != nil {
 		t.Fatal(err)
 	}
-	holder, err := os.Open(dev)
-	if err != nil {
-		t.Fatal(err)
+	holder := holdOpen(t, dev)
+	if _, err := e.mgr.Unstage(e.ctx, staging); !errors.Is(err, ErrInUse) || !strings.Contains(err.Error(), strconv.Itoa(holder.Process.Pid)) {
+		t.Fatalf("unstage with open handle: want ErrInUse naming pid %d, got %v", holder.Process.Pid, err)
 	}
-	e.mgr.openers = func(d string) ([]int, error) { // our own fd counts here
-		if d == dev {
-			return []int{os.Getpid()}, nil
-		}
-		return nil, nil
-	}
-	if _, err := e.mgr.Unstage(e.ctx, staging); !errors.Is(err, ErrInUse) {
-		t.Fatalf("unstage with open handle: want ErrInUse, got %v", err)
-	}
-	_ = holder.Close()
-	e.mgr.openers = procOpeners
+	_ = holder.Process.Kill()
+	_ = holder.Wait()
 	got, err := e.mgr.Unstage(e.ctx, staging)
 	if err != nil || got != dev {
 		t.Fatalf("unstage: %q %v", got, err)
@@ -259,5 +274,23 @@ func TestRootCrashRetry(t *testing.T) {
 	}
 	if abnormal, msg := e.mgr.Condition(e.ctx, staging); abnormal {
 		t.Fatalf("healthy volume reported abnormal: %s", msg)
+	}
+}
+
+func TestRootConditionLoopDetached(t *testing.T) {
+	e := newRootEnv(t)
+	dev := e.attach(t, e.image(t, "blk", 64*mib))
+	staging := e.path("staging")
+	if err := e.mgr.Stage(e.ctx, StageRequest{Device: dev, StagingPath: staging, Block: true}); err != nil {
+		t.Fatal(err)
+	}
+	if abnormal, msg := e.mgr.Condition(e.ctx, staging); abnormal {
+		t.Fatalf("healthy block staging abnormal: %s", msg)
+	}
+	if err := e.loop.Detach(e.ctx, dev); err != nil {
+		t.Fatal(err)
+	}
+	if abnormal, msg := e.mgr.Condition(e.ctx, staging); !abnormal || !strings.Contains(msg, "backing file") {
+		t.Fatalf("detached loop: %t %q", abnormal, msg)
 	}
 }

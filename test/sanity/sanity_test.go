@@ -16,13 +16,13 @@ import (
 
 	"github.com/kubernetes-csi/csi-test/v5/pkg/sanity"
 	. "github.com/onsi/ginkgo/v2"
-	. "github.com/onsi/gomega"
 	"github.com/onsi/ginkgo/v2/types"
+	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	agentcli "github.com/berth-io/berth/internal/cli/agent"
 	"github.com/berth-io/berth/internal/cli"
+	agentcli "github.com/berth-io/berth/internal/cli/agent"
 	"github.com/berth-io/berth/internal/cli/csicontroller"
 	"github.com/berth-io/berth/internal/testenv"
 )
@@ -30,10 +30,10 @@ import (
 const nodeName = "sanity-node"
 
 var (
-	work       string // data dir, sockets, targets
-	mountCfg   = sanity.NewTestConfig()
-	blockCfg   = sanity.NewTestConfig()
-	counts     = map[types.SpecState]int{}
+	work     string // data dir, sockets, targets
+	mountCfg = sanity.NewTestConfig()
+	blockCfg = sanity.NewTestConfig()
+	counts   = map[types.SpecState]int{}
 )
 
 func TestSanity(t *testing.T) {
