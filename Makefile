@@ -50,6 +50,14 @@ lint: $(GOLANGCI_LINT) ## Run golangci-lint (pinned; linters listed in .golangci
 test: ## Run every test: unit, envtest (real kube-apiserver + etcd), root tests.
 	hack/test.sh $(GO_TEST_FLAGS)
 
+.PHONY: sanity
+sanity: ## Run csi-sanity (mount + block) and the bad-request/crash tests against the real driver (root).
+	KUBEBUILDER_ASSETS=$$(hack/kube-binaries.sh | tail -n 1) go test -count=1 -v ./test/sanity/ 2>&1 | grep -E '^(sanity:|--- |    --- |ok|FAIL|PASS)'
+
+.PHONY: sanity-binary
+sanity-binary: ## Run the standalone csi-sanity binary against berth agent + csi-controller processes (root).
+	hack/sanity.sh
+
 .PHONY: test-unit
 test-unit: ## Run unit tests only (no API server, no root).
 	go test -short $(GO_TEST_FLAGS) ./...

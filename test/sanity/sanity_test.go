@@ -6,6 +6,8 @@ package sanity
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -36,67 +38,116 @@ var (
 	counts   = map[types.SpecState]int{}
 )
 
-func TestSanity(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("csi-sanity needs root: it makes loop devices, filesystems and mounts")
-	}
-	if _, err := os.Stat("/dev/loop-control"); err != nil {
-		t.Skip("csi-sanity needs loop devices: /dev/loop-control is missing")
-	}
-	env, err := testenv.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := env.Stop(); err != nil {
-			t.Errorf("stop envtest: %v", err)
-		}
-	}()
-	work = t.TempDir()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+// driver is the berth driver under test, shared by every test here.
+type driver struct {
+	env        *testenv.Env
+	dataDir    string
+	nodeSock   string
+	ctrlSock   string
+	cancel     context.CancelFunc
+	done       chan error
+	skipReason string
+}
 
+var drv driver
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	switch {
+	case testing.Short():
+		drv.skipReason = "-short: the driver needs a real API server and loop devices"
+	case os.Geteuid() != 0:
+		drv.skipReason = "needs root: it makes loop devices, filesystems and mounts"
+	default:
+		if _, err := os.Stat("/dev/loop-control"); err != nil {
+			drv.skipReason = "needs loop devices: /dev/loop-control is missing"
+		}
+	}
+	if drv.skipReason != "" {
+		os.Exit(m.Run())
+	}
+	if err := drv.start(); err != nil {
+		fmt.Fprintln(os.Stderr, "start driver:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	if err := drv.stop(); err != nil {
+		fmt.Fprintln(os.Stderr, "stop driver:", err)
+		code = 1
+	}
+	if err := nothingLeft(drv.dataDir); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		code = 1
+	} else {
+		fmt.Println("sanity: nothing left behind (no loop device, mount or image file)")
+	}
+	_ = os.RemoveAll(work)
+	os.Exit(code)
+}
+
+func (d *driver) start() error {
+	var err error
+	if d.env, err = testenv.Start(); err != nil {
+		return err
+	}
+	if work, err = os.MkdirTemp("", "berth-sanity-"); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	d.cancel = cancel
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName}}
-	if err := env.Client.Create(ctx, node); err != nil {
-		t.Fatal(err)
+	if err := d.env.Client.Create(ctx, node); err != nil {
+		return err
 	}
 	log := cli.NewLogger(GinkgoWriter, 0, "sanity")
-	nodeSock := filepath.Join(work, "node.sock")
-	ctrlSock := filepath.Join(work, "controller.sock")
-	dataDir := filepath.Join(work, "data")
-	done := make(chan error, 2)
+	d.nodeSock = filepath.Join(work, "node.sock")
+	d.ctrlSock = filepath.Join(work, "controller.sock")
+	d.dataDir = filepath.Join(work, "data")
+	d.done = make(chan error, 2)
 	go func() {
-		done <- agentcli.Config{
-			NodeName: nodeName, DataDir: dataDir, CSIEndpoint: "unix://" + nodeSock,
-			CapacityInterval: time.Second, MetricsAddr: "0", Rest: env.Config, Log: log.WithName("agent"),
+		d.done <- agentcli.Config{
+			NodeName: nodeName, DataDir: d.dataDir, CSIEndpoint: "unix://" + d.nodeSock,
+			CapacityInterval: time.Second, MetricsAddr: "0", Rest: d.env.Config, Log: log.WithName("agent"),
 		}.Run(ctx)
 	}()
 	go func() {
-		done <- csicontroller.Config{
-			Endpoint: "unix://" + ctrlSock, StorageCluster: "sanity", Wait: 30 * time.Second,
-			Rest: env.Config, Log: log.WithName("controller"),
+		d.done <- csicontroller.Config{
+			Endpoint: "unix://" + d.ctrlSock, StorageCluster: "sanity", Wait: 30 * time.Second,
+			Rest: d.env.Config, Log: log.WithName("controller"),
 		}.Run(ctx)
 	}()
-	waitForSockets(t, nodeSock, ctrlSock)
+	return waitForSockets(d.nodeSock, d.ctrlSock)
+}
 
-	configure(&mountCfg, "mount", nodeSock, ctrlSock)
-	configure(&blockCfg, "block", nodeSock, ctrlSock)
+func (d *driver) stop() error {
+	d.cancel()
+	var errs []error
+	for range 2 {
+		errs = append(errs, <-d.done)
+	}
+	errs = append(errs, d.env.Stop())
+	return errors.Join(errs...)
+}
+
+func skipUnlessDriver(t *testing.T) {
+	t.Helper()
+	if drv.skipReason != "" {
+		t.Skip(drv.skipReason)
+	}
+}
+
+func TestSanity(t *testing.T) {
+	skipUnlessDriver(t)
+	configure(&mountCfg, "mount", drv.nodeSock, drv.ctrlSock)
+	configure(&blockCfg, "block", drv.nodeSock, drv.ctrlSock)
 
 	RegisterFailHandler(Fail)
 	suite, reporter := GinkgoConfiguration()
 	reporter.Succinct = true
 	RunSpecs(t, "berth CSI sanity", suite, reporter)
 
-	fmt.Printf("sanity: %d passed, %d failed, %d skipped\n",
+	fmt.Printf("\nsanity: %d passed, %d failed, %d skipped\n",
 		counts[types.SpecStatePassed], counts[types.SpecStateFailed]+counts[types.SpecStatePanicked]+counts[types.SpecStateTimedout], counts[types.SpecStateSkipped]+counts[types.SpecStatePending])
-
-	cancel()
-	for range 2 {
-		if err := <-done; err != nil {
-			t.Errorf("driver: %v", err)
-		}
-	}
-	checkNothingLeft(t, dataDir)
 }
 
 func configure(c *sanity.TestConfig, access, nodeSock, ctrlSock string) {
@@ -121,8 +172,7 @@ var _ = Describe("berth", func() {
 
 var _ = ReportAfterEach(func(r SpecReport) { counts[r.State]++ })
 
-func waitForSockets(t *testing.T, paths ...string) {
-	t.Helper()
+func waitForSockets(paths ...string) error {
 	deadline := time.Now().Add(60 * time.Second)
 	for _, p := range paths {
 		for {
@@ -130,45 +180,40 @@ func waitForSockets(t *testing.T, paths ...string) {
 				break
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("socket %s did not appear", p)
+				return fmt.Errorf("socket %s did not appear", p)
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
+	return nil
 }
 
-// checkNothingLeft proves the suite left no loop device, mount or image.
-func checkNothingLeft(t *testing.T, dataDir string) {
-	t.Helper()
+// nothingLeft proves the tests left no loop device, mount or image.
+func nothingLeft(dataDir string) error {
+	var errs []error
 	out, err := exec.Command("losetup", "-a").CombinedOutput()
 	if err != nil {
-		t.Errorf("losetup -a: %v", err)
+		errs = append(errs, fmt.Errorf("losetup -a: %w", err))
 	}
 	for _, l := range strings.Split(string(out), "\n") {
 		if strings.Contains(l, work) {
-			t.Errorf("loop device left behind: %s", l)
+			errs = append(errs, fmt.Errorf("loop device left behind: %s", l))
 		}
 	}
 	mi, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	for _, l := range strings.Split(string(mi), "\n") {
 		if strings.Contains(l, work) {
-			t.Errorf("mount left behind: %s", l)
+			errs = append(errs, fmt.Errorf("mount left behind: %s", l))
 		}
 	}
-	var images []string
 	_ = filepath.Walk(dataDir, func(p string, info os.FileInfo, err error) error {
 		if err == nil && info.Mode().IsRegular() {
-			images = append(images, p)
+			errs = append(errs, fmt.Errorf("file left behind: %s", p))
 		}
 		return nil
 	})
-	if len(images) > 0 {
-		t.Errorf("image files left behind: %v", images)
-	}
-	if !t.Failed() {
-		fmt.Println("sanity: nothing left behind (no loop device, mount or image file)")
-	}
+	return errors.Join(errs...)
 }
