@@ -82,3 +82,6 @@ func Start() (*Env, error) {
 
 // Stop stops the API server and etcd.
 func (e *Env) Stop() error { return e.env.Stop() }
+
+// Scheme returns the scheme berth's components use (internal/scheme).
+func Scheme() (*runtime.Scheme, error) { return scheme.New() }
