@@ -152,3 +152,5 @@ func getCleanup(t *testing.T, node string) *v1.NodeCleanup {
 }
 
 func isExists(err error) bool { return apierrors.IsAlreadyExists(err) }
+
+func clientKey(name string) client.ObjectKey { return client.ObjectKey{Name: name} }
