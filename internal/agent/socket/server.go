@@ -79,7 +79,7 @@ func (s *Server) Serve(ctx context.Context, l *net.UnixListener) error {
 		c, err := l.AcceptUnix()
 		if err != nil {
 			if ctx.Err() != nil {
-				return nil
+				return nil //nolint:nilerr // the listener was closed to shut down
 			}
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() {
