@@ -157,7 +157,7 @@ func (c Config) addCSI(mgr manager.Manager, a *nodeagent.Agent) error {
 	reg := csi.NewRegistration(v1.DriverName, socketPath(c.CSIEndpoint), c.Log.WithName("registration"))
 	rsrv := csi.NewRegistrationServer(reg)
 	return mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
-		defer os.Remove(regPath)
+		defer func() { _ = os.Remove(regPath) }()
 		return csi.Serve(ctx, rsrv, rl)
 	}))
 }
