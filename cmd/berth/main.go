@@ -15,6 +15,8 @@ import (
 	"syscall"
 
 	"github.com/berth-io/berth/internal/cli"
+	"github.com/berth-io/berth/internal/cli/blockdev"
+	"github.com/berth-io/berth/internal/cli/keeper"
 	"github.com/berth-io/berth/internal/cli/version"
 )
 
@@ -22,6 +24,8 @@ import (
 func commands() []cli.Command {
 	return []cli.Command{
 		version.Command(),
+		keeper.Command(),
+		blockdev.Command(),
 	}
 }
 

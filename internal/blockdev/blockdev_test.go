@@ -1,0 +1,132 @@
+package blockdev_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berth-io/berth/internal/blockdev"
+	"github.com/berth-io/berth/internal/keeper"
+)
+
+// TestServeExt4 serves an image, puts a loop device and ext4 on disk.img and
+// reads back what it wrote, past the page cache.
+func TestServeExt4(t *testing.T) {
+	needKernel(t)
+	r := newRig(t, 256<<20)
+	r.startServer()
+	r.attachAndMount()
+	want := make([]byte, 8<<20)
+	_, _ = rand.Read(want)
+	path := filepath.Join(r.fsDir, "data")
+	if err := os.WriteFile(path, want, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	run(t, "sync")
+	if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("3"), 0); err != nil {
+		t.Logf("drop caches: %v", err)
+	}
+	got, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("read back differs from what was written")
+	}
+	if err := blockdev.CheckMount(r.mountpoint); err != nil {
+		t.Fatalf("CheckMount: %v", err)
+	}
+	vols, err := keeper.NewClient(r.socket).List(context.Background())
+	if err != nil || len(vols) != 1 || !vols[0].Initialized || vols[0].Mountpoint != r.mountpoint {
+		t.Fatalf("keeper list = %+v, %v; want one initialized volume", vols, err)
+	}
+}
+
+// TestTakeoverUnderVerifyingWriter kills the server again and again while fio
+// writes and verifies (crc32c) through ext4, starting a new server each time:
+// no I/O error, ext4 stays read-write, every block verifies.
+func TestTakeoverUnderVerifyingWriter(t *testing.T) {
+	needKernel(t, "fio")
+	if testing.Short() {
+		t.Skip("takeover cycles take ~30 s")
+	}
+	const cycles = 10
+	r := newRig(t, 512<<20)
+	r.startServer()
+	r.attachAndMount()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	fio := exec.CommandContext(ctx, "fio", "--name=verify", "--filename="+filepath.Join(r.fsDir, "fio.dat"),
+		"--size=128M", "--rw=randwrite", "--bs=4k", "--iodepth=16", "--ioengine=libaio", "--direct=1",
+		"--verify=crc32c", "--verify_backlog=512", "--verify_fatal=1", "--do_verify=1",
+		"--time_based", "--runtime=30", "--output-format=terse")
+	var fioOut bytes.Buffer
+	fio.Stdout, fio.Stderr = &fioOut, &fioOut
+	if err := fio.Start(); err != nil {
+		t.Fatal(err)
+	}
+	fioDone := make(chan error, 1)
+	go func() { fioDone <- fio.Wait() }()
+
+	time.Sleep(2 * time.Second)
+	for i := range cycles {
+		old := r.server
+		if err := old.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		<-old.Done()
+		time.Sleep(time.Duration(300+100*i) * time.Millisecond) // I/O stalls meanwhile
+		r.startServer()
+		time.Sleep(time.Second)
+		select {
+		case err := <-fioDone:
+			t.Fatalf("fio ended during cycle %d: %v\n%s", i, err, fioOut.String())
+		default:
+		}
+	}
+	if err := <-fioDone; err != nil {
+		t.Fatalf("fio: %v\n%s", err, fioOut.String())
+	}
+	// Terse format field 5 is the job's error code.
+	fields := strings.Split(fioOut.String(), ";")
+	if len(fields) < 5 || fields[4] != "0" {
+		t.Fatalf("fio reported an error: %s", fioOut.String())
+	}
+	if opts := mountOptions(r.fsDir); !strings.HasPrefix(opts, "rw") || strings.Contains(opts, " ro") {
+		t.Fatalf("ext4 is no longer read-write: %q", opts)
+	}
+	t.Logf("%d takeovers under fio randwrite+verify: no error, ext4 %s", cycles, mountOptions(r.fsDir))
+}
+
+// TestKeeperDeathIsDetected documents that a keeper restart is not
+// survivable: while its server lives the volume still works, but once the
+// server is gone too the connection is aborted, and both the keeper ping and
+// CheckMount say so.
+func TestKeeperDeathIsDetected(t *testing.T) {
+	needKernel(t)
+	r := newRig(t, 64<<20)
+	srv := r.startServer()
+	r.killKeeper()
+	ctx := context.Background()
+	if err := keeper.NewClient(r.socket).Ping(ctx); !errors.Is(err, keeper.ErrUnavailable) {
+		t.Fatalf("Ping after keeper death = %v, want ErrUnavailable", err)
+	}
+	if err := blockdev.CheckMount(r.mountpoint); err != nil {
+		t.Fatalf("with the server alive the mount still works, got %v", err)
+	}
+	if err := srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-srv.Done()
+	if err := blockdev.CheckMount(r.mountpoint); !errors.Is(err, blockdev.ErrDisconnected) {
+		t.Fatalf("CheckMount with keeper and server dead = %v, want ErrDisconnected", err)
+	}
+}
