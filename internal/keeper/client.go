@@ -56,6 +56,9 @@ func (c *Client) Get(ctx context.Context, volume string) (*Conn, error) {
 
 // SaveInit stores the INIT settings a server negotiated.
 func (c *Client) SaveInit(ctx context.Context, volume string, settings []byte) error {
+	if !json.Valid(settings) {
+		return fmt.Errorf("%w: settings must be JSON", ErrInvalid)
+	}
 	_, _, err := c.call(ctx, request{Op: OpSaveInit, Volume: volume, Settings: settings})
 	return err
 }
