@@ -3,12 +3,14 @@
 # + loop) with a kernel loop device on a plain image, both --direct-io=on,
 # with fio direct=1 on the raw devices. Prints one table row per workload.
 #   hack/bench-blockdev.sh [seconds-per-run] [image-size]
+# Env: BERTH_BLOCKDEV_WORKERS, BERTH_BLOCKDEV_PASSTHROUGH=true, BENCH_ONLY=regex.
 # Needs root, fio, losetup. Removes everything it made, also on failure.
 set -euo pipefail
 
 runtime=${1:-10}
 size=${2:-1G}
 workers=${BERTH_BLOCKDEV_WORKERS:-0}
+passthrough=${BERTH_BLOCKDEV_PASSTHROUGH:-false} # true: kernel does data I/O on the image
 root=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d /var/tmp/berth-bench-XXXXXX)
 keeper_pid="" server_pid="" kloop="" uloop=""
@@ -31,7 +33,7 @@ truncate -s "$size" "$work/kernel.img" "$work/user.img"
 keeper_pid=$!
 for _ in $(seq 100); do [ -S "$work/run/keeper.sock" ] && break; sleep 0.05; done
 "$work/berth" blockdev --keeper-socket "$work/run/keeper.sock" --volume bench \
-	--image "$work/user.img" --mountpoint "$work/fuse" --workers "$workers" 2>"$work/server.log" &
+	--image "$work/user.img" --mountpoint "$work/fuse" --workers "$workers" --passthrough="$passthrough" 2>"$work/server.log" &
 server_pid=$!
 for _ in $(seq 100); do [ -e "$work/fuse/disk.img" ] && break; sleep 0.05; done
 

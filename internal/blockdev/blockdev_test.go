@@ -19,8 +19,22 @@ import (
 // TestServeExt4 serves an image, puts a loop device and ext4 on disk.img and
 // reads back what it wrote, past the page cache.
 func TestServeExt4(t *testing.T) {
+	for _, passthrough := range []bool{false, true} {
+		t.Run(mode(passthrough), func(t *testing.T) { testServeExt4(t, passthrough) })
+	}
+}
+
+func mode(passthrough bool) string {
+	if passthrough {
+		return "passthrough"
+	}
+	return "server-io"
+}
+
+func testServeExt4(t *testing.T, passthrough bool) {
 	needKernel(t)
 	r := newRig(t, 256<<20)
+	r.passthrough = passthrough
 	r.startServer()
 	r.attachAndMount()
 	want := make([]byte, 8<<20)
@@ -47,18 +61,37 @@ func TestServeExt4(t *testing.T) {
 	if err != nil || len(vols) != 1 || !vols[0].Initialized || vols[0].Mountpoint != r.mountpoint {
 		t.Fatalf("keeper list = %+v, %v; want one initialized volume", vols, err)
 	}
+	conn, err := keeper.NewClient(r.socket).Get(context.Background(), r.volume)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.File.Close()
+	set, err := blockdev.ParseSettings(conn.Settings)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if set.Passthrough() != passthrough || (set.BackingID > 0) != passthrough {
+		t.Fatalf("saved settings: passthrough %v backing %d, want passthrough %v", set.Passthrough(), set.BackingID, passthrough)
+	}
 }
 
 // TestTakeoverUnderVerifyingWriter kills the server again and again while fio
 // writes and verifies (crc32c) through ext4, starting a new server each time:
 // no I/O error, ext4 stays read-write, every block verifies.
 func TestTakeoverUnderVerifyingWriter(t *testing.T) {
+	for _, passthrough := range []bool{false, true} {
+		t.Run(mode(passthrough), func(t *testing.T) { testTakeover(t, passthrough) })
+	}
+}
+
+func testTakeover(t *testing.T, passthrough bool) {
 	needKernel(t, "fio")
 	if testing.Short() {
 		t.Skip("takeover cycles take ~30 s")
 	}
 	const cycles = 10
 	r := newRig(t, 512<<20)
+	r.passthrough = passthrough
 	r.startServer()
 	r.attachAndMount()
 

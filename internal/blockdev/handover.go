@@ -11,7 +11,14 @@ import (
 type Settings struct {
 	In  initIn  `json:"in"`
 	Out initOut `json:"out"`
+	// BackingID is the image registered for passthrough on this
+	// connection (0: none yet); it lives as long as the connection.
+	BackingID int32 `json:"backingID,omitempty"`
 }
+
+// Passthrough says whether the kernel does reads and writes on the image
+// itself (FUSE passthrough, 6.9+), bypassing the server.
+func (s Settings) Passthrough() bool { return s.Out.Flags&initPassthru != 0 }
 
 // Marshal encodes settings for the keeper.
 func (s Settings) Marshal() ([]byte, error) {
@@ -48,8 +55,15 @@ const (
 
 // negotiate is the reply to INIT. It depends only on what the kernel offers,
 // so a server that re-answers a resent INIT gives the same answer.
-func negotiate(in initIn) Settings {
+func negotiate(in initIn, passthrough bool) Settings {
 	want := uint64(initAsyncRead | initBigWrites | initAsyncDIO | initMaxPages)
+	var depth uint32
+	if passthrough && in.Flags&initPassthru != 0 {
+		// INIT_EXT makes the kernel read flags2, where passthrough is;
+		// depth 1: the image's file system stacks under this one.
+		want |= initPassthru | initExt
+		depth = 1
+	}
 	minor := min(in.Minor, protoMinor)
 	return Settings{In: in, Out: initOut{
 		Major:               protoMajor,
@@ -61,5 +75,6 @@ func negotiate(in initIn) Settings {
 		MaxWrite:            maxWrite,
 		TimeGran:            1,
 		MaxPages:            maxPages,
+		MaxStackDepth:       depth,
 	}}
 }

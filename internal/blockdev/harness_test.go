@@ -92,8 +92,10 @@ type rig struct {
 	fsDir      string // the ext4 mount
 	loop       string
 	log        *syncBuffer
-	mu         sync.Mutex
-	server     *blockdev.Process
+	// passthrough starts servers in FUSE passthrough mode.
+	passthrough bool
+	mu          sync.Mutex
+	server      *blockdev.Process
 }
 
 type syncBuffer struct {
@@ -163,7 +165,7 @@ func (r *rig) startServer() *blockdev.Process {
 	defer cancel()
 	p, err := blockdev.Start(ctx, blockdev.Params{
 		Binary: berthBinary(r.t), KeeperSocket: r.socket, Volume: r.volume,
-		Image: r.image, Mountpoint: r.mountpoint, Stderr: r.log,
+		Image: r.image, Mountpoint: r.mountpoint, Stderr: r.log, Passthrough: r.passthrough,
 	})
 	if err != nil {
 		r.t.Fatalf("start server: %v\nlog:\n%s", err, r.log)

@@ -68,7 +68,7 @@ func (s *Server) doInit(b *buffers, h inHeader, body []byte) error {
 		s.cfg.Log.Info("kernel speaks another FUSE major version", "major", in.Major)
 		return s.reply(b, h.unique, unix.EPROTO, 0)
 	}
-	set := negotiate(in)
+	set := negotiate(in, s.cfg.Passthrough)
 	if err := s.cfg.OnInit(set); err != nil {
 		// Without saved settings no later server could take over: refuse
 		// to serve rather than run a connection that cannot be handed on.
@@ -80,7 +80,11 @@ func (s *Server) doInit(b *buffers, h inHeader, body []byte) error {
 	if err := s.reply(b, h.unique, 0, n); err != nil {
 		return err
 	}
-	s.cfg.Log.Info("answered INIT", "minor", set.Out.Minor, "maxWrite", set.Out.MaxWrite, "kernelResends", set.KernelResends())
+	s.cfg.Log.Info("answered INIT", "minor", set.Out.Minor, "maxWrite", set.Out.MaxWrite,
+		"kernelResends", set.KernelResends(), "passthrough", set.Passthrough())
+	if err := s.ensureBacking(); err != nil {
+		return err
+	}
 	s.markReady()
 	return nil
 }
@@ -153,8 +157,12 @@ func (s *Server) doOpen(b *buffers, h inHeader) error {
 	le.PutUint64(out[0:], fileFH)
 	// Direct I/O: the loop device above has its own cache; parallel writes:
 	// without it the kernel serializes writes to the file.
-	le.PutUint32(out[8:], fopenDirectIO|fopenParallelW)
-	le.PutUint32(out[12:], 0)
+	flags, backing := uint32(fopenDirectIO|fopenParallelW), int32(0)
+	if set := s.settings.Load(); set != nil && set.BackingID > 0 {
+		flags, backing = fopenPassthru, set.BackingID
+	}
+	le.PutUint32(out[8:], flags)
+	le.PutUint32(out[12:], uint32(backing))
 	return s.reply(b, h.unique, 0, 16)
 }
 

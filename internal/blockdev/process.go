@@ -24,6 +24,9 @@ type Params struct {
 	Workers      int // 0: the server's default
 	// NoDirect turns O_DIRECT on the image off.
 	NoDirect bool
+	// Passthrough lets the kernel do data I/O on the image itself (6.9+);
+	// the server then answers only metadata, fsync and fallocate.
+	Passthrough bool
 	// Stderr receives the server's log (nil: discarded).
 	Stderr io.Writer
 }
@@ -53,7 +56,8 @@ func Start(ctx context.Context, p Params) (*Process, error) {
 		"--keeper-socket", p.KeeperSocket, "--volume", p.Volume,
 		"--image", p.Image, "--mountpoint", p.Mountpoint,
 		"--ready-fd", "3", "--workers", strconv.Itoa(p.Workers),
-		"--direct=" + strconv.FormatBool(!p.NoDirect)}
+		"--direct=" + strconv.FormatBool(!p.NoDirect),
+		"--passthrough=" + strconv.FormatBool(p.Passthrough)}
 	cmd := exec.Command(p.Binary, args...)
 	cmd.Stdout = p.Stderr
 	cmd.Stderr = p.Stderr

@@ -52,11 +52,13 @@ const (
 	initAsyncDIO   = 1 << 15
 	initMaxPages   = 1 << 22
 	initExt        = 1 << 30
+	initPassthru   = 1 << 37
 	initHasResend  = 1 << 39
 	notifyResend   = 7
 	uniqueResend   = 1 << 63 // set by the kernel on resent requests
 	fopenDirectIO  = 1 << 0
 	fopenParallelW = 1 << 6 // FOPEN_PARALLEL_DIRECT_WRITES
+	fopenPassthru  = 1 << 7
 	fattrSize      = 1 << 3
 )
 
@@ -142,6 +144,7 @@ type initOut struct {
 	MaxWrite            uint32 `json:"maxWrite"`
 	TimeGran            uint32 `json:"timeGran"`
 	MaxPages            uint16 `json:"maxPages"`
+	MaxStackDepth       uint32 `json:"maxStackDepth,omitempty"`
 }
 
 // initOutSize is the reply size for a kernel speaking minor: older kernels
@@ -165,4 +168,5 @@ func putInitOut(b []byte, o initOut) {
 	le.PutUint32(b[24:], o.TimeGran)
 	le.PutUint16(b[28:], o.MaxPages)
 	le.PutUint32(b[32:], uint32(o.Flags>>32))
+	le.PutUint32(b[36:], o.MaxStackDepth)
 }

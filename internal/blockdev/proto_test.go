@@ -7,7 +7,7 @@ import (
 func TestNegotiateIsDeterministicAndBounded(t *testing.T) {
 	in := initIn{Major: 7, Minor: 45, MaxReadahead: 128 << 10,
 		Flags: initAsyncRead | initAsyncDIO | initMaxPages | initBigWrites | 1<<16 | initHasResend}
-	a, b := negotiate(in), negotiate(in)
+	a, b := negotiate(in, false), negotiate(in, false)
 	if a != b {
 		t.Fatal("negotiate differs for the same INIT")
 	}
@@ -23,14 +23,14 @@ func TestNegotiateIsDeterministicAndBounded(t *testing.T) {
 	if !a.KernelResends() {
 		t.Fatal("resend support not seen in flags2")
 	}
-	old := negotiate(initIn{Major: 7, Minor: 22})
+	old := negotiate(initIn{Major: 7, Minor: 22}, true)
 	if old.Out.Minor != 22 || initOutSize(22) != 24 {
 		t.Fatalf("old kernel: %+v", old.Out)
 	}
 }
 
 func TestSettingsRoundTrip(t *testing.T) {
-	s := negotiate(initIn{Major: 7, Minor: 40, Flags: initAsyncDIO})
+	s := negotiate(initIn{Major: 7, Minor: 40, Flags: initAsyncDIO | initPassthru | initExt}, true)
 	b, err := s.Marshal()
 	if err != nil {
 		t.Fatal(err)

@@ -26,8 +26,10 @@ type RunConfig struct {
 	Mountpoint string
 	Image      string
 	// Direct opens the image with O_DIRECT for aligned I/O.
-	Direct  bool
-	Workers int
+	Direct bool
+	// Passthrough lets the kernel do data I/O on the image itself.
+	Passthrough bool
+	Workers     int
 	// OnReady is called once the server answers requests.
 	OnReady func()
 	Log     logr.Logger
@@ -64,8 +66,9 @@ func Run(ctx context.Context, c RunConfig) error {
 			}
 			return nil
 		},
-		Workers: c.Workers,
-		Log:     log,
+		Workers:     c.Workers,
+		Passthrough: c.Passthrough,
+		Log:         log,
 	})
 	if err != nil {
 		return err

@@ -33,6 +33,9 @@ type Config struct {
 	// OnInit stores negotiated settings (in the keeper) before INIT is
 	// answered, so that a server dying right after still leaves them.
 	OnInit func(Settings) error
+	// Passthrough asks the kernel to do reads and writes on the image
+	// itself (FUSE passthrough); the server then only answers metadata.
+	Passthrough bool
 	// Workers is the number of goroutines reading requests (default 16).
 	Workers int
 	Log     logr.Logger
@@ -82,6 +85,9 @@ func (s *Server) markReady() { s.readyOne.Do(func() { close(s.ready) }) }
 // worker had read but not answered are left to the next server's resend.
 func (s *Server) Serve(ctx context.Context) error {
 	if s.cfg.Saved != nil {
+		if err := s.ensureBacking(); err != nil {
+			return err
+		}
 		if err := s.requestResend(); err != nil {
 			return err
 		}

@@ -26,6 +26,7 @@ type Config struct {
 	Mountpoint   string
 	Workers      int
 	Direct       bool
+	Passthrough  bool
 	// ReadyFD, if > 0, gets "ready\n" once the server answers, then closed.
 	ReadyFD int
 	Log     logr.Logger
@@ -42,13 +43,14 @@ func (c Config) Run(ctx context.Context) error {
 		defer func() { _ = ready.Close() }()
 	}
 	return blockdev.Run(ctx, blockdev.RunConfig{
-		Keeper:     keeper.NewClient(c.KeeperSocket),
-		Volume:     c.Volume,
-		Mountpoint: c.Mountpoint,
-		Image:      c.Image,
-		Direct:     c.Direct,
-		Workers:    c.Workers,
-		Log:        c.Log,
+		Keeper:      keeper.NewClient(c.KeeperSocket),
+		Volume:      c.Volume,
+		Mountpoint:  c.Mountpoint,
+		Image:       c.Image,
+		Direct:      c.Direct,
+		Passthrough: c.Passthrough,
+		Workers:     c.Workers,
+		Log:         c.Log,
 		OnReady: func() {
 			if ready != nil {
 				_, _ = fmt.Fprintln(ready, "ready")
@@ -73,6 +75,7 @@ func Command() cli.Command {
 			fs.StringVar(&cfg.Mountpoint, "mountpoint", "", "where the keeper mounts the FUSE file system (holds disk.img)")
 			fs.IntVar(&cfg.Workers, "workers", 0, "request reader goroutines (0: default)")
 			fs.BoolVar(&cfg.Direct, "direct", true, "O_DIRECT for aligned I/O on the image")
+			fs.BoolVar(&cfg.Passthrough, "passthrough", false, "let the kernel read and write the image itself (FUSE passthrough, 6.9+)")
 			fs.IntVar(&cfg.ReadyFD, "ready-fd", 0, "fd to write \"ready\" to once serving")
 			if err := fs.Parse(args); err != nil {
 				return err
