@@ -163,3 +163,26 @@ func TestKeeperDeathIsDetected(t *testing.T) {
 		t.Fatalf("CheckMount with keeper and server dead = %v, want ErrDisconnected", err)
 	}
 }
+
+// TestSecondServerRefused: while a server lives, the keeper refuses the
+// connection to another (two servers would answer resent writes twice).
+func TestSecondServerRefused(t *testing.T) {
+	needKernel(t)
+	r := newRig(t, 64<<20)
+	first := r.startServer()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	second, err := blockdev.Start(ctx, blockdev.Params{Binary: berthBinary(t), KeeperSocket: r.socket,
+		Volume: r.volume, Image: r.image, Mountpoint: r.mountpoint, Stderr: r.log})
+	if err == nil {
+		_ = second.Kill()
+		t.Fatal("a second server started while the first lives")
+	}
+	if !strings.Contains(r.log.String(), "served by live process") {
+		t.Fatalf("second server failed for another reason: %v", err)
+	}
+	vols, err := keeper.NewClient(r.socket).List(ctx)
+	if err != nil || len(vols) != 1 || vols[0].ServerPID != first.PID() {
+		t.Fatalf("List = %+v, %v; want server pid %d", vols, err, first.PID())
+	}
+}

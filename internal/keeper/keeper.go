@@ -30,6 +30,11 @@ type held struct {
 	fd         int
 	mountpoint string
 	settings   json.RawMessage
+	// server is the process that last opened the connection to serve it.
+	// A second server while it lives would answer requests twice, and a
+	// resent write landing after a newer one corrupts data.
+	server    Process
+	serverPID int32
 }
 
 // New returns an empty keeper.
@@ -82,7 +87,8 @@ func (s *Service) Serve(ctx context.Context, l *net.UnixListener) error {
 func (s *Service) serveConn(c *net.UnixConn) {
 	defer func() { _ = c.Close() }()
 	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	if err := checkRoot(c); err != nil {
+	pid, err := checkRoot(c)
+	if err != nil {
 		s.log.Info("refused a client", "err", err)
 		return
 	}
@@ -99,32 +105,33 @@ func (s *Service) serveConn(c *net.UnixConn) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	resp, fd := s.handle(req)
+	resp, fd := s.handle(req, pid)
 	if err := send(c, resp, fd); err != nil {
 		s.log.Info("send reply", "op", req.Op, "volume", req.Volume, "err", err)
 	}
 }
 
-// checkRoot admits only uid 0: the fd gives full access to the volume.
-func checkRoot(c *net.UnixConn) error {
+// checkRoot admits only uid 0 (the fd gives full access to the volume) and
+// returns the peer's pid.
+func checkRoot(c *net.UnixConn) (int32, error) {
 	raw, err := c.SyscallConn()
 	if err != nil {
-		return fmt.Errorf("peer credentials: %w", err)
+		return 0, fmt.Errorf("peer credentials: %w", err)
 	}
 	var cred *unix.Ucred
 	var credErr error
 	if err := raw.Control(func(fd uintptr) {
 		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
 	}); err != nil {
-		return fmt.Errorf("peer credentials: %w", err)
+		return 0, fmt.Errorf("peer credentials: %w", err)
 	}
 	if credErr != nil {
-		return fmt.Errorf("peer credentials: %w", credErr)
+		return 0, fmt.Errorf("peer credentials: %w", credErr)
 	}
 	if cred.Uid != 0 {
-		return fmt.Errorf("peer uid %d (pid %d) is not root", cred.Uid, cred.Pid)
+		return 0, fmt.Errorf("peer uid %d (pid %d) is not root", cred.Uid, cred.Pid)
 	}
-	return nil
+	return cred.Pid, nil
 }
 
 func send(c *net.UnixConn, resp response, fd int) error {
@@ -144,7 +151,7 @@ func send(c *net.UnixConn, resp response, fd int) error {
 
 // handle runs one request under s.mu; it returns the reply and the fd to
 // pass with it (-1 for none).
-func (s *Service) handle(req request) (response, int) {
+func (s *Service) handle(req request, pid int32) (response, int) {
 	if err := req.validate(); err != nil {
 		return errorResponse(err), -1
 	}
@@ -156,6 +163,9 @@ func (s *Service) handle(req request) (response, int) {
 		return response{Volumes: s.list()}, -1
 	case OpOpen:
 		h, err := s.open(req.Volume, req.Mountpoint)
+		if err == nil {
+			err = s.claim(h, pid)
+		}
 		if err != nil {
 			log.Error(err, "open failed")
 			return errorResponse(err), -1
@@ -220,6 +230,25 @@ func (s *Service) open(volume, mountpoint string) (*held, error) {
 	return h, nil
 }
 
+// claim records pid as the volume's server, refusing while another lives.
+func (s *Service) claim(h *held, pid int32) error {
+	if h.server != nil && h.serverPID != pid && h.server.Alive() {
+		return fmt.Errorf("%w: the connection at %s is served by live process %d; stop it first", ErrConflict, h.mountpoint, h.serverPID)
+	}
+	if h.server != nil && h.serverPID == pid {
+		return nil
+	}
+	p, err := s.kernel.WatchProcess(pid)
+	if err != nil {
+		return err
+	}
+	if h.server != nil {
+		h.server.Release()
+	}
+	h.server, h.serverPID = p, pid
+	return nil
+}
+
 // close is idempotent: an unknown volume is already closed.
 func (s *Service) close(volume string) error {
 	h, ok := s.vols[volume]
@@ -232,6 +261,9 @@ func (s *Service) close(volume string) error {
 	if err := s.kernel.CloseFD(h.fd); err != nil {
 		return fmt.Errorf("close fuse fd: %w", err)
 	}
+	if h.server != nil {
+		h.server.Release()
+	}
 	delete(s.vols, volume)
 	s.log.Info("unmounted and closed", "volume", volume, "mountpoint", h.mountpoint)
 	return nil
@@ -240,7 +272,11 @@ func (s *Service) close(volume string) error {
 func (s *Service) list() []Volume {
 	out := make([]Volume, 0, len(s.vols))
 	for name, h := range s.vols {
-		out = append(out, Volume{Name: name, Mountpoint: h.mountpoint, Initialized: len(h.settings) > 0})
+		v := Volume{Name: name, Mountpoint: h.mountpoint, Initialized: len(h.settings) > 0}
+		if h.server != nil && h.server.Alive() {
+			v.ServerPID = int(h.serverPID)
+		}
+		out = append(out, v)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out

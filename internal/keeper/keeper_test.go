@@ -69,6 +69,14 @@ func (k *fakeKernel) CloseFD(fd int) error {
 	return unix.Close(fd)
 }
 
+// WatchProcess: the test process is the only client, and it lives.
+func (k *fakeKernel) WatchProcess(int32) (keeper.Process, error) { return aliveProcess{}, nil }
+
+type aliveProcess struct{}
+
+func (aliveProcess) Alive() bool { return true }
+func (aliveProcess) Release()    {}
+
 func startKeeper(t *testing.T, k keeper.Kernel) *keeper.Client {
 	t.Helper()
 	if os.Geteuid() != 0 {
@@ -148,7 +156,7 @@ func TestOpenSaveGetClose(t *testing.T) {
 	}
 	_ = got.File.Close()
 	vols, err := c.List(ctx)
-	if err != nil || len(vols) != 1 || vols[0] != (keeper.Volume{Name: "vol1", Mountpoint: "/mnt/vol1", Initialized: true}) {
+	if err != nil || len(vols) != 1 || vols[0] != (keeper.Volume{Name: "vol1", Mountpoint: "/mnt/vol1", Initialized: true, ServerPID: os.Getpid()}) {
 		t.Fatalf("List = %+v, %v", vols, err)
 	}
 	if err := c.Close(ctx, "vol1"); err != nil {

@@ -22,6 +22,14 @@ type Kernel interface {
 	Mounted(mountpoint string) (bool, error)
 	// CloseFD closes fd.
 	CloseFD(fd int) error
+	// WatchProcess follows process pid until Release.
+	WatchProcess(pid int32) (Process, error)
+}
+
+// Process is a watched process.
+type Process interface {
+	Alive() bool
+	Release()
 }
 
 // HostKernel is the real Kernel.
@@ -76,3 +84,26 @@ func (HostKernel) Mounted(mountpoint string) (bool, error) {
 
 // CloseFD closes fd.
 func (HostKernel) CloseFD(fd int) error { return unix.Close(fd) }
+
+// WatchProcess uses a pidfd: unlike a pid it cannot be reused by another
+// process, and it becomes readable when the process exits.
+func (HostKernel) WatchProcess(pid int32) (Process, error) {
+	fd, err := unix.PidfdOpen(int(pid), 0)
+	if err != nil {
+		return nil, fmt.Errorf("watch process %d: %w", pid, err)
+	}
+	return pidfd(fd), nil
+}
+
+type pidfd int
+
+// Alive reports false once the process has exited (even if not reaped yet:
+// a zombie answers no requests).
+func (p pidfd) Alive() bool {
+	fds := []unix.PollFd{{Fd: int32(p), Events: unix.POLLIN}}
+	n, err := unix.Poll(fds, 0)
+	return err == nil && n == 0
+}
+
+// Release closes the pidfd.
+func (p pidfd) Release() { _ = unix.Close(int(p)) }

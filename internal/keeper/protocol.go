@@ -64,6 +64,8 @@ type Volume struct {
 	Mountpoint string `json:"mountpoint"`
 	// Initialized says whether a server saved INIT settings.
 	Initialized bool `json:"initialized"`
+	// ServerPID is the live server process, 0 if none.
+	ServerPID int `json:"serverPID,omitempty"`
 }
 
 // maxMessage bounds a request or reply.
