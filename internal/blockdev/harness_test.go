@@ -254,3 +254,31 @@ func mountOptions(path string) string {
 	}
 	return ""
 }
+
+// kernelLog returns the kernel log lines (dmesg), for checking that a test
+// caused no I/O error on its devices.
+func kernelLog(t *testing.T) []string {
+	t.Helper()
+	out, err := exec.Command("dmesg").Output()
+	if err != nil {
+		t.Logf("dmesg: %v (kernel log not checked)", err)
+		return nil
+	}
+	return strings.Split(strings.TrimSpace(string(out)), "\n")
+}
+
+// kernelErrors returns the lines after the first skip lines of the kernel
+// log that report errors on dev (e.g. "loop3") or its ext4.
+func kernelErrors(t *testing.T, skip int, dev string) []string {
+	t.Helper()
+	lines := kernelLog(t)
+	var bad []string
+	for i := skip; i < len(lines); i++ {
+		l := lines[i]
+		ours := strings.Contains(l, dev+",") || strings.Contains(l, dev+":") || strings.Contains(l, "("+dev+")")
+		if ours && (strings.Contains(l, "error") || strings.Contains(l, "read-only")) {
+			bad = append(bad, l)
+		}
+	}
+	return bad
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/go-logr/logr"
 
@@ -35,9 +36,29 @@ type RunConfig struct {
 	Log     logr.Logger
 }
 
+// servedWait bounds how long a new server waits for the previous one to be
+// gone: a killed server can take a moment to exit (I/O in flight).
+const servedWait = 15 * time.Second
+
+// openConn takes the connection, waiting while the previous server exits.
+func openConn(ctx context.Context, c RunConfig) (*keeper.Conn, error) {
+	deadline := time.Now().Add(servedWait)
+	for {
+		conn, err := c.Keeper.Open(ctx, c.Volume, c.Mountpoint)
+		if !errors.Is(err, keeper.ErrServed) || time.Now().After(deadline) {
+			return conn, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
 // Run serves until ctx ends or the connection is unmounted.
 func Run(ctx context.Context, c RunConfig) error {
-	conn, err := c.Keeper.Open(ctx, c.Volume, c.Mountpoint)
+	conn, err := openConn(ctx, c)
 	if err != nil {
 		return fmt.Errorf("take connection of %s from keeper: %w", c.Volume, err)
 	}

@@ -233,7 +233,7 @@ func (s *Service) open(volume, mountpoint string) (*held, error) {
 // claim records pid as the volume's server, refusing while another lives.
 func (s *Service) claim(h *held, pid int32) error {
 	if h.server != nil && h.serverPID != pid && h.server.Alive() {
-		return fmt.Errorf("%w: the connection at %s is served by live process %d; stop it first", ErrConflict, h.mountpoint, h.serverPID)
+		return fmt.Errorf("%w: %s by pid %d", ErrServed, h.mountpoint, h.serverPID)
 	}
 	if h.server != nil && h.serverPID == pid {
 		return nil

@@ -29,6 +29,7 @@ const (
 	codeNotFound = "not-found"
 	codeInvalid  = "invalid"
 	codeConflict = "conflict"
+	codeServed   = "served"
 )
 
 var (
@@ -40,6 +41,9 @@ var (
 	// mountpoint is already mounted by something the keeper does not hold
 	// (e.g. a dead connection left by a previous keeper).
 	ErrConflict = errors.New("keeper request conflicts with existing state")
+	// ErrServed means another live process serves the connection (it
+	// also matches ErrConflict); retry once that process has exited.
+	ErrServed = fmt.Errorf("%w: connection served by another live process", ErrConflict)
 	// ErrUnavailable means the keeper cannot be reached.
 	ErrUnavailable = errors.New("keeper unavailable")
 )
@@ -98,6 +102,8 @@ func errorResponse(err error) response {
 	switch {
 	case errors.Is(err, ErrNotFound):
 		code = codeNotFound
+	case errors.Is(err, ErrServed):
+		code = codeServed
 	case errors.Is(err, ErrInvalid):
 		code = codeInvalid
 	case errors.Is(err, ErrConflict):
@@ -117,6 +123,8 @@ func (r response) err() error {
 		return fmt.Errorf("%w (%s)", ErrInvalid, r.Error)
 	case codeConflict:
 		return fmt.Errorf("%w (%s)", ErrConflict, r.Error)
+	case codeServed:
+		return fmt.Errorf("%w (%s)", ErrServed, r.Error)
 	}
 	return errors.New(r.Error)
 }
