@@ -202,3 +202,26 @@ func TestSecondServerRefused(t *testing.T) {
 		t.Fatalf("List = %+v, %v; want server pid %d", vols, err, first.PID())
 	}
 }
+
+// TestStopPID stops a server by pid alone, as a restarted agent would.
+func TestStopPID(t *testing.T) {
+	needKernel(t)
+	r := newRig(t, 64<<20)
+	p := r.startServer()
+	if err := blockdev.StopPID(p.PID(), 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("server still running after StopPID")
+	}
+	if err := blockdev.StopPID(p.PID(), time.Second); err != nil {
+		t.Fatalf("StopPID of a gone process: %v", err)
+	}
+	// The connection outlives the server: the next one takes over.
+	r.startServer()
+	if err := blockdev.CheckMount(r.mountpoint); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Params starts a server process.
@@ -135,4 +137,32 @@ func (p *Process) Stop(timeout time.Duration) error {
 	}
 	<-p.done
 	return nil
+}
+
+// StopPID stops a server this process did not start (an agent restarted and
+// found it in the keeper's list): SIGTERM, then SIGKILL after timeout. It
+// follows the process through a pidfd, so a reused pid is never signalled.
+func StopPID(pid int, timeout time.Duration) error {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if errors.Is(err, unix.ESRCH) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("open pidfd of %d: %w", pid, err)
+	}
+	defer func() { _ = unix.Close(fd) }()
+	exited := func(wait time.Duration) bool {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, int(wait.Milliseconds()))
+		return err == nil && n > 0
+	}
+	for _, sig := range []unix.Signal{unix.SIGTERM, unix.SIGKILL} {
+		if err := unix.PidfdSendSignal(fd, sig, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("signal %d: %w", pid, err)
+		}
+		if exited(timeout) {
+			return nil
+		}
+	}
+	return fmt.Errorf("blockdev server %d did not exit after SIGKILL", pid)
 }
