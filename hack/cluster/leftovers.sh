@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Lists whatever the e2e cluster left on this machine after down.sh:
+# processes, mounts, loop devices, cgroups, namespaces, interfaces, changed
+# sysctls, host folders. Exit 1 if anything remains.
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=lib.sh
+. "$HERE/lib.sh"
+
+found=0
+report() { [ -z "$2" ] || { printf 'leftover %s:\n%s\n' "$1" "$2" >&2; found=1; }; }
+
+procs=$(for p in /proc/[0-9]*; do
+	cmd=$(tr '\0' ' ' 2>/dev/null <"$p/cmdline") || continue
+	case "$cmd" in *"$WORKDIR"* | *"$CONTAINERD_SOCK"*) echo "${p#/proc/} $cmd" | cut -c1-160 ;; esac
+done | grep -v "^$$ " || true)
+report processes "$procs"
+report mounts "$(grep -F -e "$WORKDIR" -e "/run/netns/$NETNS" /proc/self/mountinfo || true)"
+report "loop devices" "$(losetup -nl -O NAME,BACK-FILE 2>/dev/null | grep -F "$WORKDIR" || true)"
+report cgroups "$(ls -d /sys/fs/cgroup/*/"$CGROUP_NAME" 2>/dev/null || true)"
+report netns "$(ip netns list | grep -E "^$NETNS( |$)" || true)"
+report interfaces "$(ip -br link | grep -E "^($HOST_IF|$BRIDGE)[@ ]" || true)"
+report "pod logs links" "$(find /var/log/containers -maxdepth 1 -lname "$POD_LOGS/*" 2>/dev/null || true)"
+report "CNI cache" "$(ls /var/lib/cni/results/berth-e2e-* 2>/dev/null || true)"
+if [ -f "$SYSCTL_SAVED" ]; then report "saved sysctls (down.sh did not restore them)" "$(cat "$SYSCTL_SAVED")"; fi
+if [ "$found" -eq 0 ]; then log "nothing left behind"; fi
+exit "$found"
