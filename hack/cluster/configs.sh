@@ -31,7 +31,8 @@ write_configs() {
 	kubeconfig kubelet "$CONF/kubelet.kubeconfig"
 
 	# Bridge on a private pod CIDR inside the netns; no masquerade (nothing
-	# may leave) and no default route out of the netns.
+	# may leave). Pods get routes to the node IP and the Service CIDR (the
+	# API server answers on SERVICE_IP), no default route.
 	cat >"$CNI_DIR/net.d/10-berth-e2e.conflist" <<JSON
 {
   "cniVersion": "0.4.0",
@@ -46,6 +47,7 @@ write_configs() {
       "ipam": {
         "type": "host-local",
         "ranges": [[{"subnet": "$POD_CIDR"}]],
+        "routes": [{"dst": "$NODE_IP/32"}, {"dst": "$SERVICE_CIDR"}],
         "dataDir": "$CNI_DIR/ipam"
       }
     }

@@ -9,7 +9,7 @@ BERTH_IMAGE_TAG=
 stale() {
 	local out=$1
 	shift
-	[ -s "$out" ] || return 0
+	[ -e "$out" ] || return 0
 	[ -n "$(find "$@" -newer "$out" -print -quit 2>/dev/null)" ]
 }
 

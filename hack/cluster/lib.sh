@@ -14,7 +14,10 @@ POD_CIDR="${BERTH_E2E_POD_CIDR:-10.251.0.0/24}"
 SERVICE_CIDR="${BERTH_E2E_SERVICE_CIDR:-10.252.0.0/24}"
 SERVICE_IP="${BERTH_E2E_SERVICE_IP:-10.252.0.1}"
 BRIDGE="${BERTH_E2E_BRIDGE:-berth-br0}"
-API_PORT="${BERTH_E2E_API_PORT:-6443}"
+# 443 and SERVICE_IP on the netns's lo: the "kubernetes" Service address
+# reaches the API server without kube-proxy, for pods and hostNetwork pods
+# alike, so in-cluster client config works unchanged.
+API_PORT="${BERTH_E2E_API_PORT:-443}"
 NODE_NAME="${BERTH_E2E_NODE_NAME:-berth-e2e-node}"
 # CSI and Flexvolume paths depend on these two: the Helm chart must be told.
 KUBELET_ROOT="${BERTH_E2E_KUBELET_ROOT:-$WORKDIR/kubelet}"

@@ -59,6 +59,13 @@ ip addr replace "$HOST_IP/24" dev "$HOST_IF"
 ip link set "$HOST_IF" up
 nsx ip addr replace "$NODE_IP/24" dev "$NS_IF"
 nsx ip link set "$NS_IF" up
+nsx ip addr replace "$SERVICE_IP/32" dev lo
+# The pod bridge enables forwarding in the netns; nothing from a pod may be
+# forwarded to the host over the veth (its replies would leave by the host's
+# default route). Local addresses match the local table first and stay open.
+if ! nsx ip rule show | grep -q "iif $BRIDGE .*prohibit"; then
+	nsx ip rule add pref 100 iif "$BRIDGE" to "$HOST_IP/24" prohibit
+fi
 
 # --- cgroups: one subtree per v1 hierarchy, the kubelet's cgroupRoot ---------
 for c in /sys/fs/cgroup/*/; do
@@ -170,6 +177,7 @@ KUBERNETES_SERVICE_HOST=$NODE_IP
 KUBERNETES_SERVICE_PORT=$API_PORT
 NODE_NAME=$NODE_NAME
 NODE_IP=$NODE_IP
+HOST_IP=$HOST_IP
 NETNS=$NETNS
 KUBELET_ROOT=$KUBELET_ROOT
 VOLUME_PLUGIN_DIR=$VOLUME_PLUGIN_DIR
