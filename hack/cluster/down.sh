@@ -43,22 +43,27 @@ if pid_of containerd >/dev/null; then
 	done
 	for id in $(ctr_ containers ls -q 2>/dev/null); do ctr_ containers rm "$id" >/dev/null 2>&1 || true; done
 fi
-if pid=$(pid_of containerd); then log "stopping containerd ($pid)"; stop_pid "$pid"; fi
+# containerd lingers ~7s after "Stop CRI service"; its state is discarded.
+if pid=$(pid_of containerd); then log "stopping containerd ($pid)"; stop_pid "$pid" 3; fi
 
 # 3. Leftovers of a crash: shims serving our socket, processes in our pod
 #    cgroups. Matching the socket path and cgroup name, never a program name.
-shims=()
-for p in /proc/[0-9]*; do
-	tr '\0' ' ' 2>/dev/null <"$p/cmdline" | grep -qF -- "-address $CONTAINERD_SOCK " && shims+=("${p#/proc/}")
-done
-for pid in "${shims[@]}"; do log "stopping shim $pid"; stop_pid "$pid" 3; done
+shims=$(procs_matching "-address $CONTAINERD_SOCK" | cut -d' ' -f1)
+for pid in $shims; do log "stopping shim $pid"; stop_pid "$pid" 3; done
 cgroup_pids() {
 	local c
 	for c in /sys/fs/cgroup/*/"$CGROUP_NAME"; do
-		[ -d "$c" ] && find "$c" -name cgroup.procs -exec cat {} + 2>/dev/null
+		if [ -d "$c" ]; then find "$c" -name cgroup.procs -exec cat {} + 2>/dev/null; fi
 	done | sort -un
 }
-for pid in $(cgroup_pids); do log "killing pod process $pid"; kill -KILL "$pid" 2>/dev/null || true; done
+# Repeat: a shell loop may fork a new child between listing and killing.
+for ((round = 0; round < 50; round++)); do
+	pids=$(cgroup_pids)
+	[ -z "$pids" ] && break
+	[ "$round" -eq 0 ] && log "killing pod processes left in cgroup $CGROUP_NAME: $(echo $pids)"
+	kill -KILL $pids 2>/dev/null || true
+	sleep 0.1
+done
 
 # 4. Control plane, newest first, then anything else left in our netns.
 for name in kube-scheduler kube-controller-manager kube-apiserver etcd; do
@@ -112,16 +117,25 @@ fi
 
 # 8. Host files: the CNI result cache of our network, kubelet's log links
 #    into our pod logs, and folders that did not exist before the first up.
+# The CNI cache of sandboxes that were never torn down (a crash), found by
+# the sandbox IDs containerd recorded.
 rm -f /var/lib/cni/results/berth-e2e-* 2>/dev/null || true
+for d in "$CONTAINERD_DIR"/*/io.containerd.grpc.v1.cri/sandboxes/*/; do
+	[ -d "$d" ] && rm -f "/var/lib/cni/results/cni-loopback-$(basename "$d")-lo"
+done
 if [ -d /var/log/containers ]; then
 	find /var/log/containers -maxdepth 1 -type l -lname "$POD_LOGS/*" -delete
 fi
 if [ -f "$HOST_CREATED" ]; then
+	# Paths that cannot go yet stay listed, for the next down to retry.
 	while IFS= read -r p; do
 		[ -d "$p" ] && find "$p" -depth -type d -empty -delete 2>/dev/null || true
-		[ -e "$p" ] && log "warning: $p (made by the cluster) is not empty; left in place"
-	done <"$HOST_CREATED"
-	rm -f "$HOST_CREATED"
+		if [ -e "$p" ]; then
+			log "warning: $p (made by the cluster) is not empty; left in place"
+			echo "$p"
+		fi
+	done <"$HOST_CREATED" >"$HOST_CREATED.tmp"
+	if [ -s "$HOST_CREATED.tmp" ]; then mv "$HOST_CREATED.tmp" "$HOST_CREATED"; else rm -f "$HOST_CREATED" "$HOST_CREATED.tmp"; fi
 fi
 
 # 9. Runtime state. Never rm across a mount point: refuse if any is left.

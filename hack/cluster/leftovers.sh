@@ -10,10 +10,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 found=0
 report() { [ -z "$2" ] || { printf 'leftover %s:\n%s\n' "$1" "$2" >&2; found=1; }; }
 
-procs=$(for p in /proc/[0-9]*; do
-	cmd=$(tr '\0' ' ' 2>/dev/null <"$p/cmdline") || continue
-	case "$cmd" in *"$WORKDIR"* | *"$CONTAINERD_SOCK"*) echo "${p#/proc/} $cmd" | cut -c1-160 ;; esac
-done | grep -v "^$$ " || true)
+procs=$(procs_matching "$WORKDIR" "$CONTAINERD_SOCK")
 report processes "$procs"
 report mounts "$(grep -F -e "$WORKDIR" -e "/run/netns/$NETNS" /proc/self/mountinfo || true)"
 report "loop devices" "$(losetup -nl -O NAME,BACK-FILE 2>/dev/null | grep -F "$WORKDIR" || true)"

@@ -75,6 +75,24 @@ stop_pid() {
 	kill -KILL "$pid" 2>/dev/null || true
 }
 
+# procs_matching STR...: "PID CMDLINE" of every process whose command line
+# (arguments joined by spaces) contains any STR. Bash builtins only, so the
+# search does not find itself.
+procs_matching() {
+	local f pid cmd s
+	local -a args
+	for f in /proc/[0-9]*/cmdline; do
+		pid=${f#/proc/}
+		pid=${pid%/cmdline}
+		[ "$pid" = "$$" ] || [ "$pid" = "$BASHPID" ] && continue
+		mapfile -d '' -t args 2>/dev/null <"$f" || continue
+		cmd="${args[*]}"
+		for s in "$@"; do
+			case "$cmd" in *"$s"*) echo "$pid ${cmd:0:150}"; break ;; esac
+		done
+	done
+}
+
 kctl() { "$KUBECTL" --kubeconfig "$KUBECONFIG_ADMIN" "$@"; }
 
 # mounts_under DIR...: mount points at or below any DIR, deepest first.

@@ -36,9 +36,9 @@ echo "$KUBE_BIN" >"$WORKDIR/kube-bin"
 
 # Host paths that kubelet/containerd create: down.sh removes only those that
 # did not exist before the first up.
-if [ ! -f "$HOST_CREATED" ]; then
-	for p in "${HOST_PATHS[@]}"; do [ -e "$p" ] || echo "$p"; done >"$HOST_CREATED"
-fi
+for p in "${HOST_PATHS[@]}"; do
+	[ -e "$p" ] || grep -qxF "$p" "$HOST_CREATED" 2>/dev/null || echo "$p" >>"$HOST_CREATED"
+done
 # Sysctls as they were before kubelet touched them; kept across repeated ups.
 if [ ! -f "$SYSCTL_SAVED" ]; then
 	for k in "${KUBELET_SYSCTLS[@]}"; do echo "$k=$(sysctl -n "$k")"; done >"$SYSCTL_SAVED.tmp"
