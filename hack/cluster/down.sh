@@ -129,6 +129,9 @@ fi
 if [ -f "$HOST_CREATED" ]; then
 	# Paths that cannot go yet stay listed, for the next down to retry.
 	while IFS= read -r p; do
+		[ "$p" = /var/lib/kubelet ] && rm -f /var/lib/kubelet/device-plugins/kubelet.sock
+		# Empty: no other netns lives there; `ip netns add` remakes it.
+		if mountpoint -q "$p" && [ -z "$(ls -A "$p")" ]; then umount "$p" || true; fi
 		[ -d "$p" ] && find "$p" -depth -type d -empty -delete 2>/dev/null || true
 		if [ -e "$p" ]; then
 			log "warning: $p (made by the cluster) is not empty; left in place"

@@ -19,6 +19,8 @@ report netns "$(ip netns list | grep -E "^$NETNS( |$)" || true)"
 report interfaces "$(ip -br link | grep -E "^($HOST_IF|$BRIDGE)[@ ]" || true)"
 report "pod logs links" "$(find /var/log/containers -maxdepth 1 -lname "$POD_LOGS/*" 2>/dev/null || true)"
 report "CNI cache" "$(ls /var/lib/cni/results/berth-e2e-* 2>/dev/null || true)"
+report "kubelet device-plugin socket" "$(ls /var/lib/kubelet/device-plugins/kubelet.sock 2>/dev/null || true)"
+if [ -f "$HOST_CREATED" ]; then report "host paths made by the cluster" "$(cat "$HOST_CREATED")"; fi
 if [ -f "$SYSCTL_SAVED" ]; then report "saved sysctls (down.sh did not restore them)" "$(cat "$SYSCTL_SAVED")"; fi
 if [ "$found" -eq 0 ]; then log "nothing left behind"; fi
 exit "$found"

@@ -41,8 +41,10 @@ API_SERVER="https://$NODE_IP:$API_PORT"
 
 # The global (not per-namespace) sysctls kubelet sets at start.
 KUBELET_SYSCTLS=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops kernel.keys.root_maxkeys kernel.keys.root_maxbytes)
-# Host paths kubelet or containerd create outside the work dir.
-HOST_PATHS=(/var/log/containers /var/lib/cni /run/containerd)
+# Host paths that kubelet, containerd or `ip netns` create outside the work
+# dir whatever their config says (kubelet's device-plugin socket is always
+# under /var/lib/kubelet; `ip netns add` bind-mounts /run/netns on itself).
+HOST_PATHS=(/var/log/containers /var/lib/cni /run/containerd /var/lib/kubelet /run/netns)
 # Daemons in start order; down stops them in reverse.
 DAEMONS=(etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet)
 
