@@ -28,6 +28,8 @@ build_and_import_images() {
 	if [ -n "${BERTH_E2E_BERTH_BINARY:-}" ]; then
 		[ -x "$BERTH_E2E_BERTH_BINARY" ] || die "BERTH_E2E_BERTH_BINARY=$BERTH_E2E_BERTH_BINARY is not an executable"
 		BERTH_IMAGE_TAG=berth.local/berth:dev
+		# Extra programs for the berth image, e.g. BERTH_E2E_BERTH_EXTRA_TOOLS=fio.
+		args+=(-berth-extra-tools "${BERTH_E2E_BERTH_EXTRA_TOOLS:-}")
 		stale "$IMAGES/berth.tar" "$BERTH_E2E_BERTH_BINARY" "$tool" && args+=(-berth "$BERTH_E2E_BERTH_BINARY") need=1
 	fi
 	if [ -n "$need" ]; then

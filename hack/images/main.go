@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/go-logr/logr/funcr"
 
@@ -31,6 +32,7 @@ func run() error {
 	busyboxTag := flag.String("busybox-tag", image.BusyboxTag, "tag of the busybox image")
 	berth := flag.String("berth", "", "static berth binary; empty skips berth.tar")
 	berthTag := flag.String("berth-tag", image.BerthTag, "tag of the berth image")
+	berthExtra := flag.String("berth-extra-tools", "", "comma-separated extra programs for the berth image, e.g. fio")
 	flag.Parse()
 	if *out == "" {
 		return fmt.Errorf("-out is required")
@@ -53,7 +55,11 @@ func run() error {
 		}
 	}
 	if *berth != "" {
-		spec, err := b.BerthSpec(*berth, *berthTag)
+		var extra []string
+		if *berthExtra != "" {
+			extra = strings.Split(*berthExtra, ",")
+		}
+		spec, err := b.BerthSpec(*berth, *berthTag, extra...)
 		if err != nil {
 			return err
 		}

@@ -65,16 +65,19 @@ func (b *Builder) BusyboxSpec(busybox, tag string) (Spec, error) {
 }
 
 // BerthTools are the programs berth execs: required ones fail the build
-// when missing, optional ones are skipped with a log line.
+// when missing, optional ones are skipped with a log line. fio is not among
+// them: Debian's links 80 MiB of Ceph and Gluster libraries; pass it as an
+// extra tool when an image needs it.
 func BerthTools() (required, optional []string) {
 	return []string{"losetup", "mkfs.ext4", "mkfs.xfs", "resize2fs", "xfs_growfs", "blkid", "mount", "umount"},
-		[]string{"e2fsck", "fsck", "fsck.ext4", "xfs_repair", "blockdev", "nsenter", "fio"}
+		[]string{"e2fsck", "fsck", "fsck.ext4", "xfs_repair", "blockdev", "nsenter"}
 }
 
 // BerthSpec is the berth image: the static berth binary at
-// /usr/local/bin/berth (the entrypoint) plus the tools it execs, each at its
-// path on this machine with the shared libraries it loads.
-func (b *Builder) BerthSpec(berthBinary, tag string) (Spec, error) {
+// /usr/local/bin/berth (the entrypoint) plus the tools it execs (BerthTools
+// and extraTools, all required), each at its path on this machine with the
+// shared libraries it loads.
+func (b *Builder) BerthSpec(berthBinary, tag string, extraTools ...string) (Spec, error) {
 	if _, err := os.Stat(berthBinary); err != nil {
 		return Spec{}, fmt.Errorf("%w: berth binary: %w", ErrInvalidSpec, err)
 	}
@@ -90,6 +93,7 @@ func (b *Builder) BerthSpec(berthBinary, tag string) (Spec, error) {
 		}
 	}
 	required, optional := BerthTools()
+	required = append(required, extraTools...)
 	for i, tool := range append(required, optional...) {
 		p, err := b.Exec.LookPath(tool)
 		if err != nil {
