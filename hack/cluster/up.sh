@@ -94,7 +94,8 @@ start() {
 		return 0
 	fi
 	log "starting $name (log $LOGS/$name.log)"
-	setsid nsenter --net="/run/netns/$NETNS" -- "$bin" "$@" </dev/null >>"$LOGS/$name.log" 2>&1 &
+	[ -f "$LOGS/$name.log" ] && mv -f "$LOGS/$name.log" "$LOGS/$name.log.prev"
+	setsid nsenter --net="/run/netns/$NETNS" -- "$bin" "$@" </dev/null >"$LOGS/$name.log" 2>&1 &
 	printf '%s\n%s\n' "$!" "$(readlink -f "$bin")" >"$PIDS/$name.pid"
 }
 
