@@ -18,8 +18,8 @@ build_and_import_images() {
 	local srcs=("$REPO/hack/images" "$REPO/internal/image" "$REPO/go.mod")
 	if stale "$tool" "${srcs[@]}" || stale "$pause" "${srcs[@]}"; then
 		log "building the image tool and the pause binary"
-		(cd "$REPO" && CGO_ENABLED=0 go build -trimpath -o "$pause" ./hack/images/pause &&
-			go build -o "$tool" ./hack/images)
+		(cd "$REPO" && ticking "building the image tool" sh -c \
+			"CGO_ENABLED=0 go build -trimpath -o '$pause' ./hack/images/pause && go build -o '$tool' ./hack/images")
 	fi
 	# -busybox defaults to /bin/busybox in the tool: "" skips a fresh one.
 	local args=(-busybox "") need=

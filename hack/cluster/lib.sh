@@ -53,6 +53,22 @@ export PATH="/usr/local/go/bin:/usr/local/sbin:/usr/sbin:/sbin:$PATH"
 log() { printf '[cluster %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
+# ticking WHAT CMD...: runs CMD, logging "still WHAT" every 15 s so that a
+# long build is never a long silence. CMD's stdout passes through.
+ticking() {
+	local what=$1 ticker rc=0 start=$SECONDS
+	shift
+	(
+		trap 'exit 0' TERM
+		while sleep 15; do log "  still $what ($((SECONDS - start))s)"; done
+	) >&2 &
+	ticker=$!
+	"$@" || rc=$?
+	kill "$ticker" 2>/dev/null || true
+	wait "$ticker" 2>/dev/null || true
+	return "$rc"
+}
+
 # pid_of NAME prints the recorded PID of daemon NAME if that process still
 # runs the recorded binary (a recycled PID is not ours).
 pid_of() {

@@ -26,7 +26,8 @@ log "packages: containerd runc containernetworking-plugins busybox-static openss
 "$REPO/hack/install-deps.sh" containerd runc containernetworking-plugins busybox-static openssl iproute2 util-linux
 
 log "kube binaries (cached by version; a cold build takes minutes)"
-KUBE_BIN=$("$REPO/hack/kube-binaries.sh" etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl | tail -n1)
+KUBE_BIN=$(ticking "building kube binaries" "$REPO/hack/kube-binaries.sh" \
+	etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl | tail -n1)
 KUBECTL="$KUBE_BIN/kubectl"
 
 mkdir -p "$WORKDIR" "$PKI" "$CONF" "$LOGS" "$PIDS" "$IMAGES" "$POD_LOGS" "$CNI_DIR/net.d" "$CNI_DIR/ipam" \
