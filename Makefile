@@ -62,6 +62,18 @@ sanity-binary: ## Run the standalone csi-sanity binary against berth agent + csi
 test-unit: ## Run unit tests only (no API server, no root).
 	go test -short $(GO_TEST_FLAGS) ./...
 
+.PHONY: e2e
+e2e: ## Run end-to-end tests on a real single-node Kubernetes in a netns (root; hack/e2e.sh).
+	hack/e2e.sh $(GO_TEST_FLAGS)
+
+.PHONY: cluster-up
+cluster-up: ## Bring up the e2e Kubernetes (hack/cluster/up.sh); writes /var/lib/berth-e2e/cluster.env.
+	hack/cluster/up.sh
+
+.PHONY: cluster-down
+cluster-down: ## Stop the e2e Kubernetes and remove everything it made (hack/cluster/down.sh).
+	hack/cluster/down.sh
+
 ##@ Tools (pinned, built from the Go module proxy into bin/)
 
 $(CONTROLLER_GEN):
