@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 
 	"github.com/go-logr/logr"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -15,6 +16,7 @@ import (
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/backend"
+	"github.com/berth-io/berth/internal/blockdev"
 	"github.com/berth-io/berth/internal/fence"
 	"github.com/berth-io/berth/internal/mount"
 )
@@ -41,6 +43,7 @@ type Agent struct {
 	locks  *VolumeLocks
 	log    logr.Logger
 	flex   FlexConfig
+	us     *UserspaceConfig
 }
 
 // New returns the agent of node. api reads Volume objects (uncached, so that
@@ -131,8 +134,9 @@ func (a *Agent) Stage(ctx context.Context, r StageRequest) (err error) {
 	if err != nil {
 		return err
 	}
-	if vol.Spec.Mounter == v1.MounterUserspace {
-		return fmt.Errorf("volume %s: mounter userspace: %w on this agent yet", r.VolumeID, ErrUnsupported)
+	userspace := vol.Spec.Mounter == v1.MounterUserspace
+	if userspace && a.us == nil {
+		return fmt.Errorf("volume %s: mounter userspace: %w on this agent", r.VolumeID, ErrUnsupported)
 	}
 	if r.Block != (vol.Spec.VolumeMode == v1.VolumeModeBlock) {
 		return fmt.Errorf("volume %s is %s, the request asks otherwise: %w", r.VolumeID, vol.Spec.VolumeMode, mount.ErrInvalid)
@@ -148,19 +152,21 @@ func (a *Agent) Stage(ctx context.Context, r StageRequest) (err error) {
 	if err := a.fence.Acquire(ctx, claim); err != nil {
 		return fmt.Errorf("fence volume %s: %w", r.VolumeID, err)
 	}
-	_, attached, err := a.loop.Find(ctx, image)
-	if err != nil {
-		return fmt.Errorf("find loop device of %s: %w", image, err)
-	}
+	backing, attached := image, false
 	defer func() {
 		if err == nil {
 			return
 		}
 		// Leave nothing half made: a failed stage is as if it never ran.
 		if !attached {
-			if dev, found, ferr := a.loop.Find(context.WithoutCancel(ctx), image); ferr == nil && found {
+			if dev, found, ferr := a.loop.Find(context.WithoutCancel(ctx), backing); ferr == nil && found {
 				if derr := a.loop.Detach(context.WithoutCancel(ctx), dev); derr != nil {
 					log.Error(derr, "detach after failed stage", "device", dev)
+				}
+			}
+			if userspace {
+				if serr := a.stopUserspace(context.WithoutCancel(ctx), r.VolumeID); serr != nil {
+					log.Error(serr, "stop blockdev server after failed stage")
 				}
 			}
 		}
@@ -168,9 +174,19 @@ func (a *Agent) Stage(ctx context.Context, r StageRequest) (err error) {
 			log.Error(rerr, "release fence after failed stage")
 		}
 	}()
-	dev, err := a.loop.Attach(ctx, image, r.ReadOnly)
+	if userspace {
+		if err := a.ensureServer(ctx, r.VolumeID, image); err != nil {
+			return err
+		}
+		backing = filepath.Join(a.usMountpoint(r.VolumeID), blockdev.FileName)
+	}
+	_, attached, err = a.loop.Find(ctx, backing)
 	if err != nil {
-		return fmt.Errorf("attach %s: %w", image, err)
+		return fmt.Errorf("find loop device of %s: %w", backing, err)
+	}
+	dev, err := a.loop.Attach(ctx, backing, r.ReadOnly)
+	if err != nil {
+		return fmt.Errorf("attach %s: %w", backing, err)
 	}
 	fsType := vol.Spec.FSType
 	if r.FSType != "" {
@@ -195,6 +211,9 @@ func (a *Agent) Unstage(ctx context.Context, volumeID, stagingPath string) error
 		return err
 	}
 	defer unlock()
+	if err := a.prepareUnstage(ctx, volumeID); err != nil {
+		return fmt.Errorf("unstage %s: %w", volumeID, err)
+	}
 	dev, err := a.mounts.Unstage(ctx, stagingPath)
 	if err != nil {
 		return fmt.Errorf("unstage %s: %w", stagingPath, err)
@@ -202,7 +221,7 @@ func (a *Agent) Unstage(ctx context.Context, volumeID, stagingPath string) error
 	if dev == "" {
 		// Nothing mounted: a retry after a crash between unmount and detach
 		// finds the loop device by its backing file.
-		image, err := a.imagePath(ctx, volumeID)
+		image, err := a.backingFile(ctx, volumeID)
 		switch {
 		case errors.Is(err, ErrVolumeNotFound):
 		case err != nil:
@@ -218,6 +237,11 @@ func (a *Agent) Unstage(ctx context.Context, volumeID, stagingPath string) error
 	if dev != "" {
 		if err := a.loop.Detach(ctx, dev); err != nil {
 			return fmt.Errorf("detach %s: %w", dev, err)
+		}
+	}
+	if a.isUserspace(volumeID) {
+		if err := a.stopUserspace(ctx, volumeID); err != nil {
+			return fmt.Errorf("unstage %s: %w", volumeID, err)
 		}
 	}
 	if err := a.fence.Release(ctx, volumeID, a.node, stagingPath); err != nil {
@@ -301,9 +325,13 @@ func (a *Agent) Expand(ctx context.Context, volumeID, path string, block bool) (
 		}
 		return 0, err
 	}
-	dev, found, err := a.loop.Find(ctx, img.Path)
+	backing, err := a.backingFile(ctx, volumeID)
 	if err != nil {
-		return 0, fmt.Errorf("find loop device of %s: %w", img.Path, err)
+		return 0, err
+	}
+	dev, found, err := a.loop.Find(ctx, backing)
+	if err != nil {
+		return 0, fmt.Errorf("find loop device of %s: %w", backing, err)
 	}
 	if !found {
 		return 0, fmt.Errorf("volume %s: %w", volumeID, ErrNotStaged)
@@ -330,7 +358,13 @@ func (a *Agent) Stats(ctx context.Context, volumeID, path string) (mount.Stats, 
 	return a.mounts.Stats(ctx, path)
 }
 
-// Condition tells whether the volume at path is healthy.
-func (a *Agent) Condition(ctx context.Context, path string) (abnormal bool, msg string) {
+// Condition tells whether the volume at path is healthy; for a userspace
+// volume also whether its keeper, connection and server are.
+func (a *Agent) Condition(ctx context.Context, volumeID, path string) (abnormal bool, msg string) {
+	if a.isUserspace(volumeID) {
+		if abnormal, msg := a.usCondition(ctx, volumeID); abnormal {
+			return abnormal, msg
+		}
+	}
 	return a.mounts.Condition(ctx, path)
 }

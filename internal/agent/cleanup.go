@@ -33,8 +33,11 @@ func (a *Agent) forceUnstage(ctx context.Context, volume, staging string) error 
 	if err != nil {
 		return fmt.Errorf("staged device at %s: %w", staging, err)
 	}
+	if err := a.prepareUnstage(ctx, volume); err != nil {
+		return err
+	}
 	if dev == "" {
-		image, err := a.imagePath(ctx, volume)
+		image, err := a.backingFile(ctx, volume)
 		switch {
 		case errors.Is(err, ErrVolumeNotFound):
 		case err != nil:
@@ -58,6 +61,11 @@ func (a *Agent) forceUnstage(ctx context.Context, volume, staging string) error 
 	if dev != "" {
 		if err := a.loop.Detach(ctx, dev); err != nil {
 			return fmt.Errorf("detach %s: %w", dev, err)
+		}
+	}
+	if a.isUserspace(volume) {
+		if err := a.stopUserspace(ctx, volume); err != nil {
+			return err
 		}
 	}
 	a.log.Info("force unstaged", "volume", volume, "stagingPath", staging, "device", dev)

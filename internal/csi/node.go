@@ -165,7 +165,7 @@ func (s *Node) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeSta
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	abnormal, msg := s.agent.Condition(ctx, req.GetVolumePath())
+	abnormal, msg := s.agent.Condition(ctx, req.GetVolumeId(), req.GetVolumePath())
 	resp := &csi.NodeGetVolumeStatsResponse{VolumeCondition: &csi.VolumeCondition{Abnormal: abnormal, Message: msg}}
 	resp.Usage = []*csi.VolumeUsage{{Unit: csi.VolumeUsage_BYTES, Total: st.TotalBytes, Used: st.UsedBytes, Available: st.AvailableBytes}}
 	if !st.Block {

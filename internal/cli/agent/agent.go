@@ -28,11 +28,14 @@ import (
 	nodeagent "github.com/berth-io/berth/internal/agent"
 	"github.com/berth-io/berth/internal/agent/socket"
 	"github.com/berth-io/berth/internal/backend"
+	"github.com/berth-io/berth/internal/blockdev"
 	"github.com/berth-io/berth/internal/cli"
 	flexcli "github.com/berth-io/berth/internal/cli/flexvolume"
 	"github.com/berth-io/berth/internal/controller"
 	"github.com/berth-io/berth/internal/csi"
 	"github.com/berth-io/berth/internal/fence"
+	"github.com/berth-io/berth/internal/heal"
+	"github.com/berth-io/berth/internal/keeper"
 	"github.com/berth-io/berth/internal/mount"
 	"github.com/berth-io/berth/internal/scheme"
 	"github.com/berth-io/berth/internal/version"
@@ -55,8 +58,17 @@ type Config struct {
 	StaleInterval time.Duration
 	MetricsAddr   string
 	HealthAddr    string
-	Rest          *rest.Config
-	Log           logr.Logger
+	// KeeperSocket is the keeper holding userspace volumes' FUSE connections.
+	KeeperSocket string
+	// BlockdevBinary runs `blockdev` servers; empty: this executable.
+	BlockdevBinary      string
+	BlockdevPassthrough bool
+	BlockdevWorkers     int
+	// HealInterval is how often staged userspace volumes are checked (and
+	// their servers restarted) after the pass at start; 0: only at start.
+	HealInterval time.Duration
+	Rest         *rest.Config
+	Log          logr.Logger
 }
 
 // Run serves until ctx ends.
@@ -99,6 +111,9 @@ func (c Config) Run(ctx context.Context) error {
 	a := nodeagent.New(c.NodeName, mgr.GetAPIReader(), images, mount.NewLoop(exec),
 		mount.NewManager(kmount.New(""), exec, c.Log.WithName("mount")), fencer, nodeagent.NewVolumeLocks(), c.Log.WithName("agent")).
 		WithFlex(nodeagent.FlexConfig{StagingRoot: filepath.Join(c.DataDir, "flex-staging"), Holdings: fencer})
+	if err := c.addUserspace(mgr, a, fencer); err != nil {
+		return err
+	}
 
 	if err := (&controller.VolumeReconciler{Client: mgr.GetClient(), Node: c.NodeName, Backend: images, Log: c.Log.WithName("volume")}).SetupWithManager(mgr); err != nil {
 		return err
@@ -192,6 +207,11 @@ func Command() cli.Command {
 			fs.StringVar(&cfg.HealthAddr, "health-addr", "0", "healthz/readyz listen address; 0 disables")
 			fs.DurationVar(&cfg.CapacityInterval, "capacity-interval", 30*time.Second, "how often free capacity is reported")
 			fs.DurationVar(&cfg.StaleInterval, "stale-interval", 5*time.Minute, "how often this node's stale-attachment list is processed (also at start)")
+			fs.StringVar(&cfg.KeeperSocket, "keeper-socket", "/run/berth/keeper.sock", "socket of the berth keeper (userspace volumes)")
+			fs.StringVar(&cfg.BlockdevBinary, "blockdev-binary", "", "berth binary that runs blockdev servers (default: this executable)")
+			fs.BoolVar(&cfg.BlockdevPassthrough, "blockdev-passthrough", true, "let the kernel do data I/O of userspace volumes (FUSE passthrough, kernel 6.9+; ignored where the kernel lacks it)")
+			fs.IntVar(&cfg.BlockdevWorkers, "blockdev-workers", 0, "request workers per blockdev server (0: the server's default)")
+			fs.DurationVar(&cfg.HealInterval, "heal-interval", 30*time.Second, "how often staged userspace volumes are checked and healed after the check at start; 0: only at start")
 			fs.StringVar(&cfg.MetricsAddr, "metrics-addr", "0", "metrics listen address; 0 disables")
 			fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG or in-cluster)")
 			fs.IntVar(&verbosity, "v", 0, "log verbosity")
@@ -206,4 +226,23 @@ func Command() cli.Command {
 			return cfg.Run(ctx)
 		},
 	}
+}
+
+// addUserspace enables the userspace mounter and its healer.
+func (c Config) addUserspace(mgr manager.Manager, a *nodeagent.Agent, holdings heal.Holdings) error {
+	bin := c.BlockdevBinary
+	if bin == "" {
+		self, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("blockdev binary: %w", err)
+		}
+		bin = self
+	}
+	a.WithUserspace(nodeagent.UserspaceConfig{
+		Root: filepath.Join(c.DataDir, "blockdev"), Binary: bin, KeeperSocket: c.KeeperSocket,
+		Keeper: keeper.NewClient(c.KeeperSocket), Start: blockdev.Start, StopPID: blockdev.StopPID,
+		CheckMount: blockdev.CheckMount, Workers: c.BlockdevWorkers, Passthrough: c.BlockdevPassthrough,
+	})
+	return mgr.Add(&heal.Healer{Node: c.NodeName, Holdings: holdings, Volumes: a,
+		Recorder: mgr.GetEventRecorderFor("berth-agent"), Log: c.Log.WithName("heal"), Interval: c.HealInterval})
 }

@@ -1,0 +1,266 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/blockdev"
+	"github.com/berth-io/berth/internal/keeper"
+)
+
+// Keeper is the part of the keeper client (internal/keeper) the agent uses.
+type Keeper interface {
+	Ping(ctx context.Context) error
+	List(ctx context.Context) ([]keeper.Volume, error)
+	Close(ctx context.Context, volume string) error
+}
+
+// UserspaceConfig enables volumes with mounter userspace: a berth blockdev
+// server per volume serves <Root>/<volume>/disk.img through FUSE, and a loop
+// device on that file is the volume's block device.
+type UserspaceConfig struct {
+	// Root holds one FUSE mountpoint and one server log per volume.
+	Root         string
+	Binary       string
+	KeeperSocket string
+	Keeper       Keeper
+	// Start runs a server (blockdev.Start); StopPID stops one by pid
+	// (blockdev.StopPID); CheckMount checks a live connection.
+	Start      func(ctx context.Context, p blockdev.Params) (*blockdev.Process, error)
+	StopPID    func(pid int, timeout time.Duration) error
+	CheckMount func(mountpoint string) error
+	Workers    int
+	// Passthrough lets the kernel do data I/O on the image (kernel 6.9+;
+	// the server falls back to serving it when the kernel does not offer it).
+	Passthrough bool
+	StopTimeout time.Duration
+}
+
+// WithUserspace enables the userspace mounter.
+func (a *Agent) WithUserspace(c UserspaceConfig) *Agent {
+	if c.StopTimeout == 0 {
+		c.StopTimeout = 10 * time.Second
+	}
+	a.us = &c
+	return a
+}
+
+// ErrKeeperDown means that the keeper does not answer, so userspace volumes of this
+// node have lost (or cannot get) their FUSE connection.
+var ErrKeeperDown = errors.New("berth keeper is not running")
+
+// ErrConnectionLost means that the keeper no longer holds the volume's FUSE
+// connection (it was restarted), so the volume's I/O fails until restaged.
+var ErrConnectionLost = errors.New("the keeper no longer holds the volume's FUSE connection")
+
+func (a *Agent) usMountpoint(volume string) string { return filepath.Join(a.us.Root, volume) }
+
+// usLog is the servers' log of volume. Its presence also records that the
+// volume is staged in userspace: it lives beside the FUSE mountpoint, so
+// checking it never waits on a FUSE server.
+func (a *Agent) usLog(volume string) string { return filepath.Join(a.us.Root, volume+".log") }
+
+// isUserspace tells whether volume is (being) staged through a blockdev
+// server on this node.
+func (a *Agent) isUserspace(volume string) bool {
+	if a.us == nil {
+		return false
+	}
+	_, err := os.Stat(a.usLog(volume))
+	return err == nil
+}
+
+// backingFile is the file the volume's loop device is on: the FUSE file of
+// a userspace volume, else the image.
+func (a *Agent) backingFile(ctx context.Context, volume string) (string, error) {
+	if a.isUserspace(volume) {
+		return filepath.Join(a.usMountpoint(volume), blockdev.FileName), nil
+	}
+	return a.imagePath(ctx, volume)
+}
+
+// server returns the keeper's record of volume (found false when the keeper
+// holds no connection for it).
+func (a *Agent) server(ctx context.Context, volume string) (keeper.Volume, bool, error) {
+	vols, err := a.us.Keeper.List(ctx)
+	if err != nil {
+		if errors.Is(err, keeper.ErrUnavailable) {
+			return keeper.Volume{}, false, fmt.Errorf("%w: %w", ErrKeeperDown, err)
+		}
+		return keeper.Volume{}, false, fmt.Errorf("list keeper connections: %w", err)
+	}
+	for _, v := range vols {
+		if v.Name == volume {
+			return v, true, nil
+		}
+	}
+	return keeper.Volume{}, false, nil
+}
+
+// ensureServer makes sure a server serves volume, starting one when none
+// runs; the new server opens the connection or takes over the held one. The
+// caller holds the volume lock.
+func (a *Agent) ensureServer(ctx context.Context, volume, image string) error {
+	if a.us == nil {
+		return fmt.Errorf("volume %s: mounter userspace: %w on this agent", volume, ErrUnsupported)
+	}
+	rec, _, err := a.server(ctx, volume)
+	if err != nil {
+		return err
+	}
+	if rec.ServerPID != 0 {
+		return nil
+	}
+	if err := os.MkdirAll(a.us.Root, 0o700); err != nil {
+		return fmt.Errorf("userspace root: %w", err)
+	}
+	// A file, not a pipe: the server outlives the agent and must not die of
+	// SIGPIPE when the agent is gone.
+	logf, err := os.OpenFile(a.usLog(volume), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("server log of %s: %w", volume, err)
+	}
+	defer func() { _ = logf.Close() }()
+	proc, err := a.us.Start(ctx, blockdev.Params{
+		Binary: a.us.Binary, KeeperSocket: a.us.KeeperSocket, Volume: volume, Image: image,
+		Mountpoint: a.usMountpoint(volume), Workers: a.us.Workers, Passthrough: a.us.Passthrough, Stderr: logf,
+	})
+	if err != nil {
+		return fmt.Errorf("start blockdev server of %s (log %s): %w", volume, a.usLog(volume), err)
+	}
+	a.log.Info("blockdev server started", "volume", volume, "pid", proc.PID())
+	return nil
+}
+
+// stopUserspace stops the volume's server and has the keeper unmount and
+// close the connection, then drops the volume's record. The loop device
+// must be detached already. Idempotent.
+func (a *Agent) stopUserspace(ctx context.Context, volume string) error {
+	rec, found, err := a.server(ctx, volume)
+	if err != nil {
+		return err
+	}
+	if rec.ServerPID != 0 {
+		if err := a.us.StopPID(rec.ServerPID, a.us.StopTimeout); err != nil {
+			return fmt.Errorf("stop blockdev server of %s: %w", volume, err)
+		}
+	}
+	if found {
+		if err := a.us.Keeper.Close(ctx, volume); err != nil {
+			return fmt.Errorf("keeper close %s: %w", volume, err)
+		}
+	} else if err := unix.Unmount(a.usMountpoint(volume), unix.MNT_DETACH); err != nil &&
+		!errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		// A keeper that was restarted left the dead mount behind.
+		return fmt.Errorf("unmount lost connection of %s: %w", volume, err)
+	}
+	if err := os.Remove(a.usMountpoint(volume)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		a.log.Error(err, "remove blockdev mountpoint", "volume", volume)
+	}
+	if err := os.Remove(a.usLog(volume)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove record of %s: %w", volume, err)
+	}
+	return nil
+}
+
+// prepareUnstage readies a userspace volume for unmount and detach: a
+// server must run, or flushing the file system would wait for one.
+func (a *Agent) prepareUnstage(ctx context.Context, volume string) error {
+	if !a.isUserspace(volume) {
+		return nil
+	}
+	// With the keeper down or the connection gone, I/O fails fast: there
+	// is nothing to wait for, so a failed check is no reason to stop.
+	if rec, found, err := a.server(ctx, volume); err == nil && found && rec.ServerPID == 0 {
+		image, err := a.imagePath(ctx, volume)
+		if err != nil {
+			return err
+		}
+		return a.ensureServer(ctx, volume, image)
+	}
+	return nil
+}
+
+// HealResult says what Heal found or did.
+type HealResult string
+
+const (
+	// HealSkipped means not a userspace volume staged here, or its objects are gone.
+	HealSkipped HealResult = "skipped"
+	// HealServing means that a server was already running.
+	HealServing HealResult = "serving"
+	// HealRestarted means that a new server took the connection over from the keeper.
+	HealRestarted HealResult = "restarted"
+)
+
+// Heal restarts the blockdev server of a staged userspace volume whose
+// server is gone (after an agent restart or a server crash): the new server
+// takes the FUSE connection over from the keeper, and I/O that waited goes
+// on. It waits for the volume lock, shared with stage and unstage. It returns
+// the Volume (nil when gone), ErrKeeperDown or ErrConnectionLost when the
+// volume cannot be healed.
+func (a *Agent) Heal(ctx context.Context, volumeID string) (*v1.Volume, HealResult, error) {
+	if a.us == nil {
+		return nil, HealSkipped, nil
+	}
+	unlock := a.locks.Lock(volumeID)
+	defer unlock()
+	vol, err := a.volume(ctx, volumeID)
+	if errors.Is(err, ErrVolumeNotFound) {
+		return nil, HealSkipped, nil
+	}
+	if err != nil {
+		return nil, HealSkipped, err
+	}
+	if vol.Spec.Mounter != v1.MounterUserspace || !a.isUserspace(volumeID) {
+		return vol, HealSkipped, nil
+	}
+	image, err := a.imagePath(ctx, volumeID)
+	if errors.Is(err, ErrVolumeNotFound) {
+		return vol, HealSkipped, nil
+	}
+	if err != nil {
+		return vol, HealSkipped, err
+	}
+	rec, found, err := a.server(ctx, volumeID)
+	switch {
+	case err != nil:
+		return vol, HealSkipped, err
+	case !found:
+		return vol, HealSkipped, fmt.Errorf("volume %s: %w", volumeID, ErrConnectionLost)
+	case rec.ServerPID != 0:
+		return vol, HealServing, nil
+	}
+	if err := a.ensureServer(ctx, volumeID, image); err != nil {
+		return vol, HealSkipped, err
+	}
+	return vol, HealRestarted, nil
+}
+
+// usCondition checks the keeper, the volume's connection and its server.
+func (a *Agent) usCondition(ctx context.Context, volume string) (abnormal bool, msg string) {
+	if err := a.us.Keeper.Ping(ctx); err != nil {
+		return true, fmt.Sprintf("%s on this node: the volume's FUSE connection is lost and its I/O fails. "+
+			"Start the keeper again, then restart the pods using this volume so that it is staged anew (%v)", ErrKeeperDown, err)
+	}
+	rec, found, err := a.server(ctx, volume)
+	switch {
+	case err != nil:
+		return true, err.Error()
+	case !found:
+		return true, fmt.Sprintf("%s (the keeper was restarted?): its I/O fails; restart the pods using this volume so that it is staged anew", ErrConnectionLost)
+	case rec.ServerPID == 0:
+		return true, "no blockdev server is running for this volume: its I/O waits until the agent's healer starts one"
+	}
+	if err := a.us.CheckMount(a.usMountpoint(volume)); err != nil {
+		return true, fmt.Sprintf("userspace block device: %v; restart the pods using this volume so that it is staged anew", err)
+	}
+	return false, ""
+}

@@ -1,0 +1,176 @@
+// Package heal is the volume healer (the Ceph-CSI design): when the agent
+// starts, and then every interval, it lists this node's stage records and
+// has the agent restart the blockdev server of every staged userspace volume
+// whose server is gone. The new server takes the FUSE connection over from
+// the keeper, so I/O that waited during the gap goes on without errors.
+package heal
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/tools/record"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/agent"
+	"github.com/berth-io/berth/internal/fence"
+)
+
+// Event reasons on the Volume.
+const (
+	ReasonHealed         = "BlockdevServerRestarted"
+	ReasonKeeperDown     = "KeeperNotRunning"
+	ReasonConnectionLost = "FUSEConnectionLost"
+	ReasonHealFailed     = "HealFailed"
+)
+
+// Holdings lists this node's holds (fence.Fencer.ListForNode).
+type Holdings interface {
+	ListForNode(ctx context.Context, node string) ([]fence.Hold, error)
+}
+
+// Volumes heals one volume under its lock (agent.Agent.Heal).
+type Volumes interface {
+	Heal(ctx context.Context, volumeID string) (*v1.Volume, agent.HealResult, error)
+}
+
+// Healer is a manager runnable.
+type Healer struct {
+	Node     string
+	Holdings Holdings
+	Volumes  Volumes
+	Recorder record.EventRecorder
+	Log      logr.Logger
+	// Interval between passes after the first; 0: only the pass at start.
+	Interval time.Duration
+	// Parallel bounds the volumes healed at once (0: 16).
+	Parallel int
+
+	mu sync.Mutex
+	// warned is the last warning reason per volume, so that a lasting
+	// problem is reported once, not every pass.
+	warned map[string]string
+}
+
+// NeedLeaderElection is false: every node's agent heals its own volumes.
+func (h *Healer) NeedLeaderElection() bool { return false }
+
+// Start runs a pass now and then every Interval until ctx ends.
+func (h *Healer) Start(ctx context.Context) error {
+	for {
+		if _, err := h.Pass(ctx); err != nil {
+			h.Log.Error(err, "heal pass")
+		}
+		if h.Interval <= 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(h.Interval):
+		}
+	}
+}
+
+// Summary counts what one pass did, per result.
+type Summary map[agent.HealResult]int
+
+// Pass heals every volume this node has staged, concurrently, and returns
+// what it did. Volumes that fail are logged and reported as Events; the
+// error is only for a failed listing.
+func (h *Healer) Pass(ctx context.Context) (Summary, error) {
+	holds, err := h.Holdings.ListForNode(ctx, h.Node)
+	if err != nil {
+		return nil, err
+	}
+	staged := map[string]bool{}
+	for _, hd := range holds {
+		// Stage records have no pod; pod records imply one.
+		staged[hd.Volume] = true
+	}
+	parallel := h.Parallel
+	if parallel <= 0 {
+		parallel = 16
+	}
+	sem := make(chan struct{}, parallel)
+	var (
+		wg  sync.WaitGroup
+		mu  sync.Mutex
+		sum = Summary{}
+	)
+	for vol := range staged {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			res := h.heal(ctx, vol)
+			mu.Lock()
+			sum[res]++
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return sum, nil
+}
+
+func (h *Healer) heal(ctx context.Context, id string) agent.HealResult {
+	log := h.Log.WithValues("volume", id)
+	start := time.Now()
+	vol, res, err := h.Volumes.Heal(ctx, id)
+	if err == nil {
+		h.clear(id)
+		if res == agent.HealRestarted {
+			log.Info("healed: a new blockdev server took over the FUSE connection", "took", time.Since(start))
+			h.event(vol, corev1.EventTypeNormal, ReasonHealed,
+				"node "+h.Node+": the volume's blockdev server was gone (agent restart or crash); a new one took over its FUSE connection from the keeper and I/O goes on")
+		}
+		return res
+	}
+	reason, msg := ReasonHealFailed, "node "+h.Node+": could not restart the volume's blockdev server: "+err.Error()+"; its I/O waits until the agent succeeds (it retries)"
+	switch {
+	case errors.Is(err, agent.ErrKeeperDown):
+		reason = ReasonKeeperDown
+		msg = "node " + h.Node + ": the berth keeper is not running, so this userspace volume lost its FUSE connection and its I/O fails. " +
+			"Make the keeper run again (berth agent pod), then restart the pods using this volume so that it is staged anew"
+	case errors.Is(err, agent.ErrConnectionLost):
+		reason = ReasonConnectionLost
+		msg = "node " + h.Node + ": the keeper no longer holds this volume's FUSE connection (the keeper was restarted), so its I/O fails. " +
+			"Restart the pods using this volume so that it is staged anew"
+	}
+	log.Error(err, "heal failed", "reason", reason)
+	if h.warn(id, reason) {
+		h.event(vol, corev1.EventTypeWarning, reason, msg)
+	}
+	return agent.HealSkipped
+}
+
+func (h *Healer) event(vol *v1.Volume, kind, reason, msg string) {
+	if vol == nil || h.Recorder == nil {
+		return
+	}
+	h.Recorder.Event(vol, kind, reason, msg)
+}
+
+// warn records reason for volume and tells whether it is new.
+func (h *Healer) warn(volume, reason string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.warned == nil {
+		h.warned = map[string]string{}
+	}
+	if h.warned[volume] == reason {
+		return false
+	}
+	h.warned[volume] = reason
+	return true
+}
+
+func (h *Healer) clear(volume string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.warned, volume)
+}

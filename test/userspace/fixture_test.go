@@ -1,0 +1,321 @@
+// Package userspace tests userspace volumes end to end: a real keeper and a
+// real `berth agent` process on a real API server, volumes staged and
+// published through the agent's CSI node socket, and the agent plus every
+// blockdev server SIGKILLed again and again under verifying writers.
+package userspace
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/berth-io/berth/internal/keeper"
+	"github.com/berth-io/berth/internal/testenv"
+)
+
+const node = "us-node"
+
+// fixture is one API server, one keeper process and one agent process
+// (restarted by the tests), shared by the tests here.
+type fixture struct {
+	env        *testenv.Env
+	dir        string
+	berth      string
+	kubeconfig string
+	keeperSock string
+	csiSock    string
+	keeperCmd  *exec.Cmd
+	keeperDone chan struct{}
+	agent      *exec.Cmd
+	agentDone  chan struct{}
+	agentLog   string
+	skip       string
+}
+
+var fx fixture
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	switch {
+	case testing.Short():
+		fx.skip = "-short: needs a real API server, root, FUSE and loop devices"
+	case os.Geteuid() != 0:
+		fx.skip = "needs root: the agent mounts FUSE, makes loop devices and mounts"
+	default:
+		for _, p := range []string{"/dev/loop-control", "/dev/fuse"} {
+			if _, err := os.Stat(p); err != nil {
+				fx.skip = "needs " + p + ": " + err.Error()
+			}
+		}
+		if _, err := exec.LookPath("mkfs.ext4"); err != nil {
+			fx.skip = "needs mkfs.ext4 (hack/install-deps.sh)"
+		}
+	}
+	if fx.skip != "" {
+		os.Exit(m.Run())
+	}
+	err := fx.start()
+	code := 1
+	if err == nil {
+		code = m.Run()
+	} else {
+		fmt.Fprintln(os.Stderr, "start:", err)
+	}
+	fx.stop(code != 0)
+	os.Exit(code)
+}
+
+func (f *fixture) start() error {
+	var err error
+	// Not under /tmp's test dirs: mounts below are removed explicitly.
+	if f.dir, err = os.MkdirTemp("", "berth-us-"); err != nil {
+		return err
+	}
+	if f.berth, err = testenv.BuildBerth(f.dir); err != nil {
+		return err
+	}
+	if f.env, err = testenv.Start(); err != nil {
+		return err
+	}
+	f.kubeconfig = filepath.Join(f.dir, "kubeconfig")
+	if err := f.env.WriteKubeconfig(f.kubeconfig); err != nil {
+		return err
+	}
+	if err := f.env.Client.Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}); err != nil {
+		return err
+	}
+	f.keeperSock = filepath.Join(f.dir, "run", "keeper.sock")
+	f.csiSock = filepath.Join(f.dir, "csi.sock")
+	f.agentLog = filepath.Join(f.dir, "agent.log")
+	if err := f.startKeeper(); err != nil {
+		return err
+	}
+	return f.startAgent()
+}
+
+func (f *fixture) startKeeper() error {
+	log, err := os.OpenFile(filepath.Join(f.dir, "keeper.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = log.Close() }()
+	f.keeperCmd = exec.Command(f.berth, "keeper", "--socket", f.keeperSock)
+	f.keeperCmd.Stdout, f.keeperCmd.Stderr = log, log
+	f.keeperCmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := f.keeperCmd.Start(); err != nil {
+		return err
+	}
+	f.keeperDone = make(chan struct{})
+	go func() { _ = f.keeperCmd.Wait(); close(f.keeperDone) }()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for keeper.NewClient(f.keeperSock).Ping(ctx) != nil {
+		select {
+		case <-ctx.Done():
+			return errors.New("keeper did not answer within 10s")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// startAgent starts the agent process; it returns without waiting for it.
+func (f *fixture) startAgent() error {
+	log, err := os.OpenFile(f.agentLog, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = log.Close() }()
+	f.agent = exec.Command(f.berth, "agent", "--kubeconfig", f.kubeconfig, "--node-name", node,
+		"--data-dir", filepath.Join(f.dir, "data"), "--csi-endpoint", "unix://"+f.csiSock,
+		"--kubelet-dir", "", "--agent-socket", filepath.Join(f.dir, "run", "agent.sock"), "--volume-plugin-dir", "",
+		"--keeper-socket", f.keeperSock, "--capacity-interval", "1h", "--heal-interval", "2s")
+	f.agent.Stdout, f.agent.Stderr = log, log
+	// Its own group; the servers it starts make their own too.
+	f.agent.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := f.agent.Start(); err != nil {
+		return err
+	}
+	done := make(chan struct{})
+	f.agentDone = done
+	cmd := f.agent
+	go func() { _ = cmd.Wait(); close(done) }()
+	return nil
+}
+
+// killAll SIGKILLs the agent and every blockdev server the keeper lists,
+// and waits until they are gone.
+func (f *fixture) killAll(ctx context.Context) error {
+	if f.agent != nil {
+		_ = f.agent.Process.Signal(syscall.SIGKILL)
+		<-f.agentDone
+		f.agent = nil
+	}
+	vols, err := keeper.NewClient(f.keeperSock).List(ctx)
+	if err != nil {
+		return err
+	}
+	for _, v := range vols {
+		if v.ServerPID != 0 {
+			if err := killWait(v.ServerPID); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// killWait SIGKILLs pid through a pidfd (never a reused pid) and waits for
+// its exit.
+func killWait(pid int) error {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if errors.Is(err, unix.ESRCH) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer func() { _ = unix.Close(fd) }()
+	if err := unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
+		return err
+	}
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	n, err := unix.Poll(fds, 10000)
+	if err != nil {
+		return fmt.Errorf("wait for server %d: %w", pid, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("server %d did not exit within 10s of SIGKILL", pid)
+	}
+	return nil
+}
+
+func (f *fixture) node(t *testing.T) csi.NodeClient {
+	t.Helper()
+	c, err := grpc.NewClient("unix://"+f.csiSock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return csi.NewNodeClient(c)
+}
+
+// stop removes everything, in order: mounts above loop devices, loop
+// devices, servers, keeper (its connections with it), API server, files.
+func (f *fixture) stop(failed bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if f.agent != nil {
+		_ = f.agent.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-f.agentDone:
+		case <-time.After(10 * time.Second):
+			_ = f.agent.Process.Kill()
+			<-f.agentDone
+		}
+	}
+	if failed && f.agentLog != "" {
+		b, _ := os.ReadFile(f.agentLog)
+		fmt.Fprintf(os.Stderr, "agent log (tail):\n%s\n", tail(string(b), 8000))
+	}
+	if f.dir != "" {
+		unmountUnder(f.dir, func(fstype string) bool { return fstype != "fuse.berth" && !strings.HasPrefix(fstype, "fuse") })
+		detachLoopsUnder(f.dir)
+	}
+	if f.keeperCmd != nil {
+		if vols, err := keeper.NewClient(f.keeperSock).List(ctx); err == nil {
+			for _, v := range vols {
+				if v.ServerPID != 0 {
+					_ = killWait(v.ServerPID)
+				}
+				_ = keeper.NewClient(f.keeperSock).Close(ctx, v.Name)
+			}
+		}
+		_ = f.keeperCmd.Process.Signal(syscall.SIGKILL)
+		<-f.keeperDone
+	}
+	if f.dir != "" {
+		unmountUnder(f.dir, func(string) bool { return true })
+	}
+	if f.env != nil {
+		_ = f.env.Stop()
+	}
+	if f.dir != "" {
+		_ = os.RemoveAll(f.dir)
+	}
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+// mountsUnder returns mountpoints below dir (deepest first) with fs types.
+func mountsUnder(dir string) (points, types []string) {
+	fh, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, nil
+	}
+	defer func() { _ = fh.Close() }()
+	sc := bufio.NewScanner(fh)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		sep := -1
+		for i, x := range fields {
+			if x == "-" {
+				sep = i
+				break
+			}
+		}
+		if len(fields) < 5 || sep < 0 || sep+1 >= len(fields) {
+			continue
+		}
+		if strings.HasPrefix(fields[4], dir+"/") {
+			points = append([]string{fields[4]}, points...)
+			types = append([]string{fields[sep+1]}, types...)
+		}
+	}
+	return points, types
+}
+
+func unmountUnder(dir string, which func(fstype string) bool) {
+	points, types := mountsUnder(dir)
+	for i, p := range points {
+		if which(types[i]) {
+			if err := unix.Unmount(p, 0); err != nil {
+				_ = unix.Unmount(p, unix.MNT_DETACH)
+			}
+		}
+	}
+}
+
+// detachLoopsUnder frees loop devices whose backing file is below dir.
+func detachLoopsUnder(dir string) {
+	ms, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, m := range ms {
+		b, err := os.ReadFile(m)
+		if err != nil || !strings.HasPrefix(strings.TrimSpace(string(b)), dir+"/") {
+			continue
+		}
+		dev := "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(m)))
+		_ = exec.Command("losetup", "-d", dev).Run()
+	}
+}

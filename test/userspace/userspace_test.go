@@ -1,0 +1,324 @@
+package userspace
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/heal"
+	"github.com/berth-io/berth/internal/keeper"
+)
+
+func setup(t *testing.T) *fixture {
+	t.Helper()
+	if fx.skip != "" {
+		t.Skip(fx.skip)
+	}
+	return &fx
+}
+
+func mountCap() *csi.VolumeCapability {
+	return &csi.VolumeCapability{
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4"}},
+	}
+}
+
+// waitCSI waits until the agent's CSI node service answers.
+func waitCSI(t *testing.T, nc csi.NodeClient) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, err := nc.NodeGetInfo(ctx, &csi.NodeGetInfoRequest{})
+		cancel()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("CSI node service does not answer: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// mounted is one userspace volume staged and published by the test.
+type mounted struct {
+	name, staging, target string
+}
+
+// userspaceVolume makes a Volume with mounter userspace, waits until the
+// agent made its image, stages and publishes it. Cleanup undoes all that.
+func (f *fixture) userspaceVolume(t *testing.T, nc csi.NodeClient, name string) mounted {
+	t.Helper()
+	ctx := context.Background()
+	vol := &v1.Volume{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{v1.NodeLabel: node}},
+		Spec: v1.VolumeSpec{StorageCluster: "c1", Size: resource.MustParse("128Mi"), AccessMode: v1.ReadWriteOnce,
+			FSType: "ext4", Node: node, Mounter: v1.MounterUserspace},
+	}
+	if err := f.env.Client.Create(ctx, vol); err != nil {
+		t.Fatal(err)
+	}
+	m := mounted{name: name, staging: filepath.Join(f.dir, "staging", name), target: filepath.Join(f.dir, "pods", name, "mount")}
+	t.Cleanup(func() {
+		// Unpublish and unstage through the agent, as kubelet does.
+		waitCSI(t, nc)
+		if _, err := nc.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: name, TargetPath: m.target}); err != nil {
+			t.Errorf("unpublish %s: %v", name, err)
+		}
+		if _, err := nc.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: name, StagingTargetPath: m.staging}); err != nil {
+			t.Errorf("unstage %s: %v", name, err)
+		}
+		_ = f.env.Client.Delete(ctx, vol)
+		for i := 0; i < 100; i++ {
+			if err := f.env.Client.Get(ctx, client.ObjectKeyFromObject(vol), vol); apierrors.IsNotFound(err) {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		t.Errorf("volume %s not deleted by the agent", name)
+	})
+	for i := 0; ; i++ {
+		if err := f.env.Client.Get(ctx, client.ObjectKeyFromObject(vol), vol); err == nil && vol.Status.State == v1.VolumeAvailable {
+			break
+		}
+		if i == 300 {
+			t.Fatalf("volume %s not made by the agent: %+v", name, vol.Status)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := os.MkdirAll(m.staging, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Dir(m.target), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nc.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: name, StagingTargetPath: m.staging, VolumeCapability: mountCap()}); err != nil {
+		t.Fatalf("stage %s: %v", name, err)
+	}
+	if _, err := nc.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: name, StagingTargetPath: m.staging,
+		TargetPath: m.target, VolumeCapability: mountCap()}); err != nil {
+		t.Fatalf("publish %s: %v", name, err)
+	}
+	return m
+}
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v >= 0 {
+		return v
+	}
+	return def
+}
+
+// TestHealUnderWriters is the acceptance test of the healer: verifying
+// writers on 5 userspace volumes, and BERTH_HEAL_CYCLES (default 50) times
+// the agent and every blockdev server SIGKILLed and the agent started again.
+// No writer may see an error, no file system may turn read-only, and every
+// block must hold what was last written to it.
+func TestHealUnderWriters(t *testing.T) {
+	f := setup(t)
+	cycles := envInt("BERTH_HEAL_CYCLES", 50)
+	nvol := envInt("BERTH_HEAL_VOLUMES", 5)
+	nc := f.node(t)
+	waitCSI(t, nc)
+	vols := make([]mounted, nvol)
+	writers := make([]*writer, nvol)
+	for i := range vols {
+		vols[i] = f.userspaceVolume(t, nc, fmt.Sprintf("heal-%d", i))
+	}
+	for i, m := range vols {
+		w, err := newWriter(filepath.Join(m.target, "data"), uint64(i+1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		writers[i] = w
+		go w.run()
+		t.Cleanup(func() {
+			if w.stop != nil {
+				select {
+				case <-w.stop:
+				default:
+					_ = w.Stop(30 * time.Second)
+				}
+			}
+		})
+	}
+	var samples []time.Duration
+	for c := 0; c < cycles; c++ {
+		time.Sleep(300 * time.Millisecond)
+		for i, w := range writers {
+			if errs := w.Errors(); len(errs) > 0 {
+				t.Fatalf("cycle %d: writer on %s: %v", c, vols[i].name, errs)
+			}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err := f.killAll(ctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("cycle %d: kill: %v", c, err)
+		}
+		start := time.Now()
+		if err := f.startAgent(); err != nil {
+			t.Fatal(err)
+		}
+		for i, w := range writers {
+			for w.lastOK.Load() < start.UnixNano() {
+				if time.Since(start) > 60*time.Second {
+					t.Fatalf("cycle %d: no write finished on %s within 60s of the agent start (errors: %v)", c, vols[i].name, w.Errors())
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			samples = append(samples, time.Duration(w.lastOK.Load()-start.UnixNano()))
+		}
+	}
+	var total, verified int64
+	for i, w := range writers {
+		if err := w.Stop(60 * time.Second); err != nil {
+			t.Errorf("writer on %s: %v", vols[i].name, err)
+		}
+		total += w.writes.Load()
+		verified += w.verified.Load()
+	}
+	checkReadWrite(t, vols)
+	if len(samples) > 0 {
+		slices.Sort(samples)
+		pct := func(p float64) time.Duration { return samples[int(p*float64(len(samples)-1)+0.5)] }
+		// One line for hack/bench.sh to pick up.
+		fmt.Printf("HEAL_RESULT cycles=%d volumes=%d samples=%d p50=%s p99=%s max=%s writes=%d verified=%d errors=%d\n",
+			cycles, nvol, len(samples), pct(0.5).Round(time.Millisecond), pct(0.99).Round(time.Millisecond),
+			samples[len(samples)-1].Round(time.Millisecond), total, verified, countErrors(writers))
+	}
+}
+
+func countErrors(ws []*writer) int {
+	n := 0
+	for _, w := range ws {
+		n += len(w.Errors())
+	}
+	return n
+}
+
+// checkReadWrite fails when a volume's file system was remounted read-only
+// (the superblock options say ro while the mount says rw).
+func checkReadWrite(t *testing.T, vols []mounted) {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, line := range strings.Split(string(b), "\n") {
+		fields := strings.Fields(line)
+		sep := slices.Index(fields, "-")
+		if sep < 0 || len(fields) < sep+4 {
+			continue
+		}
+		for _, m := range vols {
+			if fields[4] != m.staging && fields[4] != m.target {
+				continue
+			}
+			seen[fields[4]] = true
+			if opts := strings.Split(fields[sep+3], ","); slices.Contains(opts, "ro") {
+				t.Errorf("%s is read-only: %s", fields[4], line)
+			}
+		}
+	}
+	for _, m := range vols {
+		if !seen[m.staging] || !seen[m.target] {
+			t.Errorf("volume %s: staging or target mount missing", m.name)
+		}
+	}
+}
+
+// TestKeeperDown: when the keeper dies, the volume's condition turns
+// abnormal with a message that says what to do, and the healer of a
+// restarted agent reports it as an Event on the Volume.
+func TestKeeperDown(t *testing.T) {
+	f := setup(t)
+	nc := f.node(t)
+	waitCSI(t, nc)
+	m := f.userspaceVolume(t, nc, "keeper-down")
+	ctx := context.Background()
+	stats := func() *csi.VolumeCondition {
+		t.Helper()
+		resp, err := nc.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: m.name, VolumePath: m.target})
+		if err != nil {
+			t.Fatalf("stats: %v", err)
+		}
+		return resp.GetVolumeCondition()
+	}
+	if c := stats(); c.GetAbnormal() {
+		t.Fatalf("healthy volume reported abnormal: %s", c.GetMessage())
+	}
+	if err := f.killAll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_ = f.keeperCmd.Process.Kill()
+	<-f.keeperDone
+	// Whatever the test ends with, the next tests get a keeper again.
+	t.Cleanup(func() {
+		select {
+		case <-f.keeperDone:
+			if err := f.startKeeper(); err != nil {
+				t.Error(err)
+			}
+		default:
+		}
+		if f.agent == nil {
+			if err := f.startAgent(); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	if err := f.startAgent(); err != nil {
+		t.Fatal(err)
+	}
+	waitCSI(t, nc)
+	if c := stats(); !c.GetAbnormal() || !strings.Contains(c.GetMessage(), "keeper is not running") {
+		t.Errorf("condition with the keeper dead = %+v, want abnormal, saying the keeper is not running", c)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var evs corev1.EventList
+		if err := f.env.Client.List(ctx, &evs); err != nil {
+			t.Fatal(err)
+		}
+		i := slices.IndexFunc(evs.Items, func(e corev1.Event) bool {
+			return e.InvolvedObject.Name == m.name && e.Reason == heal.ReasonKeeperDown && e.Type == corev1.EventTypeWarning
+		})
+		if i >= 0 {
+			t.Logf("event: %s", evs.Items[i].Message)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s event on Volume %s", heal.ReasonKeeperDown, m.name)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	// A new keeper does not have the old connection: still abnormal, and
+	// unstage (in cleanup) must clear the dead mounts.
+	if err := f.startKeeper(); err != nil {
+		t.Fatal(err)
+	}
+	if c := stats(); !c.GetAbnormal() {
+		t.Errorf("condition after a keeper restart = %+v, want abnormal", c)
+	}
+	if vols, err := keeper.NewClient(f.keeperSock).List(ctx); err != nil || len(vols) != 0 {
+		t.Errorf("new keeper lists %+v, %v", vols, err)
+	}
+}
