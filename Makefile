@@ -54,6 +54,10 @@ test: ## Run every test: unit, envtest (real kube-apiserver + etcd), root tests.
 sanity: ## Run csi-sanity (mount + block) and the bad-request/crash tests against the real driver (root).
 	KUBEBUILDER_ASSETS=$$(hack/kube-binaries.sh | tail -n 1) go test -count=1 -v ./test/sanity/ 2>&1 | grep -E '^(sanity:|--- |    --- |ok|FAIL|PASS)'
 
+.PHONY: bench
+bench: ## Userspace volumes: fio ratios to a kernel loop device, healed time-to-write p50/p99 (root, fio).
+	hack/bench.sh
+
 .PHONY: sanity-binary
 sanity-binary: ## Run the standalone csi-sanity binary against berth agent + csi-controller processes (root).
 	hack/sanity.sh

@@ -210,6 +210,11 @@ func (a *Agent) Heal(ctx context.Context, volumeID string) (*v1.Volume, HealResu
 	if a.us == nil {
 		return nil, HealSkipped, nil
 	}
+	// The common case, a live server, needs no lock: periodic passes then
+	// never make a CSI call on the volume wait or fail as busy.
+	if rec, _, err := a.server(ctx, volumeID); err == nil && rec.ServerPID != 0 {
+		return nil, HealServing, nil
+	}
 	unlock := a.locks.Lock(volumeID)
 	defer unlock()
 	vol, err := a.volume(ctx, volumeID)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -12,6 +13,8 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -78,10 +81,16 @@ func (f *fixture) userspaceVolume(t *testing.T, nc csi.NodeClient, name string) 
 	t.Cleanup(func() {
 		// Unpublish and unstage through the agent, as kubelet does.
 		waitCSI(t, nc)
-		if _, err := nc.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: name, TargetPath: m.target}); err != nil {
+		if err := retryBusy(func() error {
+			_, err := nc.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: name, TargetPath: m.target})
+			return err
+		}); err != nil {
 			t.Errorf("unpublish %s: %v", name, err)
 		}
-		if _, err := nc.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: name, StagingTargetPath: m.staging}); err != nil {
+		if err := retryBusy(func() error {
+			_, err := nc.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: name, StagingTargetPath: m.staging})
+			return err
+		}); err != nil {
 			t.Errorf("unstage %s: %v", name, err)
 		}
 		_ = f.env.Client.Delete(ctx, vol)
@@ -108,14 +117,33 @@ func (f *fixture) userspaceVolume(t *testing.T, nc csi.NodeClient, name string) 
 	if err := os.MkdirAll(filepath.Dir(m.target), 0o750); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := nc.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: name, StagingTargetPath: m.staging, VolumeCapability: mountCap()}); err != nil {
+	if err := retryBusy(func() error {
+		_, err := nc.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: name, StagingTargetPath: m.staging, VolumeCapability: mountCap()})
+		return err
+	}); err != nil {
 		t.Fatalf("stage %s: %v", name, err)
 	}
-	if _, err := nc.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: name, StagingTargetPath: m.staging,
-		TargetPath: m.target, VolumeCapability: mountCap()}); err != nil {
+	if err := retryBusy(func() error {
+		_, err := nc.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: name, StagingTargetPath: m.staging,
+			TargetPath: m.target, VolumeCapability: mountCap()})
+		return err
+	}); err != nil {
 		t.Fatalf("publish %s: %v", name, err)
 	}
 	return m
+}
+
+// retryBusy retries call while the agent answers Aborted (the volume is
+// busy, e.g. being healed), as kubelet does.
+func retryBusy(call func() error) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := call()
+		if status.Code(err) != codes.Aborted || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 func envInt(name string, def int) int {
@@ -141,6 +169,7 @@ func TestHealUnderWriters(t *testing.T) {
 	for i := range vols {
 		vols[i] = f.userspaceVolume(t, nc, fmt.Sprintf("heal-%d", i))
 	}
+	klogStart := len(kernelLog(t))
 	for i, m := range vols {
 		w, err := newWriter(filepath.Join(m.target, "data"), uint64(i+1))
 		if err != nil {
@@ -194,7 +223,16 @@ func TestHealUnderWriters(t *testing.T) {
 		total += w.writes.Load()
 		verified += w.verified.Load()
 	}
-	checkReadWrite(t, vols)
+	devs := checkReadWrite(t, vols)
+	for _, l := range kernelLog(t)[min(klogStart, len(kernelLog(t))):] {
+		for _, d := range devs {
+			if strings.Contains(l, d+":") || strings.Contains(l, d+")") || strings.Contains(l, d+",") || strings.Contains(l, d+" ") {
+				if strings.Contains(l, "error") || strings.Contains(l, "read-only") {
+					t.Errorf("kernel log: %s", l)
+				}
+			}
+		}
+	}
 	if len(samples) > 0 {
 		slices.Sort(samples)
 		pct := func(p float64) time.Duration { return samples[int(p*float64(len(samples)-1)+0.5)] }
@@ -213,15 +251,28 @@ func countErrors(ws []*writer) int {
 	return n
 }
 
+// kernelLog returns the kernel log lines (dmesg).
+func kernelLog(t *testing.T) []string {
+	t.Helper()
+	out, err := exec.Command("dmesg").Output()
+	if err != nil {
+		t.Logf("dmesg: %v (kernel log not checked)", err)
+		return nil
+	}
+	return strings.Split(strings.TrimSpace(string(out)), "\n")
+}
+
 // checkReadWrite fails when a volume's file system was remounted read-only
-// (the superblock options say ro while the mount says rw).
-func checkReadWrite(t *testing.T, vols []mounted) {
+// (the superblock options say ro while the mount says rw). It returns the
+// volumes' devices by kernel name (loopN).
+func checkReadWrite(t *testing.T, vols []mounted) []string {
 	t.Helper()
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		t.Fatal(err)
 	}
 	seen := map[string]bool{}
+	var devs []string
 	for _, line := range strings.Split(string(b), "\n") {
 		fields := strings.Fields(line)
 		sep := slices.Index(fields, "-")
@@ -233,6 +284,9 @@ func checkReadWrite(t *testing.T, vols []mounted) {
 				continue
 			}
 			seen[fields[4]] = true
+			if fields[4] == m.staging {
+				devs = append(devs, filepath.Base(fields[sep+2]))
+			}
 			if opts := strings.Split(fields[sep+3], ","); slices.Contains(opts, "ro") {
 				t.Errorf("%s is read-only: %s", fields[4], line)
 			}
@@ -243,6 +297,7 @@ func checkReadWrite(t *testing.T, vols []mounted) {
 			t.Errorf("volume %s: staging or target mount missing", m.name)
 		}
 	}
+	return devs
 }
 
 // TestKeeperDown: when the keeper dies, the volume's condition turns

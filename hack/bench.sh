@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# `make bench`: one table of the userspace volume's figures against targets.
+#  1. fio on a userspace block device (keeper + blockdev server + loop) as a
+#     ratio of a kernel loop device on the same machine (hack/bench-blockdev.sh),
+#     in the mode the agent uses by default (FUSE passthrough).
+#  2. Healing: the time from agent start to the first successful write on
+#     every healed volume, p50/p99 over BERTH_HEAL_CYCLES (default 50) cycles
+#     of SIGKILLing the agent and every blockdev server under verifying
+#     writers (test/userspace TestHealUnderWriters).
+# Env: BENCH_SECONDS (fio seconds per run, default 10), BENCH_SIZE (default 1G),
+#      BERTH_BLOCKDEV_PASSTHROUGH (default true), BERTH_HEAL_CYCLES.
+# Needs root, fio, losetup, FUSE. Targets are reported, not asserted.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="/usr/local/go/bin:$PATH"
+
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+
+echo "== userspace / kernel loop device (fio direct=1, passthrough=${BERTH_BLOCKDEV_PASSTHROUGH:-true})"
+BERTH_BLOCKDEV_PASSTHROUGH=${BERTH_BLOCKDEV_PASSTHROUGH:-true} \
+	hack/bench-blockdev.sh "${BENCH_SECONDS:-10}" "${BENCH_SIZE:-1G}" | tee "$out"
+
+echo
+echo "== healing (${BERTH_HEAL_CYCLES:-50} cycles of SIGKILL agent + servers, 5 volumes with verifying writers)"
+KUBEBUILDER_ASSETS=$(hack/kube-binaries.sh | tail -n 1)
+export KUBEBUILDER_ASSETS
+heal=$(BERTH_HEAL_CYCLES=${BERTH_HEAL_CYCLES:-50} go test -count=1 -v -timeout 60m \
+	-run 'TestHealUnderWriters$' ./test/userspace/ 2>&1 | tee /dev/stderr | grep '^HEAL_RESULT' || true)
+[ -n "$heal" ] || { echo "heal test printed no result" >&2; exit 1; }
+
+echo
+echo "== summary (targets are goals, not assertions)"
+awk -v heal="$heal" '
+function ms(d) { # Go duration -> milliseconds
+	if (d ~ /ms$/) return d + 0; if (d ~ /µs$/) return d / 1000; if (d ~ /s$/) return d * 1000; return d
+}
+function row(name, val, target, ok) { printf "%-34s %10s   target %-8s %s\n", name, val, target, ok ? "met" : "MISSED" }
+/QD64|QD16/ { n = split($0, f, " "); r = f[n - 3]; label = $0; sub(/ *\(.*/, "", label)
+	row(label " ratio", r, ">= 0.8", r >= 0.8) }
+/QD1 / { n = split($0, f, " "); x = f[n]; label = $0; sub(/ *\(.*/, "", label)
+	row(label " latency x", x, "<= 2", x <= 2) }
+END {
+	split(heal, kv, " "); for (i in kv) { split(kv[i], p, "="); h[p[1]] = p[2] }
+	row("heal time-to-write p50", h["p50"], "-", 1)
+	row("heal time-to-write p99", h["p99"], "<= 5s", ms(h["p99"]) <= 5000)
+	printf "%-34s %10s\n", "heal cycles x volumes (samples)", h["cycles"] "x" h["volumes"] " (" h["samples"] ")"
+	printf "%-34s %10s   (writes %s, blocks verified %s)\n", "writer errors", h["errors"], h["writes"], h["verified"]
+}' "$out"

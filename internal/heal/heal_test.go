@@ -1,0 +1,160 @@
+package heal_test
+
+// Unit tests with fakes; the real path (a keeper, an agent process, blockdev
+// servers SIGKILLed under writers) is test/userspace.
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/record"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/agent"
+	"github.com/berth-io/berth/internal/fence"
+	"github.com/berth-io/berth/internal/heal"
+)
+
+type holdings []fence.Hold
+
+func (h holdings) ListForNode(_ context.Context, node string) ([]fence.Hold, error) {
+	var out []fence.Hold
+	for _, x := range h {
+		if x.Entry.Node == node {
+			out = append(out, x)
+		}
+	}
+	return out, nil
+}
+
+type outcome struct {
+	res agent.HealResult
+	err error
+}
+
+// volumes answers Heal from a table and checks that heals run at once.
+type volumes struct {
+	mu       sync.Mutex
+	calls    map[string]int
+	table    map[string]outcome
+	inFlight atomic.Int32
+	maxSeen  atomic.Int32
+}
+
+func (v *volumes) Heal(_ context.Context, id string) (*v1.Volume, agent.HealResult, error) {
+	n := v.inFlight.Add(1)
+	defer v.inFlight.Add(-1)
+	for {
+		m := v.maxSeen.Load()
+		if n <= m || v.maxSeen.CompareAndSwap(m, n) {
+			break
+		}
+	}
+	time.Sleep(20 * time.Millisecond)
+	v.mu.Lock()
+	v.calls[id]++
+	v.mu.Unlock()
+	o, ok := v.table[id]
+	if !ok {
+		return nil, agent.HealSkipped, nil
+	}
+	return &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: id}}, o.res, o.err
+}
+
+func hold(vol, node, pod string) fence.Hold {
+	return fence.Hold{Volume: vol, Entry: v1.AttachmentEntry{Node: node, Pod: pod, MountDir: "/m/" + vol + pod}}
+}
+
+func events(r *record.FakeRecorder) []string {
+	var out []string
+	for {
+		select {
+		case e := <-r.Events:
+			out = append(out, e)
+		default:
+			return out
+		}
+	}
+}
+
+func TestPass(t *testing.T) {
+	hs := holdings{hold("a", "n1", ""), hold("a", "n1", "pod"), hold("b", "n1", ""), hold("c", "n1", ""),
+		hold("d", "n1", ""), hold("gone", "n1", ""), hold("other", "n2", "")}
+	vols := &volumes{calls: map[string]int{}, table: map[string]outcome{
+		"a": {res: agent.HealRestarted},
+		"b": {res: agent.HealServing},
+		"c": {err: fmt.Errorf("list: %w", agent.ErrKeeperDown)},
+		"d": {err: fmt.Errorf("volume d: %w", agent.ErrConnectionLost)},
+	}}
+	rec := record.NewFakeRecorder(100)
+	h := &heal.Healer{Node: "n1", Holdings: hs, Volumes: vols, Recorder: rec, Log: logr.Discard()}
+	sum, err := h.Pass(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum[agent.HealRestarted] != 1 || sum[agent.HealServing] != 1 || sum[agent.HealSkipped] != 3 {
+		t.Errorf("summary = %v", sum)
+	}
+	if vols.calls["a"] != 1 || vols.calls["other"] != 0 || len(vols.calls) != 5 {
+		t.Errorf("healed %v; want each of this node's volumes once", vols.calls)
+	}
+	if vols.maxSeen.Load() < 2 {
+		t.Errorf("volumes were healed one at a time")
+	}
+	got := strings.Join(events(rec), "\n")
+	for _, want := range []string{"Normal " + heal.ReasonHealed, "Warning " + heal.ReasonKeeperDown + " node n1: the berth keeper is not running",
+		"Warning " + heal.ReasonConnectionLost} {
+		if !strings.Contains(got, want) {
+			t.Errorf("events %q lack %q", got, want)
+		}
+	}
+	// A lasting problem is reported once; a new restart is reported again.
+	if _, err := h.Pass(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	again := events(rec)
+	if len(again) != 1 || !strings.Contains(again[0], heal.ReasonHealed) {
+		t.Errorf("second pass events = %q, want only the restart", again)
+	}
+}
+
+func TestWarningAgainAfterRecovery(t *testing.T) {
+	vols := &volumes{calls: map[string]int{}, table: map[string]outcome{"a": {err: agent.ErrKeeperDown}}}
+	rec := record.NewFakeRecorder(100)
+	h := &heal.Healer{Node: "n1", Holdings: holdings{hold("a", "n1", "")}, Volumes: vols, Recorder: rec, Log: logr.Discard()}
+	ctx := context.Background()
+	pass := func() {
+		if _, err := h.Pass(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pass()
+	vols.table["a"] = outcome{res: agent.HealServing}
+	pass()
+	vols.table["a"] = outcome{err: agent.ErrKeeperDown}
+	pass()
+	if n := len(events(rec)); n != 2 {
+		t.Errorf("%d events, want one per outage (2)", n)
+	}
+}
+
+func TestStartOnce(t *testing.T) {
+	vols := &volumes{calls: map[string]int{}, table: map[string]outcome{}}
+	h := &heal.Healer{Node: "n1", Holdings: holdings{hold("a", "n1", "")}, Volumes: vols, Log: logr.Discard()}
+	if err := h.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if vols.calls["a"] != 1 {
+		t.Errorf("calls = %v", vols.calls)
+	}
+	if h.NeedLeaderElection() {
+		t.Error("the healer must run on every node")
+	}
+}
