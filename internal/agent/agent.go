@@ -152,7 +152,9 @@ func (a *Agent) Stage(ctx context.Context, r StageRequest) (err error) {
 	if err := a.fence.Acquire(ctx, claim); err != nil {
 		return fmt.Errorf("fence volume %s: %w", r.VolumeID, err)
 	}
-	backing, attached := image, false
+	// attached and fresh say what existed before this call, so that a failed
+	// retry of a stage never undoes the stage that succeeded before.
+	backing, attached, fresh := image, true, false
 	defer func() {
 		if err == nil {
 			return
@@ -164,10 +166,10 @@ func (a *Agent) Stage(ctx context.Context, r StageRequest) (err error) {
 					log.Error(derr, "detach after failed stage", "device", dev)
 				}
 			}
-			if userspace {
-				if serr := a.stopUserspace(context.WithoutCancel(ctx), r.VolumeID); serr != nil {
-					log.Error(serr, "stop blockdev server after failed stage")
-				}
+		}
+		if fresh {
+			if serr := a.stopUserspace(context.WithoutCancel(ctx), r.VolumeID); serr != nil {
+				log.Error(serr, "stop blockdev server after failed stage")
 			}
 		}
 		if rerr := a.fence.Release(context.WithoutCancel(ctx), r.VolumeID, a.node, r.StagingPath); rerr != nil {
@@ -175,6 +177,11 @@ func (a *Agent) Stage(ctx context.Context, r StageRequest) (err error) {
 		}
 	}()
 	if userspace {
+		_, held, err := a.server(ctx, r.VolumeID)
+		if err != nil {
+			return err
+		}
+		fresh = !held
 		if err := a.ensureServer(ctx, r.VolumeID, image); err != nil {
 			return err
 		}

@@ -249,6 +249,9 @@ func (a *Agent) Heal(ctx context.Context, volumeID string) (*v1.Volume, HealResu
 	return vol, HealRestarted, nil
 }
 
+// checkTimeout bounds the wait for a server's answer in a condition check.
+const checkTimeout = 5 * time.Second
+
 // usCondition checks the keeper, the volume's connection and its server.
 func (a *Agent) usCondition(ctx context.Context, volume string) (abnormal bool, msg string) {
 	if err := a.us.Keeper.Ping(ctx); err != nil {
@@ -264,8 +267,17 @@ func (a *Agent) usCondition(ctx context.Context, volume string) (abnormal bool, 
 	case rec.ServerPID == 0:
 		return true, "no blockdev server is running for this volume: its I/O waits until the agent's healer starts one"
 	}
-	if err := a.us.CheckMount(a.usMountpoint(volume)); err != nil {
-		return true, fmt.Sprintf("userspace block device: %v; restart the pods using this volume so that it is staged anew", err)
+	// statfs waits while no server runs (one may die after the check
+	// above): bound the wait, the goroutine ends when a server answers.
+	checked := make(chan error, 1)
+	go func() { checked <- a.us.CheckMount(a.usMountpoint(volume)) }()
+	select {
+	case err := <-checked:
+		if err != nil {
+			return true, fmt.Sprintf("userspace block device: %v; restart the pods using this volume so that it is staged anew", err)
+		}
+	case <-time.After(checkTimeout):
+		return true, fmt.Sprintf("the blockdev server of this volume did not answer within %s: its I/O waits", checkTimeout)
 	}
 	return false, ""
 }
