@@ -2,6 +2,7 @@ package fence
 
 import (
 	"fmt"
+	"strings"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 )
@@ -110,4 +111,25 @@ func byNode(entries []v1.AttachmentEntry) ([]string, map[string][]v1.AttachmentE
 		m[e.Node] = append(m[e.Node], e)
 	}
 	return order, m
+}
+
+// maxListedHolders bounds spec.holders; the list itself has them all.
+const maxListedHolders = 8
+
+// setEntries writes the holders and their kubectl summary together.
+func setEntries(att *v1.Attachment, entries []v1.AttachmentEntry) {
+	att.Spec.Attachments = entries
+	names := make([]string, 0, min(len(entries), maxListedHolders)+1)
+	for i, e := range entries {
+		if i == maxListedHolders {
+			names = append(names, fmt.Sprintf("+%d more", len(entries)-i))
+			break
+		}
+		if e.IsStage() {
+			names = append(names, e.Node)
+		} else {
+			names = append(names, e.Node+"/"+e.PodNamespace+"/"+e.Pod)
+		}
+	}
+	att.Spec.Holders = strings.Join(names, ", ")
 }
