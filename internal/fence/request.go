@@ -10,7 +10,8 @@ import (
 // Request asks to hold a volume on a node. A node's stage record leaves the
 // pod fields empty and sets MountDir to the staging path (CSI NodeStage knows
 // no pod); a pod's publish record sets all three pod fields and MountDir to
-// the pod's target path.
+// the pod's target path. Under ReadOnlyMany a pod's request must be
+// ReadOnly; a stage request is made read-only.
 type Request struct {
 	Volume       string
 	Node         string
@@ -38,6 +39,8 @@ func (r *Request) entry() v1.AttachmentEntry {
 	}
 }
 
+// validate refuses a request that can never be granted; it marks a
+// ReadOnlyMany stage request read-only.
 func (r *Request) validate() error {
 	switch {
 	case r.Volume == "":
@@ -54,6 +57,10 @@ func (r *Request) validate() error {
 	switch r.AccessMode {
 	case v1.ReadWriteOncePod, v1.ReadWriteOnce, v1.ReadWriteMany:
 	case v1.ReadOnlyMany:
+		if r.IsStage() {
+			// CSI NodeStage carries no read-only flag: the mode implies it.
+			r.ReadOnly = true
+		}
 		if !r.ReadOnly {
 			return fmt.Errorf("%w: volume %s is %s: a read-write mount is refused", ErrInvalid, r.Volume, r.AccessMode)
 		}
