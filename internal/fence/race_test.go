@@ -134,10 +134,13 @@ type tally struct {
 
 // checkRound judges one round: the contenders' own view and the API server's.
 func checkRound(ctx context.Context, f *fence.Fencer, prefix string, vols []raceVolume, held [][]bool, t map[v1.AccessMode]*tally) error {
+	vols = vols[:len(held[0])]
+	listed, err := holdersOf(ctx, f, vols)
+	if err != nil {
+		return err
+	}
 	for vi, v := range vols {
-		if vi >= len(held[0]) {
-			break
-		}
+		entries := listed[vi]
 		tl := t[v.mode]
 		tl.rounds++
 		var nodes, pods []string // every holder, as the contenders and the API server see it
@@ -148,10 +151,6 @@ func checkRound(ctx context.Context, f *fence.Fencer, prefix string, vols []race
 				nodes = append(nodes, raceNode(prefix, ci))
 				pods = append(pods, fmt.Sprintf("race-uid-%d", ci))
 			}
-		}
-		entries, _, err := f.Holders(ctx, v.name)
-		if err != nil {
-			return err
 		}
 		if len(entries) != n {
 			return fmt.Errorf("%s: contenders say %d hold, the Attachment lists %d", v.name, n, len(entries))
@@ -210,13 +209,30 @@ func race(ctx context.Context, cs []contender, f *fence.Fencer, prefix string, r
 		if err := each(cs, func(_ int, c contender) error { return c.release(ctx) }); err != nil {
 			return t, fmt.Errorf("round %d release: %w", r, err)
 		}
-		for _, v := range vols[:nvols] {
-			if hs, _, err := f.Holders(ctx, v.name); err != nil || len(hs) != 0 {
-				return t, fmt.Errorf("round %d: %s still held after every release: %v %w", r, v.name, hs, err)
+		listed, err := holdersOf(ctx, f, vols[:nvols])
+		if err != nil {
+			return t, fmt.Errorf("round %d: %w", r, err)
+		}
+		for vi, hs := range listed {
+			if len(hs) != 0 {
+				return t, fmt.Errorf("round %d: %s still held after every release: %v", r, vols[vi].name, hs)
 			}
 		}
 	}
 	return t, nil
+}
+
+// holdersOf reads the volumes' Attachments at once.
+func holdersOf(ctx context.Context, f *fence.Fencer, vols []raceVolume) ([][]v1.AttachmentEntry, error) {
+	out := make([][]v1.AttachmentEntry, len(vols))
+	errs := make([]error, len(vols))
+	var wg sync.WaitGroup
+	for i, v := range vols {
+		wg.Add(1)
+		go func() { defer wg.Done(); out[i], _, errs[i] = f.Holders(ctx, v.name) }()
+	}
+	wg.Wait()
+	return out, errors.Join(errs...)
 }
 
 func each(cs []contender, fn func(int, contender) error) error {
