@@ -62,8 +62,10 @@ type Fencer struct {
 	opts Options
 }
 
-// New returns a Fencer. rec gets an Event on the Attachment and the
-// requesting pod for every refused request.
+// New returns a Fencer. c must read from the API server, not from a cache:
+// a stale read could report a hold that was broken meanwhile as granted.
+// rec gets an Event on the Attachment and the requesting pod for every
+// refused request, and one on the Attachment for every lock broken.
 func New(c client.Client, rec record.EventRecorder, clk clock.Clock, log logr.Logger, opts Options) *Fencer {
 	return &Fencer{c: c, rec: rec, clk: clk, log: log, opts: opts.withDefaults()}
 }
