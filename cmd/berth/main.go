@@ -17,6 +17,7 @@ import (
 	"github.com/berth-io/berth/internal/cli"
 	"github.com/berth-io/berth/internal/cli/agent"
 	"github.com/berth-io/berth/internal/cli/csicontroller"
+	"github.com/berth-io/berth/internal/cli/operator"
 	"github.com/berth-io/berth/internal/cli/version"
 )
 
@@ -25,6 +26,7 @@ func commands() []cli.Command {
 	return []cli.Command{
 		agent.Command(),
 		csicontroller.Command(),
+		operator.Command(),
 		version.Command(),
 	}
 }
