@@ -17,6 +17,7 @@ import (
 	"github.com/berth-io/berth/internal/cli"
 	"github.com/berth-io/berth/internal/cli/agent"
 	"github.com/berth-io/berth/internal/cli/csicontroller"
+	"github.com/berth-io/berth/internal/cli/flexvolume"
 	"github.com/berth-io/berth/internal/cli/operator"
 	"github.com/berth-io/berth/internal/cli/version"
 )
@@ -27,6 +28,7 @@ func commands() []cli.Command {
 		agent.Command(),
 		csicontroller.Command(),
 		operator.Command(),
+		flexvolume.Command(),
 		version.Command(),
 	}
 }

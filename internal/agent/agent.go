@@ -40,6 +40,7 @@ type Agent struct {
 	fence  Fencer
 	locks  *VolumeLocks
 	log    logr.Logger
+	flex   FlexConfig
 }
 
 // New returns the agent of node. api reads Volume objects (uncached, so that

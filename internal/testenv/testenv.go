@@ -9,6 +9,7 @@ package testenv
 import (
 	"bytes"
 	"fmt"
+	"github.com/go-logr/logr"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,8 +18,11 @@ import (
 
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/berth-io/berth/internal/scheme"
 )
@@ -62,6 +66,9 @@ func Start() (*Env, error) {
 	if err != nil {
 		return nil, err
 	}
+	// envtest logs through controller-runtime's logger; without one it
+	// prints a warning with a stack trace into every test's output.
+	ctrllog.SetLogger(logr.Discard())
 	e := &envtest.Environment{
 		BinaryAssetsDirectory: assets,
 		CRDDirectoryPaths:     []string{filepath.Join(RepoRoot(), "config", "crd", "bases")},
@@ -82,3 +89,30 @@ func Start() (*Env, error) {
 
 // Stop stops the API server and etcd.
 func (e *Env) Stop() error { return e.env.Stop() }
+
+// Scheme returns the scheme berth's components use (internal/scheme).
+func Scheme() (*runtime.Scheme, error) { return scheme.New() }
+
+// WriteKubeconfig writes a kubeconfig for the API server, so that berth's
+// commands can run as separate processes against it.
+func (e *Env) WriteKubeconfig(path string) error {
+	c := e.Config
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["envtest"] = &clientcmdapi.Cluster{Server: c.Host, CertificateAuthorityData: c.CAData}
+	cfg.AuthInfos["envtest"] = &clientcmdapi.AuthInfo{ClientCertificateData: c.CertData, ClientKeyData: c.KeyData, Token: c.BearerToken}
+	cfg.Contexts["envtest"] = &clientcmdapi.Context{Cluster: "envtest", AuthInfo: "envtest"}
+	cfg.CurrentContext = "envtest"
+	return clientcmd.WriteToFile(*cfg, path)
+}
+
+// BuildBerth builds the berth binary into dir and returns its path.
+func BuildBerth(dir string) (string, error) {
+	out := filepath.Join(dir, "berth")
+	cmd := exec.Command("go", "build", "-o", out, "./cmd/berth")
+	cmd.Dir = RepoRoot()
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build ./cmd/berth: %w\n%s", err, b)
+	}
+	return out, nil
+}

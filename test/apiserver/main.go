@@ -14,8 +14,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/berth-io/berth/internal/testenv"
 )
@@ -34,7 +32,7 @@ func main() {
 		os.Exit(1)
 	}
 	code := 0
-	err = writeKubeconfig(env, *kubeconfig)
+	err = env.WriteKubeconfig(*kubeconfig)
 	if err == nil && *node != "" {
 		err = env.Client.Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: *node}})
 	}
@@ -51,14 +49,4 @@ func main() {
 		fmt.Fprintln(os.Stderr, "apiserver: stop:", err)
 	}
 	os.Exit(code)
-}
-
-func writeKubeconfig(env *testenv.Env, path string) error {
-	c := env.Config
-	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["envtest"] = &clientcmdapi.Cluster{Server: c.Host, CertificateAuthorityData: c.CAData}
-	cfg.AuthInfos["envtest"] = &clientcmdapi.AuthInfo{ClientCertificateData: c.CertData, ClientKeyData: c.KeyData, Token: c.BearerToken}
-	cfg.Contexts["envtest"] = &clientcmdapi.Context{Cluster: "envtest", AuthInfo: "envtest"}
-	cfg.CurrentContext = "envtest"
-	return clientcmd.WriteToFile(*cfg, path)
 }

@@ -107,6 +107,7 @@ func (d *driver) start() error {
 	go func() {
 		d.done <- agentcli.Config{
 			NodeName: nodeName, DataDir: d.dataDir, CSIEndpoint: "unix://" + d.nodeSock,
+			AgentSocket:      filepath.Join(work, "run", "agent.sock"),
 			CapacityInterval: time.Second, MetricsAddr: "0", Rest: d.env.Config, Log: log.WithName("agent"),
 		}.Run(ctx)
 	}()

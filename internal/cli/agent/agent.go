@@ -26,8 +26,10 @@ import (
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	nodeagent "github.com/berth-io/berth/internal/agent"
+	"github.com/berth-io/berth/internal/agent/socket"
 	"github.com/berth-io/berth/internal/backend"
 	"github.com/berth-io/berth/internal/cli"
+	flexcli "github.com/berth-io/berth/internal/cli/flexvolume"
 	"github.com/berth-io/berth/internal/controller"
 	"github.com/berth-io/berth/internal/csi"
 	"github.com/berth-io/berth/internal/fence"
@@ -43,9 +45,14 @@ type Config struct {
 	// CSIEndpoint is where the CSI Identity + Node services listen.
 	CSIEndpoint string
 	// KubeletDir is kubelet's root; empty disables plugin registration.
-	KubeletDir       string
+	KubeletDir string
+	// AgentSocket is the root-only local API the Flexvolume driver calls.
+	AgentSocket string
+	// VolumePluginDir is kubelet's Flexvolume folder; empty: do not install.
+	VolumePluginDir  string
 	CapacityInterval time.Duration
 	MetricsAddr      string
+	HealthAddr       string
 	Rest             *rest.Config
 	Log              logr.Logger
 }
@@ -61,9 +68,10 @@ func (c Config) Run(ctx context.Context) error {
 	}
 	mine := labels.SelectorFromSet(labels.Set{v1.NodeLabel: c.NodeName})
 	mgr, err := ctrl.NewManager(c.Rest, ctrl.Options{
-		Scheme:  s,
-		Logger:  c.Log,
-		Metrics: metricsserver.Options{BindAddress: c.MetricsAddr},
+		Scheme:                 s,
+		Logger:                 c.Log,
+		Metrics:                metricsserver.Options{BindAddress: c.MetricsAddr},
+		HealthProbeBindAddress: c.HealthAddr,
 		// Each agent caches only its own node's volumes and snapshots.
 		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
 			&v1.Volume{}:   {Label: mine},
@@ -80,7 +88,8 @@ func (c Config) Run(ctx context.Context) error {
 	exec := utilexec.New()
 	fencer := fence.New(mgr.GetClient(), mgr.GetEventRecorderFor("berth-agent"), clock.RealClock{}, c.Log.WithName("fence"), fence.Options{})
 	a := nodeagent.New(c.NodeName, mgr.GetAPIReader(), images, mount.NewLoop(exec),
-		mount.NewManager(kmount.New(""), exec, c.Log.WithName("mount")), fencer, nodeagent.NewVolumeLocks(), c.Log.WithName("agent"))
+		mount.NewManager(kmount.New(""), exec, c.Log.WithName("mount")), fencer, nodeagent.NewVolumeLocks(), c.Log.WithName("agent")).
+		WithFlex(nodeagent.FlexConfig{StagingRoot: filepath.Join(c.DataDir, "flex-staging"), Holdings: fencer})
 
 	if err := (&controller.VolumeReconciler{Client: mgr.GetClient(), Node: c.NodeName, Backend: images, Log: c.Log.WithName("volume")}).SetupWithManager(mgr); err != nil {
 		return err
@@ -92,6 +101,13 @@ func (c Config) Run(ctx context.Context) error {
 		return err
 	}
 	if err := c.addCSI(mgr, a); err != nil {
+		return err
+	}
+	flex := &flexRunnable{server: socket.NewServer(a, c.Log.WithName("socket")), socket: c.AgentSocket, pluginDir: c.VolumePluginDir, log: c.Log.WithName("flexvolume")}
+	if err := mgr.Add(flex); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("flexvolume", flex.Ready); err != nil {
 		return err
 	}
 	c.Log.Info("starting agent", "node", c.NodeName, "dataDir", c.DataDir, "csiEndpoint", c.CSIEndpoint, "version", version.Get().Version)
@@ -153,6 +169,9 @@ func Command() cli.Command {
 			fs.StringVar(&cfg.DataDir, "data-dir", "/var/lib/berth", "folder of the local volume images")
 			fs.StringVar(&cfg.CSIEndpoint, "csi-endpoint", "unix:///var/lib/kubelet/plugins/berth.io/csi.sock", "CSI endpoint (unix socket)")
 			fs.StringVar(&cfg.KubeletDir, "kubelet-dir", "/var/lib/kubelet", "kubelet root for plugin registration; empty: do not register")
+			fs.StringVar(&cfg.AgentSocket, "agent-socket", flexcli.DefaultSocket, "root-only agent socket for the Flexvolume driver")
+			fs.StringVar(&cfg.VolumePluginDir, "volume-plugin-dir", "/usr/libexec/kubernetes/kubelet-plugins/volume/exec", "kubelet's Flexvolume folder to install the driver into; empty: do not install")
+			fs.StringVar(&cfg.HealthAddr, "health-addr", "0", "healthz/readyz listen address; 0 disables")
 			fs.DurationVar(&cfg.CapacityInterval, "capacity-interval", 30*time.Second, "how often free capacity is reported")
 			fs.StringVar(&cfg.MetricsAddr, "metrics-addr", "0", "metrics listen address; 0 disables")
 			fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG or in-cluster)")

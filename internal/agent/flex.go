@@ -1,0 +1,111 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+
+	"github.com/berth-io/berth/internal/fence"
+	"github.com/berth-io/berth/internal/flexvolume"
+)
+
+// Holdings lists what this node holds (the Attachments' entries).
+type Holdings interface {
+	ListForNode(ctx context.Context, node string) ([]fence.Hold, error)
+}
+
+// FlexConfig is what the Flexvolume path needs beyond the CSI path.
+type FlexConfig struct {
+	// StagingRoot holds one staging folder per volume mounted through
+	// Flexvolume (kubelet stages nothing for Flexvolume drivers).
+	StagingRoot string
+	Holdings    Holdings
+}
+
+// WithFlex enables the Flexvolume operations.
+func (a *Agent) WithFlex(c FlexConfig) *Agent {
+	a.flex = c
+	return a
+}
+
+func (a *Agent) flexStaging(volume string) string {
+	return filepath.Join(a.flex.StagingRoot, volume)
+}
+
+// FlexMount is Flexvolume's mount: stage the volume on this node (once) and
+// bind it into the pod's mount dir, fenced like a CSI publish. It blocks
+// until done. If the publish is refused, a stage this call made is undone.
+func (a *Agent) FlexMount(ctx context.Context, r flexvolume.MountRequest) error {
+	if a.flex.StagingRoot == "" {
+		return fmt.Errorf("flexvolume: %w on this agent (no staging root)", ErrUnsupported)
+	}
+	staging := a.flexStaging(r.Volume)
+	stagedBefore, _, err := a.mounts.StagedDevice(ctx, staging)
+	if err != nil {
+		return fmt.Errorf("check staging %s: %w", staging, err)
+	}
+	if err := a.Stage(ctx, StageRequest{VolumeID: r.Volume, StagingPath: staging, FSType: r.FSType, ReadOnly: r.ReadOnly}); err != nil {
+		return err
+	}
+	err = a.Publish(ctx, PublishRequest{
+		VolumeID: r.Volume, StagingPath: staging, TargetPath: r.MountDir, ReadOnly: r.ReadOnly,
+		Pod: Pod{Namespace: r.PodNamespace, Name: r.PodName, UID: r.PodUID},
+	})
+	if err != nil && stagedBefore == "" {
+		if uerr := a.Unstage(context.WithoutCancel(ctx), r.Volume, staging); uerr != nil {
+			a.log.Error(uerr, "unstage after refused flexvolume mount", "volume", r.Volume)
+		}
+	}
+	return err
+}
+
+// FlexUnmount is Flexvolume's unmount: kubelet passes only the mount dir,
+// so the volume is found by its entry in this node's Attachments. The
+// volume is unstaged when no other mount of it is left on this node.
+// Unmounting what is not mounted succeeds.
+func (a *Agent) FlexUnmount(ctx context.Context, mountDir string) error {
+	if a.flex.Holdings == nil {
+		return fmt.Errorf("flexvolume: %w on this agent", ErrUnsupported)
+	}
+	mountDir = filepath.Clean(mountDir)
+	holds, err := a.flex.Holdings.ListForNode(ctx, a.node)
+	if err != nil {
+		return err
+	}
+	volume := ""
+	for _, h := range holds {
+		if !h.Entry.IsStage() && h.Entry.MountDir == mountDir {
+			volume = h.Volume
+		}
+	}
+	if volume == "" {
+		// No record: a repeat after success, or a mount dir berth never
+		// mounted. Make sure nothing of ours is left mounted there.
+		if err := a.mounts.Unpublish(ctx, mountDir); err != nil {
+			return fmt.Errorf("unmount %s: %w", mountDir, err)
+		}
+		return nil
+	}
+	if err := a.Unpublish(ctx, volume, mountDir); err != nil {
+		return err
+	}
+	for _, h := range holds {
+		if h.Volume == volume && !h.Entry.IsStage() && h.Entry.MountDir != mountDir {
+			return nil // another pod on this node still uses it
+		}
+	}
+	staging := a.flexStaging(volume)
+	if err := a.Unstage(ctx, volume, staging); err != nil && !errors.Is(err, ErrVolumeNotFound) {
+		return err
+	}
+	return nil
+}
+
+// Holds lists what this node holds, for the agent socket's list operation.
+func (a *Agent) Holds(ctx context.Context) ([]fence.Hold, error) {
+	if a.flex.Holdings == nil {
+		return nil, fmt.Errorf("list: %w on this agent", ErrUnsupported)
+	}
+	return a.flex.Holdings.ListForNode(ctx, a.node)
+}

@@ -1,0 +1,65 @@
+// Package socket is the node agent's local API: a Unix socket that only
+// root may use, one JSON request and one JSON response per connection. The
+// Flexvolume driver that kubelet executes is its main client.
+package socket
+
+import (
+	"github.com/berth-io/berth/internal/flexvolume"
+)
+
+// Version of the protocol; the handshake tells the client.
+const Version = 1
+
+// Limits: a request is small (a few options); mounting may take a while.
+const (
+	MaxRequestBytes = 64 << 10
+)
+
+// Operations.
+const (
+	OpHandshake = "handshake"
+	OpMount     = "mount"
+	OpUnmount   = "unmount"
+	OpList      = "list"
+)
+
+// Error codes a client can decide on.
+const (
+	CodeInvalid  = "Invalid"
+	CodeBusy     = "Busy"
+	CodeConflict = "Conflict"
+	CodeNotFound = "NotFound"
+	CodeDenied   = "Denied"
+	CodeInternal = "Internal"
+)
+
+// Request is one call.
+type Request struct {
+	Op string `json:"op"`
+	// Mount is set for OpMount.
+	Mount *flexvolume.MountRequest `json:"mount,omitempty"`
+	// MountDir is set for OpUnmount.
+	MountDir string `json:"mountDir,omitempty"`
+}
+
+// Response answers one call.
+type Response struct {
+	OK      bool   `json:"ok"`
+	Code    string `json:"code,omitempty"`
+	Message string `json:"message,omitempty"`
+	// Handshake
+	Version int    `json:"version,omitempty"`
+	Node    string `json:"node,omitempty"`
+	// List
+	Holds []Hold `json:"holds,omitempty"`
+}
+
+// Hold is one thing this node holds, and why.
+type Hold struct {
+	Volume   string `json:"volume"`
+	Mode     string `json:"mode"`
+	MountDir string `json:"mountDir"`
+	Pod      string `json:"pod,omitempty"`
+	Staged   bool   `json:"staged,omitempty"`
+	ReadOnly bool   `json:"readOnly,omitempty"`
+}

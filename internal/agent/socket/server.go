@@ -1,0 +1,225 @@
+package socket
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/go-logr/logr"
+	"golang.org/x/sys/unix"
+
+	"github.com/berth-io/berth/internal/agent"
+	"github.com/berth-io/berth/internal/fence"
+	"github.com/berth-io/berth/internal/flexvolume"
+	"github.com/berth-io/berth/internal/mount"
+)
+
+// Ops are the agent operations the socket serves.
+type Ops interface {
+	Node() string
+	FlexMount(ctx context.Context, r flexvolume.MountRequest) error
+	FlexUnmount(ctx context.Context, mountDir string) error
+	Holds(ctx context.Context) ([]fence.Hold, error)
+}
+
+// Server serves the agent socket.
+type Server struct {
+	ops Ops
+	log logr.Logger
+	// ReadTimeout bounds how long a client may take to send its request.
+	ReadTimeout time.Duration
+	// OpTimeout bounds one operation.
+	OpTimeout time.Duration
+}
+
+// NewServer returns a server over ops.
+func NewServer(ops Ops, log logr.Logger) *Server {
+	return &Server{ops: ops, log: log, ReadTimeout: 5 * time.Second, OpTimeout: 5 * time.Minute}
+}
+
+// Listen creates the socket at path inside a root-only folder (0700), with
+// mode 0600, replacing a stale socket.
+func Listen(path string) (*net.UnixListener, error) {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("socket folder: %w", err)
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("socket folder: %w", err)
+	}
+	if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
+		return nil, fmt.Errorf("remove stale socket: %w", err)
+	}
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		_ = l.Close()
+		return nil, fmt.Errorf("socket mode: %w", err)
+	}
+	return l, nil
+}
+
+// Serve accepts connections until ctx ends.
+func (s *Server) Serve(ctx context.Context, l *net.UnixListener) error {
+	go func() {
+		<-ctx.Done()
+		_ = l.Close()
+	}()
+	for {
+		c, err := l.AcceptUnix()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return fmt.Errorf("accept: %w", err)
+		}
+		go s.handle(ctx, c)
+	}
+}
+
+func (s *Server) handle(ctx context.Context, c *net.UnixConn) {
+	defer c.Close()
+	resp := s.answer(ctx, c)
+	if err := json.NewEncoder(c).Encode(resp); err != nil {
+		s.log.V(1).Info("write response", "error", err.Error())
+	}
+}
+
+func (s *Server) answer(ctx context.Context, c *net.UnixConn) Response {
+	uid, err := peerUID(c)
+	if err != nil {
+		return fail(CodeDenied, fmt.Sprintf("peer credentials: %v", err))
+	}
+	if uid != 0 {
+		s.log.Info("refused a non-root client", "uid", uid)
+		return fail(CodeDenied, fmt.Sprintf("uid %d may not use the agent socket: root only", uid))
+	}
+	req, err := s.read(c)
+	if err != nil {
+		return fail(CodeInvalid, err.Error())
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.OpTimeout)
+	defer cancel()
+	return s.do(ctx, req)
+}
+
+// read reads one request: one JSON object, at most MaxRequestBytes, within
+// ReadTimeout. Unknown fields are refused, so a typo never passes silently.
+func (s *Server) read(c *net.UnixConn) (*Request, error) {
+	if err := c.SetReadDeadline(time.Now().Add(s.ReadTimeout)); err != nil {
+		return nil, err
+	}
+	line, err := bufio.NewReaderSize(io.LimitReader(c, MaxRequestBytes+1), 4096).ReadBytes('\n')
+	if len(line) > MaxRequestBytes {
+		return nil, fmt.Errorf("request larger than %d bytes", MaxRequestBytes)
+	}
+	if err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("read request: %w", err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(line))
+	dec.DisallowUnknownFields()
+	req := &Request{}
+	if err := dec.Decode(req); err != nil {
+		return nil, fmt.Errorf("malformed request: %v", err)
+	}
+	return req, nil
+}
+
+func (s *Server) do(ctx context.Context, req *Request) Response {
+	log := s.log.WithValues("op", req.Op)
+	var err error
+	switch req.Op {
+	case OpHandshake:
+		return Response{OK: true, Version: Version, Node: s.ops.Node()}
+	case OpMount:
+		if req.Mount == nil {
+			return fail(CodeInvalid, "mount: request has no mount")
+		}
+		log = log.WithValues("volume", req.Mount.Volume, "mountDir", req.Mount.MountDir)
+		err = s.ops.FlexMount(ctx, *req.Mount)
+	case OpUnmount:
+		if !filepath.IsAbs(req.MountDir) {
+			return fail(CodeInvalid, fmt.Sprintf("unmount: mount dir %q is not absolute", req.MountDir))
+		}
+		log = log.WithValues("mountDir", req.MountDir)
+		err = s.ops.FlexUnmount(ctx, req.MountDir)
+	case OpList:
+		holds, err := s.ops.Holds(ctx)
+		if err != nil {
+			return fail(CodeInternal, err.Error())
+		}
+		return Response{OK: true, Holds: listed(holds)}
+	default:
+		return fail(CodeInvalid, fmt.Sprintf("unknown op %q (known: handshake, mount, unmount, list)", req.Op))
+	}
+	if err != nil {
+		log.Info("failed", "error", err.Error())
+		return fail(codeOf(err), err.Error())
+	}
+	log.Info("done")
+	return Response{OK: true}
+}
+
+func listed(holds []fence.Hold) []Hold {
+	out := make([]Hold, 0, len(holds))
+	for _, h := range holds {
+		e := h.Entry
+		hold := Hold{Volume: h.Volume, Mode: string(h.Mode), MountDir: e.MountDir, Staged: e.IsStage(), ReadOnly: e.ReadOnly}
+		if !e.IsStage() {
+			hold.Pod = e.PodNamespace + "/" + e.Pod
+		}
+		out = append(out, hold)
+	}
+	return out
+}
+
+func codeOf(err error) string {
+	var conflict *fence.ConflictError
+	switch {
+	case errors.Is(err, agent.ErrBusy):
+		return CodeBusy
+	case errors.As(err, &conflict), errors.Is(err, mount.ErrInUse):
+		return CodeConflict
+	case errors.Is(err, agent.ErrVolumeNotFound), errors.Is(err, agent.ErrWrongNode):
+		return CodeNotFound
+	case errors.Is(err, mount.ErrInvalid), errors.Is(err, fence.ErrInvalid), errors.Is(err, flexvolume.ErrUsage):
+		return CodeInvalid
+	}
+	return CodeInternal
+}
+
+func fail(code, msg string) Response { return Response{Code: code, Message: msg} }
+
+func peerUID(c *net.UnixConn) (uint32, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var (
+		cred *unix.Ucred
+		cerr error
+	)
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return 0, err
+	}
+	if cerr != nil {
+		return 0, cerr
+	}
+	return cred.Uid, nil
+}

@@ -1,0 +1,214 @@
+package fence
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+)
+
+// Undoer undoes one stale entry on this node: unmount the pod directory or
+// the staging path, detach the device if it is still attached. It must be
+// idempotent: an entry may be undone again after a crash.
+type Undoer interface {
+	Undo(ctx context.Context, s v1.StaleAttachment) error
+}
+
+// CleanerOptions tune a Cleaner.
+type CleanerOptions struct {
+	// Interval between passes (default 5m).
+	Interval time.Duration
+	// Lock, when set, is held around each entry's check-and-undo; the agent
+	// passes its per-volume lock so that a stage or publish of the same
+	// volume cannot slip between "not held any more" and the unmount.
+	Lock func(volume string) (unlock func())
+	// Retry tunes the optimistic-concurrency retries.
+	Retry Options
+}
+
+// Cleaner works through one node's stale-attachment list (the NodeCleanup
+// named after the node): at start and every interval.
+type Cleaner struct {
+	c    client.Client
+	node string
+	u    Undoer
+	clk  clock.Clock
+	log  logr.Logger
+	opts CleanerOptions
+}
+
+// NewCleaner returns the Cleaner of node.
+func NewCleaner(c client.Client, node string, u Undoer, clk clock.Clock, log logr.Logger, opts CleanerOptions) *Cleaner {
+	if opts.Interval <= 0 {
+		opts.Interval = 5 * time.Minute
+	}
+	if opts.Lock == nil {
+		opts.Lock = func(string) func() { return func() {} }
+	}
+	opts.Retry = opts.Retry.withDefaults()
+	return &Cleaner{c: c, node: node, u: u, clk: clk, log: log, opts: opts}
+}
+
+// CleanResult counts what one pass did.
+type CleanResult struct {
+	// Undone entries were undone and removed.
+	Undone int
+	// Dropped entries were removed without undo: the Attachment holds them again.
+	Dropped int
+	// Failed entries stay for the next pass.
+	Failed int
+}
+
+// Start runs a pass at once (the agent's start) and then every interval
+// until ctx ends. It fits controller-runtime's manager.Runnable.
+func (cl *Cleaner) Start(ctx context.Context) error {
+	for {
+		if res, err := cl.RunOnce(ctx); err != nil {
+			cl.log.Error(err, "stale-attachment pass failed", "node", cl.node)
+		} else if res != (CleanResult{}) {
+			cl.log.Info("stale-attachment pass", "node", cl.node, "undone", res.Undone, "dropped", res.Dropped, "failed", res.Failed)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-cl.clk.After(cl.opts.Interval):
+		}
+	}
+}
+
+// NeedLeaderElection is false: every node's agent cleans its own list.
+func (cl *Cleaner) NeedLeaderElection() bool { return false }
+
+// RunOnce works through the list once. An entry whose volume's Attachment
+// lists this node with the same mountDir and pod UID applies no more (the
+// node came back and holds the volume again, or the takeover that wrote the
+// entry lost its race and never landed): it is dropped without undo.
+// Every other entry is undone, then removed; a failed undo stays listed.
+func (cl *Cleaner) RunOnce(ctx context.Context) (CleanResult, error) {
+	var res CleanResult
+	var nc v1.NodeCleanup
+	if err := cl.c.Get(ctx, client.ObjectKey{Name: cl.node}, &nc); apierrors.IsNotFound(err) {
+		return res, nil
+	} else if err != nil {
+		return res, fmt.Errorf("get nodecleanup %s: %w", cl.node, err)
+	}
+	var finished []v1.StaleAttachment
+	var failures []error
+	for _, s := range nc.Spec.Entries {
+		dropped, err := cl.process(ctx, s)
+		switch {
+		case err != nil:
+			res.Failed++
+			failures = append(failures, err)
+			cl.log.Error(err, "undo stale attachment", "volume", s.Volume, "mountDir", s.MountDir)
+			continue
+		case dropped:
+			res.Dropped++
+		default:
+			res.Undone++
+		}
+		finished = append(finished, s)
+	}
+	if err := cl.remove(ctx, finished); err != nil {
+		return res, err
+	}
+	return res, cl.report(ctx, errors.Join(failures...))
+}
+
+// process undoes one entry unless it is held again; dropped tells which.
+func (cl *Cleaner) process(ctx context.Context, s v1.StaleAttachment) (dropped bool, err error) {
+	defer cl.opts.Lock(s.Volume)()
+	var att v1.Attachment
+	if err := cl.c.Get(ctx, client.ObjectKey{Name: s.Volume}, &att); err == nil {
+		for _, e := range att.Spec.Attachments {
+			if e.Node == cl.node && e.MountDir == s.MountDir && e.PodUID == s.PodUID {
+				return true, nil
+			}
+		}
+	} else if !apierrors.IsNotFound(err) {
+		return false, fmt.Errorf("get attachment %s: %w", s.Volume, err)
+	}
+	if err := cl.u.Undo(ctx, s); err != nil {
+		return false, fmt.Errorf("undo %s at %s: %w", s.Volume, s.MountDir, err)
+	}
+	return false, nil
+}
+
+// remove takes finished entries off the list. An entry replaced meanwhile
+// (same slot, other pod or time) is new work and stays.
+func (cl *Cleaner) remove(ctx context.Context, finished []v1.StaleAttachment) error {
+	if len(finished) == 0 {
+		return nil
+	}
+	return retry(ctx, cl.clk, cl.opts.Retry, "remove stale entries of node "+cl.node, func() (bool, error) {
+		var nc v1.NodeCleanup
+		if err := cl.c.Get(ctx, client.ObjectKey{Name: cl.node}, &nc); apierrors.IsNotFound(err) {
+			return true, nil
+		} else if err != nil {
+			return true, fmt.Errorf("get nodecleanup %s: %w", cl.node, err)
+		}
+		kept := nc.Spec.Entries[:0:0]
+		for _, s := range nc.Spec.Entries {
+			if !containsStale(finished, &s) {
+				kept = append(kept, s)
+			}
+		}
+		if len(kept) == len(nc.Spec.Entries) {
+			return true, nil
+		}
+		nc.Spec.Entries = kept
+		if err := cl.c.Update(ctx, &nc); err != nil {
+			return !raced(err), fmt.Errorf("update nodecleanup %s: %w", cl.node, err)
+		}
+		return true, nil
+	})
+}
+
+func containsStale(list []v1.StaleAttachment, s *v1.StaleAttachment) bool {
+	for i := range list {
+		f := &list[i]
+		if f.Volume == s.Volume && f.MountDir == s.MountDir && f.PodUID == s.PodUID && f.FoundAt.Equal(&s.FoundAt) {
+			return true
+		}
+	}
+	return false
+}
+
+// report writes pending, lastProcessed and the Ready condition.
+func (cl *Cleaner) report(ctx context.Context, failed error) error {
+	return retry(ctx, cl.clk, cl.opts.Retry, "status of nodecleanup "+cl.node, func() (bool, error) {
+		var nc v1.NodeCleanup
+		if err := cl.c.Get(ctx, client.ObjectKey{Name: cl.node}, &nc); apierrors.IsNotFound(err) {
+			return true, nil
+		} else if err != nil {
+			return true, fmt.Errorf("get nodecleanup %s: %w", cl.node, err)
+		}
+		now := metav1.NewTime(cl.clk.Now())
+		nc.Status.LastProcessed = &now
+		nc.Status.Pending = int32(len(nc.Spec.Entries))
+		cond := metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionTrue, Reason: "Processed",
+			Message: "every stale entry was undone", ObservedGeneration: nc.Generation}
+		if failed != nil {
+			cond.Status, cond.Reason = metav1.ConditionFalse, "UndoFailed"
+			cond.Message = strings.ReplaceAll(failed.Error(), "\n", "; ")
+			if len(cond.Message) > 1024 { // the API caps condition messages
+				cond.Message = cond.Message[:1024]
+			}
+		}
+		meta.SetStatusCondition(&nc.Status.Conditions, cond)
+		if err := cl.c.Status().Update(ctx, &nc); err != nil {
+			return !raced(err), fmt.Errorf("update status of nodecleanup %s: %w", cl.node, err)
+		}
+		return true, nil
+	})
+}

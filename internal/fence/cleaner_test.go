@@ -1,0 +1,126 @@
+package fence_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/fence"
+)
+
+// recordingUndoer records what it was asked to undo; fail makes mountDirs fail.
+type recordingUndoer struct {
+	mu   sync.Mutex
+	done []string
+	fail map[string]bool
+}
+
+func (u *recordingUndoer) Undo(_ context.Context, s v1.StaleAttachment) error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.fail[s.MountDir] {
+		return errors.New("device busy")
+	}
+	u.done = append(u.done, s.Volume+":"+s.MountDir)
+	return nil
+}
+
+func (u *recordingUndoer) undone() []string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]string(nil), u.done...)
+}
+
+// TestCleanerAfterRestart: node cl-a lost its holds while its agent was
+// down; the agent starts, its cleaner undoes the stale list at once, then
+// picks up new entries on the next tick.
+func TestCleanerAfterRestart(t *testing.T) {
+	f, _ := newFencer(t)
+	cleanupVolume(t, "vol-cl1", "cl-a")
+	cleanupVolume(t, "vol-cl2")
+	mkNode(t, "cl-b")
+	holdOn(t, "vol-cl1", "cl-a", fakePod("cl-p1"), v1.ReadWriteOnce) // cl-a has no Node object: gone
+	mustAcquire(t, f, stageReq("vol-cl1", "cl-b", v1.ReadWriteOnce)) // takeover fills cl-a's list
+	wantStale(t, "cl-a", "vol-cl1", 2, v1.ReasonNodeGone)
+
+	clk := clocktesting.NewFakeClock(time.Now())
+	u := &recordingUndoer{}
+	cl := fence.NewCleaner(env.Client, "cl-a", u, clk, testr.New(t), fence.CleanerOptions{Interval: time.Minute})
+	ctx, cancel := context.WithCancel(ctxT(t))
+	done := make(chan error, 1)
+	go func() { done <- cl.Start(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	waitFor(t, "first pass at start", func() bool { return len(u.undone()) == 2 && clk.HasWaiters() })
+	nc := getCleanup(t, "cl-a")
+	if len(nc.Spec.Entries) != 0 || nc.Status.Pending != 0 || nc.Status.LastProcessed == nil ||
+		!meta.IsStatusConditionTrue(nc.Status.Conditions, v1.ConditionReady) {
+		t.Fatalf("after the pass: entries %v, status %+v", nc.Spec.Entries, nc.Status)
+	}
+
+	// cl-a came back and holds vol-cl2 again (the Node object returns).
+	mkNode(t, "cl-a")
+	mustAcquire(t, f, stageReq("vol-cl2", "cl-a", v1.ReadWriteOnce))
+	addStaleEntry(t, "cl-a", v1.StaleAttachment{Volume: "vol-cl2", MountDir: stageReq("vol-cl2", "", "").MountDir,
+		Reason: v1.ReasonNodeOutOfService, FoundAt: metav1.Now()})
+	clk.Step(time.Minute)
+	waitFor(t, "second pass", func() bool { return len(getCleanup(t, "cl-a").Spec.Entries) == 0 })
+	if got := u.undone(); len(got) != 2 {
+		t.Fatalf("an entry the Attachment holds again was undone: %v", got)
+	}
+}
+
+func TestCleanerKeepsFailedEntries(t *testing.T) {
+	needEnv(t)
+	cleanupVolume(t, "vol-clf", "clf-a")
+	ok := v1.StaleAttachment{Volume: "vol-clf", MountDir: "/ok", Reason: v1.ReasonPodGone, FoundAt: metav1.Now()}
+	bad := v1.StaleAttachment{Volume: "vol-clf", MountDir: "/busy", Reason: v1.ReasonPodGone, FoundAt: metav1.Now()}
+	addStaleEntry(t, "clf-a", ok, bad)
+	u := &recordingUndoer{fail: map[string]bool{"/busy": true}}
+	cl := fence.NewCleaner(env.Client, "clf-a", u, clocktesting.NewFakeClock(time.Now()), testr.New(t), fence.CleanerOptions{})
+	res, err := cl.RunOnce(ctxT(t))
+	if err != nil || res != (fence.CleanResult{Undone: 1, Failed: 1}) {
+		t.Fatalf("RunOnce = %+v, %v", res, err)
+	}
+	nc := getCleanup(t, "clf-a")
+	c := meta.FindStatusCondition(nc.Status.Conditions, v1.ConditionReady)
+	if len(nc.Spec.Entries) != 1 || nc.Spec.Entries[0].MountDir != "/busy" || nc.Status.Pending != 1 ||
+		c == nil || c.Status != metav1.ConditionFalse || c.Reason != "UndoFailed" {
+		t.Fatalf("after a failed undo: entries %v, status %+v", nc.Spec.Entries, nc.Status)
+	}
+}
+
+// addStaleEntry writes entries to a node's list as lock breaking or GC would.
+func addStaleEntry(t *testing.T, node string, entries ...v1.StaleAttachment) {
+	t.Helper()
+	var nc v1.NodeCleanup
+	nc.Name = node
+	if err := env.Client.Get(ctxT(t), clientKey(node), &nc); err == nil {
+		nc.Spec.Entries = append(nc.Spec.Entries, entries...)
+		if err := env.Client.Update(ctxT(t), &nc); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	nc.Spec.Entries = entries
+	create(t, &nc)
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

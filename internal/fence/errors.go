@@ -1,0 +1,42 @@
+package fence
+
+import (
+	"errors"
+	"fmt"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+)
+
+// ErrInvalid marks a request that can never succeed as asked (missing
+// fields, a read-write request on a ReadOnlyMany volume). Nothing was changed.
+var ErrInvalid = errors.New("invalid fence request")
+
+// ErrTooManyRetries marks an operation that kept losing optimistic-concurrency
+// races; the caller may try again later.
+var ErrTooManyRetries = errors.New("fence: too many conflicting updates")
+
+// ConflictError says the volume is held by someone the access mode excludes
+// and whose hold could not be broken. The CSI layer maps it to
+// FailedPrecondition.
+type ConflictError struct {
+	// Volume is the contested volume.
+	Volume string
+	// Mode is the access mode the Attachment was granted under.
+	Mode v1.AccessMode
+	// Holder is the entry that blocks the request.
+	Holder v1.AttachmentEntry
+	// Reason says which rule refused the request.
+	Reason string
+}
+
+func (e *ConflictError) Error() string {
+	return fmt.Sprintf("volume %s (%s) is held by %s: %s", e.Volume, e.Mode, describe(e.Holder), e.Reason)
+}
+
+// describe names an entry's holder: pod and node, or the node's stage record.
+func describe(h v1.AttachmentEntry) string {
+	if h.IsStage() {
+		return fmt.Sprintf("node %s (staged at %s)", h.Node, h.MountDir)
+	}
+	return fmt.Sprintf("pod %s/%s (uid %s) on node %s", h.PodNamespace, h.Pod, h.PodUID, h.Node)
+}

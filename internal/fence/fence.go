@@ -1,0 +1,247 @@
+// Package fence decides who may hold a volume. The Attachment object named
+// after the volume lists the holders; fencing rides on the API server's
+// optimistic concurrency: every decision is made on one read of the object
+// and lands only if the object did not change meanwhile (create conflict or
+// stale resourceVersion mean: read again, decide again).
+//
+// Holds that the access mode excludes are refused with a *ConflictError,
+// unless the holder's node is gone, out of service, or its pod moved to the
+// requesting node: then the hold is broken and moved to the node's
+// stale-attachment list (NodeCleanup), which that node's agent undoes
+// (Cleaner). The operator's GC sweeps what nobody asked about.
+package fence
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/go-logr/logr"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+)
+
+// Options tune the optimistic-concurrency retries.
+type Options struct {
+	// MaxRetries bounds how often one call re-reads after losing a race
+	// (default 20).
+	MaxRetries int
+	// Backoff is the first wait after a lost race, doubled per retry and
+	// jittered (default 5ms).
+	Backoff time.Duration
+	// MaxBackoff caps the wait (default 500ms).
+	MaxBackoff time.Duration
+}
+
+func (o Options) withDefaults() Options {
+	if o.MaxRetries <= 0 {
+		o.MaxRetries = 20
+	}
+	if o.Backoff <= 0 {
+		o.Backoff = 5 * time.Millisecond
+	}
+	if o.MaxBackoff <= 0 {
+		o.MaxBackoff = 500 * time.Millisecond
+	}
+	return o
+}
+
+// Fencer grants and releases holds on volumes.
+type Fencer struct {
+	c    client.Client
+	rec  record.EventRecorder
+	clk  clock.Clock
+	log  logr.Logger
+	opts Options
+}
+
+// New returns a Fencer. rec gets an Event on the Attachment and the
+// requesting pod for every refused request.
+func New(c client.Client, rec record.EventRecorder, clk clock.Clock, log logr.Logger, opts Options) *Fencer {
+	return &Fencer{c: c, rec: rec, clk: clk, log: log, opts: opts.withDefaults()}
+}
+
+// Acquire records the request as a holder of its volume, or returns a
+// *ConflictError naming the holder that excludes it. Asking again for a hold
+// already granted returns nil.
+func (f *Fencer) Acquire(ctx context.Context, req Request) error {
+	if err := req.validate(); err != nil {
+		return err
+	}
+	return retry(ctx, f.clk, f.opts, "acquire "+req.Volume, func() (bool, error) {
+		return f.tryAcquire(ctx, &req)
+	})
+}
+
+// tryAcquire makes one decision on one read. done=false asks for a re-read.
+func (f *Fencer) tryAcquire(ctx context.Context, req *Request) (done bool, err error) {
+	own := req.entry()
+	var att v1.Attachment
+	if err := f.c.Get(ctx, client.ObjectKey{Name: req.Volume}, &att); apierrors.IsNotFound(err) {
+		att = v1.Attachment{
+			ObjectMeta: metav1.ObjectMeta{Name: req.Volume},
+			Spec:       v1.AttachmentSpec{AccessMode: req.AccessMode, Attachments: []v1.AttachmentEntry{own}},
+		}
+		if err := f.c.Create(ctx, &att); err != nil {
+			return !raced(err), fmt.Errorf("create attachment %s: %w", req.Volume, err)
+		}
+		f.log.V(1).Info("fence acquired", "volume", req.Volume, "node", req.Node, "mountDir", req.MountDir, "created", true)
+		return true, nil
+	} else if err != nil {
+		return true, fmt.Errorf("get attachment %s: %w", req.Volume, err)
+	}
+
+	others := make([]v1.AttachmentEntry, 0, len(att.Spec.Attachments)+1)
+	for i := range att.Spec.Attachments {
+		e := &att.Spec.Attachments[i]
+		if !req.sameKey(e) {
+			others = append(others, *e)
+		} else if *e == own && att.Spec.AccessMode == req.AccessMode {
+			return true, nil // already granted
+		}
+		// A different record in our own slot is replaced: only our node
+		// writes entries for our node's paths.
+	}
+
+	if blocking, why := excluded(att.Spec.AccessMode, others, req); len(blocking) > 0 {
+		broken, err := f.breakable(ctx, &att, blocking, req, why)
+		if err != nil {
+			return true, err
+		}
+		if err := f.moveToStale(ctx, req.Volume, broken); err != nil {
+			return true, err
+		}
+		others = without(others, broken)
+	}
+	if len(others) == 0 {
+		att.Spec.AccessMode = req.AccessMode
+	}
+	others = append(others, own)
+	att.Spec.Attachments = others
+	if err := f.c.Update(ctx, &att); err != nil {
+		return !raced(err), fmt.Errorf("update attachment %s: %w", req.Volume, err)
+	}
+	f.log.V(1).Info("fence acquired", "volume", req.Volume, "node", req.Node, "mountDir", req.MountDir)
+	return true, nil
+}
+
+// Release removes the (node, mountDir) entry of the volume; the last release
+// deletes the Attachment. Releasing what is not held returns nil.
+func (f *Fencer) Release(ctx context.Context, volume, node, mountDir string) error {
+	if volume == "" || node == "" || mountDir == "" {
+		return fmt.Errorf("%w: release needs volume, node and mountDir (got %q, %q, %q)", ErrInvalid, volume, node, mountDir)
+	}
+	return retry(ctx, f.clk, f.opts, "release "+volume, func() (bool, error) {
+		var att v1.Attachment
+		if err := f.c.Get(ctx, client.ObjectKey{Name: volume}, &att); apierrors.IsNotFound(err) {
+			return true, nil
+		} else if err != nil {
+			return true, fmt.Errorf("get attachment %s: %w", volume, err)
+		}
+		kept := att.Spec.Attachments[:0:0]
+		for _, e := range att.Spec.Attachments {
+			if e.Node != node || e.MountDir != mountDir {
+				kept = append(kept, e)
+			}
+		}
+		if len(kept) == len(att.Spec.Attachments) && len(kept) > 0 {
+			return true, nil
+		}
+		if len(kept) == 0 {
+			return deleteIfUnchanged(ctx, f.c, &att)
+		}
+		att.Spec.Attachments = kept
+		if err := f.c.Update(ctx, &att); err != nil {
+			return !raced(err), fmt.Errorf("update attachment %s: %w", volume, err)
+		}
+		return true, nil
+	})
+}
+
+// deleteIfUnchanged deletes att only if nobody wrote it since it was read,
+// so that a hold granted meanwhile is never deleted with it.
+func deleteIfUnchanged(ctx context.Context, c client.Client, att *v1.Attachment) (bool, error) {
+	uid, rv := att.UID, att.ResourceVersion
+	err := c.Delete(ctx, att, client.Preconditions{UID: &uid, ResourceVersion: &rv})
+	if err == nil || apierrors.IsNotFound(err) {
+		return true, nil
+	}
+	return !raced(err), fmt.Errorf("delete attachment %s: %w", att.Name, err)
+}
+
+// Holders returns the volume's holders and the mode they hold it under;
+// none when the volume is not held.
+func (f *Fencer) Holders(ctx context.Context, volume string) ([]v1.AttachmentEntry, v1.AccessMode, error) {
+	var att v1.Attachment
+	if err := f.c.Get(ctx, client.ObjectKey{Name: volume}, &att); apierrors.IsNotFound(err) {
+		return nil, "", nil
+	} else if err != nil {
+		return nil, "", fmt.Errorf("get attachment %s: %w", volume, err)
+	}
+	return att.Spec.Attachments, att.Spec.AccessMode, nil
+}
+
+// Hold is one entry of a node, with the volume it holds.
+type Hold struct {
+	Volume string
+	Mode   v1.AccessMode
+	Entry  v1.AttachmentEntry
+}
+
+// ListForNode returns every entry the node holds, across all volumes (the
+// volume healer's starting point after an agent restart).
+func (f *Fencer) ListForNode(ctx context.Context, node string) ([]Hold, error) {
+	var list v1.AttachmentList
+	if err := f.c.List(ctx, &list); err != nil {
+		return nil, fmt.Errorf("list attachments: %w", err)
+	}
+	var out []Hold
+	for _, att := range list.Items {
+		for _, e := range att.Spec.Attachments {
+			if e.Node == node {
+				out = append(out, Hold{Volume: att.Name, Mode: att.Spec.AccessMode, Entry: e})
+			}
+		}
+	}
+	return out, nil
+}
+
+// raced tells whether err means "someone wrote first": read again, decide again.
+func raced(err error) bool {
+	return apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) || apierrors.IsNotFound(err)
+}
+
+// retry runs op until it is done, at most opts.MaxRetries+1 times, with a
+// jittered exponential backoff between lost races.
+func retry(ctx context.Context, clk clock.Clock, opts Options, what string, op func() (bool, error)) error {
+	wait := opts.Backoff
+	var last error
+	for attempt := 0; attempt <= opts.MaxRetries; attempt++ {
+		done, err := op()
+		if done {
+			return err
+		}
+		last = err
+		d := wait/2 + rand.N(wait) // jitter in [wait/2, 3*wait/2)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s: %w (last: %w)", what, ctx.Err(), last)
+		case <-clk.After(d):
+		}
+		wait = min(2*wait, opts.MaxBackoff)
+	}
+	return fmt.Errorf("%w: %s after %d attempts: %w", ErrTooManyRetries, what, opts.MaxRetries+1, last)
+}
+
+// IsConflict tells whether err carries a *ConflictError.
+func IsConflict(err error) bool {
+	var ce *ConflictError
+	return errors.As(err, &ce)
+}

@@ -1,0 +1,233 @@
+package fence
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+)
+
+// DefaultGCInterval applies when no StorageCluster sets spec.attachmentGC.interval.
+const DefaultGCInterval = 24 * time.Hour
+
+// GC is the operator's periodic sweep of all Attachments. It runs at start
+// and then every interval, the smallest spec.attachmentGC.interval across
+// StorageClusters (re-read each time, so a change applies after the
+// current wait). Rules, per entry:
+//
+//   - its node object is gone: a stage record moves to the node's stale list
+//     (the device and staging mount are berth's own, and a machine that
+//     re-registers under the same name must undo them); a pod entry is
+//     dropped (its bind mount lives in the pod's directory, which kubelet
+//     cleans up as orphaned when the node returns, through NodeUnpublish);
+//   - its pod is gone (not found, or a different UID under that name) on a
+//     live node: it moves to that node's stale list, so that the agent there
+//     unmounts what kubelet never unpublished;
+//   - anything else stays.
+//
+// An Attachment left with no entry is deleted.
+type GC struct {
+	c    client.Client
+	clk  clock.Clock
+	log  logr.Logger
+	opts Options
+
+	scanned, moved, dropped prometheus.Counter
+}
+
+// NewGC returns the GC and registers its counters on reg (controller-runtime's
+// metrics.Registry in the operator).
+func NewGC(c client.Client, clk clock.Clock, log logr.Logger, reg prometheus.Registerer, opts Options) (*GC, error) {
+	counter := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Namespace: "berth", Subsystem: "attachment_gc", Name: name, Help: help})
+	}
+	g := &GC{
+		c: c, clk: clk, log: log, opts: opts.withDefaults(),
+		scanned: counter("entries_scanned_total", "Attachment entries the GC looked at."),
+		moved:   counter("entries_moved_total", "Attachment entries the GC moved to a node's stale list."),
+		dropped: counter("entries_dropped_total", "Attachment entries the GC removed without a stale-list record."),
+	}
+	for _, m := range []prometheus.Collector{g.scanned, g.moved, g.dropped} {
+		if err := reg.Register(m); err != nil {
+			return nil, fmt.Errorf("register attachment GC metrics: %w", err)
+		}
+	}
+	return g, nil
+}
+
+// GCResult counts what one pass did.
+type GCResult struct {
+	Scanned, Moved, Dropped int
+}
+
+// Start runs a pass at once and then every interval until ctx ends
+// (controller-runtime manager.Runnable).
+func (g *GC) Start(ctx context.Context) error {
+	for {
+		res, err := g.RunOnce(ctx)
+		if err != nil {
+			g.log.Error(err, "attachment GC pass failed")
+		} else {
+			g.log.Info("attachment GC pass", "scanned", res.Scanned, "moved", res.Moved, "dropped", res.Dropped)
+		}
+		interval, err := g.Interval(ctx)
+		if err != nil {
+			g.log.Error(err, "read attachment GC interval; using the default", "default", DefaultGCInterval)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-g.clk.After(interval):
+		}
+	}
+}
+
+// NeedLeaderElection is true: one operator replica sweeps.
+func (g *GC) NeedLeaderElection() bool { return true }
+
+// Interval is the smallest spec.attachmentGC.interval across StorageClusters,
+// DefaultGCInterval when none sets one (or on error).
+func (g *GC) Interval(ctx context.Context) (time.Duration, error) {
+	var list v1.StorageClusterList
+	if err := g.c.List(ctx, &list); err != nil {
+		return DefaultGCInterval, fmt.Errorf("list storageclusters: %w", err)
+	}
+	interval := time.Duration(0)
+	for _, sc := range list.Items {
+		if iv := sc.Spec.AttachmentGC.Interval; iv != nil && iv.Duration > 0 && (interval == 0 || iv.Duration < interval) {
+			interval = iv.Duration
+		}
+	}
+	if interval == 0 {
+		return DefaultGCInterval, nil
+	}
+	return interval, nil
+}
+
+// RunOnce sweeps every Attachment once.
+func (g *GC) RunOnce(ctx context.Context) (GCResult, error) {
+	var res GCResult
+	var list v1.AttachmentList
+	if err := g.c.List(ctx, &list); err != nil {
+		return res, fmt.Errorf("list attachments: %w", err)
+	}
+	w := &gcWorld{c: g.c, nodes: map[string]bool{}}
+	for _, att := range list.Items {
+		res.Scanned += len(att.Spec.Attachments)
+		g.scanned.Add(float64(len(att.Spec.Attachments)))
+		moved, dropped, err := g.sweep(ctx, w, att.Name)
+		if err != nil {
+			return res, err
+		}
+		res.Moved += moved
+		res.Dropped += dropped
+		g.moved.Add(float64(moved))
+		g.dropped.Add(float64(dropped))
+	}
+	return res, nil
+}
+
+// sweep applies the rules to one Attachment, re-reading it after a lost race.
+func (g *GC) sweep(ctx context.Context, w *gcWorld, volume string) (moved, dropped int, err error) {
+	err = retry(ctx, g.clk, g.opts, "gc "+volume, func() (bool, error) {
+		moved, dropped = 0, 0
+		var att v1.Attachment
+		if err := g.c.Get(ctx, client.ObjectKey{Name: volume}, &att); apierrors.IsNotFound(err) {
+			return true, nil
+		} else if err != nil {
+			return true, fmt.Errorf("get attachment %s: %w", volume, err)
+		}
+		kept := att.Spec.Attachments[:0:0]
+		stale := map[string][]v1.StaleAttachment{}
+		var order []string
+		for _, e := range att.Spec.Attachments {
+			reason, move, drop, err := w.judge(ctx, &e)
+			if err != nil {
+				return true, err
+			}
+			switch {
+			case move:
+				if _, ok := stale[e.Node]; !ok {
+					order = append(order, e.Node)
+				}
+				stale[e.Node] = append(stale[e.Node], staleFrom(volume, e, reason, g.clk))
+				moved++
+			case drop:
+				dropped++
+			default:
+				kept = append(kept, e)
+			}
+		}
+		if len(kept) == len(att.Spec.Attachments) && len(kept) > 0 {
+			return true, nil
+		}
+		// Stale lists first: a crash before the Attachment update leaves
+		// entries the cleaner finds still held and drops.
+		for _, node := range order {
+			if err := addStale(ctx, g.c, g.clk, g.opts, node, stale[node]); err != nil {
+				return true, err
+			}
+		}
+		if len(kept) == 0 {
+			return deleteIfUnchanged(ctx, g.c, &att)
+		}
+		att.Spec.Attachments = kept
+		if err := g.c.Update(ctx, &att); err != nil {
+			return !raced(err), fmt.Errorf("update attachment %s: %w", volume, err)
+		}
+		g.log.Info("attachment GC", "volume", volume, "moved", moved, "dropped", dropped)
+		return true, nil
+	})
+	return moved, dropped, err
+}
+
+// gcWorld answers node and pod questions, caching nodes within one pass.
+type gcWorld struct {
+	c     client.Client
+	nodes map[string]bool // name -> exists
+}
+
+func (w *gcWorld) nodeExists(ctx context.Context, name string) (bool, error) {
+	if ok, seen := w.nodes[name]; seen {
+		return ok, nil
+	}
+	err := w.c.Get(ctx, client.ObjectKey{Name: name}, &corev1.Node{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return false, fmt.Errorf("get node %s: %w", name, err)
+	}
+	w.nodes[name] = err == nil
+	return err == nil, nil
+}
+
+// judge applies the GC rules to one entry.
+func (w *gcWorld) judge(ctx context.Context, e *v1.AttachmentEntry) (reason v1.CleanupReason, move, drop bool, err error) {
+	live, err := w.nodeExists(ctx, e.Node)
+	if err != nil {
+		return "", false, false, err
+	}
+	if !live {
+		return v1.ReasonNodeGone, e.IsStage(), !e.IsStage(), nil
+	}
+	if e.IsStage() {
+		return "", false, false, nil
+	}
+	var p corev1.Pod
+	err = w.c.Get(ctx, client.ObjectKey{Namespace: e.PodNamespace, Name: e.Pod}, &p)
+	switch {
+	case apierrors.IsNotFound(err):
+		return v1.ReasonPodGone, true, false, nil
+	case err != nil:
+		return "", false, false, fmt.Errorf("get pod %s/%s: %w", e.PodNamespace, e.Pod, err)
+	case string(p.UID) != e.PodUID:
+		return v1.ReasonPodGone, true, false, nil
+	}
+	return "", false, false, nil
+}

@@ -1,0 +1,113 @@
+package fence
+
+import (
+	"fmt"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+)
+
+// Request asks to hold a volume on a node. A node's stage record leaves the
+// pod fields empty and sets MountDir to the staging path (CSI NodeStage knows
+// no pod); a pod's publish record sets all three pod fields and MountDir to
+// the pod's target path.
+type Request struct {
+	Volume       string
+	Node         string
+	PodNamespace string
+	Pod          string
+	PodUID       string
+	MountDir     string
+	StagingPath  string
+	AccessMode   v1.AccessMode
+	ReadOnly     bool
+}
+
+// IsStage tells whether the request is for a node's stage record.
+func (r *Request) IsStage() bool { return r.Pod == "" && r.PodUID == "" }
+
+func (r *Request) entry() v1.AttachmentEntry {
+	return v1.AttachmentEntry{
+		Node:         r.Node,
+		PodNamespace: r.PodNamespace,
+		Pod:          r.Pod,
+		PodUID:       r.PodUID,
+		MountDir:     r.MountDir,
+		StagingPath:  r.StagingPath,
+		ReadOnly:     r.ReadOnly,
+	}
+}
+
+func (r *Request) validate() error {
+	switch {
+	case r.Volume == "":
+		return fmt.Errorf("%w: volume is empty", ErrInvalid)
+	case r.Node == "":
+		return fmt.Errorf("%w: volume %s: node is empty", ErrInvalid, r.Volume)
+	case r.MountDir == "":
+		return fmt.Errorf("%w: volume %s: mountDir is empty", ErrInvalid, r.Volume)
+	}
+	if pods := r.PodNamespace != "" || r.Pod != "" || r.PodUID != ""; pods && (r.PodNamespace == "" || r.Pod == "" || r.PodUID == "") {
+		return fmt.Errorf("%w: volume %s: pod namespace, name and uid must be all set or all empty (got %q/%q uid %q)",
+			ErrInvalid, r.Volume, r.PodNamespace, r.Pod, r.PodUID)
+	}
+	switch r.AccessMode {
+	case v1.ReadWriteOncePod, v1.ReadWriteOnce, v1.ReadWriteMany:
+	case v1.ReadOnlyMany:
+		if !r.ReadOnly {
+			return fmt.Errorf("%w: volume %s is %s: a read-write mount is refused", ErrInvalid, r.Volume, r.AccessMode)
+		}
+	default:
+		return fmt.Errorf("%w: volume %s: unknown access mode %q", ErrInvalid, r.Volume, r.AccessMode)
+	}
+	return nil
+}
+
+// sameKey tells whether e sits in the request's slot of the list-map.
+func (r *Request) sameKey(e *v1.AttachmentEntry) bool {
+	return e.Node == r.Node && e.MountDir == r.MountDir
+}
+
+// excluded returns the entries of others that the access mode forbids next
+// to the request, and why. others must not contain the request's own slot.
+func excluded(granted v1.AccessMode, others []v1.AttachmentEntry, r *Request) ([]v1.AttachmentEntry, string) {
+	if len(others) == 0 {
+		return nil, ""
+	}
+	if granted != r.AccessMode {
+		// A volume is held under one mode at a time; the first holder set it.
+		return others, fmt.Sprintf("held as %s, requested as %s", granted, r.AccessMode)
+	}
+	var out []v1.AttachmentEntry
+	var why string
+	for i := range others {
+		e := &others[i]
+		switch r.AccessMode {
+		case v1.ReadWriteOnce:
+			if e.Node != r.Node {
+				out, why = append(out, *e), "ReadWriteOnce allows one node"
+			}
+		case v1.ReadWriteOncePod:
+			// One pod on one node: another node's stage record blocks even a
+			// stage request, and a second pod blocks on any node.
+			if e.Node != r.Node {
+				out, why = append(out, *e), "ReadWriteOncePod allows one pod on one node"
+			} else if !e.IsStage() && !r.IsStage() && e.PodUID != r.PodUID {
+				out, why = append(out, *e), "ReadWriteOncePod allows one pod"
+			}
+		}
+	}
+	return out, why
+}
+
+// byNode groups entries by node, keeping first-seen node order.
+func byNode(entries []v1.AttachmentEntry) ([]string, map[string][]v1.AttachmentEntry) {
+	var order []string
+	m := map[string][]v1.AttachmentEntry{}
+	for _, e := range entries {
+		if _, ok := m[e.Node]; !ok {
+			order = append(order, e.Node)
+		}
+		m[e.Node] = append(m[e.Node], e)
+	}
+	return order, m
+}

@@ -1,0 +1,83 @@
+package fence
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+)
+
+func staleFrom(volume string, e v1.AttachmentEntry, reason v1.CleanupReason, clk clock.PassiveClock) v1.StaleAttachment {
+	s := v1.StaleAttachment{
+		Volume:      volume,
+		MountDir:    e.MountDir,
+		StagingPath: e.StagingPath,
+		PodUID:      e.PodUID,
+		Reason:      reason,
+		FoundAt:     metav1.NewTime(clk.Now()),
+	}
+	if !e.IsStage() {
+		s.Pod = e.PodNamespace + "/" + e.Pod
+	}
+	return s
+}
+
+// addStale merges entries into the node's NodeCleanup, creating it. An entry
+// already listed for the same (volume, mountDir) and pod is kept as is, so a
+// repeated move changes nothing.
+func addStale(ctx context.Context, c client.Client, clk clock.Clock, opts Options, node string, entries []v1.StaleAttachment) error {
+	return retry(ctx, clk, opts, "add stale entries for node "+node, func() (bool, error) {
+		var nc v1.NodeCleanup
+		if err := c.Get(ctx, client.ObjectKey{Name: node}, &nc); apierrors.IsNotFound(err) {
+			nc = v1.NodeCleanup{ObjectMeta: metav1.ObjectMeta{Name: node}, Spec: v1.NodeCleanupSpec{Entries: entries}}
+			if err := c.Create(ctx, &nc); err != nil {
+				return !raced(err), fmt.Errorf("create nodecleanup %s: %w", node, err)
+			}
+			return true, nil
+		} else if err != nil {
+			return true, fmt.Errorf("get nodecleanup %s: %w", node, err)
+		}
+		changed := false
+		for _, s := range entries {
+			i := findStale(nc.Spec.Entries, s.Volume, s.MountDir)
+			switch {
+			case i < 0:
+				nc.Spec.Entries = append(nc.Spec.Entries, s)
+			case nc.Spec.Entries[i].PodUID != s.PodUID:
+				nc.Spec.Entries[i] = s
+			default:
+				continue
+			}
+			changed = true
+		}
+		if !changed {
+			return true, nil
+		}
+		if err := c.Update(ctx, &nc); err != nil {
+			return !raced(err), fmt.Errorf("update nodecleanup %s: %w", node, err)
+		}
+		return true, nil
+	})
+}
+
+func findStale(entries []v1.StaleAttachment, volume, mountDir string) int {
+	for i := range entries {
+		if entries[i].Volume == volume && entries[i].MountDir == mountDir {
+			return i
+		}
+	}
+	return -1
+}
+
+func attachmentRef(name, uid string) *corev1.ObjectReference {
+	return &corev1.ObjectReference{Kind: "Attachment", APIVersion: v1.GroupVersion.String(), Name: name, UID: typesUID(uid)}
+}
+
+func typesUID(s string) types.UID { return types.UID(s) }

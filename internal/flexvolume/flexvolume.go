@@ -1,0 +1,117 @@
+// Package flexvolume speaks kubelet's Flexvolume driver protocol: kubelet
+// executes the driver with a command and arguments and reads one JSON object
+// from its stdout. berth's driver is thin: it parses what kubelet passes and
+// forwards the work to the node agent over its socket.
+package flexvolume
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"strings"
+)
+
+// Driver is the Flexvolume driver name: kubelet runs it from
+// <volume-plugin-dir>/berth.io~berth/berth.
+const (
+	Vendor = "berth.io"
+	Name   = "berth"
+	// Dir is the driver's folder under the volume plugin dir.
+	Dir = Vendor + "~" + Name
+)
+
+// Status values of a driver result.
+const (
+	StatusSuccess      = "Success"
+	StatusFailure      = "Failure"
+	StatusNotSupported = "Not supported"
+)
+
+// Result is what the driver prints.
+type Result struct {
+	Status       string        `json:"status"`
+	Message      string        `json:"message,omitempty"`
+	Capabilities *Capabilities `json:"capabilities,omitempty"`
+}
+
+// Capabilities are announced by init.
+type Capabilities struct {
+	Attach bool `json:"attach"`
+}
+
+// Options kubelet passes to mount, with keys documented for Flexvolume.
+const (
+	OptFSType       = "kubernetes.io/fsType"
+	OptReadWrite    = "kubernetes.io/readwrite"
+	OptPodName      = "kubernetes.io/pod.name"
+	OptPodNamespace = "kubernetes.io/pod.namespace"
+	OptPodUID       = "kubernetes.io/pod.uid"
+	OptVolumeName   = "kubernetes.io/pvOrVolumeName"
+	// OptVolume is berth's own option: the Volume to mount when it differs
+	// from the PV or pod volume name.
+	OptVolume = "volume"
+)
+
+// MountRequest is a parsed `mount <mount dir> <json options>`.
+type MountRequest struct {
+	MountDir     string
+	Volume       string
+	FSType       string
+	ReadOnly     bool
+	PodNamespace string
+	PodName      string
+	PodUID       string
+}
+
+// ErrUsage marks malformed driver arguments.
+var ErrUsage = errors.New("flexvolume usage")
+
+// ParseMount parses the arguments of the mount call.
+func ParseMount(args []string) (MountRequest, error) {
+	if len(args) != 2 {
+		return MountRequest{}, fmt.Errorf("mount wants <mount dir> <json options>, got %d arguments: %w", len(args), ErrUsage)
+	}
+	dir := args[0]
+	if !filepath.IsAbs(dir) {
+		return MountRequest{}, fmt.Errorf("mount dir %q is not absolute: %w", dir, ErrUsage)
+	}
+	var opts map[string]string
+	if err := json.Unmarshal([]byte(args[1]), &opts); err != nil {
+		return MountRequest{}, fmt.Errorf("options are not a JSON object of strings: %v: %w", err, ErrUsage)
+	}
+	r := MountRequest{
+		MountDir: filepath.Clean(dir), FSType: opts[OptFSType],
+		PodNamespace: opts[OptPodNamespace], PodName: opts[OptPodName], PodUID: opts[OptPodUID],
+		Volume: opts[OptVolume],
+	}
+	if r.Volume == "" {
+		r.Volume = opts[OptVolumeName]
+	}
+	if r.Volume == "" {
+		return MountRequest{}, fmt.Errorf("no volume named: set option %q or use a PersistentVolume: %w", OptVolume, ErrUsage)
+	}
+	switch rw := opts[OptReadWrite]; rw {
+	case "", "rw":
+	case "ro":
+		r.ReadOnly = true
+	default:
+		return MountRequest{}, fmt.Errorf("option %s=%q: want rw or ro: %w", OptReadWrite, rw, ErrUsage)
+	}
+	return r, nil
+}
+
+// kubelet mounts a pod's Flexvolume at
+// <kubelet root>/pods/<pod uid>/volumes/<vendor>~<driver>/<volume name>.
+var podVolumeDir = regexp.MustCompile(`/pods/([0-9a-fA-F-]{8,})/volumes/` + regexp.QuoteMeta(Dir) + `/([^/]+)$`)
+
+// PodOfMountDir returns the pod UID and volume name a kubelet mount dir
+// names, when it follows kubelet's layout.
+func PodOfMountDir(dir string) (podUID, volume string, ok bool) {
+	m := podVolumeDir.FindStringSubmatch(filepath.Clean(dir))
+	if m == nil {
+		return "", "", false
+	}
+	return m[1], strings.ReplaceAll(m[2], "~", "/"), true
+}

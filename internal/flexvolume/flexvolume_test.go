@@ -1,0 +1,45 @@
+package flexvolume
+
+import (
+	"errors"
+	"testing"
+)
+
+func TestParseMount(t *testing.T) {
+	r, err := ParseMount([]string{"/var/lib/kubelet/pods/0b5e7c2a-1111/volumes/berth.io~berth/data",
+		`{"kubernetes.io/fsType":"xfs","kubernetes.io/readwrite":"ro","kubernetes.io/pod.name":"web","kubernetes.io/pod.namespace":"default","kubernetes.io/pod.uid":"0b5e7c2a-1111","kubernetes.io/pvOrVolumeName":"pv-1","size":"1Gi"}`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := MountRequest{MountDir: "/var/lib/kubelet/pods/0b5e7c2a-1111/volumes/berth.io~berth/data", Volume: "pv-1", FSType: "xfs", ReadOnly: true,
+		PodNamespace: "default", PodName: "web", PodUID: "0b5e7c2a-1111"}
+	if r != want {
+		t.Errorf("got %+v\nwant %+v", r, want)
+	}
+	r, err = ParseMount([]string{"/m", `{"volume":"vol-a","kubernetes.io/pvOrVolumeName":"data"}`})
+	if err != nil || r.Volume != "vol-a" {
+		t.Errorf("berth's volume option: %+v %v", r, err)
+	}
+	for name, args := range map[string][]string{
+		"no args":      nil,
+		"relative dir": {"m", `{"volume":"a"}`},
+		"bad json":     {"/m", `{`},
+		"no volume":    {"/m", `{}`},
+		"bad rw":       {"/m", `{"volume":"a","kubernetes.io/readwrite":"maybe"}`},
+		"not strings":  {"/m", `{"volume":1}`},
+	} {
+		if _, err := ParseMount(args); !errors.Is(err, ErrUsage) {
+			t.Errorf("%s: err = %v, want a usage error", name, err)
+		}
+	}
+}
+
+func TestPodOfMountDir(t *testing.T) {
+	uid, vol, ok := PodOfMountDir("/var/lib/kubelet/pods/0b5e7c2a-1111-2222/volumes/berth.io~berth/data/")
+	if !ok || uid != "0b5e7c2a-1111-2222" || vol != "data" {
+		t.Errorf("got %q %q %t", uid, vol, ok)
+	}
+	if _, _, ok := PodOfMountDir("/mnt/somewhere"); ok {
+		t.Error("a non-kubelet path matched")
+	}
+}

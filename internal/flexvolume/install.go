@@ -1,0 +1,66 @@
+package flexvolume
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+)
+
+// Install copies binary into <pluginDir>/berth.io~berth/berth, where kubelet
+// looks for the driver, and writes extra files beside it (name → content).
+// Each file is written to a temporary name and renamed, so kubelet never
+// runs a half-written driver. It returns the installed driver's path.
+func Install(pluginDir, binary string, extra map[string]string) (string, error) {
+	dir := filepath.Join(pluginDir, Dir)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("driver folder: %w", err)
+	}
+	for name, content := range extra {
+		if err := writeAtomic(dir, name, 0o644, func(w io.Writer) error {
+			_, err := io.WriteString(w, content)
+			return err
+		}); err != nil {
+			return "", err
+		}
+	}
+	src, err := os.Open(binary)
+	if err != nil {
+		return "", fmt.Errorf("open %s: %w", binary, err)
+	}
+	defer src.Close()
+	if err := writeAtomic(dir, Name, 0o755, func(w io.Writer) error {
+		_, err := io.Copy(w, src)
+		return err
+	}); err != nil {
+		return "", err
+	}
+	return filepath.Join(dir, Name), nil
+}
+
+func writeAtomic(dir, name string, mode os.FileMode, fill func(io.Writer) error) error {
+	tmp, err := os.CreateTemp(dir, "."+name+".tmp-*")
+	if err != nil {
+		return fmt.Errorf("install %s: %w", name, err)
+	}
+	defer os.Remove(tmp.Name()) // gone after the rename; cleans up on failure
+	if err := fill(tmp); err != nil {
+		_ = tmp.Close()
+		return fmt.Errorf("install %s: %w", name, err)
+	}
+	if err := tmp.Chmod(mode); err != nil {
+		_ = tmp.Close()
+		return fmt.Errorf("install %s: %w", name, err)
+	}
+	if err := tmp.Sync(); err != nil {
+		_ = tmp.Close()
+		return fmt.Errorf("install %s: %w", name, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("install %s: %w", name, err)
+	}
+	if err := os.Rename(tmp.Name(), filepath.Join(dir, name)); err != nil {
+		return fmt.Errorf("install %s: %w", name, err)
+	}
+	return nil
+}

@@ -1,0 +1,336 @@
+// Package flexvolume tests berth's Flexvolume path end to end: a real
+// `berth agent` process installs the driver, and the test runs the installed
+// file exactly as kubelet does, with real mounts and a real API server.
+package flexvolume
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/agent/socket"
+	flex "github.com/berth-io/berth/internal/flexvolume"
+	"github.com/berth-io/berth/internal/testenv"
+)
+
+const node = "flex-node"
+
+type fixture struct {
+	env        *testenv.Env
+	dir        string
+	driver     string
+	sock       string
+	kubeletDir string
+}
+
+func setup(t *testing.T) *fixture {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: needs a real API server, root and loop devices")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the agent makes loop devices and mounts")
+	}
+	if _, err := os.Stat("/dev/loop-control"); err != nil {
+		t.Skip("needs loop devices: /dev/loop-control is missing")
+	}
+	f := &fixture{dir: t.TempDir()}
+	berth, err := testenv.BuildBerth(f.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.env, err = testenv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = f.env.Stop() })
+	kubeconfig := filepath.Join(f.dir, "kubeconfig")
+	if err := f.env.WriteKubeconfig(kubeconfig); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := f.env.Client.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}); err != nil {
+		t.Fatal(err)
+	}
+	plugins := filepath.Join(f.dir, "volume-plugins")
+	f.sock = filepath.Join(f.dir, "run", "agent.sock")
+	f.kubeletDir = filepath.Join(f.dir, "kubelet")
+	f.driver = filepath.Join(plugins, flex.Dir, flex.Name)
+
+	log, err := os.Create(filepath.Join(f.dir, "agent.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent := exec.Command(berth, "agent", "--kubeconfig", kubeconfig, "--node-name", node,
+		"--data-dir", filepath.Join(f.dir, "data"), "--csi-endpoint", "unix://"+filepath.Join(f.dir, "csi.sock"),
+		"--kubelet-dir", "", "--agent-socket", f.sock, "--volume-plugin-dir", plugins)
+	agent.Stdout, agent.Stderr = log, log
+	if err := agent.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = agent.Process.Signal(syscall.SIGTERM)
+		_ = agent.Wait()
+		if t.Failed() {
+			b, _ := os.ReadFile(log.Name())
+			t.Logf("agent log:\n%s", b)
+		}
+	})
+	// Ready once the installed driver's init reached the agent.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if res, _ := f.run(t, "init"); res.Status == flex.StatusSuccess && strings.HasPrefix(res.Message, "agent ready") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the agent did not install a working driver within 60s")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return f
+}
+
+// run executes the installed driver as kubelet does and parses its stdout.
+func (f *fixture) run(t *testing.T, args ...string) (flex.Result, string) {
+	t.Helper()
+	return runAs(t, exec.Command(f.driver, args...))
+}
+
+func runAs(t *testing.T, cmd *exec.Cmd) (flex.Result, string) {
+	t.Helper()
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, _ := cmd.Output()
+	var res flex.Result
+	if len(out) > 0 {
+		if err := json.Unmarshal(out, &res); err != nil {
+			t.Fatalf("driver stdout is not one JSON object: %q (%v)", out, err)
+		}
+		if strings.Count(strings.TrimSpace(string(out)), "\n") != 0 {
+			t.Fatalf("driver printed more than one line on stdout: %q", out)
+		}
+	}
+	return res, stderr.String()
+}
+
+func (f *fixture) volume(t *testing.T, name string, mode v1.AccessMode) string {
+	t.Helper()
+	ctx := context.Background()
+	vol := &v1.Volume{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{v1.NodeLabel: node}},
+		Spec:       v1.VolumeSpec{StorageCluster: "flex", Size: resource.MustParse("64Mi"), AccessMode: mode, FSType: "ext4", Node: node},
+	}
+	if err := f.env.Client.Create(ctx, vol); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = f.env.Client.Delete(ctx, vol)
+		for i := 0; i < 100; i++ {
+			if err := f.env.Client.Get(ctx, client.ObjectKeyFromObject(vol), vol); apierrors.IsNotFound(err) {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		t.Errorf("volume %s not deleted by the agent", name)
+	})
+	for i := 0; i < 300; i++ {
+		if err := f.env.Client.Get(ctx, client.ObjectKeyFromObject(vol), vol); err == nil && vol.Status.State == v1.VolumeAvailable {
+			return vol.Status.Path
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("volume %s not made by the agent: %+v", name, vol.Status)
+	return ""
+}
+
+func (f *fixture) podDir(uid, volume string) string {
+	return filepath.Join(f.kubeletDir, "pods", uid, "volumes", flex.Dir, volume)
+}
+
+func options(t *testing.T, pod, uid, volume string) string {
+	t.Helper()
+	b, err := json.Marshal(map[string]string{
+		flex.OptFSType: "ext4", flex.OptReadWrite: "rw", flex.OptPodName: pod, flex.OptPodNamespace: "default",
+		flex.OptPodUID: uid, flex.OptVolumeName: volume, "kubernetes.io/serviceAccount.name": "default",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func mounted(t *testing.T, path string) bool {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) > 4 && f[4] == path {
+			return true
+		}
+	}
+	return false
+}
+
+func loops(t *testing.T, image string) int {
+	t.Helper()
+	out, err := exec.Command("losetup", "-j", image, "-n", "-O", "NAME").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(strings.Fields(string(out)))
+}
+
+func want(t *testing.T, what string, res flex.Result, status string) {
+	t.Helper()
+	if res.Status != status {
+		t.Fatalf("%s: %s (%s), want %s", what, res.Status, res.Message, status)
+	}
+}
+
+// TestKubeletCalls: init, mount, a second pod's conflicting mount refused,
+// unmount, and an idempotent repeat of each, as kubelet calls them.
+func TestKubeletCalls(t *testing.T) {
+	f := setup(t)
+	image := f.volume(t, "flex-rwop", v1.ReadWriteOncePod)
+
+	res, _ := f.run(t, "init")
+	want(t, "init", res, flex.StatusSuccess)
+	if res.Capabilities == nil || res.Capabilities.Attach {
+		t.Fatalf("init capabilities = %+v, want attach false", res.Capabilities)
+	}
+	res, _ = f.run(t, "attach", "{}", node)
+	want(t, "attach", res, flex.StatusNotSupported)
+
+	dirA, dirB := f.podDir("aaaaaaaa-0001", "flex-rwop"), f.podDir("bbbbbbbb-0002", "flex-rwop")
+	for i := range 2 {
+		res, _ = f.run(t, "mount", dirA, options(t, "web-a", "aaaaaaaa-0001", "flex-rwop"))
+		want(t, fmt.Sprintf("mount #%d", i+1), res, flex.StatusSuccess)
+	}
+	if !mounted(t, dirA) || loops(t, image) != 1 {
+		t.Fatalf("after mount: mounted %t, loop devices %d", mounted(t, dirA), loops(t, image))
+	}
+	if err := os.WriteFile(filepath.Join(dirA, "hello"), []byte("berth"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	res, _ = f.run(t, "mount", dirB, options(t, "web-b", "bbbbbbbb-0002", "flex-rwop"))
+	want(t, "second pod's mount of a ReadWriteOncePod volume", res, flex.StatusFailure)
+	if !strings.Contains(res.Message, "web-a") || !strings.Contains(res.Message, node) {
+		t.Errorf("refusal does not name the holder (pod web-a on %s): %s", node, res.Message)
+	}
+	if mounted(t, dirB) {
+		t.Error("refused mount left a mount behind")
+	}
+
+	for i := range 2 {
+		res, _ = f.run(t, "unmount", dirA)
+		want(t, fmt.Sprintf("unmount #%d", i+1), res, flex.StatusSuccess)
+	}
+	if mounted(t, dirA) || loops(t, image) != 0 {
+		t.Fatalf("after unmount: mounted %t, loop devices %d", mounted(t, dirA), loops(t, image))
+	}
+	att := &v1.Attachment{}
+	if err := f.env.Client.Get(context.Background(), client.ObjectKey{Name: "flex-rwop"}, att); !apierrors.IsNotFound(err) {
+		t.Errorf("Attachment left after the last unmount: %+v (%v)", att.Spec.Attachments, err)
+	}
+
+	// The second pod may mount now that the first is gone.
+	res, _ = f.run(t, "mount", dirB, options(t, "web-b", "bbbbbbbb-0002", "flex-rwop"))
+	want(t, "mount by the second pod after the first left", res, flex.StatusSuccess)
+	if b, err := os.ReadFile(filepath.Join(dirB, "hello")); err != nil || string(b) != "berth" {
+		t.Errorf("data written by the first pod: %q %v", b, err)
+	}
+	res, _ = f.run(t, "unmount", dirB)
+	want(t, "unmount of the second pod", res, flex.StatusSuccess)
+}
+
+// TestSocketRefusals: non-root clients are refused, and garbage or oversized
+// requests get an error while the agent keeps serving.
+func TestSocketRefusals(t *testing.T) {
+	f := setup(t)
+	if _, err := exec.LookPath("setpriv"); err != nil {
+		t.Skip("setpriv (util-linux) missing")
+	}
+	// Let uid 65534 reach the driver (test folders are 0700).
+	for p := f.dir; p != "/" && p != os.TempDir(); p = filepath.Dir(p) {
+		if err := os.Chmod(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nobody := func(args ...string) *exec.Cmd {
+		return exec.Command("setpriv", append([]string{"--reuid", "65534", "--regid", "65534", "--clear-groups", f.driver}, args...)...)
+	}
+	res, _ := runAs(t, nobody("mount", f.podDir("cccccccc-0003", "x"), options(t, "p", "cccccccc-0003", "x")))
+	want(t, "non-root mount", res, flex.StatusFailure)
+
+	// Even with the folder and socket opened up, the peer check refuses.
+	dir := filepath.Dir(f.sock)
+	for _, p := range []string{dir, f.sock} {
+		if err := os.Chmod(p, 0o777); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res, _ = runAs(t, nobody("init"))
+	if !strings.Contains(res.Message, "uid 65534 may not use the agent socket") {
+		t.Errorf("non-root handshake through an open socket: %q, want a refusal by uid", res.Message)
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(f.sock, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	junk := make([]byte, 4096)
+	if _, err := rand.Read(junk); err != nil {
+		t.Fatal(err)
+	}
+	for name, payload := range map[string][]byte{
+		"random bytes":  append(junk, '\n'),
+		"oversized":     []byte(`{"op":"mount","mountDir":"` + strings.Repeat("a", socket.MaxRequestBytes) + "\"}\n"),
+		"unknown op":    []byte(`{"op":"format-everything"}` + "\n"),
+		"unknown field": []byte(`{"op":"handshake","force":true}` + "\n"),
+	} {
+		resp := raw(t, f.sock, payload)
+		if resp.OK || resp.Code != socket.CodeInvalid {
+			t.Errorf("%s: %+v, want an Invalid error", name, resp)
+		}
+	}
+	resp, err := socket.Call(context.Background(), f.sock, socket.Request{Op: socket.OpHandshake})
+	if err != nil || !resp.OK || resp.Node != node {
+		t.Fatalf("handshake after the bad requests: %+v %v", resp, err)
+	}
+}
+
+func raw(t *testing.T, sock string, payload []byte) socket.Response {
+	t.Helper()
+	c, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	_, _ = c.Write(payload) // the agent may stop reading early
+	var resp socket.Response
+	if err := json.NewDecoder(c).Decode(&resp); err != nil {
+		t.Fatalf("no response: %v", err)
+	}
+	return resp
+}
