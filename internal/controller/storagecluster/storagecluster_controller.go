@@ -92,7 +92,9 @@ type Reconciler struct {
 // +kubebuilder:rbac:groups=berth.io,resources=storageclusters,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=berth.io,resources=storageclusters/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=berth.io,resources=storageclusters/finalizers,verbs=update
-// +kubebuilder:rbac:groups=apps,resources=daemonsets;deployments,verbs=get;list;watch;create;update;patch;delete
+// The workloads live in the operator's namespace only: a Role, which the
+// chart moves into the release namespace.
+// +kubebuilder:rbac:groups=apps,namespace=berth-system,resources=daemonsets;deployments,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=storage.k8s.io,resources=csidrivers;storageclasses,verbs=get;list;watch;create;update;patch;delete
 
 // SetupWithManager registers the reconciler; Owns() brings back owned
