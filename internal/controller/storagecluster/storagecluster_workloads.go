@@ -90,6 +90,8 @@ func (r *Reconciler) agentDaemonSet(sc *v1.StorageCluster, ds *appsv1.DaemonSet)
 		{Name: "plugins-dir", MountPath: pluginsDir, MountPropagation: bidi},
 		{Name: "registration-dir", MountPath: registryDir},
 		{Name: "volume-plugin-dir", MountPath: o.VolumePluginDir},
+		// Mounts the agent makes under the data dir (userspace block
+		// devices) must outlive the agent's container: share them too.
 		{Name: "data-dir", MountPath: sc.Spec.DataDir, MountPropagation: bidi},
 		{Name: "dev", MountPath: "/dev"},
 		{Name: "run-berth", MountPath: runDir},
