@@ -55,9 +55,10 @@ helm-lint: $(HELM) ## Lint the Helm chart (deploy/berth).
 helm: $(HELM) ## Build the pinned helm binary into bin/.
 
 .PHONY: image
-image: build ## Write berth's OCI image (contents: deploy/image) to _output/berth-image.tar.
-	mkdir -p _output
-	go run ./hack/images berth --binary $(BIN)/berth --out _output/berth-image.tar
+image: build ## Write berth's OCI image (contents: internal/image BerthSpec) to _output/berth-image.tar.
+	rm -rf _output/.image && mkdir -p _output/.image
+	go run ./hack/images -out _output/.image -pause "" -busybox "" -berth $(BIN)/berth
+	mv _output/.image/berth.tar _output/berth-image.tar && rmdir _output/.image
 
 .PHONY: verify
 verify: ## Fail when generated files are stale or gofmt/go vet complain.
@@ -84,6 +85,18 @@ sanity-binary: ## Run the standalone csi-sanity binary against berth agent + csi
 .PHONY: test-unit
 test-unit: ## Run unit tests only (no API server, no root).
 	go test -short $(GO_TEST_FLAGS) ./...
+
+.PHONY: e2e
+e2e: ## Run end-to-end tests on a real single-node Kubernetes in a netns (root; hack/e2e.sh).
+	hack/e2e.sh $(GO_TEST_FLAGS)
+
+.PHONY: cluster-up
+cluster-up: ## Bring up the e2e Kubernetes (hack/cluster/up.sh); writes /var/lib/berth-e2e/cluster.env.
+	hack/cluster/up.sh
+
+.PHONY: cluster-down
+cluster-down: ## Stop the e2e Kubernetes and remove everything it made (hack/cluster/down.sh).
+	hack/cluster/down.sh
 
 ##@ Tools (pinned, built from the Go module proxy into bin/)
 

@@ -16,8 +16,10 @@ import (
 
 	"github.com/berth-io/berth/internal/cli"
 	"github.com/berth-io/berth/internal/cli/agent"
+	"github.com/berth-io/berth/internal/cli/blockdev"
 	"github.com/berth-io/berth/internal/cli/csicontroller"
 	"github.com/berth-io/berth/internal/cli/flexvolume"
+	"github.com/berth-io/berth/internal/cli/keeper"
 	"github.com/berth-io/berth/internal/cli/operator"
 	"github.com/berth-io/berth/internal/cli/version"
 )
@@ -29,6 +31,8 @@ func commands() []cli.Command {
 		csicontroller.Command(),
 		operator.Command(),
 		flexvolume.Command(),
+		keeper.Command(),
+		blockdev.Command(),
 		version.Command(),
 	}
 }

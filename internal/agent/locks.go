@@ -8,12 +8,30 @@ import "sync"
 // (Aborted) asks; kubelet retries it.
 type VolumeLocks struct {
 	mu   sync.Mutex
+	free *sync.Cond
 	held map[string]struct{}
 }
 
 // NewVolumeLocks returns an empty lock set.
 func NewVolumeLocks() *VolumeLocks {
-	return &VolumeLocks{held: map[string]struct{}{}}
+	l := &VolumeLocks{held: map[string]struct{}{}}
+	l.free = sync.NewCond(&l.mu)
+	return l
+}
+
+// Lock waits for the lock of volume; background work (cleanup, healing)
+// waits where a CSI call would be refused. It returns the unlock function.
+func (l *VolumeLocks) Lock(volume string) func() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for {
+		if _, busy := l.held[volume]; !busy {
+			break
+		}
+		l.free.Wait()
+	}
+	l.held[volume] = struct{}{}
+	return func() { l.Unlock(volume) }
 }
 
 // TryLock takes the lock of volume, or reports that it is held.
@@ -32,4 +50,5 @@ func (l *VolumeLocks) Unlock(volume string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	delete(l.held, volume)
+	l.free.Broadcast()
 }

@@ -340,11 +340,13 @@ func (s *Controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.Va
 	if err != nil {
 		return nil, err
 	}
+	// Not confirming, with a message, is the spec's answer to capabilities
+	// the volume cannot serve; an error would mean the call itself failed.
 	if _, _, err := parseParameters(req.GetParameters()); err != nil {
-		return &csi.ValidateVolumeCapabilitiesResponse{Message: err.Error()}, nil
+		return &csi.ValidateVolumeCapabilitiesResponse{Message: err.Error()}, nil //nolint:nilerr
 	}
 	if err := capabilitiesFit(vol, req.GetVolumeCapabilities()); err != nil {
-		return &csi.ValidateVolumeCapabilitiesResponse{Message: err.Error()}, nil
+		return &csi.ValidateVolumeCapabilitiesResponse{Message: err.Error()}, nil //nolint:nilerr
 	}
 	return &csi.ValidateVolumeCapabilitiesResponse{Confirmed: &csi.ValidateVolumeCapabilitiesResponse_Confirmed{
 		VolumeContext:      req.GetVolumeContext(),

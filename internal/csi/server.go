@@ -72,7 +72,7 @@ func Serve(ctx context.Context, srv *grpc.Server, l net.Listener) error {
 	err := srv.Serve(l)
 	close(done)
 	if ctx.Err() != nil {
-		return nil
+		return nil //nolint:nilerr // stopped on purpose
 	}
 	return err
 }

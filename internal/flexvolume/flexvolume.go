@@ -79,7 +79,7 @@ func ParseMount(args []string) (MountRequest, error) {
 	}
 	var opts map[string]string
 	if err := json.Unmarshal([]byte(args[1]), &opts); err != nil {
-		return MountRequest{}, fmt.Errorf("options are not a JSON object of strings: %v: %w", err, ErrUsage)
+		return MountRequest{}, fmt.Errorf("options are not a JSON object of strings: %w: %w", err, ErrUsage)
 	}
 	r := MountRequest{
 		MountDir: filepath.Clean(dir), FSType: opts[OptFSType],

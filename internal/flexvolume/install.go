@@ -28,7 +28,7 @@ func Install(pluginDir, binary string, extra map[string]string) (string, error) 
 	if err != nil {
 		return "", fmt.Errorf("open %s: %w", binary, err)
 	}
-	defer src.Close()
+	defer func() { _ = src.Close() }()
 	if err := writeAtomic(dir, Name, 0o755, func(w io.Writer) error {
 		_, err := io.Copy(w, src)
 		return err
@@ -43,7 +43,7 @@ func writeAtomic(dir, name string, mode os.FileMode, fill func(io.Writer) error)
 	if err != nil {
 		return fmt.Errorf("install %s: %w", name, err)
 	}
-	defer os.Remove(tmp.Name()) // gone after the rename; cleans up on failure
+	defer func() { _ = os.Remove(tmp.Name()) }() // gone after the rename; cleans up on failure
 	if err := fill(tmp); err != nil {
 		_ = tmp.Close()
 		return fmt.Errorf("install %s: %w", name, err)

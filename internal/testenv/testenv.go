@@ -9,12 +9,13 @@ package testenv
 import (
 	"bytes"
 	"fmt"
-	"github.com/go-logr/logr"
 	"os"
 	"os/exec"
 	"path/filepath"
 	goruntime "runtime"
 	"strings"
+
+	"github.com/go-logr/logr"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"

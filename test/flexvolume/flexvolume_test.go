@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"net"
 	"os"
@@ -37,72 +38,114 @@ type fixture struct {
 	driver     string
 	sock       string
 	kubeletDir string
+	agent      *exec.Cmd
+	agentLog   string
+	skip       string
 }
 
-func setup(t *testing.T) *fixture {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("-short: needs a real API server, root and loop devices")
+// fx is one agent process on one API server, shared by the tests here.
+var fx fixture
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	switch {
+	case testing.Short():
+		fx.skip = "-short: needs a real API server, root and loop devices"
+	case os.Geteuid() != 0:
+		fx.skip = "needs root: the agent makes loop devices and mounts"
+	default:
+		if _, err := os.Stat("/dev/loop-control"); err != nil {
+			fx.skip = "needs loop devices: /dev/loop-control is missing"
+		}
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: the agent makes loop devices and mounts")
+	if fx.skip != "" {
+		os.Exit(m.Run())
 	}
-	if _, err := os.Stat("/dev/loop-control"); err != nil {
-		t.Skip("needs loop devices: /dev/loop-control is missing")
+	err := fx.start()
+	code := 1
+	if err == nil {
+		code = m.Run()
+	} else {
+		fmt.Fprintln(os.Stderr, "start:", err)
 	}
-	f := &fixture{dir: t.TempDir()}
+	fx.stop(code != 0)
+	os.Exit(code)
+}
+
+func (f *fixture) start() error {
+	var err error
+	if f.dir, err = os.MkdirTemp("", "berth-flex-"); err != nil {
+		return err
+	}
 	berth, err := testenv.BuildBerth(f.dir)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	if f.env, err = testenv.Start(); err != nil {
-		t.Fatal(err)
+		return err
 	}
-	t.Cleanup(func() { _ = f.env.Stop() })
 	kubeconfig := filepath.Join(f.dir, "kubeconfig")
 	if err := f.env.WriteKubeconfig(kubeconfig); err != nil {
-		t.Fatal(err)
+		return err
 	}
-	ctx := context.Background()
-	if err := f.env.Client.Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}); err != nil {
-		t.Fatal(err)
+	if err := f.env.Client.Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}); err != nil {
+		return err
 	}
 	plugins := filepath.Join(f.dir, "volume-plugins")
 	f.sock = filepath.Join(f.dir, "run", "agent.sock")
 	f.kubeletDir = filepath.Join(f.dir, "kubelet")
 	f.driver = filepath.Join(plugins, flex.Dir, flex.Name)
-
-	log, err := os.Create(filepath.Join(f.dir, "agent.log"))
+	f.agentLog = filepath.Join(f.dir, "agent.log")
+	log, err := os.Create(f.agentLog)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
-	agent := exec.Command(berth, "agent", "--kubeconfig", kubeconfig, "--node-name", node,
+	defer log.Close()
+	f.agent = exec.Command(berth, "agent", "--kubeconfig", kubeconfig, "--node-name", node,
 		"--data-dir", filepath.Join(f.dir, "data"), "--csi-endpoint", "unix://"+filepath.Join(f.dir, "csi.sock"),
 		"--kubelet-dir", "", "--agent-socket", f.sock, "--volume-plugin-dir", plugins)
-	agent.Stdout, agent.Stderr = log, log
-	if err := agent.Start(); err != nil {
-		t.Fatal(err)
+	f.agent.Stdout, f.agent.Stderr = log, log
+	if err := f.agent.Start(); err != nil {
+		return err
 	}
-	t.Cleanup(func() {
-		_ = agent.Process.Signal(syscall.SIGTERM)
-		_ = agent.Wait()
-		if t.Failed() {
-			b, _ := os.ReadFile(log.Name())
-			t.Logf("agent log:\n%s", b)
-		}
-	})
 	// Ready once the installed driver's init reached the agent.
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		if res, _ := f.run(t, "init"); res.Status == flex.StatusSuccess && strings.HasPrefix(res.Message, "agent ready") {
-			break
+		out, _ := exec.Command(f.driver, "init").Output()
+		var res flex.Result
+		if json.Unmarshal(out, &res) == nil && strings.HasPrefix(res.Message, "agent ready") {
+			return nil
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("the agent did not install a working driver within 60s")
+			return fmt.Errorf("the agent did not install a working driver within 60s")
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	return f
+}
+
+func (f *fixture) stop(failed bool) {
+	if f.agent != nil && f.agent.Process != nil {
+		_ = f.agent.Process.Signal(syscall.SIGTERM)
+		_ = f.agent.Wait()
+	}
+	if failed && f.agentLog != "" {
+		b, _ := os.ReadFile(f.agentLog)
+		fmt.Fprintf(os.Stderr, "agent log:\n%s\n", b)
+	}
+	if f.env != nil {
+		_ = f.env.Stop()
+	}
+	if f.dir != "" {
+		_ = os.RemoveAll(f.dir)
+	}
+}
+
+func setup(t *testing.T) *fixture {
+	t.Helper()
+	if fx.skip != "" {
+		t.Skip(fx.skip)
+	}
+	return &fx
 }
 
 // run executes the installed driver as kubelet does and parses its stdout.
@@ -128,12 +171,12 @@ func runAs(t *testing.T, cmd *exec.Cmd) (flex.Result, string) {
 	return res, stderr.String()
 }
 
-func (f *fixture) volume(t *testing.T, name string, mode v1.AccessMode) string {
+func (f *fixture) volume(t *testing.T, cluster, name string, mode v1.AccessMode) string {
 	t.Helper()
 	ctx := context.Background()
 	vol := &v1.Volume{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{v1.NodeLabel: node}},
-		Spec:       v1.VolumeSpec{StorageCluster: "flex", Size: resource.MustParse("64Mi"), AccessMode: mode, FSType: "ext4", Node: node},
+		Spec:       v1.VolumeSpec{StorageCluster: cluster, Size: resource.MustParse("64Mi"), AccessMode: mode, FSType: "ext4", Node: node},
 	}
 	if err := f.env.Client.Create(ctx, vol); err != nil {
 		t.Fatal(err)
@@ -208,7 +251,7 @@ func want(t *testing.T, what string, res flex.Result, status string) {
 // unmount, and an idempotent repeat of each, as kubelet calls them.
 func TestKubeletCalls(t *testing.T) {
 	f := setup(t)
-	image := f.volume(t, "flex-rwop", v1.ReadWriteOncePod)
+	image := f.volume(t, "flex", "flex-rwop", v1.ReadWriteOncePod)
 
 	res, _ := f.run(t, "init")
 	want(t, "init", res, flex.StatusSuccess)

@@ -15,7 +15,7 @@ func Call(ctx context.Context, path string, req Request) (Response, error) {
 	if err != nil {
 		return Response{}, fmt.Errorf("agent socket %s: %w (is berth agent running on this node?)", path, err)
 	}
-	defer c.Close()
+	defer func() { _ = c.Close() }()
 	if dl, ok := ctx.Deadline(); ok {
 		if err := c.SetDeadline(dl); err != nil {
 			return Response{}, err

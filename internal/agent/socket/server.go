@@ -79,7 +79,7 @@ func (s *Server) Serve(ctx context.Context, l *net.UnixListener) error {
 		c, err := l.AcceptUnix()
 		if err != nil {
 			if ctx.Err() != nil {
-				return nil
+				return nil //nolint:nilerr // the listener was closed to shut down
 			}
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() {
@@ -92,7 +92,7 @@ func (s *Server) Serve(ctx context.Context, l *net.UnixListener) error {
 }
 
 func (s *Server) handle(ctx context.Context, c *net.UnixConn) {
-	defer c.Close()
+	defer func() { _ = c.Close() }()
 	resp := s.answer(ctx, c)
 	if err := json.NewEncoder(c).Encode(resp); err != nil {
 		s.log.V(1).Info("write response", "error", err.Error())
@@ -134,7 +134,7 @@ func (s *Server) read(c *net.UnixConn) (*Request, error) {
 	dec.DisallowUnknownFields()
 	req := &Request{}
 	if err := dec.Decode(req); err != nil {
-		return nil, fmt.Errorf("malformed request: %v", err)
+		return nil, fmt.Errorf("malformed request: %w", err)
 	}
 	return req, nil
 }

@@ -51,10 +51,12 @@ type Config struct {
 	// VolumePluginDir is kubelet's Flexvolume folder; empty: do not install.
 	VolumePluginDir  string
 	CapacityInterval time.Duration
-	MetricsAddr      string
-	HealthAddr       string
-	Rest             *rest.Config
-	Log              logr.Logger
+	// StaleInterval is how often this node's stale-attachment list is worked.
+	StaleInterval time.Duration
+	MetricsAddr   string
+	HealthAddr    string
+	Rest          *rest.Config
+	Log           logr.Logger
 }
 
 // Run serves until ctx ends.
@@ -86,7 +88,14 @@ func (c Config) Run(ctx context.Context) error {
 		return err
 	}
 	exec := utilexec.New()
-	fencer := fence.New(mgr.GetClient(), mgr.GetEventRecorderFor("berth-agent"), clock.RealClock{}, c.Log.WithName("fence"), fence.Options{})
+	// Fencing reads the API server directly: a cache a moment behind would
+	// turn every hand-over into conflict retries, and a list of what this
+	// node holds must include what was written a moment ago.
+	direct, err := client.New(c.Rest, client.Options{Scheme: s})
+	if err != nil {
+		return fmt.Errorf("kubernetes client: %w", err)
+	}
+	fencer := fence.New(direct, mgr.GetEventRecorderFor("berth-agent"), clock.RealClock{}, c.Log.WithName("fence"), fence.Options{})
 	a := nodeagent.New(c.NodeName, mgr.GetAPIReader(), images, mount.NewLoop(exec),
 		mount.NewManager(kmount.New(""), exec, c.Log.WithName("mount")), fencer, nodeagent.NewVolumeLocks(), c.Log.WithName("agent")).
 		WithFlex(nodeagent.FlexConfig{StagingRoot: filepath.Join(c.DataDir, "flex-staging"), Holdings: fencer})
@@ -95,6 +104,15 @@ func (c Config) Run(ctx context.Context) error {
 		return err
 	}
 	if err := (&controller.SnapshotReconciler{Client: mgr.GetClient(), Node: c.NodeName, Backend: images, Log: c.Log.WithName("snapshot")}).SetupWithManager(mgr); err != nil {
+		return err
+	}
+	if err := (&controller.ClusterCleanupReconciler{Client: mgr.GetClient(), Node: c.NodeName, Detacher: a,
+		Recorder: mgr.GetEventRecorderFor("berth-agent"), Log: c.Log.WithName("clustercleanup")}).SetupWithManager(mgr); err != nil {
+		return err
+	}
+	locks := a.Locks()
+	if err := mgr.Add(fence.NewCleaner(direct, c.NodeName, a, clock.RealClock{}, c.Log.WithName("stale"),
+		fence.CleanerOptions{Interval: c.StaleInterval, Lock: locks.Lock})); err != nil {
 		return err
 	}
 	if err := mgr.Add(&nodeagent.CapacityReporter{Client: mgr.GetClient(), Node: c.NodeName, Free: images.Capacity, Interval: c.CapacityInterval, Log: c.Log.WithName("capacity")}); err != nil {
@@ -139,7 +157,7 @@ func (c Config) addCSI(mgr manager.Manager, a *nodeagent.Agent) error {
 	reg := csi.NewRegistration(v1.DriverName, socketPath(c.CSIEndpoint), c.Log.WithName("registration"))
 	rsrv := csi.NewRegistrationServer(reg)
 	return mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
-		defer os.Remove(regPath)
+		defer func() { _ = os.Remove(regPath) }()
 		return csi.Serve(ctx, rsrv, rl)
 	}))
 }
@@ -173,6 +191,7 @@ func Command() cli.Command {
 			fs.StringVar(&cfg.VolumePluginDir, "volume-plugin-dir", "/usr/libexec/kubernetes/kubelet-plugins/volume/exec", "kubelet's Flexvolume folder to install the driver into; empty: do not install")
 			fs.StringVar(&cfg.HealthAddr, "health-addr", "0", "healthz/readyz listen address; 0 disables")
 			fs.DurationVar(&cfg.CapacityInterval, "capacity-interval", 30*time.Second, "how often free capacity is reported")
+			fs.DurationVar(&cfg.StaleInterval, "stale-interval", 5*time.Minute, "how often this node's stale-attachment list is processed (also at start)")
 			fs.StringVar(&cfg.MetricsAddr, "metrics-addr", "0", "metrics listen address; 0 disables")
 			fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG or in-cluster)")
 			fs.IntVar(&verbosity, "v", 0, "log verbosity")

@@ -33,7 +33,7 @@ func (f *flexRunnable) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer os.Remove(f.socket)
+	defer func() { _ = os.Remove(f.socket) }()
 	served := make(chan error, 1)
 	go func() { served <- f.server.Serve(ctx, l) }()
 

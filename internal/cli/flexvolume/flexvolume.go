@@ -19,7 +19,7 @@ import (
 	flex "github.com/berth-io/berth/internal/flexvolume"
 )
 
-// SocketFile, beside the installed driver, names the agent socket; the
+// SocketFile is the file beside the installed driver that names the agent socket; the
 // agent writes it when it installs the driver (kubelet passes no flags).
 const SocketFile = "agent-socket"
 

@@ -43,7 +43,8 @@ func TestStorageClusterOwnedObjects(t *testing.T) {
 		t.Errorf("agent container: image %q policy %q security %+v", c.Image, c.ImagePullPolicy, c.SecurityContext)
 	}
 	wantArgs := []string{"agent", "--data-dir=/srv/berth", "--kubelet-dir=/var/lib/k8s-test/kubelet",
-		"--csi-endpoint=unix:///var/lib/k8s-test/kubelet/plugins/berth.io/csi.sock"}
+		"--csi-endpoint=unix:///var/lib/k8s-test/kubelet/plugins/berth.io/csi.sock",
+		"--volume-plugin-dir=" + opts.VolumePluginDir}
 	if !slices.Equal(c.Args, wantArgs) {
 		t.Errorf("agent args %v, want %v", c.Args, wantArgs)
 	}
@@ -54,7 +55,7 @@ func TestStorageClusterOwnedObjects(t *testing.T) {
 	for _, m := range c.VolumeMounts {
 		mounts[m.MountPath] = m
 	}
-	for _, dir := range []string{"/var/lib/k8s-test/kubelet/pods", "/var/lib/k8s-test/kubelet/plugins"} {
+	for _, dir := range []string{"/var/lib/k8s-test/kubelet/pods", "/var/lib/k8s-test/kubelet/plugins", "/srv/berth", "/run/berth"} {
 		if m, ok := mounts[dir]; !ok || m.MountPropagation == nil || *m.MountPropagation != corev1.MountPropagationBidirectional {
 			t.Errorf("agent mount %s: %+v, want Bidirectional", dir, m)
 		}

@@ -80,6 +80,7 @@ func (r *Reconciler) agentDaemonSet(sc *v1.StorageCluster, ds *appsv1.DaemonSet)
 		"--data-dir="+sc.Spec.DataDir,
 		"--kubelet-dir="+o.KubeletDir,
 		"--csi-endpoint="+endpoint,
+		"--volume-plugin-dir="+o.VolumePluginDir,
 	)
 	c.Env = append(c.Env, corev1.EnvVar{Name: "NODE_NAME", ValueFrom: &corev1.EnvVarSource{
 		FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "spec.nodeName"},
@@ -90,11 +91,12 @@ func (r *Reconciler) agentDaemonSet(sc *v1.StorageCluster, ds *appsv1.DaemonSet)
 		{Name: "plugins-dir", MountPath: pluginsDir, MountPropagation: bidi},
 		{Name: "registration-dir", MountPath: registryDir},
 		{Name: "volume-plugin-dir", MountPath: o.VolumePluginDir},
-		// Mounts the agent makes under the data dir (userspace block
-		// devices) must outlive the agent's container: share them too.
+		// The keeper's FUSE mounts (userspace volumes) live under the data
+		// dir or /run/berth: shared both ways so that they reach the agent
+		// and outlive its container.
 		{Name: "data-dir", MountPath: sc.Spec.DataDir, MountPropagation: bidi},
 		{Name: "dev", MountPath: "/dev"},
-		{Name: "run-berth", MountPath: runDir},
+		{Name: "run-berth", MountPath: runDir, MountPropagation: bidi},
 	}
 	ds.Spec = appsv1.DaemonSetSpec{
 		Selector:       &metav1.LabelSelector{MatchLabels: selectorLabels(sc, componentAgent)},
@@ -129,9 +131,13 @@ func (r *Reconciler) keeperDaemonSet(sc *v1.StorageCluster, ds *appsv1.DaemonSet
 	setLabels(&ds.ObjectMeta, objectLabels(sc, componentKeeper))
 	c := r.container(componentKeeper, "keeper", "--socket="+KeeperSocket)
 	c.SecurityContext = &corev1.SecurityContext{Privileged: ptr.To(true)}
+	// The keeper mounts the FUSE file systems behind userspace volumes;
+	// Bidirectional makes them visible on the host and to the agent.
+	bidi := ptr.To(corev1.MountPropagationBidirectional)
 	c.VolumeMounts = []corev1.VolumeMount{
 		{Name: "fuse", MountPath: "/dev/fuse"},
-		{Name: "run-berth", MountPath: runDir},
+		{Name: "run-berth", MountPath: runDir, MountPropagation: bidi},
+		{Name: "data-dir", MountPath: sc.Spec.DataDir, MountPropagation: bidi},
 	}
 	ds.Spec = appsv1.DaemonSetSpec{
 		Selector:       &metav1.LabelSelector{MatchLabels: selectorLabels(sc, componentKeeper)},
@@ -147,6 +153,7 @@ func (r *Reconciler) keeperDaemonSet(sc *v1.StorageCluster, ds *appsv1.DaemonSet
 				Volumes: []corev1.Volume{
 					hostPathVolume("fuse", "/dev/fuse", corev1.HostPathCharDev),
 					hostPathVolume("run-berth", runDir, corev1.HostPathDirectoryOrCreate),
+					hostPathVolume("data-dir", sc.Spec.DataDir, corev1.HostPathDirectoryOrCreate),
 				},
 			},
 		},

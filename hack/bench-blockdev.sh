@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Compares the userspace block device (berth keeper + berth blockdev, FUSE file
+# + loop) with a kernel loop device on a plain image, both --direct-io=on,
+# with fio direct=1 on the raw devices. Prints one table row per workload.
+#   hack/bench-blockdev.sh [seconds-per-run] [image-size]
+# Env: BERTH_BLOCKDEV_WORKERS, BERTH_BLOCKDEV_PASSTHROUGH=true, BENCH_ONLY=regex.
+# Needs root, fio, losetup. Removes everything it made, also on failure.
+set -euo pipefail
+
+runtime=${1:-10}
+size=${2:-1G}
+workers=${BERTH_BLOCKDEV_WORKERS:-0}
+passthrough=${BERTH_BLOCKDEV_PASSTHROUGH:-false} # true: kernel does data I/O on the image
+root=$(cd "$(dirname "$0")/.." && pwd)
+work=$(mktemp -d /var/tmp/berth-bench-XXXXXX)
+keeper_pid="" server_pid="" kloop="" uloop=""
+
+cleanup() {
+	set +e
+	[ -n "$uloop" ] && losetup -d "$uloop"
+	[ -n "$kloop" ] && losetup -d "$kloop"
+	[ -n "$server_pid" ] && kill "$server_pid" && wait "$server_pid" 2>/dev/null
+	[ -n "$keeper_pid" ] && kill "$keeper_pid" && wait "$keeper_pid" 2>/dev/null
+	grep -q " $work/fuse " /proc/self/mountinfo && umount -l "$work/fuse"
+	rm -rf "$work"
+}
+trap cleanup EXIT
+
+(cd "$root" && go build -o "$work/berth" ./cmd/berth)
+truncate -s "$size" "$work/kernel.img" "$work/user.img"
+
+"$work/berth" keeper --socket "$work/run/keeper.sock" 2>"$work/keeper.log" &
+keeper_pid=$!
+for _ in $(seq 100); do [ -S "$work/run/keeper.sock" ] && break; sleep 0.05; done
+"$work/berth" blockdev --keeper-socket "$work/run/keeper.sock" --volume bench \
+	--image "$work/user.img" --mountpoint "$work/fuse" --workers "$workers" --passthrough="$passthrough" 2>"$work/server.log" &
+server_pid=$!
+for _ in $(seq 100); do [ -e "$work/fuse/disk.img" ] && break; sleep 0.05; done
+
+kloop=$(losetup --direct-io=on --find --show "$work/kernel.img")
+uloop=$(losetup --direct-io=on --find --show "$work/fuse/disk.img")
+
+# Fill both images so reads hit real blocks, not holes.
+for dev in "$kloop" "$uloop"; do
+	fio --name=fill --filename="$dev" --rw=write --bs=1M --iodepth=8 --ioengine=libaio \
+		--direct=1 --size="$size" --output=/dev/null
+done
+
+# fio terse v3: field 8 read IOPS, 7 read KB/s, 40 read clat mean (us);
+# 49 write IOPS, 48 write KB/s, 81 write clat mean (us).
+measure() { # dev name rw bs depth -> "iops kbps lat_us"
+	local out
+	out=$(fio --name="$2" --filename="$1" --rw="$3" --bs="$4" --iodepth="$5" \
+		--ioengine=libaio --direct=1 --time_based --runtime="$runtime" --size="$size" \
+		--randrepeat=0 --norandommap --output-format=terse --terse-version=3)
+	case $3 in
+	*read) awk -F';' '{print $8, $7, $40}' <<<"$out" ;;
+	*) awk -F';' '{print $49, $48, $81}' <<<"$out" ;;
+	esac
+}
+
+printf '%-22s %12s %12s %7s %12s %12s %7s\n' workload kernel user ratio kernel-lat user-lat lat-x
+row() { # label rw bs depth; BENCH_ONLY=regex selects rows
+	[[ -z ${BENCH_ONLY:-} || $1 =~ $BENCH_ONLY ]] || return 0
+	read -r ki kb kl < <(measure "$kloop" "$1" "$2" "$3" "$4")
+	read -r ui ub ul < <(measure "$uloop" "$1" "$2" "$3" "$4")
+	case $3 in
+	4k) k="$ki" u="$ui" unit=IOPS ;;
+	*) k=$((kb / 1024)) u=$((ub / 1024)) unit=MiB/s ;;
+	esac
+	printf '%-22s %12s %12s %7.2f %10.0fus %10.0fus %7.2f\n' "$1 ($unit)" "$k" "$u" \
+		"$(awk -v a="$u" -v b="$k" 'BEGIN{print (b>0)?a/b:0}')" "$kl" "$ul" \
+		"$(awk -v a="$ul" -v b="$kl" 'BEGIN{print (b>0)?a/b:0}')"
+}
+row "4k randread QD64" randread 4k 64
+row "4k randwrite QD64" randwrite 4k 64
+row "128k read QD16" read 128k 16
+row "128k write QD16" write 128k 16
+row "4k randread QD1" randread 4k 1
+row "4k randwrite QD1" randwrite 4k 1

@@ -1,0 +1,132 @@
+# Config files of the e2e cluster's daemons (sourced by up.sh); rewritten on
+# every up, so that a change here applies at the next start.
+
+# kubeconfig NAME: client NAME's certificate against the API server.
+kubeconfig() {
+	local name=$1 out=$2
+	cat >"$out" <<YAML
+apiVersion: v1
+kind: Config
+clusters:
+- name: berth-e2e
+  cluster:
+    server: $API_SERVER
+    certificate-authority: $PKI/ca.crt
+users:
+- name: $name
+  user:
+    client-certificate: $PKI/$name.crt
+    client-key: $PKI/$name.key
+contexts:
+- name: berth-e2e
+  context: {cluster: berth-e2e, user: $name}
+current-context: berth-e2e
+YAML
+}
+
+write_configs() {
+	kubeconfig admin "$KUBECONFIG_ADMIN"
+	kubeconfig controller-manager "$CONF/controller-manager.kubeconfig"
+	kubeconfig scheduler "$CONF/scheduler.kubeconfig"
+	kubeconfig kubelet "$CONF/kubelet.kubeconfig"
+
+	# Bridge on a private pod CIDR inside the netns; no masquerade (nothing
+	# may leave). Pods get routes to the node IP and the Service CIDR (the
+	# API server answers on SERVICE_IP), no default route.
+	cat >"$CNI_DIR/net.d/10-berth-e2e.conflist" <<JSON
+{
+  "cniVersion": "0.4.0",
+  "name": "berth-e2e",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "$BRIDGE",
+      "isGateway": true,
+      "ipMasq": false,
+      "hairpinMode": true,
+      "ipam": {
+        "type": "host-local",
+        "ranges": [[{"subnet": "$POD_CIDR"}]],
+        "routes": [{"dst": "$NODE_IP/32"}, {"dst": "$SERVICE_CIDR"}],
+        "dataDir": "$CNI_DIR/ipam"
+      }
+    }
+  ]
+}
+JSON
+
+	# restrict_oom_score_adj: this machine lacks CAP_SYS_RESOURCE.
+	# netns_mounts_under_state_dir and the runc Root keep every mount and
+	# state file under the work dir, where down.sh sweeps.
+	cat >"$CONF/containerd.toml" <<TOML
+version = 2
+root = "$CONTAINERD_DIR/root"
+state = "$CONTAINERD_DIR/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.tracing.processor.v1.otlp"]
+
+[grpc]
+  address = "$CONTAINERD_SOCK"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "$CONTAINERD_DIR/opt"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "$PAUSE_IMAGE"
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  stream_server_address = "127.0.0.1"
+  enable_selinux = false
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        BinaryName = "$(command -v runc)"
+        Root = "$CONTAINERD_DIR/runc"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$CNI_DIR/net.d"
+    max_conf_num = 1
+TOML
+
+	# failCgroupV1/cgroupDriver/failSwapOn/makeIPTablesUtilChains: this
+	# machine (cgroup v1, swap, no iptables rules wanted). Image GC off: the
+	# images are imported, never pulled back. Eviction thresholds low: a
+	# busy build machine must not evict test pods.
+	cat >"$CONF/kubelet.yaml" <<YAML
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+failCgroupV1: false
+cgroupDriver: cgroupfs
+cgroupRoot: /$CGROUP_NAME
+failSwapOn: false
+makeIPTablesUtilChains: false
+containerRuntimeEndpoint: unix://$CONTAINERD_SOCK
+address: $NODE_IP
+port: 10250
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: 10248
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: $PKI/ca.crt}
+authorization: {mode: Webhook}
+clusterDomain: cluster.local
+resolvConf: ""
+volumePluginDir: $VOLUME_PLUGIN_DIR
+podLogsDir: $POD_LOGS
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard:
+  memory.available: 50Mi
+  nodefs.available: 1%
+  imagefs.available: 1%
+  nodefs.inodesFree: 1%
+serializeImagePulls: false
+registerNode: true
+rotateCertificates: false
+YAML
+}

@@ -1,0 +1,55 @@
+# Images of the e2e cluster, built locally and imported into containerd
+# (sourced by up.sh). Tarballs are rebuilt only when their inputs changed.
+
+PAUSE_IMAGE=registry.k8s.io/pause:3.10
+BUSYBOX_IMAGE=berth.local/busybox:e2e
+BERTH_IMAGE_TAG=
+
+# stale OUT INPUT...: true when OUT is missing or older than an input.
+stale() {
+	local out=$1
+	shift
+	[ -e "$out" ] || return 0
+	[ -n "$(find "$@" -newer "$out" -print -quit 2>/dev/null)" ]
+}
+
+build_and_import_images() {
+	local tool="$WORKDIR/bin/images" pause="$WORKDIR/bin/pause"
+	local srcs=("$REPO/hack/images" "$REPO/internal/image" "$REPO/go.mod")
+	if stale "$tool" "${srcs[@]}" || stale "$pause" "${srcs[@]}"; then
+		log "building the image tool and the pause binary"
+		(cd "$REPO" && ticking "building the image tool" sh -c \
+			"CGO_ENABLED=0 go build -trimpath -o '$pause' ./hack/images/pause && go build -o '$tool' ./hack/images")
+	fi
+	# -busybox defaults to /bin/busybox in the tool: "" skips a fresh one.
+	local args=(-busybox "") need=
+	stale "$IMAGES/pause.tar" "$pause" && args+=(-pause "$pause") need=1
+	stale "$IMAGES/busybox.tar" /bin/busybox "$tool" && args+=(-busybox /bin/busybox) need=1
+	if [ -n "${BERTH_E2E_BERTH_BINARY:-}" ]; then
+		[ -x "$BERTH_E2E_BERTH_BINARY" ] || die "BERTH_E2E_BERTH_BINARY=$BERTH_E2E_BERTH_BINARY is not an executable"
+		BERTH_IMAGE_TAG=berth.local/berth:dev
+		# Extra programs for the berth image, e.g. BERTH_E2E_BERTH_EXTRA_TOOLS=fio.
+		args+=(-berth-extra-tools "${BERTH_E2E_BERTH_EXTRA_TOOLS:-}")
+		stale "$IMAGES/berth.tar" "$BERTH_E2E_BERTH_BINARY" "$tool" && args+=(-berth "$BERTH_E2E_BERTH_BINARY") need=1
+	fi
+	if [ -n "$need" ]; then
+		log "writing image tarballs to $IMAGES"
+		"$tool" -out "$IMAGES" "${args[@]}"
+	fi
+
+	local have
+	have=$(ctr_ images ls -q)
+	import() {
+		local tag=$1 tar=$2
+		# A rebuilt tarball replaces the image: ctr import moves the tag.
+		if grep -qxF "$tag" <<<"$have" && ! stale "$tar.imported" "$tar"; then
+			return 0
+		fi
+		log "importing $tag"
+		ctr_ images import --platform linux/amd64 "$tar" >/dev/null
+		touch "$tar.imported"
+	}
+	import "$PAUSE_IMAGE" "$IMAGES/pause.tar"
+	import "$BUSYBOX_IMAGE" "$IMAGES/busybox.tar"
+	[ -z "$BERTH_IMAGE_TAG" ] || import "$BERTH_IMAGE_TAG" "$IMAGES/berth.tar"
+}

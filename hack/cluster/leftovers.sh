@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Lists whatever the e2e cluster left on this machine after down.sh:
+# processes, mounts, loop devices, cgroups, namespaces, interfaces, changed
+# sysctls, host folders. Exit 1 if anything remains.
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=lib.sh
+. "$HERE/lib.sh"
+
+found=0
+report() { [ -z "$2" ] || { printf 'leftover %s:\n%s\n' "$1" "$2" >&2; found=1; }; }
+
+procs=$(procs_matching "$WORKDIR" "$CONTAINERD_SOCK")
+report processes "$procs"
+report mounts "$(grep -F -e "$WORKDIR" -e "/run/netns/$NETNS" /proc/self/mountinfo || true)"
+report "loop devices" "$(losetup -nl -O NAME,BACK-FILE 2>/dev/null | grep -F "$WORKDIR" || true)"
+report cgroups "$(ls -d /sys/fs/cgroup/*/"$CGROUP_NAME" 2>/dev/null || true)"
+report netns "$(ip netns list | grep -E "^$NETNS( |$)" || true)"
+report interfaces "$(ip -br link | grep -E "^($HOST_IF|$BRIDGE)[@ ]" || true)"
+report "pod logs links" "$(find /var/log/containers -maxdepth 1 -lname "$POD_LOGS/*" 2>/dev/null || true)"
+report "CNI cache" "$(ls /var/lib/cni/results/berth-e2e-* 2>/dev/null || true)"
+report "kubelet device-plugin socket" "$(ls /var/lib/kubelet/device-plugins/kubelet.sock 2>/dev/null || true)"
+if [ -f "$HOST_CREATED" ]; then report "host paths made by the cluster" "$(cat "$HOST_CREATED")"; fi
+if [ -f "$SYSCTL_SAVED" ]; then report "saved sysctls (down.sh did not restore them)" "$(cat "$SYSCTL_SAVED")"; fi
+if [ "$found" -eq 0 ]; then log "nothing left behind"; fi
+exit "$found"

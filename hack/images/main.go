@@ -1,0 +1,71 @@
+// Command images writes the e2e cluster's image tarballs:
+//
+//	go run ./hack/images -out DIR -pause BIN [-busybox /bin/busybox] [-berth BIN]
+//
+// It writes DIR/pause.tar, DIR/busybox.tar and, with -berth, DIR/berth.tar;
+// import each with `ctr -a SOCK -n k8s.io images import --platform linux/amd64 X.tar`.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/go-logr/logr/funcr"
+
+	"github.com/berth-io/berth/internal/image"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "images:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	out := flag.String("out", "", "folder for the tarballs (required)")
+	pause := flag.String("pause", "", "static pause binary (built from hack/images/pause); empty skips pause.tar")
+	busybox := flag.String("busybox", "/bin/busybox", "static busybox (Debian busybox-static); empty skips busybox.tar")
+	busyboxTag := flag.String("busybox-tag", image.BusyboxTag, "tag of the busybox image")
+	berth := flag.String("berth", "", "static berth binary; empty skips berth.tar")
+	berthTag := flag.String("berth-tag", image.BerthTag, "tag of the berth image")
+	berthExtra := flag.String("berth-extra-tools", "", "comma-separated extra programs for the berth image, e.g. fio")
+	flag.Parse()
+	if *out == "" {
+		return fmt.Errorf("-out is required")
+	}
+	log := funcr.New(func(prefix, args string) { fmt.Fprintln(os.Stderr, "images:", prefix, args) }, funcr.Options{})
+	b := image.NewBuilder(log)
+
+	if *pause != "" {
+		if err := image.Write(image.PauseSpec(*pause), filepath.Join(*out, "pause.tar")); err != nil {
+			return err
+		}
+	}
+	if *busybox != "" {
+		spec, err := b.BusyboxSpec(*busybox, *busyboxTag)
+		if err != nil {
+			return err
+		}
+		if err := image.Write(spec, filepath.Join(*out, "busybox.tar")); err != nil {
+			return err
+		}
+	}
+	if *berth != "" {
+		var extra []string
+		if *berthExtra != "" {
+			extra = strings.Split(*berthExtra, ",")
+		}
+		spec, err := b.BerthSpec(*berth, *berthTag, extra...)
+		if err != nil {
+			return err
+		}
+		if err := image.Write(spec, filepath.Join(*out, "berth.tar")); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,132 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+)
+
+// Undo undoes one stale attachment entry on this node (fence.Undoer): a
+// pod's mount is unmounted; a stage record's device is unmounted wherever it
+// is and detached. The fence's cleaner holds the volume lock meanwhile.
+// Undoing what is already gone succeeds.
+func (a *Agent) Undo(ctx context.Context, s v1.StaleAttachment) error {
+	if s.Pod != "" || s.PodUID != "" {
+		if err := a.mounts.ForceUnpublish(ctx, s.MountDir); err != nil {
+			return fmt.Errorf("unmount stale %s: %w", s.MountDir, err)
+		}
+		return nil
+	}
+	staging := s.StagingPath
+	if staging == "" {
+		staging = s.MountDir
+	}
+	return a.forceUnstage(ctx, s.Volume, staging)
+}
+
+// forceUnstage removes every mount of the volume's device and detaches it,
+// even while pods use it. The caller holds the volume lock.
+func (a *Agent) forceUnstage(ctx context.Context, volume, staging string) error {
+	dev, _, err := a.mounts.StagedDevice(ctx, staging)
+	if err != nil {
+		return fmt.Errorf("staged device at %s: %w", staging, err)
+	}
+	if dev == "" {
+		image, err := a.imagePath(ctx, volume)
+		switch {
+		case errors.Is(err, ErrVolumeNotFound):
+		case err != nil:
+			return err
+		default:
+			if d, found, err := a.loop.Find(ctx, image); err != nil {
+				return fmt.Errorf("find loop device of %s: %w", image, err)
+			} else if found {
+				dev = d
+			}
+		}
+	}
+	if dev != "" {
+		if _, err := a.mounts.ForceUnmountDevice(ctx, dev); err != nil {
+			return err
+		}
+	}
+	if _, err := a.mounts.Unstage(ctx, staging); err != nil {
+		return fmt.Errorf("remove staging %s: %w", staging, err)
+	}
+	if dev != "" {
+		if err := a.loop.Detach(ctx, dev); err != nil {
+			return fmt.Errorf("detach %s: %w", dev, err)
+		}
+	}
+	a.log.Info("force unstaged", "volume", volume, "stagingPath", staging, "device", dev)
+	return nil
+}
+
+// DetachCluster forcibly removes from this node every volume of the storage
+// cluster: pods' mounts, staging, loop devices, and this node's entries in
+// the volumes' Attachments. It returns the volumes it detached.
+func (a *Agent) DetachCluster(ctx context.Context, cluster string) ([]string, error) {
+	holds, err := a.Holds(ctx)
+	if err != nil {
+		return nil, err
+	}
+	byVolume := map[string][]v1.AttachmentEntry{}
+	var order []string
+	for _, h := range holds {
+		if _, seen := byVolume[h.Volume]; !seen {
+			order = append(order, h.Volume)
+		}
+		byVolume[h.Volume] = append(byVolume[h.Volume], h.Entry)
+	}
+	var detached []string
+	var errs []error
+	for _, volume := range order {
+		vol, err := a.volume(ctx, volume)
+		if errors.Is(err, ErrWrongNode) {
+			err = nil // the entry is ours even if the image lives elsewhere
+		}
+		if err != nil && !errors.Is(err, ErrVolumeNotFound) {
+			errs = append(errs, err)
+			continue
+		}
+		if vol != nil && vol.Spec.StorageCluster != cluster {
+			continue
+		}
+		if err := a.detachVolume(ctx, volume, byVolume[volume]); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		detached = append(detached, volume)
+	}
+	return detached, errors.Join(errs...)
+}
+
+// detachVolume force-unmounts a volume's pod mounts and staging on this
+// node and drops the node's entries, pods first, under the volume lock.
+func (a *Agent) detachVolume(ctx context.Context, volume string, entries []v1.AttachmentEntry) error {
+	unlock := a.locks.Lock(volume)
+	defer unlock()
+	for _, stage := range []bool{false, true} {
+		for _, e := range entries {
+			if e.IsStage() != stage {
+				continue
+			}
+			var err error
+			if stage {
+				err = a.forceUnstage(ctx, volume, e.MountDir)
+			} else {
+				err = a.mounts.ForceUnpublish(ctx, e.MountDir)
+			}
+			if err != nil {
+				return fmt.Errorf("detach %s from %s: %w", volume, e.MountDir, err)
+			}
+			if err := a.fence.Release(ctx, volume, a.node, e.MountDir); err != nil {
+				return fmt.Errorf("release %s at %s: %w", volume, e.MountDir, err)
+			}
+		}
+	}
+	a.log.Info("detached volume of a deleted cluster", "volume", volume)
+	return nil
+}

@@ -1,0 +1,168 @@
+package blockdev
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Params starts a server process.
+type Params struct {
+	// Binary is the berth binary; the process runs `Binary blockdev ...`.
+	Binary       string
+	KeeperSocket string
+	Volume       string
+	Image        string
+	Mountpoint   string
+	Workers      int // 0: the server's default
+	// NoDirect turns O_DIRECT on the image off.
+	NoDirect bool
+	// Passthrough lets the kernel do data I/O on the image itself (6.9+);
+	// the server then answers only metadata, fsync and fallocate.
+	Passthrough bool
+	// Stderr receives the server's log (nil: discarded).
+	Stderr io.Writer
+}
+
+// Process is a running server.
+type Process struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+}
+
+// readyTimeout bounds how long Start waits for the server to answer.
+const readyTimeout = 30 * time.Second
+
+// Start runs a server process and returns once it answers requests (or
+// fails). The process is not tied to ctx: it outlives the call.
+func Start(ctx context.Context, p Params) (*Process, error) {
+	if p.Binary == "" || p.KeeperSocket == "" || p.Volume == "" || p.Image == "" || p.Mountpoint == "" {
+		return nil, errors.New("blockdev: Start needs binary, keeper socket, volume, image and mountpoint")
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("ready pipe: %w", err)
+	}
+	defer func() { _ = r.Close() }()
+	args := []string{"blockdev",
+		"--keeper-socket", p.KeeperSocket, "--volume", p.Volume,
+		"--image", p.Image, "--mountpoint", p.Mountpoint,
+		"--ready-fd", "3", "--workers", strconv.Itoa(p.Workers),
+		"--direct=" + strconv.FormatBool(!p.NoDirect),
+		"--passthrough=" + strconv.FormatBool(p.Passthrough)}
+	cmd := exec.Command(p.Binary, args...)
+	cmd.Stdout = p.Stderr
+	cmd.Stderr = p.Stderr
+	cmd.ExtraFiles = []*os.File{w}
+	// Its own process group: a terminal's or parent's group signal must not
+	// reach it; the owner stops it by PID.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	err = cmd.Start()
+	_ = w.Close()
+	if err != nil {
+		return nil, fmt.Errorf("start %s blockdev: %w", p.Binary, err)
+	}
+	proc := &Process{cmd: cmd, done: make(chan struct{})}
+	go func() {
+		proc.err = cmd.Wait()
+		close(proc.done)
+	}()
+	ready := make(chan error, 1)
+	go func() {
+		line, err := bufio.NewReader(r).ReadString('\n')
+		if err == nil && line == "ready\n" {
+			ready <- nil
+			return
+		}
+		if err == nil {
+			err = errors.New("unexpected message")
+		}
+		ready <- fmt.Errorf("server exited before it was ready (%q): %w", line, err)
+	}()
+	timer := time.NewTimer(readyTimeout)
+	defer timer.Stop()
+	select {
+	case err = <-ready:
+	case <-ctx.Done():
+		err = ctx.Err()
+	case <-timer.C:
+		err = errors.New("server not ready in time")
+	}
+	if err != nil {
+		_ = proc.Kill()
+		<-proc.done
+		return nil, fmt.Errorf("blockdev server for %s: %w (exit: %w)", p.Volume, err, proc.err)
+	}
+	return proc, nil
+}
+
+// PID is the server's process id.
+func (p *Process) PID() int { return p.cmd.Process.Pid }
+
+// Done is closed when the process has exited.
+func (p *Process) Done() <-chan struct{} { return p.done }
+
+// Kill sends SIGKILL (what a crash looks like; the next server resends).
+func (p *Process) Kill() error {
+	err := p.cmd.Process.Signal(syscall.SIGKILL)
+	if errors.Is(err, os.ErrProcessDone) {
+		return nil
+	}
+	return err
+}
+
+// Stop asks the server to finish the requests in hand and exit (SIGTERM),
+// then kills it after timeout. It returns once the process is gone.
+func (p *Process) Stop(timeout time.Duration) error {
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return fmt.Errorf("stop blockdev server %d: %w", p.PID(), err)
+	}
+	select {
+	case <-p.done:
+		return nil
+	case <-time.After(timeout):
+	}
+	if err := p.Kill(); err != nil {
+		return fmt.Errorf("kill blockdev server %d: %w", p.PID(), err)
+	}
+	<-p.done
+	return nil
+}
+
+// StopPID stops a server this process did not start (an agent restarted and
+// found it in the keeper's list): SIGTERM, then SIGKILL after timeout. It
+// follows the process through a pidfd, so a reused pid is never signalled.
+func StopPID(pid int, timeout time.Duration) error {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if errors.Is(err, unix.ESRCH) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("open pidfd of %d: %w", pid, err)
+	}
+	defer func() { _ = unix.Close(fd) }()
+	exited := func(wait time.Duration) bool {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, int(wait.Milliseconds()))
+		return err == nil && n > 0
+	}
+	for _, sig := range []unix.Signal{unix.SIGTERM, unix.SIGKILL} {
+		if err := unix.PidfdSendSignal(fd, sig, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("signal %d: %w", pid, err)
+		}
+		if exited(timeout) {
+			return nil
+		}
+	}
+	return fmt.Errorf("blockdev server %d did not exit after SIGKILL", pid)
+}

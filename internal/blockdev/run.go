@@ -1,0 +1,113 @@
+package blockdev
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/go-logr/logr"
+
+	"github.com/berth-io/berth/internal/keeper"
+)
+
+// Keeper is what a server needs from the keeper client.
+type Keeper interface {
+	Open(ctx context.Context, volume, mountpoint string) (*keeper.Conn, error)
+	SaveInit(ctx context.Context, volume string, settings []byte) error
+}
+
+var _ Keeper = (*keeper.Client)(nil)
+
+// RunConfig is one server process's work: take the volume's connection from
+// the keeper (opening and mounting it if new) and serve Image on it.
+type RunConfig struct {
+	Keeper     Keeper
+	Volume     string
+	Mountpoint string
+	Image      string
+	// Direct opens the image with O_DIRECT for aligned I/O.
+	Direct bool
+	// Passthrough lets the kernel do data I/O on the image itself.
+	Passthrough bool
+	Workers     int
+	// OnReady is called once the server answers requests.
+	OnReady func()
+	Log     logr.Logger
+}
+
+// servedWait bounds how long a new server waits for the previous one to be
+// gone: a killed server can take a moment to exit (I/O in flight).
+const servedWait = 15 * time.Second
+
+// openConn takes the connection, waiting while the previous server exits.
+func openConn(ctx context.Context, c RunConfig) (*keeper.Conn, error) {
+	deadline := time.Now().Add(servedWait)
+	for {
+		conn, err := c.Keeper.Open(ctx, c.Volume, c.Mountpoint)
+		if !errors.Is(err, keeper.ErrServed) || time.Now().After(deadline) {
+			return conn, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// Run serves until ctx ends or the connection is unmounted.
+func Run(ctx context.Context, c RunConfig) error {
+	conn, err := openConn(ctx, c)
+	if err != nil {
+		return fmt.Errorf("take connection of %s from keeper: %w", c.Volume, err)
+	}
+	defer func() { _ = conn.File.Close() }()
+	saved, err := ParseSettings(conn.Settings)
+	if err != nil {
+		return err
+	}
+	img, err := OpenImage(c.Image, c.Direct)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = img.Close() }()
+	log := c.Log.WithValues("volume", c.Volume)
+	srv, err := NewServer(Config{
+		Dev:   int(conn.File.Fd()),
+		Image: img,
+		Saved: saved,
+		OnInit: func(s Settings) error {
+			b, err := s.Marshal()
+			if err != nil {
+				return err
+			}
+			if err := c.Keeper.SaveInit(ctx, c.Volume, b); err != nil {
+				return fmt.Errorf("save INIT settings in keeper: %w", err)
+			}
+			return nil
+		},
+		Workers:     c.Workers,
+		Passthrough: c.Passthrough,
+		Log:         log,
+	})
+	if err != nil {
+		return err
+	}
+	log.Info("serving", "image", c.Image, "takeover", saved != nil, "direct", img.Direct())
+	if c.OnReady != nil {
+		go func() {
+			select {
+			case <-srv.Ready():
+				c.OnReady()
+			case <-ctx.Done():
+			}
+		}()
+	}
+	err = srv.Serve(ctx)
+	if errors.Is(err, ErrUnmounted) {
+		log.Info("connection ended")
+		return nil
+	}
+	return err
+}

@@ -1,0 +1,234 @@
+// Package blockdev serves a backend image as a kernel block device: a FUSE
+// file system holding one file (disk.img) on which the caller attaches a loop
+// device. The FUSE connection is owned by the keeper, so a server process can
+// die and a new one take the connection over without the kernel noticing more
+// than a stall.
+package blockdev
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"golang.org/x/sys/unix"
+)
+
+// ErrUnmounted means the kernel ended the connection (unmount or abort).
+var ErrUnmounted = errors.New("fuse connection ended")
+
+// Config describes one server.
+type Config struct {
+	// Dev is the /dev/fuse fd of a mounted connection (from the keeper).
+	Dev int
+	// Image is the backing image, opened read-write by the caller.
+	Image *Image
+	// Saved are the settings of the connection's first INIT; nil on a
+	// fresh connection, whose INIT this server answers.
+	Saved *Settings
+	// OnInit stores negotiated settings (in the keeper) before INIT is
+	// answered, so that a server dying right after still leaves them.
+	OnInit func(Settings) error
+	// Passthrough asks the kernel to do reads and writes on the image
+	// itself (FUSE passthrough); the server then only answers metadata.
+	Passthrough bool
+	// Workers is the number of goroutines reading requests (default 16).
+	Workers int
+	Log     logr.Logger
+}
+
+// Server answers FUSE requests for one image.
+type Server struct {
+	cfg      Config
+	settings atomic.Pointer[Settings]
+	ready    chan struct{}
+	readyOne sync.Once
+	stopping atomic.Bool
+	inflight atomic.Int64
+	start    uint64 // mtime of the file: the server's start, in seconds
+}
+
+// NewServer checks cfg; Serve starts the work.
+func NewServer(cfg Config) (*Server, error) {
+	if cfg.Dev < 0 || cfg.Image == nil {
+		return nil, errors.New("blockdev: server needs a fuse fd and an image")
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = 16
+	}
+	if cfg.OnInit == nil {
+		cfg.OnInit = func(Settings) error { return nil }
+	}
+	s := &Server{cfg: cfg, ready: make(chan struct{}), start: uint64(time.Now().Unix())}
+	if cfg.Saved != nil {
+		saved := *cfg.Saved
+		s.settings.Store(&saved)
+	}
+	return s, nil
+}
+
+// Ready is closed once the server answers requests: after INIT on a fresh
+// connection, after the resend request on a takeover.
+func (s *Server) Ready() <-chan struct{} { return s.ready }
+
+// Settings returns the negotiated settings, nil before INIT.
+func (s *Server) Settings() *Settings { return s.settings.Load() }
+
+func (s *Server) markReady() { s.readyOne.Do(func() { close(s.ready) }) }
+
+// Serve runs the workers until ctx ends or the connection ends. On ctx end it
+// stops taking requests and waits (bounded) for those in hand; requests a
+// worker had read but not answered are left to the next server's resend.
+func (s *Server) Serve(ctx context.Context) error {
+	if s.cfg.Saved != nil {
+		if err := s.ensureBacking(); err != nil {
+			return err
+		}
+		if err := s.requestResend(); err != nil {
+			return err
+		}
+		s.markReady()
+	} else if err := s.requestResend(); err != nil && !errors.Is(err, unix.EINVAL) {
+		// A fresh connection may still hold an INIT a dead server read but
+		// never answered; the resend brings it back. Older kernels refuse.
+		s.cfg.Log.Info("resend on fresh connection failed", "err", err)
+	}
+	done := make(chan error, s.cfg.Workers)
+	for range s.cfg.Workers {
+		go func() { done <- s.worker() }()
+	}
+	select {
+	case err := <-done:
+		s.stopping.Store(true)
+		return err
+	case <-ctx.Done():
+	}
+	s.stopping.Store(true)
+	deadline := time.Now().Add(5 * time.Second)
+	for s.inflight.Load() > 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	return nil
+}
+
+// requestResend asks the kernel to queue again every request that a reader
+// of this connection took but never answered (FUSE_NOTIFY_RESEND, 6.9+).
+func (s *Server) requestResend() error {
+	var msg [outHeaderSize]byte
+	le.PutUint32(msg[0:], outHeaderSize)
+	le.PutUint32(msg[4:], notifyResend)
+	if _, err := unix.Write(s.cfg.Dev, msg[:]); err != nil {
+		return fmt.Errorf("request resend (FUSE_NOTIFY_RESEND, kernel 6.9+): %w", err)
+	}
+	return nil
+}
+
+// worker reads and answers requests until the connection ends.
+func (s *Server) worker() error {
+	b, err := newBuffers()
+	if err != nil {
+		return err
+	}
+	defer b.free()
+	for {
+		n, err := unix.Read(s.cfg.Dev, b.in)
+		switch {
+		case err == nil:
+		case errors.Is(err, unix.EINTR), errors.Is(err, unix.EAGAIN), errors.Is(err, unix.ENOENT):
+			continue // ENOENT: the request was interrupted before we got it
+		case errors.Is(err, unix.ENODEV):
+			return ErrUnmounted
+		default:
+			return fmt.Errorf("read /dev/fuse: %w", err)
+		}
+		s.inflight.Add(1)
+		if s.stopping.Load() {
+			s.inflight.Add(-1)
+			return nil
+		}
+		err = s.handle(b, n)
+		s.inflight.Add(-1)
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// reply sends the reply whose payload (n bytes) is in b.outData.
+func (s *Server) reply(b *buffers, unique uint64, errno unix.Errno, n int) error {
+	if errno != 0 {
+		n = 0
+	}
+	msg := b.out[outPad-outHeaderSize : outPad+n]
+	putOutHeader(msg, len(msg), int32(errno), unique)
+	_, err := unix.Write(s.cfg.Dev, msg)
+	switch {
+	case err == nil, errors.Is(err, unix.ENOENT):
+		return nil // ENOENT: the kernel gave up on the request (interrupt)
+	case errors.Is(err, unix.ENODEV):
+		return ErrUnmounted
+	default:
+		return fmt.Errorf("write /dev/fuse: %w", err)
+	}
+}
+
+// Buffer layout: requests are read at inPad-inHeaderSize-writeInSize so that
+// WRITE data starts page aligned, and READ data is read at outPad, both as
+// O_DIRECT on the image wants.
+const (
+	pageSize = 4096
+	inPad    = pageSize
+	outPad   = pageSize
+	bufSize  = maxWrite + 2*pageSize
+)
+
+type buffers struct {
+	inMem, outMem []byte
+	in            []byte // what read(2) fills
+	out           []byte
+}
+
+// newBuffers maps page-aligned memory once per worker: no allocation per
+// request.
+func newBuffers() (*buffers, error) {
+	inMem, err := unix.Mmap(-1, 0, inPad+bufSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return nil, fmt.Errorf("map request buffer: %w", err)
+	}
+	outMem, err := unix.Mmap(-1, 0, outPad+maxWrite+pageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		_ = unix.Munmap(inMem)
+		return nil, fmt.Errorf("map reply buffer: %w", err)
+	}
+	return &buffers{
+		inMem:  inMem,
+		outMem: outMem,
+		in:     inMem[inPad-inHeaderSize-writeInSize:],
+		out:    outMem,
+	}, nil
+}
+
+func (b *buffers) free() {
+	_ = unix.Munmap(b.inMem)
+	_ = unix.Munmap(b.outMem)
+}
+
+// data returns the reply payload area (page aligned).
+func (b *buffers) data(n int) []byte { return b.out[outPad : outPad+n] }
+
+// errnoOf maps an error to the errno the kernel gets (EIO if unknown).
+func errnoOf(err error) unix.Errno {
+	var e unix.Errno
+	if errors.As(err, &e) {
+		return e
+	}
+	var pe *os.PathError
+	if errors.As(err, &pe) && errors.As(pe.Err, &e) {
+		return e
+	}
+	return unix.EIO
+}

@@ -1,0 +1,180 @@
+package image
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+
+	"github.com/go-logr/logr"
+	utilexec "k8s.io/utils/exec"
+)
+
+// Default tags of the images the e2e cluster imports.
+const (
+	PauseTag   = "registry.k8s.io/pause:3.10"
+	BusyboxTag = "berth.local/busybox:e2e"
+	BerthTag   = "berth.local/berth:dev"
+)
+
+// imagePath is PATH inside the images built here.
+const imagePath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// Builder assembles image specs from binaries on this machine. It runs
+// `busybox --list-full` and `ldd` through Exec.
+type Builder struct {
+	Exec utilexec.Interface
+	Log  logr.Logger
+}
+
+// NewBuilder returns a Builder that runs real commands.
+func NewBuilder(log logr.Logger) *Builder {
+	return &Builder{Exec: utilexec.New(), Log: log}
+}
+
+// PauseSpec is the sandbox image: one static binary at /pause.
+func PauseSpec(pauseBinary string) Spec {
+	return Spec{
+		Tag:        PauseTag,
+		Files:      []File{{Path: "/pause", Source: pauseBinary, Mode: 0o755}},
+		Entrypoint: []string{"/pause"},
+	}
+}
+
+// BusyboxSpec is a static busybox with one symlink per applet, the way
+// Debian's busybox-static lists them.
+func (b *Builder) BusyboxSpec(busybox, tag string) (Spec, error) {
+	out, err := b.Exec.Command(busybox, "--list-full").Output()
+	if err != nil {
+		return Spec{}, fmt.Errorf("list applets of %s: %w", busybox, err)
+	}
+	files := []File{{Path: "/bin/busybox", Source: busybox, Mode: 0o755}, {Path: "/tmp", Dir: true, Mode: 0o1777}}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		applet := "/" + strings.TrimSpace(sc.Text())
+		if applet == "/" || applet == "/bin/busybox" {
+			continue
+		}
+		files = append(files, File{Path: path.Clean(applet), Link: "/bin/busybox"})
+	}
+	return Spec{Tag: tag, Files: files, Cmd: []string{"/bin/sh"}, Env: []string{imagePath}}, nil
+}
+
+// BerthTools are the programs berth execs: required ones fail the build
+// when missing, optional ones are skipped with a log line. fio is not among
+// them: Debian's links 80 MiB of Ceph and Gluster libraries; pass it as an
+// extra tool when an image needs it.
+func BerthTools() (required, optional []string) {
+	return []string{"losetup", "mkfs.ext4", "mkfs.xfs", "resize2fs", "xfs_growfs", "blkid", "mount", "umount"},
+		[]string{"e2fsck", "fsck", "fsck.ext4", "xfs_repair", "blockdev", "nsenter"}
+}
+
+// BerthSpec is the berth image: the static berth binary at
+// /usr/local/bin/berth (the entrypoint) plus the tools it execs (BerthTools
+// and extraTools, all required), each at its path on this machine with the
+// shared libraries it loads.
+func (b *Builder) BerthSpec(berthBinary, tag string, extraTools ...string) (Spec, error) {
+	if _, err := os.Stat(berthBinary); err != nil {
+		return Spec{}, fmt.Errorf("%w: berth binary: %w", ErrInvalidSpec, err)
+	}
+	files := []File{
+		{Path: "/usr/local/bin/berth", Source: berthBinary, Mode: 0o755},
+		{Path: "/tmp", Dir: true, Mode: 0o1777},
+	}
+	seen := map[string]bool{}
+	add := func(p string) {
+		if !seen[p] {
+			seen[p] = true
+			files = append(files, File{Path: p, Source: p})
+		}
+	}
+	required, optional := BerthTools()
+	required = append(required, extraTools...)
+	for i, tool := range append(required, optional...) {
+		p, err := b.Exec.LookPath(tool)
+		if err != nil {
+			if i < len(required) {
+				return Spec{}, fmt.Errorf("%w: tool %s: %w", ErrInvalidSpec, tool, err)
+			}
+			b.Log.Info("optional tool not found, left out of the image", "tool", tool)
+			continue
+		}
+		p, err = filepath.Abs(p)
+		if err != nil {
+			return Spec{}, fmt.Errorf("path of %s: %w", tool, err)
+		}
+		add(p)
+		libs, err := b.sharedLibs(p)
+		if err != nil {
+			return Spec{}, err
+		}
+		for _, l := range libs {
+			add(l)
+		}
+	}
+	// mke2fs reads its defaults from here; without it mkfs.ext4 still works
+	// but with compiled-in (older) features.
+	if _, err := os.Stat("/etc/mke2fs.conf"); err == nil {
+		add("/etc/mke2fs.conf")
+	}
+	return Spec{
+		Tag:        tag,
+		Files:      files,
+		Entrypoint: []string{"/usr/local/bin/berth"},
+		Env:        []string{imagePath},
+	}, nil
+}
+
+// sharedLibs returns the absolute paths ldd resolves for bin (its dynamic
+// loader included); none for a static binary.
+func (b *Builder) sharedLibs(bin string) ([]string, error) {
+	out, err := b.Exec.Command("ldd", bin).CombinedOutput()
+	if err != nil {
+		var exitErr utilexec.ExitError
+		if errors.As(err, &exitErr) && bytes.Contains(out, []byte("not a dynamic executable")) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("ldd %s: %w: %s", bin, err, out)
+	}
+	return parseLdd(out)
+}
+
+// parseLdd reads lines such as
+//
+//	libblkid.so.1 => /lib/x86_64-linux-gnu/libblkid.so.1 (0x7f...)
+//	/lib64/ld-linux-x86-64.so.2 (0x7f...)
+//	linux-vdso.so.1 (0x7ffd...)
+func parseLdd(out []byte) ([]string, error) {
+	var libs []string
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if strings.Contains(line, "statically linked") {
+			return nil, nil
+		}
+		if strings.Contains(line, "=> not found") {
+			return nil, fmt.Errorf("%w: missing library: %s", ErrInvalidSpec, line)
+		}
+		if _, after, ok := strings.Cut(line, "=> "); ok {
+			line = after
+		}
+		p, _, _ := strings.Cut(line, " ")
+		if path.IsAbs(p) {
+			libs = append(libs, p)
+		}
+	}
+	return libs, nil
+}
+
+// BuildBerthImage writes the berth image (tag BerthTag) of berthBinary to out.
+func BuildBerthImage(berthBinary, out string) error {
+	spec, err := NewBuilder(logr.Discard()).BerthSpec(berthBinary, BerthTag)
+	if err != nil {
+		return err
+	}
+	return Write(spec, out)
+}

@@ -1,0 +1,109 @@
+package keeper
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/moby/sys/mountinfo"
+	"golang.org/x/sys/unix"
+)
+
+// Kernel is the keeper's side effects on the kernel, an interface so that the
+// request handling can be unit-tested without mounting.
+type Kernel interface {
+	// OpenFUSE opens /dev/fuse.
+	OpenFUSE() (int, error)
+	// MountFUSE mounts a FUSE file system at mountpoint on connection fd.
+	MountFUSE(fd int, source, mountpoint string) error
+	// Unmount removes the mount at mountpoint, lazily if it is busy.
+	Unmount(mountpoint string) error
+	// Mounted says whether something is mounted at mountpoint.
+	Mounted(mountpoint string) (bool, error)
+	// CloseFD closes fd.
+	CloseFD(fd int) error
+	// WatchProcess follows process pid until Release.
+	WatchProcess(pid int32) (Process, error)
+}
+
+// Process is a watched process.
+type Process interface {
+	Alive() bool
+	Release()
+}
+
+// HostKernel is the real Kernel.
+type HostKernel struct{}
+
+var _ Kernel = HostKernel{}
+
+// OpenFUSE opens a new FUSE connection. Never mount anything on /dev/fuse
+// itself: that breaks every FUSE user of the machine.
+func (HostKernel) OpenFUSE() (int, error) {
+	fd, err := unix.Open("/dev/fuse", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("open /dev/fuse: %w", err)
+	}
+	return fd, nil
+}
+
+// MountFUSE creates mountpoint (0700) if needed and mounts.
+func (HostKernel) MountFUSE(fd int, source, mountpoint string) error {
+	if err := os.MkdirAll(mountpoint, 0o700); err != nil {
+		return fmt.Errorf("create mountpoint: %w", err)
+	}
+	opts := fmt.Sprintf("fd=%d,rootmode=40000,user_id=0,group_id=0,allow_other", fd)
+	if err := unix.Mount(source, mountpoint, "fuse.berth", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, opts); err != nil {
+		return fmt.Errorf("mount fuse at %s: %w", mountpoint, err)
+	}
+	return nil
+}
+
+// Unmount unmounts, lazily when busy (a loop device still attached): the
+// connection is closed right after, so nothing can use it anyway.
+func (HostKernel) Unmount(mountpoint string) error {
+	err := unix.Unmount(mountpoint, 0)
+	if errors.Is(err, unix.EBUSY) {
+		err = unix.Unmount(mountpoint, unix.MNT_DETACH)
+	}
+	if err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("unmount %s: %w", mountpoint, err)
+	}
+	return nil
+}
+
+// Mounted reads mountinfo rather than stat'ing the path: a dead FUSE mount
+// answers stat with ENOTCONN.
+func (HostKernel) Mounted(mountpoint string) (bool, error) {
+	ms, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(mountpoint))
+	if err != nil {
+		return false, fmt.Errorf("read mountinfo: %w", err)
+	}
+	return len(ms) > 0, nil
+}
+
+// CloseFD closes fd.
+func (HostKernel) CloseFD(fd int) error { return unix.Close(fd) }
+
+// WatchProcess uses a pidfd: unlike a pid it cannot be reused by another
+// process, and it becomes readable when the process exits.
+func (HostKernel) WatchProcess(pid int32) (Process, error) {
+	fd, err := unix.PidfdOpen(int(pid), 0)
+	if err != nil {
+		return nil, fmt.Errorf("watch process %d: %w", pid, err)
+	}
+	return pidfd(fd), nil
+}
+
+type pidfd int
+
+// Alive reports false once the process has exited (even if not reaped yet:
+// a zombie answers no requests).
+func (p pidfd) Alive() bool {
+	fds := []unix.PollFd{{Fd: int32(p), Events: unix.POLLIN}}
+	n, err := unix.Poll(fds, 0)
+	return err == nil && n == 0
+}
+
+// Release closes the pidfd.
+func (p pidfd) Release() { _ = unix.Close(int(p)) }

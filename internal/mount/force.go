@@ -1,0 +1,78 @@
+package mount
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+	mountutils "k8s.io/mount-utils"
+)
+
+// ForceUnmountDevice removes every mount of dev on this node: filesystem
+// mounts (staging and pod bind mounts) and bind mounts of the device node
+// (block staging and block publishes), whether or not processes use them.
+// A busy mount is detached lazily (MNT_DETACH): it vanishes from the mount
+// table now and is released when its last user goes. This is for cleanup of
+// what berth must no longer hold (a deleted cluster, a fenced node), never
+// for the normal unstage path. It returns the paths it unmounted.
+func (m *Manager) ForceUnmountDevice(ctx context.Context, dev string) ([]string, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(dev, &st); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("stat %s: %w", dev, err)
+	}
+	major, minor := int(unix.Major(st.Rdev)), int(unix.Minor(st.Rdev))
+	mis, err := m.mountInfo()
+	if err != nil {
+		return nil, err
+	}
+	var targets []string
+	for i := range mis {
+		mi := &mis[i]
+		if (mi.Major == major && mi.Minor == minor) || isBindOf(mis, mi, dev) {
+			targets = append(targets, mi.MountPoint)
+		}
+	}
+	var done []string
+	// Later lines sit on top of earlier ones: unmount from the end.
+	for i := len(targets) - 1; i >= 0; i-- {
+		if err := ctx.Err(); err != nil {
+			return done, err
+		}
+		t := targets[i]
+		if err := m.mounter.Unmount(t); err != nil {
+			if lerr := unix.Unmount(t, unix.MNT_DETACH); lerr != nil && !errors.Is(lerr, unix.EINVAL) {
+				return done, fmt.Errorf("force unmount %s: %w (lazy: %w)", t, err, lerr)
+			}
+		}
+		done = append(done, t)
+		m.log.Info("force unmounted", "path", t, "device", dev)
+	}
+	return done, nil
+}
+
+// isBindOf tells whether mi is a bind mount of the device node dev itself
+// (a block volume's staging or publish target).
+func isBindOf(mis []mountutils.MountInfo, mi *mountutils.MountInfo, dev string) bool {
+	return mi.FsType == "devtmpfs" && mi.Root != "/" && boundDevice(mis, mi) == filepath.Clean(dev)
+}
+
+// ForceUnpublish unmounts a pod's target path even while it is busy (lazy
+// detach), then removes it as Unpublish does.
+func (m *Manager) ForceUnpublish(ctx context.Context, target string) error {
+	if err := m.Unpublish(ctx, target); err == nil {
+		return nil
+	}
+	for range 8 {
+		if err := unix.Unmount(target, unix.MNT_DETACH); err != nil {
+			break // EINVAL: nothing mounted any more
+		}
+		m.log.Info("force unmounted", "path", target)
+	}
+	return m.Unpublish(ctx, target)
+}

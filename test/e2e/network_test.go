@@ -1,0 +1,130 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+)
+
+// TestPodsReachAPIServer: pods on the pod network and hostNetwork pods (the
+// berth driver's kind) both reach the API server at the in-cluster address
+// Kubernetes injects, with no kube-proxy. A listener on the host's end of
+// the veth is reachable from the node's network but not from the pod
+// network: pod traffic is never forwarded out of the netns.
+func TestPodsReachAPIServer(t *testing.T) {
+	env, cs := needCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	ns := testNamespace(ctx, t, cs)
+
+	hostIP := env.Vars["HOST_IP"]
+	if hostIP == "" {
+		t.Fatal("cluster.env lacks HOST_IP")
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(hostIP, "0"))
+	if err != nil {
+		t.Fatalf("listen on the host's veth address: %v", err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.Close()
+		}
+	}()
+	hostAddr := ln.Addr().(*net.TCPAddr)
+
+	const script = `echo | nc -w 3 "$KUBERNETES_SERVICE_HOST" "$KUBERNETES_SERVICE_PORT" && echo api-ok; ` +
+		`echo | nc -w 3 "$HOST_IP" "$HOST_PORT" 2>/dev/null && echo host-open || echo host-closed`
+	for _, hostNet := range []bool{false, true} {
+		name := map[bool]string{false: "podnet", true: "hostnet"}[hostNet]
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: corev1.PodSpec{
+				HostNetwork:   hostNet,
+				RestartPolicy: corev1.RestartPolicyNever,
+				Containers: []corev1.Container{{
+					Name: "c", Image: env.BusyboxImage, ImagePullPolicy: corev1.PullNever,
+					Command: []string{"sh", "-c", script},
+					Env: []corev1.EnvVar{
+						{Name: "HOST_IP", Value: hostIP},
+						{Name: "HOST_PORT", Value: strconv.Itoa(hostAddr.Port)},
+					},
+				}},
+			},
+		}
+		if _, err := cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("create %s: %v", name, err)
+		}
+	}
+	for name, want := range map[string]string{"podnet": "api-ok\nhost-closed", "hostnet": "api-ok\nhost-open"} {
+		if phase := waitPodDone(ctx, t, cs, ns, name); phase != corev1.PodSucceeded {
+			t.Fatalf("%s: phase %s", name, phase)
+		}
+		got := podLogs(ctx, t, cs, ns, name, "c")
+		if got != want {
+			t.Errorf("%s printed %q, want %q", name, got, want)
+		}
+	}
+}
+
+// TestBerthImageRunsItsTools: the berth image (built when up.sh had
+// BERTH_E2E_BERTH_BINARY) runs berth and the dynamically linked tools it
+// execs, so their libraries came along.
+func TestBerthImageRunsItsTools(t *testing.T) {
+	env, cs := needCluster(t)
+	if env.BerthImage == "" {
+		t.Skip("no berth image: run up.sh with BERTH_E2E_BERTH_BINARY=bin/berth (make build)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	ns := testNamespace(ctx, t, cs)
+	// The image has no shell: one container per tool, found through the
+	// image's PATH, each printing its version.
+	tools := map[string][]string{
+		"berth": {"berth", "version"}, "mkfs-ext4": {"mkfs.ext4", "-V"}, "mkfs-xfs": {"mkfs.xfs", "-V"},
+		"xfs-growfs": {"xfs_growfs", "-V"}, "losetup": {"losetup", "--version"}, "blkid": {"blkid", "-V"},
+		"mount": {"mount", "--version"}, "umount": {"umount", "--version"},
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "tools"},
+		Spec:       corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever},
+	}
+	for name, cmd := range tools {
+		pod.Spec.Containers = append(pod.Spec.Containers, corev1.Container{
+			Name: name, Image: env.BerthImage, ImagePullPolicy: corev1.PullNever, Command: cmd,
+		})
+	}
+	if _, err := cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	phase := waitPodDone(ctx, t, cs, ns, pod.Name)
+	for name := range tools {
+		got := podLogs(ctx, t, cs, ns, pod.Name, name)
+		t.Logf("%s: %s", name, strings.SplitN(got, "\n", 2)[0])
+	}
+	if phase != corev1.PodSucceeded {
+		t.Fatalf("tools pod phase %s, want Succeeded", phase)
+	}
+}
+
+func podLogs(ctx context.Context, t *testing.T, cs kubernetes.Interface, ns, pod, container string) string {
+	t.Helper()
+	b, err := cs.CoreV1().Pods(ns).GetLogs(pod, &corev1.PodLogOptions{Container: container}).DoRaw(ctx)
+	if err != nil {
+		t.Fatalf("logs of %s/%s: %v", pod, container, err)
+	}
+	return strings.TrimSpace(string(b))
+}
