@@ -11,6 +11,8 @@ start=$SECONDS
 hack/install-deps.sh
 KUBEBUILDER_ASSETS=$(hack/kube-binaries.sh | tail -n 1)
 export KUBEBUILDER_ASSETS
+# The chart tests (deploy/) run the pinned helm, built once into bin/.
+make --no-print-directory -s helm >&2
 echo "test: setup done in $((SECONDS - start))s (KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS)"
 
 log=$(mktemp)

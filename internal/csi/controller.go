@@ -56,6 +56,11 @@ type Controller struct {
 	log logr.Logger
 }
 
+// The CSI controller's RBAC (generated into config/rbac/csi-controller).
+// +kubebuilder:rbac:groups=berth.io,resources=volumes,verbs=get;list;create;update;delete
+// +kubebuilder:rbac:groups=berth.io,resources=snapshots,verbs=get;list;create;delete
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list
+
 // NewController returns the Controller service.
 func NewController(c client.Client, cfg ControllerConfig, log logr.Logger) *Controller {
 	if cfg.Wait == 0 {
