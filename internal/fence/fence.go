@@ -62,6 +62,15 @@ type Fencer struct {
 	opts Options
 }
 
+// The agent fences through the API server, breaks locks on node and pod
+// liveness, and records broken entries on the holder node's stale list.
+// +kubebuilder:rbac:groups=berth.io,resources=attachments,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=berth.io,resources=nodecleanups,verbs=get;list;watch;create;update;patch
+// +kubebuilder:rbac:groups=berth.io,resources=nodecleanups/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+
 // New returns a Fencer. c must read from the API server, not from a cache:
 // a stale read could report a hold that was broken meanwhile as granted.
 // rec gets an Event on the Attachment and the requesting pod for every

@@ -3,11 +3,16 @@
 package operator
 
 import (
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"os"
+
+	"github.com/berth-io/berth/internal/fence"
 
 	"github.com/go-logr/logr"
 	appsv1 "k8s.io/api/apps/v1"
@@ -83,6 +88,9 @@ func (c Config) Run(ctx context.Context) error {
 	if err := r.SetupWithManager(mgr); err != nil {
 		return err
 	}
+	if err := c.addAttachmentGC(mgr); err != nil {
+		return err
+	}
 	c.Log.Info("starting operator", "namespace", c.Cluster.Namespace, "image", c.Cluster.Image,
 		"leaderElection", c.LeaderElect, "version", version.Get().Version)
 	return mgr.Start(ctx)
@@ -151,4 +159,26 @@ func Command() cli.Command {
 			return cfg.Run(ctx)
 		},
 	}
+}
+
+// The attachment GC scans every Attachment each
+// StorageCluster.spec.attachmentGC.interval and moves or drops entries whose
+// node or pod is gone.
+// +kubebuilder:rbac:groups=berth.io,resources=attachments,verbs=get;list;watch;update;patch;delete
+// +kubebuilder:rbac:groups=berth.io,resources=nodecleanups,verbs=get;list;watch;create;update;patch
+// +kubebuilder:rbac:groups=berth.io,resources=storageclusters,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+
+func (c Config) addAttachmentGC(mgr ctrl.Manager) error {
+	// Reads go to the API server: a stale cache could move a live entry.
+	direct, err := client.New(c.Rest, client.Options{Scheme: mgr.GetScheme()})
+	if err != nil {
+		return fmt.Errorf("kubernetes client: %w", err)
+	}
+	gc, err := fence.NewGC(direct, clock.RealClock{}, c.Log.WithName("attachment-gc"), metrics.Registry, fence.Options{})
+	if err != nil {
+		return err
+	}
+	return mgr.Add(gc)
 }
