@@ -7,15 +7,24 @@ export PATH := /usr/local/go/bin:$(PATH)
 BIN := $(CURDIR)/bin
 CONTROLLER_GEN_VERSION := v0.19.0
 GOLANGCI_LINT_VERSION := v2.11.4
+HELM_VERSION := v3.19.5
 CONTROLLER_GEN := $(BIN)/controller-gen-$(CONTROLLER_GEN_VERSION)
 GOLANGCI_LINT := $(BIN)/golangci-lint-$(GOLANGCI_LINT_VERSION)
+HELM := $(BIN)/helm-$(HELM_VERSION)
+
+# Packages whose +kubebuilder:rbac markers make each component's roles
+# (config/rbac/<component>): one role set per process, least privilege.
+RBAC_operator := ./internal/controller/storagecluster/... ./internal/cli/operator/...
+RBAC_agent := ./internal/agent/... ./internal/controller ./internal/fence/... ./internal/cli/agent/...
+RBAC_csi-controller := ./internal/csi/... ./internal/cli/csicontroller/...
+RBAC_COMPONENTS := operator agent csi-controller
 
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -X github.com/berth-io/berth/internal/version.Version=$(VERSION) -X github.com/berth-io/berth/internal/version.Commit=$(COMMIT)
 
 # Generated files that `make verify` proves current.
-GENERATED := api/v1alpha1/zz_generated.deepcopy.go config/crd/bases
+GENERATED := api/v1alpha1/zz_generated.deepcopy.go config/crd/bases config/rbac deploy/berth/crds deploy/berth/files deploy/manifests
 
 GO_TEST_FLAGS ?=
 
@@ -32,9 +41,24 @@ build: ## Build bin/berth (static, with version and commit).
 	CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/berth ./cmd/berth
 
 .PHONY: generate
-generate: $(CONTROLLER_GEN) ## Regenerate deepcopy code and CRDs.
+generate: $(CONTROLLER_GEN) $(HELM) ## Regenerate deepcopy code, CRDs, RBAC, the chart's copies and deploy/manifests.
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./api/...
 	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=config/crd/bases
+	$(foreach c,$(RBAC_COMPONENTS),$(CONTROLLER_GEN) rbac:roleName=berth-$(c) $(addprefix paths=,$(RBAC_$(c))) output:rbac:artifacts:config=config/rbac/$(c);)
+	hack/chart.sh $(HELM)
+
+.PHONY: helm-lint
+helm-lint: $(HELM) ## Lint the Helm chart (deploy/berth).
+	$(HELM) lint --strict deploy/berth
+
+.PHONY: helm
+helm: $(HELM) ## Build the pinned helm binary into bin/.
+
+.PHONY: image
+image: build ## Write berth's OCI image (contents: internal/image BerthSpec) to _output/berth-image.tar.
+	rm -rf _output/.image && mkdir -p _output/.image
+	go run ./hack/images -out _output/.image -pause "" -busybox "" -berth $(BIN)/berth
+	mv _output/.image/berth.tar _output/berth-image.tar && rmdir _output/.image
 
 .PHONY: verify
 verify: ## Fail when generated files are stale or gofmt/go vet complain.
@@ -83,6 +107,10 @@ cluster-down: ## Stop the e2e Kubernetes and remove everything it made (hack/clu
 $(CONTROLLER_GEN):
 	GOBIN=$(BIN)/.tmp go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
 	mv $(BIN)/.tmp/controller-gen $@
+
+$(HELM):
+	GOBIN=$(BIN)/.tmp CGO_ENABLED=0 go install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+	mv $(BIN)/.tmp/helm $@
 
 $(GOLANGCI_LINT):
 	GOBIN=$(BIN)/.tmp go install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)

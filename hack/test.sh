@@ -11,6 +11,8 @@ start=$SECONDS
 hack/install-deps.sh
 KUBEBUILDER_ASSETS=$(hack/kube-binaries.sh | tail -n 1)
 export KUBEBUILDER_ASSETS
+# The chart tests (deploy/) run the pinned helm, built once into bin/.
+make --no-print-directory -s helm >&2
 echo "test: setup done in $((SECONDS - start))s (KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS)"
 
 log=$(mktemp)
@@ -18,7 +20,7 @@ trap 'rm -f "$log"' EXIT
 # -p 1: packages that start API servers or touch loop devices run one at a
 # time on our 2-core machines.
 set +e
-go test -p 1 -count=1 -v "$@" ./... 2>&1 | tee "$log" | grep -vE '^=== (RUN|PAUSE|CONT)'
+go test -p 1 -count=1 -timeout 30m -v "$@" ./... 2>&1 | tee "$log" | grep -vE '^=== (RUN|PAUSE|CONT)'
 rc=${PIPESTATUS[0]}
 set -e
 

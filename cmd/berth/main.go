@@ -20,6 +20,7 @@ import (
 	"github.com/berth-io/berth/internal/cli/csicontroller"
 	"github.com/berth-io/berth/internal/cli/flexvolume"
 	"github.com/berth-io/berth/internal/cli/keeper"
+	"github.com/berth-io/berth/internal/cli/operator"
 	"github.com/berth-io/berth/internal/cli/version"
 )
 
@@ -28,6 +29,7 @@ func commands() []cli.Command {
 	return []cli.Command{
 		agent.Command(),
 		csicontroller.Command(),
+		operator.Command(),
 		flexvolume.Command(),
 		keeper.Command(),
 		blockdev.Command(),

@@ -2,7 +2,6 @@ package csi
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sort"
 	"strconv"
@@ -13,12 +12,10 @@ import (
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
@@ -55,6 +52,11 @@ type Controller struct {
 	cfg ControllerConfig
 	log logr.Logger
 }
+
+// The CSI controller's RBAC (generated into config/rbac/csi-controller).
+// +kubebuilder:rbac:groups=berth.io,resources=volumes,verbs=get;list;create;update;delete
+// +kubebuilder:rbac:groups=berth.io,resources=snapshots,verbs=get;list;create;delete
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list
 
 // NewController returns the Controller service.
 func NewController(c client.Client, cfg ControllerConfig, log logr.Logger) *Controller {
@@ -240,66 +242,6 @@ func sameSource(a, b *v1.VolumeSource) bool {
 	return *a == *b
 }
 
-// chooseNode picks the node of a new local volume: the first preferred, then
-// requisite topology, or else the node whose agent reports the most free space.
-func (s *Controller) chooseNode(ctx context.Context, top *csi.TopologyRequirement, size int64) (string, error) {
-	for _, list := range [][]*csi.Topology{top.GetPreferred(), top.GetRequisite()} {
-		for _, t := range list {
-			if n := t.GetSegments()[v1.TopologyNodeKey]; n != "" {
-				free, known, err := s.nodeCapacity(ctx, n)
-				if err != nil {
-					return "", err
-				}
-				if known && free < size {
-					continue
-				}
-				return n, nil
-			}
-		}
-	}
-	if len(top.GetRequisite()) > 0 || len(top.GetPreferred()) > 0 {
-		return "", status.Errorf(codes.ResourceExhausted, "no node of the requested topology has %d bytes free", size)
-	}
-	nodes := &corev1.NodeList{}
-	if err := s.c.List(ctx, nodes); err != nil {
-		return "", status.Errorf(codes.Unavailable, "list nodes: %v", err)
-	}
-	best, bestFree := "", int64(-1)
-	for _, n := range nodes.Items {
-		if free, ok := capacityOf(&n); ok && free > bestFree {
-			best, bestFree = n.Name, free
-		}
-	}
-	switch {
-	case best == "":
-		return "", status.Error(codes.ResourceExhausted, "no berth agent reports capacity on any node")
-	case bestFree < size:
-		return "", status.Errorf(codes.ResourceExhausted, "no node has %d bytes free (most: %d on %s)", size, bestFree, best)
-	}
-	return best, nil
-}
-
-func (s *Controller) nodeCapacity(ctx context.Context, name string) (int64, bool, error) {
-	n := &corev1.Node{}
-	if err := s.c.Get(ctx, client.ObjectKey{Name: name}, n); err != nil {
-		if apierrors.IsNotFound(err) {
-			return 0, false, nil
-		}
-		return 0, false, status.Errorf(codes.Unavailable, "get node %s: %v", name, err)
-	}
-	free, ok := capacityOf(n)
-	return free, ok, nil
-}
-
-func capacityOf(n *corev1.Node) (int64, bool) {
-	v, ok := n.Annotations[v1.CapacityAnnotation]
-	if !ok {
-		return 0, false
-	}
-	free, err := strconv.ParseInt(v, 10, 64)
-	return free, err == nil
-}
-
 // DeleteVolume implements csi.ControllerServer. It returns once the agent
 // removed the image.
 func (s *Controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
@@ -392,37 +334,6 @@ func page(n int, token string, maxEntries int32) (start, end int, next string, e
 	return start, end, next, nil
 }
 
-// GetCapacity implements csi.ControllerServer: the free space of the node the
-// topology names, or the most any node has.
-func (s *Controller) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (*csi.GetCapacityResponse, error) {
-	if len(req.GetVolumeCapabilities()) > 0 {
-		if _, _, _, err := checkCapabilities(req.GetVolumeCapabilities()); err != nil {
-			return nil, status.Error(codes.InvalidArgument, err.Error())
-		}
-	}
-	if _, _, err := parseParameters(req.GetParameters()); err != nil {
-		return nil, status.Error(codes.InvalidArgument, err.Error())
-	}
-	if n := req.GetAccessibleTopology().GetSegments()[v1.TopologyNodeKey]; n != "" {
-		free, _, err := s.nodeCapacity(ctx, n)
-		if err != nil {
-			return nil, err
-		}
-		return &csi.GetCapacityResponse{AvailableCapacity: free}, nil
-	}
-	nodes := &corev1.NodeList{}
-	if err := s.c.List(ctx, nodes); err != nil {
-		return nil, status.Errorf(codes.Unavailable, "list nodes: %v", err)
-	}
-	var most int64
-	for _, n := range nodes.Items {
-		if free, ok := capacityOf(&n); ok && free > most {
-			most = free
-		}
-	}
-	return &csi.GetCapacityResponse{AvailableCapacity: most}, nil
-}
-
 // ControllerExpandVolume implements csi.ControllerServer: it raises the
 // Volume's size and waits for the agent to grow the image; the node then
 // grows the device and filesystem.
@@ -475,46 +386,6 @@ func (s *Controller) getVolume(ctx context.Context, id string) (*v1.Volume, erro
 		return nil, status.Errorf(codes.Unavailable, "get Volume %s: %v", id, err)
 	}
 	return vol, nil
-}
-
-// waitVolume polls the Volume until done says so.
-func (s *Controller) waitVolume(ctx context.Context, name string, done func(*v1.Volume) bool) (*v1.Volume, error) {
-	vol := &v1.Volume{}
-	err := s.poll(ctx, func(ctx context.Context) (bool, error) {
-		if err := s.c.Get(ctx, client.ObjectKey{Name: name}, vol); err != nil {
-			return false, err
-		}
-		return done(vol), nil
-	})
-	if err != nil {
-		return nil, waitError("volume "+name, err)
-	}
-	return vol, nil
-}
-
-func (s *Controller) waitGone(ctx context.Context, obj client.Object) error {
-	err := s.poll(ctx, func(ctx context.Context) (bool, error) {
-		err := s.c.Get(ctx, client.ObjectKeyFromObject(obj), obj)
-		if apierrors.IsNotFound(err) {
-			return true, nil
-		}
-		return false, err
-	})
-	if err != nil {
-		return waitError(obj.GetName()+" removal", err)
-	}
-	return nil
-}
-
-func (s *Controller) poll(ctx context.Context, cond wait.ConditionWithContextFunc) error {
-	return wait.PollUntilContextTimeout(ctx, s.cfg.Poll, s.cfg.Wait, true, cond)
-}
-
-func waitError(what string, err error) error {
-	if wait.Interrupted(err) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
-		return status.Errorf(codes.DeadlineExceeded, "waiting for the agent: %s not done yet; the call may be retried", what)
-	}
-	return status.Errorf(codes.Unavailable, "waiting for %s: %v", what, err)
 }
 
 func csiVolume(v *v1.Volume, src *csi.VolumeContentSource) *csi.Volume {

@@ -5,33 +5,31 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"testing"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	flex "github.com/berth-io/berth/internal/flexvolume"
 )
 
-// stand-in for the operator's finalizer: the test lifts it once the node
-// reported, as the operator does when every node has.
-const holdFinalizer = "test.berth.io/hold"
-
 // TestClusterDeletionCleansNode: deleting a StorageCluster makes the agent
 // unmount and detach every volume of it on this node, even one a process
-// holds open, and report the node; nothing of it is left.
+// holds open, and report the node; the operator then lets the cluster go,
+// and nothing of it is left.
 func TestClusterDeletionCleansNode(t *testing.T) {
 	f := setup(t)
 	ctx := context.Background()
-	sc := &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "doomed", Finalizers: []string{holdFinalizer}}}
+	sc := &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "doomed"}}
 	if err := f.env.Client.Create(ctx, sc); err != nil {
 		t.Fatal(err)
 	}
+	waitFor(t, "the operator's cleanup finalizer", func() bool {
+		return f.env.Client.Get(ctx, client.ObjectKeyFromObject(sc), sc) == nil && len(sc.Finalizers) > 0
+	})
 	keep := f.volume(t, "flex", "survivor", v1.ReadWriteOnce)
 	images := map[string]string{
 		"doomed-a": f.volume(t, "doomed", "doomed-a", v1.ReadWriteOnce),
@@ -71,19 +69,16 @@ func TestClusterDeletionCleansNode(t *testing.T) {
 	if err := f.env.Client.Delete(ctx, sc); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		if err := f.env.Client.Get(ctx, client.ObjectKeyFromObject(sc), sc); err != nil {
-			t.Fatal(err)
+	// The agent reports the node; the operator then removes its finalizer.
+	var last v1.StorageCluster
+	waitFor(t, "the StorageCluster to go", func() bool {
+		err := f.env.Client.Get(ctx, client.ObjectKeyFromObject(sc), sc)
+		if err == nil {
+			last = *sc
 		}
-		if slices.Contains(sc.Status.CleanedNodes, node) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("node not reported cleaned within 60s: %+v", sc.Status)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return apierrors.IsNotFound(err)
+	})
+	t.Logf("cluster gone; last status seen: phase %s, cleaned nodes %v", last.Status.Phase, last.Status.CleanedNodes)
 
 	for dir, vol := range dirs {
 		if vol == "survivor" {
@@ -116,14 +111,15 @@ func TestClusterDeletionCleansNode(t *testing.T) {
 	if loops(t, keep) != 1 {
 		t.Error("the other cluster's volume lost its loop device")
 	}
+}
 
-	// The operator lifts its finalizer once every node reported.
-	if controllerutil.RemoveFinalizer(sc, holdFinalizer) {
-		if err := f.env.Client.Update(ctx, sc); err != nil {
-			t.Fatal(err)
+func waitFor(t *testing.T, what string, done func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for !done() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after 60s waiting for %s", what)
 		}
-	}
-	if err := f.env.Client.Get(ctx, client.ObjectKeyFromObject(sc), sc); !apierrors.IsNotFound(err) {
-		t.Errorf("StorageCluster still there: %v", err)
+		time.Sleep(100 * time.Millisecond)
 	}
 }

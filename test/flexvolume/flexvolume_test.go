@@ -39,7 +39,9 @@ type fixture struct {
 	sock       string
 	kubeletDir string
 	agent      *exec.Cmd
+	agentArgs  []string
 	agentLog   string
+	operator   *exec.Cmd
 	skip       string
 }
 
@@ -96,19 +98,53 @@ func (f *fixture) start() error {
 	f.kubeletDir = filepath.Join(f.dir, "kubelet")
 	f.driver = filepath.Join(plugins, flex.Dir, flex.Name)
 	f.agentLog = filepath.Join(f.dir, "agent.log")
-	log, err := os.Create(f.agentLog)
+	f.agentArgs = []string{berth, "agent", "--kubeconfig", kubeconfig, "--node-name", node,
+		"--data-dir", filepath.Join(f.dir, "data"), "--csi-endpoint", "unix://" + filepath.Join(f.dir, "csi.sock"),
+		"--kubelet-dir", "", "--agent-socket", f.sock, "--volume-plugin-dir", plugins}
+	if err := f.startAgent(); err != nil {
+		return err
+	}
+	// The operator lifts a deleted StorageCluster's finalizer once every
+	// node reported its cleanup.
+	if err := f.env.Client.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "berth-system"}}); err != nil {
+		return err
+	}
+	oplog, err := os.Create(filepath.Join(f.dir, "operator.log"))
+	if err != nil {
+		return err
+	}
+	defer oplog.Close()
+	f.operator = exec.Command(berth, "operator", "--kubeconfig", kubeconfig, "--namespace", "berth-system",
+		"--leader-elect=false", "--health-addr", "0", "--metrics-addr", "0")
+	f.operator.Stdout, f.operator.Stderr = oplog, oplog
+	if err := f.operator.Start(); err != nil {
+		return err
+	}
+	return f.waitReady()
+}
+
+// startAgent starts the agent process (again, after a restart).
+func (f *fixture) startAgent() error {
+	log, err := os.OpenFile(f.agentLog, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
 	}
 	defer log.Close()
-	f.agent = exec.Command(berth, "agent", "--kubeconfig", kubeconfig, "--node-name", node,
-		"--data-dir", filepath.Join(f.dir, "data"), "--csi-endpoint", "unix://"+filepath.Join(f.dir, "csi.sock"),
-		"--kubelet-dir", "", "--agent-socket", f.sock, "--volume-plugin-dir", plugins)
+	f.agent = exec.Command(f.agentArgs[0], f.agentArgs[1:]...)
 	f.agent.Stdout, f.agent.Stderr = log, log
-	if err := f.agent.Start(); err != nil {
-		return err
+	return f.agent.Start()
+}
+
+// stopAgent stops the agent process by PID.
+func (f *fixture) stopAgent() {
+	if f.agent != nil && f.agent.Process != nil {
+		_ = f.agent.Process.Signal(syscall.SIGTERM)
+		_ = f.agent.Wait()
 	}
-	// Ready once the installed driver's init reached the agent.
+}
+
+// waitReady waits until the installed driver's init reaches the agent.
+func (f *fixture) waitReady() error {
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		out, _ := exec.Command(f.driver, "init").Output()
@@ -124,18 +160,22 @@ func (f *fixture) start() error {
 }
 
 func (f *fixture) stop(failed bool) {
-	if f.agent != nil && f.agent.Process != nil {
-		_ = f.agent.Process.Signal(syscall.SIGTERM)
-		_ = f.agent.Wait()
+	f.stopAgent()
+	if f.operator != nil && f.operator.Process != nil {
+		_ = f.operator.Process.Signal(syscall.SIGTERM)
+		_ = f.operator.Wait()
 	}
 	if failed && f.agentLog != "" {
-		b, _ := os.ReadFile(f.agentLog)
-		fmt.Fprintf(os.Stderr, "agent log:\n%s\n", b)
+		for _, name := range []string{f.agentLog, filepath.Join(f.dir, "operator.log")} {
+			b, _ := os.ReadFile(name)
+			fmt.Fprintf(os.Stderr, "%s:\n%s\n", name, b)
+		}
 	}
 	if f.env != nil {
 		_ = f.env.Stop()
 	}
 	if f.dir != "" {
+		removeLeftovers(f.dir)
 		_ = os.RemoveAll(f.dir)
 	}
 }
@@ -376,4 +416,23 @@ func raw(t *testing.T, sock string, payload []byte) socket.Response {
 		t.Fatalf("no response: %v", err)
 	}
 	return resp
+}
+
+// removeLeftovers unmounts and detaches whatever a failed test left under
+// dir, so that a failure never leaks mounts or loop devices.
+func removeLeftovers(dir string) {
+	if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
+		lines := strings.Split(string(b), "\n")
+		for i := len(lines) - 1; i >= 0; i-- {
+			if f := strings.Fields(lines[i]); len(f) > 4 && strings.HasPrefix(f[4], dir) {
+				_ = syscall.Unmount(f[4], syscall.MNT_DETACH)
+			}
+		}
+	}
+	out, _ := exec.Command("losetup", "-a").Output()
+	for _, l := range strings.Split(string(out), "\n") {
+		if dev, _, ok := strings.Cut(l, ":"); ok && strings.Contains(l, dir) {
+			_ = exec.Command("losetup", "-d", dev).Run()
+		}
+	}
 }

@@ -68,6 +68,9 @@ func TestMain(m *testing.M) {
 	}
 	if err := drv.start(); err != nil {
 		fmt.Fprintln(os.Stderr, "start driver:", err)
+		if drv.env != nil {
+			_ = drv.stop() // never leave an API server or etcd running
+		}
 		os.Exit(1)
 	}
 	code := m.Run()
@@ -121,10 +124,17 @@ func (d *driver) start() error {
 }
 
 func (d *driver) stop() error {
-	d.cancel()
 	var errs []error
-	for range 2 {
-		errs = append(errs, <-d.done)
+	if d.cancel != nil {
+		d.cancel()
+		for range cap(d.done) {
+			select {
+			case err := <-d.done:
+				errs = append(errs, err)
+			case <-time.After(30 * time.Second):
+				errs = append(errs, fmt.Errorf("driver did not stop within 30s"))
+			}
+		}
 	}
 	errs = append(errs, d.env.Stop())
 	return errors.Join(errs...)

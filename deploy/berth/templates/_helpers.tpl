@@ -1,0 +1,56 @@
+{{/* Labels on every object of the chart. */}}
+{{- define "berth.labels" -}}
+app.kubernetes.io/name: berth
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "berth.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag }}
+{{- end -}}
+
+{{/*
+berth.rbac renders one component's generated roles (files/rbac/<name>.yaml,
+copied from config/rbac by `make generate`) and binds them to its service
+account: ClusterRoles cluster-wide, Roles in the release namespace.
+Arguments: (dict "root" $ "file" "operator" "sa" "berth-operator")
+*/}}
+{{- define "berth.rbac" -}}
+{{- $root := .root -}}
+{{- range $doc := splitList "\n---\n" ($root.Files.Get (printf "files/rbac/%s.yaml" .file)) }}
+{{- $role := fromYaml $doc }}
+{{- if $role.kind }}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: {{ $role.kind }}
+metadata:
+  name: {{ $role.metadata.name }}
+  {{- if eq $role.kind "Role" }}
+  namespace: {{ $root.Release.Namespace }}
+  {{- end }}
+  labels:
+    {{- include "berth.labels" $root | nindent 4 }}
+rules:
+{{ toYaml $role.rules }}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: {{ $role.kind }}Binding
+metadata:
+  name: {{ $role.metadata.name }}
+  {{- if eq $role.kind "Role" }}
+  namespace: {{ $root.Release.Namespace }}
+  {{- end }}
+  labels:
+    {{- include "berth.labels" $root | nindent 4 }}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: {{ $role.kind }}
+  name: {{ $role.metadata.name }}
+subjects:
+- kind: ServiceAccount
+  name: {{ $.sa }}
+  namespace: {{ $root.Release.Namespace }}
+{{- end }}
+{{- end }}
+{{- end -}}

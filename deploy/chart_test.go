@@ -1,0 +1,269 @@
+// Package deploy_test checks the Helm chart in deploy/berth: it lints, it
+// renders, and what it renders installs into a real API server, where the
+// operator, running with exactly the chart's RBAC, brings up a StorageCluster.
+package deploy_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/cli/operator"
+	"github.com/berth-io/berth/internal/controller/storagecluster"
+	"github.com/berth-io/berth/internal/testenv"
+)
+
+const (
+	releaseNamespace = "berth-system"
+	chartDir         = "deploy/berth"
+)
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() {
+		fmt.Println("skipping chart tests in -short mode: they need a real kube-apiserver")
+		os.Exit(0)
+	}
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	var err error
+	if env, err = testenv.Start(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer func() { _ = env.Stop() }()
+	return m.Run()
+}
+
+// helmBinary returns the pinned helm that `make helm` builds into bin/.
+func helmBinary(t *testing.T) string {
+	t.Helper()
+	if h := os.Getenv("HELM"); h != "" {
+		return h
+	}
+	found, _ := filepath.Glob(filepath.Join(testenv.RepoRoot(), "bin", "helm-v3.*"))
+	if len(found) == 0 {
+		t.Skip("helm not built: run `make helm` (make test does) or set HELM")
+	}
+	slices.Sort(found)
+	return found[len(found)-1]
+}
+
+func helm(t *testing.T, args ...string) []byte {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	cmd := exec.Command(helmBinary(t), args...)
+	cmd.Dir = testenv.RepoRoot()
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("helm %v: %v\n%s%s", args, err, stdout.String(), stderr.String())
+	}
+	return stdout.Bytes()
+}
+
+func TestChartLint(t *testing.T) {
+	helm(t, "lint", "--strict", chartDir)
+}
+
+// TestChartInstallsAndOperatorWorks applies the rendered chart to the API
+// server, then runs the operator as the chart's service account (impersonated,
+// so RBAC is enforced) and wants the StorageCluster the chart made to get
+// its workloads and status.
+func TestChartInstallsAndOperatorWorks(t *testing.T) {
+	out := helm(t, "template", "berth", chartDir, "--namespace", releaseNamespace, "--include-crds",
+		"--set", "namespace.create=true", "--set", "storageCluster.create=true",
+		"--set", "image.tag=test", "--set", "image.pullPolicy=Never")
+	objs := decode(t, out)
+	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
+	defer cancel()
+
+	// CRDs and the namespace first, the StorageCluster once its CRD serves.
+	rank := func(o *unstructured.Unstructured) int {
+		switch o.GetKind() {
+		case "CustomResourceDefinition", "Namespace":
+			return 0
+		case "StorageCluster":
+			return 2
+		}
+		return 1
+	}
+	slices.SortStableFunc(objs, func(a, b *unstructured.Unstructured) int { return rank(a) - rank(b) })
+	kinds := map[string]int{}
+	for _, o := range objs {
+		if o.GetKind() == "StorageCluster" {
+			waitCRDs(ctx, t)
+		}
+		if err := env.Client.Patch(ctx, o, client.Apply, client.FieldOwner("chart-test"), client.ForceOwnership); err != nil {
+			t.Fatalf("apply %s %s: %v", o.GetKind(), o.GetName(), err)
+		}
+		kinds[o.GetKind()]++
+	}
+	t.Logf("applied %d objects: %v", len(objs), kinds)
+	for kind, min := range map[string]int{"CustomResourceDefinition": 6, "Deployment": 1, "ServiceAccount": 3,
+		"ClusterRole": 4, "ClusterRoleBinding": 4, "Role": 2, "RoleBinding": 2, "StorageCluster": 1} {
+		if kinds[kind] < min {
+			t.Errorf("chart rendered %d %s, want at least %d", kinds[kind], kind, min)
+		}
+	}
+	dep := &appsv1.Deployment{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: releaseNamespace, Name: "berth-operator"}, dep); err != nil {
+		t.Fatal(err)
+	}
+	c := dep.Spec.Template.Spec.Containers[0]
+	if dep.Spec.Template.Spec.ServiceAccountName != "berth-operator" || c.Image != "berth.local/berth:test" || c.Args[0] != "operator" {
+		t.Errorf("operator Deployment: sa %q image %q args %v", dep.Spec.Template.Spec.ServiceAccountName, c.Image, c.Args)
+	}
+	role := &rbacv1.Role{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: releaseNamespace, Name: "berth-operator"}, role); err != nil {
+		t.Fatalf("operator Role in the release namespace: %v", err)
+	}
+
+	opUser := "system:serviceaccount:" + releaseNamespace + ":berth-operator"
+	// RBAC is enforced: the operator's identity may not read Secrets, nor
+	// touch DaemonSets outside its namespace.
+	as, err := client.New(impersonate(opUser), client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := as.List(ctx, &corev1.SecretList{}); !apierrors.IsForbidden(err) {
+		t.Errorf("operator listing Secrets: %v, want Forbidden", err)
+	}
+	if err := as.List(ctx, &appsv1.DaemonSetList{}, client.InNamespace("default")); !apierrors.IsForbidden(err) {
+		t.Errorf("operator listing DaemonSets in default: %v, want Forbidden", err)
+	}
+	runOperatorAs(ctx, t, opUser)
+	sc := &v1.StorageCluster{}
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		if err := env.Client.Get(ctx, client.ObjectKey{Name: "berth"}, sc); err != nil {
+			return false, err
+		}
+		return sc.Status.Phase == v1.StorageClusterProgressing && slices.Contains(sc.Finalizers, storagecluster.Finalizer), nil
+	})
+	if err != nil {
+		t.Fatalf("StorageCluster from the chart not reconciled by the operator with its RBAC: %v (status %+v)", err, sc.Status)
+	}
+	for _, name := range []string{"berth-agent", "berth-keeper"} {
+		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: releaseNamespace, Name: name}, &appsv1.DaemonSet{}); err != nil {
+			t.Errorf("DaemonSet %s: %v", name, err)
+		}
+	}
+	// Let the cluster go (Retain) so that nothing waits on the finalizer.
+	patch := client.MergeFrom(sc.DeepCopy())
+	sc.Spec.CleanupPolicy = v1.CleanupRetain
+	if err := env.Client.Patch(ctx, sc, patch); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.Client.Delete(ctx, sc); err != nil {
+		t.Fatal(err)
+	}
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
+		return isGone(ctx, sc), nil
+	})
+	if err != nil {
+		t.Errorf("StorageCluster not released by the operator: %v", err)
+	}
+}
+
+func isGone(ctx context.Context, sc *v1.StorageCluster) bool {
+	err := env.Client.Get(ctx, client.ObjectKeyFromObject(sc), &v1.StorageCluster{})
+	return client.IgnoreNotFound(err) == nil && err != nil
+}
+
+// runOperatorAs runs `berth operator` in this process with the API
+// identity of user, leader election on (its Lease is part of the RBAC).
+func runOperatorAs(ctx context.Context, t *testing.T, user string) {
+	t.Helper()
+	var oc operator.Config
+	fs := flag.NewFlagSet("operator", flag.ContinueOnError)
+	operator.Flags(fs, &oc, func(string) string { return releaseNamespace })
+	if err := fs.Parse([]string{"--health-addr=0", "--image=berth.local/berth:test"}); err != nil {
+		t.Fatal(err)
+	}
+	oc.Rest, oc.Log = impersonate(user), logr.Discard()
+	opCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- oc.Run(opCtx) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("operator: %v", err)
+		}
+	})
+}
+
+// impersonate returns a config that acts as service account user.
+func impersonate(user string) *rest.Config {
+	cfg := rest.CopyConfig(env.Config)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: []string{
+		"system:serviceaccounts", "system:serviceaccounts:" + releaseNamespace, "system:authenticated",
+	}}
+	return cfg
+}
+
+func waitCRDs(ctx context.Context, t *testing.T) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
+		// Unstructured: berth's scheme does not carry apiextensions types.
+		crd := &unstructured.Unstructured{}
+		crd.SetAPIVersion("apiextensions.k8s.io/v1")
+		crd.SetKind("CustomResourceDefinition")
+		if err := env.Client.Get(ctx, client.ObjectKey{Name: "storageclusters.berth.io"}, crd); err != nil {
+			return false, client.IgnoreNotFound(err)
+		}
+		conds, _, _ := unstructured.NestedSlice(crd.Object, "status", "conditions")
+		for _, c := range conds {
+			if m, ok := c.(map[string]any); ok && m["type"] == "Established" && m["status"] == "True" {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("StorageCluster CRD not established: %v", err)
+	}
+}
+
+// decode splits helm's multi-document output into objects.
+func decode(t *testing.T, manifest []byte) []*unstructured.Unstructured {
+	t.Helper()
+	d := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(manifest), 4096)
+	var objs []*unstructured.Unstructured
+	for {
+		u := &unstructured.Unstructured{}
+		err := d.Decode(&u.Object)
+		if errors.Is(err, io.EOF) {
+			return objs
+		}
+		if err != nil {
+			t.Fatalf("decode rendered chart: %v", err)
+		}
+		if len(u.Object) > 0 {
+			objs = append(objs, u)
+		}
+	}
+}

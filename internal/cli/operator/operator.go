@@ -1,0 +1,184 @@
+// Package operator is the `berth operator` command: a controller-runtime
+// manager that turns StorageClusters into running storage.
+package operator
+
+import (
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+
+	"github.com/berth-io/berth/internal/fence"
+
+	"github.com/go-logr/logr"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/berth-io/berth/internal/cli"
+	"github.com/berth-io/berth/internal/controller/storagecluster"
+	"github.com/berth-io/berth/internal/scheme"
+	"github.com/berth-io/berth/internal/version"
+)
+
+// leaderElectionID names the Lease the operator replicas compete for.
+const leaderElectionID = "berth-operator.berth.io"
+
+// Leader election and the events it records.
+// +kubebuilder:rbac:groups=coordination.k8s.io,namespace=berth-system,resources=leases,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups="",namespace=berth-system,resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=events.k8s.io,namespace=berth-system,resources=events,verbs=create;patch
+
+// Config of the operator.
+type Config struct {
+	Cluster     storagecluster.Options
+	LeaderElect bool
+	MetricsAddr string
+	HealthAddr  string
+	Rest        *rest.Config
+	Log         logr.Logger
+}
+
+// Run runs the manager until ctx ends.
+func (c Config) Run(ctx context.Context) error {
+	if err := c.Cluster.Validate(); err != nil {
+		return err
+	}
+	s, err := scheme.New()
+	if err != nil {
+		return err
+	}
+	// The owned workloads live in one namespace: cache only that one.
+	ns := map[string]cache.Config{c.Cluster.Namespace: {}}
+	mgr, err := ctrl.NewManager(c.Rest, ctrl.Options{
+		Scheme:                        s,
+		Logger:                        c.Log,
+		Metrics:                       metricsserver.Options{BindAddress: c.MetricsAddr},
+		HealthProbeBindAddress:        c.HealthAddr,
+		LeaderElection:                c.LeaderElect,
+		LeaderElectionID:              leaderElectionID,
+		LeaderElectionNamespace:       c.Cluster.Namespace,
+		LeaderElectionReleaseOnCancel: true,
+		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+			&appsv1.DaemonSet{}:  {Namespaces: ns},
+			&appsv1.Deployment{}: {Namespaces: ns},
+		}},
+	})
+	if err != nil {
+		return fmt.Errorf("manager: %w", err)
+	}
+	if c.HealthAddr != "" && c.HealthAddr != "0" {
+		if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+			return err
+		}
+		if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
+			return err
+		}
+	}
+	r := &storagecluster.Reconciler{Client: mgr.GetClient(), Options: c.Cluster, Log: c.Log.WithName("storagecluster")}
+	if err := r.SetupWithManager(mgr); err != nil {
+		return err
+	}
+	if err := c.addAttachmentGC(mgr); err != nil {
+		return err
+	}
+	c.Log.Info("starting operator", "namespace", c.Cluster.Namespace, "image", c.Cluster.Image,
+		"leaderElection", c.LeaderElect, "version", version.Get().Version)
+	return mgr.Start(ctx)
+}
+
+// Flags binds the operator's flags to a Config; env supplies defaults
+// (POD_NAMESPACE).
+func Flags(fs *flag.FlagSet, cfg *Config, env func(string) string) {
+	o := &cfg.Cluster
+	ns := env("POD_NAMESPACE")
+	if ns == "" {
+		ns = "berth-system"
+	}
+	fs.StringVar(&o.Namespace, "namespace", ns, "namespace of the owned workloads (default $POD_NAMESPACE or berth-system)")
+	fs.StringVar(&o.Image, "image", "berth.local/berth:dev", "berth image every component runs")
+	fs.Func("image-pull-policy", "pull policy of every container (Always, IfNotPresent, Never; default: Kubernetes')", func(s string) error {
+		switch p := corev1.PullPolicy(s); p {
+		case corev1.PullAlways, corev1.PullIfNotPresent, corev1.PullNever:
+			o.ImagePullPolicy = p
+			return nil
+		}
+		return errors.New("want Always, IfNotPresent or Never")
+	})
+	fs.StringVar(&o.ProvisionerImage, "provisioner-image", "berth.local/csi-provisioner:v5.3.0", "external-provisioner sidecar image")
+	fs.StringVar(&o.ResizerImage, "resizer-image", "berth.local/csi-resizer:v1.14.0", "external-resizer sidecar image")
+	fs.StringVar(&o.SnapshotterImage, "snapshotter-image", "berth.local/csi-snapshotter:v8.3.0", "external-snapshotter sidecar image")
+	fs.StringVar(&o.KubeletDir, "kubelet-dir", "/var/lib/kubelet", "kubelet root folder on the nodes")
+	fs.StringVar(&o.VolumePluginDir, "volume-plugin-dir", "/usr/libexec/kubernetes/kubelet-plugins/volume/exec", "kubelet Flexvolume plugin folder on the nodes")
+	fs.StringVar(&o.AgentServiceAccount, "agent-service-account", "berth-agent", "service account of the agent DaemonSet")
+	fs.StringVar(&o.ControllerServiceAccount, "controller-service-account", "berth-csi-controller", "service account of the CSI controller Deployment")
+	fs.StringVar(&o.APIServerHost, "api-server-host", "", "KUBERNETES_SERVICE_HOST for host-network pods (empty: leave as is)")
+	fs.StringVar(&o.APIServerPort, "api-server-port", "", "KUBERNETES_SERVICE_PORT for host-network pods (empty: leave as is)")
+	fs.BoolVar(&o.DefaultStorageClass, "default-storage-class", false, "mark the berth class as the cluster's default")
+	fs.BoolVar(&cfg.LeaderElect, "leader-elect", true, "elect a leader among operator replicas (a Lease in --namespace)")
+	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", "0", "metrics listen address; 0 disables")
+	fs.StringVar(&cfg.HealthAddr, "health-addr", ":8081", "health probe listen address; 0 disables")
+}
+
+// Command is `berth operator`.
+func Command() cli.Command {
+	return cli.Command{
+		Name:    "operator",
+		Summary: "reconcile StorageClusters into agents, keepers, the CSI controller and classes",
+		Main: func(ctx context.Context, args []string, stdio cli.IO) error {
+			fs := flag.NewFlagSet("berth operator", flag.ContinueOnError)
+			fs.SetOutput(stdio.Stderr)
+			var (
+				cfg        Config
+				kubeconfig string
+				verbosity  int
+			)
+			Flags(fs, &cfg, os.Getenv)
+			fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG or in-cluster)")
+			fs.IntVar(&verbosity, "v", 0, "log verbosity")
+			if err := fs.Parse(args); err != nil {
+				return err
+			}
+			if fs.NArg() > 0 {
+				return fmt.Errorf("unexpected arguments: %v", fs.Args())
+			}
+			cfg.Log = cli.NewLogger(stdio.Stderr, verbosity, "operator")
+			var err error
+			if cfg.Rest, err = cli.RestConfig(kubeconfig); err != nil {
+				return err
+			}
+			return cfg.Run(ctx)
+		},
+	}
+}
+
+// The attachment GC scans every Attachment each
+// StorageCluster.spec.attachmentGC.interval and moves or drops entries whose
+// node or pod is gone.
+// +kubebuilder:rbac:groups=berth.io,resources=attachments,verbs=get;list;watch;update;patch;delete
+// +kubebuilder:rbac:groups=berth.io,resources=nodecleanups,verbs=get;list;watch;create;update;patch
+// +kubebuilder:rbac:groups=berth.io,resources=storageclusters,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+
+func (c Config) addAttachmentGC(mgr ctrl.Manager) error {
+	// Reads go to the API server: a stale cache could move a live entry.
+	direct, err := client.New(c.Rest, client.Options{Scheme: mgr.GetScheme()})
+	if err != nil {
+		return fmt.Errorf("kubernetes client: %w", err)
+	}
+	gc, err := fence.NewGC(direct, clock.RealClock{}, c.Log.WithName("attachment-gc"), metrics.Registry, fence.Options{})
+	if err != nil {
+		return err
+	}
+	return mgr.Add(gc)
+}

@@ -1,0 +1,66 @@
+package operator
+
+import (
+	"context"
+	"flag"
+	"io"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/berth-io/berth/internal/cli"
+)
+
+func parse(t *testing.T, env map[string]string, args ...string) (Config, error) {
+	t.Helper()
+	var cfg Config
+	fs := flag.NewFlagSet("operator", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	Flags(fs, &cfg, func(k string) string { return env[k] })
+	return cfg, fs.Parse(args)
+}
+
+func TestFlagsDefaults(t *testing.T) {
+	cfg, err := parse(t, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := cfg.Cluster
+	if o.Namespace != "berth-system" || o.KubeletDir != "/var/lib/kubelet" || !cfg.LeaderElect || o.ImagePullPolicy != "" {
+		t.Errorf("defaults: %+v leaderElect=%v", o, cfg.LeaderElect)
+	}
+	if err := o.Validate(); err != nil {
+		t.Errorf("defaults do not validate: %v", err)
+	}
+}
+
+func TestFlagsNamespaceFromEnvAndOverrides(t *testing.T) {
+	cfg, err := parse(t, map[string]string{"POD_NAMESPACE": "storage"},
+		"--image-pull-policy=Never", "--leader-elect=false", "--kubelet-dir=/k", "--api-server-host=10.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := cfg.Cluster
+	if o.Namespace != "storage" || o.ImagePullPolicy != corev1.PullNever || cfg.LeaderElect || o.KubeletDir != "/k" || o.APIServerHost != "10.0.0.1" {
+		t.Errorf("parsed: %+v leaderElect=%v", o, cfg.LeaderElect)
+	}
+}
+
+func TestFlagsRefuseBadInput(t *testing.T) {
+	if _, err := parse(t, nil, "--image-pull-policy=Sometimes"); err == nil {
+		t.Error("bad pull policy accepted")
+	}
+	cfg, err := parse(t, nil, "--image=")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "image") {
+		t.Errorf("Run with no image: %v, want an error naming the image", err)
+	}
+	var stderr strings.Builder
+	err = Command().Main(context.Background(), []string{"extra"}, cli.IO{Stderr: &stderr})
+	if err == nil || !strings.Contains(err.Error(), "unexpected arguments") {
+		t.Errorf("stray argument: %v", err)
+	}
+}

@@ -1,0 +1,167 @@
+package storagecluster_test
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/controller/storagecluster"
+	"github.com/berth-io/berth/internal/testenv"
+)
+
+const namespace = "berth-system"
+
+var (
+	env  *testenv.Env
+	opts = storagecluster.Options{
+		Namespace:                namespace,
+		Image:                    "berth.local/berth:test",
+		ImagePullPolicy:          corev1.PullNever,
+		ProvisionerImage:         "berth.local/csi-provisioner:v5.3.0",
+		ResizerImage:             "berth.local/csi-resizer:v1.14.0",
+		SnapshotterImage:         "berth.local/csi-snapshotter:v8.3.0",
+		KubeletDir:               "/var/lib/k8s-test/kubelet",
+		VolumePluginDir:          "/usr/libexec/kubernetes/kubelet-plugins/volume/exec",
+		AgentServiceAccount:      "berth-agent",
+		ControllerServiceAccount: "berth-csi-controller",
+		APIServerHost:            "10.1.2.3",
+		APIServerPort:            "6443",
+		DefaultStorageClass:      true,
+	}
+)
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() {
+		fmt.Println("skipping StorageCluster tests in -short mode: they need a real kube-apiserver")
+		os.Exit(0)
+	}
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	var err error
+	if env, err = testenv.Start(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer func() { _ = env.Stop() }()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	log := zap.New(zap.WriteTo(os.Stderr), zap.UseDevMode(true))
+	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
+		Scheme:  env.Scheme,
+		Logger:  log,
+		Metrics: metricsserver.Options{BindAddress: "0"},
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	r := &storagecluster.Reconciler{Client: mgr.GetClient(), Options: opts, Log: log.WithName("storagecluster"), CleanupPoll: 200 * time.Millisecond}
+	if err := r.SetupWithManager(mgr); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	code := m.Run()
+	cancel()
+	if err := <-done; err != nil {
+		fmt.Fprintln(os.Stderr, "manager:", err)
+	}
+	return code
+}
+
+func testCtx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+// eventually polls cond until it holds or 20s pass.
+func eventually(t *testing.T, what string, cond func(ctx context.Context) (bool, error)) {
+	t.Helper()
+	var last error
+	err := wait.PollUntilContextTimeout(testCtx(t), 50*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
+		// Errors are retried (the cache may lag); the last one is reported.
+		ok, err := cond(ctx)
+		last = err
+		return ok && err == nil, nil
+	})
+	if err != nil {
+		t.Fatalf("%s: %v (last error: %v)", what, err, last)
+	}
+}
+
+// get waits until obj exists and reads it.
+func get(t *testing.T, obj client.Object) {
+	t.Helper()
+	eventually(t, fmt.Sprintf("%T %s exists", obj, obj.GetName()), func(ctx context.Context) (bool, error) {
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(obj), obj)
+		return err == nil, client.IgnoreNotFound(err)
+	})
+}
+
+// newCluster creates a StorageCluster and, at the end of the test, deletes it
+// with its owned objects (envtest runs no garbage collector).
+func newCluster(t *testing.T, name string, spec v1.StorageClusterSpec) *v1.StorageCluster {
+	t.Helper()
+	sc := &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: spec}
+	if err := env.Client.Create(testCtx(t), sc); err != nil {
+		t.Fatalf("create StorageCluster: %v", err)
+	}
+	t.Cleanup(func() { removeCluster(t, name) })
+	return sc
+}
+
+func removeCluster(t *testing.T, name string) {
+	ctx := context.Background()
+	sc := &v1.StorageCluster{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Name: name}, sc); err == nil {
+		sc.Finalizers = nil
+		_ = env.Client.Update(ctx, sc)
+		_ = env.Client.Delete(ctx, sc)
+	}
+	owned := []client.Object{
+		&appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: name + "-agent", Namespace: namespace}},
+		&appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: name + "-keeper", Namespace: namespace}},
+		&appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: name + "-csi-controller", Namespace: namespace}},
+		&storagev1.CSIDriver{ObjectMeta: metav1.ObjectMeta{Name: v1.DriverName}},
+		&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "berth"}},
+		&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "berth-userspace"}},
+	}
+	// A reconcile in flight may recreate an object once: delete until all
+	// are gone, so that the next test finds none controlled by this cluster.
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+		gone := apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKey{Name: name}, &v1.StorageCluster{}))
+		for _, o := range owned {
+			if err := env.Client.Delete(ctx, o); !apierrors.IsNotFound(err) {
+				gone = false
+			}
+		}
+		return gone, nil
+	})
+	if err != nil {
+		t.Errorf("cleanup of %s: %v", name, err)
+	}
+}

@@ -1,0 +1,171 @@
+// Package storagecluster is the operator's StorageCluster reconciler: it
+// turns each StorageCluster into the agent and keeper DaemonSets, the CSI
+// controller Deployment, the CSIDriver and the default StorageClasses, keeps
+// them as specified, reports their readiness, and runs the cleanup rule on
+// deletion.
+//
+// It lives in its own package so that controller-gen can generate the
+// operator's RBAC from its markers alone (the node-side reconcilers in
+// internal/controller belong to the agent's role).
+package storagecluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/go-logr/logr"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+)
+
+// Finalizer keeps a StorageCluster until its cleanup rule is satisfied.
+const Finalizer = "berth.io/cleanup"
+
+// DefaultCleanupPoll is how often a deleting cluster rechecks its nodes:
+// agent reports arrive as status updates (which trigger a reconcile anyway),
+// but Node deletions do not.
+const DefaultCleanupPoll = 5 * time.Second
+
+// Options are the operator-wide settings every StorageCluster is rendered with.
+type Options struct {
+	// Namespace holds the namespaced objects (DaemonSets, Deployment).
+	Namespace string
+	// Image is berth's image; every component runs it with its command.
+	Image string
+	// ImagePullPolicy of every container; empty leaves Kubernetes' default.
+	ImagePullPolicy corev1.PullPolicy
+	// ProvisionerImage, ResizerImage and SnapshotterImage are the CSI sidecars.
+	ProvisionerImage string
+	ResizerImage     string
+	SnapshotterImage string
+	// KubeletDir is the kubelet root on the nodes (usually /var/lib/kubelet).
+	KubeletDir string
+	// VolumePluginDir is kubelet's Flexvolume plugin folder on the nodes.
+	VolumePluginDir string
+	// AgentServiceAccount and ControllerServiceAccount run the agent and the
+	// CSI controller; the chart creates them with their generated roles.
+	AgentServiceAccount      string
+	ControllerServiceAccount string
+	// APIServerHost and APIServerPort, when set, are passed to host-network
+	// pods as KUBERNETES_SERVICE_HOST/PORT (clusters without kube-proxy).
+	APIServerHost string
+	APIServerPort string
+	// DefaultStorageClass marks the kernel-mounter class as the default.
+	DefaultStorageClass bool
+}
+
+// Validate reports the first missing setting.
+func (o Options) Validate() error {
+	switch {
+	case o.Namespace == "":
+		return errors.New("namespace missing")
+	case o.Image == "":
+		return errors.New("image missing")
+	case o.ProvisionerImage == "" || o.ResizerImage == "" || o.SnapshotterImage == "":
+		return errors.New("CSI sidecar image missing")
+	case o.KubeletDir == "" || o.VolumePluginDir == "":
+		return errors.New("kubelet dir or volume plugin dir missing")
+	case o.AgentServiceAccount == "" || o.ControllerServiceAccount == "":
+		return errors.New("service account missing")
+	}
+	return nil
+}
+
+// Reconciler reconciles StorageClusters.
+type Reconciler struct {
+	Client  client.Client
+	Options Options
+	Log     logr.Logger
+	// CleanupPoll overrides DefaultCleanupPoll when set.
+	CleanupPoll time.Duration
+}
+
+// +kubebuilder:rbac:groups=berth.io,resources=storageclusters,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=berth.io,resources=storageclusters/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=berth.io,resources=storageclusters/finalizers,verbs=update
+// The workloads live in the operator's namespace only: a Role, which the
+// chart moves into the release namespace.
+// +kubebuilder:rbac:groups=apps,namespace=berth-system,resources=daemonsets;deployments,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=storage.k8s.io,resources=csidrivers;storageclasses,verbs=get;list;watch;create;update;patch;delete
+
+// SetupWithManager registers the reconciler; Owns() brings back owned
+// objects that someone deletes and reacts to their status.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if err := r.Options.Validate(); err != nil {
+		return fmt.Errorf("storagecluster options: %w", err)
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&v1.StorageCluster{}).
+		Owns(&appsv1.DaemonSet{}).
+		Owns(&appsv1.Deployment{}).
+		Owns(&storagev1.CSIDriver{}).
+		Owns(&storagev1.StorageClass{}).
+		Named("storagecluster").
+		Complete(r)
+}
+
+// Reconcile implements reconcile.Reconciler.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	sc := &v1.StorageCluster{}
+	if err := r.Client.Get(ctx, req.NamespacedName, sc); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	log := r.Log.WithValues("storageCluster", sc.Name)
+	if !sc.DeletionTimestamp.IsZero() {
+		return r.reconcileDelete(ctx, log, sc)
+	}
+	if controllerutil.AddFinalizer(sc, Finalizer) {
+		if err := r.Client.Update(ctx, sc); err != nil {
+			return ctrl.Result{}, fmt.Errorf("add finalizer: %w", err)
+		}
+	}
+
+	obs, applyErr := r.apply(ctx, sc)
+	if applyErr != nil {
+		log.Error(applyErr, "applying owned objects")
+	}
+	if err := r.writeStatus(ctx, sc, obs, applyErr); err != nil {
+		return ctrl.Result{}, err
+	}
+	if applyErr != nil {
+		return ctrl.Result{}, applyErr
+	}
+	return ctrl.Result{}, nil
+}
+
+// reconcileDelete runs the cleanup rule and lets the cluster go once it holds.
+func (r *Reconciler) reconcileDelete(ctx context.Context, log logr.Logger, sc *v1.StorageCluster) (ctrl.Result, error) {
+	if !controllerutil.ContainsFinalizer(sc, Finalizer) {
+		return ctrl.Result{}, nil
+	}
+	pending, err := PendingCleanup(ctx, r.Client, sc)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if len(pending) > 0 {
+		log.Info("waiting for agents to clean up", "nodes", pending)
+		if err := r.writeDeleting(ctx, sc, pending); err != nil {
+			return ctrl.Result{}, err
+		}
+		poll := r.CleanupPoll
+		if poll <= 0 {
+			poll = DefaultCleanupPoll
+		}
+		return ctrl.Result{RequeueAfter: poll}, nil
+	}
+	controllerutil.RemoveFinalizer(sc, Finalizer)
+	if err := r.Client.Update(ctx, sc); err != nil && !apierrors.IsNotFound(err) {
+		return ctrl.Result{}, fmt.Errorf("remove finalizer: %w", err)
+	}
+	log.Info("cleanup done, finalizer removed", "policy", sc.Spec.CleanupPolicy)
+	return ctrl.Result{}, nil
+}

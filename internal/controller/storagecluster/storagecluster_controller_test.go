@@ -1,0 +1,274 @@
+package storagecluster_test
+
+import (
+	"context"
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/controller/storagecluster"
+)
+
+func TestStorageClusterOwnedObjects(t *testing.T) {
+	sc := newCluster(t, "alpha", v1.StorageClusterSpec{
+		DataDir: "/srv/berth",
+		Agent: v1.AgentSpec{
+			NodeSelector: map[string]string{"storage": "yes"},
+			Tolerations:  []corev1.Toleration{{Key: "dedicated", Operator: corev1.TolerationOpEqual, Value: "storage", Effect: corev1.TaintEffectNoSchedule}},
+		},
+	})
+
+	agent := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "alpha-agent", Namespace: namespace}}
+	get(t, agent)
+	checkControlledBy(t, agent, sc)
+	p := agent.Spec.Template.Spec
+	if !p.HostNetwork || p.HostPID || p.ServiceAccountName != "berth-agent" {
+		t.Errorf("agent pod: hostNetwork=%v hostPID=%v sa=%q", p.HostNetwork, p.HostPID, p.ServiceAccountName)
+	}
+	if !maps.Equal(p.NodeSelector, sc.Spec.Agent.NodeSelector) || len(p.Tolerations) != 1 || p.Tolerations[0].Key != "dedicated" {
+		t.Errorf("agent placement: nodeSelector %v tolerations %v", p.NodeSelector, p.Tolerations)
+	}
+	c := p.Containers[0]
+	if c.Image != opts.Image || c.ImagePullPolicy != corev1.PullNever || c.SecurityContext == nil || !*c.SecurityContext.Privileged {
+		t.Errorf("agent container: image %q policy %q security %+v", c.Image, c.ImagePullPolicy, c.SecurityContext)
+	}
+	wantArgs := []string{"agent", "--data-dir=/srv/berth", "--kubelet-dir=/var/lib/k8s-test/kubelet",
+		"--csi-endpoint=unix:///var/lib/k8s-test/kubelet/plugins/berth.io/csi.sock",
+		"--volume-plugin-dir=" + opts.VolumePluginDir}
+	if !slices.Equal(c.Args, wantArgs) {
+		t.Errorf("agent args %v, want %v", c.Args, wantArgs)
+	}
+	if e := env1(c, "NODE_NAME"); e == nil || e.ValueFrom == nil || e.ValueFrom.FieldRef.FieldPath != "spec.nodeName" {
+		t.Errorf("agent NODE_NAME env: %+v", e)
+	}
+	mounts := map[string]corev1.VolumeMount{}
+	for _, m := range c.VolumeMounts {
+		mounts[m.MountPath] = m
+	}
+	for _, dir := range []string{"/var/lib/k8s-test/kubelet/pods", "/var/lib/k8s-test/kubelet/plugins", "/srv/berth", "/run/berth"} {
+		if m, ok := mounts[dir]; !ok || m.MountPropagation == nil || *m.MountPropagation != corev1.MountPropagationBidirectional {
+			t.Errorf("agent mount %s: %+v, want Bidirectional", dir, m)
+		}
+	}
+	for _, dir := range []string{"/var/lib/k8s-test/kubelet/plugins_registry", opts.VolumePluginDir, "/srv/berth", "/dev", "/run/berth"} {
+		if _, ok := mounts[dir]; !ok {
+			t.Errorf("agent has no mount at %s (mounts: %v)", dir, slices.Collect(maps.Keys(mounts)))
+		}
+	}
+	if agent.Spec.UpdateStrategy.Type != appsv1.RollingUpdateDaemonSetStrategyType {
+		t.Errorf("agent update strategy %q", agent.Spec.UpdateStrategy.Type)
+	}
+
+	keeper := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "alpha-keeper", Namespace: namespace}}
+	get(t, keeper)
+	checkControlledBy(t, keeper, sc)
+	kc := keeper.Spec.Template.Spec.Containers[0]
+	if keeper.Spec.UpdateStrategy.Type != appsv1.OnDeleteDaemonSetStrategyType || !*kc.SecurityContext.Privileged ||
+		!slices.Equal(kc.Args, []string{"keeper", "--socket=/run/berth/keeper.sock"}) {
+		t.Errorf("keeper: strategy %q args %v", keeper.Spec.UpdateStrategy.Type, kc.Args)
+	}
+	if !maps.Equal(keeper.Spec.Template.Spec.NodeSelector, sc.Spec.Agent.NodeSelector) {
+		t.Errorf("keeper nodeSelector %v", keeper.Spec.Template.Spec.NodeSelector)
+	}
+
+	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "alpha-csi-controller", Namespace: namespace}}
+	get(t, dep)
+	checkControlledBy(t, dep, sc)
+	checkControllerDeployment(t, dep)
+
+	drv := &storagev1.CSIDriver{ObjectMeta: metav1.ObjectMeta{Name: v1.DriverName}}
+	get(t, drv)
+	checkControlledBy(t, drv, sc)
+	if *drv.Spec.AttachRequired || !*drv.Spec.PodInfoOnMount {
+		t.Errorf("CSIDriver: attachRequired %v podInfoOnMount %v", *drv.Spec.AttachRequired, *drv.Spec.PodInfoOnMount)
+	}
+	for name, mounter := range map[string]string{"berth": "kernel", "berth-userspace": "userspace"} {
+		cls := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: name}}
+		get(t, cls)
+		checkControlledBy(t, cls, sc)
+		if cls.Provisioner != v1.DriverName || cls.Parameters["mounter"] != mounter ||
+			*cls.VolumeBindingMode != storagev1.VolumeBindingWaitForFirstConsumer || !*cls.AllowVolumeExpansion {
+			t.Errorf("class %s: %+v", name, cls)
+		}
+		isDefault := cls.Annotations["storageclass.kubernetes.io/is-default-class"] == "true"
+		if isDefault != (name == "berth") {
+			t.Errorf("class %s default=%v", name, isDefault)
+		}
+	}
+
+	eventually(t, "finalizer and Progressing status", func(ctx context.Context) (bool, error) {
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(sc), sc)
+		return slices.Contains(sc.Finalizers, storagecluster.Finalizer) &&
+			sc.Status.Phase == v1.StorageClusterProgressing && sc.Status.ObservedGeneration == sc.Generation, err
+	})
+}
+
+func checkControllerDeployment(t *testing.T, dep *appsv1.Deployment) {
+	t.Helper()
+	p := dep.Spec.Template.Spec
+	if !p.HostNetwork || p.ServiceAccountName != "berth-csi-controller" || len(p.Containers) != 4 {
+		t.Fatalf("controller pod: hostNetwork %v sa %q containers %d", p.HostNetwork, p.ServiceAccountName, len(p.Containers))
+	}
+	byName := map[string]corev1.Container{}
+	for _, c := range p.Containers {
+		byName[c.Name] = c
+		if e := env1(c, "KUBERNETES_SERVICE_HOST"); e == nil || e.Value != "10.1.2.3" {
+			t.Errorf("container %s: KUBERNETES_SERVICE_HOST %+v", c.Name, e)
+		}
+		if len(c.VolumeMounts) != 1 || c.VolumeMounts[0].MountPath != "/csi" {
+			t.Errorf("container %s mounts %v", c.Name, c.VolumeMounts)
+		}
+	}
+	want := map[string][]string{
+		"csi-controller":  {"csi-controller", "--endpoint=unix:///csi/csi.sock", "--storage-cluster=alpha"},
+		"csi-provisioner": {"--csi-address=/csi/csi.sock", "--feature-gates=Topology=true", "--strict-topology", "--extra-create-metadata", "--leader-election"},
+		"csi-resizer":     {"--csi-address=/csi/csi.sock", "--leader-election"},
+		"csi-snapshotter": {"--csi-address=/csi/csi.sock", "--leader-election", "--extra-create-metadata"},
+	}
+	images := map[string]string{"csi-controller": opts.Image, "csi-provisioner": opts.ProvisionerImage,
+		"csi-resizer": opts.ResizerImage, "csi-snapshotter": opts.SnapshotterImage}
+	for name, args := range want {
+		if c := byName[name]; !slices.Equal(c.Args, args) || c.Image != images[name] {
+			t.Errorf("container %s: image %q args %v, want %q %v", name, c.Image, c.Args, images[name], args)
+		}
+	}
+}
+
+func TestStorageClusterSpecChangeRollsOut(t *testing.T) {
+	sc := newCluster(t, "beta", v1.StorageClusterSpec{})
+	agent := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "beta-agent", Namespace: namespace}}
+	get(t, agent)
+	if len(agent.Spec.Template.Spec.NodeSelector) != 0 || !slices.Contains(agent.Spec.Template.Spec.Containers[0].Args, "--data-dir=/var/lib/berth") {
+		t.Fatalf("agent before change: nodeSelector %v args %v", agent.Spec.Template.Spec.NodeSelector, agent.Spec.Template.Spec.Containers[0].Args)
+	}
+
+	patch := []byte(`{"spec":{"dataDir":"/data/berth","agent":{"nodeSelector":{"zone":"a"},"tolerations":[{"operator":"Exists"}]}}}`)
+	if err := env.Client.Patch(testCtx(t), sc, client.RawPatch(types.MergePatchType, patch)); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"beta-agent", "beta-keeper"} {
+		ds := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}}
+		eventually(t, name+" has the new placement", func(ctx context.Context) (bool, error) {
+			err := env.Client.Get(ctx, client.ObjectKeyFromObject(ds), ds)
+			p := ds.Spec.Template.Spec
+			return p.NodeSelector["zone"] == "a" && len(p.Tolerations) == 1 && p.Tolerations[0].Operator == corev1.TolerationOpExists, err
+		})
+	}
+	eventually(t, "agent has the new data dir", func(ctx context.Context) (bool, error) {
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(agent), agent)
+		return slices.Contains(agent.Spec.Template.Spec.Containers[0].Args, "--data-dir=/data/berth"), err
+	})
+	eventually(t, "status observes the new generation", func(ctx context.Context) (bool, error) {
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(sc), sc)
+		return sc.Generation > 1 && sc.Status.ObservedGeneration == sc.Generation, err
+	})
+}
+
+func TestStorageClusterDeletedObjectsComeBack(t *testing.T) {
+	newCluster(t, "gamma", v1.StorageClusterSpec{})
+	objs := []client.Object{
+		&appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "gamma-agent", Namespace: namespace}},
+		&appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "gamma-csi-controller", Namespace: namespace}},
+		&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "berth-userspace"}},
+	}
+	for _, o := range objs {
+		get(t, o)
+		old := o.GetUID()
+		if err := env.Client.Delete(testCtx(t), o); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, o.GetName()+" comes back", func(ctx context.Context) (bool, error) {
+			err := env.Client.Get(ctx, client.ObjectKeyFromObject(o), o)
+			return err == nil && o.GetUID() != old, client.IgnoreNotFound(err)
+		})
+	}
+}
+
+func TestStorageClusterConditions(t *testing.T) {
+	sc := newCluster(t, "delta", v1.StorageClusterSpec{})
+	agent := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "delta-agent", Namespace: namespace}}
+	keeper := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "delta-keeper", Namespace: namespace}}
+	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "delta-csi-controller", Namespace: namespace}}
+	get(t, agent)
+	get(t, keeper)
+	get(t, dep)
+	waitCondition(t, sc, storagecluster.ConditionAgentReady, metav1.ConditionFalse, storagecluster.ReasonProgressing)
+
+	// envtest runs no DaemonSet controller: report what it would.
+	setDaemonSetStatus(t, agent, 0, 0)
+	waitCondition(t, sc, storagecluster.ConditionAgentReady, metav1.ConditionFalse, storagecluster.ReasonNoNodes)
+	setDaemonSetStatus(t, agent, 2, 1)
+	waitCondition(t, sc, storagecluster.ConditionAgentReady, metav1.ConditionFalse, storagecluster.ReasonProgressing)
+	setDaemonSetStatus(t, agent, 2, 2)
+	waitCondition(t, sc, storagecluster.ConditionAgentReady, metav1.ConditionTrue, storagecluster.ReasonReady)
+	waitCondition(t, sc, v1.ConditionReady, metav1.ConditionFalse, storagecluster.ReasonNotReady)
+	if !strings.Contains(meta.FindStatusCondition(sc.Status.Conditions, v1.ConditionReady).Message, "KeeperReady") {
+		t.Errorf("Ready message does not name the keeper: %+v", sc.Status.Conditions)
+	}
+
+	setDaemonSetStatus(t, keeper, 2, 2)
+	waitCondition(t, sc, storagecluster.ConditionKeeperReady, metav1.ConditionTrue, storagecluster.ReasonReady)
+	dep.Status = appsv1.DeploymentStatus{
+		ObservedGeneration: dep.Generation, Replicas: 1, UpdatedReplicas: 1, ReadyReplicas: 1, AvailableReplicas: 1,
+		Conditions: []appsv1.DeploymentCondition{{Type: appsv1.DeploymentAvailable, Status: corev1.ConditionTrue, Reason: "MinimumReplicasAvailable"}},
+	}
+	if err := env.Client.Status().Update(testCtx(t), dep); err != nil {
+		t.Fatal(err)
+	}
+	waitCondition(t, sc, storagecluster.ConditionControllerReady, metav1.ConditionTrue, storagecluster.ReasonReady)
+	waitCondition(t, sc, v1.ConditionReady, metav1.ConditionTrue, storagecluster.ReasonReady)
+	if sc.Status.Phase != v1.StorageClusterReady {
+		t.Errorf("phase %q, want Ready", sc.Status.Phase)
+	}
+}
+
+func setDaemonSetStatus(t *testing.T, ds *appsv1.DaemonSet, desired, available int32) {
+	t.Helper()
+	if err := env.Client.Get(testCtx(t), client.ObjectKeyFromObject(ds), ds); err != nil {
+		t.Fatal(err)
+	}
+	ds.Status = appsv1.DaemonSetStatus{
+		ObservedGeneration: ds.Generation, DesiredNumberScheduled: desired, CurrentNumberScheduled: desired,
+		UpdatedNumberScheduled: desired, NumberReady: available, NumberAvailable: available,
+		NumberUnavailable: desired - available,
+	}
+	if err := env.Client.Status().Update(testCtx(t), ds); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func waitCondition(t *testing.T, sc *v1.StorageCluster, typ string, status metav1.ConditionStatus, reason string) {
+	t.Helper()
+	eventually(t, typ+"="+string(status)+"/"+reason, func(ctx context.Context) (bool, error) {
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(sc), sc)
+		c := meta.FindStatusCondition(sc.Status.Conditions, typ)
+		return c != nil && c.Status == status && c.Reason == reason, err
+	})
+}
+
+func checkControlledBy(t *testing.T, obj client.Object, sc *v1.StorageCluster) {
+	t.Helper()
+	ref := metav1.GetControllerOf(obj)
+	if ref == nil || ref.UID != sc.UID || ref.Kind != "StorageCluster" {
+		t.Errorf("%T %s controller %+v, want StorageCluster %s", obj, obj.GetName(), ref, sc.Name)
+	}
+}
+
+func env1(c corev1.Container, name string) *corev1.EnvVar {
+	for i := range c.Env {
+		if c.Env[i].Name == name {
+			return &c.Env[i]
+		}
+	}
+	return nil
+}

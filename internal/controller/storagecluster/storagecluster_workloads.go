@@ -1,0 +1,235 @@
+package storagecluster
+
+import (
+	"path"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+)
+
+// Components the operator deploys; each names its objects "<cluster>-<component>".
+const (
+	componentAgent      = "agent"
+	componentKeeper     = "keeper"
+	componentController = "csi-controller"
+)
+
+// Well-known labels on every owned object.
+const (
+	labelName      = "app.kubernetes.io/name"
+	labelInstance  = "app.kubernetes.io/instance"
+	labelComponent = "app.kubernetes.io/component"
+	labelManagedBy = "app.kubernetes.io/managed-by"
+)
+
+// KeeperSocket is where the keeper listens; the agent reaches it through the
+// shared /run/berth host folder.
+const KeeperSocket = "/run/berth/keeper.sock"
+
+const (
+	runDir        = "/run/berth"
+	csiSocketDir  = "/csi"
+	csiSocketPath = csiSocketDir + "/csi.sock"
+)
+
+// ObjectName is the name of a cluster's namespaced object for a component.
+func ObjectName(cluster, component string) string { return cluster + "-" + component }
+
+func (r *Reconciler) meta(sc *v1.StorageCluster, component string) metav1.ObjectMeta {
+	return metav1.ObjectMeta{Name: ObjectName(sc.Name, component), Namespace: r.Options.Namespace}
+}
+
+// selectorLabels pick a component's pods; they never change after creation
+// (a workload's selector is immutable).
+func selectorLabels(sc *v1.StorageCluster, component string) map[string]string {
+	return map[string]string{labelName: "berth", labelInstance: sc.Name, labelComponent: component}
+}
+
+func objectLabels(sc *v1.StorageCluster, component string) map[string]string {
+	l := selectorLabels(sc, component)
+	l[labelManagedBy] = "berth-operator"
+	return l
+}
+
+func setLabels(m *metav1.ObjectMeta, labels map[string]string) {
+	if m.Labels == nil {
+		m.Labels = map[string]string{}
+	}
+	for k, v := range labels {
+		m.Labels[k] = v
+	}
+}
+
+// agentDaemonSet renders the node agent: privileged on the host network, with
+// the kubelet's pod and plugin folders shared both ways so that its mounts
+// reach kubelet and the pods.
+func (r *Reconciler) agentDaemonSet(sc *v1.StorageCluster, ds *appsv1.DaemonSet) {
+	o := r.Options
+	setLabels(&ds.ObjectMeta, objectLabels(sc, componentAgent))
+	podsDir := path.Join(o.KubeletDir, "pods")
+	pluginsDir := path.Join(o.KubeletDir, "plugins")
+	registryDir := path.Join(o.KubeletDir, "plugins_registry")
+	endpoint := "unix://" + path.Join(pluginsDir, v1.DriverName, "csi.sock")
+	bidi := ptr.To(corev1.MountPropagationBidirectional)
+
+	c := r.container(componentAgent, "agent",
+		"--data-dir="+sc.Spec.DataDir,
+		"--kubelet-dir="+o.KubeletDir,
+		"--csi-endpoint="+endpoint,
+		"--volume-plugin-dir="+o.VolumePluginDir,
+	)
+	c.Env = append(c.Env, corev1.EnvVar{Name: "NODE_NAME", ValueFrom: &corev1.EnvVarSource{
+		FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "spec.nodeName"},
+	}})
+	c.SecurityContext = &corev1.SecurityContext{Privileged: ptr.To(true)}
+	c.VolumeMounts = []corev1.VolumeMount{
+		{Name: "pods-dir", MountPath: podsDir, MountPropagation: bidi},
+		{Name: "plugins-dir", MountPath: pluginsDir, MountPropagation: bidi},
+		{Name: "registration-dir", MountPath: registryDir},
+		{Name: "volume-plugin-dir", MountPath: o.VolumePluginDir},
+		// The keeper's FUSE mounts (userspace volumes) live under the data
+		// dir or /run/berth: shared both ways so that they reach the agent
+		// and outlive its container.
+		{Name: "data-dir", MountPath: sc.Spec.DataDir, MountPropagation: bidi},
+		{Name: "dev", MountPath: "/dev"},
+		{Name: "run-berth", MountPath: runDir, MountPropagation: bidi},
+	}
+	ds.Spec = appsv1.DaemonSetSpec{
+		Selector:       &metav1.LabelSelector{MatchLabels: selectorLabels(sc, componentAgent)},
+		UpdateStrategy: appsv1.DaemonSetUpdateStrategy{Type: appsv1.RollingUpdateDaemonSetStrategyType},
+		Template: corev1.PodTemplateSpec{
+			ObjectMeta: metav1.ObjectMeta{Labels: objectLabels(sc, componentAgent)},
+			Spec: corev1.PodSpec{
+				ServiceAccountName: o.AgentServiceAccount,
+				HostNetwork:        true,
+				DNSPolicy:          corev1.DNSClusterFirstWithHostNet,
+				NodeSelector:       sc.Spec.Agent.NodeSelector,
+				Tolerations:        sc.Spec.Agent.Tolerations,
+				Containers:         []corev1.Container{c},
+				Volumes: []corev1.Volume{
+					hostPathVolume("pods-dir", podsDir, corev1.HostPathDirectoryOrCreate),
+					hostPathVolume("plugins-dir", pluginsDir, corev1.HostPathDirectoryOrCreate),
+					hostPathVolume("registration-dir", registryDir, corev1.HostPathDirectoryOrCreate),
+					hostPathVolume("volume-plugin-dir", o.VolumePluginDir, corev1.HostPathDirectoryOrCreate),
+					hostPathVolume("data-dir", sc.Spec.DataDir, corev1.HostPathDirectoryOrCreate),
+					hostPathVolume("dev", "/dev", corev1.HostPathDirectory),
+					hostPathVolume("run-berth", runDir, corev1.HostPathDirectoryOrCreate),
+				},
+			},
+		},
+	}
+}
+
+// keeperDaemonSet renders the keeper. It holds kernel connections that must
+// outlive everything else, so it is only replaced when someone deletes its
+// pod (OnDelete), never by a rollout.
+func (r *Reconciler) keeperDaemonSet(sc *v1.StorageCluster, ds *appsv1.DaemonSet) {
+	setLabels(&ds.ObjectMeta, objectLabels(sc, componentKeeper))
+	c := r.container(componentKeeper, "keeper", "--socket="+KeeperSocket)
+	c.SecurityContext = &corev1.SecurityContext{Privileged: ptr.To(true)}
+	// The keeper mounts the FUSE file systems behind userspace volumes;
+	// Bidirectional makes them visible on the host and to the agent.
+	bidi := ptr.To(corev1.MountPropagationBidirectional)
+	c.VolumeMounts = []corev1.VolumeMount{
+		{Name: "fuse", MountPath: "/dev/fuse"},
+		{Name: "run-berth", MountPath: runDir, MountPropagation: bidi},
+		{Name: "data-dir", MountPath: sc.Spec.DataDir, MountPropagation: bidi},
+	}
+	ds.Spec = appsv1.DaemonSetSpec{
+		Selector:       &metav1.LabelSelector{MatchLabels: selectorLabels(sc, componentKeeper)},
+		UpdateStrategy: appsv1.DaemonSetUpdateStrategy{Type: appsv1.OnDeleteDaemonSetStrategyType},
+		Template: corev1.PodTemplateSpec{
+			ObjectMeta: metav1.ObjectMeta{Labels: objectLabels(sc, componentKeeper)},
+			Spec: corev1.PodSpec{
+				// The keeper never talks to the API server.
+				AutomountServiceAccountToken: ptr.To(false),
+				NodeSelector:                 sc.Spec.Agent.NodeSelector,
+				Tolerations:                  sc.Spec.Agent.Tolerations,
+				Containers:                   []corev1.Container{c},
+				Volumes: []corev1.Volume{
+					hostPathVolume("fuse", "/dev/fuse", corev1.HostPathCharDev),
+					hostPathVolume("run-berth", runDir, corev1.HostPathDirectoryOrCreate),
+					hostPathVolume("data-dir", sc.Spec.DataDir, corev1.HostPathDirectoryOrCreate),
+				},
+			},
+		},
+	}
+}
+
+// controllerDeployment renders berth csi-controller with the standard CSI
+// sidecars, on the host network (pods elsewhere may not reach the API server).
+func (r *Reconciler) controllerDeployment(sc *v1.StorageCluster, d *appsv1.Deployment) {
+	o := r.Options
+	setLabels(&d.ObjectMeta, objectLabels(sc, componentController))
+	socket := []corev1.VolumeMount{{Name: "socket-dir", MountPath: csiSocketDir}}
+	csiAddr := "--csi-address=" + csiSocketPath
+
+	berth := r.container(componentController, "csi-controller",
+		"--endpoint=unix://"+csiSocketPath,
+		"--storage-cluster="+sc.Name,
+	)
+	provisioner := r.sidecar("csi-provisioner", o.ProvisionerImage, csiAddr,
+		"--feature-gates=Topology=true", "--strict-topology", "--extra-create-metadata", "--leader-election")
+	resizer := r.sidecar("csi-resizer", o.ResizerImage, csiAddr, "--leader-election")
+	snapshotter := r.sidecar("csi-snapshotter", o.SnapshotterImage, csiAddr, "--leader-election", "--extra-create-metadata")
+	containers := []corev1.Container{berth, provisioner, resizer, snapshotter}
+	for i := range containers {
+		containers[i].VolumeMounts = socket
+	}
+	d.Spec = appsv1.DeploymentSpec{
+		Replicas: ptr.To[int32](1),
+		Selector: &metav1.LabelSelector{MatchLabels: selectorLabels(sc, componentController)},
+		Template: corev1.PodTemplateSpec{
+			ObjectMeta: metav1.ObjectMeta{Labels: objectLabels(sc, componentController)},
+			Spec: corev1.PodSpec{
+				ServiceAccountName: o.ControllerServiceAccount,
+				HostNetwork:        true,
+				DNSPolicy:          corev1.DNSClusterFirstWithHostNet,
+				Containers:         containers,
+				Volumes: []corev1.Volume{{Name: "socket-dir", VolumeSource: corev1.VolumeSource{
+					EmptyDir: &corev1.EmptyDirVolumeSource{},
+				}}},
+			},
+		},
+	}
+}
+
+// container is a berth container running one command of the multi-call binary.
+func (r *Reconciler) container(name, command string, args ...string) corev1.Container {
+	c := r.sidecar(name, r.Options.Image, args...)
+	c.Args = append([]string{command}, args...)
+	return c
+}
+
+func (r *Reconciler) sidecar(name, image string, args ...string) corev1.Container {
+	return corev1.Container{
+		Name:            name,
+		Image:           image,
+		ImagePullPolicy: r.Options.ImagePullPolicy,
+		Args:            args,
+		Env:             r.apiServerEnv(),
+	}
+}
+
+// apiServerEnv points in-cluster clients at the API server directly, for
+// clusters where the kubernetes Service is not reachable from the host network.
+func (r *Reconciler) apiServerEnv() []corev1.EnvVar {
+	var env []corev1.EnvVar
+	if r.Options.APIServerHost != "" {
+		env = append(env, corev1.EnvVar{Name: "KUBERNETES_SERVICE_HOST", Value: r.Options.APIServerHost})
+	}
+	if r.Options.APIServerPort != "" {
+		env = append(env, corev1.EnvVar{Name: "KUBERNETES_SERVICE_PORT", Value: r.Options.APIServerPort})
+	}
+	return env
+}
+
+func hostPathVolume(name, p string, t corev1.HostPathType) corev1.Volume {
+	return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{
+		HostPath: &corev1.HostPathVolumeSource{Path: p, Type: ptr.To(t)},
+	}}
+}
