@@ -15,15 +15,12 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
-	"github.com/berth-io/berth/internal/heal"
-	"github.com/berth-io/berth/internal/keeper"
 )
 
 func setup(t *testing.T) *fixture {
@@ -298,82 +295,4 @@ func checkReadWrite(t *testing.T, vols []mounted) []string {
 		}
 	}
 	return devs
-}
-
-// TestKeeperDown: when the keeper dies, the volume's condition turns
-// abnormal with a message that says what to do, and the healer of a
-// restarted agent reports it as an Event on the Volume.
-func TestKeeperDown(t *testing.T) {
-	f := setup(t)
-	nc := f.node(t)
-	waitCSI(t, nc)
-	m := f.userspaceVolume(t, nc, "keeper-down")
-	ctx := context.Background()
-	stats := func() *csi.VolumeCondition {
-		t.Helper()
-		resp, err := nc.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: m.name, VolumePath: m.target})
-		if err != nil {
-			t.Fatalf("stats: %v", err)
-		}
-		return resp.GetVolumeCondition()
-	}
-	if c := stats(); c.GetAbnormal() {
-		t.Fatalf("healthy volume reported abnormal: %s", c.GetMessage())
-	}
-	if err := f.killAll(ctx); err != nil {
-		t.Fatal(err)
-	}
-	_ = f.keeperCmd.Process.Kill()
-	<-f.keeperDone
-	// Whatever the test ends with, the next tests get a keeper again.
-	t.Cleanup(func() {
-		select {
-		case <-f.keeperDone:
-			if err := f.startKeeper(); err != nil {
-				t.Error(err)
-			}
-		default:
-		}
-		if f.agent == nil {
-			if err := f.startAgent(); err != nil {
-				t.Error(err)
-			}
-		}
-	})
-	if err := f.startAgent(); err != nil {
-		t.Fatal(err)
-	}
-	waitCSI(t, nc)
-	if c := stats(); !c.GetAbnormal() || !strings.Contains(c.GetMessage(), "keeper is not running") {
-		t.Errorf("condition with the keeper dead = %+v, want abnormal, saying the keeper is not running", c)
-	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var evs corev1.EventList
-		if err := f.env.Client.List(ctx, &evs); err != nil {
-			t.Fatal(err)
-		}
-		i := slices.IndexFunc(evs.Items, func(e corev1.Event) bool {
-			return e.InvolvedObject.Name == m.name && e.Reason == heal.ReasonKeeperDown && e.Type == corev1.EventTypeWarning
-		})
-		if i >= 0 {
-			t.Logf("event: %s", evs.Items[i].Message)
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no %s event on Volume %s", heal.ReasonKeeperDown, m.name)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	// A new keeper does not have the old connection: still abnormal, and
-	// unstage (in cleanup) must clear the dead mounts.
-	if err := f.startKeeper(); err != nil {
-		t.Fatal(err)
-	}
-	if c := stats(); !c.GetAbnormal() {
-		t.Errorf("condition after a keeper restart = %+v, want abnormal", c)
-	}
-	if vols, err := keeper.NewClient(f.keeperSock).List(ctx); err != nil || len(vols) != 0 {
-		t.Errorf("new keeper lists %+v, %v", vols, err)
-	}
 }

@@ -1,0 +1,134 @@
+package userspace
+
+import (
+	"context"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/berth-io/berth/internal/heal"
+	"github.com/berth-io/berth/internal/keeper"
+)
+
+// TestServerCrash: a server that dies while the agent runs is restarted by
+// the healer's periodic pass (every 2s here), and the writer sees no error.
+func TestServerCrash(t *testing.T) {
+	f := setup(t)
+	nc := f.node(t)
+	waitCSI(t, nc)
+	m := f.userspaceVolume(t, nc, "crash")
+	w, err := newWriter(filepath.Join(m.target, "data"), 99)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go w.run()
+	ctx := context.Background()
+	for i := 0; i < 3; i++ {
+		time.Sleep(300 * time.Millisecond)
+		vols, err := keeper.NewClient(f.keeperSock).List(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		i := slices.IndexFunc(vols, func(v keeper.Volume) bool { return v.Name == m.name })
+		if i < 0 || vols[i].ServerPID == 0 {
+			t.Fatalf("keeper lists no server for %s: %+v", m.name, vols)
+		}
+		if err := killWait(vols[i].ServerPID); err != nil {
+			t.Fatal(err)
+		}
+		killed := time.Now()
+		for w.lastOK.Load() < killed.UnixNano() {
+			if time.Since(killed) > 30*time.Second {
+				t.Fatalf("no write finished within 30s of the server's death (errors: %v)", w.Errors())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		t.Logf("server killed; writes went on after %s", time.Duration(w.lastOK.Load()-killed.UnixNano()).Round(time.Millisecond))
+	}
+	if err := w.Stop(30 * time.Second); err != nil {
+		t.Errorf("writer: %v", err)
+	}
+}
+
+// TestKeeperDown: when the keeper dies, the volume's condition turns
+// abnormal with a message that says what to do, and the healer of a
+// restarted agent reports it as an Event on the Volume.
+func TestKeeperDown(t *testing.T) {
+	f := setup(t)
+	nc := f.node(t)
+	waitCSI(t, nc)
+	m := f.userspaceVolume(t, nc, "keeper-down")
+	ctx := context.Background()
+	stats := func() *csi.VolumeCondition {
+		t.Helper()
+		resp, err := nc.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: m.name, VolumePath: m.target})
+		if err != nil {
+			t.Fatalf("stats: %v", err)
+		}
+		return resp.GetVolumeCondition()
+	}
+	if c := stats(); c.GetAbnormal() {
+		t.Fatalf("healthy volume reported abnormal: %s", c.GetMessage())
+	}
+	if err := f.killAll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_ = f.keeperCmd.Process.Kill()
+	<-f.keeperDone
+	// Whatever the test ends with, the next tests get a keeper again.
+	t.Cleanup(func() {
+		select {
+		case <-f.keeperDone:
+			if err := f.startKeeper(); err != nil {
+				t.Error(err)
+			}
+		default:
+		}
+		if f.agent == nil {
+			if err := f.startAgent(); err != nil {
+				t.Error(err)
+			}
+		}
+	})
+	if err := f.startAgent(); err != nil {
+		t.Fatal(err)
+	}
+	waitCSI(t, nc)
+	if c := stats(); !c.GetAbnormal() || !strings.Contains(c.GetMessage(), "keeper is not running") {
+		t.Errorf("condition with the keeper dead = %+v, want abnormal, saying the keeper is not running", c)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var evs corev1.EventList
+		if err := f.env.Client.List(ctx, &evs); err != nil {
+			t.Fatal(err)
+		}
+		i := slices.IndexFunc(evs.Items, func(e corev1.Event) bool {
+			return e.InvolvedObject.Name == m.name && e.Reason == heal.ReasonKeeperDown && e.Type == corev1.EventTypeWarning
+		})
+		if i >= 0 {
+			t.Logf("event: %s", evs.Items[i].Message)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s event on Volume %s", heal.ReasonKeeperDown, m.name)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	// A new keeper does not have the old connection: still abnormal, and
+	// unstage (in cleanup) must clear the dead mounts.
+	if err := f.startKeeper(); err != nil {
+		t.Fatal(err)
+	}
+	if c := stats(); !c.GetAbnormal() {
+		t.Errorf("condition after a keeper restart = %+v, want abnormal", c)
+	}
+	if vols, err := keeper.NewClient(f.keeperSock).List(ctx); err != nil || len(vols) != 0 {
+		t.Errorf("new keeper lists %+v, %v", vols, err)
+	}
+}
