@@ -27,13 +27,14 @@ cleanup() {
 }
 trap cleanup EXIT
 
-bin/apiserver --kubeconfig "$work/kubeconfig" --node sanity-node >"$work/apiserver.log" 2>&1 &
+bin/apiserver --write-kubeconfig "$work/kubeconfig" --node sanity-node >"$work/apiserver.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 120); do [ -s "$work/kubeconfig" ] && break; sleep 0.5; done
 [ -s "$work/kubeconfig" ] || { cat "$work/apiserver.log" >&2; exit 1; }
 
 bin/berth agent --kubeconfig "$work/kubeconfig" --node-name sanity-node --data-dir "$work/data" \
-	--csi-endpoint "unix://$work/node.sock" --kubelet-dir "" --capacity-interval 1s >"$work/agent.log" 2>&1 &
+	--csi-endpoint "unix://$work/node.sock" --kubelet-dir "" --volume-plugin-dir "" \
+	--agent-socket "$work/run/agent.sock" --capacity-interval 1s >"$work/agent.log" 2>&1 &
 pids+=($!)
 bin/berth csi-controller --kubeconfig "$work/kubeconfig" --endpoint "unix://$work/controller.sock" \
 	--storage-cluster sanity >"$work/controller.log" 2>&1 &
@@ -43,11 +44,12 @@ for _ in $(seq 1 120); do [ -S "$work/node.sock" ] && [ -S "$work/controller.soc
 rc=0
 for access in mount block; do
 	echo "== csi-sanity, $access access"
+	mkdir -p "$work/$access"
 	bin/csi-sanity --csi.endpoint "$work/node.sock" --csi.controllerendpoint "$work/controller.sock" \
 		--csi.mountdir "$work/$access/target" --csi.stagingdir "$work/$access/staging" \
 		--csi.testvolumeaccesstype "$access" --csi.testvolumesize $((64 << 20)) \
-		--csi.testvolumeexpandsize $((128 << 20)) --csi.idempotent-count 2 \
-		--ginkgo.succinct 2>&1 | tail -n 25 || rc=1
+		--csi.testvolumeexpandsize $((128 << 20)) \
+		--ginkgo.succinct --ginkgo.no-color 2>&1 | tail -n 25 || rc=1
 done
 if [ $rc -ne 0 ]; then
 	echo "== agent log (tail)"; tail -n 40 "$work/agent.log"

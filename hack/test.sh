@@ -18,7 +18,7 @@ trap 'rm -f "$log"' EXIT
 # -p 1: packages that start API servers or touch loop devices run one at a
 # time on our 2-core machines.
 set +e
-go test -p 1 -count=1 -v "$@" ./... 2>&1 | tee "$log" | grep -vE '^=== (RUN|PAUSE|CONT)'
+go test -p 1 -count=1 -timeout 30m -v "$@" ./... 2>&1 | tee "$log" | grep -vE '^=== (RUN|PAUSE|CONT)'
 rc=${PIPESTATUS[0]}
 set -e
 

@@ -18,6 +18,12 @@ type AttachmentSpec struct {
 	// +kubebuilder:validation:MaxItems=1024
 	// +optional
 	Attachments []AttachmentEntry `json:"attachments,omitempty"`
+
+	// Holders summarizes Attachments for `kubectl get` ("node" for a stage
+	// record, "node/namespace/pod" for a pod), written with every change of
+	// Attachments: a printer column shows only the first match of a list.
+	// +optional
+	Holders string `json:"holders,omitempty"`
 }
 
 // AttachmentEntry is one holder of a volume.
@@ -85,8 +91,7 @@ type AttachmentStatus struct {
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:scope=Cluster,shortName=batt,categories=berth
 // +kubebuilder:printcolumn:name="Mode",type=string,JSONPath=`.spec.accessMode`
-// +kubebuilder:printcolumn:name="Nodes",type=string,JSONPath=`.spec.attachments[*].node`
-// +kubebuilder:printcolumn:name="Pods",type=string,JSONPath=`.spec.attachments[*].pod`
+// +kubebuilder:printcolumn:name="Holders",type=string,JSONPath=`.spec.holders`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type Attachment struct {
 	metav1.TypeMeta   `json:",inline"`

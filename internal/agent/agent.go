@@ -202,17 +202,8 @@ func (a *Agent) Unstage(ctx context.Context, volumeID, stagingPath string) error
 	if dev == "" {
 		// Nothing mounted: a retry after a crash between unmount and detach
 		// finds the loop device by its backing file.
-		image, err := a.imagePath(ctx, volumeID)
-		switch {
-		case errors.Is(err, ErrVolumeNotFound):
-		case err != nil:
+		if dev, err = a.attachedDevice(ctx, volumeID); err != nil {
 			return err
-		default:
-			if d, found, err := a.loop.Find(ctx, image); err != nil {
-				return fmt.Errorf("find loop device of %s: %w", image, err)
-			} else if found {
-				dev = d
-			}
 		}
 	}
 	if dev != "" {
@@ -225,6 +216,26 @@ func (a *Agent) Unstage(ctx context.Context, volumeID, stagingPath string) error
 	}
 	a.log.Info("unstaged", "volume", volumeID, "stagingPath", stagingPath, "device", dev)
 	return nil
+}
+
+// attachedDevice returns the loop device attached to the volume's image, ""
+// when none is (or the image is gone).
+func (a *Agent) attachedDevice(ctx context.Context, volumeID string) (string, error) {
+	image, err := a.imagePath(ctx, volumeID)
+	if errors.Is(err, ErrVolumeNotFound) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	dev, found, err := a.loop.Find(ctx, image)
+	if err != nil {
+		return "", fmt.Errorf("find loop device of %s: %w", image, err)
+	}
+	if !found {
+		return "", nil
+	}
+	return dev, nil
 }
 
 // Publish fences the volume for the pod (ReadWriteOncePod is decided here)

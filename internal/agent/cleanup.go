@@ -34,17 +34,8 @@ func (a *Agent) forceUnstage(ctx context.Context, volume, staging string) error 
 		return fmt.Errorf("staged device at %s: %w", staging, err)
 	}
 	if dev == "" {
-		image, err := a.imagePath(ctx, volume)
-		switch {
-		case errors.Is(err, ErrVolumeNotFound):
-		case err != nil:
+		if dev, err = a.attachedDevice(ctx, volume); err != nil {
 			return err
-		default:
-			if d, found, err := a.loop.Find(ctx, image); err != nil {
-				return fmt.Errorf("find loop device of %s: %w", image, err)
-			} else if found {
-				dev = d
-			}
 		}
 	}
 	if dev != "" {

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
@@ -97,10 +96,8 @@ func (cl *Cleaner) NeedLeaderElection() bool { return false }
 func (cl *Cleaner) RunOnce(ctx context.Context) (CleanResult, error) {
 	var res CleanResult
 	var nc v1.NodeCleanup
-	if err := cl.c.Get(ctx, client.ObjectKey{Name: cl.node}, &nc); apierrors.IsNotFound(err) {
-		return res, nil
-	} else if err != nil {
-		return res, fmt.Errorf("get nodecleanup %s: %w", cl.node, err)
+	if found, err := lookup(ctx, cl.c, "nodecleanup", client.ObjectKey{Name: cl.node}, &nc); !found {
+		return res, err
 	}
 	var finished []v1.StaleAttachment
 	var failures []error
@@ -129,14 +126,13 @@ func (cl *Cleaner) RunOnce(ctx context.Context) (CleanResult, error) {
 func (cl *Cleaner) process(ctx context.Context, s v1.StaleAttachment) (dropped bool, err error) {
 	defer cl.opts.Lock(s.Volume)()
 	var att v1.Attachment
-	if err := cl.c.Get(ctx, client.ObjectKey{Name: s.Volume}, &att); err == nil {
-		for _, e := range att.Spec.Attachments {
-			if e.Node == cl.node && e.MountDir == s.MountDir && e.PodUID == s.PodUID {
-				return true, nil
-			}
+	if _, err := lookup(ctx, cl.c, "attachment", client.ObjectKey{Name: s.Volume}, &att); err != nil {
+		return false, err
+	}
+	for _, e := range att.Spec.Attachments { // none when the Attachment is gone
+		if e.Node == cl.node && e.MountDir == s.MountDir && e.PodUID == s.PodUID {
+			return true, nil
 		}
-	} else if !apierrors.IsNotFound(err) {
-		return false, fmt.Errorf("get attachment %s: %w", s.Volume, err)
 	}
 	if err := cl.u.Undo(ctx, s); err != nil {
 		return false, fmt.Errorf("undo %s at %s: %w", s.Volume, s.MountDir, err)
@@ -152,10 +148,8 @@ func (cl *Cleaner) remove(ctx context.Context, finished []v1.StaleAttachment) er
 	}
 	return retry(ctx, cl.clk, cl.opts.Retry, "remove stale entries of node "+cl.node, func() (bool, error) {
 		var nc v1.NodeCleanup
-		if err := cl.c.Get(ctx, client.ObjectKey{Name: cl.node}, &nc); apierrors.IsNotFound(err) {
-			return true, nil
-		} else if err != nil {
-			return true, fmt.Errorf("get nodecleanup %s: %w", cl.node, err)
+		if found, err := lookup(ctx, cl.c, "nodecleanup", client.ObjectKey{Name: cl.node}, &nc); !found {
+			return true, err
 		}
 		kept := nc.Spec.Entries[:0:0]
 		for _, s := range nc.Spec.Entries {
@@ -188,10 +182,8 @@ func containsStale(list []v1.StaleAttachment, s *v1.StaleAttachment) bool {
 func (cl *Cleaner) report(ctx context.Context, failed error) error {
 	return retry(ctx, cl.clk, cl.opts.Retry, "status of nodecleanup "+cl.node, func() (bool, error) {
 		var nc v1.NodeCleanup
-		if err := cl.c.Get(ctx, client.ObjectKey{Name: cl.node}, &nc); apierrors.IsNotFound(err) {
-			return true, nil
-		} else if err != nil {
-			return true, fmt.Errorf("get nodecleanup %s: %w", cl.node, err)
+		if found, err := lookup(ctx, cl.c, "nodecleanup", client.ObjectKey{Name: cl.node}, &nc); !found {
+			return true, err
 		}
 		now := metav1.NewTime(cl.clk.Now())
 		nc.Status.LastProcessed = &now

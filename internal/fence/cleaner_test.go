@@ -54,10 +54,7 @@ func TestCleanerAfterRestart(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Now())
 	u := &recordingUndoer{}
 	cl := fence.NewCleaner(env.Client, "cl-a", u, clk, testr.New(t), fence.CleanerOptions{Interval: time.Minute})
-	ctx, cancel := context.WithCancel(ctxT(t))
-	done := make(chan error, 1)
-	go func() { done <- cl.Start(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	background(t, cl.Start)
 
 	waitFor(t, "first pass at start", func() bool { return len(u.undone()) == 2 && clk.HasWaiters() })
 	nc := getCleanup(t, "cl-a")

@@ -62,8 +62,10 @@ type Fencer struct {
 	opts Options
 }
 
-// New returns a Fencer. rec gets an Event on the Attachment and the
-// requesting pod for every refused request.
+// New returns a Fencer. c must read from the API server, not from a cache:
+// a stale read could report a hold that was broken meanwhile as granted.
+// rec gets an Event on the Attachment and the requesting pod for every
+// refused request, and one on the Attachment for every lock broken.
 func New(c client.Client, rec record.EventRecorder, clk clock.Clock, log logr.Logger, opts Options) *Fencer {
 	return &Fencer{c: c, rec: rec, clk: clk, log: log, opts: opts.withDefaults()}
 }
@@ -87,8 +89,9 @@ func (f *Fencer) tryAcquire(ctx context.Context, req *Request) (done bool, err e
 	if err := f.c.Get(ctx, client.ObjectKey{Name: req.Volume}, &att); apierrors.IsNotFound(err) {
 		att = v1.Attachment{
 			ObjectMeta: metav1.ObjectMeta{Name: req.Volume},
-			Spec:       v1.AttachmentSpec{AccessMode: req.AccessMode, Attachments: []v1.AttachmentEntry{own}},
+			Spec:       v1.AttachmentSpec{AccessMode: req.AccessMode},
 		}
+		setEntries(&att, []v1.AttachmentEntry{own})
 		if err := f.c.Create(ctx, &att); err != nil {
 			return !raced(err), fmt.Errorf("create attachment %s: %w", req.Volume, err)
 		}
@@ -123,8 +126,7 @@ func (f *Fencer) tryAcquire(ctx context.Context, req *Request) (done bool, err e
 	if len(others) == 0 {
 		att.Spec.AccessMode = req.AccessMode
 	}
-	others = append(others, own)
-	att.Spec.Attachments = others
+	setEntries(&att, append(others, own))
 	if err := f.c.Update(ctx, &att); err != nil {
 		return !raced(err), fmt.Errorf("update attachment %s: %w", req.Volume, err)
 	}
@@ -140,10 +142,8 @@ func (f *Fencer) Release(ctx context.Context, volume, node, mountDir string) err
 	}
 	return retry(ctx, f.clk, f.opts, "release "+volume, func() (bool, error) {
 		var att v1.Attachment
-		if err := f.c.Get(ctx, client.ObjectKey{Name: volume}, &att); apierrors.IsNotFound(err) {
-			return true, nil
-		} else if err != nil {
-			return true, fmt.Errorf("get attachment %s: %w", volume, err)
+		if found, err := lookup(ctx, f.c, "attachment", client.ObjectKey{Name: volume}, &att); !found {
+			return true, err
 		}
 		kept := att.Spec.Attachments[:0:0]
 		for _, e := range att.Spec.Attachments {
@@ -157,7 +157,7 @@ func (f *Fencer) Release(ctx context.Context, volume, node, mountDir string) err
 		if len(kept) == 0 {
 			return deleteIfUnchanged(ctx, f.c, &att)
 		}
-		att.Spec.Attachments = kept
+		setEntries(&att, kept)
 		if err := f.c.Update(ctx, &att); err != nil {
 			return !raced(err), fmt.Errorf("update attachment %s: %w", volume, err)
 		}
@@ -180,10 +180,8 @@ func deleteIfUnchanged(ctx context.Context, c client.Client, att *v1.Attachment)
 // none when the volume is not held.
 func (f *Fencer) Holders(ctx context.Context, volume string) ([]v1.AttachmentEntry, v1.AccessMode, error) {
 	var att v1.Attachment
-	if err := f.c.Get(ctx, client.ObjectKey{Name: volume}, &att); apierrors.IsNotFound(err) {
-		return nil, "", nil
-	} else if err != nil {
-		return nil, "", fmt.Errorf("get attachment %s: %w", volume, err)
+	if found, err := lookup(ctx, f.c, "attachment", client.ObjectKey{Name: volume}, &att); !found {
+		return nil, "", err
 	}
 	return att.Spec.Attachments, att.Spec.AccessMode, nil
 }
@@ -211,6 +209,22 @@ func (f *Fencer) ListForNode(ctx context.Context, node string) ([]Hold, error) {
 		}
 	}
 	return out, nil
+}
+
+// lookup reads obj; found is false when it does not exist.
+func lookup(ctx context.Context, c client.Client, what string, key client.ObjectKey, obj client.Object) (found bool, err error) {
+	err = c.Get(ctx, key, obj)
+	switch {
+	case apierrors.IsNotFound(err):
+		return false, nil
+	case err != nil:
+		name := key.Name
+		if key.Namespace != "" {
+			name = key.String()
+		}
+		return false, fmt.Errorf("get %s %s: %w", what, name, err)
+	}
+	return true, nil
 }
 
 // raced tells whether err means "someone wrote first": read again, decide again.

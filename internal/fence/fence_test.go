@@ -97,6 +97,12 @@ func TestManyModes(t *testing.T) {
 	if got := len(getAttachment(t, "vol-rwx").Spec.Attachments); got != 6 {
 		t.Fatalf("rwx attachment has %d entries, want 6", got)
 	}
+	mustAcquire(t, f, stageReq("vol-rox", "many-a", v1.ReadOnlyMany)) // NodeStage: read-only implied
+	for _, e := range getAttachment(t, "vol-rox").Spec.Attachments {
+		if !e.ReadOnly {
+			t.Fatalf("ReadOnlyMany entry %+v is not read-only", e)
+		}
+	}
 	rw := podReq("vol-rox", "many-a", fakePod("many-rw"), v1.ReadOnlyMany)
 	if err := f.Acquire(ctxT(t), rw); !errors.Is(err, fence.ErrInvalid) {
 		t.Fatalf("read-write on ReadOnlyMany: got %v, want ErrInvalid", err)

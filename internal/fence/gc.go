@@ -140,10 +140,8 @@ func (g *GC) sweep(ctx context.Context, w *gcWorld, volume string) (moved, dropp
 	err = retry(ctx, g.clk, g.opts, "gc "+volume, func() (bool, error) {
 		moved, dropped = 0, 0
 		var att v1.Attachment
-		if err := g.c.Get(ctx, client.ObjectKey{Name: volume}, &att); apierrors.IsNotFound(err) {
-			return true, nil
-		} else if err != nil {
-			return true, fmt.Errorf("get attachment %s: %w", volume, err)
+		if found, err := lookup(ctx, g.c, "attachment", client.ObjectKey{Name: volume}, &att); !found {
+			return true, err
 		}
 		kept := att.Spec.Attachments[:0:0]
 		stale := map[string][]v1.StaleAttachment{}
@@ -179,7 +177,7 @@ func (g *GC) sweep(ctx context.Context, w *gcWorld, volume string) (moved, dropp
 		if len(kept) == 0 {
 			return deleteIfUnchanged(ctx, g.c, &att)
 		}
-		att.Spec.Attachments = kept
+		setEntries(&att, kept)
 		if err := g.c.Update(ctx, &att); err != nil {
 			return !raced(err), fmt.Errorf("update attachment %s: %w", volume, err)
 		}

@@ -1,7 +1,6 @@
 package fence_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -136,10 +135,7 @@ func TestGCInterval(t *testing.T) {
 
 	cleanupVolume(t, "vol-gc4", "gc-tick")
 	f, _ := newFencer(t)
-	ctx, cancel := context.WithCancel(ctxT(t))
-	done := make(chan error, 1)
-	go func() { done <- g.Start(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	background(t, g.Start)
 	waitFor(t, "first sweep", clk.HasWaiters)
 	mustAcquire(t, f, podReq("vol-gc4", "gc-tick", fakePod("gc-tick-pod"), v1.ReadWriteOnce)) // node gone
 	clk.Step(3 * time.Second)

@@ -29,46 +29,31 @@ func (in *injector) roll() (inject, after bool) {
 	return true, rand.IntN(2) == 0
 }
 
-func (in *injector) wrap(c client.WithWatch) client.WithWatch {
-	conflict := func(obj client.Object) error {
-		return apierrors.NewConflict(attGR, obj.GetName(), errInjected)
+// do runs write, or makes it lose a race before or after it reached the server.
+func (in *injector) do(write func() error, lost error) error {
+	inject, after := in.roll()
+	if !inject {
+		return write()
 	}
+	if after {
+		if err := write(); err != nil {
+			return err
+		}
+	}
+	return lost
+}
+
+func (in *injector) wrap(c client.WithWatch) client.WithWatch {
+	conflict := func(obj client.Object) error { return apierrors.NewConflict(attGR, obj.GetName(), errInjected) }
 	return interceptor.NewClient(c, interceptor.Funcs{
 		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
-			inject, after := in.roll()
-			if !inject {
-				return c.Create(ctx, obj, opts...)
-			}
-			if after {
-				if err := c.Create(ctx, obj, opts...); err != nil {
-					return err
-				}
-			}
-			return apierrors.NewAlreadyExists(attGR, obj.GetName())
+			return in.do(func() error { return c.Create(ctx, obj, opts...) }, apierrors.NewAlreadyExists(attGR, obj.GetName()))
 		},
 		Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
-			inject, after := in.roll()
-			if !inject {
-				return c.Update(ctx, obj, opts...)
-			}
-			if after {
-				if err := c.Update(ctx, obj, opts...); err != nil {
-					return err
-				}
-			}
-			return conflict(obj)
+			return in.do(func() error { return c.Update(ctx, obj, opts...) }, conflict(obj))
 		},
 		Delete: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.DeleteOption) error {
-			inject, after := in.roll()
-			if !inject {
-				return c.Delete(ctx, obj, opts...)
-			}
-			if after {
-				if err := c.Delete(ctx, obj, opts...); err != nil {
-					return err
-				}
-			}
-			return conflict(obj)
+			return in.do(func() error { return c.Delete(ctx, obj, opts...) }, conflict(obj))
 		},
 	})
 }

@@ -135,20 +135,33 @@ func fakePod(name string) *corev1.Pod {
 
 func getAttachment(t *testing.T, volume string) *v1.Attachment {
 	t.Helper()
-	var att v1.Attachment
-	if err := env.Client.Get(ctxT(t), client.ObjectKey{Name: volume}, &att); err != nil {
-		t.Fatalf("get attachment %s: %v", volume, err)
-	}
-	return &att
+	return mustGet(t, volume, &v1.Attachment{})
 }
 
 func getCleanup(t *testing.T, node string) *v1.NodeCleanup {
 	t.Helper()
-	var nc v1.NodeCleanup
-	if err := env.Client.Get(ctxT(t), client.ObjectKey{Name: node}, &nc); err != nil {
-		t.Fatalf("get nodecleanup %s: %v", node, err)
+	return mustGet(t, node, &v1.NodeCleanup{})
+}
+
+func mustGet[T client.Object](t *testing.T, name string, obj T) T {
+	t.Helper()
+	if err := env.Client.Get(ctxT(t), client.ObjectKey{Name: name}, obj); err != nil {
+		t.Fatalf("get %T %s: %v", obj, name, err)
 	}
-	return &nc
+	return obj
+}
+
+// background runs a Runnable until the test ends.
+func background(t *testing.T, start func(context.Context) error) {
+	ctx, cancel := context.WithCancel(ctxT(t))
+	done := make(chan error, 1)
+	go func() { done <- start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("runnable: %v", err)
+		}
+	})
 }
 
 func isExists(err error) bool { return apierrors.IsAlreadyExists(err) }

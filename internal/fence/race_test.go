@@ -36,6 +36,9 @@ type raceVolume struct {
 	mode v1.AccessMode
 }
 
+// raceNode is the node of contender id; each race has its own nodes.
+func raceNode(prefix string, id int) string { return fmt.Sprintf("%s-node-%d", prefix, id%raceNodes) }
+
 func raceVolumes(prefix string) []raceVolume {
 	return []raceVolume{
 		{prefix + "-rwo", v1.ReadWriteOnce},
@@ -54,11 +57,12 @@ type contender interface {
 
 // local is a contender in this process; helper processes run one each.
 type local struct {
-	id   int
-	f    *fence.Fencer
-	in   *injector
-	vols []raceVolume
-	held []bool
+	id     int
+	prefix string
+	f      *fence.Fencer
+	in     *injector
+	vols   []raceVolume
+	held   []bool
 }
 
 func newLocal(cfg *rest.Config, id int, prefix string) (*local, error) {
@@ -76,13 +80,13 @@ func newLocal(cfg *rest.Config, id int, prefix string) (*local, error) {
 	// Events are dropped: refusals are the point of this test.
 	f := fence.New(in.wrap(c), &record.FakeRecorder{}, clock.RealClock{}, logr.Discard(),
 		fence.Options{MaxRetries: raceMaxRetries, MaxBackoff: 50 * time.Millisecond})
-	return &local{id: id, f: f, in: in, vols: raceVolumes(prefix)}, nil
+	return &local{id: id, prefix: prefix, f: f, in: in, vols: raceVolumes(prefix)}, nil
 }
 
 func (l *local) request(v raceVolume) fence.Request {
 	uid := fmt.Sprintf("race-uid-%d", l.id)
 	return fence.Request{
-		Volume: v.name, Node: fmt.Sprintf("race-node-%d", l.id%raceNodes),
+		Volume: v.name, Node: raceNode(l.prefix, l.id),
 		PodNamespace: "default", Pod: fmt.Sprintf("race-pod-%d", l.id), PodUID: uid,
 		MountDir:    "/var/lib/kubelet/pods/" + uid + "/volumes/kubernetes.io~csi/" + v.name + "/mount",
 		StagingPath: "/var/lib/kubelet/plugins/berth.io/staging/" + v.name, AccessMode: v.mode,
@@ -129,11 +133,14 @@ type tally struct {
 }
 
 // checkRound judges one round: the contenders' own view and the API server's.
-func checkRound(ctx context.Context, f *fence.Fencer, vols []raceVolume, held [][]bool, t map[v1.AccessMode]*tally) error {
+func checkRound(ctx context.Context, f *fence.Fencer, prefix string, vols []raceVolume, held [][]bool, t map[v1.AccessMode]*tally) error {
+	vols = vols[:len(held[0])]
+	listed, err := holdersOf(ctx, f, vols)
+	if err != nil {
+		return err
+	}
 	for vi, v := range vols {
-		if vi >= len(held[0]) {
-			break
-		}
+		entries := listed[vi]
 		tl := t[v.mode]
 		tl.rounds++
 		var nodes, pods []string // every holder, as the contenders and the API server see it
@@ -141,13 +148,9 @@ func checkRound(ctx context.Context, f *fence.Fencer, vols []raceVolume, held []
 		for ci := range held {
 			if held[ci][vi] {
 				n++
-				nodes = append(nodes, fmt.Sprintf("race-node-%d", ci%raceNodes))
+				nodes = append(nodes, raceNode(prefix, ci))
 				pods = append(pods, fmt.Sprintf("race-uid-%d", ci))
 			}
-		}
-		entries, _, err := f.Holders(ctx, v.name)
-		if err != nil {
-			return err
 		}
 		if len(entries) != n {
 			return fmt.Errorf("%s: contenders say %d hold, the Attachment lists %d", v.name, n, len(entries))
@@ -179,7 +182,8 @@ func checkRound(ctx context.Context, f *fence.Fencer, vols []raceVolume, held []
 
 // race runs rounds: every contender tries every volume at once, the round is
 // judged, the winners release, and the last release must delete each object.
-func race(ctx context.Context, cs []contender, f *fence.Fencer, vols []raceVolume, rounds int) (map[v1.AccessMode]*tally, error) {
+func race(ctx context.Context, cs []contender, f *fence.Fencer, prefix string, rounds int) (map[v1.AccessMode]*tally, error) {
+	vols := raceVolumes(prefix)
 	t := map[v1.AccessMode]*tally{}
 	for _, v := range vols {
 		t[v.mode] = &tally{}
@@ -199,19 +203,36 @@ func race(ctx context.Context, cs []contender, f *fence.Fencer, vols []raceVolum
 		}); err != nil {
 			return t, fmt.Errorf("round %d: %w", r, err)
 		}
-		if err := checkRound(ctx, f, vols, held, t); err != nil {
+		if err := checkRound(ctx, f, prefix, vols, held, t); err != nil {
 			return t, fmt.Errorf("round %d: %w", r, err)
 		}
 		if err := each(cs, func(_ int, c contender) error { return c.release(ctx) }); err != nil {
 			return t, fmt.Errorf("round %d release: %w", r, err)
 		}
-		for _, v := range vols {
-			if hs, _, err := f.Holders(ctx, v.name); err != nil || len(hs) != 0 {
-				return t, fmt.Errorf("round %d: %s still held after every release: %v %w", r, v.name, hs, err)
+		listed, err := holdersOf(ctx, f, vols[:nvols])
+		if err != nil {
+			return t, fmt.Errorf("round %d: %w", r, err)
+		}
+		for vi, hs := range listed {
+			if len(hs) != 0 {
+				return t, fmt.Errorf("round %d: %s still held after every release: %v", r, vols[vi].name, hs)
 			}
 		}
 	}
 	return t, nil
+}
+
+// holdersOf reads the volumes' Attachments at once.
+func holdersOf(ctx context.Context, f *fence.Fencer, vols []raceVolume) ([][]v1.AttachmentEntry, error) {
+	out := make([][]v1.AttachmentEntry, len(vols))
+	errs := make([]error, len(vols))
+	var wg sync.WaitGroup
+	for i, v := range vols {
+		wg.Add(1)
+		go func() { defer wg.Done(); out[i], _, errs[i] = f.Holders(ctx, v.name) }()
+	}
+	wg.Wait()
+	return out, errors.Join(errs...)
 }
 
 func each(cs []contender, fn func(int, contender) error) error {
@@ -225,9 +246,9 @@ func each(cs []contender, fn func(int, contender) error) error {
 	return errors.Join(errs...)
 }
 
-func mkRaceNodes(t *testing.T) {
+func mkRaceNodes(t *testing.T, prefix string) {
 	for i := range raceNodes {
-		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("race-node-%d", i)}}
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: raceNode(prefix, i)}}
 		if err := env.Client.Create(ctxT(t), n); err != nil && !isExists(err) {
 			t.Fatal(err)
 		}
@@ -252,7 +273,8 @@ func distinct(xs []string) map[string]bool {
 
 func TestRaceGoroutines(t *testing.T) {
 	needEnv(t)
-	mkRaceNodes(t)
+	t.Parallel() // independent of the process race: own volumes
+	mkRaceNodes(t, "race-g")
 	var cs []contender
 	for i := range 8 {
 		l, err := newLocal(env.Config, i, "race-g")
@@ -266,7 +288,8 @@ func TestRaceGoroutines(t *testing.T) {
 
 func TestRaceProcesses(t *testing.T) {
 	needEnv(t)
-	mkRaceNodes(t)
+	t.Parallel()
+	mkRaceNodes(t, "race-p")
 	kubeconfig, err := writeKubeconfig(env.Config, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -295,7 +318,7 @@ func runRace(t *testing.T, kind string, cs []contender, prefix string) {
 	f, _ := newFencer(t)
 	rounds := raceRounds()
 	start := time.Now()
-	tallies, err := race(ctxLong(t), cs, f, vols, rounds)
+	tallies, err := race(ctxLong(t), cs, f, prefix, rounds)
 	if err != nil {
 		t.Fatal(err)
 	}

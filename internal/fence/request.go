@@ -2,6 +2,7 @@ package fence
 
 import (
 	"fmt"
+	"strings"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 )
@@ -9,7 +10,8 @@ import (
 // Request asks to hold a volume on a node. A node's stage record leaves the
 // pod fields empty and sets MountDir to the staging path (CSI NodeStage knows
 // no pod); a pod's publish record sets all three pod fields and MountDir to
-// the pod's target path.
+// the pod's target path. Under ReadOnlyMany a pod's request must be
+// ReadOnly; a stage request is made read-only.
 type Request struct {
 	Volume       string
 	Node         string
@@ -37,6 +39,8 @@ func (r *Request) entry() v1.AttachmentEntry {
 	}
 }
 
+// validate refuses a request that can never be granted; it marks a
+// ReadOnlyMany stage request read-only.
 func (r *Request) validate() error {
 	switch {
 	case r.Volume == "":
@@ -53,6 +57,10 @@ func (r *Request) validate() error {
 	switch r.AccessMode {
 	case v1.ReadWriteOncePod, v1.ReadWriteOnce, v1.ReadWriteMany:
 	case v1.ReadOnlyMany:
+		if r.IsStage() {
+			// CSI NodeStage carries no read-only flag: the mode implies it.
+			r.ReadOnly = true
+		}
 		if !r.ReadOnly {
 			return fmt.Errorf("%w: volume %s is %s: a read-write mount is refused", ErrInvalid, r.Volume, r.AccessMode)
 		}
@@ -110,4 +118,25 @@ func byNode(entries []v1.AttachmentEntry) ([]string, map[string][]v1.AttachmentE
 		m[e.Node] = append(m[e.Node], e)
 	}
 	return order, m
+}
+
+// maxListedHolders bounds spec.holders; the list itself has them all.
+const maxListedHolders = 8
+
+// setEntries writes the holders and their kubectl summary together.
+func setEntries(att *v1.Attachment, entries []v1.AttachmentEntry) {
+	att.Spec.Attachments = entries
+	names := make([]string, 0, min(len(entries), maxListedHolders)+1)
+	for i, e := range entries {
+		if i == maxListedHolders {
+			names = append(names, fmt.Sprintf("+%d more", len(entries)-i))
+			break
+		}
+		if e.IsStage() {
+			names = append(names, e.Node)
+		} else {
+			names = append(names, e.Node+"/"+e.PodNamespace+"/"+e.Pod)
+		}
+	}
+	att.Spec.Holders = strings.Join(names, ", ")
 }

@@ -3,17 +3,16 @@ package keeper
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
-	"os"
-	"path/filepath"
 	"sort"
 	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
 	"golang.org/x/sys/unix"
+
+	"github.com/berth-io/berth/internal/rootsock"
 )
 
 // Service holds the connections. Requests are served one at a time: they are
@@ -42,27 +41,10 @@ func New(kernel Kernel, log logr.Logger) *Service {
 	return &Service{kernel: kernel, log: log, vols: map[string]*held{}}
 }
 
-// Listen creates the socket: its folder 0700, the socket 0600, a stale
-// socket from a previous keeper replaced.
+// Listen creates the root-only keeper socket (SOCK_SEQPACKET, so that each
+// message and its fd arrive whole).
 func Listen(path string) (*net.UnixListener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("create socket folder: %w", err)
-	}
-	if err := os.Chmod(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("restrict socket folder: %w", err)
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("remove stale socket: %w", err)
-	}
-	l, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
-	if err != nil {
-		return nil, fmt.Errorf("listen on %s: %w", path, err)
-	}
-	if err := os.Chmod(path, 0o600); err != nil {
-		_ = l.Close()
-		return nil, fmt.Errorf("restrict socket: %w", err)
-	}
-	return l, nil
+	return rootsock.Listen("unixpacket", path)
 }
 
 // Serve answers requests on l until ctx ends. The held connections stay
@@ -114,19 +96,9 @@ func (s *Service) serveConn(c *net.UnixConn) {
 // checkRoot admits only uid 0 (the fd gives full access to the volume) and
 // returns the peer's pid.
 func checkRoot(c *net.UnixConn) (int32, error) {
-	raw, err := c.SyscallConn()
+	cred, err := rootsock.PeerCred(c)
 	if err != nil {
-		return 0, fmt.Errorf("peer credentials: %w", err)
-	}
-	var cred *unix.Ucred
-	var credErr error
-	if err := raw.Control(func(fd uintptr) {
-		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return 0, fmt.Errorf("peer credentials: %w", err)
-	}
-	if credErr != nil {
-		return 0, fmt.Errorf("peer credentials: %w", credErr)
+		return 0, err
 	}
 	if cred.Uid != 0 {
 		return 0, fmt.Errorf("peer uid %d (pid %d) is not root", cred.Uid, cred.Pid)

@@ -19,11 +19,13 @@ import (
 )
 
 func main() {
-	kubeconfig := flag.String("kubeconfig", "", "where to write the kubeconfig")
-	node := flag.String("node", "", "create a Node object of this name (envtest has no kubelet)")
-	flag.Parse()
+	// Own flag set: controller-runtime registers --kubeconfig on the global one.
+	fs := flag.NewFlagSet("apiserver", flag.ExitOnError)
+	kubeconfig := fs.String("write-kubeconfig", "", "where to write the kubeconfig")
+	node := fs.String("node", "", "create a Node object of this name (envtest has no kubelet)")
+	_ = fs.Parse(os.Args[1:])
 	if *kubeconfig == "" {
-		fmt.Fprintln(os.Stderr, "apiserver: --kubeconfig is required")
+		fmt.Fprintln(os.Stderr, "apiserver: --write-kubeconfig is required")
 		os.Exit(2)
 	}
 	env, err := testenv.Start()

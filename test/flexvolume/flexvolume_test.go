@@ -136,6 +136,7 @@ func (f *fixture) stop(failed bool) {
 		_ = f.env.Stop()
 	}
 	if f.dir != "" {
+		removeLeftovers(f.dir)
 		_ = os.RemoveAll(f.dir)
 	}
 }
@@ -376,4 +377,23 @@ func raw(t *testing.T, sock string, payload []byte) socket.Response {
 		t.Fatalf("no response: %v", err)
 	}
 	return resp
+}
+
+// removeLeftovers unmounts and detaches whatever a failed test left under
+// dir, so that a failure never leaks mounts or loop devices.
+func removeLeftovers(dir string) {
+	if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
+		lines := strings.Split(string(b), "\n")
+		for i := len(lines) - 1; i >= 0; i-- {
+			if f := strings.Fields(lines[i]); len(f) > 4 && strings.HasPrefix(f[4], dir) {
+				_ = syscall.Unmount(f[4], syscall.MNT_DETACH)
+			}
+		}
+	}
+	out, _ := exec.Command("losetup", "-a").Output()
+	for _, l := range strings.Split(string(out), "\n") {
+		if dev, _, ok := strings.Cut(l, ":"); ok && strings.Contains(l, dir) {
+			_ = exec.Command("losetup", "-d", dev).Run()
+		}
+	}
 }

@@ -21,11 +21,15 @@ func Call(ctx context.Context, path string, req Request) (Response, error) {
 			return Response{}, err
 		}
 	}
-	if err := json.NewEncoder(c).Encode(req); err != nil {
-		return Response{}, fmt.Errorf("send request: %w", err)
-	}
+	// The agent may answer (and close) before reading the request, e.g. to
+	// refuse a caller by its credentials: read its answer even when the
+	// write failed.
+	werr := json.NewEncoder(c).Encode(req)
 	var resp Response
 	if err := json.NewDecoder(c).Decode(&resp); err != nil {
+		if werr != nil {
+			return Response{}, fmt.Errorf("send request: %w", werr)
+		}
 		return Response{}, fmt.Errorf("read response: %w", err)
 	}
 	return resp, nil

@@ -9,17 +9,16 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/go-logr/logr"
-	"golang.org/x/sys/unix"
 
 	"github.com/berth-io/berth/internal/agent"
 	"github.com/berth-io/berth/internal/fence"
 	"github.com/berth-io/berth/internal/flexvolume"
 	"github.com/berth-io/berth/internal/mount"
+	"github.com/berth-io/berth/internal/rootsock"
 )
 
 // Ops are the agent operations the socket serves.
@@ -45,28 +44,9 @@ func NewServer(ops Ops, log logr.Logger) *Server {
 	return &Server{ops: ops, log: log, ReadTimeout: 5 * time.Second, OpTimeout: 5 * time.Minute}
 }
 
-// Listen creates the socket at path inside a root-only folder (0700), with
-// mode 0600, replacing a stale socket.
+// Listen creates the root-only agent socket at path.
 func Listen(path string) (*net.UnixListener, error) {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("socket folder: %w", err)
-	}
-	if err := os.Chmod(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("socket folder: %w", err)
-	}
-	if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
-		return nil, fmt.Errorf("remove stale socket: %w", err)
-	}
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-	if err != nil {
-		return nil, fmt.Errorf("listen on %s: %w", path, err)
-	}
-	if err := os.Chmod(path, 0o600); err != nil {
-		_ = l.Close()
-		return nil, fmt.Errorf("socket mode: %w", err)
-	}
-	return l, nil
+	return rootsock.Listen("unix", path)
 }
 
 // Serve accepts connections until ctx ends.
@@ -205,21 +185,9 @@ func codeOf(err error) string {
 func fail(code, msg string) Response { return Response{Code: code, Message: msg} }
 
 func peerUID(c *net.UnixConn) (uint32, error) {
-	raw, err := c.SyscallConn()
+	cred, err := rootsock.PeerCred(c)
 	if err != nil {
 		return 0, err
-	}
-	var (
-		cred *unix.Ucred
-		cerr error
-	)
-	if err := raw.Control(func(fd uintptr) {
-		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return 0, err
-	}
-	if cerr != nil {
-		return 0, cerr
 	}
 	return cred.Uid, nil
 }
