@@ -48,6 +48,11 @@ for n in "${names[@]}"; do
 	[ -n "$dir" ] || { log "could not download $mod@$version"; exit 1; }
 	cp -r "$dir" "$work/$n"
 	chmod -R u+w "$work/$n"
+	# Replaces into the module's own folders (external-snapshotter's
+	# ./client) are not in the downloaded module: use the required version.
+	for r in $(sed -n 's#^[[:space:]]*\(replace[[:space:]]\+\)\?\([^[:space:]]\+\)\( v[^[:space:]]*\)\? => \./.*#\2#p' "$work/$n/go.mod"); do
+		(cd "$work/$n" && go mod edit -dropreplace="$r")
+	done
 	(cd "$work/$n" && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags "-X main.version=$version" -o "$bin.tmp" "./$cmd")
 	mv "$bin.tmp" "$bin"
 done
