@@ -8,8 +8,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/berth-io/berth/internal/cli"
 	"sigs.k8s.io/yaml"
+
+	"github.com/berth-io/berth/internal/cli"
 )
 
 func writeEnv(t *testing.T, content string) string {

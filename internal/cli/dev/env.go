@@ -17,7 +17,7 @@ func LoadClusterEnv(path string) (ClusterEnv, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open cluster env: %w", err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	env := ClusterEnv{}
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
