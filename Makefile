@@ -91,8 +91,16 @@ test-unit: ## Run unit tests only (no API server, no root).
 	go test -short $(GO_TEST_FLAGS) ./...
 
 .PHONY: e2e
-e2e: ## Run end-to-end tests on a real single-node Kubernetes in a netns (root; hack/e2e.sh).
+e2e: build ## Run the end-to-end scenarios on a real single-node Kubernetes with berth (root; hack/e2e.sh).
 	hack/e2e.sh $(GO_TEST_FLAGS)
+
+.PHONY: dev-up
+dev-up: build ## The main job: a local Kubernetes with berth, a PVC and a pod writing to it (root; berth dev up).
+	$(BIN)/berth dev up --repo $(CURDIR)
+
+.PHONY: dev-down
+dev-down: build ## Remove everything dev-up made and check nothing is left (root; berth dev down).
+	$(BIN)/berth dev down --repo $(CURDIR)
 
 .PHONY: cluster-up
 cluster-up: ## Bring up the e2e Kubernetes (hack/cluster/up.sh); writes /var/lib/berth-e2e/cluster.env.

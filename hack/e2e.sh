@@ -1,22 +1,27 @@
 #!/usr/bin/env bash
-# End-to-end tests on a real single-node Kubernetes: brings hack/cluster up,
-# runs `go test -tags e2e ./test/e2e/...` (extra args go to go test), and
-# always brings the cluster down again and checks that nothing was left.
+# End-to-end scenarios on a real single-node Kubernetes with berth installed:
+# `berth dev up --demo=false` (hack/cluster + the berth install), then
+# `go test -tags e2e ./test/e2e/...` (extra args go to go test), and always
+# `berth dev down`, which fails when anything was left behind.
 #
-#   hack/e2e.sh [go test flags]          as root
+#   hack/e2e.sh [go test flags]          as root, after `make build`
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PATH="/usr/local/go/bin:$PATH"
+BERTH="${BERTH:-$PWD/bin/berth}"
+[ -x "$BERTH" ] || { echo "e2e: $BERTH missing: run make build" >&2; exit 1; }
+t0=$SECONDS
 
 finish() {
 	local rc=$?
-	hack/cluster/down.sh || rc=1
-	hack/cluster/leftovers.sh || rc=1
+	"$BERTH" dev down --repo "$PWD" || rc=1
+	echo "e2e: done in $((SECONDS - t0))s (exit $rc)" >&2
 	exit "$rc"
 }
 trap finish EXIT
 trap 'exit 130' INT TERM
 
-hack/cluster/up.sh
+"$BERTH" dev up --repo "$PWD" --demo=false
+echo "e2e: cluster with berth up after $((SECONDS - t0))s" >&2
 BERTH_E2E_ENV="${BERTH_E2E_DIR:-/var/lib/berth-e2e}/cluster.env" \
-	go test -tags e2e -count=1 -p 1 -v "$@" ./test/e2e/...
+	go test -tags e2e -count=1 -p 1 -timeout 30m -v "$@" ./test/e2e/...

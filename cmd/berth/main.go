@@ -18,6 +18,7 @@ import (
 	"github.com/berth-io/berth/internal/cli/agent"
 	"github.com/berth-io/berth/internal/cli/blockdev"
 	"github.com/berth-io/berth/internal/cli/csicontroller"
+	"github.com/berth-io/berth/internal/cli/dev"
 	"github.com/berth-io/berth/internal/cli/flexvolume"
 	"github.com/berth-io/berth/internal/cli/keeper"
 	"github.com/berth-io/berth/internal/cli/operator"
@@ -33,6 +34,7 @@ func commands() []cli.Command {
 		flexvolume.Command(),
 		keeper.Command(),
 		blockdev.Command(),
+		dev.Command(),
 		version.Command(),
 	}
 }

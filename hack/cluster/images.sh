@@ -4,6 +4,8 @@
 PAUSE_IMAGE=registry.k8s.io/pause:3.10
 BUSYBOX_IMAGE=berth.local/busybox:e2e
 BERTH_IMAGE_TAG=
+# CSI sidecars (hack/csi-sidecars.sh), imported when BERTH_E2E_SIDECARS=1.
+SIDECAR_IMAGES=()
 
 # stale OUT INPUT...: true when OUT is missing or older than an input.
 stale() {
@@ -32,6 +34,16 @@ build_and_import_images() {
 		args+=(-berth-extra-tools "${BERTH_E2E_BERTH_EXTRA_TOOLS:-}")
 		stale "$IMAGES/berth.tar" "$BERTH_E2E_BERTH_BINARY" "$tool" && args+=(-berth "$BERTH_E2E_BERTH_BINARY") need=1
 	fi
+	if [ "${BERTH_E2E_SIDECARS:-}" = 1 ]; then
+		local dir name version
+		dir=$(ticking "building CSI sidecars" "$REPO/hack/csi-sidecars.sh" | tail -n1)
+		for bin in "$dir"/csi-provisioner-"${PROVISIONER_VERSION:-v5.3.0}" \
+			"$dir"/csi-resizer-"${RESIZER_VERSION:-v1.14.0}" "$dir"/csi-snapshotter-"${SNAPSHOTTER_VERSION:-v8.3.0}"; do
+			name=$(basename "$bin") version=${bin##*-} name=${name%-*}
+			SIDECAR_IMAGES+=("berth.local/$name:$version=$IMAGES/$name.tar")
+			stale "$IMAGES/$name.tar" "$bin" "$tool" && args+=(-binary "$name=berth.local/$name:$version=$bin") need=1
+		done
+	fi
 	if [ -n "$need" ]; then
 		log "writing image tarballs to $IMAGES"
 		"$tool" -out "$IMAGES" "${args[@]}"
@@ -52,4 +64,6 @@ build_and_import_images() {
 	import "$PAUSE_IMAGE" "$IMAGES/pause.tar"
 	import "$BUSYBOX_IMAGE" "$IMAGES/busybox.tar"
 	[ -z "$BERTH_IMAGE_TAG" ] || import "$BERTH_IMAGE_TAG" "$IMAGES/berth.tar"
+	local s
+	for s in "${SIDECAR_IMAGES[@]}"; do import "${s%%=*}" "${s#*=}"; done
 }

@@ -1,8 +1,9 @@
 // Command images writes the e2e cluster's image tarballs:
 //
-//	go run ./hack/images -out DIR -pause BIN [-busybox /bin/busybox] [-berth BIN]
+//	go run ./hack/images -out DIR -pause BIN [-busybox /bin/busybox] [-berth BIN] [-binary NAME=TAG=BIN ...]
 //
-// It writes DIR/pause.tar, DIR/busybox.tar and, with -berth, DIR/berth.tar;
+// It writes DIR/pause.tar, DIR/busybox.tar, with -berth DIR/berth.tar and,
+// for each -binary, DIR/NAME.tar (one static binary at /NAME, its entrypoint);
 // import each with `ctr -a SOCK -n k8s.io images import --platform linux/amd64 X.tar`.
 package main
 
@@ -33,6 +34,8 @@ func run() error {
 	berth := flag.String("berth", "", "static berth binary; empty skips berth.tar")
 	berthTag := flag.String("berth-tag", image.BerthTag, "tag of the berth image")
 	berthExtra := flag.String("berth-extra-tools", "", "comma-separated extra programs for the berth image, e.g. fio")
+	var binaries binaryFlags
+	flag.Var(&binaries, "binary", "NAME=TAG=BIN: an image of one static binary at /NAME (e.g. a CSI sidecar); repeatable")
 	flag.Parse()
 	if *out == "" {
 		return fmt.Errorf("-out is required")
@@ -67,5 +70,31 @@ func run() error {
 			return err
 		}
 	}
+	for _, b := range binaries {
+		spec := image.Spec{
+			Tag:        b.tag,
+			Files:      []image.File{{Path: "/" + b.name, Source: b.bin, Mode: 0o755}},
+			Entrypoint: []string{"/" + b.name},
+		}
+		if err := image.Write(spec, filepath.Join(*out, b.name+".tar")); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+type binaryImage struct{ name, tag, bin string }
+
+// binaryFlags collects -binary NAME=TAG=BIN values.
+type binaryFlags []binaryImage
+
+func (f *binaryFlags) String() string { return fmt.Sprint(*f) }
+
+func (f *binaryFlags) Set(v string) error {
+	parts := strings.SplitN(v, "=", 3)
+	if len(parts) != 3 || parts[0] == "" || parts[1] == "" || parts[2] == "" || strings.Contains(parts[0], "/") {
+		return fmt.Errorf("want NAME=TAG=BIN, got %q", v)
+	}
+	*f = append(*f, binaryImage{name: parts[0], tag: parts[1], bin: parts[2]})
 	return nil
 }

@@ -1,0 +1,100 @@
+// Package dev is `berth dev up|down`: a throwaway single-node Kubernetes on
+// this machine (hack/cluster) with berth installed, a demo PVC and a pod that
+// writes to it; `down` removes all of it.
+package dev
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	utilexec "k8s.io/utils/exec"
+
+	"github.com/berth-io/berth/internal/cli"
+)
+
+// Config is what `berth dev` needs.
+type Config struct {
+	// Repo is the berth source tree holding hack/cluster.
+	Repo string
+	// BerthBinary is the static berth binary the berth image is built from.
+	BerthBinary string
+	// WorkDir is the cluster's folder (cluster.env lives there).
+	WorkDir string
+	// Demo makes `up` create the demo PVC and writer pod.
+	Demo bool
+	// Timeout bounds each wait for the cluster (agent Ready, pod Running).
+	Timeout time.Duration
+	// Tick is how often a long wait prints that it is still waiting.
+	Tick time.Duration
+	// Out receives progress lines and the scripts' output.
+	Out io.Writer
+	// Exec runs the scripts and kubectl.
+	Exec utilexec.Interface
+}
+
+// ErrNoRepo means Repo is not a berth source tree.
+var ErrNoRepo = errors.New("not a berth source tree (no hack/cluster/up.sh)")
+
+func (c Config) script(name string) string { return filepath.Join(c.Repo, "hack", "cluster", name) }
+
+func (c Config) check() error {
+	if _, err := os.Stat(c.script("up.sh")); err != nil {
+		return fmt.Errorf("--repo %s: %w", c.Repo, ErrNoRepo)
+	}
+	return nil
+}
+
+// progress prints one line with the time since start.
+func (c Config) progress(format string, args ...any) {
+	fmt.Fprintf(c.Out, "[berth dev] "+format+"\n", args...)
+}
+
+// Command is `berth dev`.
+func Command() cli.Command {
+	return cli.Command{
+		Name:    "dev",
+		Summary: "bring up (up) or remove (down) a local single-node Kubernetes with berth (root)",
+		Main: func(ctx context.Context, args []string, stdio cli.IO) error {
+			if len(args) == 0 || (args[0] != "up" && args[0] != "down") {
+				fmt.Fprintln(stdio.Stderr, "usage: berth dev up|down [flags]")
+				return errors.New("berth dev: want up or down")
+			}
+			verb := args[0]
+			fs := flag.NewFlagSet("berth dev "+verb, flag.ContinueOnError)
+			fs.SetOutput(stdio.Stderr)
+			self, err := os.Executable()
+			if err != nil {
+				return fmt.Errorf("find own binary: %w", err)
+			}
+			cfg := Config{Out: stdio.Stdout, Exec: utilexec.New(), Tick: 5 * time.Second}
+			fs.StringVar(&cfg.Repo, "repo", ".", "berth source tree (holds hack/cluster)")
+			fs.StringVar(&cfg.WorkDir, "work-dir", envOr("BERTH_E2E_DIR", "/var/lib/berth-e2e"), "cluster folder (default $BERTH_E2E_DIR)")
+			fs.StringVar(&cfg.BerthBinary, "berth-binary", self, "static berth binary for the berth image")
+			fs.BoolVar(&cfg.Demo, "demo", true, "up: create the demo PVC and writer pod")
+			fs.DurationVar(&cfg.Timeout, "timeout", 5*time.Minute, "bound of each wait on the cluster")
+			if err := fs.Parse(args[1:]); err != nil {
+				return err
+			}
+			if cfg.Repo, err = filepath.Abs(cfg.Repo); err != nil {
+				return fmt.Errorf("--repo: %w", err)
+			}
+			if verb == "up" {
+				return cfg.Up(ctx)
+			}
+			return cfg.Down(ctx)
+		},
+	}
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}

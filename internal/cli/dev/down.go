@@ -1,0 +1,72 @@
+package dev
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// Down removes the demo, then berth, then the whole cluster, and checks that
+// nothing is left (hack/cluster/leftovers.sh). Consumer pods go before the
+// driver so that kubelet can still unmount their volumes.
+func (c Config) Down(ctx context.Context) error {
+	if err := c.check(); err != nil {
+		return err
+	}
+	start := time.Now()
+	env, err := LoadClusterEnv(filepath.Join(c.WorkDir, "cluster.env"))
+	switch {
+	case err == nil:
+		k := kubectl{cfg: c, env: env}
+		if _, err := k.run(ctx, nil, "get", "--raw", "/readyz"); err == nil {
+			c.progress("1/3 deleting the demo and every volume consumer (the driver still runs to unmount)")
+			c.deleteConsumers(ctx, k)
+			// Without their controllers the driver pods stay deleted, so
+			// down.sh's wait for every pod to go ends at once.
+			c.progress("   removing berth's DaemonSet and Deployment")
+			_, _ = k.run(ctx, nil, "-n", Namespace, "delete", "daemonsets,deployments", "--all", "--wait=false")
+		}
+	case errors.Is(err, os.ErrNotExist):
+		c.progress("no cluster.env in %s: only cleaning up", c.WorkDir)
+	default:
+		c.progress("ignoring %v: only cleaning up", err)
+	}
+	c.progress("2/3 hack/cluster/down.sh")
+	if err := c.runScript(ctx, "down.sh"); err != nil {
+		return err
+	}
+	c.progress("3/3 hack/cluster/leftovers.sh")
+	if err := c.runScript(ctx, "leftovers.sh"); err != nil {
+		return err
+	}
+	c.progress("down in %s: no process, mount, loop device, namespace or interface left", time.Since(start).Round(time.Second))
+	return nil
+}
+
+func (c Config) deleteConsumers(ctx context.Context, k kubectl) {
+	_, _ = k.run(ctx, nil, "delete", "namespace", DemoNamespace, "--ignore-not-found", "--wait=false")
+	// Every pod outside berth's namespace may hold a berth volume.
+	_ = c.waitFor(ctx, "consumer pods gone", func(ctx context.Context) (bool, string) {
+		out, err := k.run(ctx, nil, "get", "pods", "-A", "-o",
+			`jsonpath={range .items[?(@.metadata.namespace!="`+Namespace+`")]}{.metadata.namespace}/{.metadata.name} {end}`)
+		if err != nil {
+			return false, err.Error()
+		}
+		if out == "" {
+			return true, ""
+		}
+		_, _ = k.run(ctx, nil, "delete", "pods", "-A", "--field-selector", "metadata.namespace!="+Namespace, "--wait=false", "--grace-period=5")
+		return false, "left: " + out
+	})
+	// PVs with reclaim Delete go while the controller still runs.
+	_, _ = k.run(ctx, nil, "delete", "pvc", "-A", "--all", "--wait=false")
+	_ = c.waitFor(ctx, "berth volumes deleted", func(ctx context.Context) (bool, string) {
+		out, err := k.run(ctx, nil, "get", "pv", "-o", "name")
+		if err != nil {
+			return false, err.Error()
+		}
+		return out == "", "left: " + out
+	})
+}

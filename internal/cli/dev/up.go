@@ -1,0 +1,203 @@
+package dev
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// Demo objects `up` creates.
+const (
+	DemoNamespace = "berth-demo"
+	DemoPVC       = "demo-data"
+	DemoPod       = "demo-writer"
+	DemoText      = "hello from berth"
+)
+
+// Up brings up the cluster, installs berth, and (with Demo) runs a pod that
+// writes to a berth volume. Every step finds what a previous run made.
+func (c Config) Up(ctx context.Context) error {
+	if err := c.check(); err != nil {
+		return err
+	}
+	start := time.Now()
+	c.progress("1/4 cluster: hack/cluster/up.sh (kube binaries and CSI sidecars are cached after the first run)")
+	if err := c.runScript(ctx, "up.sh", "BERTH_E2E_BERTH_BINARY="+c.BerthBinary, "BERTH_E2E_SIDECARS=1"); err != nil {
+		return err
+	}
+	env, err := LoadClusterEnv(filepath.Join(c.WorkDir, "cluster.env"))
+	if err != nil {
+		return err
+	}
+	k := kubectl{cfg: c, env: env}
+	c.progress("2/4 installing berth (CRDs, agent DaemonSet, CSI controller, StorageClasses)")
+	if err := c.install(ctx, k); err != nil {
+		return err
+	}
+	c.progress("3/4 waiting for the berth agent and CSI controller")
+	if err := c.waitDriver(ctx, k); err != nil {
+		c.dumpDriver(ctx, k)
+		return err
+	}
+	if c.Demo {
+		c.progress("4/4 demo: PVC %s/%s and pod %s writing to it", DemoNamespace, DemoPVC, DemoPod)
+		if err := c.demo(ctx, k); err != nil {
+			_, _ = k.run(ctx, nil, "-n", DemoNamespace, "describe", "pvc,pod")
+			return err
+		}
+		c.progress("pod with a berth volume Running, data written: %q", DemoText)
+	}
+	c.progress("up in %s", time.Since(start).Round(time.Second))
+	c.lookAround(env)
+	return nil
+}
+
+// runScript runs hack/cluster/NAME with extra environment, output on Out.
+func (c Config) runScript(ctx context.Context, name string, env ...string) error {
+	cmd := c.Exec.CommandContext(ctx, c.script(name))
+	cmd.SetEnv(append(append(os.Environ(), "BERTH_E2E_DIR="+c.WorkDir), env...))
+	cmd.SetStdout(c.Out)
+	cmd.SetStderr(c.Out)
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("hack/cluster/%s: %w", name, err)
+	}
+	return nil
+}
+
+func (c Config) install(ctx context.Context, k kubectl) error {
+	crds := filepath.Join(c.Repo, "config", "crd", "bases")
+	if _, err := k.run(ctx, nil, "apply", "--server-side", "-f", crds); err != nil {
+		return err
+	}
+	if _, err := k.run(ctx, nil, "wait", "--for=condition=Established", "--timeout=60s", "-f", crds); err != nil {
+		return err
+	}
+	m, err := Manifests(k.env)
+	if err != nil {
+		return err
+	}
+	if _, err := k.run(ctx, strings.NewReader(string(m)), "apply", "--server-side", "--force-conflicts", "-f", "-"); err != nil {
+		return err
+	}
+	return nil
+}
+
+func (c Config) waitDriver(ctx context.Context, k kubectl) error {
+	err := c.waitFor(ctx, "agent DaemonSet ready", func(ctx context.Context) (bool, string) {
+		out, err := k.run(ctx, nil, "-n", Namespace, "get", "ds/berth-agent", "-o",
+			"jsonpath={.status.desiredNumberScheduled}/{.status.numberReady}/{.status.updatedNumberScheduled}")
+		if err != nil {
+			return false, err.Error()
+		}
+		p := strings.Split(out, "/")
+		return len(p) == 3 && p[0] != "0" && p[0] == p[1] && p[0] == p[2], "desired/ready/updated " + out
+	})
+	if err != nil {
+		return err
+	}
+	err = c.waitFor(ctx, "CSI controller Deployment available", func(ctx context.Context) (bool, string) {
+		out, err := k.run(ctx, nil, "-n", Namespace, "get", "deploy/berth-csi-controller", "-o",
+			"jsonpath={.status.replicas}/{.status.readyReplicas}/{.status.updatedReplicas}")
+		if err != nil {
+			return false, err.Error()
+		}
+		p := strings.Split(out, "/")
+		return len(p) == 3 && p[0] == "1" && p[1] == "1" && p[2] == "1", "replicas/ready/updated " + out
+	})
+	if err != nil {
+		return err
+	}
+	return c.waitFor(ctx, "CSINode lists berth.io", func(ctx context.Context) (bool, string) {
+		out, err := k.run(ctx, nil, "get", "csinode", "-o", "jsonpath={.items[*].spec.drivers[*].name}")
+		if err != nil {
+			return false, err.Error()
+		}
+		return strings.Contains(out, "berth.io"), "drivers: " + out
+	})
+}
+
+// dumpDriver prints what helps when the driver does not come up.
+func (c Config) dumpDriver(ctx context.Context, k kubectl) {
+	out, _ := k.run(ctx, nil, "-n", Namespace, "get", "pods,events", "-o", "wide")
+	fmt.Fprintln(c.Out, out)
+	out, _ = k.run(ctx, nil, "-n", Namespace, "logs", "--all-containers", "--tail=40", "-l", "app in (berth-agent,berth-csi-controller)")
+	fmt.Fprintln(c.Out, out)
+}
+
+const demoManifest = `apiVersion: v1
+kind: Namespace
+metadata: {name: %[1]s}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: %[2]s, namespace: %[1]s}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: berth
+  resources: {requests: {storage: 256Mi}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: %[3]s, namespace: %[1]s}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: writer
+    image: %[4]s
+    imagePullPolicy: Never
+    command: [sh, -c, 'echo "%[5]s" > /data/hello && sync && cat /data/hello && exec sleep 2147483647']
+    volumeMounts: [{name: data, mountPath: /data}]
+  volumes:
+  - {name: data, persistentVolumeClaim: {claimName: %[2]s}}
+`
+
+func (c Config) demo(ctx context.Context, k kubectl) error {
+	m := fmt.Sprintf(demoManifest, DemoNamespace, DemoPVC, DemoPod, k.env["BUSYBOX_IMAGE"], DemoText)
+	if _, err := k.run(ctx, strings.NewReader(m), "apply", "-f", "-"); err != nil {
+		return err
+	}
+	err := c.waitFor(ctx, "demo PVC bound and pod Running", func(ctx context.Context) (bool, string) {
+		pvc, err := k.run(ctx, nil, "-n", DemoNamespace, "get", "pvc", DemoPVC, "-o", "jsonpath={.status.phase}")
+		if err != nil {
+			return false, err.Error()
+		}
+		pod, err := k.run(ctx, nil, "-n", DemoNamespace, "get", "pod", DemoPod, "-o", "jsonpath={.status.phase}")
+		if err != nil {
+			return false, err.Error()
+		}
+		return pvc == "Bound" && pod == "Running", "PVC " + pvc + ", pod " + pod
+	})
+	if err != nil {
+		return err
+	}
+	var got string
+	err = c.waitFor(ctx, "the pod's data", func(ctx context.Context) (bool, string) {
+		got, err = k.run(ctx, nil, "-n", DemoNamespace, "exec", DemoPod, "--", "cat", "/data/hello")
+		if err != nil {
+			return false, err.Error()
+		}
+		return strings.TrimSpace(got) == DemoText, "read " + strings.TrimSpace(got)
+	})
+	return err
+}
+
+// lookAround prints the commands to look at what up made.
+func (c Config) lookAround(env ClusterEnv) {
+	fmt.Fprintf(c.Out, `
+Look around (the API server is reachable from this host at %s):
+
+  export KUBECONFIG=%s
+  alias kubectl=%s
+  kubectl get storageclusters,volumes,attachments
+  kubectl get storageclass,pv
+  kubectl -n %s get pvc,pods
+  kubectl -n %s exec %s -- cat /data/hello
+  kubectl -n %s get pods -o wide; kubectl -n %s logs ds/berth-agent
+
+Remove everything:  berth dev down --repo %s   (or: make dev-down)
+`, env["API_SERVER"], env["KUBECONFIG"], env["KUBECTL"], DemoNamespace, DemoNamespace, DemoPod,
+		Namespace, Namespace, c.Repo)
+}

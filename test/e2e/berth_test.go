@@ -1,0 +1,244 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+)
+
+// berthNamespace holds the driver pods `berth dev up` installs.
+const berthNamespace = "berth-system"
+
+// scenario is one berth e2e test: its cluster, client and namespace.
+type scenario struct {
+	t   *testing.T
+	ctx context.Context
+	env Env
+	cs  kubernetes.Interface
+	ns  string
+}
+
+// newScenario skips without a cluster or without berth installed, makes a
+// namespace that is removed at the end, and dumps events and the driver's
+// logs when the test fails.
+func newScenario(t *testing.T, timeout time.Duration) *scenario {
+	t.Helper()
+	env, cs := needCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	t.Cleanup(cancel)
+	if _, err := cs.StorageV1().CSIDrivers().Get(ctx, "berth.io", metav1.GetOptions{}); err != nil {
+		t.Skipf("berth is not installed (%v): run `berth dev up` or make e2e", err)
+	}
+	s := &scenario{t: t, ctx: ctx, env: env, cs: cs}
+	s.ns = testNamespace(ctx, t, cs)
+	t.Cleanup(func() {
+		if t.Failed() {
+			s.dump()
+		}
+	})
+	return s
+}
+
+// kubectl runs the cluster's kubectl and returns its combined output.
+func (s *scenario) kubectl(args ...string) (string, error) { return s.kubectlIn("", args...) }
+
+// kubectlIn is kubectl with stdin.
+func (s *scenario) kubectlIn(stdin string, args ...string) (string, error) {
+	cmd := exec.CommandContext(s.ctx, s.env.Vars["KUBECTL"], args...)
+	cmd.Stdin = strings.NewReader(stdin)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+s.env.Kubeconfig)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("kubectl %s: %w: %s", strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
+}
+
+// exec runs a shell script in the pod's first container.
+func (s *scenario) exec(pod, script string) (string, error) {
+	return s.kubectl("-n", s.ns, "exec", pod, "--", "sh", "-c", script)
+}
+
+// dump prints what explains a failure: events, the driver's pods and logs.
+func (s *scenario) dump() {
+	for _, args := range [][]string{
+		{"get", "events", "-A", "--sort-by=.lastTimestamp"},
+		{"get", "pods,pvc,pv", "-A", "-o", "wide"},
+		{"get", "volumes.berth.io,attachments.berth.io", "-o", "wide"},
+		{"-n", berthNamespace, "logs", "--tail=60", "-l", "app=berth-agent", "--all-containers"},
+		{"-n", berthNamespace, "logs", "--tail=60", "-l", "app=berth-csi-controller", "--all-containers"},
+	} {
+		out, err := s.kubectl(args...)
+		s.t.Logf("$ kubectl %s\n%s%v", strings.Join(args, " "), out, errOrEmpty(err))
+	}
+}
+
+func errOrEmpty(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// pvc creates a claim of class with size and mode.
+func (s *scenario) pvc(name, class, size string, access corev1.PersistentVolumeAccessMode, block bool) {
+	s.t.Helper()
+	mode := corev1.PersistentVolumeFilesystem
+	if block {
+		mode = corev1.PersistentVolumeBlock
+	}
+	c := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			StorageClassName: &class, AccessModes: []corev1.PersistentVolumeAccessMode{access}, VolumeMode: &mode,
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse(size)}},
+		},
+	}
+	if _, err := s.cs.CoreV1().PersistentVolumeClaims(s.ns).Create(s.ctx, c, metav1.CreateOptions{}); err != nil {
+		s.t.Fatalf("create PVC %s: %v", name, err)
+	}
+}
+
+// boundPV waits for the claim to be bound and returns its PV.
+func (s *scenario) boundPV(claim string) *corev1.PersistentVolume {
+	s.t.Helper()
+	var pvName string
+	s.waitFor("PVC "+claim+" bound", 2*time.Minute, func(ctx context.Context) (bool, error) {
+		c, err := s.cs.CoreV1().PersistentVolumeClaims(s.ns).Get(ctx, claim, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		pvName = c.Spec.VolumeName
+		return c.Status.Phase == corev1.ClaimBound, nil
+	})
+	pv, err := s.cs.CoreV1().PersistentVolumes().Get(s.ctx, pvName, metav1.GetOptions{})
+	if err != nil {
+		s.t.Fatalf("get PV %s: %v", pvName, err)
+	}
+	return pv
+}
+
+// pod creates a busybox pod running script with volume at /data (or, for
+// a block claim, the device /dev/xvda).
+func (s *scenario) pod(name, script string, vol corev1.VolumeSource, block bool) *corev1.Pod {
+	s.t.Helper()
+	c := corev1.Container{
+		Name: "c", Image: s.env.BusyboxImage, ImagePullPolicy: corev1.PullNever,
+		Command: []string{"sh", "-c", script},
+	}
+	if block {
+		c.VolumeDevices = []corev1.VolumeDevice{{Name: "data", DevicePath: "/dev/xvda"}}
+	} else {
+		c.VolumeMounts = []corev1.VolumeMount{{Name: "data", MountPath: "/data"}}
+	}
+	grace := int64(1)
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: corev1.PodSpec{
+			Containers: []corev1.Container{c}, TerminationGracePeriodSeconds: &grace,
+			Volumes: []corev1.Volume{{Name: "data", VolumeSource: vol}},
+		},
+	}
+	p, err := s.cs.CoreV1().Pods(s.ns).Create(s.ctx, p, metav1.CreateOptions{})
+	if err != nil {
+		s.t.Fatalf("create pod %s: %v", name, err)
+	}
+	return p
+}
+
+func claimSource(claim string) corev1.VolumeSource {
+	return corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim}}
+}
+
+// running waits for the pod to run and returns it.
+func (s *scenario) running(name string) *corev1.Pod {
+	s.t.Helper()
+	var p *corev1.Pod
+	s.waitFor("pod "+name+" Running", 3*time.Minute, func(ctx context.Context) (bool, error) {
+		var err error
+		p, err = s.cs.CoreV1().Pods(s.ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		if p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded {
+			return false, fmt.Errorf("pod %s ended: %s", name, p.Status.Phase)
+		}
+		return p.Status.Phase == corev1.PodRunning, nil
+	})
+	return p
+}
+
+// deletePod deletes the pod and waits until it is gone.
+func (s *scenario) deletePod(name string) {
+	s.t.Helper()
+	if err := s.cs.CoreV1().Pods(s.ns).Delete(s.ctx, name, metav1.DeleteOptions{}); err != nil {
+		s.t.Fatalf("delete pod %s: %v", name, err)
+	}
+	s.waitFor("pod "+name+" gone", 2*time.Minute, func(ctx context.Context) (bool, error) {
+		_, err := s.cs.CoreV1().Pods(s.ns).Get(ctx, name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+}
+
+// waitFor polls cond until it holds; an error from cond ends the wait.
+func (s *scenario) waitFor(what string, timeout time.Duration, cond func(ctx context.Context) (bool, error)) {
+	s.t.Helper()
+	start := time.Now()
+	if err := wait.PollUntilContextTimeout(s.ctx, 250*time.Millisecond, timeout, true, cond); err != nil {
+		s.t.Fatalf("wait for %s: %v", what, err)
+	}
+	s.t.Logf("%s after %v", what, time.Since(start).Round(10*time.Millisecond))
+}
+
+// hostMounts lists the host's mount points that contain any of subs.
+func hostMounts(subs ...string) []string {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return []string{err.Error()}
+	}
+	defer f.Close()
+	var found []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		for _, sub := range subs {
+			if strings.Contains(fields[4], sub) {
+				found = append(found, fields[4])
+				break
+			}
+		}
+	}
+	return found
+}
+
+// events returns the messages of the object's events.
+func (s *scenario) events(kind, name string) []string {
+	list, err := s.cs.CoreV1().Events(s.ns).List(s.ctx, metav1.ListOptions{
+		FieldSelector: "involvedObject.kind=" + kind + ",involvedObject.name=" + name,
+	})
+	if err != nil {
+		return []string{err.Error()}
+	}
+	var msgs []string
+	for _, e := range list.Items {
+		msgs = append(msgs, e.Reason+": "+e.Message)
+	}
+	return msgs
+}

@@ -1,0 +1,153 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// imagePath is where the agent keeps the image of volume handle on the node.
+func (s *scenario) imagePath(handle string) string {
+	return filepath.Join(s.env.Vars["BERTH_E2E_DIR"], "berth-data", "volumes", handle+".img")
+}
+
+// Scenario 1: a dynamically provisioned PVC; a pod writes and reads back;
+// deleting the pod unpublishes and unstages; deleting the PVC removes the
+// PV, the Volume and the image.
+func TestDynamicPVCLifecycle(t *testing.T) {
+	s := newScenario(t, 6*time.Minute)
+	s.pvc("data", "berth", "64Mi", corev1.ReadWriteOnce, false)
+	pv := s.boundPV("data")
+	handle := pv.Spec.CSI.VolumeHandle
+	if _, err := os.Stat(s.imagePath(handle)); err != nil {
+		t.Fatalf("volume %s has no image on the node: %v", handle, err)
+	}
+	token := fmt.Sprintf("berth-%d", time.Now().UnixNano())
+	pod := s.pod("writer", "echo "+token+" > /data/f && sync && exec sleep 3600", claimSource("data"), false)
+	s.running(pod.Name)
+	got, err := s.exec(pod.Name, "cat /data/f")
+	if err != nil || strings.TrimSpace(got) != token {
+		t.Fatalf("read back %q (%v), want %q", got, err, token)
+	}
+	if m := hostMounts(pv.Name, string(pod.UID)); len(m) == 0 {
+		t.Fatalf("no mount of %s on the node while the pod runs", pv.Name)
+	}
+
+	s.deletePod(pod.Name)
+	// kubelet unpublishes and then unstages: nothing of the PV stays mounted.
+	s.waitFor("unpublish and unstage", time.Minute, func(context.Context) (bool, error) {
+		return len(hostMounts(pv.Name, string(pod.UID))) == 0, nil
+	})
+
+	if err := s.cs.CoreV1().PersistentVolumeClaims(s.ns).Delete(s.ctx, "data", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s.waitFor("PV, Volume and image gone", 2*time.Minute, func(ctx context.Context) (bool, error) {
+		_, err := s.cs.CoreV1().PersistentVolumes().Get(ctx, pv.Name, metav1.GetOptions{})
+		if !apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		if out, _ := s.kubectl("get", "volumes.berth.io", handle, "--ignore-not-found", "-o", "name"); strings.TrimSpace(out) != "" {
+			return false, nil
+		}
+		_, err = os.Stat(s.imagePath(handle))
+		return os.IsNotExist(err), nil
+	})
+}
+
+// Scenario 2: a ReadWriteOncePod claim in use keeps a second pod pending,
+// with an event that says why.
+func TestReadWriteOncePodRefusesSecondPod(t *testing.T) {
+	s := newScenario(t, 5*time.Minute)
+	s.pvc("once", "berth", "32Mi", corev1.ReadWriteOncePod, false)
+	s.boundPV("once")
+	s.pod("first", "exec sleep 3600", claimSource("once"), false)
+	s.running("first")
+	s.pod("second", "exec sleep 3600", claimSource("once"), false)
+	var msgs []string
+	s.waitFor("an event on the second pod naming ReadWriteOncePod", time.Minute, func(context.Context) (bool, error) {
+		msgs = s.events("Pod", "second")
+		return strings.Contains(strings.Join(msgs, "\n"), "ReadWriteOncePod"), nil
+	})
+	t.Logf("second pod's events: %q", msgs)
+	p, err := s.cs.CoreV1().Pods(s.ns).Get(s.ctx, "second", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Status.Phase != corev1.PodPending || p.Spec.NodeName != "" {
+		t.Fatalf("second pod phase %s on node %q, want Pending and unscheduled", p.Status.Phase, p.Spec.NodeName)
+	}
+}
+
+// Scenario 3: a block-mode claim used raw by a pod.
+func TestBlockModePVC(t *testing.T) {
+	s := newScenario(t, 5*time.Minute)
+	s.pvc("raw", "berth", "32Mi", corev1.ReadWriteOnce, true)
+	s.boundPV("raw")
+	s.pod("raw", "exec sleep 3600", claimSource("raw"), true)
+	s.running("raw")
+	token := fmt.Sprintf("berth-block-%d", time.Now().UnixNano())
+	script := fmt.Sprintf("test -b /dev/xvda && printf %s | dd of=/dev/xvda bs=512 conv=sync,fsync 2>/dev/null && "+
+		"dd if=/dev/xvda bs=512 count=1 2>/dev/null | head -c %d", token, len(token))
+	got, err := s.exec("raw", script)
+	if err != nil || got != token {
+		t.Fatalf("raw device read back %q (%v), want %q", got, err, token)
+	}
+}
+
+// Scenario 4: online expansion of a mounted claim, seen inside the pod. xfs
+// grows online without CAP_SYS_RESOURCE, which ext4's resize needs and
+// this machine lacks.
+func TestOnlineExpansion(t *testing.T) {
+	s := newScenario(t, 6*time.Minute)
+	s.pvc("grow", "berth-xfs", "320Mi", corev1.ReadWriteOnce, false)
+	s.boundPV("grow")
+	s.pod("grow", "exec sleep 3600", claimSource("grow"), false)
+	s.running("grow")
+	before := s.dfKiB("grow")
+	patch := []byte(`{"spec":{"resources":{"requests":{"storage":"640Mi"}}}}`)
+	if _, err := s.cs.CoreV1().PersistentVolumeClaims(s.ns).Patch(s.ctx, "grow", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatalf("expand PVC: %v", err)
+	}
+	var after int64
+	s.waitFor("the pod to see the larger filesystem", 3*time.Minute, func(ctx context.Context) (bool, error) {
+		after = s.dfKiB("grow")
+		return after > before+200*1024, nil
+	})
+	s.waitFor("PVC capacity 640Mi", time.Minute, func(ctx context.Context) (bool, error) {
+		c, err := s.cs.CoreV1().PersistentVolumeClaims(s.ns).Get(ctx, "grow", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		q := c.Status.Capacity[corev1.ResourceStorage]
+		return q.Cmp(resource.MustParse("640Mi")) >= 0, nil
+	})
+	t.Logf("filesystem in the pod: %d KiB -> %d KiB", before, after)
+}
+
+// dfKiB is the size of /data inside the pod, in KiB.
+func (s *scenario) dfKiB(pod string) int64 {
+	s.t.Helper()
+	out, err := s.exec(pod, "df -k /data | tail -n 1")
+	if err != nil {
+		s.t.Fatalf("df in %s: %v", pod, err)
+	}
+	var fs string
+	var size int64
+	if _, err := fmt.Sscan(out, &fs, &size); err != nil {
+		s.t.Fatalf("df output %q: %v", out, err)
+	}
+	return size
+}
