@@ -54,6 +54,10 @@ helm-lint: $(HELM) ## Lint the Helm chart (deploy/berth).
 .PHONY: helm
 helm: $(HELM) ## Build the pinned helm binary into bin/.
 
+.PHONY: helm-path
+helm-path: $(HELM) ## Print the pinned helm binary's path (building it first).
+	@echo $(HELM)
+
 .PHONY: image
 image: build ## Write berth's OCI image (contents: internal/image BerthSpec) to _output/berth-image.tar.
 	rm -rf _output/.image && mkdir -p _output/.image

@@ -81,6 +81,7 @@ rm -f "$PIDS"/*.pid 2>/dev/null || true
 #    rshared root), deepest first; then loop devices on our files.
 roots=("$WORKDIR")
 case "$KUBELET_ROOT" in "$WORKDIR"/*) ;; *) roots+=("$KUBELET_ROOT") ;; esac
+roots+=("$BERTH_RUN_DIR")
 for round in 1 2 3; do
 	mapfile -t mounts < <(mounts_under "${roots[@]}")
 	[ ${#mounts[@]} -eq 0 ] && break
@@ -130,6 +131,8 @@ if [ -f "$HOST_CREATED" ]; then
 	# Paths that cannot go yet stay listed, for the next down to retry.
 	while IFS= read -r p; do
 		[ "$p" = /var/lib/kubelet ] && rm -f /var/lib/kubelet/device-plugins/kubelet.sock
+		# The sockets of berth's agent and keeper, whose pods are gone.
+		[ "$p" = "$BERTH_RUN_DIR" ] && find "$p" -maxdepth 1 -type s -delete
 		# Empty: no other netns lives there; `ip netns add` remakes it.
 		if mountpoint -q "$p" && [ -z "$(ls -A "$p")" ]; then umount "$p" || true; fi
 		[ -d "$p" ] && find "$p" -depth -type d -empty -delete 2>/dev/null || true

@@ -12,7 +12,7 @@ report() { [ -z "$2" ] || { printf 'leftover %s:\n%s\n' "$1" "$2" >&2; found=1; 
 
 procs=$(procs_matching "$WORKDIR" "$CONTAINERD_SOCK")
 report processes "$procs"
-report mounts "$(grep -F -e "$WORKDIR" -e "/run/netns/$NETNS" /proc/self/mountinfo || true)"
+report mounts "$(grep -F -e "$WORKDIR" -e "/run/netns/$NETNS" -e " $BERTH_RUN_DIR" /proc/self/mountinfo || true)"
 report "loop devices" "$(losetup -nl -O NAME,BACK-FILE 2>/dev/null | grep -F "$WORKDIR" || true)"
 report cgroups "$(ls -d /sys/fs/cgroup/*/"$CGROUP_NAME" 2>/dev/null || true)"
 report netns "$(ip netns list | grep -E "^$NETNS( |$)" || true)"

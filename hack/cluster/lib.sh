@@ -22,6 +22,14 @@ NODE_NAME="${BERTH_E2E_NODE_NAME:-berth-e2e-node}"
 # CSI and Flexvolume paths depend on these two: the Helm chart must be told.
 KUBELET_ROOT="${BERTH_E2E_KUBELET_ROOT:-$WORKDIR/kubelet}"
 VOLUME_PLUGIN_DIR="${BERTH_E2E_VOLUME_PLUGIN_DIR:-$WORKDIR/volume-plugins}"
+# berth's data folder (the StorageCluster's dataDir) and the run folder the
+# operator gives its agent and keeper (fixed: /run/berth). Both are mounted
+# Bidirectional into berth's pods, which needs them on a shared mount: a
+# systemd host's / is rshared, this machine's is private, so up.sh makes
+# each a shared bind mount of itself and down.sh unmounts it.
+BERTH_DATA_DIR="$WORKDIR/berth-data"
+BERTH_RUN_DIR=/run/berth
+SHARED_DIRS=("$BERTH_DATA_DIR" "$BERTH_RUN_DIR")
 # All pod cgroups live below this cgroup so that down.sh finds them.
 CGROUP_NAME="${BERTH_E2E_CGROUP:-berth-e2e}"
 
@@ -44,7 +52,7 @@ KUBELET_SYSCTLS=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_
 # Host paths that kubelet, containerd or `ip netns` create outside the work
 # dir whatever their config says (kubelet's device-plugin socket is always
 # under /var/lib/kubelet; `ip netns add` bind-mounts /run/netns on itself).
-HOST_PATHS=(/var/log/containers /var/lib/cni /run/containerd /var/lib/kubelet /run/netns)
+HOST_PATHS=(/var/log/containers /var/lib/cni /run/containerd /var/lib/kubelet /run/netns "$BERTH_RUN_DIR")
 # Daemons in start order; down stops them in reverse.
 DAEMONS=(etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet)
 

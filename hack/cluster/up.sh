@@ -40,6 +40,11 @@ echo "$KUBE_BIN" >"$WORKDIR/kube-bin"
 for p in "${HOST_PATHS[@]}"; do
 	[ -e "$p" ] || grep -qxF "$p" "$HOST_CREATED" 2>/dev/null || echo "$p" >>"$HOST_CREATED"
 done
+for d in "${SHARED_DIRS[@]}"; do
+	mkdir -p "$d"
+	mountpoint -q "$d" || mount --bind "$d" "$d"
+	mount --make-shared "$d"
+done
 # Sysctls as they were before kubelet touched them; kept across repeated ups.
 if [ ! -f "$SYSCTL_SAVED" ]; then
 	for k in "${KUBELET_SYSCTLS[@]}"; do echo "$k=$(sysctl -n "$k")"; done >"$SYSCTL_SAVED.tmp"
@@ -183,6 +188,7 @@ HOST_IP=$HOST_IP
 NETNS=$NETNS
 KUBELET_ROOT=$KUBELET_ROOT
 VOLUME_PLUGIN_DIR=$VOLUME_PLUGIN_DIR
+BERTH_DATA_DIR=$BERTH_DATA_DIR
 CONTAINERD_SOCK=$CONTAINERD_SOCK
 PAUSE_IMAGE=$PAUSE_IMAGE
 BUSYBOX_IMAGE=$BUSYBOX_IMAGE

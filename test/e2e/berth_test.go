@@ -23,6 +23,16 @@ import (
 // berthNamespace holds the driver pods `berth dev up` installs.
 const berthNamespace = "berth-system"
 
+// Labels the operator sets on the pods it deploys.
+const (
+	agentPods      = "app.kubernetes.io/name=berth,app.kubernetes.io/component=agent"
+	controllerPods = "app.kubernetes.io/name=berth,app.kubernetes.io/component=csi-controller"
+)
+
+// selectedNodeAnnotation is where the scheduler asks a WaitForFirstConsumer
+// claim to be provisioned.
+const selectedNodeAnnotation = "volume.kubernetes.io/selected-node"
+
 // scenario is one berth e2e test: its cluster, client and namespace.
 type scenario struct {
 	t   *testing.T
@@ -79,8 +89,9 @@ func (s *scenario) dump() {
 		{"get", "events", "-A", "--sort-by=.lastTimestamp"},
 		{"get", "pods,pvc,pv", "-A", "-o", "wide"},
 		{"get", "volumes.berth.io,attachments.berth.io", "-o", "wide"},
-		{"-n", berthNamespace, "logs", "--tail=60", "-l", "app=berth-agent", "--all-containers"},
-		{"-n", berthNamespace, "logs", "--tail=60", "-l", "app=berth-csi-controller", "--all-containers"},
+		{"get", "storageclusters", "-o", "wide"},
+		{"-n", berthNamespace, "logs", "--tail=60", "-l", agentPods, "--all-containers"},
+		{"-n", berthNamespace, "logs", "--tail=60", "-l", controllerPods, "--all-containers"},
 	} {
 		out, err := s.kubectl(args...)
 		s.t.Logf("$ kubectl %s\n%s%v", strings.Join(args, " "), out, errOrEmpty(err))
@@ -102,7 +113,10 @@ func (s *scenario) pvc(name, class, size string, access corev1.PersistentVolumeA
 		mode = corev1.PersistentVolumeBlock
 	}
 	c := &corev1.PersistentVolumeClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
+		// berth's classes bind on first consumer; on this one-node cluster
+		// the test picks the node as the scheduler would, so that the PV
+		// exists before any pod (the Flexvolume pod names its handle).
+		ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{selectedNodeAnnotation: s.env.NodeName}},
 		Spec: corev1.PersistentVolumeClaimSpec{
 			StorageClassName: &class, AccessModes: []corev1.PersistentVolumeAccessMode{access}, VolumeMode: &mode,
 			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse(size)}},

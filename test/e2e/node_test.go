@@ -73,7 +73,7 @@ func TestUserspaceSurvivesAgentRestart(t *testing.T) {
 	}
 	before := lines()
 
-	agents, err := s.cs.CoreV1().Pods(berthNamespace).List(s.ctx, metav1.ListOptions{LabelSelector: "app=berth-agent"})
+	agents, err := s.cs.CoreV1().Pods(berthNamespace).List(s.ctx, metav1.ListOptions{LabelSelector: agentPods})
 	if err != nil || len(agents.Items) == 0 {
 		t.Fatalf("agent pods: %v (%d)", err, len(agents.Items))
 	}
@@ -82,7 +82,7 @@ func TestUserspaceSurvivesAgentRestart(t *testing.T) {
 		t.Fatalf("delete agent pod: %v", err)
 	}
 	s.waitFor("a new agent pod Ready", 2*time.Minute, func(ctx context.Context) (bool, error) {
-		list, err := s.cs.CoreV1().Pods(berthNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app=berth-agent"})
+		list, err := s.cs.CoreV1().Pods(berthNamespace).List(ctx, metav1.ListOptions{LabelSelector: agentPods})
 		if err != nil {
 			return false, err
 		}

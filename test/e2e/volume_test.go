@@ -12,15 +12,18 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
 )
 
 // imagePath is where the agent keeps the image of volume handle on the node.
 func (s *scenario) imagePath(handle string) string {
-	return filepath.Join(s.env.Vars["BERTH_E2E_DIR"], "berth-data", "volumes", handle+".img")
+	return filepath.Join(s.env.Vars["BERTH_DATA_DIR"], "volumes", handle+".img")
 }
 
 // Scenario 1: a dynamically provisioned PVC; a pod writes and reads back;
@@ -111,8 +114,9 @@ func TestBlockModePVC(t *testing.T) {
 // grows online without CAP_SYS_RESOURCE, which ext4's resize needs and
 // this machine lacks.
 func TestOnlineExpansion(t *testing.T) {
+	withXFSClass(t) // first, so that its removal comes after the namespace's
 	s := newScenario(t, 6*time.Minute)
-	s.pvc("grow", "berth-xfs", "320Mi", corev1.ReadWriteOnce, false)
+	s.pvc("grow", xfsClass, "320Mi", corev1.ReadWriteOnce, false)
 	s.boundPV("grow")
 	s.pod("grow", "exec sleep 3600", claimSource("grow"), false)
 	s.running("grow")
@@ -150,4 +154,50 @@ func (s *scenario) dfKiB(pod string) int64 {
 		s.t.Fatalf("df output %q: %v", out, err)
 	}
 	return size
+}
+
+// xfsClass is the StorageClass of scenario 4: the operator makes only the
+// ext4 classes.
+const xfsClass = "berth-xfs"
+
+// withXFSClass creates the xfs StorageClass (or finds it); at the end it
+// waits for the class's volumes to go, then removes it.
+func withXFSClass(t *testing.T) {
+	t.Helper()
+	_, cs := needCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cls := &storagev1.StorageClass{
+		ObjectMeta:           metav1.ObjectMeta{Name: xfsClass},
+		Provisioner:          "berth.io",
+		Parameters:           map[string]string{"csi.storage.k8s.io/fstype": "xfs"},
+		ReclaimPolicy:        ptr.To(corev1.PersistentVolumeReclaimDelete),
+		VolumeBindingMode:    ptr.To(storagev1.VolumeBindingWaitForFirstConsumer),
+		AllowVolumeExpansion: ptr.To(true),
+	}
+	if _, err := cs.StorageV1().StorageClasses().Create(ctx, cls, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatalf("create StorageClass %s: %v", xfsClass, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		err := wait.PollUntilContextCancel(ctx, 250*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+			pvs, err := cs.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return false, err
+			}
+			for _, pv := range pvs.Items {
+				if pv.Spec.StorageClassName == xfsClass {
+					return false, nil
+				}
+			}
+			return true, nil
+		})
+		if err != nil {
+			t.Errorf("volumes of %s still there: %v", xfsClass, err)
+		}
+		if err := cs.StorageV1().StorageClasses().Delete(ctx, xfsClass, metav1.DeleteOptions{}); err != nil {
+			t.Errorf("delete StorageClass %s: %v", xfsClass, err)
+		}
+	})
 }

@@ -5,7 +5,6 @@ package e2e
 import (
 	"context"
 	"encoding/json"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -13,16 +12,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 )
 
-// holdFinalizer keeps the deleted StorageCluster visible until the test has
-// seen the node report itself cleaned.
-const holdFinalizer = "e2e.berth.io/hold"
-
-// Scenario 7: deleting the StorageCluster cleans the node: the agent
-// force-detaches the cluster's volumes, even in use, and reports the node
-// in status.cleanedNodes. The file's name makes it run last; the cluster
-// is recreated at the end.
+// Scenario 7: deleting the StorageCluster cleans the node: the operator's
+// berth.io/cleanup finalizer holds it until the agent has force-detached
+// the cluster's volumes, even in use, and reported the node cleaned. The
+// file's name makes it run last; the cluster is recreated at the end.
 func TestStorageClusterDeletionCleansNode(t *testing.T) {
-	s := newScenario(t, 6*time.Minute)
+	s := newScenario(t, 8*time.Minute)
 	s.pvc("held", "berth", "32Mi", corev1.ReadWriteOnce, false)
 	pv := s.boundPV("held")
 	pod := s.pod("held", "exec sleep 3600", claimSource("held"), false)
@@ -44,6 +39,9 @@ func TestStorageClusterDeletionCleansNode(t *testing.T) {
 	if err := json.Unmarshal([]byte(raw), &sc); err != nil {
 		t.Fatal(err)
 	}
+	if !strings.Contains(strings.Join(sc.Metadata.Finalizers, " "), "berth.io/cleanup") {
+		t.Fatalf("the StorageCluster has finalizers %v, want berth.io/cleanup", sc.Metadata.Finalizers)
+	}
 	recreate, err := json.Marshal(map[string]any{
 		"apiVersion": "berth.io/v1alpha1", "kind": "StorageCluster",
 		"metadata": map[string]any{"name": "berth"}, "spec": sc.Spec,
@@ -51,56 +49,35 @@ func TestStorageClusterDeletionCleansNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Before the namespace's cleanup (cleanups run last first): the pod's
+	// unmount needs an agent again.
 	t.Cleanup(func() { s.restoreStorageCluster(string(recreate)) })
 
-	s.setFinalizers(append(slices.Clone(sc.Metadata.Finalizers), holdFinalizer))
 	if _, err := s.kubectl("delete", "storagecluster", "berth", "--wait=false"); err != nil {
 		t.Fatal(err)
 	}
-	s.waitFor("the node in status.cleanedNodes", 2*time.Minute, func(context.Context) (bool, error) {
-		out, err := s.kubectl("get", "storagecluster", "berth", "-o", "jsonpath={.status.cleanedNodes}")
-		return err == nil && strings.Contains(out, s.env.NodeName), nil
+	s.waitFor("the StorageCluster gone (its finalizer lifted after the node's cleanup)", 3*time.Minute, func(context.Context) (bool, error) {
+		out, err := s.kubectl("get", "storagecluster", "berth", "--ignore-not-found", "-o", "name")
+		return err == nil && strings.TrimSpace(out) == "", nil
 	})
 	if m := hostMounts(pv.Name); len(m) > 0 {
 		t.Fatalf("mounts of the volume left after cleanup: %v", m)
 	}
 }
 
-// setFinalizers replaces the StorageCluster's finalizers.
-func (s *scenario) setFinalizers(f []string) {
-	s.t.Helper()
-	patch, _ := json.Marshal([]map[string]any{{"op": "replace", "path": "/metadata/finalizers", "value": f}})
-	if len(f) == 0 {
-		patch = []byte(`[{"op":"remove","path":"/metadata/finalizers"}]`)
-	}
-	if _, err := s.kubectl("patch", "storagecluster", "berth", "--type=json", "-p", string(patch)); err != nil {
-		// "replace" needs the field; "add" makes it.
-		patch = []byte(strings.Replace(string(patch), `"replace"`, `"add"`, 1))
-		if _, err2 := s.kubectl("patch", "storagecluster", "berth", "--type=json", "-p", string(patch)); err2 != nil {
-			s.t.Fatalf("set finalizers %v: %v; %v", f, err, err2)
-		}
-	}
-}
-
-// restoreStorageCluster lifts the test's finalizer and creates the cluster
-// again, for whatever runs after.
+// restoreStorageCluster creates the cluster again and waits for it to be
+// Ready, for whatever runs after.
 func (s *scenario) restoreStorageCluster(manifest string) {
-	out, err := s.kubectl("get", "storagecluster", "berth", "-o", "json")
-	if err == nil {
-		var sc struct {
-			Metadata struct {
-				Finalizers []string `json:"finalizers"`
-			} `json:"metadata"`
-		}
-		if json.Unmarshal([]byte(out), &sc) == nil && slices.Contains(sc.Metadata.Finalizers, holdFinalizer) {
-			s.setFinalizers(slices.DeleteFunc(sc.Metadata.Finalizers, func(f string) bool { return f == holdFinalizer }))
-		}
-	}
-	s.waitFor("the old StorageCluster gone", 2*time.Minute, func(context.Context) (bool, error) {
+	s.waitFor("no StorageCluster berth", 3*time.Minute, func(context.Context) (bool, error) {
 		out, err := s.kubectl("get", "storagecluster", "berth", "--ignore-not-found", "-o", "name")
 		return err == nil && strings.TrimSpace(out) == "", nil
 	})
 	if _, err := s.kubectlIn(manifest, "apply", "-f", "-"); err != nil {
 		s.t.Errorf("recreate the StorageCluster: %v", err)
+		return
 	}
+	s.waitFor("the recreated StorageCluster Ready", 3*time.Minute, func(context.Context) (bool, error) {
+		out, err := s.kubectl("get", "storagecluster", "berth", "-o", "jsonpath={.status.phase}")
+		return err == nil && out == "Ready", nil
+	})
 }

@@ -23,46 +23,49 @@ func writeEnv(t *testing.T, content string) string {
 }
 
 const fullEnv = "# c\nBERTH_E2E_DIR=/w\nKUBECONFIG=/w/admin.kubeconfig\nKUBECTL=/c/kubectl\n" +
-	"KUBELET_ROOT=/w/kubelet\nVOLUME_PLUGIN_DIR=/w/volume-plugins\nBERTH_IMAGE=berth.local/berth:dev\n"
+	"KUBERNETES_SERVICE_HOST=10.250.0.2\nKUBERNETES_SERVICE_PORT=443\nKUBELET_ROOT=/w/kubelet\nVOLUME_PLUGIN_DIR=/w/volume-plugins\nBERTH_DATA_DIR=/w/berth-data\nBERTH_IMAGE=berth.local/berth:dev\n"
 
-func TestManifestsRenderEveryDocument(t *testing.T) {
+func TestHelmValues(t *testing.T) {
 	env, err := LoadClusterEnv(writeEnv(t, fullEnv))
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := Manifests(env)
+	args, err := HelmValues(env)
 	if err != nil {
 		t.Fatal(err)
 	}
-	kinds := map[string]int{}
-	for _, doc := range strings.Split(string(m), "\n---\n") {
-		var obj struct {
-			Kind string `json:"kind"`
-		}
-		if err := yaml.Unmarshal([]byte(doc), &obj); err != nil {
-			t.Fatalf("document does not parse: %v\n%s", err, doc)
-		}
-		kinds[obj.Kind]++
-	}
-	for kind, n := range map[string]int{"DaemonSet": 1, "Deployment": 1, "CSIDriver": 1, "StorageClass": 3, "StorageCluster": 1} {
-		if kinds[kind] != n {
-			t.Errorf("%d %s, want %d (all: %v)", kinds[kind], kind, n, kinds)
+	got := strings.Join(args, " ")
+	for _, want := range []string{"image.repository=berth.local/berth", "image.tag=dev", "image.pullPolicy=Never",
+		"apiServer.host=10.250.0.2", "apiServer.port=443", "kubeletDir=/w/kubelet",
+		"volumePluginDir=/w/volume-plugins", "operator.hostNetwork=true"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("helm values %q lack %q", got, want)
 		}
 	}
-	for _, want := range []string{"--kubelet-dir=/w/kubelet", "--volume-plugin-dir=/w/volume-plugins", "--data-dir=/w/berth-data", ProvisionerImage, ResizerImage} {
-		if !strings.Contains(string(m), want) {
-			t.Errorf("manifests lack %q", want)
-		}
+	var sc struct {
+		Kind     string `json:"kind"`
+		Metadata struct {
+			Name string `json:"name"`
+		} `json:"metadata"`
+		Spec struct {
+			DataDir string `json:"dataDir"`
+		} `json:"spec"`
+	}
+	if err := yaml.Unmarshal([]byte(StorageClusterManifest(env)), &sc); err != nil {
+		t.Fatal(err)
+	}
+	if sc.Kind != "StorageCluster" || sc.Metadata.Name != StorageCluster || sc.Spec.DataDir != "/w/berth-data" {
+		t.Errorf("StorageCluster %+v", sc)
 	}
 }
 
-func TestManifestsNeedBerthImage(t *testing.T) {
+func TestHelmValuesNeedBerthImage(t *testing.T) {
 	env, err := LoadClusterEnv(writeEnv(t, strings.Replace(fullEnv, "BERTH_IMAGE=berth.local/berth:dev", "BERTH_IMAGE=", 1)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Manifests(env); err == nil {
-		t.Error("rendered without a berth image")
+	if _, err := HelmValues(env); err == nil {
+		t.Error("values without a berth image")
 	}
 }
 

@@ -23,10 +23,8 @@ func (c Config) Down(ctx context.Context) error {
 		if _, err := k.run(ctx, nil, "get", "--raw", "/readyz"); err == nil {
 			c.progress("1/3 deleting the demo and every volume consumer (the driver still runs to unmount)")
 			c.deleteConsumers(ctx, k)
-			// Without their controllers the driver pods stay deleted, so
-			// down.sh's wait for every pod to go ends at once.
-			c.progress("   removing berth's DaemonSet and Deployment")
-			_, _ = k.run(ctx, nil, "-n", Namespace, "delete", "daemonsets,deployments", "--all", "--wait=false")
+			c.progress("   deleting the StorageCluster (the agent cleans the node), then helm uninstall")
+			c.uninstall(ctx, k)
 		}
 	case errors.Is(err, os.ErrNotExist):
 		c.progress("no cluster.env in %s: only cleaning up", c.WorkDir)

@@ -29,7 +29,7 @@ func LoadClusterEnv(path string) (ClusterEnv, error) {
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("read %s: %w", path, err)
 	}
-	for _, k := range []string{"KUBECONFIG", "KUBECTL", "KUBELET_ROOT", "VOLUME_PLUGIN_DIR", "BERTH_E2E_DIR"} {
+	for _, k := range []string{"KUBECONFIG", "KUBECTL", "KUBELET_ROOT", "VOLUME_PLUGIN_DIR", "BERTH_E2E_DIR", "BERTH_DATA_DIR"} {
 		if env[k] == "" {
 			return nil, fmt.Errorf("%s lacks %s", path, k)
 		}

@@ -33,11 +33,11 @@ func (c Config) Up(ctx context.Context) error {
 		return err
 	}
 	k := kubectl{cfg: c, env: env}
-	c.progress("2/4 installing berth (CRDs, agent DaemonSet, CSI controller, StorageClasses)")
+	c.progress("2/4 installing berth: Helm chart deploy/berth (CRDs, operator), then StorageCluster %s", StorageCluster)
 	if err := c.install(ctx, k); err != nil {
 		return err
 	}
-	c.progress("3/4 waiting for the berth agent and CSI controller")
+	c.progress("3/4 waiting for the operator to deploy the agent, keeper and CSI controller")
 	if err := c.waitDriver(ctx, k); err != nil {
 		c.dumpDriver(ctx, k)
 		return err
@@ -67,63 +67,11 @@ func (c Config) runScript(ctx context.Context, name string, env ...string) error
 	return nil
 }
 
-func (c Config) install(ctx context.Context, k kubectl) error {
-	crds := filepath.Join(c.Repo, "config", "crd", "bases")
-	if _, err := k.run(ctx, nil, "apply", "--server-side", "-f", crds); err != nil {
-		return err
-	}
-	if _, err := k.run(ctx, nil, "wait", "--for=condition=Established", "--timeout=60s", "-f", crds); err != nil {
-		return err
-	}
-	m, err := Manifests(k.env)
-	if err != nil {
-		return err
-	}
-	if _, err := k.run(ctx, strings.NewReader(string(m)), "apply", "--server-side", "--force-conflicts", "-f", "-"); err != nil {
-		return err
-	}
-	return nil
-}
-
-func (c Config) waitDriver(ctx context.Context, k kubectl) error {
-	err := c.waitFor(ctx, "agent DaemonSet ready", func(ctx context.Context) (bool, string) {
-		out, err := k.run(ctx, nil, "-n", Namespace, "get", "ds/berth-agent", "-o",
-			"jsonpath={.status.desiredNumberScheduled}/{.status.numberReady}/{.status.updatedNumberScheduled}")
-		if err != nil {
-			return false, err.Error()
-		}
-		p := strings.Split(out, "/")
-		return len(p) == 3 && p[0] != "0" && p[0] == p[1] && p[0] == p[2], "desired/ready/updated " + out
-	})
-	if err != nil {
-		return err
-	}
-	err = c.waitFor(ctx, "CSI controller Deployment available", func(ctx context.Context) (bool, string) {
-		out, err := k.run(ctx, nil, "-n", Namespace, "get", "deploy/berth-csi-controller", "-o",
-			"jsonpath={.status.replicas}/{.status.readyReplicas}/{.status.updatedReplicas}")
-		if err != nil {
-			return false, err.Error()
-		}
-		p := strings.Split(out, "/")
-		return len(p) == 3 && p[0] == "1" && p[1] == "1" && p[2] == "1", "replicas/ready/updated " + out
-	})
-	if err != nil {
-		return err
-	}
-	return c.waitFor(ctx, "CSINode lists berth.io", func(ctx context.Context) (bool, string) {
-		out, err := k.run(ctx, nil, "get", "csinode", "-o", "jsonpath={.items[*].spec.drivers[*].name}")
-		if err != nil {
-			return false, err.Error()
-		}
-		return strings.Contains(out, "berth.io"), "drivers: " + out
-	})
-}
-
 // dumpDriver prints what helps when the driver does not come up.
 func (c Config) dumpDriver(ctx context.Context, k kubectl) {
 	out, _ := k.run(ctx, nil, "-n", Namespace, "get", "pods,events", "-o", "wide")
 	fmt.Fprintln(c.Out, out)
-	out, _ = k.run(ctx, nil, "-n", Namespace, "logs", "--all-containers", "--tail=40", "-l", "app in (berth-agent,berth-csi-controller)")
+	out, _ = k.run(ctx, nil, "-n", Namespace, "logs", "--all-containers", "--tail=40", "-l", "app.kubernetes.io/name=berth")
 	fmt.Fprintln(c.Out, out)
 }
 

@@ -73,7 +73,7 @@ func TestStorageClusterOwnedObjects(t *testing.T) {
 	get(t, keeper)
 	checkControlledBy(t, keeper, sc)
 	kc := keeper.Spec.Template.Spec.Containers[0]
-	if keeper.Spec.UpdateStrategy.Type != appsv1.OnDeleteDaemonSetStrategyType || !*kc.SecurityContext.Privileged ||
+	if keeper.Spec.UpdateStrategy.Type != appsv1.OnDeleteDaemonSetStrategyType || !*kc.SecurityContext.Privileged || !keeper.Spec.Template.Spec.HostPID ||
 		!slices.Equal(kc.Args, []string{"keeper", "--socket=/run/berth/keeper.sock"}) {
 		t.Errorf("keeper: strategy %q args %v", keeper.Spec.UpdateStrategy.Type, kc.Args)
 	}

@@ -147,9 +147,13 @@ func (r *Reconciler) keeperDaemonSet(sc *v1.StorageCluster, ds *appsv1.DaemonSet
 			Spec: corev1.PodSpec{
 				// The keeper never talks to the API server.
 				AutomountServiceAccountToken: ptr.To(false),
-				NodeSelector:                 sc.Spec.Agent.NodeSelector,
-				Tolerations:                  sc.Spec.Agent.Tolerations,
-				Containers:                   []corev1.Container{c},
+				// The keeper watches its clients (servers the agent starts in
+				// the agent's pod) by pid: SO_PEERCRED gives 0 for a peer in
+				// a pid namespace the keeper cannot see.
+				HostPID:      true,
+				NodeSelector: sc.Spec.Agent.NodeSelector,
+				Tolerations:  sc.Spec.Agent.Tolerations,
+				Containers:   []corev1.Container{c},
 				Volumes: []corev1.Volume{
 					hostPathVolume("fuse", "/dev/fuse", corev1.HostPathCharDev),
 					hostPathVolume("run-berth", runDir, corev1.HostPathDirectoryOrCreate),

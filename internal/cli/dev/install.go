@@ -1,0 +1,163 @@
+package dev
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// Namespace holds berth's operator and the pods it deploys.
+const Namespace = "berth-system"
+
+// Release is the Helm release `up` installs.
+const Release = "berth"
+
+// StorageCluster is the name of the StorageCluster `up` creates.
+const StorageCluster = "berth"
+
+// HelmValues are the chart values for the cluster of env: images imported,
+// not pulled; host-network pods reach the API server directly (no
+// kube-proxy); kubelet's folders where this cluster keeps them.
+func HelmValues(env ClusterEnv) ([]string, error) {
+	repo, tag, ok := strings.Cut(env["BERTH_IMAGE"], ":")
+	if !ok || repo == "" || tag == "" {
+		return nil, fmt.Errorf("cluster.env BERTH_IMAGE %q is not repository:tag: the berth image was not imported", env["BERTH_IMAGE"])
+	}
+	host, port := env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"]
+	if host == "" || port == "" {
+		return nil, fmt.Errorf("cluster.env lacks KUBERNETES_SERVICE_HOST or KUBERNETES_SERVICE_PORT")
+	}
+	var args []string
+	for _, kv := range [][2]string{
+		{"image.repository", repo}, {"image.tag", tag}, {"image.pullPolicy", "Never"},
+		{"apiServer.host", host}, {"apiServer.port", port},
+		{"kubeletDir", env["KUBELET_ROOT"]}, {"volumePluginDir", env["VOLUME_PLUGIN_DIR"]},
+	} {
+		args = append(args, "--set-string", kv[0]+"="+kv[1])
+	}
+	return append(args, "--set", "operator.hostNetwork=true"), nil
+}
+
+// StorageClusterManifest is the StorageCluster for the cluster of env. Its
+// data folder is the one up.sh made a shared mount (under the cluster's
+// folder, so that down.sh finds its mounts and loop devices).
+func StorageClusterManifest(env ClusterEnv) string {
+	return fmt.Sprintf(`apiVersion: berth.io/v1alpha1
+kind: StorageCluster
+metadata: {name: %s}
+spec:
+  dataDir: %s
+`, StorageCluster, env["BERTH_DATA_DIR"])
+}
+
+// helm finds the pinned helm (`make helm-path` builds it once into bin/).
+func (c Config) helm(ctx context.Context) (string, error) {
+	cmd := c.Exec.CommandContext(ctx, "make", "-s", "--no-print-directory", "-C", c.Repo, "helm-path")
+	var out, errb bytes.Buffer
+	cmd.SetStdout(&out)
+	cmd.SetStderr(&errb)
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("make helm-path: %w: %s", err, strings.TrimSpace(errb.String()))
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	path := strings.TrimSpace(lines[len(lines)-1])
+	if _, err := os.Stat(path); err != nil {
+		return "", fmt.Errorf("make helm-path printed %q: %w", path, err)
+	}
+	return path, nil
+}
+
+// runHelm runs helm args against the cluster of env, output on Out.
+func (c Config) runHelm(ctx context.Context, helm string, env ClusterEnv, args ...string) error {
+	cmd := c.Exec.CommandContext(ctx, helm, args...)
+	cmd.SetEnv(append(os.Environ(), "KUBECONFIG="+env["KUBECONFIG"]))
+	cmd.SetStdout(c.Out)
+	cmd.SetStderr(c.Out)
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("helm %s: %w", strings.Join(args, " "), err)
+	}
+	return nil
+}
+
+// install installs (or upgrades) the chart, waits for the operator, and
+// creates the StorageCluster; the operator deploys the rest.
+func (c Config) install(ctx context.Context, k kubectl) error {
+	values, err := HelmValues(k.env)
+	if err != nil {
+		return err
+	}
+	helm, err := c.helm(ctx)
+	if err != nil {
+		return err
+	}
+	args := append([]string{"upgrade", "--install", Release, filepath.Join(c.Repo, "deploy", "berth"),
+		"-n", Namespace, "--create-namespace"}, values...)
+	if err := c.runHelm(ctx, helm, k.env, args...); err != nil {
+		return err
+	}
+	err = c.waitFor(ctx, "operator Deployment available", func(ctx context.Context) (bool, string) {
+		out, err := k.run(ctx, nil, "-n", Namespace, "get", "deploy", "-l", "app.kubernetes.io/component=operator",
+			"-o", "jsonpath={.items[*].status.readyReplicas}")
+		if err != nil {
+			return false, err.Error()
+		}
+		return strings.TrimSpace(out) == "1", "ready replicas " + out
+	})
+	if err != nil {
+		return err
+	}
+	_, err = k.run(ctx, strings.NewReader(StorageClusterManifest(k.env)), "apply", "-f", "-")
+	return err
+}
+
+// waitDriver waits for the StorageCluster's Ready phase (agents, keepers and
+// CSI controller up) and for kubelet to have registered the driver.
+func (c Config) waitDriver(ctx context.Context, k kubectl) error {
+	err := c.waitFor(ctx, "StorageCluster Ready (agent, keeper, CSI controller)", func(ctx context.Context) (bool, string) {
+		out, err := k.run(ctx, nil, "get", "storagecluster", StorageCluster, "-o",
+			`jsonpath={.status.phase}{range .status.conditions[*]} {.type}={.status}{end}`)
+		if err != nil {
+			return false, err.Error()
+		}
+		return strings.HasPrefix(out, "Ready"), "phase " + out
+	})
+	if err != nil {
+		return err
+	}
+	return c.waitFor(ctx, "CSINode lists berth.io", func(ctx context.Context) (bool, string) {
+		out, err := k.run(ctx, nil, "get", "csinode", "-o", "jsonpath={.items[*].spec.drivers[*].name}")
+		if err != nil {
+			return false, err.Error()
+		}
+		return strings.Contains(out, "berth.io"), "drivers: " + out
+	})
+}
+
+// uninstall deletes the StorageCluster while the agent still runs (its
+// cleanup finalizer needs it), then the release. A cleanup that does not
+// finish in time is given up, so that down still goes on.
+func (c Config) uninstall(ctx context.Context, k kubectl) {
+	_, _ = k.run(ctx, nil, "delete", "storagecluster", "--all", "--wait=false")
+	err := c.waitFor(ctx, "StorageCluster cleaned up and gone", func(ctx context.Context) (bool, string) {
+		out, err := k.run(ctx, nil, "get", "storagecluster", "-o", "jsonpath={.items[*].status.phase}")
+		if err != nil {
+			return false, err.Error()
+		}
+		return strings.TrimSpace(out) == "", "phase " + out
+	})
+	if err != nil {
+		c.progress("   %v: dropping the finalizer", err)
+		_, _ = k.run(ctx, nil, "patch", "storagecluster", StorageCluster, "--type=merge", "-p", `{"metadata":{"finalizers":null}}`)
+	}
+	if helm, err := c.helm(ctx); err == nil {
+		_ = c.runHelm(ctx, helm, k.env, "uninstall", Release, "-n", Namespace, "--ignore-not-found")
+	} else {
+		c.progress("   %v", err)
+	}
+	// Without their controllers the driver pods stay deleted, so down.sh's
+	// wait for every pod to go ends at once.
+	_, _ = k.run(ctx, nil, "-n", Namespace, "delete", "daemonsets,deployments", "--all", "--wait=false")
+}
