@@ -145,6 +145,12 @@ func (a *Agent) Stage(ctx context.Context, r StageRequest) (err error) {
 	if err != nil {
 		return err
 	}
+	// A volume already staged here (a retry, or a second Flexvolume pod)
+	// must survive a failed call: only what this call made is undone.
+	stagedDev, _, err := a.mounts.StagedDevice(ctx, r.StagingPath)
+	if err != nil {
+		return fmt.Errorf("check staging path %s: %w", r.StagingPath, err)
+	}
 	claim := fence.Request{
 		Volume: r.VolumeID, Node: a.node, MountDir: r.StagingPath, StagingPath: r.StagingPath,
 		AccessMode: vol.Spec.AccessMode, ReadOnly: r.ReadOnly,
@@ -156,7 +162,7 @@ func (a *Agent) Stage(ctx context.Context, r StageRequest) (err error) {
 	// retry of a stage never undoes the stage that succeeded before.
 	backing, attached, fresh := image, true, false
 	defer func() {
-		if err == nil {
+		if err == nil || stagedDev != "" {
 			return
 		}
 		// Leave nothing half made: a failed stage is as if it never ran.
@@ -295,6 +301,11 @@ func (a *Agent) Publish(ctx context.Context, r PublishRequest) (err error) {
 		Volume: r.VolumeID, Node: a.node, PodNamespace: r.Pod.Namespace, Pod: r.Pod.Name, PodUID: r.Pod.UID,
 		MountDir: r.TargetPath, StagingPath: r.StagingPath, AccessMode: vol.Spec.AccessMode, ReadOnly: r.ReadOnly,
 	}
+	// A target already published (a retry) keeps its record if this call fails.
+	publishedBefore, err := a.mounts.IsMounted(ctx, r.TargetPath)
+	if err != nil {
+		return fmt.Errorf("check target %s: %w", r.TargetPath, err)
+	}
 	if err := a.fence.Acquire(ctx, claim); err != nil {
 		return fmt.Errorf("fence volume %s: %w", r.VolumeID, err)
 	}
@@ -302,6 +313,9 @@ func (a *Agent) Publish(ctx context.Context, r PublishRequest) (err error) {
 		VolumeID: r.VolumeID, StagingPath: r.StagingPath, TargetPath: r.TargetPath, Device: dev,
 		Block: r.Block, ReadOnly: r.ReadOnly, MountFlags: r.MountFlags,
 	}); err != nil {
+		if publishedBefore {
+			return fmt.Errorf("publish %s at %s: %w", r.VolumeID, r.TargetPath, err)
+		}
 		if rerr := a.fence.Release(context.WithoutCancel(ctx), r.VolumeID, a.node, r.TargetPath); rerr != nil {
 			a.log.Error(rerr, "release fence after failed publish", "volume", r.VolumeID)
 		}
