@@ -122,12 +122,17 @@ func (a *Agent) imagePath(ctx context.Context, id string) (string, error) {
 // device, and (filesystem volumes) formats it when blank and mounts it at
 // the staging path. A retry after a crash between steps reuses the loop
 // device and mount that exist. On failure, what this call made is undone.
-func (a *Agent) Stage(ctx context.Context, r StageRequest) (err error) {
+func (a *Agent) Stage(ctx context.Context, r StageRequest) error {
 	unlock, err := a.lock(r.VolumeID)
 	if err != nil {
 		return err
 	}
 	defer unlock()
+	return a.stage(ctx, r)
+}
+
+// stage is Stage for a caller that holds the volume lock.
+func (a *Agent) stage(ctx context.Context, r StageRequest) (err error) {
 	log := a.log.WithValues("volume", r.VolumeID, "stagingPath", r.StagingPath)
 
 	vol, err := a.volume(ctx, r.VolumeID)
@@ -224,6 +229,11 @@ func (a *Agent) Unstage(ctx context.Context, volumeID, stagingPath string) error
 		return err
 	}
 	defer unlock()
+	return a.unstage(ctx, volumeID, stagingPath)
+}
+
+// unstage is Unstage for a caller that holds the volume lock.
+func (a *Agent) unstage(ctx context.Context, volumeID, stagingPath string) error {
 	if err := a.prepareUnstage(ctx, volumeID); err != nil {
 		return fmt.Errorf("unstage %s: %w", volumeID, err)
 	}
@@ -277,12 +287,17 @@ func (a *Agent) attachedDevice(ctx context.Context, volumeID string) (string, er
 
 // Publish fences the volume for the pod (ReadWriteOncePod is decided here)
 // and bind-mounts the staged volume (or its device) at the target path.
-func (a *Agent) Publish(ctx context.Context, r PublishRequest) (err error) {
+func (a *Agent) Publish(ctx context.Context, r PublishRequest) error {
 	unlock, err := a.lock(r.VolumeID)
 	if err != nil {
 		return err
 	}
 	defer unlock()
+	return a.publish(ctx, r)
+}
+
+// publish is Publish for a caller that holds the volume lock.
+func (a *Agent) publish(ctx context.Context, r PublishRequest) (err error) {
 	vol, err := a.volume(ctx, r.VolumeID)
 	if err != nil {
 		return err
@@ -332,6 +347,11 @@ func (a *Agent) Unpublish(ctx context.Context, volumeID, targetPath string) erro
 		return err
 	}
 	defer unlock()
+	return a.unpublish(ctx, volumeID, targetPath)
+}
+
+// unpublish is Unpublish for a caller that holds the volume lock.
+func (a *Agent) unpublish(ctx context.Context, volumeID, targetPath string) error {
 	if err := a.mounts.Unpublish(ctx, targetPath); err != nil {
 		return fmt.Errorf("unpublish %s: %w", targetPath, err)
 	}
