@@ -122,12 +122,17 @@ func (a *Agent) imagePath(ctx context.Context, id string) (string, error) {
 // device, and (filesystem volumes) formats it when blank and mounts it at
 // the staging path. A retry after a crash between steps reuses the loop
 // device and mount that exist. On failure, what this call made is undone.
-func (a *Agent) Stage(ctx context.Context, r StageRequest) (err error) {
+func (a *Agent) Stage(ctx context.Context, r StageRequest) error {
 	unlock, err := a.lock(r.VolumeID)
 	if err != nil {
 		return err
 	}
 	defer unlock()
+	return a.stage(ctx, r)
+}
+
+// stage is Stage for a caller that holds the volume lock.
+func (a *Agent) stage(ctx context.Context, r StageRequest) (err error) {
 	log := a.log.WithValues("volume", r.VolumeID, "stagingPath", r.StagingPath)
 
 	vol, err := a.volume(ctx, r.VolumeID)
@@ -145,6 +150,12 @@ func (a *Agent) Stage(ctx context.Context, r StageRequest) (err error) {
 	if err != nil {
 		return err
 	}
+	// A volume already staged here (a retry, or a second Flexvolume pod)
+	// must survive a failed call: only what this call made is undone.
+	stagedDev, _, err := a.mounts.StagedDevice(ctx, r.StagingPath)
+	if err != nil {
+		return fmt.Errorf("check staging path %s: %w", r.StagingPath, err)
+	}
 	claim := fence.Request{
 		Volume: r.VolumeID, Node: a.node, MountDir: r.StagingPath, StagingPath: r.StagingPath,
 		AccessMode: vol.Spec.AccessMode, ReadOnly: r.ReadOnly,
@@ -156,7 +167,7 @@ func (a *Agent) Stage(ctx context.Context, r StageRequest) (err error) {
 	// retry of a stage never undoes the stage that succeeded before.
 	backing, attached, fresh := image, true, false
 	defer func() {
-		if err == nil {
+		if err == nil || stagedDev != "" {
 			return
 		}
 		// Leave nothing half made: a failed stage is as if it never ran.
@@ -218,6 +229,11 @@ func (a *Agent) Unstage(ctx context.Context, volumeID, stagingPath string) error
 		return err
 	}
 	defer unlock()
+	return a.unstage(ctx, volumeID, stagingPath)
+}
+
+// unstage is Unstage for a caller that holds the volume lock.
+func (a *Agent) unstage(ctx context.Context, volumeID, stagingPath string) error {
 	if err := a.prepareUnstage(ctx, volumeID); err != nil {
 		return fmt.Errorf("unstage %s: %w", volumeID, err)
 	}
@@ -271,12 +287,17 @@ func (a *Agent) attachedDevice(ctx context.Context, volumeID string) (string, er
 
 // Publish fences the volume for the pod (ReadWriteOncePod is decided here)
 // and bind-mounts the staged volume (or its device) at the target path.
-func (a *Agent) Publish(ctx context.Context, r PublishRequest) (err error) {
+func (a *Agent) Publish(ctx context.Context, r PublishRequest) error {
 	unlock, err := a.lock(r.VolumeID)
 	if err != nil {
 		return err
 	}
 	defer unlock()
+	return a.publish(ctx, r)
+}
+
+// publish is Publish for a caller that holds the volume lock.
+func (a *Agent) publish(ctx context.Context, r PublishRequest) (err error) {
 	vol, err := a.volume(ctx, r.VolumeID)
 	if err != nil {
 		return err
@@ -295,6 +316,11 @@ func (a *Agent) Publish(ctx context.Context, r PublishRequest) (err error) {
 		Volume: r.VolumeID, Node: a.node, PodNamespace: r.Pod.Namespace, Pod: r.Pod.Name, PodUID: r.Pod.UID,
 		MountDir: r.TargetPath, StagingPath: r.StagingPath, AccessMode: vol.Spec.AccessMode, ReadOnly: r.ReadOnly,
 	}
+	// A target already published (a retry) keeps its record if this call fails.
+	publishedBefore, err := a.mounts.IsMounted(ctx, r.TargetPath)
+	if err != nil {
+		return fmt.Errorf("check target %s: %w", r.TargetPath, err)
+	}
 	if err := a.fence.Acquire(ctx, claim); err != nil {
 		return fmt.Errorf("fence volume %s: %w", r.VolumeID, err)
 	}
@@ -302,6 +328,9 @@ func (a *Agent) Publish(ctx context.Context, r PublishRequest) (err error) {
 		VolumeID: r.VolumeID, StagingPath: r.StagingPath, TargetPath: r.TargetPath, Device: dev,
 		Block: r.Block, ReadOnly: r.ReadOnly, MountFlags: r.MountFlags,
 	}); err != nil {
+		if publishedBefore {
+			return fmt.Errorf("publish %s at %s: %w", r.VolumeID, r.TargetPath, err)
+		}
 		if rerr := a.fence.Release(context.WithoutCancel(ctx), r.VolumeID, a.node, r.TargetPath); rerr != nil {
 			a.log.Error(rerr, "release fence after failed publish", "volume", r.VolumeID)
 		}
@@ -318,6 +347,11 @@ func (a *Agent) Unpublish(ctx context.Context, volumeID, targetPath string) erro
 		return err
 	}
 	defer unlock()
+	return a.unpublish(ctx, volumeID, targetPath)
+}
+
+// unpublish is Unpublish for a caller that holds the volume lock.
+func (a *Agent) unpublish(ctx context.Context, volumeID, targetPath string) error {
 	if err := a.mounts.Unpublish(ctx, targetPath); err != nil {
 		return fmt.Errorf("unpublish %s: %w", targetPath, err)
 	}

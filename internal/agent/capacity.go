@@ -30,7 +30,11 @@ type CapacityReporter struct {
 
 // Start reports now and then every Interval until ctx ends (manager.Runnable).
 func (r *CapacityReporter) Start(ctx context.Context) error {
-	t := time.NewTicker(r.Interval)
+	interval := r.Interval
+	if interval <= 0 {
+		interval = 30 * time.Second
+	}
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		if err := r.Report(ctx); err != nil {

@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 )
 
@@ -82,15 +85,19 @@ func (a *Agent) DetachCluster(ctx context.Context, cluster string) ([]string, er
 	var detached []string
 	var errs []error
 	for _, volume := range order {
-		vol, err := a.volume(ctx, volume)
-		if errors.Is(err, ErrWrongNode) {
-			err = nil // the entry is ours even if the image lives elsewhere
-		}
-		if err != nil && !errors.Is(err, ErrVolumeNotFound) {
-			errs = append(errs, err)
+		// Read the Volume wherever its image lives: the entry is this node's.
+		vol := &v1.Volume{}
+		if err := a.api.Get(ctx, client.ObjectKey{Name: volume}, vol); err != nil {
+			if apierrors.IsNotFound(err) {
+				// Nobody can tell which cluster it was of: leave it to the
+				// stale-attachment GC rather than force it off the node.
+				a.log.Info("held volume has no Volume object; not detaching it", "volume", volume)
+				continue
+			}
+			errs = append(errs, fmt.Errorf("read Volume %s: %w", volume, err))
 			continue
 		}
-		if vol != nil && vol.Spec.StorageCluster != cluster {
+		if vol.Spec.StorageCluster != cluster {
 			continue
 		}
 		if err := a.detachVolume(ctx, volume, byVolume[volume]); err != nil {

@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"path/filepath"
 
@@ -40,20 +39,27 @@ func (a *Agent) FlexMount(ctx context.Context, r flexvolume.MountRequest) error 
 	if a.flex.StagingRoot == "" {
 		return fmt.Errorf("flexvolume: %w on this agent (no staging root)", ErrUnsupported)
 	}
+	// One lock over stage and publish: another pod's refused mount must
+	// not unstage between this call's stage and its publish.
+	unlock, err := a.lock(r.Volume)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	staging := a.flexStaging(r.Volume)
 	stagedBefore, _, err := a.mounts.StagedDevice(ctx, staging)
 	if err != nil {
 		return fmt.Errorf("check staging %s: %w", staging, err)
 	}
-	if err := a.Stage(ctx, StageRequest{VolumeID: r.Volume, StagingPath: staging, FSType: r.FSType, ReadOnly: r.ReadOnly}); err != nil {
+	if err := a.stage(ctx, StageRequest{VolumeID: r.Volume, StagingPath: staging, FSType: r.FSType, ReadOnly: r.ReadOnly}); err != nil {
 		return err
 	}
-	err = a.Publish(ctx, PublishRequest{
+	err = a.publish(ctx, PublishRequest{
 		VolumeID: r.Volume, StagingPath: staging, TargetPath: r.MountDir, ReadOnly: r.ReadOnly,
 		Pod: Pod{Namespace: r.PodNamespace, Name: r.PodName, UID: r.PodUID},
 	})
 	if err != nil && stagedBefore == "" {
-		if uerr := a.Unstage(context.WithoutCancel(ctx), r.Volume, staging); uerr != nil {
+		if uerr := a.unstage(context.WithoutCancel(ctx), r.Volume, staging); uerr != nil {
 			a.log.Error(uerr, "unstage after refused flexvolume mount", "volume", r.Volume)
 		}
 	}
@@ -87,7 +93,16 @@ func (a *Agent) FlexUnmount(ctx context.Context, mountDir string) error {
 		}
 		return nil
 	}
-	if err := a.Unpublish(ctx, volume, mountDir); err != nil {
+	unlock, err := a.lock(volume)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if err := a.unpublish(ctx, volume, mountDir); err != nil {
+		return err
+	}
+	// Read again under the lock: who else still uses the volume here.
+	if holds, err = a.flex.Holdings.ListForNode(ctx, a.node); err != nil {
 		return err
 	}
 	for _, h := range holds {
@@ -96,10 +111,7 @@ func (a *Agent) FlexUnmount(ctx context.Context, mountDir string) error {
 		}
 	}
 	staging := a.flexStaging(volume)
-	if err := a.Unstage(ctx, volume, staging); err != nil && !errors.Is(err, ErrVolumeNotFound) {
-		return err
-	}
-	return nil
+	return a.unstage(ctx, volume, staging)
 }
 
 // Holds lists what this node holds, for the agent socket's list operation.

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
@@ -50,7 +49,8 @@ func (r *ClusterCleanupReconciler) Reconcile(ctx context.Context, req ctrl.Reque
 	detached, err := r.Detacher.DetachCluster(ctx, sc.Name)
 	if err != nil {
 		r.Recorder.Eventf(sc, corev1.EventTypeWarning, "CleanupFailed", "node %s: %v", r.Node, err)
-		return ctrl.Result{RequeueAfter: 5 * time.Second}, fmt.Errorf("detach cluster %s: %w", sc.Name, err)
+		// The error requeues with backoff (a RequeueAfter beside it is ignored).
+		return ctrl.Result{}, fmt.Errorf("detach cluster %s: %w", sc.Name, err)
 	}
 	if len(detached) > 0 {
 		r.Recorder.Eventf(sc, corev1.EventTypeNormal, "VolumesDetached", "node %s force-detached %d volume(s) of the deleted cluster: %s",

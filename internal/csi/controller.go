@@ -229,6 +229,10 @@ func sameVolume(vol *v1.Volume, spec *v1.VolumeSpec) error {
 		return fmt.Errorf("volume mode %s, asked %s", vol.Spec.VolumeMode, spec.VolumeMode)
 	case vol.Spec.Mounter != spec.Mounter:
 		return fmt.Errorf("mounter %s, asked %s", vol.Spec.Mounter, spec.Mounter)
+	case vol.Spec.AccessMode != spec.AccessMode:
+		return fmt.Errorf("access mode %s, asked %s", vol.Spec.AccessMode, spec.AccessMode)
+	case vol.Spec.FSType != spec.FSType:
+		return fmt.Errorf("fs type %s, asked %s", vol.Spec.FSType, spec.FSType)
 	case !sameSource(vol.Spec.Source, spec.Source):
 		return fmt.Errorf("other content source")
 	}

@@ -220,14 +220,19 @@ func toStatus(err error) error {
 		return status.Error(codes.NotFound, err.Error())
 	case errors.As(err, &conflict), errors.Is(err, mount.ErrInUse), errors.Is(err, agent.ErrNotStaged), errors.Is(err, agent.ErrWrongNode):
 		return status.Error(codes.FailedPrecondition, err.Error())
+	case errors.Is(err, mount.ErrExists):
+		// Staged or published already, but not as this request asks.
+		return status.Error(codes.AlreadyExists, err.Error())
 	case errors.Is(err, mount.ErrInvalid), errors.Is(err, fence.ErrInvalid), errors.Is(err, backend.ErrInvalid):
 		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, fence.ErrTooManyRetries):
 		return status.Error(codes.Aborted, err.Error())
 	case errors.Is(err, agent.ErrUnsupported):
-		return status.Error(codes.Unimplemented, err.Error())
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		return status.Error(codes.FailedPrecondition, err.Error())
+	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, err.Error())
+	case errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, err.Error())
 	}
 	return status.Error(codes.Internal, err.Error())
 }

@@ -22,7 +22,9 @@ func (m *Manager) Condition(_ context.Context, stagingPath string) (abnormal boo
 	var dev string
 	if mi := mountAt(mis, filepath.Join(staging, BlockStageFile)); mi != nil {
 		dev = boundDevice(mis, mi)
-	} else if mi := mountAt(mis, staging); mi != nil {
+	} else if mi := mountAt(mis, staging); mi != nil && mi.FsType == "devtmpfs" {
+		dev = boundDevice(mis, mi) // a published block volume: the device node itself
+	} else if mi != nil {
 		if _, err := os.Stat(staging); mountutils.IsCorruptedMnt(err) {
 			return true, fmt.Sprintf("stale mount at %s: %v", staging, err)
 		}

@@ -76,3 +76,12 @@ func (m *Manager) ForceUnpublish(ctx context.Context, target string) error {
 	}
 	return m.Unpublish(ctx, target)
 }
+
+// IsMounted tells whether anything is mounted at path.
+func (m *Manager) IsMounted(_ context.Context, path string) (bool, error) {
+	mis, err := m.mountInfo()
+	if err != nil {
+		return false, err
+	}
+	return mountAt(mis, canonical(path)) != nil, nil
+}

@@ -89,6 +89,7 @@ func TestBadRequests(t *testing.T) {
 	c := dial(t)
 	ctx := testCtx(t)
 
+	// Refused at placement: no agent reports that much free space.
 	_, err := c.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{
 		Name: "too-big", VolumeCapabilities: []*csi.VolumeCapability{mountCap()},
 		CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 60},

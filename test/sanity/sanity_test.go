@@ -149,8 +149,13 @@ func skipUnlessDriver(t *testing.T) {
 
 func TestSanity(t *testing.T) {
 	skipUnlessDriver(t)
-	configure(&mountCfg, "mount", drv.nodeSock, drv.ctrlSock)
-	configure(&blockCfg, "block", drv.nodeSock, drv.ctrlSock)
+	for _, access := range []string{"mount", "block"} {
+		for _, sock := range []string{drv.nodeSock, drv.ctrlSock} {
+			slowAccept(t, sock+"."+access, sock)
+		}
+	}
+	configure(&mountCfg, "mount", drv.nodeSock+".mount", drv.ctrlSock+".mount")
+	configure(&blockCfg, "block", drv.nodeSock+".block", drv.ctrlSock+".block")
 
 	RegisterFailHandler(Fail)
 	suite, reporter := GinkgoConfiguration()

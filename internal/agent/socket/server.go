@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -55,6 +56,11 @@ func (s *Server) Serve(ctx context.Context, l *net.UnixListener) error {
 		<-ctx.Done()
 		_ = l.Close()
 	}()
+	// Operations under way finish on shutdown (a mount half done helps no
+	// one); only new connections stop.
+	var inflight sync.WaitGroup
+	defer inflight.Wait()
+	opCtx := context.WithoutCancel(ctx)
 	for {
 		c, err := l.AcceptUnix()
 		if err != nil {
@@ -67,7 +73,11 @@ func (s *Server) Serve(ctx context.Context, l *net.UnixListener) error {
 			}
 			return fmt.Errorf("accept: %w", err)
 		}
-		go s.handle(ctx, c)
+		inflight.Add(1)
+		go func() {
+			defer inflight.Done()
+			s.handle(opCtx, c)
+		}()
 	}
 }
 
@@ -172,7 +182,7 @@ func codeOf(err error) string {
 	switch {
 	case errors.Is(err, agent.ErrBusy):
 		return CodeBusy
-	case errors.As(err, &conflict), errors.Is(err, mount.ErrInUse):
+	case errors.As(err, &conflict), errors.Is(err, mount.ErrInUse), errors.Is(err, mount.ErrExists):
 		return CodeConflict
 	case errors.Is(err, agent.ErrVolumeNotFound), errors.Is(err, agent.ErrWrongNode):
 		return CodeNotFound
