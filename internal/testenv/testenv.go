@@ -78,6 +78,9 @@ func Start() (*Env, error) {
 	}
 	cfg, err := e.Start()
 	if err != nil {
+		// Start fails after starting the processes when, say, a CRD is
+		// refused: stop them, or they outlive the test.
+		_ = e.Stop()
 		return nil, fmt.Errorf("start envtest (kube-apiserver + etcd from %s): %w", assets, err)
 	}
 	c, err := client.New(cfg, client.Options{Scheme: s})
