@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	goruntime "runtime"
 	"strings"
+	"testing"
 
 	"github.com/go-logr/logr"
 
@@ -119,4 +120,22 @@ func BuildBerth(dir string) (string, error) {
 		return "", fmt.Errorf("go build ./cmd/berth: %w\n%s", err, b)
 	}
 	return out, nil
+}
+
+// NodeSkipReason says why a test of real node work (mounts, loop devices,
+// FUSE) cannot run here: -short, not root, or a device node missing; ""
+// when it can. Call it after flag.Parse.
+func NodeSkipReason(devices ...string) string {
+	switch {
+	case testing.Short():
+		return "-short: needs a real API server, root and kernel devices"
+	case os.Geteuid() != 0:
+		return "needs root: it makes loop devices, filesystems and mounts"
+	}
+	for _, d := range devices {
+		if _, err := os.Stat(d); err != nil {
+			return "needs " + d + ", which is missing here"
+		}
+	}
+	return ""
 }

@@ -50,16 +50,7 @@ var fx fixture
 
 func TestMain(m *testing.M) {
 	flag.Parse()
-	switch {
-	case testing.Short():
-		fx.skip = "-short: needs a real API server, root and loop devices"
-	case os.Geteuid() != 0:
-		fx.skip = "needs root: the agent makes loop devices and mounts"
-	default:
-		if _, err := os.Stat("/dev/loop-control"); err != nil {
-			fx.skip = "needs loop devices: /dev/loop-control is missing"
-		}
-	}
+	fx.skip = testenv.NodeSkipReason("/dev/loop-control")
 	if fx.skip != "" {
 		os.Exit(m.Run())
 	}

@@ -53,16 +53,7 @@ var drv driver
 
 func TestMain(m *testing.M) {
 	flag.Parse()
-	switch {
-	case testing.Short():
-		drv.skipReason = "-short: the driver needs a real API server and loop devices"
-	case os.Geteuid() != 0:
-		drv.skipReason = "needs root: it makes loop devices, filesystems and mounts"
-	default:
-		if _, err := os.Stat("/dev/loop-control"); err != nil {
-			drv.skipReason = "needs loop devices: /dev/loop-control is missing"
-		}
-	}
+	drv.skipReason = testenv.NodeSkipReason("/dev/loop-control")
 	if drv.skipReason != "" {
 		os.Exit(m.Run())
 	}

@@ -52,21 +52,7 @@ var fx fixture
 
 func TestMain(m *testing.M) {
 	flag.Parse()
-	switch {
-	case testing.Short():
-		fx.skip = "-short: needs a real API server, root, FUSE and loop devices"
-	case os.Geteuid() != 0:
-		fx.skip = "needs root: the agent mounts FUSE, makes loop devices and mounts"
-	default:
-		for _, p := range []string{"/dev/loop-control", "/dev/fuse"} {
-			if _, err := os.Stat(p); err != nil {
-				fx.skip = "needs " + p + ": " + err.Error()
-			}
-		}
-		if _, err := exec.LookPath("mkfs.ext4"); err != nil {
-			fx.skip = "needs mkfs.ext4 (hack/install-deps.sh)"
-		}
-	}
+	fx.skip = testenv.NodeSkipReason("/dev/loop-control", "/dev/fuse")
 	if fx.skip != "" {
 		os.Exit(m.Run())
 	}
