@@ -36,7 +36,7 @@ func mustAcquire(t *testing.T, f *fence.Fencer, r fence.Request) {
 	}
 }
 
-func TestReadWriteOnceOneNode(t *testing.T) {
+func TestReadWriteOnceSingleNode(t *testing.T) {
 	f, _ := newFencer(t)
 	mkNode(t, "rwo-a")
 	mkNode(t, "rwo-b")

@@ -53,18 +53,7 @@ var fx fixture
 func TestMain(m *testing.M) {
 	flag.Parse()
 	fx.skip = testenv.NodeSkipReason("/dev/loop-control", "/dev/fuse")
-	if fx.skip != "" {
-		os.Exit(m.Run())
-	}
-	err := fx.start()
-	code := 1
-	if err == nil {
-		code = m.Run()
-	} else {
-		fmt.Fprintln(os.Stderr, "start:", err)
-	}
-	fx.stop(code != 0)
-	os.Exit(code)
+	os.Exit(testenv.Main(m, fx.skip, fx.start, fx.stop))
 }
 
 func (f *fixture) start() error {
