@@ -106,6 +106,7 @@ func testTakeover(t *testing.T, passthrough bool) {
 		"--size=128M", "--rw=randwrite", "--bs=4k", "--iodepth=16", "--ioengine=libaio", "--direct=1",
 		"--verify=crc32c", "--verify_backlog=512", "--verify_fatal=1", "--do_verify=1",
 		"--time_based", "--runtime="+strconv.Itoa(cycles*2+10), "--output-format=terse")
+	fio.Dir = t.TempDir() // fio writes its verify state file into its working directory
 	var fioOut bytes.Buffer
 	fio.Stdout, fio.Stderr = &fioOut, &fioOut
 	if err := fio.Start(); err != nil {
