@@ -3,12 +3,14 @@
 # + loop) with a kernel loop device on a plain image, both --direct-io=on,
 # with fio direct=1 on the raw devices. Prints one table row per workload.
 #   hack/bench-blockdev.sh [seconds-per-run] [image-size]
-# Env: BERTH_BLOCKDEV_WORKERS, BERTH_BLOCKDEV_PASSTHROUGH=true, BENCH_ONLY=regex.
+# Each row is the median of BENCH_ROUNDS (default 3) alternating runs per side.
+# Env: BENCH_ROUNDS, BERTH_BLOCKDEV_WORKERS, BERTH_BLOCKDEV_PASSTHROUGH=true, BENCH_ONLY=regex.
 # Needs root, fio, losetup. Removes everything it made, also on failure.
 set -euo pipefail
 
 runtime=${1:-10}
 size=${2:-1G}
+rounds=${BENCH_ROUNDS:-3}
 workers=${BERTH_BLOCKDEV_WORKERS:-0}
 passthrough=${BERTH_BLOCKDEV_PASSTHROUGH:-false} # true: kernel does data I/O on the image
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -59,18 +61,30 @@ measure() { # dev name rw bs depth -> "iops kbps lat_us"
 	esac
 }
 
+# median of the arguments (odd count: the middle one)
+median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
+
 printf '%-22s %12s %12s %7s %12s %12s %7s\n' workload kernel user ratio kernel-lat user-lat lat-x
 row() { # label rw bs depth; BENCH_ONLY=regex selects rows
 	[[ -z ${BENCH_ONLY:-} || $1 =~ $BENCH_ONLY ]] || return 0
-	read -r ki kb kl < <(measure "$kloop" "$1" "$2" "$3" "$4")
-	read -r ui ub ul < <(measure "$uloop" "$1" "$2" "$3" "$4")
+	# Kernel and user runs alternate, BENCH_ROUNDS times, and each side
+	# reports its median: on a shared 2-core machine one run alone can be
+	# off by half when something else runs at the same time.
+	local ki=() kb=() kl=() ui=() ub=() ul=() i a b c
+	for ((i = 0; i < rounds; i++)); do
+		read -r a b c < <(measure "$kloop" "$1" "$2" "$3" "$4")
+		ki+=("$a") kb+=("$b") kl+=("$c")
+		read -r a b c < <(measure "$uloop" "$1" "$2" "$3" "$4")
+		ui+=("$a") ub+=("$b") ul+=("$c")
+	done
 	case $3 in
-	4k) k="$ki" u="$ui" unit=IOPS ;;
-	*) k=$((kb / 1024)) u=$((ub / 1024)) unit=MiB/s ;;
+	4k) k=$(median "${ki[@]}") u=$(median "${ui[@]}") unit=IOPS ;;
+	*) k=$(($(median "${kb[@]}") / 1024)) u=$(($(median "${ub[@]}") / 1024)) unit=MiB/s ;;
 	esac
+	k_lat=$(median "${kl[@]}") u_lat=$(median "${ul[@]}")
 	printf '%-22s %12s %12s %7.2f %10.0fus %10.0fus %7.2f\n' "$1 ($unit)" "$k" "$u" \
-		"$(awk -v a="$u" -v b="$k" 'BEGIN{print (b>0)?a/b:0}')" "$kl" "$ul" \
-		"$(awk -v a="$ul" -v b="$kl" 'BEGIN{print (b>0)?a/b:0}')"
+		"$(awk -v a="$u" -v b="$k" 'BEGIN{print (b>0)?a/b:0}')" "$k_lat" "$u_lat" \
+		"$(awk -v a="$u_lat" -v b="$k_lat" 'BEGIN{print (b>0)?a/b:0}')"
 }
 row "4k randread QD64" randread 4k 64
 row "4k randwrite QD64" randwrite 4k 64

@@ -8,6 +8,7 @@
 #     of SIGKILLing the agent and every blockdev server under verifying
 #     writers (test/userspace TestHealUnderWriters).
 # Env: BENCH_SECONDS (fio seconds per run, default 10), BENCH_SIZE (default 1G),
+#      BENCH_ROUNDS (alternating runs per side, median reported, default 3),
 #      BERTH_BLOCKDEV_PASSTHROUGH (default true), BERTH_HEAL_CYCLES.
 # Needs root, fio, losetup, FUSE. Targets are reported, not asserted.
 set -euo pipefail
