@@ -187,6 +187,24 @@ func (a *Agent) stage(ctx context.Context, r StageRequest) (err error) {
 			log.Error(rerr, "release fence after failed stage")
 		}
 	}()
+	if userspace && a.transport(r.VolumeID) == TransportNBD {
+		if ok, reason := a.us.NBD.Available(); !ok {
+			return fmt.Errorf("volume %s: %w (%s); set the agent's userspace transport to %s", r.VolumeID, ErrNBDUnavailable, reason, TransportFUSE)
+		}
+		_, had, err := a.us.NBD.Device(r.VolumeID)
+		if err != nil {
+			return fmt.Errorf("find nbd device of %s: %w", r.VolumeID, err)
+		}
+		fresh = !had
+		if err := a.nbdEnsureServer(ctx, r.VolumeID, image); err != nil {
+			return err
+		}
+		dev, err := a.nbdDevice(r.VolumeID)
+		if err != nil {
+			return err
+		}
+		return a.stageDevice(ctx, r, vol, dev)
+	}
 	if userspace {
 		_, held, err := a.server(ctx, r.VolumeID)
 		if err != nil {
@@ -206,6 +224,12 @@ func (a *Agent) stage(ctx context.Context, r StageRequest) (err error) {
 	if err != nil {
 		return fmt.Errorf("attach %s: %w", backing, err)
 	}
+	return a.stageDevice(ctx, r, vol, dev)
+}
+
+// stageDevice formats (when blank) and mounts the volume's block device at
+// the staging path, or binds it there for a block volume.
+func (a *Agent) stageDevice(ctx context.Context, r StageRequest, vol *v1.Volume, dev string) error {
 	fsType := vol.Spec.FSType
 	if r.FSType != "" {
 		fsType = r.FSType
@@ -216,7 +240,7 @@ func (a *Agent) stage(ctx context.Context, r StageRequest) (err error) {
 	}); err != nil {
 		return fmt.Errorf("stage %s on %s: %w", dev, r.StagingPath, err)
 	}
-	log.Info("staged", "device", dev)
+	a.log.Info("staged", "volume", r.VolumeID, "stagingPath", r.StagingPath, "device", dev)
 	return nil
 }
 
@@ -248,10 +272,8 @@ func (a *Agent) unstage(ctx context.Context, volumeID, stagingPath string) error
 			return err
 		}
 	}
-	if dev != "" {
-		if err := a.loop.Detach(ctx, dev); err != nil {
-			return fmt.Errorf("detach %s: %w", dev, err)
-		}
+	if err := a.detach(ctx, volumeID, dev); err != nil {
+		return err
 	}
 	if a.isUserspace(volumeID) {
 		if err := a.stopUserspace(ctx, volumeID); err != nil {
@@ -265,9 +287,29 @@ func (a *Agent) unstage(ctx context.Context, volumeID, stagingPath string) error
 	return nil
 }
 
-// attachedDevice returns the loop device on the volume's backing file, ""
-// when none is (or the image is gone).
+// detach detaches the volume's loop device, if it has one: an nbd device
+// goes with its server (stopUserspace).
+func (a *Agent) detach(ctx context.Context, volumeID, dev string) error {
+	if dev == "" || a.isNBD(volumeID) {
+		return nil
+	}
+	if err := a.loop.Detach(ctx, dev); err != nil {
+		return fmt.Errorf("detach %s: %w", dev, err)
+	}
+	return nil
+}
+
+// attachedDevice returns the volume's block device on this node: the loop
+// device on its backing file or its nbd device; "" when none is (or the
+// image is gone).
 func (a *Agent) attachedDevice(ctx context.Context, volumeID string) (string, error) {
+	if a.isNBD(volumeID) {
+		dev, found, err := a.us.NBD.Device(volumeID)
+		if err != nil || !found {
+			return "", err
+		}
+		return dev, nil
+	}
 	image, err := a.backingFile(ctx, volumeID)
 	if errors.Is(err, ErrVolumeNotFound) {
 		return "", nil
@@ -376,6 +418,11 @@ func (a *Agent) Expand(ctx context.Context, volumeID, path string, block bool) (
 			return 0, fmt.Errorf("volume %s: %w", volumeID, ErrVolumeNotFound)
 		}
 		return 0, err
+	}
+	if a.isNBD(volumeID) {
+		// The kernel sets an nbd device's size at connect only.
+		return 0, fmt.Errorf("volume %s is served over nbd, whose size the kernel fixes at connect: "+
+			"online expansion is %w; the new size applies when the volume is staged again", volumeID, ErrUnsupported)
 	}
 	backing, err := a.backingFile(ctx, volumeID)
 	if err != nil {

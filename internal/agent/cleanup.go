@@ -52,10 +52,8 @@ func (a *Agent) forceUnstage(ctx context.Context, volume, staging string) error 
 	if _, err := a.mounts.Unstage(ctx, staging); err != nil {
 		return fmt.Errorf("remove staging %s: %w", staging, err)
 	}
-	if dev != "" {
-		if err := a.loop.Detach(ctx, dev); err != nil {
-			return fmt.Errorf("detach %s: %w", dev, err)
-		}
+	if err := a.detach(ctx, volume, dev); err != nil {
+		return err
 	}
 	if a.isUserspace(volume) {
 		if err := a.stopUserspace(ctx, volume); err != nil {

@@ -22,6 +22,18 @@ type Keeper interface {
 	Close(ctx context.Context, volume string) error
 }
 
+// Server is a started blockdev server process (blockdev.Process).
+type Server interface{ PID() int }
+
+// StartServer adapts blockdev.Start to UserspaceConfig.Start.
+func StartServer(ctx context.Context, p blockdev.Params) (Server, error) {
+	proc, err := blockdev.Start(ctx, p)
+	if err != nil {
+		return nil, err
+	}
+	return proc, nil
+}
+
 // UserspaceConfig enables volumes with mounter userspace: a berth blockdev
 // server per volume serves <Root>/<volume>/disk.img through FUSE, and a loop
 // device on that file is the volume's block device.
@@ -33,7 +45,7 @@ type UserspaceConfig struct {
 	Keeper       Keeper
 	// Start runs a server (blockdev.Start); StopPID stops one by pid
 	// (blockdev.StopPID); CheckMount checks a live connection.
-	Start      func(ctx context.Context, p blockdev.Params) (*blockdev.Process, error)
+	Start      func(ctx context.Context, p blockdev.Params) (Server, error)
 	StopPID    func(pid int, timeout time.Duration) error
 	CheckMount func(mountpoint string) error
 	Workers    int
@@ -41,12 +53,25 @@ type UserspaceConfig struct {
 	// the server falls back to serving it when the kernel does not offer it).
 	Passthrough bool
 	StopTimeout time.Duration
+	// Transport serves new userspace volumes over FUSE + loop (default) or
+	// nbd; a staged volume keeps the transport it was staged with.
+	Transport Transport
+	// NBD is the kernel nbd driver (Transport nbd).
+	NBD NBD
+	// DeadConnTimeout is how long the kernel keeps an nbd device and queues
+	// its I/O while no server is connected.
+	DeadConnTimeout time.Duration
+	// ProcRoot is where processes are listed ("" is /proc).
+	ProcRoot string
 }
 
 // WithUserspace enables the userspace mounter.
 func (a *Agent) WithUserspace(c UserspaceConfig) *Agent {
 	if c.StopTimeout == 0 {
 		c.StopTimeout = 10 * time.Second
+	}
+	if c.DeadConnTimeout == 0 {
+		c.DeadConnTimeout = 2 * time.Minute
 	}
 	a.us = &c
 	return a
@@ -62,9 +87,9 @@ var ErrConnectionLost = errors.New("the keeper no longer holds the volume's FUSE
 
 func (a *Agent) usMountpoint(volume string) string { return filepath.Join(a.us.Root, volume) }
 
-// usLog is the servers' log of volume. Its presence also records that the
-// volume is staged in userspace: it lives beside the FUSE mountpoint, so
-// checking it never waits on a FUSE server.
+// usLog is the servers' log of volume. Its presence (or that of the nbd
+// record) also records that the volume is staged in userspace: it lives
+// beside the FUSE mountpoint, so checking it never waits on a FUSE server.
 func (a *Agent) usLog(volume string) string { return filepath.Join(a.us.Root, volume+".log") }
 
 // isUserspace tells whether volume is (being) staged through a blockdev
@@ -73,8 +98,12 @@ func (a *Agent) isUserspace(volume string) bool {
 	if a.us == nil {
 		return false
 	}
-	_, err := os.Stat(a.usLog(volume))
-	return err == nil
+	for _, record := range []string{a.usLog(volume), a.nbdRecord(volume)} {
+		if _, err := os.Stat(record); err == nil {
+			return true
+		}
+	}
+	return false
 }
 
 // backingFile is the file the volume's loop device is on: the FUSE file of
@@ -111,6 +140,9 @@ func (a *Agent) ensureServer(ctx context.Context, volume, image string) error {
 	if a.us == nil {
 		return fmt.Errorf("volume %s: mounter userspace: %w on this agent", volume, ErrUnsupported)
 	}
+	if a.transport(volume) == TransportNBD {
+		return a.nbdEnsureServer(ctx, volume, image)
+	}
 	rec, _, err := a.server(ctx, volume)
 	if err != nil {
 		return err
@@ -143,6 +175,9 @@ func (a *Agent) ensureServer(ctx context.Context, volume, image string) error {
 // close the connection, then drops the volume's record. The loop device
 // must be detached already. Idempotent.
 func (a *Agent) stopUserspace(ctx context.Context, volume string) error {
+	if a.isNBD(volume) {
+		return a.nbdStop(volume)
+	}
 	rec, found, err := a.server(ctx, volume)
 	if err != nil {
 		return err
@@ -175,6 +210,18 @@ func (a *Agent) stopUserspace(ctx context.Context, volume string) error {
 func (a *Agent) prepareUnstage(ctx context.Context, volume string) error {
 	if !a.isUserspace(volume) {
 		return nil
+	}
+	if a.isNBD(volume) {
+		// A device the kernel gave up on fails I/O at once: nothing to
+		// wait for. Starting a server then would make a new device.
+		if _, found, err := a.us.NBD.Device(volume); err != nil || !found {
+			return err
+		}
+		image, err := a.imagePath(ctx, volume)
+		if err != nil {
+			return err
+		}
+		return a.nbdEnsureServer(ctx, volume, image)
 	}
 	// With the keeper down or the connection gone, I/O fails fast: there
 	// is nothing to wait for, so a failed check is no reason to stop.
@@ -212,7 +259,11 @@ func (a *Agent) Heal(ctx context.Context, volumeID string) (*v1.Volume, HealResu
 	}
 	// The common case, a live server, needs no lock: periodic passes then
 	// never make a CSI call on the volume wait or fail as busy.
-	if rec, _, err := a.server(ctx, volumeID); err == nil && rec.ServerPID != 0 {
+	if a.isNBD(volumeID) {
+		if _, found, err := a.nbdServer(volumeID); err == nil && found {
+			return nil, HealServing, nil
+		}
+	} else if rec, _, err := a.server(ctx, volumeID); err == nil && rec.ServerPID != 0 {
 		return nil, HealServing, nil
 	}
 	unlock := a.locks.Lock(volumeID)
@@ -234,6 +285,10 @@ func (a *Agent) Heal(ctx context.Context, volumeID string) (*v1.Volume, HealResu
 	if err != nil {
 		return vol, HealSkipped, err
 	}
+	if a.isNBD(volumeID) {
+		res, err := a.nbdHeal(ctx, volumeID, image)
+		return vol, res, err
+	}
 	rec, found, err := a.server(ctx, volumeID)
 	switch {
 	case err != nil:
@@ -254,6 +309,9 @@ const checkTimeout = 5 * time.Second
 
 // usCondition checks the keeper, the volume's connection and its server.
 func (a *Agent) usCondition(ctx context.Context, volume string) (abnormal bool, msg string) {
+	if a.isNBD(volume) {
+		return a.nbdCondition(volume)
+	}
 	if err := a.us.Keeper.Ping(ctx); err != nil {
 		return true, fmt.Sprintf("%s on this node: the volume's FUSE connection is lost and its I/O fails. "+
 			"Start the keeper again, then restart the pods using this volume so that it is staged anew (%v)", ErrKeeperDown, err)

@@ -29,6 +29,11 @@ type Params struct {
 	// Passthrough lets the kernel do data I/O on the image itself (6.9+);
 	// the server then answers only metadata, fsync and fallocate.
 	Passthrough bool
+	// Transport is "fuse" ("" too) or "nbd".
+	Transport string
+	// DeadConnTimeout (nbd): how long the kernel keeps the device and
+	// queues I/O while no server is connected.
+	DeadConnTimeout time.Duration
 	// Stderr receives the server's log (nil: discarded).
 	Stderr io.Writer
 }

@@ -240,7 +240,7 @@ func (c Config) addUserspace(mgr manager.Manager, a *nodeagent.Agent, holdings h
 	}
 	a.WithUserspace(nodeagent.UserspaceConfig{
 		Root: filepath.Join(c.DataDir, "blockdev"), Binary: bin, KeeperSocket: c.KeeperSocket,
-		Keeper: keeper.NewClient(c.KeeperSocket), Start: blockdev.Start, StopPID: blockdev.StopPID,
+		Keeper: keeper.NewClient(c.KeeperSocket), Start: nodeagent.StartServer, StopPID: blockdev.StopPID,
 		CheckMount: blockdev.CheckMount, Workers: c.BlockdevWorkers, Passthrough: c.BlockdevPassthrough,
 	})
 	return mgr.Add(&heal.Healer{Node: c.NodeName, Holdings: holdings, Volumes: a,

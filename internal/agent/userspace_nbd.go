@@ -1,0 +1,242 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/berth-io/berth/internal/blockdev"
+)
+
+// Transport is how a userspace volume's server reaches the kernel.
+type Transport string
+
+const (
+	// TransportFUSE serves a FUSE file held by the keeper, with a loop
+	// device on it (the default: works on every kernel berth supports).
+	TransportFUSE Transport = "fuse"
+	// TransportNBD serves a kernel nbd device over socket pairs. The
+	// kernel keeps the device and queues I/O while no server is connected
+	// (up to the dead-connection timeout); a new server reconnects.
+	TransportNBD Transport = "nbd"
+)
+
+// ParseTransport checks a transport name; "" is the default, fuse.
+func ParseTransport(s string) (Transport, error) {
+	switch Transport(s) {
+	case "", TransportFUSE:
+		return TransportFUSE, nil
+	case TransportNBD:
+		return TransportNBD, nil
+	}
+	return "", fmt.Errorf("unknown userspace transport %q (want %s or %s)", s, TransportFUSE, TransportNBD)
+}
+
+// NBD is the kernel nbd driver as the agent needs it (internal/nbd).
+type NBD interface {
+	// Available tells whether this kernel has nbd, and why not.
+	Available() (ok bool, reason string)
+	// Device returns the nbd device made for volume; found false when the
+	// kernel has none (never connected, disconnected, or timed out).
+	Device(volume string) (dev string, found bool, err error)
+	// Disconnect removes the volume's device; nil when it has none.
+	Disconnect(volume string) error
+}
+
+// ErrNBDUnavailable means that the agent is set to serve userspace volumes
+// over nbd and this node's kernel has no nbd driver.
+var ErrNBDUnavailable = fmt.Errorf("this node's kernel has no nbd driver: %w", ErrUnsupported)
+
+// nbdRecord marks a volume staged over nbd and holds its server's pid. It
+// is written before the server starts and removed last at unstage, so a
+// volume's transport never depends on the agent's current setting.
+func (a *Agent) nbdRecord(volume string) string { return filepath.Join(a.us.Root, volume+".nbd") }
+
+// transport returns how volume is served: as recorded when it is staged
+// here, else as this agent is set to serve new volumes.
+func (a *Agent) transport(volume string) Transport {
+	if a.isNBD(volume) {
+		return TransportNBD
+	}
+	if a.isUserspace(volume) || a.us.Transport == "" {
+		return TransportFUSE
+	}
+	return a.us.Transport
+}
+
+// isNBD tells whether volume is (being) staged over nbd on this node.
+func (a *Agent) isNBD(volume string) bool {
+	if a.us == nil {
+		return false
+	}
+	_, err := os.Stat(a.nbdRecord(volume))
+	return err == nil
+}
+
+// nbdServer finds the volume's running server: by the pid in its record,
+// else (a crash between start and record) by scanning the process table.
+// A pid counts only while its command line still names the volume.
+func (a *Agent) nbdServer(volume string) (pid int, found bool, err error) {
+	b, err := os.ReadFile(a.nbdRecord(volume))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return 0, false, fmt.Errorf("read nbd record of %s: %w", volume, err)
+	}
+	if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && a.servesNBD(pid, volume) {
+		return pid, true, nil
+	}
+	entries, err := os.ReadDir(a.procRoot())
+	if err != nil {
+		return 0, false, fmt.Errorf("list processes: %w", err)
+	}
+	for _, e := range entries {
+		if pid, err := strconv.Atoi(e.Name()); err == nil && a.servesNBD(pid, volume) {
+			return pid, true, nil
+		}
+	}
+	return 0, false, nil
+}
+
+func (a *Agent) procRoot() string {
+	if a.us.ProcRoot != "" {
+		return a.us.ProcRoot
+	}
+	return "/proc"
+}
+
+// servesNBD tells whether pid is a berth blockdev nbd server of volume.
+func (a *Agent) servesNBD(pid int, volume string) bool {
+	if pid <= 0 {
+		return false
+	}
+	b, err := os.ReadFile(filepath.Join(a.procRoot(), strconv.Itoa(pid), "cmdline"))
+	if err != nil {
+		return false
+	}
+	args := strings.Split(string(bytes.TrimRight(b, "\x00")), "\x00")
+	pair := func(flag, val string) bool {
+		i := slices.Index(args, flag)
+		return (i >= 0 && i+1 < len(args) && args[i+1] == val) || slices.Contains(args, flag+"="+val)
+	}
+	return slices.Contains(args, "blockdev") && pair("--volume", volume) && pair("--transport", string(TransportNBD))
+}
+
+// nbdEnsureServer makes sure a server serves volume's nbd device, starting
+// one when none runs: it connects a new device, or reconnects the one the
+// kernel kept. The caller holds the volume lock.
+func (a *Agent) nbdEnsureServer(ctx context.Context, volume, image string) error {
+	if _, found, err := a.nbdServer(volume); err != nil || found {
+		return err
+	}
+	if ok, reason := a.us.NBD.Available(); !ok {
+		return fmt.Errorf("volume %s: %w (%s); set the agent's userspace transport to %s", volume, ErrNBDUnavailable, reason, TransportFUSE)
+	}
+	if err := os.MkdirAll(a.us.Root, 0o700); err != nil {
+		return fmt.Errorf("userspace root: %w", err)
+	}
+	if err := writeFileAtomic(a.nbdRecord(volume), nil); err != nil {
+		return fmt.Errorf("nbd record of %s: %w", volume, err)
+	}
+	logf, err := os.OpenFile(a.usLog(volume), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("server log of %s: %w", volume, err)
+	}
+	defer func() { _ = logf.Close() }()
+	proc, err := a.us.Start(ctx, blockdev.Params{
+		Binary: a.us.Binary, Volume: volume, Image: image, Transport: string(TransportNBD),
+		DeadConnTimeout: a.us.DeadConnTimeout, Workers: a.us.Workers, Stderr: logf,
+	})
+	if err != nil {
+		return fmt.Errorf("start nbd blockdev server of %s (log %s): %w", volume, a.usLog(volume), err)
+	}
+	if err := writeFileAtomic(a.nbdRecord(volume), []byte(strconv.Itoa(proc.PID())+"\n")); err != nil {
+		// The server is found by its command line all the same.
+		a.log.Error(err, "record nbd server pid", "volume", volume, "pid", proc.PID())
+	}
+	a.log.Info("nbd blockdev server started", "volume", volume, "pid", proc.PID())
+	return nil
+}
+
+// nbdDevice is the block device of a volume served over nbd.
+func (a *Agent) nbdDevice(volume string) (string, error) {
+	dev, found, err := a.us.NBD.Device(volume)
+	if err != nil {
+		return "", fmt.Errorf("find nbd device of %s: %w", volume, err)
+	}
+	if !found {
+		return "", fmt.Errorf("volume %s: the kernel has no nbd device for it (no server reconnected within the dead-connection timeout?): %w",
+			volume, ErrConnectionLost)
+	}
+	return dev, nil
+}
+
+// nbdStop disconnects the volume's device, stops its server (which the
+// disconnect usually ends already) and drops its records. Idempotent.
+func (a *Agent) nbdStop(volume string) error {
+	if err := a.us.NBD.Disconnect(volume); err != nil {
+		return fmt.Errorf("disconnect nbd device of %s: %w", volume, err)
+	}
+	pid, found, err := a.nbdServer(volume)
+	if err != nil {
+		return err
+	}
+	if found {
+		if err := a.us.StopPID(pid, a.us.StopTimeout); err != nil {
+			return fmt.Errorf("stop nbd blockdev server of %s: %w", volume, err)
+		}
+	}
+	if err := os.Remove(a.usLog(volume)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove record of %s: %w", volume, err)
+	}
+	if err := os.Remove(a.nbdRecord(volume)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove nbd record of %s: %w", volume, err)
+	}
+	return nil
+}
+
+// nbdCondition checks the volume's server and device.
+func (a *Agent) nbdCondition(volume string) (abnormal bool, msg string) {
+	if _, found, err := a.us.NBD.Device(volume); err != nil || !found {
+		return true, fmt.Sprintf("%s: the volume's I/O fails; restart the pods using this volume so that it is staged anew (%v)",
+			"the kernel no longer has this volume's nbd device", err)
+	}
+	if _, found, err := a.nbdServer(volume); err != nil {
+		return true, err.Error()
+	} else if !found {
+		return true, fmt.Sprintf("no blockdev server is connected to this volume's nbd device: its I/O waits "+
+			"until the agent's healer starts one, at most %s (the dead-connection timeout), then fails", a.us.DeadConnTimeout)
+	}
+	return false, ""
+}
+
+// nbdHeal starts a server for a staged nbd volume whose server is gone; the
+// caller holds the volume lock and checked the Volume.
+func (a *Agent) nbdHeal(ctx context.Context, volume, image string) (HealResult, error) {
+	if _, found, err := a.nbdServer(volume); err != nil {
+		return HealSkipped, err
+	} else if found {
+		return HealServing, nil
+	}
+	if _, err := a.nbdDevice(volume); err != nil {
+		return HealSkipped, err
+	}
+	if err := a.nbdEnsureServer(ctx, volume, image); err != nil {
+		return HealSkipped, err
+	}
+	return HealRestarted, nil
+}
+
+// writeFileAtomic replaces path so that a reader sees the old or the new
+// content, never a part.
+func writeFileAtomic(path string, b []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}

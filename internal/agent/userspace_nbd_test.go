@@ -1,0 +1,272 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/backend"
+	"github.com/berth-io/berth/internal/blockdev"
+	"github.com/berth-io/berth/internal/scheme"
+)
+
+// These unit tests drive the agent's nbd transport with fakes: this kernel
+// has no nbd, so the real path is tested in internal/nbd (TestKernelNBD,
+// which skips here) and by the blockdev command.
+
+// fakeNBD is the kernel nbd driver: one device per connected volume.
+type fakeNBD struct {
+	mu          sync.Mutex
+	unavailable string
+	devs        map[string]string
+	disconnects int
+}
+
+func (f *fakeNBD) Available() (bool, string) { return f.unavailable == "", f.unavailable }
+
+func (f *fakeNBD) Device(volume string) (string, bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	dev, ok := f.devs[volume]
+	return dev, ok, nil
+}
+
+func (f *fakeNBD) Disconnect(volume string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.disconnects++
+	delete(f.devs, volume)
+	return nil
+}
+
+// fakeProcs is a /proc with the servers the fake Start made.
+type fakeProcs struct {
+	t       *testing.T
+	root    string
+	nbd     *fakeNBD
+	next    int
+	started []blockdev.Params
+	stopped []int
+}
+
+type fakeServer int
+
+func (s fakeServer) PID() int { return int(s) }
+
+func (p *fakeProcs) add(pid int, args ...string) {
+	dir := filepath.Join(p.root, strconv.Itoa(pid))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		p.t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "cmdline"), []byte(strings.Join(args, "\x00")+"\x00"), 0o644); err != nil {
+		p.t.Fatal(err)
+	}
+}
+
+func (p *fakeProcs) kill(pid int) { _ = os.RemoveAll(filepath.Join(p.root, strconv.Itoa(pid))) }
+
+// start is what the real server does: connect (or reconnect) the device.
+func (p *fakeProcs) start(_ context.Context, bp blockdev.Params) (Server, error) {
+	p.next++
+	pid := 1000 + p.next
+	p.started = append(p.started, bp)
+	p.add(pid, "/usr/bin/berth", "blockdev", "--volume", bp.Volume, "--transport", bp.Transport, "--image", bp.Image)
+	p.nbd.mu.Lock()
+	if _, ok := p.nbd.devs[bp.Volume]; !ok {
+		p.nbd.devs[bp.Volume] = "/dev/nbd" + strconv.Itoa(len(p.nbd.devs))
+	}
+	p.nbd.mu.Unlock()
+	return fakeServer(pid), nil
+}
+
+func (p *fakeProcs) stop(pid int, _ time.Duration) error {
+	p.stopped = append(p.stopped, pid)
+	p.kill(pid)
+	return nil
+}
+
+type fakeImages map[string]string
+
+func (f fakeImages) Get(_ context.Context, id string) (backend.Image, error) {
+	if p, ok := f[id]; ok {
+		return backend.Image{ID: id, Path: p}, nil
+	}
+	return backend.Image{}, backend.ErrNotFound
+}
+
+func nbdAgent(t *testing.T, objs ...*v1.Volume) (*Agent, *fakeProcs, *fakeNBD) {
+	t.Helper()
+	s, err := scheme.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := fake.NewClientBuilder().WithScheme(s)
+	for _, o := range objs {
+		b = b.WithObjects(o)
+	}
+	nbd := &fakeNBD{devs: map[string]string{}}
+	procs := &fakeProcs{t: t, root: t.TempDir(), nbd: nbd}
+	a := New("node-a", b.Build(), fakeImages{"vol-1": "/images/vol-1.img"}, nil, nil, nil, NewVolumeLocks(), logr.Discard())
+	a.WithUserspace(UserspaceConfig{
+		Root: t.TempDir(), Binary: "/usr/bin/berth", Transport: TransportNBD, NBD: nbd,
+		Start: procs.start, StopPID: procs.stop, ProcRoot: procs.root, DeadConnTimeout: time.Minute,
+	})
+	return a, procs, nbd
+}
+
+func TestParseTransport(t *testing.T) {
+	for in, want := range map[string]Transport{"": TransportFUSE, "fuse": TransportFUSE, "nbd": TransportNBD} {
+		if got, err := ParseTransport(in); err != nil || got != want {
+			t.Errorf("ParseTransport(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	if _, err := ParseTransport("iscsi"); err == nil || !strings.Contains(err.Error(), "iscsi") {
+		t.Errorf("ParseTransport(iscsi) = %v, want an error naming it", err)
+	}
+}
+
+func TestNBDServerFoundByRecordOrProcessTable(t *testing.T) {
+	a, procs, _ := nbdAgent(t)
+	procs.add(100, "berth", "blockdev", "--volume", "vol-2", "--transport", "nbd")
+	procs.add(200, "berth", "blockdev", "--volume", "vol-1", "--transport", "nbd")
+	procs.add(300, "berth", "blockdev", "--volume", "vol-1", "--mountpoint", "/x") // a FUSE server
+	if err := os.MkdirAll(a.us.Root, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, record := range []string{"", "999\n", "100\n", "garbage"} {
+		// A missing, stale, foreign or broken record: the table scan finds it.
+		if err := os.WriteFile(a.nbdRecord("vol-1"), []byte(record), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if pid, found, err := a.nbdServer("vol-1"); err != nil || !found || pid != 200 {
+			t.Errorf("record %q: nbdServer = %d, %t, %v; want 200", record, pid, found, err)
+		}
+	}
+	procs.kill(200)
+	if pid, found, err := a.nbdServer("vol-1"); err != nil || found {
+		t.Errorf("after kill: nbdServer = %d, %t, %v; want none", pid, found, err)
+	}
+}
+
+func TestNBDServerLifecycle(t *testing.T) {
+	a, procs, nbd := nbdAgent(t)
+	if err := a.nbdEnsureServer(context.Background(), "vol-1", "/images/vol-1.img"); err != nil {
+		t.Fatal(err)
+	}
+	if len(procs.started) != 1 || procs.started[0].Transport != "nbd" || procs.started[0].DeadConnTimeout != time.Minute {
+		t.Fatalf("started %+v, want one nbd server with the dead-connection timeout", procs.started)
+	}
+	if dev, err := a.nbdDevice("vol-1"); err != nil || dev != "/dev/nbd0" {
+		t.Fatalf("nbdDevice = %q, %v", dev, err)
+	}
+	// A staged volume keeps its transport whatever the agent is set to now.
+	a.us.Transport = TransportFUSE
+	if !a.isUserspace("vol-1") || !a.isNBD("vol-1") || a.transport("vol-1") != TransportNBD {
+		t.Fatal("staged nbd volume not recorded as such")
+	}
+	if err := a.nbdEnsureServer(context.Background(), "vol-1", "/images/vol-1.img"); err != nil || len(procs.started) != 1 {
+		t.Fatalf("second ensure: %v, %d starts; want no new server", err, len(procs.started))
+	}
+	if abnormal, msg := a.usCondition(context.Background(), "vol-1"); abnormal {
+		t.Fatalf("healthy volume abnormal: %s", msg)
+	}
+	if err := a.stopUserspace(context.Background(), "vol-1"); err != nil {
+		t.Fatal(err)
+	}
+	// A retry after a crash half way finds nothing more to do.
+	if err := a.nbdStop("vol-1"); err != nil {
+		t.Fatal(err)
+	}
+	if nbd.disconnects != 2 || len(procs.stopped) != 1 || procs.stopped[0] != 1001 {
+		t.Errorf("disconnects %d, stopped %v; want the device disconnected and server 1001 stopped once", nbd.disconnects, procs.stopped)
+	}
+	if a.isUserspace("vol-1") || a.isNBD("vol-1") {
+		t.Error("records left after stop")
+	}
+}
+
+func TestNBDUnavailableRefusesAndMakesNothing(t *testing.T) {
+	a, procs, nbd := nbdAgent(t)
+	nbd.unavailable = "/sys/module/nbd does not exist (modprobe nbd)"
+	err := a.nbdEnsureServer(context.Background(), "vol-1", "/images/vol-1.img")
+	if !errors.Is(err, ErrNBDUnavailable) || !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "modprobe nbd") {
+		t.Fatalf("err = %v, want ErrNBDUnavailable (ErrUnsupported) with the reason", err)
+	}
+	if len(procs.started) != 0 || a.isUserspace("vol-1") {
+		t.Error("a refused volume left a server or a record")
+	}
+}
+
+func userspaceVolume() *v1.Volume {
+	return &v1.Volume{
+		ObjectMeta: metav1.ObjectMeta{Name: "vol-1"},
+		Spec: v1.VolumeSpec{
+			Node: "node-a", AccessMode: v1.ReadWriteOnce, VolumeMode: v1.VolumeModeFilesystem,
+			Mounter: v1.MounterUserspace, FSType: "ext4",
+		},
+	}
+}
+
+func TestNBDHeal(t *testing.T) {
+	ctx := context.Background()
+	a, procs, nbd := nbdAgent(t, userspaceVolume())
+	if err := a.nbdEnsureServer(ctx, "vol-1", "/images/vol-1.img"); err != nil {
+		t.Fatal(err)
+	}
+	if _, res, err := a.Heal(ctx, "vol-1"); err != nil || res != HealServing {
+		t.Fatalf("live server: Heal = %s, %v; want serving", res, err)
+	}
+	procs.kill(1001) // the agent's restart took the server with it
+	if abnormal, msg := a.usCondition(ctx, "vol-1"); !abnormal || !strings.Contains(msg, "healer") {
+		t.Errorf("no server: condition %t %q, want abnormal naming the healer", abnormal, msg)
+	}
+	if _, res, err := a.Heal(ctx, "vol-1"); err != nil || res != HealRestarted {
+		t.Fatalf("dead server: Heal = %s, %v; want restarted", res, err)
+	}
+	if len(procs.started) != 2 || procs.started[1].Volume != "vol-1" || nbd.devs["vol-1"] != "/dev/nbd0" {
+		t.Fatalf("started %+v devs %v: want a second server on the same device", procs.started, nbd.devs)
+	}
+	// The kernel gave up on the device: healing must not make a new one.
+	procs.kill(1002)
+	delete(nbd.devs, "vol-1")
+	if _, _, err := a.Heal(ctx, "vol-1"); !errors.Is(err, ErrConnectionLost) {
+		t.Fatalf("device gone: Heal err = %v, want ErrConnectionLost", err)
+	}
+	if len(procs.started) != 2 {
+		t.Errorf("Heal started a server for a device the kernel dropped")
+	}
+	if abnormal, msg := a.usCondition(ctx, "vol-1"); !abnormal || !strings.Contains(msg, "staged anew") {
+		t.Errorf("device gone: condition %t %q, want abnormal telling to restage", abnormal, msg)
+	}
+	if err := a.prepareUnstage(ctx, "vol-1"); err != nil || len(procs.started) != 2 {
+		t.Errorf("prepareUnstage of a dropped device: %v, %d starts; want nothing started", err, len(procs.started))
+	}
+}
+
+func TestNBDExpandRefused(t *testing.T) {
+	a, _, _ := nbdAgent(t)
+	if err := a.nbdEnsureServer(context.Background(), "vol-1", "/images/vol-1.img"); err != nil {
+		t.Fatal(err)
+	}
+	_, err := a.Expand(context.Background(), "vol-1", t.TempDir(), false)
+	if !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "staged again") {
+		t.Fatalf("Expand err = %v, want ErrUnsupported saying when the size applies", err)
+	}
+	if dev, err := a.attachedDevice(context.Background(), "vol-1"); err != nil || dev != "/dev/nbd0" {
+		t.Errorf("attachedDevice = %q, %v; want the nbd device", dev, err)
+	}
+	if err := a.detach(context.Background(), "vol-1", "/dev/nbd0"); err != nil {
+		t.Errorf("detach of an nbd device must be a no-op (it goes with its server): %v", err)
+	}
+}
