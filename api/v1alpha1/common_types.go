@@ -34,9 +34,24 @@ type Mounter string
 const (
 	// MounterKernel attaches the image with a loop device directly.
 	MounterKernel Mounter = "kernel"
-	// MounterUserspace serves the image through berth blockdev (FUSE + loop),
-	// whose kernel connection the keeper holds across restarts.
+	// MounterUserspace serves the image through berth blockdev (FUSE + loop,
+	// or nbd: see UserspaceTransport), whose kernel connection outlives the
+	// server across restarts.
 	MounterUserspace Mounter = "userspace"
+)
+
+// UserspaceTransport says how a node's userspace volumes reach the kernel.
+// +kubebuilder:validation:Enum=fuse;nbd
+type UserspaceTransport string
+
+const (
+	// TransportFUSE serves a FUSE file, whose connection berth keeper holds,
+	// with a loop device on it. Works on every kernel with FUSE.
+	TransportFUSE UserspaceTransport = "fuse"
+	// TransportNBD serves a kernel nbd device over socket pairs; the kernel
+	// keeps the device and queues I/O while no server is connected (up to
+	// the dead-connection timeout). Needs the nbd module on the node.
+	TransportNBD UserspaceTransport = "nbd"
 )
 
 // Condition types shared by berth resources.

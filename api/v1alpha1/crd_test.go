@@ -113,6 +113,9 @@ func TestStorageClusterMultus(t *testing.T) {
 	mustRefuse(t, &v1.StorageCluster{ObjectMeta: meta("bad-grace"), Spec: v1.StorageClusterSpec{
 		RWX: v1.RWXSpec{NFSGraceSeconds: ptr.To[int32](500)},
 	}}, "spec.rwx.nfsGraceSeconds")
+	mustRefuse(t, &v1.StorageCluster{ObjectMeta: meta("bad-transport"), Spec: v1.StorageClusterSpec{
+		Agent: v1.AgentSpec{UserspaceTransport: "iscsi"},
+	}}, "spec.agent.userspaceTransport")
 }
 
 func volume(name string, mut func(*v1.VolumeSpec)) *v1.Volume {

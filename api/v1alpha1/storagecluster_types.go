@@ -88,6 +88,13 @@ type AgentSpec struct {
 	// Tolerations let the agent run on tainted nodes.
 	// +optional
 	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
+
+	// UserspaceTransport is how the agents serve volumes with mounter
+	// userspace that they stage from now on: fuse (default) or nbd (nodes
+	// need the nbd module). Staged volumes keep the transport they have.
+	// +kubebuilder:default=fuse
+	// +optional
+	UserspaceTransport UserspaceTransport `json:"userspaceTransport,omitempty"`
 }
 
 // NetworkSpec selects the networks storage traffic uses.

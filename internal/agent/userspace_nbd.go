@@ -11,20 +11,16 @@ import (
 	"strconv"
 	"strings"
 
+	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/blockdev"
 )
 
 // Transport is how a userspace volume's server reaches the kernel.
-type Transport string
+type Transport = v1.UserspaceTransport
 
 const (
-	// TransportFUSE serves a FUSE file held by the keeper, with a loop
-	// device on it (the default: works on every kernel berth supports).
-	TransportFUSE Transport = "fuse"
-	// TransportNBD serves a kernel nbd device over socket pairs. The
-	// kernel keeps the device and queues I/O while no server is connected
-	// (up to the dead-connection timeout); a new server reconnects.
-	TransportNBD Transport = "nbd"
+	TransportFUSE = v1.TransportFUSE
+	TransportNBD  = v1.TransportNBD
 )
 
 // ParseTransport checks a transport name; "" is the default, fuse.

@@ -152,7 +152,7 @@ func TestStorageClusterSpecChangeRollsOut(t *testing.T) {
 		t.Fatalf("agent before change: nodeSelector %v args %v", agent.Spec.Template.Spec.NodeSelector, agent.Spec.Template.Spec.Containers[0].Args)
 	}
 
-	patch := []byte(`{"spec":{"dataDir":"/data/berth","agent":{"nodeSelector":{"zone":"a"},"tolerations":[{"operator":"Exists"}]}}}`)
+	patch := []byte(`{"spec":{"dataDir":"/data/berth","agent":{"nodeSelector":{"zone":"a"},"tolerations":[{"operator":"Exists"}],"userspaceTransport":"nbd"}}}`)
 	if err := env.Client.Patch(testCtx(t), sc, client.RawPatch(types.MergePatchType, patch)); err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +166,8 @@ func TestStorageClusterSpecChangeRollsOut(t *testing.T) {
 	}
 	eventually(t, "agent has the new data dir", func(ctx context.Context) (bool, error) {
 		err := env.Client.Get(ctx, client.ObjectKeyFromObject(agent), agent)
-		return slices.Contains(agent.Spec.Template.Spec.Containers[0].Args, "--data-dir=/data/berth"), err
+		args := agent.Spec.Template.Spec.Containers[0].Args
+		return slices.Contains(args, "--data-dir=/data/berth") && slices.Contains(args, "--userspace-transport=nbd"), err
 	})
 	eventually(t, "status observes the new generation", func(ctx context.Context) (bool, error) {
 		err := env.Client.Get(ctx, client.ObjectKeyFromObject(sc), sc)

@@ -82,6 +82,9 @@ func (r *Reconciler) agentDaemonSet(sc *v1.StorageCluster, ds *appsv1.DaemonSet)
 		"--csi-endpoint="+endpoint,
 		"--volume-plugin-dir="+o.VolumePluginDir,
 	)
+	if t := sc.Spec.Agent.UserspaceTransport; t != "" && t != v1.TransportFUSE {
+		c.Args = append(c.Args, "--userspace-transport="+string(t))
+	}
 	c.Env = append(c.Env, corev1.EnvVar{Name: "NODE_NAME", ValueFrom: &corev1.EnvVarSource{
 		FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "spec.nodeName"},
 	}})
