@@ -80,7 +80,7 @@ func TestServeConcurrentReadWrite(t *testing.T) {
 								flags = cmdFlagFUA
 							}
 							if errno, _, err := s.client.do(cmdWrite, flags, uint64(off), uint32(n), buf); err != nil || errno != 0 {
-								errs <- fmt.Errorf("write %d+%d: errno %d, %v", off, n, errno, err)
+								errs <- fmt.Errorf("write %d+%d: errno %d, %w", off, n, errno, err)
 								return
 							}
 							copy(model[off:], buf)
@@ -88,7 +88,7 @@ func TestServeConcurrentReadWrite(t *testing.T) {
 						}
 						errno, got, err := s.client.do(cmdRead, 0, uint64(off), uint32(n), nil)
 						if err != nil || errno != 0 {
-							errs <- fmt.Errorf("read %d+%d: errno %d, %v", off, n, errno, err)
+							errs <- fmt.Errorf("read %d+%d: errno %d, %w", off, n, errno, err)
 							return
 						}
 						if sha256.Sum256(got) != sha256.Sum256(model[off:off+n]) {
