@@ -27,6 +27,10 @@ type RunConfig struct {
 	Workers int
 	// DeadConnTimeout is how long the kernel waits for a new server (0: 120s).
 	DeadConnTimeout time.Duration
+	// ReconnectWait bounds how long Run retries handing its sockets to an
+	// existing device whose old connections the kernel has not yet seen die
+	// (0: 15s).
+	ReconnectWait time.Duration
 	// OnReady gets the device path once it is served.
 	OnReady func(device string)
 	Log     logr.Logger
@@ -36,10 +40,8 @@ const (
 	defaultConnections     = 2
 	maxConnections         = 16
 	defaultDeadConnTimeout = 120 * time.Second
-	// reconnectWait bounds how long a new server retries handing its sockets
-	// to a device whose old connections the kernel has not yet seen die.
-	reconnectWait = 15 * time.Second
-	retryEvery    = 200 * time.Millisecond
+	defaultReconnectWait   = 15 * time.Second
+	retryEvery             = 200 * time.Millisecond
 )
 
 func (c *RunConfig) defaults() error {
@@ -57,6 +59,9 @@ func (c *RunConfig) defaults() error {
 	}
 	if c.DeadConnTimeout == 0 {
 		c.DeadConnTimeout = defaultDeadConnTimeout
+	}
+	if c.ReconnectWait == 0 {
+		c.ReconnectWait = defaultReconnectWait
 	}
 	if c.DeadConnTimeout < time.Second {
 		return fmt.Errorf("nbd: dead connection timeout %s: want at least 1s", c.DeadConnTimeout)
@@ -138,7 +143,7 @@ func attach(ctx context.Context, c RunConfig, size int64, log logr.Logger) (int,
 // the old connections are not seen dead yet (or another server is alive):
 // retry for a while.
 func reconnect(ctx context.Context, c RunConfig, index int) ([]*os.File, error) {
-	deadline := time.Now().Add(reconnectWait)
+	deadline := time.Now().Add(c.ReconnectWait)
 	for {
 		pairs, err := newPairs(c.Connections)
 		if err != nil {
@@ -155,7 +160,7 @@ func reconnect(ctx context.Context, c RunConfig, index int) ([]*os.File, error) 
 		}
 		if time.Now().After(deadline) {
 			return nil, fmt.Errorf("reconnect %s: the kernel took none of %d sockets for %s: no dead connection (is another server serving it?)",
-				DevicePath(index), c.Connections, reconnectWait)
+				DevicePath(index), c.Connections, c.ReconnectWait)
 		}
 		select {
 		case <-ctx.Done():
