@@ -100,8 +100,11 @@ type server struct {
 	b   Backend
 	log logr.Logger
 
-	wmu     sync.Mutex // one reply at a time on the wire
-	wbroken error      // first write error: the connection is gone
+	wmu     sync.Mutex
+	queued  []byte // replies waiting for the writer
+	spare   []byte // an empty buffer for queueing, reused
+	writing bool   // a goroutine is writing queued replies
+	wbroken error  // first write error: the connection is gone
 }
 
 // readLoop reads requests and hands them to the workers. It returns errDisc
@@ -261,16 +264,40 @@ func (s *server) reply(cookie uint64, errno uint32) {
 	s.send(b[:])
 }
 
-// send writes one whole reply; after a write error the connection is dead
-// and later replies are dropped (the kernel requeues what it did not get).
+// maxSpare bounds the queue buffer kept for reuse.
+const maxSpare = 4 << 20
+
+// send queues one whole reply. Whoever finds no write under way becomes the
+// writer and writes everything queued meanwhile in one go: under load many
+// replies share a system call. After a write error the connection is dead
+// and replies are dropped (the kernel requeues what it did not get).
 func (s *server) send(b []byte) {
 	s.wmu.Lock()
-	defer s.wmu.Unlock()
 	if s.wbroken != nil {
+		s.wmu.Unlock()
 		return
 	}
-	if _, err := s.w.Write(b); err != nil {
-		s.wbroken = err
-		s.log.V(1).Info("reply not sent", "err", err.Error())
+	if s.writing {
+		s.queued = append(s.queued, b...)
+		s.wmu.Unlock()
+		return
 	}
+	s.writing = true
+	// Our own reply goes out without a copy; then whatever queued meanwhile.
+	for buf := b; len(buf) > 0 && s.wbroken == nil; {
+		s.wmu.Unlock()
+		_, err := s.w.Write(buf)
+		s.wmu.Lock()
+		if err != nil {
+			s.wbroken = err
+			s.log.V(1).Info("reply not sent", "err", err.Error())
+		}
+		if &buf[0] != &b[0] && cap(buf) <= maxSpare {
+			s.spare = buf[:0]
+		}
+		buf, s.queued = s.queued, s.spare
+		s.spare = nil
+	}
+	s.writing = false
+	s.wmu.Unlock()
 }
