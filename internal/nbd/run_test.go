@@ -291,3 +291,24 @@ func TestRunRefusesBadConfig(t *testing.T) {
 		t.Fatal("a refused Run connected a device")
 	}
 }
+
+// A socket the kernel did not keep shows a hang-up on our end once our copy
+// of its end is closed; one it kept does not.
+func TestPairsTaken(t *testing.T) {
+	p, err := newPairs(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept, err := unix.Dup(int(p.kernel()[1].Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = unix.Close(kept) }()
+	ours := p.ours()
+	p.closeKernel()
+	taken := p.taken()
+	if len(taken) != 1 || taken[0] != ours[1] {
+		t.Fatalf("taken %v, want only the second socket", taken)
+	}
+	_ = taken[0].Close()
+}
