@@ -54,11 +54,10 @@ const serverFlags = flagHasFlags | flagSendFlush | flagSendFUA | flagSendTrim |
 
 // Error values on the wire (the protocol's errno numbers).
 const (
-	errnoOK     = 0
-	errnoIO     = 5
-	errnoInval  = 22
-	errnoNoSpc  = 28
-	errnoNotSup = 95
+	errnoOK    = 0
+	errnoIO    = 5
+	errnoInval = 22
+	errnoNoSpc = 28
 )
 
 // maxPayload bounds one request's data; the kernel sends at most 32 MiB

@@ -174,9 +174,14 @@ func (s *server) handle(j job) {
 		putBuf(j.data)
 	case cmdFlush:
 		err = s.b.Sync()
-	case cmdTrim:
-		err = s.trim(int64(req.off), int64(req.length))
-	case cmdWriteZeroes:
+	case cmdTrim, cmdWriteZeroes:
+		if req.length == 0 {
+			break // fallocate refuses an empty range; nothing to do
+		}
+		if req.cmd == cmdTrim {
+			err = s.trim(int64(req.off), int64(req.length))
+			break
+		}
 		err = s.zero(int64(req.off), int64(req.length), req.flags&cmdFlagNoHole != 0)
 	default:
 		s.log.Info("unknown command", "cmd", req.cmd)
