@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -345,5 +346,17 @@ func writeBackend(t *testing.T, sysfs string, index int, id string) {
 	}
 	if err := os.WriteFile(filepath.Join(dir, "backend"), []byte(id+"\n"), 0o644); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// On a kernel without nbd, the real driver fails clearly at the family
+// lookup (and sends nothing).
+func TestNetlinkWithoutModule(t *testing.T) {
+	if ok, _ := Available("/sys"); ok {
+		t.Skip("this kernel has nbd; TestKernelNBD covers the real driver")
+	}
+	_, err := NewNetlink().Status(0)
+	if err == nil || !strings.Contains(err.Error(), `family "nbd"`) {
+		t.Fatalf("Status without the module: %v", err)
 	}
 }
