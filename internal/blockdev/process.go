@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -29,20 +30,77 @@ type Params struct {
 	// Passthrough lets the kernel do data I/O on the image itself (6.9+);
 	// the server then answers only metadata, fsync and fallocate.
 	Passthrough bool
-	// Transport is "fuse" ("" too) or "nbd".
+	// Transport is "fuse" (the default when empty: FUSE file + loop, through
+	// the keeper) or "nbd" (the kernel's nbd driver; KeeperSocket and
+	// Mountpoint are not used).
 	Transport string
-	// DeadConnTimeout (nbd): how long the kernel keeps the device and
-	// queues I/O while no server is connected.
+	// DeadConnTimeout (nbd) is how long the kernel queues I/O while no server
+	// is connected; 0: the server's default.
 	DeadConnTimeout time.Duration
+	// Connections (nbd) is the number of sockets of a new device; 0: default.
+	Connections int
 	// Stderr receives the server's log (nil: discarded).
 	Stderr io.Writer
 }
 
+// Transports of Params.Transport.
+const (
+	TransportFUSE = "fuse"
+	TransportNBD  = "nbd"
+)
+
+// args is the server's command line (its ready pipe is fd 3).
+func (p Params) args() ([]string, error) {
+	if p.Binary == "" || p.Volume == "" || p.Image == "" {
+		return nil, errors.New("blockdev: Start needs binary, volume and image")
+	}
+	common := []string{"--volume", p.Volume, "--image", p.Image,
+		"--ready-fd", "3", "--workers", strconv.Itoa(p.Workers),
+		"--direct=" + strconv.FormatBool(!p.NoDirect)}
+	switch p.Transport {
+	case "", TransportFUSE:
+		if p.KeeperSocket == "" || p.Mountpoint == "" {
+			return nil, errors.New("blockdev: the fuse transport needs a keeper socket and a mountpoint")
+		}
+		return append(append([]string{"blockdev"}, common...),
+			"--keeper-socket", p.KeeperSocket, "--mountpoint", p.Mountpoint,
+			"--passthrough="+strconv.FormatBool(p.Passthrough)), nil
+	case TransportNBD:
+		args := append([]string{"blockdev", "--transport", TransportNBD}, common...)
+		if p.DeadConnTimeout > 0 {
+			args = append(args, "--dead-conn-timeout", p.DeadConnTimeout.String())
+		}
+		if p.Connections > 0 {
+			args = append(args, "--connections", strconv.Itoa(p.Connections))
+		}
+		return args, nil
+	}
+	return nil, fmt.Errorf("blockdev: unknown transport %q (want %s or %s)", p.Transport, TransportFUSE, TransportNBD)
+}
+
+// parseReady reads the server's ready line: "ready" (fuse) or
+// "ready <device>" (nbd).
+func parseReady(line string) (device string, err error) {
+	rest, ok := strings.CutPrefix(line, "ready")
+	if !ok || !strings.HasSuffix(rest, "\n") {
+		return "", fmt.Errorf("unexpected message %q", line)
+	}
+	rest = strings.TrimSuffix(rest, "\n")
+	if rest == "" {
+		return "", nil
+	}
+	if rest[0] != ' ' || strings.TrimSpace(rest) == "" {
+		return "", fmt.Errorf("unexpected message %q", line)
+	}
+	return strings.TrimSpace(rest), nil
+}
+
 // Process is a running server.
 type Process struct {
-	cmd  *exec.Cmd
-	done chan struct{}
-	err  error
+	cmd    *exec.Cmd
+	device string // nbd: the device it serves
+	done   chan struct{}
+	err    error
 }
 
 // readyTimeout bounds how long Start waits for the server to answer.
@@ -51,20 +109,15 @@ const readyTimeout = 30 * time.Second
 // Start runs a server process and returns once it answers requests (or
 // fails). The process is not tied to ctx: it outlives the call.
 func Start(ctx context.Context, p Params) (*Process, error) {
-	if p.Binary == "" || p.KeeperSocket == "" || p.Volume == "" || p.Image == "" || p.Mountpoint == "" {
-		return nil, errors.New("blockdev: Start needs binary, keeper socket, volume, image and mountpoint")
+	args, err := p.args()
+	if err != nil {
+		return nil, err
 	}
 	r, w, err := os.Pipe()
 	if err != nil {
 		return nil, fmt.Errorf("ready pipe: %w", err)
 	}
 	defer func() { _ = r.Close() }()
-	args := []string{"blockdev",
-		"--keeper-socket", p.KeeperSocket, "--volume", p.Volume,
-		"--image", p.Image, "--mountpoint", p.Mountpoint,
-		"--ready-fd", "3", "--workers", strconv.Itoa(p.Workers),
-		"--direct=" + strconv.FormatBool(!p.NoDirect),
-		"--passthrough=" + strconv.FormatBool(p.Passthrough)}
 	cmd := exec.Command(p.Binary, args...)
 	cmd.Stdout = p.Stderr
 	cmd.Stderr = p.Stderr
@@ -85,12 +138,12 @@ func Start(ctx context.Context, p Params) (*Process, error) {
 	ready := make(chan error, 1)
 	go func() {
 		line, err := bufio.NewReader(r).ReadString('\n')
-		if err == nil && line == "ready\n" {
-			ready <- nil
-			return
-		}
 		if err == nil {
-			err = errors.New("unexpected message")
+			proc.device, err = parseReady(line)
+			if err == nil {
+				ready <- nil
+				return
+			}
 		}
 		ready <- fmt.Errorf("server exited before it was ready (%q): %w", line, err)
 	}()
@@ -110,6 +163,9 @@ func Start(ctx context.Context, p Params) (*Process, error) {
 	}
 	return proc, nil
 }
+
+// Device is the nbd device the server serves ("" for the fuse transport).
+func (p *Process) Device() string { return p.device }
 
 // PID is the server's process id.
 func (p *Process) PID() int { return p.cmd.Process.Pid }

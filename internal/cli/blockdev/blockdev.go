@@ -1,5 +1,6 @@
 // Package blockdev is the `berth blockdev` command: one userspace block device
-// server, taking its FUSE connection from the keeper.
+// server, either a FUSE file for a loop device (taking its FUSE connection from
+// the keeper) or the kernel's nbd driver.
 package blockdev
 
 import (
@@ -10,16 +11,22 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"sort"
+	"strings"
+	"time"
 
 	"github.com/go-logr/logr"
 
 	"github.com/berth-io/berth/internal/blockdev"
 	"github.com/berth-io/berth/internal/cli"
 	"github.com/berth-io/berth/internal/keeper"
+	"github.com/berth-io/berth/internal/nbd"
 )
 
 // Config is the server's flags.
 type Config struct {
+	// Transport is blockdev.TransportFUSE ("" too) or blockdev.TransportNBD.
+	Transport    string
 	KeeperSocket string
 	Volume       string
 	Image        string
@@ -27,20 +34,79 @@ type Config struct {
 	Workers      int
 	Direct       bool
 	Passthrough  bool
-	// ReadyFD, if > 0, gets "ready\n" once the server answers, then closed.
+	// DeadConnTimeout and Connections configure the nbd device.
+	DeadConnTimeout time.Duration
+	Connections     int
+	// Sysfs is where nbd devices and the module are looked up ("": /sys).
+	Sysfs string
+	// ReadyFD, if > 0, gets "ready\n" (fuse) or "ready <device>\n" (nbd)
+	// once the server answers, then closed.
 	ReadyFD int
-	Log     logr.Logger
+	// Kernel drives nbd (nil: netlink).
+	Kernel nbd.Kernel
+	Log    logr.Logger
 }
 
-// Run serves until ctx ends or the volume is closed in the keeper.
+// flagTransport names the transport a flag belongs to ("" : both); given
+// with the other transport, it is refused rather than silently ignored.
+func flagTransport(name string) string {
+	switch name {
+	case "keeper-socket", "mountpoint", "passthrough":
+		return blockdev.TransportFUSE
+	case "dead-conn-timeout", "connections":
+		return blockdev.TransportNBD
+	}
+	return ""
+}
+
+// checkFlags refuses an unknown transport and flags of the other transport.
+func checkFlags(transport string, set map[string]bool) error {
+	switch transport {
+	case blockdev.TransportFUSE, blockdev.TransportNBD:
+	default:
+		return fmt.Errorf("--transport %q: want %s or %s", transport, blockdev.TransportFUSE, blockdev.TransportNBD)
+	}
+	var wrong []string
+	for name := range set {
+		if t := flagTransport(name); t != "" && t != transport {
+			wrong = append(wrong, "--"+name)
+		}
+	}
+	if len(wrong) > 0 {
+		sort.Strings(wrong)
+		return fmt.Errorf("%s not used with --transport %s", strings.Join(wrong, ", "), transport)
+	}
+	return nil
+}
+
+// Run serves until ctx ends, the volume is closed in the keeper (fuse) or
+// the device is disconnected (nbd).
 func (c Config) Run(ctx context.Context) error {
-	if c.KeeperSocket == "" || c.Volume == "" || c.Image == "" || c.Mountpoint == "" {
-		return errors.New("--keeper-socket, --volume, --image and --mountpoint are required")
+	if c.Transport == "" {
+		c.Transport = blockdev.TransportFUSE
+	}
+	if err := checkFlags(c.Transport, nil); err != nil {
+		return err
+	}
+	if c.Volume == "" || c.Image == "" {
+		return errors.New("--volume and --image are required")
 	}
 	var ready io.WriteCloser
 	if c.ReadyFD > 0 {
 		ready = os.NewFile(uintptr(c.ReadyFD), "ready")
 		defer func() { _ = ready.Close() }()
+	}
+	say := func(line string) {
+		if ready != nil {
+			_, _ = fmt.Fprintln(ready, line)
+			_ = ready.Close()
+		}
+	}
+	if c.Transport == blockdev.TransportNBD {
+		return c.runNBD(ctx, say)
+	}
+	if c.KeeperSocket == "" || c.Mountpoint == "" {
+		return errors.New("--keeper-socket and --mountpoint are required with --transport fuse")
 	}
 	return blockdev.Run(ctx, blockdev.RunConfig{
 		Keeper:      keeper.NewClient(c.KeeperSocket),
@@ -51,12 +117,33 @@ func (c Config) Run(ctx context.Context) error {
 		Passthrough: c.Passthrough,
 		Workers:     c.Workers,
 		Log:         c.Log,
-		OnReady: func() {
-			if ready != nil {
-				_, _ = fmt.Fprintln(ready, "ready")
-				_ = ready.Close()
-			}
-		},
+		OnReady:     func() { say("ready") },
+	})
+}
+
+func (c Config) runNBD(ctx context.Context, say func(string)) error {
+	sysfs := c.Sysfs
+	if sysfs == "" {
+		sysfs = "/sys"
+	}
+	if ok, reason := nbd.Available(sysfs); !ok {
+		return fmt.Errorf("--transport nbd: %s", reason)
+	}
+	k := c.Kernel
+	if k == nil {
+		k = nbd.NewNetlink()
+	}
+	return nbd.Run(ctx, nbd.RunConfig{
+		Kernel:          k,
+		Sysfs:           sysfs,
+		Volume:          c.Volume,
+		Image:           c.Image,
+		Direct:          c.Direct,
+		Connections:     c.Connections,
+		Workers:         c.Workers,
+		DeadConnTimeout: c.DeadConnTimeout,
+		Log:             c.Log,
+		OnReady:         func(dev string) { say("ready " + dev) },
 	})
 }
 
@@ -64,20 +151,28 @@ func (c Config) Run(ctx context.Context) error {
 func Command() cli.Command {
 	return cli.Command{
 		Name:    "blockdev",
-		Summary: "serve a volume image as a block device (FUSE file for a loop device)",
+		Summary: "serve a volume image as a block device (FUSE file for a loop device, or nbd)",
 		Main: func(ctx context.Context, args []string, stdio cli.IO) error {
 			fs := flag.NewFlagSet("berth blockdev", flag.ContinueOnError)
 			fs.SetOutput(stdio.Stderr)
 			cfg := Config{Log: logr.FromSlogHandler(slog.NewTextHandler(stdio.Stderr, nil))}
-			fs.StringVar(&cfg.KeeperSocket, "keeper-socket", "/run/berth/keeper.sock", "the keeper's socket")
-			fs.StringVar(&cfg.Volume, "volume", "", "volume id (the keeper's key)")
+			fs.StringVar(&cfg.Transport, "transport", blockdev.TransportFUSE, "fuse (FUSE file + loop, via the keeper) or nbd (the kernel's nbd driver)")
+			fs.StringVar(&cfg.KeeperSocket, "keeper-socket", "/run/berth/keeper.sock", "the keeper's socket (fuse)")
+			fs.StringVar(&cfg.Volume, "volume", "", "volume id (the keeper's key; the nbd backend identifier)")
 			fs.StringVar(&cfg.Image, "image", "", "backing image file")
-			fs.StringVar(&cfg.Mountpoint, "mountpoint", "", "where the keeper mounts the FUSE file system (holds disk.img)")
-			fs.IntVar(&cfg.Workers, "workers", 0, "request reader goroutines (0: default)")
+			fs.StringVar(&cfg.Mountpoint, "mountpoint", "", "where the keeper mounts the FUSE file system (holds disk.img) (fuse)")
+			fs.IntVar(&cfg.Workers, "workers", 0, "request goroutines, per connection for nbd (0: default)")
 			fs.BoolVar(&cfg.Direct, "direct", true, "O_DIRECT for aligned I/O on the image")
-			fs.BoolVar(&cfg.Passthrough, "passthrough", false, "let the kernel read and write the image itself (FUSE passthrough, 6.9+)")
-			fs.IntVar(&cfg.ReadyFD, "ready-fd", 0, "fd to write \"ready\" to once serving")
+			fs.BoolVar(&cfg.Passthrough, "passthrough", false, "let the kernel read and write the image itself (FUSE passthrough, 6.9+) (fuse)")
+			fs.DurationVar(&cfg.DeadConnTimeout, "dead-conn-timeout", 120*time.Second, "how long the kernel keeps the device and queues I/O while no server is connected (nbd)")
+			fs.IntVar(&cfg.Connections, "connections", 2, "sockets of a new nbd device (nbd)")
+			fs.IntVar(&cfg.ReadyFD, "ready-fd", 0, "fd to write \"ready\" (fuse) or \"ready <device>\" (nbd) to once serving")
 			if err := fs.Parse(args); err != nil {
+				return err
+			}
+			set := map[string]bool{}
+			fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+			if err := checkFlags(cfg.Transport, set); err != nil {
 				return err
 			}
 			return cfg.Run(ctx)

@@ -1,0 +1,59 @@
+package blockdev
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParamsArgs(t *testing.T) {
+	fuse := Params{Binary: "berth", KeeperSocket: "/k.sock", Volume: "v", Image: "/i", Mountpoint: "/m", Workers: 3, Passthrough: true}
+	args, err := fuse.args()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "blockdev --volume v --image /i --ready-fd 3 --workers 3 --direct=true --keeper-socket /k.sock --mountpoint /m --passthrough=true"
+	if got := strings.Join(args, " "); got != want {
+		t.Fatalf("fuse args:\n%s\nwant\n%s", got, want)
+	}
+	fuse.Transport = TransportFUSE
+	if again, _ := fuse.args(); !slices.Equal(again, args) {
+		t.Fatal("Transport fuse differs from the empty default")
+	}
+
+	nbd := Params{Binary: "berth", Volume: "v", Image: "/i", Transport: TransportNBD, NoDirect: true,
+		DeadConnTimeout: 90 * time.Second, Connections: 4}
+	args, err = nbd.args()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = "blockdev --transport nbd --volume v --image /i --ready-fd 3 --workers 0 --direct=false --dead-conn-timeout 1m30s --connections 4"
+	if got := strings.Join(args, " "); got != want {
+		t.Fatalf("nbd args:\n%s\nwant\n%s", got, want)
+	}
+
+	for name, p := range map[string]Params{
+		"unknown transport":   {Binary: "b", Volume: "v", Image: "/i", Transport: "iscsi"},
+		"fuse without keeper": {Binary: "b", Volume: "v", Image: "/i", Mountpoint: "/m"},
+		"no image":            {Binary: "b", Volume: "v", Transport: TransportNBD},
+	} {
+		if _, err := p.args(); err == nil {
+			t.Fatalf("%s: accepted", name)
+		}
+	}
+}
+
+func TestParseReady(t *testing.T) {
+	for line, want := range map[string]string{"ready\n": "", "ready /dev/nbd3\n": "/dev/nbd3"} {
+		got, err := parseReady(line)
+		if err != nil || got != want {
+			t.Fatalf("%q: %q %v, want %q", line, got, err, want)
+		}
+	}
+	for _, bad := range []string{"ready", "readyx\n", "ready \n", "nope\n"} {
+		if _, err := parseReady(bad); err == nil {
+			t.Fatalf("%q accepted", bad)
+		}
+	}
+}

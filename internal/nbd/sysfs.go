@@ -1,0 +1,72 @@
+package nbd
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// BackendID is the identifier a volume's device carries in
+// /sys/block/nbdN/backend, by which a restarted server finds it.
+func BackendID(volume string) string { return "berth:" + volume }
+
+// DevicePath is the device node of nbd index.
+func DevicePath(index int) string { return "/dev/nbd" + strconv.Itoa(index) }
+
+// FindByBackend scans <sysfs>/block/nbd*/backend for id. The file exists
+// only while the device is configured with a backend identifier.
+func FindByBackend(sysfs, id string) (index int, found bool, err error) {
+	dirs, err := filepath.Glob(filepath.Join(sysfs, "block", "nbd*"))
+	if err != nil {
+		return 0, false, fmt.Errorf("list nbd devices: %w", err)
+	}
+	for _, dir := range dirs {
+		idx, err := strconv.Atoi(strings.TrimPrefix(filepath.Base(dir), "nbd"))
+		if err != nil {
+			continue // a partition or something else, not nbdN
+		}
+		b, err := os.ReadFile(filepath.Join(dir, "backend"))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return 0, false, fmt.Errorf("read backend of nbd%d: %w", idx, err)
+		}
+		if strings.TrimRight(string(b), "\n") == id {
+			return idx, true, nil
+		}
+	}
+	return 0, false, nil
+}
+
+// backendOf reads the backend identifier of device index ("" if none).
+func backendOf(sysfs string, index int) (string, error) {
+	b, err := os.ReadFile(filepath.Join(sysfs, "block", "nbd"+strconv.Itoa(index), "backend"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("read backend of nbd%d: %w", index, err)
+	}
+	return strings.TrimRight(string(b), "\n"), nil
+}
+
+// Available tells whether this kernel has the nbd driver loaded (or built
+// in), and why not when it has not.
+func Available(sysfs string) (ok bool, reason string) {
+	dir := filepath.Join(sysfs, "module", "nbd")
+	st, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return false, fmt.Sprintf("the kernel has no nbd driver: %s does not exist (load it with `modprobe nbd`)", dir)
+	case err != nil:
+		return false, fmt.Sprintf("cannot tell whether the kernel has nbd: %v", err)
+	case !st.IsDir():
+		return false, fmt.Sprintf("%s is not a directory", dir)
+	}
+	return true, ""
+}
