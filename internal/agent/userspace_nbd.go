@@ -18,6 +18,7 @@ import (
 // Transport is how a userspace volume's server reaches the kernel.
 type Transport = v1.UserspaceTransport
 
+// The transports (v1alpha1.UserspaceTransport).
 const (
 	TransportFUSE = v1.TransportFUSE
 	TransportNBD  = v1.TransportNBD

@@ -110,17 +110,19 @@ func (f *fixture) startKeeper() error {
 	return nil
 }
 
-// startAgent starts the agent process; it returns without waiting for it.
-func (f *fixture) startAgent() error {
+// startAgent starts the agent process, with extra flags; it returns
+// without waiting for it.
+func (f *fixture) startAgent(extra ...string) error {
 	log, err := os.OpenFile(f.agentLog, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = log.Close() }()
-	f.agent = exec.Command(f.berth, "agent", "--kubeconfig", f.kubeconfig, "--node-name", node,
-		"--data-dir", filepath.Join(f.dir, "data"), "--csi-endpoint", "unix://"+f.csiSock,
+	args := []string{"agent", "--kubeconfig", f.kubeconfig, "--node-name", node,
+		"--data-dir", filepath.Join(f.dir, "data"), "--csi-endpoint", "unix://" + f.csiSock,
 		"--kubelet-dir", "", "--agent-socket", filepath.Join(f.dir, "run", "agent.sock"), "--volume-plugin-dir", "",
-		"--keeper-socket", f.keeperSock, "--capacity-interval", "1h", "--heal-interval", "2s")
+		"--keeper-socket", f.keeperSock, "--capacity-interval", "1h", "--heal-interval", "2s"}
+	f.agent = exec.Command(f.berth, append(args, extra...)...)
 	f.agent.Stdout, f.agent.Stderr = log, log
 	// Its own group; the servers it starts make their own too.
 	f.agent.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

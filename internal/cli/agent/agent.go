@@ -37,6 +37,7 @@ import (
 	"github.com/berth-io/berth/internal/heal"
 	"github.com/berth-io/berth/internal/keeper"
 	"github.com/berth-io/berth/internal/mount"
+	"github.com/berth-io/berth/internal/nbd"
 	"github.com/berth-io/berth/internal/scheme"
 	"github.com/berth-io/berth/internal/version"
 )
@@ -64,6 +65,11 @@ type Config struct {
 	BlockdevBinary      string
 	BlockdevPassthrough bool
 	BlockdevWorkers     int
+	// UserspaceTransport serves newly staged userspace volumes over FUSE +
+	// loop or nbd; NBDDeadConnTimeout is how long the kernel keeps an nbd
+	// device while no server is connected.
+	UserspaceTransport string
+	NBDDeadConnTimeout time.Duration
 	// HealInterval is how often staged userspace volumes are checked (and
 	// their servers restarted) after the pass at start; 0: only at start.
 	HealInterval time.Duration
@@ -211,6 +217,8 @@ func Command() cli.Command {
 			fs.StringVar(&cfg.BlockdevBinary, "blockdev-binary", "", "berth binary that runs blockdev servers (default: this executable)")
 			fs.BoolVar(&cfg.BlockdevPassthrough, "blockdev-passthrough", true, "let the kernel do data I/O of userspace volumes (FUSE passthrough, kernel 6.9+; ignored where the kernel lacks it)")
 			fs.IntVar(&cfg.BlockdevWorkers, "blockdev-workers", 0, "request workers per blockdev server (0: the server's default)")
+			fs.StringVar(&cfg.UserspaceTransport, "userspace-transport", "fuse", "how newly staged userspace volumes reach the kernel: fuse (keeper + loop) or nbd (needs the nbd module)")
+			fs.DurationVar(&cfg.NBDDeadConnTimeout, "nbd-dead-conn-timeout", 2*time.Minute, "how long the kernel keeps an nbd device and queues its I/O while no server is connected")
 			fs.DurationVar(&cfg.HealInterval, "heal-interval", 30*time.Second, "how often staged userspace volumes are checked and healed after the check at start; 0: only at start")
 			fs.StringVar(&cfg.MetricsAddr, "metrics-addr", "0", "metrics listen address; 0 disables")
 			fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG or in-cluster)")
@@ -238,10 +246,21 @@ func (c Config) addUserspace(mgr manager.Manager, a *nodeagent.Agent, holdings h
 		}
 		bin = self
 	}
+	transport, err := nodeagent.ParseTransport(c.UserspaceTransport)
+	if err != nil {
+		return err
+	}
+	nbdDevs := nbd.NewDevices(nbd.NewNetlink(), "/sys")
+	if ok, reason := nbdDevs.Available(); transport == nodeagent.TransportNBD && !ok {
+		// Still start: volumes staged over FUSE before keep working, and
+		// staging a new one says why it cannot.
+		c.Log.Error(nodeagent.ErrNBDUnavailable, "userspace transport nbd set, but this node cannot serve it", "reason", reason)
+	}
 	a.WithUserspace(nodeagent.UserspaceConfig{
 		Root: filepath.Join(c.DataDir, "blockdev"), Binary: bin, KeeperSocket: c.KeeperSocket,
 		Keeper: keeper.NewClient(c.KeeperSocket), Start: nodeagent.StartServer, StopPID: blockdev.StopPID,
 		CheckMount: blockdev.CheckMount, Workers: c.BlockdevWorkers, Passthrough: c.BlockdevPassthrough,
+		Transport: transport, NBD: nbdDevs, DeadConnTimeout: c.NBDDeadConnTimeout,
 	})
 	return mgr.Add(&heal.Healer{Node: c.NodeName, Holdings: holdings, Volumes: a,
 		Recorder: mgr.GetEventRecorderFor("berth-agent"), Log: c.Log.WithName("heal"), Interval: c.HealInterval})

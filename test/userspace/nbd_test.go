@@ -1,0 +1,196 @@
+package userspace
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/nbd"
+)
+
+// withNBDAgent restarts the agent set to serve new userspace volumes over
+// nbd; cleanup brings back the default agent for the other tests.
+func (f *fixture) withNBDAgent(t *testing.T) csi.NodeClient {
+	t.Helper()
+	f.stopAgent()
+	if err := f.startAgent("--userspace-transport", "nbd", "--nbd-dead-conn-timeout", "60s"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		f.stopAgent()
+		if err := f.startAgent(); err != nil {
+			t.Errorf("restart the default agent: %v", err)
+		}
+	})
+	nc := f.node(t)
+	waitCSI(t, nc)
+	return nc
+}
+
+func (f *fixture) stopAgent() {
+	if f.agent == nil {
+		return
+	}
+	_ = f.agent.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-f.agentDone:
+	case <-time.After(10 * time.Second):
+		_ = f.agent.Process.Kill()
+		<-f.agentDone
+	}
+	f.agent = nil
+}
+
+// TestNBDTransport: an agent set to the nbd transport on a kernel without
+// nbd refuses to stage a userspace volume, says why and what to do, and
+// leaves nothing behind; on a kernel with nbd the volume is served over
+// /dev/nbdN and survives the agent and its server being killed.
+func TestNBDTransport(t *testing.T) {
+	f := setup(t)
+	ok, reason := nbd.Available("/sys")
+	if ok {
+		t.Run("refused without nbd", func(t *testing.T) { t.Skip("this kernel has nbd") })
+		t.Run("heals over nbd", func(t *testing.T) { f.nbdHeals(t) })
+		return
+	}
+	t.Run("refused without nbd", func(t *testing.T) { f.nbdRefused(t, reason) })
+	t.Run("heals over nbd", func(t *testing.T) {
+		t.Skipf("the real nbd path needs the kernel's nbd driver: %s", reason)
+	})
+}
+
+func (f *fixture) nbdRefused(t *testing.T, reason string) {
+	nc := f.withNBDAgent(t)
+	ctx := context.Background()
+	name := "nbd-refused"
+	vol := &v1.Volume{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{v1.NodeLabel: node}},
+		Spec: v1.VolumeSpec{StorageCluster: "c1", Size: resource.MustParse("64Mi"), AccessMode: v1.ReadWriteOnce,
+			FSType: "ext4", Node: node, Mounter: v1.MounterUserspace},
+	}
+	if err := f.env.Client.Create(ctx, vol); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = f.env.Client.Delete(ctx, vol) })
+	for i := 0; ; i++ {
+		if err := f.env.Client.Get(ctx, client.ObjectKeyFromObject(vol), vol); err == nil && vol.Status.State == v1.VolumeAvailable {
+			break
+		}
+		if i == 300 {
+			t.Fatalf("volume %s not made by the agent: %+v", name, vol.Status)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	staging := filepath.Join(f.dir, "staging", name)
+	if err := os.MkdirAll(staging, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // a retry is refused the same way
+		err := retryBusy(func() error {
+			_, err := nc.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: name, StagingTargetPath: staging, VolumeCapability: mountCap()})
+			return err
+		})
+		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "modprobe nbd") ||
+			!strings.Contains(err.Error(), "transport to fuse") {
+			t.Fatalf("stage over nbd without nbd: %v; want FailedPrecondition naming modprobe nbd and the fuse transport (%s)", err, reason)
+		}
+		t.Logf("refused: %v", err)
+	}
+	// Nothing made: no server record, no mount, no hold on the volume.
+	if m, _ := filepath.Glob(filepath.Join(f.dir, "data", "blockdev", name+"*")); len(m) != 0 {
+		t.Errorf("records left: %v", m)
+	}
+	if points, _ := mountsUnder(staging); len(points) != 0 {
+		t.Errorf("mounts left: %v", points)
+	}
+	att := &v1.Attachment{}
+	err := f.env.Client.Get(ctx, client.ObjectKey{Name: name}, att)
+	if err == nil && len(att.Spec.Attachments) != 0 {
+		t.Errorf("attachment holds %+v after a refused stage", att.Spec.Attachments)
+	} else if err != nil && !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
+}
+
+// nbdHeals runs only where the kernel has nbd: a writer on a volume
+// served over nbd sees no error while the agent and the server are killed
+// and the agent's healer reconnects a new server.
+func (f *fixture) nbdHeals(t *testing.T) {
+	nc := f.withNBDAgent(t)
+	m := f.userspaceVolume(t, nc, "nbd-heal")
+	if dev := mountSource(m.staging); !strings.HasPrefix(dev, "/dev/nbd") {
+		t.Fatalf("staged on %q, want an nbd device", dev)
+	}
+	w, err := newWriter(filepath.Join(m.target, "data"), 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go w.run()
+	for range 3 {
+		time.Sleep(500 * time.Millisecond)
+		b, err := os.ReadFile(filepath.Join(f.dir, "data", "blockdev", m.name+".nbd"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil {
+			t.Fatalf("nbd record %q: %v", b, err)
+		}
+		f.stopAgentHard()
+		if err := killWait(pid); err != nil {
+			t.Fatal(err)
+		}
+		killed := time.Now()
+		if err := f.startAgent("--userspace-transport", "nbd", "--nbd-dead-conn-timeout", "60s"); err != nil {
+			t.Fatal(err)
+		}
+		for w.lastOK.Load() < killed.UnixNano() {
+			if time.Since(killed) > 30*time.Second {
+				t.Fatalf("no write finished within 30s (errors: %v)", w.Errors())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	if err := w.Stop(30 * time.Second); err != nil {
+		t.Errorf("writer: %v", err)
+	}
+}
+
+func (f *fixture) stopAgentHard() {
+	if f.agent != nil {
+		_ = f.agent.Process.Signal(syscall.SIGKILL)
+		<-f.agentDone
+		f.agent = nil
+	}
+}
+
+// mountSource is the device mounted at mountpoint ("" if none).
+func mountSource(mountpoint string) string {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		fields := strings.Fields(line)
+		for i, x := range fields {
+			if x == "-" && len(fields) > i+2 && fields[4] == mountpoint {
+				return fields[i+2]
+			}
+		}
+	}
+	return ""
+}
