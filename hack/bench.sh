@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 export PATH="/usr/local/go/bin:$PATH"
 
 out=$(mktemp)
-trap 'rm -f "$out"' EXIT
+trap 'rm -f "$out" "$out.heal"' EXIT
 
 echo "== userspace / kernel loop device (fio direct=1, passthrough=${BERTH_BLOCKDEV_PASSTHROUGH:-true})"
 BERTH_BLOCKDEV_PASSTHROUGH=${BERTH_BLOCKDEV_PASSTHROUGH:-true} \
@@ -26,8 +26,11 @@ echo
 echo "== healing (${BERTH_HEAL_CYCLES:-50} cycles of SIGKILL agent + servers, 5 volumes with verifying writers)"
 KUBEBUILDER_ASSETS=$(hack/kube-binaries.sh | tail -n 1)
 export KUBEBUILDER_ASSETS
-heal=$(BERTH_HEAL_CYCLES=${BERTH_HEAL_CYCLES:-50} go test -count=1 -v -timeout 60m \
-	-run 'TestHealUnderWriters$' ./test/userspace/ 2>&1 | tee /dev/stderr | grep '^HEAL_RESULT' || true)
+# The test's output goes to our stdout through a file: `tee /dev/stderr`
+# would reopen, and so truncate, a log file that stderr is redirected to.
+BERTH_HEAL_CYCLES=${BERTH_HEAL_CYCLES:-50} go test -count=1 -v -timeout 60m \
+	-run 'TestHealUnderWriters$' ./test/userspace/ 2>&1 | tee "$out.heal" || true
+heal=$(grep '^HEAL_RESULT' "$out.heal" || true)
 [ -n "$heal" ] || { echo "heal test printed no result" >&2; exit 1; }
 
 echo
