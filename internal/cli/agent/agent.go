@@ -115,7 +115,8 @@ func (c Config) Run(ctx context.Context) error {
 		return err
 	}
 
-	if err := (&controller.VolumeReconciler{Client: mgr.GetClient(), Node: c.NodeName, Backend: images, Log: c.Log.WithName("volume")}).SetupWithManager(mgr); err != nil {
+	if err := (&controller.VolumeReconciler{Client: mgr.GetClient(), Node: c.NodeName, Backend: images,
+		Loop: mount.NewLoop(exec), Attachments: direct, Recorder: mgr.GetEventRecorderFor("berth-agent"), Log: c.Log.WithName("volume")}).SetupWithManager(mgr); err != nil {
 		return err
 	}
 	if err := (&controller.SnapshotReconciler{Client: mgr.GetClient(), Node: c.NodeName, Backend: images, Log: c.Log.WithName("snapshot")}).SetupWithManager(mgr); err != nil {
