@@ -182,7 +182,7 @@ func codeOf(err error) string {
 	switch {
 	case errors.Is(err, agent.ErrBusy):
 		return CodeBusy
-	case errors.As(err, &conflict), errors.Is(err, mount.ErrInUse), errors.Is(err, mount.ErrExists):
+	case errors.As(err, &conflict), errors.Is(err, mount.ErrInUse), errors.Is(err, mount.ErrExists), errors.Is(err, agent.ErrClusterDeleting):
 		return CodeConflict
 	case errors.Is(err, agent.ErrVolumeNotFound), errors.Is(err, agent.ErrWrongNode):
 		return CodeNotFound
