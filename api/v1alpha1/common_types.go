@@ -69,6 +69,9 @@ const (
 	// NodeLabel on Volumes and Snapshots names the node whose agent owns them,
 	// so that each agent watches only its own.
 	NodeLabel = "berth.io/node"
+	// NamespaceLabel on a Volume names the namespace whose pods may mount it
+	// through Flexvolume without a PersistentVolume.
+	NamespaceLabel = "berth.io/namespace"
 	// CapacityAnnotation on a Node is the free bytes its agent reports.
 	CapacityAnnotation = "capacity.berth.io/local"
 	// CSINameAnnotation keeps the name Kubernetes asked for, when the

@@ -35,6 +35,13 @@ type SnapshotStatus struct {
 	// Message explains a failure.
 	// +optional
 	Message string `json:"message,omitempty"`
+
+	// Conditions tell whether the copy is ready, and if not why (reason
+	// NoSpace: the node lacks the room for it).
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
 
 // Snapshot is a point-in-time copy of a Volume, kept on the volume's node.

@@ -107,6 +107,26 @@ func (a *Agent) volume(ctx context.Context, id string) (*v1.Volume, error) {
 	return vol, nil
 }
 
+// clusterLive refuses a volume whose StorageCluster is being deleted: its
+// agents are detaching everything of it. A cluster that does not exist
+// (yet) does not stop a stage.
+func (a *Agent) clusterLive(ctx context.Context, vol *v1.Volume) error {
+	if vol.Spec.StorageCluster == "" {
+		return nil
+	}
+	sc := &v1.StorageCluster{}
+	if err := a.api.Get(ctx, client.ObjectKey{Name: vol.Spec.StorageCluster}, sc); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("read StorageCluster %s: %w", vol.Spec.StorageCluster, err)
+	}
+	if !sc.DeletionTimestamp.IsZero() {
+		return fmt.Errorf("volume %s: storage cluster %s: %w", vol.Name, sc.Name, ErrClusterDeleting)
+	}
+	return nil
+}
+
 func (a *Agent) imagePath(ctx context.Context, id string) (string, error) {
 	img, err := a.images.Get(ctx, id)
 	if err != nil {
@@ -139,9 +159,18 @@ func (a *Agent) stage(ctx context.Context, r StageRequest) (err error) {
 	if err != nil {
 		return err
 	}
+	if err := a.clusterLive(ctx, vol); err != nil {
+		return err
+	}
 	userspace := vol.Spec.Mounter == v1.MounterUserspace
 	if userspace && a.us == nil {
 		return fmt.Errorf("volume %s: mounter userspace: %w on this agent", r.VolumeID, ErrUnsupported)
+	}
+	if userspace && a.transport(r.VolumeID) == TransportNBD {
+		// Refused before anything is made: the hold, a server, a record.
+		if ok, reason := a.us.NBD.Available(); !ok {
+			return fmt.Errorf("volume %s: %w (%s); set the agent's userspace transport to %s", r.VolumeID, ErrNBDUnavailable, reason, TransportFUSE)
+		}
 	}
 	if r.Block != (vol.Spec.VolumeMode == v1.VolumeModeBlock) {
 		return fmt.Errorf("volume %s is %s, the request asks otherwise: %w", r.VolumeID, vol.Spec.VolumeMode, mount.ErrInvalid)
@@ -187,10 +216,13 @@ func (a *Agent) stage(ctx context.Context, r StageRequest) (err error) {
 			log.Error(rerr, "release fence after failed stage")
 		}
 	}()
+	// Checked again now that the hold is written: a cluster cleanup that
+	// listed this node's holds before it did saw the deletion before this
+	// read, so either it detaches this stage or this stage stops here.
+	if err := a.clusterLive(ctx, vol); err != nil {
+		return err
+	}
 	if userspace && a.transport(r.VolumeID) == TransportNBD {
-		if ok, reason := a.us.NBD.Available(); !ok {
-			return fmt.Errorf("volume %s: %w (%s); set the agent's userspace transport to %s", r.VolumeID, ErrNBDUnavailable, reason, TransportFUSE)
-		}
 		_, had, err := a.us.NBD.Device(r.VolumeID)
 		if err != nil {
 			return fmt.Errorf("find nbd device of %s: %w", r.VolumeID, err)

@@ -15,4 +15,9 @@ var (
 	ErrNotStaged = errors.New("volume is not staged on this node")
 	// ErrUnsupported: the volume asks for something this agent cannot do.
 	ErrUnsupported = errors.New("not supported")
+	// ErrClusterDeleting: the volume's StorageCluster is being deleted, so
+	// nothing of it may be staged any more.
+	ErrClusterDeleting = errors.New("storage cluster is being deleted")
+	// ErrNotOwned: a Flexvolume pod names a Volume its namespace does not own.
+	ErrNotOwned = errors.New("volume not owned by the pod's namespace")
 )

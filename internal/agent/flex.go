@@ -46,6 +46,9 @@ func (a *Agent) FlexMount(ctx context.Context, r flexvolume.MountRequest) error 
 		return err
 	}
 	defer unlock()
+	if err := a.checkFlexOwner(ctx, r); err != nil {
+		return err
+	}
 	staging := a.flexStaging(r.Volume)
 	stagedBefore, _, err := a.mounts.StagedDevice(ctx, staging)
 	if err != nil {

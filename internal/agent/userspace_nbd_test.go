@@ -16,7 +16,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
-	"github.com/berth-io/berth/internal/backend"
 	"github.com/berth-io/berth/internal/blockdev"
 	"github.com/berth-io/berth/internal/scheme"
 )
@@ -96,15 +95,6 @@ func (p *fakeProcs) stop(pid int, _ time.Duration) error {
 	return nil
 }
 
-type fakeImages map[string]string
-
-func (f fakeImages) Get(_ context.Context, id string) (backend.Image, error) {
-	if p, ok := f[id]; ok {
-		return backend.Image{ID: id, Path: p}, nil
-	}
-	return backend.Image{}, backend.ErrNotFound
-}
-
 func nbdAgent(t *testing.T, objs ...*v1.Volume) (*Agent, *fakeProcs, *fakeNBD) {
 	t.Helper()
 	s, err := scheme.New()
@@ -117,7 +107,7 @@ func nbdAgent(t *testing.T, objs ...*v1.Volume) (*Agent, *fakeProcs, *fakeNBD) {
 	}
 	nbd := &fakeNBD{devs: map[string]string{}}
 	procs := &fakeProcs{t: t, root: t.TempDir(), nbd: nbd}
-	a := New("node-a", b.Build(), fakeImages{"vol-1": "/images/vol-1.img"}, nil, nil, nil, NewVolumeLocks(), logr.Discard())
+	a := New("node-a", b.Build(), fakeImages{path: "/images/vol-1.img"}, nil, nil, nil, NewVolumeLocks(), logr.Discard())
 	a.WithUserspace(UserspaceConfig{
 		Root: t.TempDir(), Binary: "/usr/bin/berth", Transport: TransportNBD, NBD: nbd,
 		Start: procs.start, StopPID: procs.stop, ProcRoot: procs.root, DeadConnTimeout: time.Minute,

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -61,6 +62,11 @@ func (r *SnapshotReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 	switch {
 	case errors.Is(err, backend.ErrNotFound), errors.Is(err, backend.ErrExists), errors.Is(err, backend.ErrNoSpace), errors.Is(err, backend.ErrInvalid):
 		snap.Status.Message = err.Error()
+		cond := metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionFalse, Reason: "BackendError", Message: err.Error()}
+		if errors.Is(err, backend.ErrNoSpace) {
+			cond.Reason = reasonNoSpace
+		}
+		meta.SetStatusCondition(&snap.Status.Conditions, cond)
 		if perr := r.Client.Status().Patch(ctx, snap, client.MergeFrom(orig)); perr != nil {
 			return ctrl.Result{}, perr
 		}
@@ -69,7 +75,10 @@ func (r *SnapshotReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 		return ctrl.Result{}, err
 	}
 	created := metav1.NewTime(taken.CreatedAt)
-	snap.Status = v1.SnapshotStatus{ReadyToUse: true, Size: resource.NewQuantity(taken.Size, resource.BinarySI), CreatedAt: &created}
+	snap.Status = v1.SnapshotStatus{ReadyToUse: true, Size: resource.NewQuantity(taken.Size, resource.BinarySI), CreatedAt: &created,
+		Conditions: snap.Status.Conditions}
+	meta.SetStatusCondition(&snap.Status.Conditions, metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionTrue,
+		Reason: "SnapshotTaken", Message: "copy taken on node " + r.Node})
 	r.Log.Info("snapshot taken", "snapshot", snap.Name, "source", snap.Spec.SourceVolume)
 	return ctrl.Result{}, client.IgnoreNotFound(r.Client.Status().Patch(ctx, snap, client.MergeFrom(orig)))
 }

@@ -9,15 +9,19 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/backend"
+	"github.com/berth-io/berth/internal/mount"
 )
 
 // Backend is what the node-side reconcilers need of a volume backend.
@@ -36,17 +40,32 @@ type Backend interface {
 // controller answers ResourceExhausted for it.
 const reasonNoSpace = "NoSpace"
 
+// reasonInUse marks a deleted volume whose image waits until it is unstaged.
+const reasonInUse = "InUseOnNode"
+
+// inUseRetry is how often a deleted volume still in use is looked at again.
+const inUseRetry = 10 * time.Second
+
 // VolumeReconciler runs in the agent: it makes, grows and removes the images
 // of the Volumes assigned to its node.
 type VolumeReconciler struct {
 	Client  client.Client
 	Node    string
 	Backend Backend
-	Log     logr.Logger
+	// Loop finds loop devices still on an image: a deleted volume's image
+	// stays until none is, so that an unstage retry can still find it.
+	Loop mount.Loop
+	// Attachments reads Attachments uncached (an agent caches only its own
+	// node's objects); nil: Client.
+	Attachments client.Reader
+	// Recorder, when set, gets an event while deletion waits.
+	Recorder record.EventRecorder
+	Log      logr.Logger
 }
 
 // +kubebuilder:rbac:groups=berth.io,resources=volumes,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=berth.io,resources=volumes/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=berth.io,resources=attachments,verbs=get;list;watch
 
 // Reconcile implements reconcile.Reconciler.
 func (r *VolumeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
@@ -60,6 +79,23 @@ func (r *VolumeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 	log := r.Log.WithValues("volume", vol.Name)
 
 	if !vol.DeletionTimestamp.IsZero() {
+		if !controllerutil.ContainsFinalizer(vol, v1.ImageFinalizer) {
+			return ctrl.Result{}, nil
+		}
+		// Unlinking the image under a live loop device would leave an
+		// unstage retry (after a crash between unmount and detach) unable
+		// to find that device: wait until the volume is unstaged here.
+		busy, err := r.inUse(ctx, vol)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		if busy != "" {
+			log.Info("image deletion waits: volume still in use", "why", busy)
+			if r.Recorder != nil {
+				r.Recorder.Event(vol, corev1.EventTypeNormal, reasonInUse, "image deletion waits: "+busy)
+			}
+			return ctrl.Result{RequeueAfter: inUseRetry}, r.setWaiting(ctx, vol, busy)
+		}
 		if err := r.Backend.Delete(ctx, vol.Name); err != nil {
 			return ctrl.Result{}, fmt.Errorf("delete image of %s: %w", vol.Name, err)
 		}
@@ -87,6 +123,55 @@ func (r *VolumeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 		return ctrl.Result{}, err
 	}
 	return ctrl.Result{}, r.setStatus(ctx, vol, v1.VolumeAvailable, &img.Size, img.Path, nil)
+}
+
+// inUse says why the volume's image must stay ("" when it may go): this
+// node still holds it in its Attachment, or a loop device is on the image.
+func (r *VolumeReconciler) inUse(ctx context.Context, vol *v1.Volume) (string, error) {
+	reader := r.Attachments
+	if reader == nil {
+		reader = r.Client
+	}
+	att := &v1.Attachment{}
+	switch err := reader.Get(ctx, client.ObjectKey{Name: vol.Name}, att); {
+	case err == nil:
+		for _, e := range att.Spec.Attachments {
+			if e.Node == r.Node {
+				return fmt.Sprintf("still attached on node %s at %s", r.Node, e.MountDir), nil
+			}
+		}
+	case !apierrors.IsNotFound(err):
+		return "", fmt.Errorf("read Attachment %s: %w", vol.Name, err)
+	}
+	img, err := r.Backend.Get(ctx, vol.Name)
+	if errors.Is(err, backend.ErrNotFound) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("image of %s: %w", vol.Name, err)
+	}
+	dev, found, err := r.Loop.Find(ctx, img.Path)
+	if err != nil {
+		return "", fmt.Errorf("find loop device of %s: %w", img.Path, err)
+	}
+	if found {
+		return fmt.Sprintf("loop device %s on node %s is still attached to the image", dev, r.Node), nil
+	}
+	return "", nil
+}
+
+// setWaiting tells on the Volume why its deletion waits.
+func (r *VolumeReconciler) setWaiting(ctx context.Context, vol *v1.Volume, why string) error {
+	orig := vol.DeepCopy()
+	vol.Status.Message = "image deletion waits: " + why
+	meta.SetStatusCondition(&vol.Status.Conditions, metav1.Condition{
+		Type: v1.ConditionReady, Status: metav1.ConditionFalse, ObservedGeneration: vol.Generation,
+		Reason: reasonInUse, Message: vol.Status.Message,
+	})
+	if err := r.Client.Status().Patch(ctx, vol, client.MergeFrom(orig)); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	return nil
 }
 
 func (r *VolumeReconciler) ensureImage(ctx context.Context, vol *v1.Volume) (backend.Image, error) {

@@ -162,14 +162,20 @@ func (s *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 // failedCreate removes a Volume whose image the agent could not make, so a
 // refused request leaves nothing behind, and names the agent's reason.
 func (s *Controller) failedCreate(ctx context.Context, vol *v1.Volume) error {
-	if err := s.c.Delete(ctx, vol); err != nil && !apierrors.IsNotFound(err) {
-		s.log.Error(err, "remove failed Volume", "volume", vol.Name)
+	return s.removeFailed(ctx, vol, vol.Status.Conditions, "node %s could not create volume %s: %s", vol.Spec.Node, vol.Name, vol.Status.Message)
+}
+
+// removeFailed deletes obj, which its agent could not make, and returns
+// the error for the call: ResourceExhausted when the node lacked space.
+func (s *Controller) removeFailed(ctx context.Context, obj client.Object, conds []metav1.Condition, format string, args ...any) error {
+	if err := s.c.Delete(ctx, obj); err != nil && !apierrors.IsNotFound(err) {
+		s.log.Error(err, "remove what a failed create made", "name", obj.GetName())
 	}
 	code := codes.Internal
-	if c := meta.FindStatusCondition(vol.Status.Conditions, v1.ConditionReady); c != nil && c.Reason == reasonNoSpace {
+	if c := meta.FindStatusCondition(conds, v1.ConditionReady); c != nil && c.Reason == reasonNoSpace {
 		code = codes.ResourceExhausted
 	}
-	return status.Errorf(code, "node %s could not create volume %s: %s", vol.Spec.Node, vol.Name, vol.Status.Message)
+	return status.Errorf(code, format, args...)
 }
 
 func parseParameters(params map[string]string) (v1.Mounter, string, error) {

@@ -90,6 +90,9 @@ func (s *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 		}
 	case err != nil:
 		return nil, status.Errorf(codes.Unavailable, "get Snapshot %s: %v", name, err)
+	case !snap.DeletionTimestamp.IsZero():
+		// What a failed attempt left is still being removed.
+		return nil, status.Errorf(codes.Aborted, "snapshot %q is being removed after a failed attempt; retry", req.GetName())
 	case snap.Spec.SourceVolume != req.GetSourceVolumeId():
 		return nil, status.Errorf(codes.AlreadyExists, "snapshot %q exists for volume %s", req.GetName(), snap.Spec.SourceVolume)
 	}
@@ -104,9 +107,15 @@ func (s *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 		return nil, waitError("snapshot "+name, err)
 	}
 	if !snap.Status.ReadyToUse {
-		return nil, status.Errorf(codes.Internal, "node %s could not take snapshot %s: %s", snap.Spec.Node, name, snap.Status.Message)
+		return nil, s.failedSnapshot(ctx, snap)
 	}
 	return &csi.CreateSnapshotResponse{Snapshot: csiSnapshot(snap)}, nil
+}
+
+// failedSnapshot removes a Snapshot the agent could not take, so a refused
+// request leaves nothing behind, and names the agent's reason.
+func (s *Controller) failedSnapshot(ctx context.Context, snap *v1.Snapshot) error {
+	return s.removeFailed(ctx, snap, snap.Status.Conditions, "node %s could not take snapshot %s: %s", snap.Spec.Node, snap.Name, snap.Status.Message)
 }
 
 // DeleteSnapshot implements csi.ControllerServer.

@@ -218,7 +218,8 @@ func toStatus(err error) error {
 		return status.Error(codes.Aborted, err.Error())
 	case errors.Is(err, agent.ErrVolumeNotFound), errors.Is(err, backend.ErrNotFound), errors.Is(err, mount.ErrNotFound):
 		return status.Error(codes.NotFound, err.Error())
-	case errors.As(err, &conflict), errors.Is(err, mount.ErrInUse), errors.Is(err, agent.ErrNotStaged), errors.Is(err, agent.ErrWrongNode):
+	case errors.As(err, &conflict), errors.Is(err, mount.ErrInUse), errors.Is(err, agent.ErrNotStaged), errors.Is(err, agent.ErrWrongNode),
+		errors.Is(err, agent.ErrClusterDeleting):
 		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, mount.ErrExists):
 		// Staged or published already, but not as this request asks.

@@ -202,24 +202,6 @@ type Hold struct {
 	Entry  v1.AttachmentEntry
 }
 
-// ListForNode returns every entry the node holds, across all volumes (the
-// volume healer's starting point after an agent restart).
-func (f *Fencer) ListForNode(ctx context.Context, node string) ([]Hold, error) {
-	var list v1.AttachmentList
-	if err := f.c.List(ctx, &list); err != nil {
-		return nil, fmt.Errorf("list attachments: %w", err)
-	}
-	var out []Hold
-	for _, att := range list.Items {
-		for _, e := range att.Spec.Attachments {
-			if e.Node == node {
-				out = append(out, Hold{Volume: att.Name, Mode: att.Spec.AccessMode, Entry: e})
-			}
-		}
-	}
-	return out, nil
-}
-
 // lookup reads obj; found is false when it does not exist.
 func lookup(ctx context.Context, c client.Client, what string, key client.ObjectKey, obj client.Object) (found bool, err error) {
 	err = c.Get(ctx, key, obj)

@@ -123,7 +123,8 @@ func byNode(entries []v1.AttachmentEntry) ([]string, map[string][]v1.AttachmentE
 // maxListedHolders bounds spec.holders; the list itself has them all.
 const maxListedHolders = 8
 
-// setEntries writes the holders and their kubectl summary together.
+// setEntries writes the holders, their kubectl summary and the node
+// labels together.
 func setEntries(att *v1.Attachment, entries []v1.AttachmentEntry) {
 	att.Spec.Attachments = entries
 	names := make([]string, 0, min(len(entries), maxListedHolders)+1)
@@ -139,4 +140,5 @@ func setEntries(att *v1.Attachment, entries []v1.AttachmentEntry) {
 		}
 	}
 	att.Spec.Holders = strings.Join(names, ", ")
+	setNodeLabels(att)
 }

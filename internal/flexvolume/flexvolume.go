@@ -56,13 +56,16 @@ const (
 
 // MountRequest is a parsed `mount <mount dir> <json options>`.
 type MountRequest struct {
-	MountDir     string
-	Volume       string
-	FSType       string
-	ReadOnly     bool
-	PodNamespace string
-	PodName      string
-	PodUID       string
+	MountDir string
+	Volume   string
+	// PVOrVolumeName is what kubelet names the mount by: the PV's name, or
+	// the pod's volume name for an inline flexVolume.
+	PVOrVolumeName string
+	FSType         string
+	ReadOnly       bool
+	PodNamespace   string
+	PodName        string
+	PodUID         string
 }
 
 // ErrUsage marks malformed driver arguments.
@@ -84,7 +87,7 @@ func ParseMount(args []string) (MountRequest, error) {
 	r := MountRequest{
 		MountDir: filepath.Clean(dir), FSType: opts[OptFSType],
 		PodNamespace: opts[OptPodNamespace], PodName: opts[OptPodName], PodUID: opts[OptPodUID],
-		Volume: opts[OptVolume],
+		Volume: opts[OptVolume], PVOrVolumeName: opts[OptVolumeName],
 	}
 	if r.Volume == "" {
 		r.Volume = opts[OptVolumeName]

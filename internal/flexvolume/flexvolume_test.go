@@ -11,13 +11,13 @@ func TestParseMount(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := MountRequest{MountDir: "/var/lib/kubelet/pods/0b5e7c2a-1111/volumes/berth.io~berth/data", Volume: "pv-1", FSType: "xfs", ReadOnly: true,
+	want := MountRequest{MountDir: "/var/lib/kubelet/pods/0b5e7c2a-1111/volumes/berth.io~berth/data", Volume: "pv-1", PVOrVolumeName: "pv-1", FSType: "xfs", ReadOnly: true,
 		PodNamespace: "default", PodName: "web", PodUID: "0b5e7c2a-1111"}
 	if r != want {
 		t.Errorf("got %+v\nwant %+v", r, want)
 	}
 	r, err = ParseMount([]string{"/m", `{"volume":"vol-a","kubernetes.io/pvOrVolumeName":"data"}`})
-	if err != nil || r.Volume != "vol-a" {
+	if err != nil || r.Volume != "vol-a" || r.PVOrVolumeName != "data" {
 		t.Errorf("berth's volume option: %+v %v", r, err)
 	}
 	for name, args := range map[string][]string{

@@ -19,14 +19,10 @@ import (
 // what berth must no longer hold (a deleted cluster, a fenced node), never
 // for the normal unstage path. It returns the paths it unmounted.
 func (m *Manager) ForceUnmountDevice(ctx context.Context, dev string) ([]string, error) {
-	var st unix.Stat_t
-	if err := unix.Stat(dev, &st); err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil, nil
-		}
-		return nil, fmt.Errorf("stat %s: %w", dev, err)
+	major, minor, found, err := m.devNumber(dev)
+	if err != nil || !found {
+		return nil, err
 	}
-	major, minor := int(unix.Major(st.Rdev)), int(unix.Minor(st.Rdev))
 	mis, err := m.mountInfo()
 	if err != nil {
 		return nil, err
@@ -46,7 +42,7 @@ func (m *Manager) ForceUnmountDevice(ctx context.Context, dev string) ([]string,
 		}
 		t := targets[i]
 		if err := m.mounter.Unmount(t); err != nil {
-			if lerr := unix.Unmount(t, unix.MNT_DETACH); lerr != nil && !errors.Is(lerr, unix.EINVAL) {
+			if lerr := m.lazyUnmount(t); lerr != nil && !errors.Is(lerr, unix.EINVAL) {
 				return done, fmt.Errorf("force unmount %s: %w (lazy: %w)", t, err, lerr)
 			}
 		}
@@ -54,6 +50,33 @@ func (m *Manager) ForceUnmountDevice(ctx context.Context, dev string) ([]string,
 		m.log.Info("force unmounted", "path", t, "device", dev)
 	}
 	return done, nil
+}
+
+// statDevNumber returns the device number of the node dev; found is false
+// when there is no such node.
+func statDevNumber(dev string) (major, minor int, found bool, err error) {
+	var st unix.Stat_t
+	if err := unix.Stat(dev, &st); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return 0, 0, false, nil
+		}
+		return 0, 0, false, fmt.Errorf("stat %s: %w", dev, err)
+	}
+	return int(unix.Major(st.Rdev)), int(unix.Minor(st.Rdev)), true, nil
+}
+
+// NewMounter returns the node's mounter: mount-utils' own, plus lazy
+// unmount (LazyUnmounter) for force cleanup.
+func NewMounter() mountutils.Interface { return kernelMounter{mountutils.New("")} }
+
+type kernelMounter struct{ mountutils.Interface }
+
+// UnmountLazy implements LazyUnmounter with umount2(MNT_DETACH).
+func (kernelMounter) UnmountLazy(target string) error {
+	if err := unix.Unmount(target, unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("lazy unmount %s: %w", target, err)
+	}
+	return nil
 }
 
 // isBindOf tells whether mi is a bind mount of the device node dev itself
@@ -69,7 +92,7 @@ func (m *Manager) ForceUnpublish(ctx context.Context, target string) error {
 		return nil
 	}
 	for range 8 {
-		if err := unix.Unmount(target, unix.MNT_DETACH); err != nil {
+		if err := m.lazyUnmount(target); err != nil {
 			break // EINVAL: nothing mounted any more
 		}
 		m.log.Info("force unmounted", "path", target)

@@ -51,20 +51,40 @@ type Manager struct {
 	format  *mountutils.SafeFormatAndMount
 	resize  *mountutils.ResizeFs
 	log     logr.Logger
-	// Seams for unit tests; the real ones read /proc.
+	// lazyUnmount detaches a busy mount: the mounter's UnmountLazy, or its
+	// plain Unmount when it has none (mount-utils' FakeMounter).
+	lazyUnmount func(target string) error
+	// Seams for unit tests; the real ones read /proc and /dev.
 	mountInfo func() ([]mountutils.MountInfo, error)
 	openers   func(dev string) ([]int, error)
+	devNumber func(dev string) (major, minor int, found bool, err error)
+}
+
+// LazyUnmounter is a mounter that can also detach a mount while it is busy
+// (MNT_DETACH), which mount-utils' Interface cannot; force cleanup needs it.
+type LazyUnmounter interface {
+	// UnmountLazy detaches target now and frees it once unused; nothing
+	// mounted there gives an error wrapping unix.EINVAL.
+	UnmountLazy(target string) error
 }
 
 // NewManager returns a Manager that mounts through m and runs mkfs, blkid,
 // fsck and resize tools through e.
+// Force cleanup detaches busy mounts lazily when m is a LazyUnmounter
+// (NewMounter's is).
 func NewManager(m mountutils.Interface, e exec.Interface, log logr.Logger) *Manager {
+	lazy := m.Unmount
+	if l, ok := m.(LazyUnmounter); ok {
+		lazy = l.UnmountLazy
+	}
 	return &Manager{
-		mounter:   m,
-		format:    mountutils.NewSafeFormatAndMount(m, e),
-		resize:    mountutils.NewResizeFs(e),
-		log:       log,
-		mountInfo: readMountInfo,
-		openers:   procOpeners,
+		mounter:     m,
+		format:      mountutils.NewSafeFormatAndMount(m, e),
+		resize:      mountutils.NewResizeFs(e),
+		log:         log,
+		lazyUnmount: lazy,
+		mountInfo:   readMountInfo,
+		openers:     procOpeners,
+		devNumber:   statDevNumber,
 	}
 }

@@ -37,7 +37,7 @@ func newRootEnv(t testing.TB) *rootEnv {
 	dir := t.TempDir()
 	e := &rootEnv{
 		dir:  dir,
-		mgr:  NewManager(mountutils.New(""), exec.New(), testr.NewWithInterface(t, testr.Options{})),
+		mgr:  NewManager(NewMounter(), exec.New(), testr.NewWithInterface(t, testr.Options{})),
 		loop: NewLoop(exec.New()),
 		ctx:  context.Background(),
 	}

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -121,5 +122,40 @@ func waitFor(t *testing.T, what string, done func() bool) {
 			t.Fatalf("timed out after 60s waiting for %s", what)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestMountRefusedWhileClusterDeleting: a Flexvolume mount of a volume whose
+// StorageCluster is being deleted fails naming the cluster and makes no
+// mount, loop device or Attachment.
+func TestMountRefusedWhileClusterDeleting(t *testing.T) {
+	f := setup(t)
+	ctx := context.Background()
+	// A finalizer of the test's own keeps the cluster in its deleting state.
+	sc := &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "doomed-flex", Finalizers: []string{"test.berth.io/hold"}}}
+	if err := f.env.Client.Create(ctx, sc); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := f.env.Client.Get(ctx, client.ObjectKeyFromObject(sc), sc); err == nil {
+			sc.Finalizers = nil
+			_ = f.env.Client.Update(ctx, sc)
+		}
+	})
+	image := f.volume(t, sc.Name, "doomed-flex-vol", v1.ReadWriteOnce)
+	if err := f.env.Client.Delete(ctx, sc); err != nil {
+		t.Fatal(err)
+	}
+	dir := f.podDir("eeeeeeee-0001", "doomed-flex-vol")
+	res, _ := f.run(t, "mount", dir, options(t, "late", "eeeeeeee-0001", "doomed-flex-vol"))
+	want(t, "mount while the cluster is being deleted", res, flex.StatusFailure)
+	if !strings.Contains(res.Message, sc.Name) {
+		t.Errorf("refusal does not name the cluster %s: %s", sc.Name, res.Message)
+	}
+	if mounted(t, dir) || loops(t, image) != 0 {
+		t.Errorf("refused mount left: mounted %t, loop devices %d", mounted(t, dir), loops(t, image))
+	}
+	if err := f.env.Client.Get(ctx, client.ObjectKey{Name: "doomed-flex-vol"}, &v1.Attachment{}); !apierrors.IsNotFound(err) {
+		t.Errorf("refused mount left an Attachment (%v)", err)
 	}
 }

@@ -191,11 +191,23 @@ func runAs(t *testing.T, cmd *exec.Cmd) (flex.Result, string) {
 	return res, stderr.String()
 }
 
+// volume makes a Volume that pods of namespace "default" may mount.
 func (f *fixture) volume(t *testing.T, cluster, name string, mode v1.AccessMode) string {
 	t.Helper()
+	return f.volumeOf(t, cluster, name, mode, "default")
+}
+
+// volumeOf makes a Volume owned by namespace ns ("": by none) and returns
+// its image path.
+func (f *fixture) volumeOf(t *testing.T, cluster, name string, mode v1.AccessMode, ns string) string {
+	t.Helper()
 	ctx := context.Background()
+	labels := map[string]string{v1.NodeLabel: node}
+	if ns != "" {
+		labels[v1.NamespaceLabel] = ns
+	}
 	vol := &v1.Volume{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{v1.NodeLabel: node}},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
 		Spec:       v1.VolumeSpec{StorageCluster: cluster, Size: resource.MustParse("64Mi"), AccessMode: mode, FSType: "ext4", Node: node},
 	}
 	if err := f.env.Client.Create(ctx, vol); err != nil {
@@ -227,10 +239,21 @@ func (f *fixture) podDir(uid, volume string) string {
 
 func options(t *testing.T, pod, uid, volume string) string {
 	t.Helper()
-	b, err := json.Marshal(map[string]string{
+	return optionsWith(t, pod, uid, volume, nil)
+}
+
+// optionsWith is options with some of kubelet's (or berth's) options set
+// otherwise.
+func optionsWith(t *testing.T, pod, uid, volume string, extra map[string]string) string {
+	t.Helper()
+	opts := map[string]string{
 		flex.OptFSType: "ext4", flex.OptReadWrite: "rw", flex.OptPodName: pod, flex.OptPodNamespace: "default",
 		flex.OptPodUID: uid, flex.OptVolumeName: volume, "kubernetes.io/serviceAccount.name": "default",
-	})
+	}
+	for k, v := range extra {
+		opts[k] = v
+	}
+	b, err := json.Marshal(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

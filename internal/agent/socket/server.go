@@ -182,8 +182,10 @@ func codeOf(err error) string {
 	switch {
 	case errors.Is(err, agent.ErrBusy):
 		return CodeBusy
-	case errors.As(err, &conflict), errors.Is(err, mount.ErrInUse), errors.Is(err, mount.ErrExists):
+	case errors.As(err, &conflict), errors.Is(err, mount.ErrInUse), errors.Is(err, mount.ErrExists), errors.Is(err, agent.ErrClusterDeleting):
 		return CodeConflict
+	case errors.Is(err, agent.ErrNotOwned):
+		return CodeDenied
 	case errors.Is(err, agent.ErrVolumeNotFound), errors.Is(err, agent.ErrWrongNode):
 		return CodeNotFound
 	case errors.Is(err, mount.ErrInvalid), errors.Is(err, fence.ErrInvalid), errors.Is(err, flexvolume.ErrUsage):

@@ -15,7 +15,6 @@ import (
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/rest"
-	kmount "k8s.io/mount-utils"
 	"k8s.io/utils/clock"
 	utilexec "k8s.io/utils/exec"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -115,13 +114,14 @@ func (c Config) Run(ctx context.Context) error {
 	}
 	fencer := fence.New(direct, mgr.GetEventRecorderFor("berth-agent"), clock.RealClock{}, c.Log.WithName("fence"), fence.Options{})
 	a := nodeagent.New(c.NodeName, mgr.GetAPIReader(), images, mount.NewLoop(exec),
-		mount.NewManager(kmount.New(""), exec, c.Log.WithName("mount")), fencer, nodeagent.NewVolumeLocks(), c.Log.WithName("agent")).
+		mount.NewManager(mount.NewMounter(), exec, c.Log.WithName("mount")), fencer, nodeagent.NewVolumeLocks(), c.Log.WithName("agent")).
 		WithFlex(nodeagent.FlexConfig{StagingRoot: filepath.Join(c.DataDir, "flex-staging"), Holdings: fencer})
 	if err := c.addUserspace(mgr, a, fencer); err != nil {
 		return err
 	}
 
-	if err := (&controller.VolumeReconciler{Client: mgr.GetClient(), Node: c.NodeName, Backend: images, Log: c.Log.WithName("volume")}).SetupWithManager(mgr); err != nil {
+	if err := (&controller.VolumeReconciler{Client: mgr.GetClient(), Node: c.NodeName, Backend: images,
+		Loop: mount.NewLoop(exec), Attachments: direct, Recorder: mgr.GetEventRecorderFor("berth-agent"), Log: c.Log.WithName("volume")}).SetupWithManager(mgr); err != nil {
 		return err
 	}
 	if err := (&controller.SnapshotReconciler{Client: mgr.GetClient(), Node: c.NodeName, Backend: images, Log: c.Log.WithName("snapshot")}).SetupWithManager(mgr); err != nil {

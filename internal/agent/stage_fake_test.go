@@ -1,0 +1,192 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"testing"
+
+	"github.com/go-logr/logr/testr"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	mountutils "k8s.io/mount-utils"
+	"k8s.io/utils/exec"
+	testingexec "k8s.io/utils/exec/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/backend"
+	"github.com/berth-io/berth/internal/fence"
+	"github.com/berth-io/berth/internal/mount"
+	"github.com/berth-io/berth/internal/scheme"
+)
+
+// Unit tests of Stage's rollback with fakes (mount-utils' FakeMounter, a
+// scripted exec, in-memory loop devices and fence); the same paths run for
+// real in test/sanity and test/flexvolume.
+
+type fakeImages struct{ path string }
+
+func (f fakeImages) Get(_ context.Context, id string) (backend.Image, error) {
+	return backend.Image{ID: id, Path: f.path, Size: 64 << 20}, nil
+}
+
+// fakeLoop keeps loop devices in memory: backing file -> device.
+type fakeLoop struct{ devs map[string]string }
+
+func (l *fakeLoop) Attach(_ context.Context, backing string, _ bool) (string, error) {
+	if dev, ok := l.devs[backing]; ok {
+		return dev, nil
+	}
+	dev := "/dev/loop7"
+	l.devs[backing] = dev
+	return dev, nil
+}
+
+func (l *fakeLoop) Find(_ context.Context, backing string) (string, bool, error) {
+	dev, ok := l.devs[backing]
+	return dev, ok, nil
+}
+
+func (l *fakeLoop) Detach(_ context.Context, dev string) error {
+	for b, d := range l.devs {
+		if d == dev {
+			delete(l.devs, b)
+		}
+	}
+	return nil
+}
+
+func (l *fakeLoop) Refresh(context.Context, string) error { return nil }
+
+// fakeFence records holds by volume and mount dir.
+type fakeFence struct {
+	holds      map[string]bool
+	acquireErr error
+}
+
+func (f *fakeFence) Acquire(_ context.Context, r fence.Request) error {
+	if f.acquireErr != nil {
+		return f.acquireErr
+	}
+	f.holds[r.Volume+" "+r.MountDir] = true
+	return nil
+}
+
+func (f *fakeFence) Release(_ context.Context, volume, _, mountDir string) error {
+	delete(f.holds, volume+" "+mountDir)
+	return nil
+}
+
+// failingMounter is a FakeMounter whose mounts fail.
+type failingMounter struct{ *mountutils.FakeMounter }
+
+func (failingMounter) MountSensitive(string, string, string, []string, []string) error {
+	return errors.New("mount: wrong fs type, bad superblock")
+}
+
+type stageEnv struct {
+	agent   *Agent
+	loop    *fakeLoop
+	fence   *fakeFence
+	mounter *mountutils.FakeMounter
+	exec    *testingexec.FakeExec
+	staging string
+}
+
+func newStageEnv(t *testing.T, failMount bool, script ...testingexec.FakeCommandAction) *stageEnv {
+	t.Helper()
+	s, err := scheme.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	vol := &v1.Volume{
+		ObjectMeta: metav1.ObjectMeta{Name: "vol-a"},
+		Spec: v1.VolumeSpec{StorageCluster: "c", Size: resource.MustParse("64Mi"), AccessMode: v1.ReadWriteOnce,
+			FSType: "ext4", Node: "node-a"},
+	}
+	e := &stageEnv{
+		loop:    &fakeLoop{devs: map[string]string{}},
+		fence:   &fakeFence{holds: map[string]bool{}},
+		mounter: mountutils.NewFakeMounter(nil),
+		exec:    &testingexec.FakeExec{CommandScript: script},
+		staging: filepath.Join(t.TempDir(), "staging"),
+	}
+	var m mountutils.Interface = e.mounter
+	if failMount {
+		m = failingMounter{e.mounter}
+	}
+	api := fake.NewClientBuilder().WithScheme(s).WithObjects(vol).Build()
+	e.agent = New("node-a", api, fakeImages{path: "/images/vol-a.img"}, e.loop,
+		mount.NewManager(m, e.exec, testr.New(t)), e.fence, NewVolumeLocks(), testr.New(t))
+	return e
+}
+
+func (e *stageEnv) stage(t *testing.T) error {
+	t.Helper()
+	return e.agent.Stage(t.Context(), StageRequest{VolumeID: "vol-a", StagingPath: e.staging})
+}
+
+// leftNothing fails unless no loop device, hold or mount is left.
+func (e *stageEnv) leftNothing(t *testing.T, what string) {
+	t.Helper()
+	mps, _ := e.mounter.List()
+	if len(e.loop.devs) != 0 || len(e.fence.holds) != 0 || len(mps) != 0 {
+		t.Errorf("%s left: loop devices %v, holds %v, mounts %v", what, e.loop.devs, e.fence.holds, mps)
+	}
+}
+
+func command(name string, err error) testingexec.FakeCommandAction {
+	return func(c string, args ...string) exec.Cmd {
+		if c != name {
+			err = fmt.Errorf("ran %s, the script wants %s", c, name)
+		}
+		fc := &testingexec.FakeCmd{CombinedOutputScript: []testingexec.FakeAction{
+			func() ([]byte, []byte, error) { return nil, nil, err },
+		}}
+		return testingexec.InitFakeCmd(fc, c, args...)
+	}
+}
+
+func TestFakeStageRollback(t *testing.T) {
+	blank := command("blkid", &testingexec.FakeExitError{Status: 2})
+
+	t.Run("mkfs fails", func(t *testing.T) {
+		e := newStageEnv(t, false, blank, command("mkfs.ext4", &testingexec.FakeExitError{Status: 1}))
+		if err := e.stage(t); err == nil {
+			t.Fatal("stage succeeded with mkfs failing")
+		}
+		if e.exec.CommandCalls != 2 {
+			t.Errorf("%d commands, want blkid and mkfs", e.exec.CommandCalls)
+		}
+		e.leftNothing(t, "failed mkfs")
+	})
+	t.Run("mount fails", func(t *testing.T) {
+		e := newStageEnv(t, true, blank, command("mkfs.ext4", nil))
+		if err := e.stage(t); err == nil {
+			t.Fatal("stage succeeded with mount failing")
+		}
+		e.leftNothing(t, "failed mount")
+	})
+	t.Run("fence refuses", func(t *testing.T) {
+		e := newStageEnv(t, false)
+		e.fence.acquireErr = &fence.ConflictError{}
+		if err := e.stage(t); err == nil {
+			t.Fatal("stage succeeded with the fence refusing")
+		}
+		if e.exec.CommandCalls != 0 {
+			t.Errorf("%d commands ran after the fence refused", e.exec.CommandCalls)
+		}
+		e.leftNothing(t, "refused fence")
+	})
+	t.Run("success keeps all", func(t *testing.T) {
+		e := newStageEnv(t, false, blank, command("mkfs.ext4", nil))
+		if err := e.stage(t); err != nil {
+			t.Fatal(err)
+		}
+		if mps, _ := e.mounter.List(); len(e.loop.devs) != 1 || len(e.fence.holds) != 1 || len(mps) != 1 {
+			t.Errorf("staged: loop devices %v, holds %v, mounts %v; want one of each", e.loop.devs, e.fence.holds, mps)
+		}
+	})
+}

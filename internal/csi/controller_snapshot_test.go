@@ -1,0 +1,164 @@
+package csi
+
+import (
+	"context"
+	"flag"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/go-logr/logr/testr"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/exec"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/backend"
+	"github.com/berth-io/berth/internal/controller"
+	"github.com/berth-io/berth/internal/mount"
+	"github.com/berth-io/berth/internal/testenv"
+)
+
+var (
+	env     *testenv.Env
+	envSkip string
+)
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	envSkip = testenv.NodeSkipReason()
+	os.Exit(testenv.Main(m, envSkip, func() (err error) {
+		env, err = testenv.Start()
+		return err
+	}, func(bool) {
+		if env != nil {
+			_ = env.Stop()
+		}
+	}))
+}
+
+// TestCreateSnapshotFailureLeavesNothing: on a node whose disk is too full
+// for the copy, CreateSnapshot answers ResourceExhausted and removes its
+// Snapshot object; a snapshot that fits is taken, and the same request again
+// returns the same snapshot.
+func TestCreateSnapshotFailureLeavesNothing(t *testing.T) {
+	if envSkip != "" {
+		t.Skip(envSkip)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const node = "snap-node"
+	// A small tmpfs is a disk that fills for real.
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=24m"); err != nil {
+		t.Skipf("mount a 24 MiB tmpfs: %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	images, err := backend.NewLocal(dir, testr.New(t))
+	if err != nil {
+		t.Skipf("local backend on tmpfs: %v", err)
+	}
+	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{Scheme: env.Scheme, Logger: testr.New(t),
+		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := (&controller.VolumeReconciler{Client: mgr.GetClient(), Node: node, Backend: images,
+		Loop: mount.NewLoop(exec.New()), Log: testr.New(t)}).SetupWithManager(mgr); err != nil {
+		t.Fatal(err)
+	}
+	if err := (&controller.SnapshotReconciler{Client: mgr.GetClient(), Node: node, Backend: images, Log: testr.New(t)}).SetupWithManager(mgr); err != nil {
+		t.Fatal(err)
+	}
+	mctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(mctx) }()
+	t.Cleanup(func() { stop(); <-done })
+
+	full := nodeVolume(ctx, t, node, "snap-full", "16Mi")
+	// Fill the image for real: a copy now needs 16 MiB, the disk has ~8.
+	if err := os.WriteFile(full, make16MiB(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	nodeVolume(ctx, t, node, "snap-small", "4Mi")
+
+	s := NewController(env.Client, ControllerConfig{StorageCluster: "c", Wait: 30 * time.Second}, testr.New(t))
+	_, err = s.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "snap-of-full", SourceVolumeId: "snap-full"})
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("snapshot that does not fit: %v, want ResourceExhausted", err)
+	}
+	name := objectName("snap", "snap-of-full")
+	waitGone(ctx, t, &v1.Snapshot{ObjectMeta: metav1.ObjectMeta{Name: name}})
+	if _, err := os.Stat(filepath.Join(dir, "snapshots", name+".img")); err == nil {
+		t.Error("the failed snapshot left its image")
+	}
+
+	first, err := s.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "snap-of-small", SourceVolumeId: "snap-small"})
+	if err != nil {
+		t.Fatalf("snapshot that fits: %v", err)
+	}
+	again, err := s.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "snap-of-small", SourceVolumeId: "snap-small"})
+	if err != nil {
+		t.Fatalf("same snapshot again: %v", err)
+	}
+	if a, b := first.GetSnapshot(), again.GetSnapshot(); a.GetSnapshotId() != b.GetSnapshotId() || !a.GetCreationTime().AsTime().Equal(b.GetCreationTime().AsTime()) || !b.GetReadyToUse() {
+		t.Errorf("retry returned another snapshot: %v, first %v", b, a)
+	}
+	if _, err := s.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: first.GetSnapshot().GetSnapshotId()}); err != nil {
+		t.Errorf("delete snapshot: %v", err)
+	}
+}
+
+func make16MiB() []byte {
+	b := make([]byte, 16<<20)
+	for i := range b {
+		b[i] = byte(i%251) + 1
+	}
+	return b
+}
+
+// nodeVolume makes a Volume on node, waits for its image and returns its
+// path; the Volume goes when the test ends.
+func nodeVolume(ctx context.Context, t *testing.T, node, name, size string) string {
+	t.Helper()
+	vol := &v1.Volume{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{v1.NodeLabel: node}},
+		Spec: v1.VolumeSpec{StorageCluster: "c", Size: resource.MustParse(size), AccessMode: v1.ReadWriteOnce,
+			FSType: "ext4", Node: node},
+	}
+	if err := env.Client.Create(ctx, vol); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = env.Client.Delete(context.Background(), vol)
+		waitGone(context.Background(), t, vol)
+	})
+	for range 300 {
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(vol), vol); err == nil && vol.Status.State == v1.VolumeAvailable {
+			return vol.Status.Path
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("volume %s not made: %+v", name, vol.Status)
+	return ""
+}
+
+func waitGone(ctx context.Context, t *testing.T, obj client.Object) {
+	t.Helper()
+	for range 100 {
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(obj), obj); apierrors.IsNotFound(err) {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Errorf("%s is still there", obj.GetName())
+}
