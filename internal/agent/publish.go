@@ -1,0 +1,103 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/fence"
+	"github.com/berth-io/berth/internal/mount"
+)
+
+// Pod identifies the pod a publish is for; empty when unknown.
+type Pod struct {
+	Namespace, Name, UID string
+}
+
+// PublishRequest makes a staged volume visible at a pod's target path.
+type PublishRequest struct {
+	VolumeID    string
+	StagingPath string
+	TargetPath  string
+	Block       bool
+	ReadOnly    bool
+	MountFlags  []string
+	Pod         Pod
+}
+
+// Publish fences the volume for the pod (ReadWriteOncePod is decided here)
+// and bind-mounts the staged volume (or its device) at the target path.
+func (a *Agent) Publish(ctx context.Context, r PublishRequest) error {
+	unlock, err := a.lock(r.VolumeID)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return a.publish(ctx, r)
+}
+
+// publish is Publish for a caller that holds the volume lock.
+func (a *Agent) publish(ctx context.Context, r PublishRequest) (err error) {
+	vol, err := a.volume(ctx, r.VolumeID)
+	if err != nil {
+		return err
+	}
+	if r.Block != (vol.Spec.VolumeMode == v1.VolumeModeBlock) {
+		return fmt.Errorf("volume %s is %s, the request asks otherwise: %w", r.VolumeID, vol.Spec.VolumeMode, mount.ErrInvalid)
+	}
+	dev, block, err := a.mounts.StagedDevice(ctx, r.StagingPath)
+	if err != nil {
+		return fmt.Errorf("check staging path %s: %w", r.StagingPath, err)
+	}
+	if dev == "" || block != r.Block {
+		return fmt.Errorf("volume %s at %s: %w", r.VolumeID, r.StagingPath, ErrNotStaged)
+	}
+	claim := fence.Request{
+		Volume: r.VolumeID, Node: a.node, PodNamespace: r.Pod.Namespace, Pod: r.Pod.Name, PodUID: r.Pod.UID,
+		MountDir: r.TargetPath, StagingPath: r.StagingPath, AccessMode: vol.Spec.AccessMode, ReadOnly: r.ReadOnly,
+	}
+	// A target already published (a retry) keeps its record if this call fails.
+	publishedBefore, err := a.mounts.IsMounted(ctx, r.TargetPath)
+	if err != nil {
+		return fmt.Errorf("check target %s: %w", r.TargetPath, err)
+	}
+	if err := a.fence.Acquire(ctx, claim); err != nil {
+		return fmt.Errorf("fence volume %s: %w", r.VolumeID, err)
+	}
+	if err := a.mounts.Publish(ctx, mount.PublishRequest{
+		VolumeID: r.VolumeID, StagingPath: r.StagingPath, TargetPath: r.TargetPath, Device: dev,
+		Block: r.Block, ReadOnly: r.ReadOnly, MountFlags: r.MountFlags,
+	}); err != nil {
+		if publishedBefore {
+			return fmt.Errorf("publish %s at %s: %w", r.VolumeID, r.TargetPath, err)
+		}
+		if rerr := a.fence.Release(context.WithoutCancel(ctx), r.VolumeID, a.node, r.TargetPath); rerr != nil {
+			a.log.Error(rerr, "release fence after failed publish", "volume", r.VolumeID)
+		}
+		return fmt.Errorf("publish %s at %s: %w", r.VolumeID, r.TargetPath, err)
+	}
+	a.log.Info("published", "volume", r.VolumeID, "target", r.TargetPath, "pod", r.Pod.Namespace+"/"+r.Pod.Name)
+	return nil
+}
+
+// Unpublish unmounts the target path and drops the pod's record.
+func (a *Agent) Unpublish(ctx context.Context, volumeID, targetPath string) error {
+	unlock, err := a.lock(volumeID)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return a.unpublish(ctx, volumeID, targetPath)
+}
+
+// unpublish is Unpublish for a caller that holds the volume lock.
+func (a *Agent) unpublish(ctx context.Context, volumeID, targetPath string) error {
+	if err := a.mounts.Unpublish(ctx, targetPath); err != nil {
+		return fmt.Errorf("unpublish %s: %w", targetPath, err)
+	}
+	if err := a.fence.Release(ctx, volumeID, a.node, targetPath); err != nil {
+		return fmt.Errorf("release fence of %s: %w", volumeID, err)
+	}
+	a.log.Info("unpublished", "volume", volumeID, "target", targetPath)
+	return nil
+}
