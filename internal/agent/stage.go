@@ -54,7 +54,7 @@ func (a *Agent) stage(ctx context.Context, r StageRequest) (err error) {
 	if userspace && a.transport(r.VolumeID) == TransportNBD {
 		// Refused before anything is made: the hold, a server, a record.
 		if ok, reason := a.us.NBD.Available(); !ok {
-			return fmt.Errorf("volume %s: %w (%s); set the agent's userspace transport to %s", r.VolumeID, ErrNBDUnavailable, reason, TransportFUSE)
+			return nbdUnavailable(r.VolumeID, reason)
 		}
 	}
 	if r.Block != (vol.Spec.VolumeMode == v1.VolumeModeBlock) {

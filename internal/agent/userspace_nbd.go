@@ -48,7 +48,11 @@ type NBD interface {
 
 // ErrNBDUnavailable means that the agent is set to serve userspace volumes
 // over nbd and this node's kernel has no nbd driver.
-var ErrNBDUnavailable = fmt.Errorf("this node's kernel has no nbd driver: %w", ErrUnsupported)
+var ErrNBDUnavailable = fmt.Errorf("userspace transport nbd: %w on this node", ErrUnsupported)
+
+func nbdUnavailable(volume, reason string) error {
+	return fmt.Errorf("volume %s: %w: %s; or set the agent's userspace transport to %s", volume, ErrNBDUnavailable, reason, TransportFUSE)
+}
 
 // nbdRecord marks a volume staged over nbd and holds its server's pid. It
 // is written before the server starts and removed last at unstage, so a
@@ -131,7 +135,7 @@ func (a *Agent) nbdEnsureServer(ctx context.Context, volume, image string) error
 		return err
 	}
 	if ok, reason := a.us.NBD.Available(); !ok {
-		return fmt.Errorf("volume %s: %w (%s); set the agent's userspace transport to %s", volume, ErrNBDUnavailable, reason, TransportFUSE)
+		return nbdUnavailable(volume, reason)
 	}
 	if err := os.MkdirAll(a.us.Root, 0o700); err != nil {
 		return fmt.Errorf("userspace root: %w", err)
