@@ -30,7 +30,8 @@ const (
 	cmdWriteZeroes = 6
 )
 
-// Command flags (the high 16 bits of the type word).
+// Command flags (the high 16 bits of the type word: the kernel sends
+// type|NBD_CMD_FLAG_FUA with NBD_CMD_FLAG_FUA = 1<<16, big endian).
 const (
 	cmdFlagFUA    = 1 << 0
 	cmdFlagNoHole = 1 << 1
@@ -52,7 +53,9 @@ const (
 const serverFlags = flagHasFlags | flagSendFlush | flagSendFUA | flagSendTrim |
 	flagSendWriteZeroes | flagCanMultiConn
 
-// Error values on the wire (the protocol's errno numbers).
+// Error values on the wire (the protocol's errno numbers, doc/proto.md
+// "Error values"). The kernel fails the request with an I/O error whatever
+// the value; the distinctions matter to other clients and to logs.
 const (
 	errnoOK    = 0
 	errnoIO    = 5

@@ -150,9 +150,12 @@ func (s *server) readLoop(ctx context.Context, r *bufio.Reader, jobs chan<- job)
 // handle runs one request and sends its reply.
 func (s *server) handle(j job) {
 	req := j.req
-	if j.bad || !s.inRange(req) {
+	if errno := s.check(req); j.bad || errno != errnoOK {
+		if j.bad {
+			errno = errnoInval
+		}
 		putBuf(j.data)
-		s.reply(req.cookie, errnoInval)
+		s.reply(req.cookie, errno)
 		return
 	}
 	if req.cmd == cmdRead {
@@ -197,16 +200,31 @@ func (s *server) handle(j job) {
 	s.reply(req.cookie, errno)
 }
 
-// inRange checks the request against the image; FLUSH carries no range.
-func (s *server) inRange(req request) bool {
+// check validates a request before it reaches the backend, with the errors
+// proto.md asks for: EINVAL for a flag the command does not take, ENOSPC for
+// a write past the end, EINVAL for a read or trim past it. FUA is accepted
+// on any command (a no-op where nothing is written); unknown commands get
+// their EINVAL in handle.
+func (s *server) check(req request) uint32 {
+	known := uint16(cmdFlagFUA)
+	if req.cmd == cmdWriteZeroes {
+		known |= cmdFlagNoHole
+	}
+	if req.flags&^known != 0 {
+		return errnoInval
+	}
 	switch req.cmd {
-	case cmdFlush:
-		return true
 	case cmdRead, cmdWrite, cmdTrim, cmdWriteZeroes:
 		end := req.off + uint64(req.length)
-		return end >= req.off && end <= uint64(s.b.Size())
+		if end >= req.off && end <= uint64(s.b.Size()) {
+			return errnoOK
+		}
+		if req.cmd == cmdWrite || req.cmd == cmdWriteZeroes {
+			return errnoNoSpc
+		}
+		return errnoInval
 	}
-	return true // unknown commands get their EINVAL in handle
+	return errnoOK // FLUSH carries no range
 }
 
 func (s *server) read(p []byte, off int64) uint32 {
@@ -254,10 +272,10 @@ func (s *server) zero(off, length int64, noHole bool) error {
 	return nil
 }
 
-// errnoOf maps a backend error to the wire: ENOSPC is kept (the kernel and
-// file system treat it apart), everything else is EIO.
+// errnoOf maps a backend error to the wire: ENOSPC, EDQUOT and EFBIG are
+// NBD_ENOSPC (proto.md), everything else is EIO.
 func errnoOf(err error) uint32 {
-	if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
+	if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) || errors.Is(err, unix.EFBIG) {
 		return errnoNoSpc
 	}
 	return errnoIO

@@ -220,29 +220,36 @@ func TestServeZeroesWithoutFallocate(t *testing.T) {
 	}
 }
 
-func TestServeInvalidRequestsGetEINVAL(t *testing.T) {
+func TestServeInvalidRequestsGetProtocolErrors(t *testing.T) {
 	const size = 1 << 20
 	s := startServe(t, newMemBackend(size), 2)
 	cases := []struct {
 		name        string
 		cmd         uint16
+		flags       uint16
 		off         uint64
 		length      uint32
 		data        []byte
 		wantErrno   uint32
 		wantServing bool
 	}{
-		{"read past end", cmdRead, size - 512, 1024, nil, errnoInval, true},
-		{"write past end", cmdWrite, size, 512, make([]byte, 512), errnoInval, true},
-		{"trim past end", cmdTrim, size, 4096, nil, errnoInval, true},
-		{"write zeroes past end", cmdWriteZeroes, size - 1, 2, nil, errnoInval, true},
-		{"offset overflow", cmdRead, ^uint64(0) - 10, 512, nil, errnoInval, true},
-		{"read too large", cmdRead, 0, maxPayload + 1, nil, errnoInval, true},
-		{"cache (not offered)", cmdCache, 0, 4096, nil, errnoInval, true},
-		{"unknown command", 99, 0, 0, nil, errnoInval, true},
+		{"read past end", cmdRead, 0, size - 512, 1024, nil, errnoInval, true},
+		// proto.md: ENOSPC for a write past the end, EINVAL for a read or trim.
+		{"write past end", cmdWrite, 0, size, 512, make([]byte, 512), errnoNoSpc, true},
+		{"trim past end", cmdTrim, 0, size, 4096, nil, errnoInval, true},
+		{"write zeroes past end", cmdWriteZeroes, 0, size - 1, 2, nil, errnoNoSpc, true},
+		{"offset overflow", cmdRead, 0, ^uint64(0) - 10, 512, nil, errnoInval, true},
+		{"write offset overflow", cmdWrite, 0, ^uint64(0) - 10, 512, make([]byte, 512), errnoNoSpc, true},
+		{"read too large", cmdRead, 0, 0, maxPayload + 1, nil, errnoInval, true},
+		{"cache (not offered)", cmdCache, 0, 0, 4096, nil, errnoInval, true},
+		{"unknown command", 99, 0, 0, 0, nil, errnoInval, true},
+		// Flags a command does not take: EINVAL, nothing done.
+		{"unknown flag", cmdWrite, 1 << 5, 0, 512, make([]byte, 512), errnoInval, true},
+		{"no-hole on trim", cmdTrim, cmdFlagNoHole, 0, 4096, nil, errnoInval, true},
+		{"no-hole on write", cmdWrite, cmdFlagNoHole, 0, 512, make([]byte, 512), errnoInval, true},
 	}
 	for _, c := range cases {
-		errno, _, err := s.client.do(c.cmd, 0, c.off, c.length, c.data)
+		errno, _, err := s.client.do(c.cmd, c.flags, c.off, c.length, c.data)
 		if err != nil {
 			t.Fatalf("%s: %v", c.name, err)
 		}
@@ -257,6 +264,29 @@ func TestServeInvalidRequestsGetEINVAL(t *testing.T) {
 	}
 }
 
+// A request with a flag its command does not take changes nothing.
+func TestServeRejectedFlagWritesNothing(t *testing.T) {
+	m := newMemBackend(1 << 20)
+	s := startServe(t, m, 2)
+	mustDo(t, s.client, cmdWrite, 0, 0, 4096, bytes.Repeat([]byte{1}, 4096))
+	for _, c := range []struct {
+		cmd, flags uint16
+		data       []byte
+	}{
+		{cmdWrite, 1 << 7, bytes.Repeat([]byte{2}, 4096)},
+		{cmdTrim, cmdFlagNoHole, nil},
+		{cmdWriteZeroes, 1 << 2, nil},
+	} {
+		errno, _, err := s.client.do(c.cmd, c.flags, 0, 4096, c.data)
+		if err != nil || errno != errnoInval {
+			t.Fatalf("cmd %d flags %#x: errno %d (%v), want EINVAL", c.cmd, c.flags, errno, err)
+		}
+	}
+	if got := mustDo(t, s.client, cmdRead, 0, 0, 4096, nil); !bytes.Equal(got, bytes.Repeat([]byte{1}, 4096)) {
+		t.Fatal("a rejected request changed the image")
+	}
+}
+
 func TestServeBackendErrors(t *testing.T) {
 	m := newMemBackend(1 << 20)
 	s := startServe(t, m, 2)
@@ -266,6 +296,7 @@ func TestServeBackendErrors(t *testing.T) {
 	}{
 		{fmt.Errorf("write image: %w", unix.ENOSPC), errnoNoSpc},
 		{fmt.Errorf("write image: %w", unix.EDQUOT), errnoNoSpc},
+		{fmt.Errorf("write image: %w", unix.EFBIG), errnoNoSpc},
 		{fmt.Errorf("write image: %w", unix.EIO), errnoIO},
 		{errors.New("anything else"), errnoIO},
 	} {
