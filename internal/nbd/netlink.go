@@ -27,9 +27,11 @@ type Kernel interface {
 
 // ConnectParams configures a new device.
 type ConnectParams struct {
-	Index     int // -1: the kernel picks a free device
-	Size      int64
-	BlockSize int64 // 0: 4096
+	Index int // -1: the kernel picks a free device
+	Size  int64
+	// BlockSize is the device's logical block size; 0 picks 4096, or 512
+	// when Size is not a multiple of 4096. Size must be a multiple of it.
+	BlockSize int64
 	Socks     []*os.File
 	// DeadConnTimeout is how long the kernel keeps the device and queues I/O
 	// while no server is connected (a restarted server reconnects meanwhile).
@@ -69,7 +71,10 @@ const (
 	deviceConnected = 2
 )
 
-const defaultBlockSize = 4096
+const (
+	defaultBlockSize = 4096
+	minBlockSize     = 512
+)
 
 // executor sends one request and returns the replies' generic netlink
 // payloads (genlmsghdr + attributes); tests fake it.
@@ -128,9 +133,17 @@ func connectRequest(family uint16, p ConnectParams) (*nl.NetlinkRequest, error) 
 	bs := p.BlockSize
 	if bs == 0 {
 		bs = defaultBlockSize
+		if p.Size%bs != 0 {
+			bs = minBlockSize
+		}
 	}
-	if bs < 512 || bs > 65536 || bs&(bs-1) != 0 {
+	if bs < minBlockSize || bs > 65536 || bs&(bs-1) != 0 {
 		return nil, fmt.Errorf("nbd connect: block size %d is not a power of two in 512..65536", bs)
+	}
+	// The kernel takes any byte size but sets the capacity in 512-byte
+	// sectors, and a partial last block is read whole: past the end.
+	if p.Size%bs != 0 {
+		return nil, fmt.Errorf("nbd connect: size %d is not a multiple of the block size %d", p.Size, bs)
 	}
 	flags := uint64(serverFlags)
 	if p.ReadOnly {

@@ -217,9 +217,11 @@ func TestNetlinkConnectRefusesBadParams(t *testing.T) {
 	f := &fakeExec{}
 	k := newFakeKernel(f, t.TempDir())
 	for _, p := range []ConnectParams{
-		{Index: -1, Size: 1 << 20},                                      // no sockets
-		{Index: -1, Socks: twoSocks(t)},                                 // no size
-		{Index: -1, Size: 1 << 20, BlockSize: 1000, Socks: twoSocks(t)}, // not a power of two
+		{Index: -1, Size: 1 << 20},                                          // no sockets
+		{Index: -1, Socks: twoSocks(t)},                                     // no size
+		{Index: -1, Size: 1 << 20, BlockSize: 1000, Socks: twoSocks(t)},     // not a power of two
+		{Index: -1, Size: 1<<20 + 512, BlockSize: 4096, Socks: twoSocks(t)}, // partial last block
+		{Index: -1, Size: 1<<20 + 100, Socks: twoSocks(t)},                  // not whole sectors
 	} {
 		if _, err := k.Connect(p); err == nil {
 			t.Fatalf("Connect(%+v) succeeded", p)
@@ -227,6 +229,23 @@ func TestNetlinkConnectRefusesBadParams(t *testing.T) {
 	}
 	if len(f.sent) != 0 {
 		t.Fatal("a refused Connect sent a request")
+	}
+}
+
+// A size that is not a multiple of 4096 (a volume of 10^9 bytes) gets
+// 512-byte blocks, so that the last block is whole.
+func TestNetlinkConnectBlockSizeFitsSize(t *testing.T) {
+	for _, c := range []struct {
+		size, want int64
+	}{{1 << 30, 4096}, {1e9, 512}} {
+		f := &fakeExec{replies: [][]byte{genlReply(nbdCmdConnect, nl.NewRtAttr(attrIndex, nl.Uint32Attr(0)))}}
+		k := newFakeKernel(f, t.TempDir())
+		if _, err := k.Connect(ConnectParams{Index: -1, Size: c.size, Socks: twoSocks(t)}); err != nil {
+			t.Fatal(err)
+		}
+		if got := decode(t, f.sent[0]).u64(t, attrBlockSizeBytes); got != uint64(c.want) {
+			t.Fatalf("size %d: block size %d, want %d", c.size, got, c.want)
+		}
 	}
 }
 
