@@ -58,8 +58,9 @@ type UserspaceConfig struct {
 	Transport Transport
 	// NBD is the kernel nbd driver (Transport nbd).
 	NBD NBD
-	// DeadConnTimeout is how long the kernel keeps an nbd device and queues
-	// its I/O while no server is connected.
+	// DeadConnTimeout is how long the kernel queues an nbd device's I/O
+	// while no server is connected; then I/O fails until a server
+	// reconnects (the device stays until it is disconnected).
 	DeadConnTimeout time.Duration
 	// ProcRoot is where processes are listed ("" is /proc).
 	ProcRoot string
@@ -212,7 +213,7 @@ func (a *Agent) prepareUnstage(ctx context.Context, volume string) error {
 		return nil
 	}
 	if a.isNBD(volume) {
-		// A device the kernel gave up on fails I/O at once: nothing to
+		// A device that is gone (disconnected) fails I/O at once: nothing to
 		// wait for. Starting a server then would make a new device.
 		if _, found, err := a.us.NBD.Device(volume); err != nil || !found {
 			return err

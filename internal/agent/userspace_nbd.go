@@ -40,7 +40,9 @@ type NBD interface {
 	// Available tells whether this kernel has nbd, and why not.
 	Available() (ok bool, reason string)
 	// Device returns the nbd device made for volume; found false when the
-	// kernel has none (never connected, disconnected, or timed out).
+	// kernel has none (never connected, disconnected, or the node rebooted).
+	// The kernel keeps a device whose server died, past the dead-connection
+	// timeout too, until it is disconnected.
 	Device(volume string) (dev string, found bool, err error)
 	// Disconnect removes the volume's device; nil when it has none.
 	Disconnect(volume string) error
@@ -170,7 +172,7 @@ func (a *Agent) nbdDevice(volume string) (string, error) {
 		return "", fmt.Errorf("find nbd device of %s: %w", volume, err)
 	}
 	if !found {
-		return "", fmt.Errorf("volume %s: the kernel has no nbd device for it (no server reconnected within the dead-connection timeout?): %w",
+		return "", fmt.Errorf("volume %s: the kernel has no nbd device for it (disconnected, or the node rebooted): %w",
 			volume, ErrConnectionLost)
 	}
 	return dev, nil
@@ -210,7 +212,7 @@ func (a *Agent) nbdCondition(volume string) (abnormal bool, msg string) {
 		return true, err.Error()
 	} else if !found {
 		return true, fmt.Sprintf("no blockdev server is connected to this volume's nbd device: its I/O waits "+
-			"until the agent's healer starts one, at most %s (the dead-connection timeout), then fails", a.us.DeadConnTimeout)
+			"at most %s (the dead-connection timeout), then fails until the agent's healer starts one", a.us.DeadConnTimeout)
 	}
 	return false, ""
 }

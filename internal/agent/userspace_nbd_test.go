@@ -227,7 +227,9 @@ func TestNBDHeal(t *testing.T) {
 	if len(procs.started) != 2 || procs.started[1].Volume != "vol-1" || nbd.devs["vol-1"] != "/dev/nbd0" {
 		t.Fatalf("started %+v devs %v: want a second server on the same device", procs.started, nbd.devs)
 	}
-	// The kernel gave up on the device: healing must not make a new one.
+	// The device is gone (disconnected behind the agent's back, or the node
+	// rebooted; the kernel itself keeps it past the dead-connection
+	// timeout): healing must not make a new one.
 	procs.kill(1002)
 	delete(nbd.devs, "vol-1")
 	if _, _, err := a.Heal(ctx, "vol-1"); !errors.Is(err, ErrConnectionLost) {

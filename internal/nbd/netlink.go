@@ -17,11 +17,16 @@ type Kernel interface {
 	// Connect configures a device on socks; Index -1 lets the kernel pick.
 	Connect(p ConnectParams) (index int, err error)
 	// Reconfigure hands new sockets to a device whose server died; the kernel
-	// takes one per dead connection and requeues what the dead server had read.
+	// takes one per dead connection, in order, and drops the rest without an
+	// error. What the dead server had read is requeued when its request
+	// timer fires (see ConnectParams.Timeout).
 	Reconfigure(index int, socks []*os.File, deadConn time.Duration) error
-	// Disconnect tears the device's connections down (NBD_CMD_DISC to the server).
+	// Disconnect tears the device's connections down (NBD_CMD_DISC to the
+	// server) and fails queued I/O. The configuration, with its sysfs
+	// backend file, goes when the last opener closes the device.
 	Disconnect(index int) error
-	// Status tells whether the device is configured.
+	// Status tells whether the device is configured (the kernel counts any
+	// reference to its configuration, an opener's too).
 	Status(index int) (connected bool, err error)
 }
 
@@ -33,10 +38,16 @@ type ConnectParams struct {
 	// when Size is not a multiple of 4096. Size must be a multiple of it.
 	BlockSize int64
 	Socks     []*os.File
-	// DeadConnTimeout is how long the kernel keeps the device and queues I/O
-	// while no server is connected (a restarted server reconnects meanwhile).
+	// DeadConnTimeout is how long I/O waits while no connection is alive
+	// (a restarted server reconnects meanwhile); then it fails. The device
+	// itself stays configured until Disconnect, and a later Reconfigure
+	// still revives it.
 	DeadConnTimeout time.Duration
-	// Timeout is the per-request timeout; 0 leaves the kernel's (none).
+	// Timeout is the request timeout. 0 keeps the block layer's 30s timer
+	// without a limit: with one connection the kernel only warns and waits
+	// (or requeues once the connection was replaced); with several, a
+	// request older than the timer marks its connection dead and is
+	// requeued on another, either way.
 	Timeout time.Duration
 	// Backend is shown in /sys/block/nbdN/backend (see BackendID).
 	Backend  string

@@ -25,7 +25,8 @@ type RunConfig struct {
 	Connections int
 	// Workers bounds the concurrent requests per connection (0: DefaultWorkers).
 	Workers int
-	// DeadConnTimeout is how long the kernel waits for a new server (0: 120s).
+	// DeadConnTimeout is how long I/O waits for a new server before it
+	// fails (0: 120s); the device stays until disconnected.
 	DeadConnTimeout time.Duration
 	// ReconnectWait bounds how long Run retries handing its sockets to an
 	// existing device whose old connections the kernel has not yet seen die
@@ -72,8 +73,8 @@ func (c *RunConfig) defaults() error {
 // Run serves the volume's image on its nbd device until ctx ends: it
 // reconnects the device a previous server left (found by backend
 // identifier) or connects a new one. On return the device stays: the kernel
-// queues I/O for DeadConnTimeout while the next server starts; whoever
-// unstages the volume disconnects it.
+// queues I/O for DeadConnTimeout while the next server starts, then fails
+// it until one does; whoever unstages the volume disconnects it.
 func Run(ctx context.Context, c RunConfig) error {
 	if err := c.defaults(); err != nil {
 		return err

@@ -17,8 +17,10 @@ func BackendID(volume string) string { return "berth:" + volume }
 // DevicePath is the device node of nbd index.
 func DevicePath(index int) string { return "/dev/nbd" + strconv.Itoa(index) }
 
-// FindByBackend scans <sysfs>/block/nbd*/backend for id. The file exists
-// only while the device is configured with a backend identifier.
+// FindByBackend scans <sysfs>/block/nbd*/backend for id. The kernel makes
+// the file at CONNECT (empty without an identifier) and removes it with the
+// configuration: after DISCONNECT once the last opener closes the device.
+// It survives the server's death and the dead-connection timeout.
 func FindByBackend(sysfs, id string) (index int, found bool, err error) {
 	dirs, err := filepath.Glob(filepath.Join(sysfs, "block", "nbd*"))
 	if err != nil {
