@@ -9,7 +9,7 @@ import (
 // connection does not allocate per request.
 const (
 	minClass = 12 // 4 KiB
-	maxClass = 26 // 64 MiB: a 32 MiB payload plus its reply header fits
+	maxClass = 26 // 64 MiB: a 32 MiB payload plus its reply header's page fits
 )
 
 var pools [maxClass + 1]sync.Pool

@@ -147,6 +147,9 @@ func (s *server) readLoop(ctx context.Context, r *bufio.Reader, jobs chan<- job)
 	}
 }
 
+// readPad is where READ data starts in its buffer.
+const readPad = 4096
+
 // handle runs one request and sends its reply.
 func (s *server) handle(j job) {
 	req := j.req
@@ -159,13 +162,16 @@ func (s *server) handle(j job) {
 		return
 	}
 	if req.cmd == cmdRead {
-		buf := getBuf(replySize + int(req.length))
-		errno := s.read(buf[replySize:], int64(req.off))
+		// The data lands page aligned (buffers start so) and the header
+		// goes just before it: an O_DIRECT image reads straight into it.
+		buf := getBuf(readPad + int(req.length))
+		errno := s.read(buf[readPad:], int64(req.off))
+		msg := buf[readPad-replySize:]
 		if errno != errnoOK {
-			buf = buf[:replySize]
+			msg = msg[:replySize]
 		}
-		putReply(buf, errno, req.cookie)
-		s.send(buf)
+		putReply(msg, errno, req.cookie)
+		s.send(msg)
 		putBuf(buf)
 		return
 	}

@@ -9,8 +9,10 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -261,6 +263,36 @@ func TestServeInvalidRequestsGetProtocolErrors(t *testing.T) {
 		if got := mustDo(t, s.client, cmdRead, 0, 0, 512, nil); got[511] != 7 {
 			t.Fatalf("after %s: read back wrong data", c.name)
 		}
+	}
+}
+
+// alignCheck records whether every read buffer was 4096-aligned: the image
+// uses O_DIRECT only for aligned memory.
+type alignCheck struct {
+	*memBackend
+	unaligned atomic.Int32
+}
+
+func (a *alignCheck) ReadAt(p []byte, off int64) (int, error) {
+	if uintptr(unsafe.Pointer(&p[0]))%4096 != 0 {
+		a.unaligned.Add(1)
+	}
+	return a.memBackend.ReadAt(p, off)
+}
+
+func TestServeReadsIntoAlignedMemory(t *testing.T) {
+	b := &alignCheck{memBackend: newMemBackend(64 << 20)}
+	s := startServe(t, b, 4)
+	want := bytes.Repeat([]byte{9}, 4096)
+	mustDo(t, s.client, cmdWrite, 0, 8192, 4096, want)
+	for _, n := range []uint32{512, 4096, 1 << 20, maxPayload} {
+		got := mustDo(t, s.client, cmdRead, 0, 0, n, nil)
+		if n >= 12288 && !bytes.Equal(got[8192:12288], want) {
+			t.Fatalf("read of %d bytes: wrong data", n)
+		}
+	}
+	if n := b.unaligned.Load(); n != 0 {
+		t.Fatalf("%d reads into memory that is not page aligned", n)
 	}
 }
 
