@@ -101,7 +101,10 @@ func Run(ctx context.Context, c RunConfig) error {
 	if c.OnReady != nil {
 		c.OnReady(dev)
 	}
-	return serveAll(ctx, conns, img, c.Workers, log)
+	one := c
+	one.Connections = 1
+	redial := func(ctx context.Context) ([]*os.File, error) { return reconnect(ctx, one, index) }
+	return serveAll(ctx, conns, redial, img, c.Workers, log)
 }
 
 // attach finds or makes the device and returns our ends of its sockets.
@@ -171,29 +174,57 @@ func reconnect(ctx context.Context, c RunConfig, index int) ([]*os.File, error) 
 	}
 }
 
-// serveAll serves every connection. A connection the kernel closed or
-// disconnected ends alone; a protocol error ends all (the kernel requeues
-// to the next server). It returns nil when ctx ended or the kernel
-// disconnected, an error when every connection was lost otherwise.
-func serveAll(ctx context.Context, conns []*os.File, b Backend, workers int, log logr.Logger) error {
+// serveAll serves every connection. The kernel drops a connection on its
+// own when a request outlives the request timer while other connections
+// exist (nbd_xmit_timeout marks it dead and requeues the request): such a
+// connection is replaced through redial while no NBD_CMD_DISC came. A
+// protocol error ends all (the kernel requeues to the next server). It
+// returns nil when ctx ended or the kernel disconnected, an error when
+// every connection was lost and none could be replaced.
+func serveAll(ctx context.Context, conns []*os.File, redial func(context.Context) ([]*os.File, error),
+	b Backend, workers int, log logr.Logger) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	errs := make(chan error, len(conns))
-	for i, f := range conns {
-		l := log.WithValues("conn", i)
-		go func() { errs <- Serve(ctx, f, b, workers, l) }()
+	type ended struct {
+		f   *os.File
+		err error
+	}
+	done := make(chan ended)
+	active, next := 0, 0
+	serve := func(f *os.File) {
+		l := log.WithValues("conn", next)
+		active++
+		next++
+		go func() { done <- ended{f, Serve(ctx, f, b, workers, l)} }()
+	}
+	for _, f := range conns {
+		serve(f)
 	}
 	var lost, fatal error
 	discs := 0
-	for range conns {
-		err := <-errs
-		switch {
+	for active > 0 {
+		e := <-done
+		active--
+		_ = e.f.Close() // its requests are answered; the peer sees the close
+		switch err := e.err; {
 		case err == nil:
 			discs++
 		case ctx.Err() != nil && errors.Is(err, ctx.Err()):
 		case errors.Is(err, ErrDisconnected):
 			log.Info("connection lost", "err", err.Error())
 			lost = err
+			if discs > 0 || ctx.Err() != nil || redial == nil {
+				break
+			}
+			fresh, rerr := redial(ctx)
+			if rerr != nil {
+				log.Error(rerr, "lost connection not replaced")
+				break
+			}
+			for _, f := range fresh {
+				serve(f)
+			}
+			log.Info("lost connection replaced", "connections", active)
 		default:
 			log.Error(err, "connection failed; stopping all")
 			if fatal == nil {

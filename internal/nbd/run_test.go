@@ -250,14 +250,54 @@ func TestRunConnectReconnectDisconnect(t *testing.T) {
 	}
 }
 
-// The kernel closing every connection (e.g. it timed them out) ends Run
-// with ErrDisconnected, so that a supervisor restarts and reconnects it.
+// The kernel drops a connection whose request outlived the request timer
+// (several connections, nbd_xmit_timeout) and keeps the device: Run hands
+// it a fresh socket for the dead slot and goes on serving.
+func TestRunReplacesConnectionTheKernelDropped(t *testing.T) {
+	k := newFakeKernelDriver(t)
+	_, image := newImage(t, 1<<20, false)
+	r := startRun(t, k, image, nil)
+	r.waitReady(t)
+	d := k.dev(0)
+	dropped := d.conns[1]
+	_ = dropped.conn.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		k.mu.Lock()
+		replaced := d.conns[1] != dropped
+		k.mu.Unlock()
+		if replaced {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the dropped connection was not replaced")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	data := bytes.Repeat([]byte{5}, 4096)
+	mustDo(t, k.dev(0).conns[1], cmdWrite, 0, 0, 4096, data)
+	if got := mustDo(t, k.dev(0).conns[0], cmdRead, 0, 0, 4096, nil); !bytes.Equal(got, data) {
+		t.Fatal("the replacement connection does not serve the image")
+	}
+	select {
+	case err := <-r.done:
+		t.Fatalf("Run ended: %v", err)
+	default:
+	}
+}
+
+// Every connection lost and the device gone (nothing to reconnect to) ends
+// Run with ErrDisconnected, so that a supervisor sees it.
 func TestRunAllConnectionsLost(t *testing.T) {
 	k := newFakeKernelDriver(t)
 	_, image := newImage(t, 1<<20, false)
 	r := startRun(t, k, image, nil)
 	r.waitReady(t)
-	for _, c := range k.dev(0).conns {
+	d := k.dev(0)
+	k.mu.Lock()
+	delete(k.devs, 0)
+	k.mu.Unlock()
+	for _, c := range d.conns {
 		_ = c.conn.Close()
 	}
 	select {
