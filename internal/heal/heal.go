@@ -1,8 +1,9 @@
-// Package heal is the volume healer (the Ceph-CSI design): when the agent
-// starts, and then every interval, it lists this node's stage records and
-// has the agent restart the blockdev server of every staged userspace volume
-// whose server is gone. The new server takes the FUSE connection over from
-// the keeper, so I/O that waited during the gap goes on without errors.
+// Package heal is the volume healer: when the agent starts, and then every
+// interval, it lists this node's stage records and has the agent restart the
+// blockdev server of every staged userspace volume whose server is gone. The
+// new server takes the FUSE connection over from the keeper (or reconnects
+// the nbd device the kernel kept), so I/O that waited during the gap goes on
+// without errors.
 package heal
 
 import (

@@ -139,11 +139,7 @@ func (f *fixture) startAgent(extra ...string) error {
 // killAll SIGKILLs the agent and every blockdev server the keeper lists,
 // and waits until they are gone.
 func (f *fixture) killAll(ctx context.Context) error {
-	if f.agent != nil {
-		_ = f.agent.Process.Signal(syscall.SIGKILL)
-		<-f.agentDone
-		f.agent = nil
-	}
+	f.killAgent()
 	vols, err := keeper.NewClient(f.keeperSock).List(ctx)
 	if err != nil {
 		return err
@@ -156,6 +152,30 @@ func (f *fixture) killAll(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// stopAgent asks the agent to exit (SIGTERM) and kills it after 10s.
+func (f *fixture) stopAgent() {
+	if f.agent == nil {
+		return
+	}
+	_ = f.agent.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-f.agentDone:
+	case <-time.After(10 * time.Second):
+		_ = f.agent.Process.Kill()
+		<-f.agentDone
+	}
+	f.agent = nil
+}
+
+// killAgent SIGKILLs the agent (what a crash looks like) and waits for it.
+func (f *fixture) killAgent() {
+	if f.agent != nil {
+		_ = f.agent.Process.Signal(syscall.SIGKILL)
+		<-f.agentDone
+		f.agent = nil
+	}
 }
 
 // killWait SIGKILLs pid through a pidfd (never a reused pid) and waits for
@@ -198,15 +218,7 @@ func (f *fixture) node(t *testing.T) csi.NodeClient {
 func (f *fixture) stop(failed bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if f.agent != nil {
-		_ = f.agent.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-f.agentDone:
-		case <-time.After(10 * time.Second):
-			_ = f.agent.Process.Kill()
-			<-f.agentDone
-		}
-	}
+	f.stopAgent()
 	if failed && f.agentLog != "" {
 		b, _ := os.ReadFile(f.agentLog)
 		fmt.Fprintf(os.Stderr, "agent log (tail):\n%s\n", tail(string(b), 8000))

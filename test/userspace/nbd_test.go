@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -39,20 +38,6 @@ func (f *fixture) withNBDAgent(t *testing.T) csi.NodeClient {
 	nc := f.node(t)
 	waitCSI(t, nc)
 	return nc
-}
-
-func (f *fixture) stopAgent() {
-	if f.agent == nil {
-		return
-	}
-	_ = f.agent.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-f.agentDone:
-	case <-time.After(10 * time.Second):
-		_ = f.agent.Process.Kill()
-		<-f.agentDone
-	}
-	f.agent = nil
 }
 
 // TestNBDTransport: an agent set to the nbd transport on a kernel without
@@ -150,7 +135,7 @@ func (f *fixture) nbdHeals(t *testing.T) {
 		if err != nil {
 			t.Fatalf("nbd record %q: %v", b, err)
 		}
-		f.stopAgentHard()
+		f.killAgent()
 		if err := killWait(pid); err != nil {
 			t.Fatal(err)
 		}
@@ -167,14 +152,6 @@ func (f *fixture) nbdHeals(t *testing.T) {
 	}
 	if err := w.Stop(30 * time.Second); err != nil {
 		t.Errorf("writer: %v", err)
-	}
-}
-
-func (f *fixture) stopAgentHard() {
-	if f.agent != nil {
-		_ = f.agent.Process.Signal(syscall.SIGKILL)
-		<-f.agentDone
-		f.agent = nil
 	}
 }
 
