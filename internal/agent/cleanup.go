@@ -55,10 +55,8 @@ func (a *Agent) forceUnstage(ctx context.Context, volume, staging string) error 
 	if err := a.detach(ctx, volume, dev); err != nil {
 		return err
 	}
-	if a.isUserspace(volume) {
-		if err := a.stopUserspace(ctx, volume); err != nil {
-			return err
-		}
+	if err := a.stopUserspace(ctx, volume); err != nil {
+		return err
 	}
 	a.log.Info("force unstaged", "volume", volume, "stagingPath", staging, "device", dev)
 	return nil

@@ -26,12 +26,9 @@ const flexDriver = flexvolume.Vendor + "/" + flexvolume.Name
 // the Flexvolume PersistentVolume kubelet mounts (whose `volume` option an
 // administrator wrote), or the Volume's berth.io/namespace label.
 func (a *Agent) checkFlexOwner(ctx context.Context, r flexvolume.MountRequest) error {
-	vol := &v1.Volume{}
-	if err := a.api.Get(ctx, client.ObjectKey{Name: r.Volume}, vol); err != nil {
-		if apierrors.IsNotFound(err) {
-			return fmt.Errorf("volume %s: %w", r.Volume, ErrVolumeNotFound)
-		}
-		return fmt.Errorf("read Volume %s: %w", r.Volume, err)
+	vol, err := a.volume(ctx, r.Volume)
+	if err != nil {
+		return err
 	}
 	owners, err := a.flexOwners(ctx, vol, r.PVOrVolumeName)
 	if err != nil {

@@ -192,10 +192,8 @@ func (a *Agent) unstage(ctx context.Context, volumeID, stagingPath string) error
 	if err := a.detach(ctx, volumeID, dev); err != nil {
 		return err
 	}
-	if a.isUserspace(volumeID) {
-		if err := a.stopUserspace(ctx, volumeID); err != nil {
-			return fmt.Errorf("unstage %s: %w", volumeID, err)
-		}
+	if err := a.stopUserspace(ctx, volumeID); err != nil {
+		return fmt.Errorf("unstage %s: %w", volumeID, err)
 	}
 	if err := a.fence.Release(ctx, volumeID, a.node, stagingPath); err != nil {
 		return fmt.Errorf("release fence of %s: %w", volumeID, err)

@@ -60,7 +60,8 @@ type UserspaceConfig struct {
 	NBD NBD
 	// DeadConnTimeout is how long the kernel queues an nbd device's I/O
 	// while no server is connected; then I/O fails until a server
-	// reconnects (the device stays until it is disconnected).
+	// reconnects (the device stays until it is disconnected); 0: the
+	// server's default.
 	DeadConnTimeout time.Duration
 	// ProcRoot is where processes are listed ("" is /proc).
 	ProcRoot string
@@ -71,9 +72,6 @@ func (a *Agent) WithUserspace(c UserspaceConfig) *Agent {
 	if c.StopTimeout == 0 {
 		c.StopTimeout = 10 * time.Second
 	}
-	if c.DeadConnTimeout == 0 {
-		c.DeadConnTimeout = 2 * time.Minute
-	}
 	a.us = &c
 	return a
 }
@@ -82,9 +80,10 @@ func (a *Agent) WithUserspace(c UserspaceConfig) *Agent {
 // node have lost (or cannot get) their FUSE connection.
 var ErrKeeperDown = errors.New("berth keeper is not running")
 
-// ErrConnectionLost means that the keeper no longer holds the volume's FUSE
-// connection (it was restarted), so the volume's I/O fails until restaged.
-var ErrConnectionLost = errors.New("the keeper no longer holds the volume's FUSE connection")
+// ErrConnectionLost means that the volume's kernel connection is gone (the
+// keeper no longer holds its FUSE connection, or the kernel no longer has
+// its nbd device), so the volume's I/O fails until it is staged anew.
+var ErrConnectionLost = errors.New("the volume's kernel connection is lost")
 
 func (a *Agent) usMountpoint(volume string) string { return filepath.Join(a.us.Root, volume) }
 
@@ -176,6 +175,9 @@ func (a *Agent) ensureServer(ctx context.Context, volume, image string) error {
 // close the connection, then drops the volume's record. The loop device
 // must be detached already. Idempotent.
 func (a *Agent) stopUserspace(ctx context.Context, volume string) error {
+	if !a.isUserspace(volume) {
+		return nil
+	}
 	if a.isNBD(volume) {
 		return a.nbdStop(volume)
 	}
@@ -295,7 +297,7 @@ func (a *Agent) Heal(ctx context.Context, volumeID string) (*v1.Volume, HealResu
 	case err != nil:
 		return vol, HealSkipped, err
 	case !found:
-		return vol, HealSkipped, fmt.Errorf("volume %s: %w", volumeID, ErrConnectionLost)
+		return vol, HealSkipped, fmt.Errorf("volume %s: the keeper no longer holds its FUSE connection (the keeper was restarted?): %w", volumeID, ErrConnectionLost)
 	case rec.ServerPID != 0:
 		return vol, HealServing, nil
 	}
@@ -322,7 +324,7 @@ func (a *Agent) usCondition(ctx context.Context, volume string) (abnormal bool, 
 	case err != nil:
 		return true, err.Error()
 	case !found:
-		return true, fmt.Sprintf("%s (the keeper was restarted?): its I/O fails; restart the pods using this volume so that it is staged anew", ErrConnectionLost)
+		return true, "the keeper no longer holds this volume's FUSE connection (the keeper was restarted?): its I/O fails; restart the pods using this volume so that it is staged anew"
 	case rec.ServerPID == 0:
 		return true, "no blockdev server is running for this volume: its I/O waits until the agent's healer starts one"
 	}

@@ -204,15 +204,16 @@ func (a *Agent) nbdStop(volume string) error {
 
 // nbdCondition checks the volume's server and device.
 func (a *Agent) nbdCondition(volume string) (abnormal bool, msg string) {
-	if _, found, err := a.us.NBD.Device(volume); err != nil || !found {
-		return true, fmt.Sprintf("%s: the volume's I/O fails; restart the pods using this volume so that it is staged anew (%v)",
-			"the kernel no longer has this volume's nbd device", err)
+	if _, found, err := a.us.NBD.Device(volume); err != nil {
+		return true, fmt.Sprintf("cannot find this volume's nbd device: %v", err)
+	} else if !found {
+		return true, "the kernel no longer has this volume's nbd device: its I/O fails; restart the pods using this volume so that it is staged anew"
 	}
 	if _, found, err := a.nbdServer(volume); err != nil {
 		return true, err.Error()
 	} else if !found {
-		return true, fmt.Sprintf("no blockdev server is connected to this volume's nbd device: its I/O waits "+
-			"at most %s (the dead-connection timeout), then fails until the agent's healer starts one", a.us.DeadConnTimeout)
+		return true, "no blockdev server is connected to this volume's nbd device: its I/O waits for the " +
+			"dead-connection timeout at most, then fails until the agent's healer starts one"
 	}
 	return false, ""
 }

@@ -125,9 +125,9 @@ func (h *Healer) heal(ctx context.Context, id string) agent.HealResult {
 	if err == nil {
 		h.clear(id)
 		if res == agent.HealRestarted {
-			log.Info("healed: a new blockdev server took over the FUSE connection", "took", time.Since(start))
+			log.Info("healed: a new blockdev server took over the volume's kernel connection", "took", time.Since(start))
 			h.event(vol, corev1.EventTypeNormal, ReasonHealed,
-				"node "+h.Node+": the volume's blockdev server was gone (agent restart or crash); a new one took over its FUSE connection from the keeper and I/O goes on")
+				"node "+h.Node+": the volume's blockdev server was gone (agent restart or crash); a new one took over its kernel connection and I/O goes on")
 		}
 		return res
 	}
@@ -139,8 +139,7 @@ func (h *Healer) heal(ctx context.Context, id string) agent.HealResult {
 			"Make the keeper run again (berth agent pod), then restart the pods using this volume so that it is staged anew"
 	case errors.Is(err, agent.ErrConnectionLost):
 		reason = ReasonConnectionLost
-		msg = "node " + h.Node + ": the keeper no longer holds this volume's FUSE connection (the keeper was restarted), so its I/O fails. " +
-			"Restart the pods using this volume so that it is staged anew"
+		msg = "node " + h.Node + ": " + err.Error() + ", so its I/O fails. Restart the pods using this volume so that it is staged anew"
 	}
 	log.Error(err, "heal failed", "reason", reason)
 	if h.warn(id, reason) {
