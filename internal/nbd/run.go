@@ -38,9 +38,12 @@ type RunConfig struct {
 }
 
 const (
-	defaultConnections     = 2
+	// DefaultConnections is the number of sockets of a new device.
+	DefaultConnections = 2
+	// DefaultDeadConnTimeout is how long the kernel queues I/O while no
+	// server is connected, by default.
+	DefaultDeadConnTimeout = 120 * time.Second
 	maxConnections         = 16
-	defaultDeadConnTimeout = 120 * time.Second
 	defaultReconnectWait   = 15 * time.Second
 	retryEvery             = 200 * time.Millisecond
 )
@@ -53,13 +56,13 @@ func (c *RunConfig) defaults() error {
 		c.Sysfs = "/sys"
 	}
 	if c.Connections == 0 {
-		c.Connections = defaultConnections
+		c.Connections = DefaultConnections
 	}
 	if c.Connections < 1 || c.Connections > maxConnections {
 		return fmt.Errorf("nbd: %d connections: want 1..%d", c.Connections, maxConnections)
 	}
 	if c.DeadConnTimeout == 0 {
-		c.DeadConnTimeout = defaultDeadConnTimeout
+		c.DeadConnTimeout = DefaultDeadConnTimeout
 	}
 	if c.ReconnectWait == 0 {
 		c.ReconnectWait = defaultReconnectWait

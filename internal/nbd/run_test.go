@@ -185,7 +185,7 @@ func TestRunConnectReconnectDisconnect(t *testing.T) {
 		t.Fatalf("device %q", dev)
 	}
 	d := k.dev(0)
-	if d.backend != "berth:vol-1" || d.size != 8<<20 || d.deadConn != defaultDeadConnTimeout || len(d.conns) != 2 {
+	if d.backend != "berth:vol-1" || d.size != 8<<20 || d.deadConn != DefaultDeadConnTimeout || len(d.conns) != 2 {
 		t.Fatalf("connected with %+v", d)
 	}
 	data := bytes.Repeat([]byte("berth"), 1000)

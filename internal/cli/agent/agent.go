@@ -218,7 +218,7 @@ func Command() cli.Command {
 			fs.BoolVar(&cfg.BlockdevPassthrough, "blockdev-passthrough", true, "let the kernel do data I/O of userspace volumes (FUSE passthrough, kernel 6.9+; ignored where the kernel lacks it)")
 			fs.IntVar(&cfg.BlockdevWorkers, "blockdev-workers", 0, "request workers per blockdev server (0: the server's default)")
 			fs.StringVar(&cfg.UserspaceTransport, "userspace-transport", "fuse", "how newly staged userspace volumes reach the kernel: fuse (keeper + loop) or nbd (needs the nbd module)")
-			fs.DurationVar(&cfg.NBDDeadConnTimeout, "nbd-dead-conn-timeout", 2*time.Minute, "how long the kernel keeps an nbd device and queues its I/O while no server is connected")
+			fs.DurationVar(&cfg.NBDDeadConnTimeout, "nbd-dead-conn-timeout", nbd.DefaultDeadConnTimeout, "how long the kernel keeps an nbd device and queues its I/O while no server is connected")
 			fs.DurationVar(&cfg.HealInterval, "heal-interval", 30*time.Second, "how often staged userspace volumes are checked and healed after the check at start; 0: only at start")
 			fs.StringVar(&cfg.MetricsAddr, "metrics-addr", "0", "metrics listen address; 0 disables")
 			fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG or in-cluster)")

@@ -164,8 +164,8 @@ func Command() cli.Command {
 			fs.IntVar(&cfg.Workers, "workers", 0, "request goroutines, per connection for nbd (0: default)")
 			fs.BoolVar(&cfg.Direct, "direct", true, "O_DIRECT for aligned I/O on the image")
 			fs.BoolVar(&cfg.Passthrough, "passthrough", false, "let the kernel read and write the image itself (FUSE passthrough, 6.9+) (fuse)")
-			fs.DurationVar(&cfg.DeadConnTimeout, "dead-conn-timeout", 120*time.Second, "how long the kernel queues I/O while no server is connected, before failing it until one reconnects (nbd)")
-			fs.IntVar(&cfg.Connections, "connections", 2, "sockets of a new nbd device (nbd)")
+			fs.DurationVar(&cfg.DeadConnTimeout, "dead-conn-timeout", nbd.DefaultDeadConnTimeout, "how long the kernel queues I/O while no server is connected, before failing it until one reconnects (nbd)")
+			fs.IntVar(&cfg.Connections, "connections", nbd.DefaultConnections, "sockets of a new nbd device (nbd)")
 			fs.IntVar(&cfg.ReadyFD, "ready-fd", 0, "fd to write \"ready\" (fuse) or \"ready <device>\" (nbd) to once serving")
 			if err := fs.Parse(args); err != nil {
 				return err
