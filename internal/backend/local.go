@@ -257,6 +257,10 @@ func writeAtomic(dir, final, id string, fill func(*os.File) error) (err error) {
 			_ = tmp.Close()
 			_ = os.Remove(tmp.Name())
 		}
+		if errors.Is(err, unix.ENOSPC) && !errors.Is(err, ErrNoSpace) {
+			// Others filled the disk between the space check and the copy.
+			err = fmt.Errorf("%w: %w", ErrNoSpace, err)
+		}
 	}()
 	if err = fill(tmp); err != nil {
 		return err

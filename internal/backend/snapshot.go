@@ -71,10 +71,6 @@ func (l *Local) CreateSnapshot(ctx context.Context, snapID, sourceID string) (Sn
 	if errors.Is(err, ErrExists) {
 		return l.GetSnapshot(ctx, snapID)
 	}
-	if errors.Is(err, unix.ENOSPC) {
-		// Others filled the disk between the check and the copy.
-		return Snapshot{}, fmt.Errorf("create snapshot %s: %w: %w", snapID, ErrNoSpace, err)
-	}
 	if err != nil {
 		return Snapshot{}, fmt.Errorf("create snapshot %s: %w", snapID, err)
 	}
