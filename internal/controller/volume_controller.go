@@ -90,11 +90,7 @@ func (r *VolumeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 			return ctrl.Result{}, err
 		}
 		if busy != "" {
-			log.Info("image deletion waits: volume still in use", "why", busy)
-			if r.Recorder != nil {
-				r.Recorder.Event(vol, corev1.EventTypeNormal, reasonInUse, "image deletion waits: "+busy)
-			}
-			return ctrl.Result{RequeueAfter: inUseRetry}, r.setWaiting(ctx, vol, busy)
+			return ctrl.Result{RequeueAfter: inUseRetry}, r.setWaiting(ctx, log, vol, busy)
 		}
 		if err := r.Backend.Delete(ctx, vol.Name); err != nil {
 			return ctrl.Result{}, fmt.Errorf("delete image of %s: %w", vol.Name, err)
@@ -160,10 +156,19 @@ func (r *VolumeReconciler) inUse(ctx context.Context, vol *v1.Volume) (string, e
 	return "", nil
 }
 
-// setWaiting tells on the Volume why its deletion waits.
-func (r *VolumeReconciler) setWaiting(ctx context.Context, vol *v1.Volume, why string) error {
+// setWaiting tells on the Volume (status and one Event) why its deletion
+// waits; a requeue that finds the same reason writes nothing.
+func (r *VolumeReconciler) setWaiting(ctx context.Context, log logr.Logger, vol *v1.Volume, why string) error {
+	msg := "image deletion waits: " + why
+	if vol.Status.Message == msg {
+		return nil
+	}
+	log.Info("image deletion waits: volume still in use", "why", why)
+	if r.Recorder != nil {
+		r.Recorder.Event(vol, corev1.EventTypeNormal, reasonInUse, msg)
+	}
 	orig := vol.DeepCopy()
-	vol.Status.Message = "image deletion waits: " + why
+	vol.Status.Message = msg
 	meta.SetStatusCondition(&vol.Status.Conditions, metav1.Condition{
 		Type: v1.ConditionReady, Status: metav1.ConditionFalse, ObservedGeneration: vol.Generation,
 		Reason: reasonInUse, Message: vol.Status.Message,
