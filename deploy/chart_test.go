@@ -118,7 +118,7 @@ func TestChartInstallsAndOperatorWorks(t *testing.T) {
 		if o.GetKind() == "StorageCluster" {
 			waitCRDs(ctx, t)
 		}
-		if err := env.Client.Patch(ctx, o, client.Apply, client.FieldOwner("chart-test"), client.ForceOwnership); err != nil {
+		if err := env.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(o), client.FieldOwner("chart-test"), client.ForceOwnership); err != nil {
 			t.Fatalf("apply %s %s: %v", o.GetKind(), o.GetName(), err)
 		}
 		kinds[o.GetKind()]++
@@ -190,8 +190,7 @@ func TestChartInstallsAndOperatorWorks(t *testing.T) {
 }
 
 func isGone(ctx context.Context, sc *v1.StorageCluster) bool {
-	err := env.Client.Get(ctx, client.ObjectKeyFromObject(sc), &v1.StorageCluster{})
-	return client.IgnoreNotFound(err) == nil && err != nil
+	return apierrors.IsNotFound(env.Client.Get(ctx, client.ObjectKeyFromObject(sc), &v1.StorageCluster{}))
 }
 
 // runOperatorAs runs `berth operator` in this process with the API
