@@ -75,9 +75,6 @@ func NewServer(cfg Config) (*Server, error) {
 // connection, after the resend request on a takeover.
 func (s *Server) Ready() <-chan struct{} { return s.ready }
 
-// Settings returns the negotiated settings, nil before INIT.
-func (s *Server) Settings() *Settings { return s.settings.Load() }
-
 func (s *Server) markReady() { s.readyOne.Do(func() { close(s.ready) }) }
 
 // Serve runs the workers until ctx ends or the connection ends. On ctx end it

@@ -9,8 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"regexp"
-	"strings"
 )
 
 // Driver is the Flexvolume driver name: kubelet runs it from
@@ -103,18 +101,4 @@ func ParseMount(args []string) (MountRequest, error) {
 		return MountRequest{}, fmt.Errorf("option %s=%q: want rw or ro: %w", OptReadWrite, rw, ErrUsage)
 	}
 	return r, nil
-}
-
-// kubelet mounts a pod's Flexvolume at
-// <kubelet root>/pods/<pod uid>/volumes/<vendor>~<driver>/<volume name>.
-var podVolumeDir = regexp.MustCompile(`/pods/([0-9a-fA-F-]{8,})/volumes/` + regexp.QuoteMeta(Dir) + `/([^/]+)$`)
-
-// PodOfMountDir returns the pod UID and volume name a kubelet mount dir
-// names, when it follows kubelet's layout.
-func PodOfMountDir(dir string) (podUID, volume string, ok bool) {
-	m := podVolumeDir.FindStringSubmatch(filepath.Clean(dir))
-	if m == nil {
-		return "", "", false
-	}
-	return m[1], strings.ReplaceAll(m[2], "~", "/"), true
 }

@@ -33,13 +33,3 @@ func TestParseMount(t *testing.T) {
 		}
 	}
 }
-
-func TestPodOfMountDir(t *testing.T) {
-	uid, vol, ok := PodOfMountDir("/var/lib/kubelet/pods/0b5e7c2a-1111-2222/volumes/berth.io~berth/data/")
-	if !ok || uid != "0b5e7c2a-1111-2222" || vol != "data" {
-		t.Errorf("got %q %q %t", uid, vol, ok)
-	}
-	if _, _, ok := PodOfMountDir("/mnt/somewhere"); ok {
-		t.Error("a non-kubelet path matched")
-	}
-}
