@@ -51,6 +51,9 @@ func newScenario(t *testing.T, timeout time.Duration) *scenario {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	t.Cleanup(cancel)
 	if _, err := cs.StorageV1().CSIDrivers().Get(ctx, "berth.io", metav1.GetOptions{}); err != nil {
+		if os.Getenv("BERTH_E2E_ENV") != "" {
+			t.Fatalf("berth is not installed in the cluster of BERTH_E2E_ENV: %v", err)
+		}
 		t.Skipf("berth is not installed (%v): run `berth dev up` or make e2e", err)
 	}
 	s := &scenario{t: t, ctx: ctx, env: env, cs: cs}

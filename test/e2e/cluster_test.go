@@ -99,6 +99,10 @@ func run(m *testing.M) int {
 	}
 	if env, err := LoadEnv(path); err == nil {
 		cluster = &env
+	} else if os.Getenv("BERTH_E2E_ENV") != "" {
+		// Named explicitly (make e2e): a missing cluster is a failure, not a skip.
+		fmt.Fprintf(os.Stderr, "e2e: cluster of BERTH_E2E_ENV: %v\n", err)
+		return 1
 	} else {
 		fmt.Fprintf(os.Stderr, "e2e: no cluster (%v): run hack/cluster/up.sh, or set BERTH_E2E_UP=1\n", err)
 	}

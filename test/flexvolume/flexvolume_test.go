@@ -115,11 +115,21 @@ func (f *fixture) startAgent() error {
 	return f.agent.Start()
 }
 
-// stopAgent stops the agent process by PID.
+// stopAgent stops the agent process by PID (SIGTERM, SIGKILL after 10s).
 func (f *fixture) stopAgent() {
-	if f.agent != nil && f.agent.Process != nil {
-		_ = f.agent.Process.Signal(syscall.SIGTERM)
-		_ = f.agent.Wait()
+	if f.agent == nil || f.agent.Process == nil {
+		return
+	}
+	cmd := f.agent
+	f.agent = nil
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	select {
+	case <-exited:
+	case <-time.After(10 * time.Second):
+		_ = cmd.Process.Kill()
+		<-exited
 	}
 }
 
