@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 
 	appsv1 "k8s.io/api/apps/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
@@ -47,8 +49,19 @@ func (r *Reconciler) apply(ctx context.Context, sc *v1.StorageCluster) (observed
 // dependent of sc. An object controlled by someone else is left alone.
 func (r *Reconciler) ensure(ctx context.Context, sc *v1.StorageCluster, obj client.Object, mutate func()) error {
 	_, err := controllerutil.CreateOrUpdate(ctx, r.Client, obj, func() error {
+		read := obj.DeepCopyObject()
 		mutate()
-		return controllerutil.SetControllerReference(sc, obj, r.Client.Scheme())
+		if err := controllerutil.SetControllerReference(sc, obj, r.Client.Scheme()); err != nil {
+			return err
+		}
+		// Rendering replaces whole specs, dropping the defaults the API
+		// server filled in, so the object never equals what was read. When
+		// every field we set already holds our value, keep the object as
+		// read: no update is sent on a reconcile that changes nothing.
+		if obj.GetResourceVersion() != "" && equality.Semantic.DeepDerivative(obj, read) {
+			reflect.ValueOf(obj).Elem().Set(reflect.ValueOf(read).Elem())
+		}
+		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("%T %s: %w", obj, obj.GetName(), err)

@@ -2,18 +2,22 @@ package storagecluster_test
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/go-logr/logr"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/controller/storagecluster"
@@ -272,4 +276,34 @@ func env1(c corev1.Container, name string) *corev1.EnvVar {
 		}
 	}
 	return nil
+}
+
+// TestReconcileWithoutChangeSendsNoUpdate: once everything is applied, a
+// reconcile that changes nothing sends no Update of the owned objects
+// (rendering replaces whole specs, which would otherwise differ from the
+// server-defaulted objects on every pass).
+func TestReconcileWithoutChangeSendsNoUpdate(t *testing.T) {
+	sc := newCluster(t, "quiet", v1.StorageClusterSpec{})
+	watching, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var updates []string
+	counting := interceptor.NewClient(watching, interceptor.Funcs{
+		Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
+			updates = append(updates, fmt.Sprintf("%T %s", obj, obj.GetName()))
+			return c.Update(ctx, obj, opts...)
+		},
+	})
+	r := &storagecluster.Reconciler{Client: counting, Options: opts, Log: logr.Discard()}
+	req := ctrl.Request{NamespacedName: types.NamespacedName{Name: sc.Name}}
+	for i := range 2 { // the first pass may still converge; the second must be quiet
+		updates = nil
+		if _, err := r.Reconcile(testCtx(t), req); err != nil {
+			t.Fatalf("reconcile %d: %v", i, err)
+		}
+	}
+	if len(updates) != 0 {
+		t.Errorf("a reconcile without change sent updates: %v", updates)
+	}
 }
