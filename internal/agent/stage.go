@@ -113,7 +113,7 @@ func (a *Agent) stage(ctx context.Context, r StageRequest) (err error) {
 			return fmt.Errorf("find nbd device of %s: %w", r.VolumeID, err)
 		}
 		fresh = !had
-		if err := a.nbdEnsureServer(ctx, r.VolumeID, image); err != nil {
+		if _, err := a.nbdEnsureServer(ctx, r.VolumeID, image); err != nil {
 			return err
 		}
 		dev, err := a.nbdDevice(r.VolumeID)

@@ -140,9 +140,6 @@ func (a *Agent) ensureServer(ctx context.Context, volume, image string) error {
 	if a.us == nil {
 		return fmt.Errorf("volume %s: mounter userspace: %w on this agent", volume, ErrUnsupported)
 	}
-	if a.transport(volume) == TransportNBD {
-		return a.nbdEnsureServer(ctx, volume, image)
-	}
 	rec, _, err := a.server(ctx, volume)
 	if err != nil {
 		return err
@@ -150,25 +147,33 @@ func (a *Agent) ensureServer(ctx context.Context, volume, image string) error {
 	if rec.ServerPID != 0 {
 		return nil
 	}
+	_, err = a.startServer(ctx, blockdev.Params{
+		KeeperSocket: a.us.KeeperSocket, Volume: volume, Image: image,
+		Mountpoint: a.usMountpoint(volume), Passthrough: a.us.Passthrough,
+	})
+	return err
+}
+
+// startServer starts a blockdev server for p.Volume (either transport)
+// with its output appended to the volume's server log.
+func (a *Agent) startServer(ctx context.Context, p blockdev.Params) (Server, error) {
 	if err := os.MkdirAll(a.us.Root, 0o700); err != nil {
-		return fmt.Errorf("userspace root: %w", err)
+		return nil, fmt.Errorf("userspace root: %w", err)
 	}
 	// A file, not a pipe: the server outlives the agent and must not die of
 	// SIGPIPE when the agent is gone.
-	logf, err := os.OpenFile(a.usLog(volume), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	logf, err := os.OpenFile(a.usLog(p.Volume), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
-		return fmt.Errorf("server log of %s: %w", volume, err)
+		return nil, fmt.Errorf("server log of %s: %w", p.Volume, err)
 	}
 	defer func() { _ = logf.Close() }()
-	proc, err := a.us.Start(ctx, blockdev.Params{
-		Binary: a.us.Binary, KeeperSocket: a.us.KeeperSocket, Volume: volume, Image: image,
-		Mountpoint: a.usMountpoint(volume), Workers: a.us.Workers, Passthrough: a.us.Passthrough, Stderr: logf,
-	})
+	p.Binary, p.Workers, p.Stderr = a.us.Binary, a.us.Workers, logf
+	proc, err := a.us.Start(ctx, p)
 	if err != nil {
-		return fmt.Errorf("start blockdev server of %s (log %s): %w", volume, a.usLog(volume), err)
+		return nil, fmt.Errorf("start blockdev server of %s (log %s): %w", p.Volume, a.usLog(p.Volume), err)
 	}
-	a.log.Info("blockdev server started", "volume", volume, "pid", proc.PID())
-	return nil
+	a.log.Info("blockdev server started", "volume", p.Volume, "transport", p.Transport, "pid", proc.PID())
+	return proc, nil
 }
 
 // stopUserspace stops the volume's server and has the keeper unmount and
@@ -224,7 +229,8 @@ func (a *Agent) prepareUnstage(ctx context.Context, volume string) error {
 		if err != nil {
 			return err
 		}
-		return a.nbdEnsureServer(ctx, volume, image)
+		_, err = a.nbdEnsureServer(ctx, volume, image)
+		return err
 	}
 	// With the keeper down or the connection gone, I/O fails fast: there
 	// is nothing to wait for, so a failed check is no reason to stop.

@@ -130,39 +130,32 @@ func (a *Agent) servesNBD(pid int, volume string) bool {
 }
 
 // nbdEnsureServer makes sure a server serves volume's nbd device, starting
-// one when none runs: it connects a new device, or reconnects the one the
-// kernel kept. The caller holds the volume lock.
-func (a *Agent) nbdEnsureServer(ctx context.Context, volume, image string) error {
+// one when none runs (started): it connects a new device, or reconnects
+// the one the kernel kept. The caller holds the volume lock.
+func (a *Agent) nbdEnsureServer(ctx context.Context, volume, image string) (started bool, err error) {
 	if _, found, err := a.nbdServer(volume); err != nil || found {
-		return err
+		return false, err
 	}
 	if ok, reason := a.us.NBD.Available(); !ok {
-		return nbdUnavailable(volume, reason)
+		return false, nbdUnavailable(volume, reason)
 	}
 	if err := os.MkdirAll(a.us.Root, 0o700); err != nil {
-		return fmt.Errorf("userspace root: %w", err)
+		return false, fmt.Errorf("userspace root: %w", err)
 	}
 	if err := writeFileAtomic(a.nbdRecord(volume), nil); err != nil {
-		return fmt.Errorf("nbd record of %s: %w", volume, err)
+		return false, fmt.Errorf("nbd record of %s: %w", volume, err)
 	}
-	logf, err := os.OpenFile(a.usLog(volume), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return fmt.Errorf("server log of %s: %w", volume, err)
-	}
-	defer func() { _ = logf.Close() }()
-	proc, err := a.us.Start(ctx, blockdev.Params{
-		Binary: a.us.Binary, Volume: volume, Image: image, Transport: string(TransportNBD),
-		DeadConnTimeout: a.us.DeadConnTimeout, Workers: a.us.Workers, Stderr: logf,
+	proc, err := a.startServer(ctx, blockdev.Params{
+		Volume: volume, Image: image, Transport: string(TransportNBD), DeadConnTimeout: a.us.DeadConnTimeout,
 	})
 	if err != nil {
-		return fmt.Errorf("start nbd blockdev server of %s (log %s): %w", volume, a.usLog(volume), err)
+		return false, err
 	}
 	if err := writeFileAtomic(a.nbdRecord(volume), []byte(strconv.Itoa(proc.PID())+"\n")); err != nil {
 		// The server is found by its command line all the same.
 		a.log.Error(err, "record nbd server pid", "volume", volume, "pid", proc.PID())
 	}
-	a.log.Info("nbd blockdev server started", "volume", volume, "pid", proc.PID())
-	return nil
+	return true, nil
 }
 
 // nbdDevice is the block device of a volume served over nbd.
@@ -221,18 +214,18 @@ func (a *Agent) nbdCondition(volume string) (abnormal bool, msg string) {
 // nbdHeal starts a server for a staged nbd volume whose server is gone; the
 // caller holds the volume lock and checked the Volume.
 func (a *Agent) nbdHeal(ctx context.Context, volume, image string) (HealResult, error) {
-	if _, found, err := a.nbdServer(volume); err != nil {
-		return HealSkipped, err
-	} else if found {
-		return HealServing, nil
-	}
+	// Without its device a new server would connect a new, empty one.
 	if _, err := a.nbdDevice(volume); err != nil {
 		return HealSkipped, err
 	}
-	if err := a.nbdEnsureServer(ctx, volume, image); err != nil {
+	started, err := a.nbdEnsureServer(ctx, volume, image)
+	switch {
+	case err != nil:
 		return HealSkipped, err
+	case started:
+		return HealRestarted, nil
 	}
-	return HealRestarted, nil
+	return HealServing, nil
 }
 
 // writeFileAtomic replaces path so that a reader sees the old or the new

@@ -151,7 +151,7 @@ func TestNBDServerFoundByRecordOrProcessTable(t *testing.T) {
 
 func TestNBDServerLifecycle(t *testing.T) {
 	a, procs, nbd := nbdAgent(t)
-	if err := a.nbdEnsureServer(context.Background(), "vol-1", "/images/vol-1.img"); err != nil {
+	if _, err := a.nbdEnsureServer(context.Background(), "vol-1", "/images/vol-1.img"); err != nil {
 		t.Fatal(err)
 	}
 	if len(procs.started) != 1 || procs.started[0].Transport != "nbd" || procs.started[0].DeadConnTimeout != time.Minute {
@@ -165,7 +165,7 @@ func TestNBDServerLifecycle(t *testing.T) {
 	if !a.isUserspace("vol-1") || !a.isNBD("vol-1") || a.transport("vol-1") != TransportNBD {
 		t.Fatal("staged nbd volume not recorded as such")
 	}
-	if err := a.nbdEnsureServer(context.Background(), "vol-1", "/images/vol-1.img"); err != nil || len(procs.started) != 1 {
+	if _, err := a.nbdEnsureServer(context.Background(), "vol-1", "/images/vol-1.img"); err != nil || len(procs.started) != 1 {
 		t.Fatalf("second ensure: %v, %d starts; want no new server", err, len(procs.started))
 	}
 	if abnormal, msg := a.usCondition(context.Background(), "vol-1"); abnormal {
@@ -189,7 +189,7 @@ func TestNBDServerLifecycle(t *testing.T) {
 func TestNBDUnavailableRefusesAndMakesNothing(t *testing.T) {
 	a, procs, nbd := nbdAgent(t)
 	nbd.unavailable = "/sys/module/nbd does not exist (modprobe nbd)"
-	err := a.nbdEnsureServer(context.Background(), "vol-1", "/images/vol-1.img")
+	_, err := a.nbdEnsureServer(context.Background(), "vol-1", "/images/vol-1.img")
 	if !errors.Is(err, ErrNBDUnavailable) || !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "modprobe nbd") {
 		t.Fatalf("err = %v, want ErrNBDUnavailable (ErrUnsupported) with the reason", err)
 	}
@@ -211,7 +211,7 @@ func userspaceVolume() *v1.Volume {
 func TestNBDHeal(t *testing.T) {
 	ctx := context.Background()
 	a, procs, nbd := nbdAgent(t, userspaceVolume())
-	if err := a.nbdEnsureServer(ctx, "vol-1", "/images/vol-1.img"); err != nil {
+	if _, err := a.nbdEnsureServer(ctx, "vol-1", "/images/vol-1.img"); err != nil {
 		t.Fatal(err)
 	}
 	if _, res, err := a.Heal(ctx, "vol-1"); err != nil || res != HealServing {
@@ -248,7 +248,7 @@ func TestNBDHeal(t *testing.T) {
 
 func TestNBDExpandRefused(t *testing.T) {
 	a, _, _ := nbdAgent(t)
-	if err := a.nbdEnsureServer(context.Background(), "vol-1", "/images/vol-1.img"); err != nil {
+	if _, err := a.nbdEnsureServer(context.Background(), "vol-1", "/images/vol-1.img"); err != nil {
 		t.Fatal(err)
 	}
 	_, err := a.Expand(context.Background(), "vol-1", t.TempDir(), false)
