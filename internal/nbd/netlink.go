@@ -19,8 +19,9 @@ type Kernel interface {
 	// Reconfigure hands new sockets to a device whose server died; the kernel
 	// takes one per dead connection, in order, and drops the rest without an
 	// error. What the dead server had read is requeued when its request
-	// timer fires (see ConnectParams.Timeout).
-	Reconfigure(index int, socks []*os.File, deadConn time.Duration) error
+	// timer fires (see ConnectParams.Timeout). backend repeats the device's
+	// backend identifier: the kernel refuses a reconfigure without it.
+	Reconfigure(index int, backend string, socks []*os.File, deadConn time.Duration) error
 	// Disconnect tears the device's connections down (NBD_CMD_DISC to the
 	// server) and fails queued I/O. The configuration, with its sysfs
 	// backend file, goes when the last opener closes the device.
@@ -94,7 +95,6 @@ type executor func(req *nl.NetlinkRequest) ([][]byte, error)
 type netlinkKernel struct {
 	family func() (uint16, error)
 	exec   executor
-	sysfs  string // for the backend identifier Reconfigure must repeat
 }
 
 // NewNetlink is the kernel driver over generic netlink.
@@ -110,7 +110,6 @@ func NewNetlink() Kernel {
 		exec: func(req *nl.NetlinkRequest) ([][]byte, error) {
 			return req.Execute(unix.NETLINK_GENERIC, 0)
 		},
-		sysfs: "/sys",
 	}
 }
 
@@ -304,12 +303,8 @@ func (k *netlinkKernel) Connect(p ConnectParams) (int, error) {
 	return parseConnectReply(msgs)
 }
 
-func (k *netlinkKernel) Reconfigure(index int, socks []*os.File, deadConn time.Duration) error {
-	backend, err := backendOf(k.sysfs, index)
-	if err != nil {
-		return err
-	}
-	_, err = k.run(fmt.Sprintf("reconfigure nbd%d", index), func(f uint16) (*nl.NetlinkRequest, error) {
+func (k *netlinkKernel) Reconfigure(index int, backend string, socks []*os.File, deadConn time.Duration) error {
+	_, err := k.run(fmt.Sprintf("reconfigure nbd%d", index), func(f uint16) (*nl.NetlinkRequest, error) {
 		return reconfigureRequest(f, index, socks, deadConn, backend), nil
 	})
 	return err

@@ -28,8 +28,8 @@ func (f *fakeExec) exec(req *nl.NetlinkRequest) ([][]byte, error) {
 	return f.replies, f.err
 }
 
-func newFakeKernel(f *fakeExec, sysfs string) *netlinkKernel {
-	return &netlinkKernel{family: func() (uint16, error) { return testFamily, nil }, exec: f.exec, sysfs: sysfs}
+func newFakeKernel(f *fakeExec) *netlinkKernel {
+	return &netlinkKernel{family: func() (uint16, error) { return testFamily, nil }, exec: f.exec}
 }
 
 // decoded is one request as the kernel would see it.
@@ -140,7 +140,7 @@ func twoSocks(t *testing.T) []*os.File {
 
 func TestNetlinkConnect(t *testing.T) {
 	f := &fakeExec{replies: [][]byte{genlReply(nbdCmdConnect, nl.NewRtAttr(attrIndex, nl.Uint32Attr(7)))}}
-	k := newFakeKernel(f, t.TempDir())
+	k := newFakeKernel(f)
 	socks := twoSocks(t)
 	idx, err := k.Connect(ConnectParams{Index: -1, Size: 1 << 30, Socks: socks,
 		DeadConnTimeout: 90*time.Second + time.Millisecond, Backend: "berth:vol-1"})
@@ -187,7 +187,7 @@ func TestNetlinkConnect(t *testing.T) {
 
 func TestNetlinkConnectIndexReadOnlyTimeout(t *testing.T) {
 	f := &fakeExec{replies: [][]byte{genlReply(nbdCmdConnect, nl.NewRtAttr(attrIndex, nl.Uint32Attr(3)))}}
-	k := newFakeKernel(f, t.TempDir())
+	k := newFakeKernel(f)
 	_, err := k.Connect(ConnectParams{Index: 3, Size: 1 << 20, BlockSize: 512, Socks: twoSocks(t)[:1],
 		ReadOnly: true, Timeout: 30 * time.Second})
 	if err != nil {
@@ -215,7 +215,7 @@ func TestNetlinkConnectIndexReadOnlyTimeout(t *testing.T) {
 
 func TestNetlinkConnectRefusesBadParams(t *testing.T) {
 	f := &fakeExec{}
-	k := newFakeKernel(f, t.TempDir())
+	k := newFakeKernel(f)
 	for _, p := range []ConnectParams{
 		{Index: -1, Size: 1 << 20},                                          // no sockets
 		{Index: -1, Socks: twoSocks(t)},                                     // no size
@@ -239,7 +239,7 @@ func TestNetlinkConnectBlockSizeFitsSize(t *testing.T) {
 		size, want int64
 	}{{1 << 30, 4096}, {1e9, 512}} {
 		f := &fakeExec{replies: [][]byte{genlReply(nbdCmdConnect, nl.NewRtAttr(attrIndex, nl.Uint32Attr(0)))}}
-		k := newFakeKernel(f, t.TempDir())
+		k := newFakeKernel(f)
 		if _, err := k.Connect(ConnectParams{Index: -1, Size: c.size, Socks: twoSocks(t)}); err != nil {
 			t.Fatal(err)
 		}
@@ -250,11 +250,11 @@ func TestNetlinkConnectBlockSizeFitsSize(t *testing.T) {
 }
 
 func TestNetlinkConnectErrors(t *testing.T) {
-	k := newFakeKernel(&fakeExec{err: unix.EBUSY}, t.TempDir())
+	k := newFakeKernel(&fakeExec{err: unix.EBUSY})
 	if _, err := k.Connect(ConnectParams{Index: 1, Size: 1 << 20, Socks: twoSocks(t)}); !errors.Is(err, unix.EBUSY) {
 		t.Fatalf("error %v, want EBUSY kept", err)
 	}
-	k = newFakeKernel(&fakeExec{replies: [][]byte{genlReply(nbdCmdConnect)}}, t.TempDir())
+	k = newFakeKernel(&fakeExec{replies: [][]byte{genlReply(nbdCmdConnect)}})
 	if _, err := k.Connect(ConnectParams{Index: 1, Size: 1 << 20, Socks: twoSocks(t)}); err == nil {
 		t.Fatal("a reply without an index was accepted")
 	}
@@ -265,12 +265,10 @@ func TestNetlinkConnectErrors(t *testing.T) {
 }
 
 func TestNetlinkReconfigure(t *testing.T) {
-	sysfs := t.TempDir()
-	writeBackend(t, sysfs, 4, "berth:vol-2")
 	f := &fakeExec{}
-	k := newFakeKernel(f, sysfs)
+	k := newFakeKernel(f)
 	socks := twoSocks(t)
-	if err := k.Reconfigure(4, socks, 2*time.Minute); err != nil {
+	if err := k.Reconfigure(4, "berth:vol-2", socks, 2*time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	d := decode(t, f.sent[0])
@@ -294,8 +292,8 @@ func TestNetlinkReconfigure(t *testing.T) {
 		t.Fatalf("%d attributes, want 4", len(d.attrs))
 	}
 
-	// No backend file: no identifier sent.
-	if err := k.Reconfigure(5, socks[:1], 0); err != nil {
+	// No backend identifier: none sent.
+	if err := k.Reconfigure(5, "", socks[:1], 0); err != nil {
 		t.Fatal(err)
 	}
 	d = decode(t, f.sent[1])
@@ -305,14 +303,14 @@ func TestNetlinkReconfigure(t *testing.T) {
 		}
 	}
 	f.err = unix.EINVAL
-	if err := k.Reconfigure(5, socks, 0); !errors.Is(err, unix.EINVAL) {
+	if err := k.Reconfigure(5, "", socks, 0); !errors.Is(err, unix.EINVAL) {
 		t.Fatalf("error %v, want EINVAL kept", err)
 	}
 }
 
 func TestNetlinkDisconnect(t *testing.T) {
 	f := &fakeExec{}
-	k := newFakeKernel(f, t.TempDir())
+	k := newFakeKernel(f)
 	if err := k.Disconnect(9); err != nil {
 		t.Fatal(err)
 	}
@@ -338,7 +336,7 @@ func statusReply(devs map[int]bool) []byte {
 
 func TestNetlinkStatus(t *testing.T) {
 	f := &fakeExec{replies: [][]byte{statusReply(map[int]bool{2: true, 3: false})}}
-	k := newFakeKernel(f, t.TempDir())
+	k := newFakeKernel(f)
 	for idx, want := range map[int]bool{2: true, 3: false, 4: false} {
 		got, err := k.Status(idx)
 		if err != nil {

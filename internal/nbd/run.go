@@ -156,7 +156,7 @@ func reconnect(ctx context.Context, c RunConfig, index int) ([]*os.File, error) 
 		if err != nil {
 			return nil, err
 		}
-		err = c.Kernel.Reconfigure(index, pairs.kernel(), c.DeadConnTimeout)
+		err = c.Kernel.Reconfigure(index, BackendID(c.Volume), pairs.kernel(), c.DeadConnTimeout)
 		pairs.closeKernel()
 		if err != nil {
 			pairs.closeOurs()

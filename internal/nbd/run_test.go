@@ -79,7 +79,7 @@ func dead(c *testClient) bool {
 	}
 }
 
-func (k *fakeKernel) Reconfigure(index int, socks []*os.File, deadConn time.Duration) error {
+func (k *fakeKernel) Reconfigure(index int, backend string, socks []*os.File, deadConn time.Duration) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.reconfigures++

@@ -45,18 +45,6 @@ func FindByBackend(sysfs, id string) (index int, found bool, err error) {
 	return 0, false, nil
 }
 
-// backendOf reads the backend identifier of device index ("" if none).
-func backendOf(sysfs string, index int) (string, error) {
-	b, err := os.ReadFile(filepath.Join(sysfs, "block", "nbd"+strconv.Itoa(index), "backend"))
-	if errors.Is(err, fs.ErrNotExist) {
-		return "", nil
-	}
-	if err != nil {
-		return "", fmt.Errorf("read backend of nbd%d: %w", index, err)
-	}
-	return strings.TrimRight(string(b), "\n"), nil
-}
-
 // Available tells whether this kernel has the nbd driver loaded (or built
 // in), and why not when it has not.
 func Available(sysfs string) (ok bool, reason string) {

@@ -62,9 +62,9 @@ func (k *heldKernel) Connect(p nbd.ConnectParams) (int, error) {
 	}
 	return 0, nil
 }
-func (k *heldKernel) Reconfigure(int, []*os.File, time.Duration) error { return unix.EINVAL }
-func (k *heldKernel) Disconnect(int) error                             { return nil }
-func (k *heldKernel) Status(int) (bool, error)                         { return false, nil }
+func (k *heldKernel) Reconfigure(int, string, []*os.File, time.Duration) error { return unix.EINVAL }
+func (k *heldKernel) Disconnect(int) error                                     { return nil }
+func (k *heldKernel) Status(int) (bool, error)                                 { return false, nil }
 
 func (k *heldKernel) close() {
 	k.mu.Lock()
