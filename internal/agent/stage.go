@@ -51,7 +51,8 @@ func (a *Agent) stage(ctx context.Context, r StageRequest) (err error) {
 	if userspace && a.us == nil {
 		return fmt.Errorf("volume %s: mounter userspace: %w on this agent", r.VolumeID, ErrUnsupported)
 	}
-	if userspace && a.transport(r.VolumeID) == TransportNBD {
+	overNBD := userspace && a.transport(r.VolumeID) == TransportNBD
+	if overNBD {
 		// Refused before anything is made: the hold, a server, a record.
 		if ok, reason := a.us.NBD.Available(); !ok {
 			return nbdUnavailable(r.VolumeID, reason)
@@ -107,7 +108,7 @@ func (a *Agent) stage(ctx context.Context, r StageRequest) (err error) {
 	if err := a.clusterLive(ctx, vol); err != nil {
 		return err
 	}
-	if userspace && a.transport(r.VolumeID) == TransportNBD {
+	if overNBD {
 		_, had, err := a.us.NBD.Device(r.VolumeID)
 		if err != nil {
 			return fmt.Errorf("find nbd device of %s: %w", r.VolumeID, err)

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
 )
 
 // Params starts a server process.
@@ -45,8 +47,8 @@ type Params struct {
 
 // Transports of Params.Transport.
 const (
-	TransportFUSE = "fuse"
-	TransportNBD  = "nbd"
+	TransportFUSE = string(v1.TransportFUSE)
+	TransportNBD  = string(v1.TransportNBD)
 )
 
 // args is the server's command line (its ready pipe is fd 3).
