@@ -20,7 +20,6 @@ const (
 	OpHandshake = "handshake"
 	OpMount     = "mount"
 	OpUnmount   = "unmount"
-	OpList      = "list"
 )
 
 // Error codes a client can decide on.
@@ -50,16 +49,4 @@ type Response struct {
 	// Handshake
 	Version int    `json:"version,omitempty"`
 	Node    string `json:"node,omitempty"`
-	// List
-	Holds []Hold `json:"holds,omitempty"`
-}
-
-// Hold is one thing this node holds, and why.
-type Hold struct {
-	Volume   string `json:"volume"`
-	Mode     string `json:"mode"`
-	MountDir string `json:"mountDir"`
-	Pod      string `json:"pod,omitempty"`
-	Staged   bool   `json:"staged,omitempty"`
-	ReadOnly bool   `json:"readOnly,omitempty"`
 }

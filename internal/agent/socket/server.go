@@ -27,7 +27,6 @@ type Ops interface {
 	Node() string
 	FlexMount(ctx context.Context, r flexvolume.MountRequest) error
 	FlexUnmount(ctx context.Context, mountDir string) error
-	Holds(ctx context.Context) ([]fence.Hold, error)
 }
 
 // Server serves the agent socket.
@@ -147,14 +146,8 @@ func (s *Server) do(ctx context.Context, req *Request) Response {
 		}
 		log = log.WithValues("mountDir", req.MountDir)
 		err = s.ops.FlexUnmount(ctx, req.MountDir)
-	case OpList:
-		holds, err := s.ops.Holds(ctx)
-		if err != nil {
-			return fail(CodeInternal, err.Error())
-		}
-		return Response{OK: true, Holds: listed(holds)}
 	default:
-		return fail(CodeInvalid, fmt.Sprintf("unknown op %q (known: handshake, mount, unmount, list)", req.Op))
+		return fail(CodeInvalid, fmt.Sprintf("unknown op %q (known: handshake, mount, unmount)", req.Op))
 	}
 	if err != nil {
 		log.Info("failed", "error", err.Error())
@@ -162,19 +155,6 @@ func (s *Server) do(ctx context.Context, req *Request) Response {
 	}
 	log.Info("done")
 	return Response{OK: true}
-}
-
-func listed(holds []fence.Hold) []Hold {
-	out := make([]Hold, 0, len(holds))
-	for _, h := range holds {
-		e := h.Entry
-		hold := Hold{Volume: h.Volume, Mode: string(h.Mode), MountDir: e.MountDir, Staged: e.IsStage(), ReadOnly: e.ReadOnly}
-		if !e.IsStage() {
-			hold.Pod = e.PodNamespace + "/" + e.Pod
-		}
-		out = append(out, hold)
-	}
-	return out
 }
 
 func codeOf(err error) string {
