@@ -29,20 +29,19 @@ func TestMain(m *testing.M) {
 		os.Exit(helperMain()) // a contender process of the race test
 	}
 	flag.Parse()
+	skip := ""
 	if testing.Short() {
-		os.Exit(m.Run()) // envtest tests skip themselves
+		skip = "-short" // envtest tests skip themselves (needEnv)
 	}
-	var err error
-	env, err = testenv.Start()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	if err := env.Stop(); err != nil {
-		fmt.Fprintln(os.Stderr, "stop envtest:", err)
-	}
-	os.Exit(code)
+	os.Exit(testenv.Main(m, skip,
+		func() (err error) { env, err = testenv.Start(); return err },
+		func(bool) {
+			if env != nil {
+				if err := env.Stop(); err != nil {
+					fmt.Fprintln(os.Stderr, "stop envtest:", err)
+				}
+			}
+		}))
 }
 
 func needEnv(tb testing.TB) {
