@@ -3,18 +3,18 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strings"
 	"testing"
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/berth-io/berth/internal/cli/dev"
 )
 
 // Env is the cluster.env that hack/cluster/up.sh writes.
@@ -32,21 +32,9 @@ type Env struct {
 
 // LoadEnv reads the KEY=value lines of a cluster.env.
 func LoadEnv(path string) (Env, error) {
-	f, err := os.Open(path)
+	vars, err := dev.ReadClusterEnv(path)
 	if err != nil {
-		return Env{}, fmt.Errorf("open cluster env: %w", err)
-	}
-	defer f.Close()
-	vars := map[string]string{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if k, v, ok := strings.Cut(line, "="); ok && !strings.HasPrefix(line, "#") {
-			vars[k] = v
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return Env{}, fmt.Errorf("read %s: %w", path, err)
+		return Env{}, err
 	}
 	env := Env{
 		Kubeconfig: vars["KUBECONFIG"], APIServer: vars["API_SERVER"], NodeName: vars["NODE_NAME"],

@@ -11,8 +11,8 @@ import (
 // hack/cluster/up.sh writes.
 type ClusterEnv map[string]string
 
-// LoadClusterEnv reads path and checks the keys `berth dev` uses.
-func LoadClusterEnv(path string) (ClusterEnv, error) {
+// ReadClusterEnv reads the KEY=value lines of path (comments skipped).
+func ReadClusterEnv(path string) (ClusterEnv, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("open cluster env: %w", err)
@@ -28,6 +28,15 @@ func LoadClusterEnv(path string) (ClusterEnv, error) {
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	return env, nil
+}
+
+// LoadClusterEnv reads path and checks the keys `berth dev` uses.
+func LoadClusterEnv(path string) (ClusterEnv, error) {
+	env, err := ReadClusterEnv(path)
+	if err != nil {
+		return nil, err
 	}
 	for _, k := range []string{"KUBECONFIG", "KUBECTL", "KUBELET_ROOT", "VOLUME_PLUGIN_DIR", "BERTH_E2E_DIR", "BERTH_DATA_DIR"} {
 		if env[k] == "" {
