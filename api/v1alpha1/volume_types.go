@@ -123,11 +123,26 @@ type VolumeStatus struct {
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
+	// Formatted is set by the agent once the volume holds a filesystem.
+	// Stage never formats a volume that has it: from then on a device that
+	// shows no filesystem is unreadable or damaged, not blank.
+	// +optional
+	Formatted *VolumeFormat `json:"formatted,omitempty"`
+
 	// Conditions tell what is ready and what is not.
 	// +listType=map
 	// +listMapKey=type
 	// +optional
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// VolumeFormat records the filesystem a volume holds.
+type VolumeFormat struct {
+	// FSType is the filesystem staged on the volume.
+	// +kubebuilder:validation:MinLength=1
+	FSType string `json:"fsType"`
+	// Time is when the agent first staged that filesystem (made or found it).
+	Time metav1.Time `json:"time"`
 }
 
 // Volume is one provisioned berth volume.

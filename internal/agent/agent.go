@@ -8,9 +8,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/go-logr/logr"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
@@ -19,9 +21,12 @@ import (
 	"github.com/berth-io/berth/internal/mount"
 )
 
-// Images finds a volume's backend image on this node.
+// Images finds a volume's backend image on this node, and keeps on it the
+// record that it holds a filesystem.
 type Images interface {
 	Get(ctx context.Context, id string) (backend.Image, error)
+	Format(ctx context.Context, id string) (rec backend.FormatRecord, found bool, err error)
+	RecordFormat(ctx context.Context, id, fsType string, at time.Time) error
 }
 
 // Fencer records and checks who holds a volume (internal/fence).
@@ -42,6 +47,9 @@ type Agent struct {
 	log    logr.Logger
 	flex   FlexConfig
 	us     *UserspaceConfig
+	// status and clock record formats in Volume status (WithVolumeStatus).
+	status client.StatusClient
+	clock  clock.PassiveClock
 }
 
 // New returns the agent of node. api reads Volume objects (uncached, so that

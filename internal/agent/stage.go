@@ -152,11 +152,26 @@ func (a *Agent) stageDevice(ctx context.Context, r StageRequest, vol *v1.Volume,
 	if r.FSType != "" {
 		fsType = r.FSType
 	}
+	var format mount.FormatPolicy
+	if !r.Block {
+		var err error
+		if format, err = a.formatPolicy(ctx, vol); err != nil {
+			return err
+		}
+	}
 	if err := a.mounts.Stage(ctx, mount.StageRequest{
 		VolumeID: r.VolumeID, Device: dev, StagingPath: r.StagingPath, FSType: fsType,
-		MountFlags: r.MountFlags, Block: r.Block, ReadOnly: r.ReadOnly,
+		MountFlags: r.MountFlags, Block: r.Block, ReadOnly: r.ReadOnly, Format: format,
 	}); err != nil {
 		return fmt.Errorf("stage %s on %s: %w", dev, r.StagingPath, err)
+	}
+	if !r.Block {
+		// The volume is staged and in use from here: a failed record does
+		// not undo that. The next stage writes it again, and until then
+		// mount's content check still refuses to format an image with data.
+		if err := a.recordFormat(ctx, vol, fsType); err != nil {
+			a.log.Error(err, "volume staged, but its format is not recorded", "volume", r.VolumeID)
+		}
 	}
 	a.log.Info("staged", "volume", r.VolumeID, "stagingPath", r.StagingPath, "device", dev)
 	return nil

@@ -4,15 +4,19 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr/testr"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	mountutils "k8s.io/mount-utils"
+	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/exec"
 	testingexec "k8s.io/utils/exec/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
@@ -26,20 +30,43 @@ import (
 // scripted exec, in-memory loop devices and fence); the same paths run for
 // real in test/sanity and test/flexvolume.
 
-type fakeImages struct{ path string }
+type fakeImages struct {
+	path string
+	// formatted is the image's format record; nil: none.
+	formatted *backend.FormatRecord
+}
 
 func (f fakeImages) Get(_ context.Context, id string) (backend.Image, error) {
 	return backend.Image{ID: id, Path: f.path, Size: 64 << 20}, nil
 }
 
-// fakeLoop keeps loop devices in memory: backing file -> device.
-type fakeLoop struct{ devs map[string]string }
+func (f fakeImages) Format(context.Context, string) (backend.FormatRecord, bool, error) {
+	if f.formatted == nil || f.formatted.FSType == "" {
+		return backend.FormatRecord{}, false, nil
+	}
+	return *f.formatted, true, nil
+}
+
+// RecordFormat keeps the first record, in formatted (when not nil).
+func (f fakeImages) RecordFormat(_ context.Context, _, fsType string, at time.Time) error {
+	if f.formatted != nil && f.formatted.FSType == "" {
+		*f.formatted = backend.FormatRecord{FSType: fsType, Time: at}
+	}
+	return nil
+}
+
+// fakeLoop keeps loop devices in memory: backing file -> device. The one
+// device is a plain file, read by stage's blank check.
+type fakeLoop struct {
+	devs map[string]string
+	dev  string
+}
 
 func (l *fakeLoop) Attach(_ context.Context, backing string, _ bool) (string, error) {
 	if dev, ok := l.devs[backing]; ok {
 		return dev, nil
 	}
-	dev := "/dev/loop7"
+	dev := l.dev
 	l.devs[backing] = dev
 	return dev, nil
 }
@@ -88,14 +115,22 @@ func (failingMounter) MountSensitive(string, string, string, []string, []string)
 
 type stageEnv struct {
 	agent   *Agent
+	images  fakeImages
 	loop    *fakeLoop
 	fence   *fakeFence
 	mounter *mountutils.FakeMounter
 	exec    *testingexec.FakeExec
+	api     client.Client
 	staging string
 }
 
 func newStageEnv(t *testing.T, failMount bool, script ...testingexec.FakeCommandAction) *stageEnv {
+	return newStageEnvOf(t, failMount, func(*v1.Volume) {}, script...)
+}
+
+// newStageEnvOf is newStageEnv with a Volume that edit changed. The image
+// and the loop device are sparse files of zeros: a blank volume.
+func newStageEnvOf(t *testing.T, failMount bool, edit func(*v1.Volume), script ...testingexec.FakeCommandAction) *stageEnv {
 	t.Helper()
 	s, err := scheme.New()
 	if err != nil {
@@ -106,8 +141,20 @@ func newStageEnv(t *testing.T, failMount bool, script ...testingexec.FakeCommand
 		Spec: v1.VolumeSpec{StorageCluster: "c", Size: resource.MustParse("64Mi"), AccessMode: v1.ReadWriteOnce,
 			FSType: "ext4", Node: "node-a"},
 	}
+	edit(vol)
+	dir := t.TempDir()
+	image, dev := filepath.Join(dir, "vol-a.img"), filepath.Join(dir, "loop7")
+	for _, f := range []string{image, dev} {
+		if err := os.WriteFile(f, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Truncate(f, 4<<20); err != nil {
+			t.Fatal(err)
+		}
+	}
 	e := &stageEnv{
-		loop:    &fakeLoop{devs: map[string]string{}},
+		images:  fakeImages{path: image, formatted: &backend.FormatRecord{}},
+		loop:    &fakeLoop{devs: map[string]string{}, dev: dev},
 		fence:   &fakeFence{holds: map[string]bool{}},
 		mounter: mountutils.NewFakeMounter(nil),
 		exec:    &testingexec.FakeExec{CommandScript: script},
@@ -117,9 +164,10 @@ func newStageEnv(t *testing.T, failMount bool, script ...testingexec.FakeCommand
 	if failMount {
 		m = failingMounter{e.mounter}
 	}
-	api := fake.NewClientBuilder().WithScheme(s).WithObjects(vol).Build()
-	e.agent = New("node-a", api, fakeImages{path: "/images/vol-a.img"}, e.loop,
-		mount.NewManager(m, e.exec, testr.New(t)), e.fence, NewVolumeLocks(), testr.New(t))
+	e.api = fake.NewClientBuilder().WithScheme(s).WithObjects(vol).WithStatusSubresource(vol).Build()
+	e.agent = New("node-a", e.api, e.images, e.loop,
+		mount.NewManager(m, e.exec, testr.New(t)), e.fence, NewVolumeLocks(), testr.New(t)).
+		WithVolumeStatus(e.api, clocktesting.NewFakePassiveClock(time.Date(2026, 11, 23, 2, 0, 0, 0, time.UTC)))
 	return e
 }
 
@@ -151,19 +199,20 @@ func command(name string, err error) testingexec.FakeCommandAction {
 
 func TestFakeStageRollback(t *testing.T) {
 	blank := command("blkid", &testingexec.FakeExitError{Status: 2})
+	// Stage's own probe, then mount-utils', then mkfs.
 
 	t.Run("mkfs fails", func(t *testing.T) {
-		e := newStageEnv(t, false, blank, command("mkfs.ext4", &testingexec.FakeExitError{Status: 1}))
+		e := newStageEnv(t, false, blank, blank, command("mkfs.ext4", &testingexec.FakeExitError{Status: 1}))
 		if err := e.stage(t); err == nil {
 			t.Fatal("stage succeeded with mkfs failing")
 		}
-		if e.exec.CommandCalls != 2 {
-			t.Errorf("%d commands, want blkid and mkfs", e.exec.CommandCalls)
+		if e.exec.CommandCalls != 3 {
+			t.Errorf("%d commands, want blkid twice and mkfs", e.exec.CommandCalls)
 		}
 		e.leftNothing(t, "failed mkfs")
 	})
 	t.Run("mount fails", func(t *testing.T) {
-		e := newStageEnv(t, true, blank, command("mkfs.ext4", nil))
+		e := newStageEnv(t, true, blank, blank, command("mkfs.ext4", nil))
 		if err := e.stage(t); err == nil {
 			t.Fatal("stage succeeded with mount failing")
 		}
@@ -181,7 +230,7 @@ func TestFakeStageRollback(t *testing.T) {
 		e.leftNothing(t, "refused fence")
 	})
 	t.Run("success keeps all", func(t *testing.T) {
-		e := newStageEnv(t, false, blank, command("mkfs.ext4", nil))
+		e := newStageEnv(t, false, blank, blank, command("mkfs.ext4", nil))
 		if err := e.stage(t); err != nil {
 			t.Fatal(err)
 		}

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/atomicfile"
 	"github.com/berth-io/berth/internal/blockdev"
 )
 
@@ -142,7 +143,7 @@ func (a *Agent) nbdEnsureServer(ctx context.Context, volume, image string) (star
 	if err := os.MkdirAll(a.us.Root, 0o700); err != nil {
 		return false, fmt.Errorf("userspace root: %w", err)
 	}
-	if err := writeFileAtomic(a.nbdRecord(volume), nil); err != nil {
+	if err := atomicfile.Write(a.nbdRecord(volume), nil, 0o600); err != nil {
 		return false, fmt.Errorf("nbd record of %s: %w", volume, err)
 	}
 	proc, err := a.startServer(ctx, blockdev.Params{
@@ -151,7 +152,7 @@ func (a *Agent) nbdEnsureServer(ctx context.Context, volume, image string) (star
 	if err != nil {
 		return false, err
 	}
-	if err := writeFileAtomic(a.nbdRecord(volume), []byte(strconv.Itoa(proc.PID())+"\n")); err != nil {
+	if err := atomicfile.Write(a.nbdRecord(volume), []byte(strconv.Itoa(proc.PID())+"\n"), 0o600); err != nil {
 		// The server is found by its command line all the same.
 		a.log.Error(err, "record nbd server pid", "volume", volume, "pid", proc.PID())
 	}
@@ -189,7 +190,7 @@ func (a *Agent) nbdStop(volume string) error {
 	if err := os.Remove(a.usLog(volume)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove record of %s: %w", volume, err)
 	}
-	if err := os.Remove(a.nbdRecord(volume)); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := atomicfile.Remove(a.nbdRecord(volume)); err != nil {
 		return fmt.Errorf("remove nbd record of %s: %w", volume, err)
 	}
 	return nil
@@ -226,14 +227,4 @@ func (a *Agent) nbdHeal(ctx context.Context, volume, image string) (HealResult, 
 		return HealRestarted, nil
 	}
 	return HealServing, nil
-}
-
-// writeFileAtomic replaces path so that a reader sees the old or the new
-// content, never a part.
-func writeFileAtomic(path string, b []byte) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
 }

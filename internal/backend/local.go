@@ -13,6 +13,8 @@ import (
 
 	"github.com/go-logr/logr"
 	"golang.org/x/sys/unix"
+
+	"github.com/berth-io/berth/internal/atomicfile"
 )
 
 // Sentinel errors; callers decide with errors.Is. Returned errors wrap them
@@ -283,16 +285,22 @@ func writeAtomic(dir, final, id string, fill func(*os.File) error) (err error) {
 		return fmt.Errorf("publish %s: %w", final, err)
 	}
 	_ = os.Remove(tmp.Name())
-	return syncDir(dir)
+	return atomicfile.SyncDir(dir)
 }
 
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
+// growFile sets a file's size and fsyncs it: the caller grows the loop
+// device and filesystem next, and a crash must not leave a filesystem
+// larger than its image.
+func growFile(path string, size int64) error {
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
 	if err != nil {
 		return err
 	}
-	defer func() { _ = d.Close() }()
-	return d.Sync()
+	defer func() { _ = f.Close() }()
+	if err := f.Truncate(size); err != nil {
+		return err
+	}
+	return f.Sync()
 }
 
 // Get returns a volume's image.
@@ -384,7 +392,7 @@ func (l *Local) Expand(ctx context.Context, id string, size int64) (Image, error
 	if err := l.checkSpace(size - img.Size); err != nil {
 		return Image{}, err
 	}
-	if err := os.Truncate(img.Path, size); err != nil {
+	if err := growFile(img.Path, size); err != nil {
 		return Image{}, fmt.Errorf("grow %s: %w", id, err)
 	}
 	l.log.Info("expanded volume", "id", id, "from", img.Size, "to", size)

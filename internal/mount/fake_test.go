@@ -1,6 +1,7 @@
 package mount
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"slices"
@@ -33,6 +34,7 @@ func newFakeEnv(t *testing.T, script ...testingexec.FakeCommandAction) *fakeEnv 
 	f.mgr = NewManager(f.mounter, f.exec, testr.New(t))
 	f.mgr.mountInfo = f.mountInfo
 	f.mgr.openers = func(string) ([]int, error) { return f.openers, nil }
+	f.mgr.blank = func(context.Context, string, string) error { return nil } // /dev/loop7 is not real
 	return f
 }
 
@@ -88,8 +90,11 @@ func cmd(t *testing.T, name string, want []string, out string, err error) testin
 	}
 }
 
+// unformatted scripts a blank device: Stage's own probe and mount-utils'
+// both find nothing, then mkfs runs.
 func unformatted(t *testing.T) []testingexec.FakeCommandAction {
 	return []testingexec.FakeCommandAction{
+		cmd(t, "blkid", nil, "", &testingexec.FakeExitError{Status: 2}),
 		cmd(t, "blkid", nil, "", &testingexec.FakeExitError{Status: 2}),
 		cmd(t, "mkfs.ext4", []string{"/dev/loop7"}, "", nil),
 	}
@@ -104,8 +109,8 @@ func TestFakeStageIdempotent(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if f.exec.CommandCalls != 2 || f.mounts() != 1 {
-		t.Fatalf("%d commands, %d mounts; want blkid+mkfs once and one mount", f.exec.CommandCalls, f.mounts())
+	if f.exec.CommandCalls != 3 || f.mounts() != 1 {
+		t.Fatalf("%d commands, %d mounts; want blkid twice and mkfs once, and one mount", f.exec.CommandCalls, f.mounts())
 	}
 	req.Device = "/dev/loop8"
 	if err := f.mgr.Stage(t.Context(), req); !isErr(err, ErrExists) {

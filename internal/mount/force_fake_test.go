@@ -33,9 +33,9 @@ func TestFakeForceUnmountDevice(t *testing.T) {
 		if lazy {
 			m = lf
 		}
-		mi, op := f.mgr.mountInfo, f.mgr.openers
+		mi, op, blank := f.mgr.mountInfo, f.mgr.openers, f.mgr.blank
 		f.mgr = NewManager(m, f.exec, testr.New(t))
-		f.mgr.mountInfo, f.mgr.openers = mi, op
+		f.mgr.mountInfo, f.mgr.openers, f.mgr.blank = mi, op, blank
 		f.mgr.devNumber = func(dev string) (int, int, bool, error) { return 7, 0, dev == "/dev/loop7", nil }
 
 		staging := f.path("staging")

@@ -3,6 +3,7 @@
 package mount
 
 import (
+	"context"
 	"errors"
 
 	"github.com/go-logr/logr"
@@ -28,6 +29,8 @@ type StageRequest struct {
 	VolumeID, Device, StagingPath, FSType string
 	MountFlags                            []string
 	Block, ReadOnly                       bool
+	// Format says whether a Device that shows no filesystem may be formatted.
+	Format FormatPolicy
 }
 
 // PublishRequest binds a staged volume onto a pod's TargetPath.
@@ -48,9 +51,12 @@ type Stats struct {
 // caller's job.
 type Manager struct {
 	mounter mountutils.Interface
+	exec    exec.Interface
 	format  *mountutils.SafeFormatAndMount
-	resize  *mountutils.ResizeFs
-	log     logr.Logger
+	// gate lets mount-utils run mkfs only on devices allowFormat checked.
+	gate   *formatGate
+	resize *mountutils.ResizeFs
+	log    logr.Logger
 	// lazyUnmount detaches a busy mount: the mounter's UnmountLazy, or its
 	// plain Unmount when it has none (mount-utils' FakeMounter).
 	lazyUnmount func(target string) error
@@ -58,6 +64,7 @@ type Manager struct {
 	mountInfo func() ([]mountutils.MountInfo, error)
 	openers   func(dev string) ([]int, error)
 	devNumber func(dev string) (major, minor int, found bool, err error)
+	blank     func(ctx context.Context, dev, image string) error
 }
 
 // LazyUnmounter is a mounter that can also detach a mount while it is busy
@@ -77,14 +84,18 @@ func NewManager(m mountutils.Interface, e exec.Interface, log logr.Logger) *Mana
 	if l, ok := m.(LazyUnmounter); ok {
 		lazy = l.UnmountLazy
 	}
+	gate := newFormatGate(e)
 	return &Manager{
 		mounter:     m,
-		format:      mountutils.NewSafeFormatAndMount(m, e),
+		exec:        e,
+		format:      mountutils.NewSafeFormatAndMount(m, gate),
+		gate:        gate,
 		resize:      mountutils.NewResizeFs(e),
 		log:         log,
 		lazyUnmount: lazy,
 		mountInfo:   readMountInfo,
 		openers:     procOpeners,
 		devNumber:   statDevNumber,
+		blank:       checkBlank,
 	}
 }

@@ -25,7 +25,8 @@ func absPath(name, p string) error {
 	return nil
 }
 
-// Stage formats Device when blank and mounts it at StagingPath; for Block it
+// Stage formats Device when blank (as r.Format allows, see allowFormat) and
+// mounts it at StagingPath; for Block it
 // binds the device node to StagingPath/device. Already staged from the same
 // device is success; from another is ErrExists.
 func (m *Manager) Stage(ctx context.Context, r StageRequest) error {
@@ -71,6 +72,10 @@ func (m *Manager) Stage(ctx context.Context, r StageRequest) error {
 	if r.ReadOnly {
 		opts = append(opts, "ro")
 	}
+	if err := m.allowFormat(ctx, r); err != nil {
+		return fmt.Errorf("stage %s: %w", r.Device, err)
+	}
+	defer m.gate.close(r.Device)
 	if err := m.format.FormatAndMount(r.Device, staging, r.FSType, opts); err != nil {
 		return fmt.Errorf("format and mount %s at %s: %w", r.Device, staging, err)
 	}

@@ -115,7 +115,8 @@ func (c Config) Run(ctx context.Context) error {
 	fencer := fence.New(direct, mgr.GetEventRecorderFor("berth-agent"), clock.RealClock{}, c.Log.WithName("fence"), fence.Options{})
 	a := nodeagent.New(c.NodeName, mgr.GetAPIReader(), images, mount.NewLoop(exec),
 		mount.NewManager(mount.NewMounter(), exec, c.Log.WithName("mount")), fencer, nodeagent.NewVolumeLocks(), c.Log.WithName("agent")).
-		WithFlex(nodeagent.FlexConfig{StagingRoot: filepath.Join(c.DataDir, "flex-staging"), Holdings: fencer})
+		WithFlex(nodeagent.FlexConfig{StagingRoot: filepath.Join(c.DataDir, "flex-staging"), Holdings: fencer}).
+		WithVolumeStatus(direct, clock.RealClock{})
 	if err := c.addUserspace(mgr, a, fencer); err != nil {
 		return err
 	}

@@ -1,0 +1,76 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/mount"
+)
+
+// WithVolumeStatus lets the agent record in a Volume's status that it holds
+// a filesystem (status.formatted). Without it only the image keeps the
+// record.
+func (a *Agent) WithVolumeStatus(w client.StatusClient, c clock.PassiveClock) *Agent {
+	a.status, a.clock = w, c
+	return a
+}
+
+func (a *Agent) now() metav1.Time {
+	if a.clock == nil {
+		return metav1.Now()
+	}
+	return metav1.NewTime(a.clock.Now())
+}
+
+// formatPolicy says whether stage may format the volume when blkid finds
+// nothing on it: never once a filesystem was recorded (on the image or in
+// status) or when the volume is a copy, whose content is its source's;
+// otherwise only if its image reads as zeros (mount checks that).
+func (a *Agent) formatPolicy(ctx context.Context, vol *v1.Volume) (mount.FormatPolicy, error) {
+	img, err := a.images.Get(ctx, vol.Name)
+	if err != nil {
+		return mount.FormatPolicy{}, fmt.Errorf("image of volume %s: %w", vol.Name, err)
+	}
+	p := mount.FormatPolicy{Image: img.Path}
+	rec, found, err := a.images.Format(ctx, vol.Name)
+	if err != nil {
+		return mount.FormatPolicy{}, fmt.Errorf("format record of volume %s: %w", vol.Name, err)
+	}
+	switch src := vol.Spec.Source; {
+	case found:
+		p.Never, p.Why = true, fmt.Sprintf("its image records a %s filesystem made or found %s", rec.FSType, rec.Time.Format("2006-01-02T15:04:05Z"))
+	case vol.Status.Formatted != nil:
+		p.Never, p.Why = true, fmt.Sprintf("its status records a %s filesystem", vol.Status.Formatted.FSType)
+	case src != nil && src.Snapshot != "":
+		p.Never, p.Why = true, fmt.Sprintf("it is a copy of snapshot %s", src.Snapshot)
+	case src != nil && src.Volume != "":
+		p.Never, p.Why = true, fmt.Sprintf("it is a clone of volume %s", src.Volume)
+	}
+	return p, nil
+}
+
+// recordFormat records that the staged volume holds an fsType filesystem:
+// on its image (synced), which stage trusts, and in its status, for people
+// and for a stage after the image record was lost. A status write that
+// fails is logged; the next stage writes it again. Records that exist are
+// kept: the first time is the one that counts.
+func (a *Agent) recordFormat(ctx context.Context, vol *v1.Volume, fsType string) error {
+	at := a.now()
+	if err := a.images.RecordFormat(ctx, vol.Name, fsType, at.Time); err != nil {
+		return fmt.Errorf("record format of volume %s: %w", vol.Name, err)
+	}
+	if a.status == nil || vol.Status.Formatted != nil {
+		return nil
+	}
+	patch := client.MergeFrom(vol.DeepCopy())
+	vol.Status.Formatted = &v1.VolumeFormat{FSType: fsType, Time: at}
+	if err := a.status.Status().Patch(ctx, vol, patch); err != nil {
+		a.log.Error(err, "record format in Volume status; the image holds the record", "volume", vol.Name)
+	}
+	return nil
+}

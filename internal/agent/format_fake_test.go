@@ -1,0 +1,130 @@
+package agent
+
+import (
+	"errors"
+	"os"
+	"testing"
+	"time"
+
+	testingexec "k8s.io/utils/exec/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/backend"
+	"github.com/berth-io/berth/internal/mount"
+)
+
+// Unit tests of the format decision with a scripted blkid; the real one
+// (loop devices, mkfs) is internal/mount's TestRootRecordedVolumeNeverFormatted.
+
+var (
+	nothingFound = command("blkid", &testingexec.FakeExitError{Status: 2})
+	probeFails   = command("blkid", &testingexec.FakeExitError{Status: 4})
+)
+
+// TestFakeStageNeverFormatsRecordedOrCopied: when blkid finds nothing on a
+// volume that was formatted before or is a copy, stage fails and runs no
+// mkfs (today's main formats it).
+func TestFakeStageNeverFormatsRecordedOrCopied(t *testing.T) {
+	for name, edit := range map[string]func(*v1.Volume){
+		"status records a format": func(v *v1.Volume) {
+			v.Status.Formatted = &v1.VolumeFormat{FSType: "ext4", Time: metav1.Now()}
+		},
+		"copy of a snapshot":     func(v *v1.Volume) { v.Spec.Source = &v1.VolumeSource{Snapshot: "snap-1"} },
+		"clone of a volume":      func(v *v1.Volume) { v.Spec.Source = &v1.VolumeSource{Volume: "vol-b"} },
+		"image records a format": func(*v1.Volume) {},
+	} {
+		t.Run(name, func(t *testing.T) {
+			// mkfs is scripted so that today's code, which runs it, fails
+			// this test on the checks rather than on a missing script.
+			e := newStageEnvOf(t, false, edit, nothingFound, nothingFound, command("mkfs.ext4", nil))
+			if name == "image records a format" {
+				*e.images.formatted = backend.FormatRecord{FSType: "ext4", Time: time.Now()}
+			}
+			err := e.stage(t)
+			if !errors.Is(err, mount.ErrHoldsData) {
+				t.Fatalf("stage: %v, want ErrHoldsData", err)
+			}
+			if e.exec.CommandCalls != 1 {
+				t.Errorf("%d commands ran, want only blkid", e.exec.CommandCalls)
+			}
+			e.leftNothing(t, "refused format")
+		})
+	}
+}
+
+// TestFakeStageProbeFailureIsNotBlank: a probe that fails, or a device that
+// cannot be read or holds data blkid does not name, fails stage: no mkfs.
+func TestFakeStageProbeFailureIsNotBlank(t *testing.T) {
+	t.Run("blkid fails", func(t *testing.T) {
+		e := newStageEnv(t, false, probeFails, nothingFound, command("mkfs.ext4", nil))
+		if err := e.stage(t); err == nil {
+			t.Fatal("stage succeeded with blkid failing")
+		}
+		if e.exec.CommandCalls != 1 {
+			t.Errorf("%d commands ran, want only blkid", e.exec.CommandCalls)
+		}
+		e.leftNothing(t, "failed probe")
+	})
+	t.Run("device unreadable", func(t *testing.T) {
+		e := newStageEnv(t, false, nothingFound, nothingFound, command("mkfs.ext4", nil))
+		e.loop.dev = t.TempDir() // a read gives EISDIR
+		if err := e.stage(t); err == nil || errors.Is(err, mount.ErrHoldsData) {
+			t.Fatalf("stage: %v, want a read error", err)
+		}
+		if e.exec.CommandCalls != 1 {
+			t.Errorf("%d commands ran, want only blkid", e.exec.CommandCalls)
+		}
+		e.leftNothing(t, "unreadable device")
+	})
+	t.Run("image holds data", func(t *testing.T) {
+		e := newStageEnv(t, false, nothingFound, nothingFound, command("mkfs.ext4", nil))
+		writeAt(t, e.images.path, 3<<20, "a user's file")
+		if err := e.stage(t); !errors.Is(err, mount.ErrHoldsData) {
+			t.Fatalf("stage: %v, want ErrHoldsData", err)
+		}
+		if e.exec.CommandCalls != 1 {
+			t.Errorf("%d commands ran, want only blkid", e.exec.CommandCalls)
+		}
+	})
+	t.Run("device end holds data", func(t *testing.T) {
+		e := newStageEnv(t, false, nothingFound, nothingFound, command("mkfs.ext4", nil))
+		writeAt(t, e.loop.dev, 4<<20-512, "md 1.0 superblock")
+		if err := e.stage(t); !errors.Is(err, mount.ErrHoldsData) {
+			t.Fatalf("stage: %v, want ErrHoldsData", err)
+		}
+	})
+}
+
+// TestFakeStageRecordsFormat: a stage that made a filesystem records it on
+// the image and in the Volume's status.
+func TestFakeStageRecordsFormat(t *testing.T) {
+	e := newStageEnv(t, false, nothingFound, nothingFound, command("mkfs.ext4", nil))
+	if err := e.stage(t); err != nil {
+		t.Fatal(err)
+	}
+	if e.images.formatted.FSType != "ext4" {
+		t.Errorf("image record %+v, want ext4", *e.images.formatted)
+	}
+	vol := &v1.Volume{}
+	if err := e.api.Get(t.Context(), client.ObjectKey{Name: "vol-a"}, vol); err != nil {
+		t.Fatal(err)
+	}
+	if f := vol.Status.Formatted; f == nil || f.FSType != "ext4" || !f.Time.Equal(&metav1.Time{Time: time.Date(2026, 11, 23, 2, 0, 0, 0, time.UTC)}) {
+		t.Errorf("status.formatted %+v, want ext4 at the clock's time", f)
+	}
+}
+
+func writeAt(t *testing.T, path string, off int64, s string) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = f.Close() }()
+	if _, err := f.WriteAt([]byte(s), off); err != nil {
+		t.Fatal(err)
+	}
+}
