@@ -16,6 +16,12 @@ type SnapshotSpec struct {
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="node is immutable"
 	Node string `json:"node"`
+
+	// VolumeMode is the source volume's mode: a restore must ask the same.
+	// Empty on snapshots taken before berth recorded it.
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="volumeMode is immutable"
+	// +optional
+	VolumeMode VolumeMode `json:"volumeMode,omitempty"`
 }
 
 // SnapshotStatus is the observed state of a snapshot.

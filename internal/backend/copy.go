@@ -17,7 +17,9 @@ const copyChunk = 1 << 20
 // copyFile fills dst (empty, same filesystem dir as the data dir) with src's
 // content: a reflink when the filesystem shares extents, else a sparse copy
 // that writes only non-zero data. It never writes a full dense copy.
-func copyFile(ctx context.Context, srcPath string, dst *os.File) error {
+// A reflink is atomic; a sparse copy reads chunk by chunk, so it runs only
+// when stable says nothing writes src meanwhile (else ErrSourceInUse).
+func copyFile(ctx context.Context, srcPath string, dst *os.File, stable bool) error {
 	src, err := os.Open(srcPath)
 	if err != nil {
 		return fmt.Errorf("open source: %w", err)
@@ -30,6 +32,9 @@ func copyFile(ctx context.Context, srcPath string, dst *os.File) error {
 	if !errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.EXDEV) &&
 		!errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOTTY) {
 		return fmt.Errorf("reflink: %w", err)
+	}
+	if !stable {
+		return fmt.Errorf("the data dir cannot reflink, and a chunked copy of a volume staged without a filesystem to freeze would be torn: %w", ErrSourceInUse)
 	}
 	return sparseCopy(ctx, src, dst)
 }

@@ -42,6 +42,8 @@ type Local struct {
 	volumes string
 	snaps   string
 	log     logr.Logger
+	// quiescer holds a source volume still while it is copied; nil: none.
+	quiescer Quiescer
 }
 
 const (
@@ -148,7 +150,7 @@ func (l *Local) CreateFromVolume(ctx context.Context, id, sourceID string, size 
 		return Image{}, err
 	}
 	src := l.volumePath(sourceID)
-	return l.create(ctx, id, size, "volume:"+sourceID, &src)
+	return l.create(ctx, id, size, volumeSourcePrefix+sourceID, &src)
 }
 
 func (l *Local) create(ctx context.Context, id string, size int64, source string, srcPath *string) (Image, error) {
@@ -168,6 +170,11 @@ func (l *Local) create(ctx context.Context, id string, size int64, source string
 	} else if !errors.Is(err, ErrNotFound) {
 		return Image{}, err
 	}
+	// A volume's image may be in use; a snapshot's never changes.
+	var sourceVolume string
+	if v, ok := strings.CutPrefix(source, volumeSourcePrefix); ok {
+		sourceVolume = v
+	}
 	var srcSize int64
 	if srcPath != nil {
 		fi, err := os.Stat(*srcPath)
@@ -186,7 +193,7 @@ func (l *Local) create(ctx context.Context, id string, size int64, source string
 	}
 	err = writeAtomic(l.volumes, final, id, func(tmp *os.File) error {
 		if srcPath != nil {
-			if err := copyFile(ctx, *srcPath, tmp); err != nil {
+			if err := l.copyFrom(ctx, sourceVolume, *srcPath, tmp); err != nil {
 				return err
 			}
 		}

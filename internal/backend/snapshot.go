@@ -63,7 +63,7 @@ func (l *Local) CreateSnapshot(ctx context.Context, snapID, sourceID string) (Sn
 	}
 	final := l.snapshotPath(snapID)
 	err = writeAtomic(l.snaps, final, snapID, func(tmp *os.File) error {
-		if err := copyFile(ctx, src.Path, tmp); err != nil {
+		if err := l.copyFrom(ctx, sourceID, src.Path, tmp); err != nil {
 			return err
 		}
 		return unix.Fsetxattr(int(tmp.Fd()), xattrSource, []byte(volumeSourcePrefix+sourceID), 0)

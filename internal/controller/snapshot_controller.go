@@ -60,12 +60,10 @@ func (r *SnapshotReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 	orig := snap.DeepCopy()
 	taken, err := r.Backend.CreateSnapshot(ctx, snap.Name, snap.Spec.SourceVolume)
 	switch {
-	case errors.Is(err, backend.ErrNotFound), errors.Is(err, backend.ErrExists), errors.Is(err, backend.ErrNoSpace), errors.Is(err, backend.ErrInvalid):
+	case errors.Is(err, backend.ErrNotFound), errors.Is(err, backend.ErrExists), errors.Is(err, backend.ErrNoSpace), errors.Is(err, backend.ErrInvalid),
+		errors.Is(err, backend.ErrSourceInUse):
 		snap.Status.Message = err.Error()
-		cond := metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionFalse, Reason: "BackendError", Message: err.Error()}
-		if errors.Is(err, backend.ErrNoSpace) {
-			cond.Reason = reasonNoSpace
-		}
+		cond := metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionFalse, Reason: backendReason(err), Message: err.Error()}
 		meta.SetStatusCondition(&snap.Status.Conditions, cond)
 		if perr := r.Client.Status().Patch(ctx, snap, client.MergeFrom(orig)); perr != nil {
 			return ctrl.Result{}, perr

@@ -40,6 +40,22 @@ type Backend interface {
 // controller answers ResourceExhausted for it.
 const reasonNoSpace = "NoSpace"
 
+// reasonSourceInUse marks a snapshot or clone refused because its source
+// volume could not be held still; the CSI controller answers
+// FailedPrecondition for it.
+const reasonSourceInUse = "SourceInUse"
+
+// backendReason is the Ready condition reason for a backend error.
+func backendReason(err error) string {
+	switch {
+	case errors.Is(err, backend.ErrNoSpace):
+		return reasonNoSpace
+	case errors.Is(err, backend.ErrSourceInUse):
+		return reasonSourceInUse
+	}
+	return "BackendError"
+}
+
 // reasonInUse marks a deleted volume whose image waits until it is unstaged.
 const reasonInUse = "InUseOnNode"
 
@@ -111,7 +127,8 @@ func (r *VolumeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 
 	img, err := r.ensureImage(ctx, vol)
 	if err != nil {
-		if errors.Is(err, backend.ErrNoSpace) || errors.Is(err, backend.ErrInvalid) || errors.Is(err, backend.ErrExists) || errors.Is(err, backend.ErrNotFound) {
+		if errors.Is(err, backend.ErrNoSpace) || errors.Is(err, backend.ErrInvalid) || errors.Is(err, backend.ErrExists) || errors.Is(err, backend.ErrNotFound) ||
+			errors.Is(err, backend.ErrSourceInUse) {
 			// Retrying does not help until something changes: say why and wait.
 			log.Info("cannot make image", "reason", err.Error())
 			return ctrl.Result{RequeueAfter: time.Minute}, r.setStatus(ctx, vol, v1.VolumeError, nil, "", err)
@@ -207,10 +224,7 @@ func (r *VolumeReconciler) setStatus(ctx context.Context, vol *v1.Volume, state 
 	cond := metav1.Condition{Type: v1.ConditionReady, ObservedGeneration: vol.Generation}
 	if cause != nil {
 		vol.Status.Message = cause.Error()
-		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, "BackendError", cause.Error()
-		if errors.Is(cause, backend.ErrNoSpace) {
-			cond.Reason = reasonNoSpace
-		}
+		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, backendReason(cause), cause.Error()
 	} else {
 		vol.Status.Message = ""
 		vol.Status.Capacity = resource.NewQuantity(*size, resource.BinarySI)

@@ -31,6 +31,9 @@ const (
 	// reasonNoSpace is the Ready condition reason an agent sets when the
 	// image does not fit.
 	reasonNoSpace = "NoSpace"
+	// reasonSourceInUse: the agent could not hold a snapshot's or clone's
+	// source still for the copy.
+	reasonSourceInUse = "SourceInUse"
 )
 
 // ControllerConfig configures the Controller service.
@@ -172,8 +175,13 @@ func (s *Controller) removeFailed(ctx context.Context, obj client.Object, conds 
 		s.log.Error(err, "remove what a failed create made", "name", obj.GetName())
 	}
 	code := codes.Internal
-	if c := meta.FindStatusCondition(conds, v1.ConditionReady); c != nil && c.Reason == reasonNoSpace {
-		code = codes.ResourceExhausted
+	if c := meta.FindStatusCondition(conds, v1.ConditionReady); c != nil {
+		switch c.Reason {
+		case reasonNoSpace:
+			code = codes.ResourceExhausted
+		case reasonSourceInUse:
+			code = codes.FailedPrecondition
+		}
 	}
 	return status.Errorf(code, format, args...)
 }

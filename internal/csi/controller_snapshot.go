@@ -31,6 +31,9 @@ func (s *Controller) resolveSource(ctx context.Context, src *csi.VolumeContentSo
 		if !snap.Status.ReadyToUse || snap.Status.Size == nil {
 			return status.Errorf(codes.Unavailable, "snapshot %s is not ready yet", snap.Name)
 		}
+		if err := s.checkSnapshotMode(ctx, snap, spec.VolumeMode); err != nil {
+			return err
+		}
 		spec.Source = &v1.VolumeSource{Snapshot: snap.Name}
 		spec.Node = snap.Spec.Node
 		srcSize = snap.Status.Size.Value()
@@ -60,6 +63,29 @@ func (s *Controller) resolveSource(ctx context.Context, src *csi.VolumeContentSo
 	return nil
 }
 
+// checkSnapshotMode refuses to restore a snapshot into a volume of another
+// mode (a block image read as a filesystem, or the reverse), as clones are.
+// A snapshot taken before berth recorded the mode is checked against its
+// source volume, while that exists.
+func (s *Controller) checkSnapshotMode(ctx context.Context, snap *v1.Snapshot, want v1.VolumeMode) error {
+	mode := snap.Spec.VolumeMode
+	if mode == "" {
+		src := &v1.Volume{}
+		err := s.c.Get(ctx, client.ObjectKey{Name: snap.Spec.SourceVolume}, src)
+		switch {
+		case apierrors.IsNotFound(err):
+			return nil
+		case err != nil:
+			return status.Errorf(codes.Unavailable, "get Volume %s: %v", snap.Spec.SourceVolume, err)
+		}
+		mode = src.Spec.VolumeMode
+	}
+	if mode != want {
+		return status.Errorf(codes.InvalidArgument, "snapshot %s is of a %s volume, the new one is %s", snap.Name, mode, want)
+	}
+	return nil
+}
+
 // CreateSnapshot implements csi.ControllerServer.
 func (s *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequest) (*csi.CreateSnapshotResponse, error) {
 	if req.GetName() == "" {
@@ -83,7 +109,7 @@ func (s *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 				Labels:      map[string]string{v1.NodeLabel: vol.Spec.Node},
 				Annotations: map[string]string{v1.CSINameAnnotation: req.GetName()},
 			},
-			Spec: v1.SnapshotSpec{SourceVolume: vol.Name, Node: vol.Spec.Node},
+			Spec: v1.SnapshotSpec{SourceVolume: vol.Name, Node: vol.Spec.Node, VolumeMode: vol.Spec.VolumeMode},
 		}
 		if err := s.c.Create(ctx, snap); err != nil && !apierrors.IsAlreadyExists(err) {
 			return nil, status.Errorf(codes.Internal, "create Snapshot %s: %v", name, err)

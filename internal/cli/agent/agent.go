@@ -117,6 +117,8 @@ func (c Config) Run(ctx context.Context) error {
 		mount.NewManager(mount.NewMounter(), exec, c.Log.WithName("mount")), fencer, nodeagent.NewVolumeLocks(), c.Log.WithName("agent")).
 		WithFlex(nodeagent.FlexConfig{StagingRoot: filepath.Join(c.DataDir, "flex-staging"), Holdings: fencer}).
 		WithVolumeStatus(direct, clock.RealClock{})
+	// Snapshots and clones hold their source still through the agent.
+	images.WithQuiescer(a)
 	if err := c.addUserspace(mgr, a, fencer); err != nil {
 		return err
 	}
