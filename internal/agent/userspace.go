@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/atomicfile"
 	"github.com/berth-io/berth/internal/blockdev"
 	"github.com/berth-io/berth/internal/keeper"
 )
@@ -167,6 +168,11 @@ func (a *Agent) startServer(ctx context.Context, p blockdev.Params) (Server, err
 		return nil, fmt.Errorf("server log of %s: %w", p.Volume, err)
 	}
 	defer func() { _ = logf.Close() }()
+	// The log is also the record that the volume is staged through a
+	// server (isUserspace): it must survive a crash.
+	if err := atomicfile.SyncDir(a.us.Root); err != nil {
+		return nil, fmt.Errorf("server log of %s: %w", p.Volume, err)
+	}
 	p.Binary, p.Workers, p.Stderr = a.us.Binary, a.us.Workers, logf
 	proc, err := a.us.Start(ctx, p)
 	if err != nil {

@@ -228,7 +228,9 @@ func toStatus(err error) error {
 		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, fence.ErrTooManyRetries):
 		return status.Error(codes.Aborted, err.Error())
-	case errors.Is(err, agent.ErrUnsupported):
+	case errors.Is(err, agent.ErrUnsupported), errors.Is(err, mount.ErrHoldsData):
+		// ErrHoldsData: a volume that may hold data shows no filesystem;
+		// a person must look before anything writes to it.
 		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, err.Error())
