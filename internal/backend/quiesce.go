@@ -50,6 +50,12 @@ func (l *Local) copyFrom(ctx context.Context, volumeID, srcPath string, dst *os.
 	}
 	defer hold.Release()
 	if err := copyFile(hold.Ctx, srcPath, dst, hold.Stable); err != nil {
+		if hold.Ctx.Err() != nil && ctx.Err() == nil {
+			// Retrying at once would freeze the volume's writers again
+			// for as long: say why, and let the caller wait.
+			return fmt.Errorf("copy volume %s: not done within the time its filesystem may stay frozen "+
+				"(unstage it, or use a data dir with reflink): %w: %w", volumeID, ErrSourceInUse, err)
+		}
 		return fmt.Errorf("copy volume %s: %w", volumeID, err)
 	}
 	return nil
