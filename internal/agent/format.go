@@ -12,6 +12,8 @@ import (
 	"github.com/berth-io/berth/internal/mount"
 )
 
+// +kubebuilder:rbac:groups=berth.io,resources=volumes/status,verbs=patch
+
 // WithVolumeStatus lets the agent record in a Volume's status that it holds
 // a filesystem (status.formatted). Without it only the image keeps the
 // record.
