@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
@@ -45,7 +46,7 @@ func (a *Agent) formatPolicy(ctx context.Context, vol *v1.Volume) (mount.FormatP
 	}
 	switch src := vol.Spec.Source; {
 	case found:
-		p.Never, p.Why = true, fmt.Sprintf("its image records a %s filesystem made or found %s", rec.FSType, rec.Time.Format("2006-01-02T15:04:05Z"))
+		p.Never, p.Why = true, fmt.Sprintf("its image records a %s filesystem made or found %s", rec.FSType, rec.Time.Format(time.RFC3339))
 	case vol.Status.Formatted != nil:
 		p.Never, p.Why = true, fmt.Sprintf("its status records a %s filesystem", vol.Status.Formatted.FSType)
 	case src != nil && src.Snapshot != "":
