@@ -50,12 +50,27 @@ type Agent struct {
 	// status and clock record formats in Volume status (WithVolumeStatus).
 	status client.StatusClient
 	clock  clock.PassiveClock
+	// lockWait bounds how long background work (healing, cleanup) waits
+	// for a busy volume before it gives up and retries later.
+	lockWait time.Duration
 }
+
+// DefaultLockWait is how long background work waits for a busy volume.
+const DefaultLockWait = 10 * time.Second
 
 // New returns the agent of node. api reads Volume objects (uncached, so that
 // a volume made a moment ago is found).
 func New(node string, api client.Reader, images Images, loop mount.Loop, mounts *mount.Manager, f Fencer, locks *VolumeLocks, log logr.Logger) *Agent {
-	return &Agent{node: node, api: api, images: images, loop: loop, mounts: mounts, fence: f, locks: locks, log: log}
+	return &Agent{node: node, api: api, images: images, loop: loop, mounts: mounts, fence: f, locks: locks, log: log,
+		lockWait: DefaultLockWait}
+}
+
+// WithLockWait sets how long background work waits for a busy volume.
+func (a *Agent) WithLockWait(d time.Duration) *Agent {
+	if d > 0 {
+		a.lockWait = d
+	}
+	return a
 }
 
 // Node is the node this agent serves.
@@ -69,6 +84,15 @@ func (a *Agent) lock(volume string) (func(), error) {
 		return nil, fmt.Errorf("volume %s: %w", volume, ErrBusy)
 	}
 	return func() { a.locks.Unlock(volume) }, nil
+}
+
+// lockBackground waits a bounded time for the lock of volume (ErrBusy when
+// it stays held): an operation stuck on the volume must never stop the
+// background work on every other one.
+func (a *Agent) lockBackground(ctx context.Context, volume string) (func(), error) {
+	ctx, cancel := context.WithTimeout(ctx, a.lockWait)
+	defer cancel()
+	return a.locks.LockContext(ctx, volume)
 }
 
 // volume reads the Volume object and checks that it lives here.

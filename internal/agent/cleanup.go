@@ -108,7 +108,10 @@ func (a *Agent) DetachCluster(ctx context.Context, cluster string) ([]string, er
 // detachVolume force-unmounts a volume's pod mounts and staging on this
 // node and drops the node's entries, pods first, under the volume lock.
 func (a *Agent) detachVolume(ctx context.Context, volume string, entries []v1.AttachmentEntry) error {
-	unlock := a.locks.Lock(volume)
+	unlock, err := a.lockBackground(ctx, volume)
+	if err != nil {
+		return err // the cleanup reconciler retries
+	}
 	defer unlock()
 	for _, stage := range []bool{false, true} {
 		for _, e := range entries {

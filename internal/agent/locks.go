@@ -1,37 +1,54 @@
 package agent
 
-import "sync"
+import (
+	"context"
+	"fmt"
+	"sync"
+)
 
 // VolumeLocks serializes work on one volume: stage, unstage, publish,
 // unpublish, expand and healing. A second call on a busy volume is not
 // queued but refused (ErrBusy), as the CSI spec's "operation pending"
 // (Aborted) asks; kubelet retries it.
 type VolumeLocks struct {
-	mu   sync.Mutex
-	free *sync.Cond
-	held map[string]struct{}
+	mu sync.Mutex
+	// held maps a locked volume to a channel closed when it is unlocked.
+	held map[string]chan struct{}
 }
 
 // NewVolumeLocks returns an empty lock set.
 func NewVolumeLocks() *VolumeLocks {
-	l := &VolumeLocks{held: map[string]struct{}{}}
-	l.free = sync.NewCond(&l.mu)
-	return l
+	return &VolumeLocks{held: map[string]chan struct{}{}}
 }
 
-// Lock waits for the lock of volume; background work (cleanup, healing)
-// waits where a CSI call would be refused. It returns the unlock function.
+// Lock waits for the lock of volume as long as it takes and returns the
+// unlock function. Background work should use LockContext: an operation
+// stuck on a dead device would make it wait forever.
 func (l *VolumeLocks) Lock(volume string) func() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	unlock, _ := l.LockContext(context.Background(), volume)
+	return unlock
+}
+
+// LockContext waits for the lock of volume until ctx ends; then it gives
+// up with an error wrapping ErrBusy. Background work (cleanup, healing)
+// waits a bounded time where a CSI call would be refused at once, and
+// retries later.
+func (l *VolumeLocks) LockContext(ctx context.Context, volume string) (func(), error) {
 	for {
-		if _, busy := l.held[volume]; !busy {
-			break
+		l.mu.Lock()
+		freed, busy := l.held[volume]
+		if !busy {
+			l.held[volume] = make(chan struct{})
+			l.mu.Unlock()
+			return func() { l.Unlock(volume) }, nil
 		}
-		l.free.Wait()
+		l.mu.Unlock()
+		select {
+		case <-freed:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("volume %s: %w: another operation holds it (%w)", volume, ErrBusy, context.Cause(ctx))
+		}
 	}
-	l.held[volume] = struct{}{}
-	return func() { l.Unlock(volume) }
 }
 
 // TryLock takes the lock of volume, or reports that it is held.
@@ -41,7 +58,7 @@ func (l *VolumeLocks) TryLock(volume string) bool {
 	if _, busy := l.held[volume]; busy {
 		return false
 	}
-	l.held[volume] = struct{}{}
+	l.held[volume] = make(chan struct{})
 	return true
 }
 
@@ -49,6 +66,8 @@ func (l *VolumeLocks) TryLock(volume string) bool {
 func (l *VolumeLocks) Unlock(volume string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	delete(l.held, volume)
-	l.free.Broadcast()
+	if freed, ok := l.held[volume]; ok {
+		close(freed)
+		delete(l.held, volume)
+	}
 }

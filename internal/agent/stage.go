@@ -81,13 +81,20 @@ func (a *Agent) stage(ctx context.Context, r StageRequest) (err error) {
 	// attached and fresh say what existed before this call, so that a failed
 	// retry of a stage never undoes the stage that succeeded before.
 	backing, attached, fresh := image, true, false
+	// madeDev is the loop device this call attached: detaching it needs no
+	// look-up by backing file, which would wait on a dead userspace server.
+	var madeDev string
 	defer func() {
 		if err == nil || stagedDev != "" {
 			return
 		}
 		// Leave nothing half made: a failed stage is as if it never ran.
 		if !attached {
-			if dev, found, ferr := a.loop.Find(context.WithoutCancel(ctx), backing); ferr == nil && found {
+			dev, found, ferr := madeDev, madeDev != "", error(nil)
+			if !found {
+				dev, found, ferr = a.loop.Find(context.WithoutCancel(ctx), backing)
+			}
+			if ferr == nil && found {
 				if derr := a.loop.Detach(context.WithoutCancel(ctx), dev); derr != nil {
 					log.Error(derr, "detach after failed stage", "device", dev)
 				}
@@ -141,6 +148,9 @@ func (a *Agent) stage(ctx context.Context, r StageRequest) (err error) {
 	dev, err := a.loop.Attach(ctx, backing, r.ReadOnly)
 	if err != nil {
 		return fmt.Errorf("attach %s: %w", backing, err)
+	}
+	if !attached {
+		madeDev = dev
 	}
 	return a.stageDevice(ctx, r, vol, dev)
 }

@@ -260,12 +260,15 @@ const (
 	HealServing HealResult = "serving"
 	// HealRestarted means that a new server took the connection over from the keeper.
 	HealRestarted HealResult = "restarted"
+	// HealBusy means that another operation held the volume: try again later.
+	HealBusy HealResult = "busy"
 )
 
 // Heal restarts the blockdev server of a staged userspace volume whose
 // server is gone (after an agent restart or a server crash): the new server
 // takes the FUSE connection over from the keeper, and I/O that waited goes
-// on. It waits for the volume lock, shared with stage and unstage. It returns
+// on. It waits a bounded time for the volume lock, shared with stage and
+// unstage (ErrBusy when it stays held: the healer retries later). It returns
 // the Volume (nil when gone), ErrKeeperDown or ErrConnectionLost when the
 // volume cannot be healed.
 func (a *Agent) Heal(ctx context.Context, volumeID string) (*v1.Volume, HealResult, error) {
@@ -281,7 +284,10 @@ func (a *Agent) Heal(ctx context.Context, volumeID string) (*v1.Volume, HealResu
 	} else if rec, _, err := a.server(ctx, volumeID); err == nil && rec.ServerPID != 0 {
 		return nil, HealServing, nil
 	}
-	unlock := a.locks.Lock(volumeID)
+	unlock, err := a.lockBackground(ctx, volumeID)
+	if err != nil {
+		return nil, HealBusy, err
+	}
 	defer unlock()
 	vol, err := a.volume(ctx, volumeID)
 	if errors.Is(err, ErrVolumeNotFound) {

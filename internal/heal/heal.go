@@ -50,6 +50,9 @@ type Healer struct {
 	Interval time.Duration
 	// Parallel bounds the volumes healed at once (0: 16).
 	Parallel int
+	// BusyRetry is how soon a pass runs again when a volume was busy
+	// (another operation held its lock), even with Interval 0 (0: 5s).
+	BusyRetry time.Duration
 
 	mu sync.Mutex
 	// warned is the last warning reason per volume, so that a lasting
@@ -60,28 +63,41 @@ type Healer struct {
 // NeedLeaderElection is false: every node's agent heals its own volumes.
 func (h *Healer) NeedLeaderElection() bool { return false }
 
-// Start runs a pass now and then every Interval until ctx ends.
+// Start runs a pass now and then every Interval until ctx ends; a pass
+// that found busy volumes is followed by another after BusyRetry.
 func (h *Healer) Start(ctx context.Context) error {
 	for {
-		if _, err := h.Pass(ctx); err != nil {
+		sum, err := h.Pass(ctx)
+		if err != nil {
 			h.Log.Error(err, "heal pass")
 		}
-		if h.Interval <= 0 {
+		wait := h.Interval
+		if retry := h.busyRetry(); sum[agent.HealBusy] > 0 && (wait <= 0 || retry < wait) {
+			wait = retry
+		}
+		if wait <= 0 {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-time.After(h.Interval):
+		case <-time.After(wait):
 		}
 	}
+}
+
+func (h *Healer) busyRetry() time.Duration {
+	if h.BusyRetry > 0 {
+		return h.BusyRetry
+	}
+	return 5 * time.Second
 }
 
 // Summary counts what one pass did, per result.
 type Summary map[agent.HealResult]int
 
 // Pass heals every volume this node has staged, concurrently, and returns
-// what it did. Volumes that fail are logged and reported as Events; the
+// what it did; a busy volume does not hold up the others. Volumes that fail are logged and reported as Events; the
 // error is only for a failed listing.
 func (h *Healer) Pass(ctx context.Context) (Summary, error) {
 	holds, err := h.Holdings.ListForNode(ctx, h.Node)
@@ -130,6 +146,13 @@ func (h *Healer) heal(ctx context.Context, id string) agent.HealResult {
 				"node "+h.Node+": the volume's blockdev server was gone (agent restart or crash); a new one took over its kernel connection and I/O goes on")
 		}
 		return res
+	}
+	if errors.Is(err, agent.ErrBusy) {
+		// Another operation holds the volume (one stuck on a dead server
+		// gives up at its tools' deadline): the other volumes go on, and
+		// this one is tried again on a later pass.
+		log.Info("volume busy; healing it on a later pass", "err", err.Error())
+		return agent.HealBusy
 	}
 	reason, msg := ReasonHealFailed, "node "+h.Node+": could not restart the volume's blockdev server: "+err.Error()+"; its I/O waits until the agent succeeds (it retries)"
 	switch {

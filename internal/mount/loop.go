@@ -26,8 +26,9 @@ type Loop interface {
 // its races with other users of /dev/loop-control for us.
 type losetup struct{ exec exec.Interface }
 
-// NewLoop returns a Loop that runs losetup through e.
-func NewLoop(e exec.Interface) Loop { return &losetup{exec: e} }
+// NewLoop returns a Loop that runs losetup through e (Tools, or a plain
+// executor that gets DefaultTimeouts).
+func NewLoop(e exec.Interface) Loop { return &losetup{exec: toolsOf(e)} }
 
 func (l *losetup) run(ctx context.Context, args ...string) (string, error) {
 	out, err := l.exec.CommandContext(ctx, "losetup", args...).CombinedOutput()

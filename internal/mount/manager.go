@@ -51,12 +51,11 @@ type Stats struct {
 // caller's job.
 type Manager struct {
 	mounter mountutils.Interface
-	exec    exec.Interface
-	format  *mountutils.SafeFormatAndMount
+	// exec runs blkid, mkfs, fsck and resize, each with a timeout.
+	exec *Tools
 	// gate lets mount-utils run mkfs only on devices allowFormat checked.
-	gate   *formatGate
-	resize *mountutils.ResizeFs
-	log    logr.Logger
+	gate *formatGate
+	log  logr.Logger
 	// lazyUnmount detaches a busy mount: the mounter's UnmountLazy, or its
 	// plain Unmount when it has none (mount-utils' FakeMounter).
 	lazyUnmount func(target string) error
@@ -76,7 +75,8 @@ type LazyUnmounter interface {
 }
 
 // NewManager returns a Manager that mounts through m and runs mkfs, blkid,
-// fsck and resize tools through e.
+// fsck and resize tools through e (Tools with their timeouts, or a plain
+// executor that gets DefaultTimeouts).
 // Force cleanup detaches busy mounts lazily when m is a LazyUnmounter
 // (NewMounter's is).
 func NewManager(m mountutils.Interface, e exec.Interface, log logr.Logger) *Manager {
@@ -84,13 +84,11 @@ func NewManager(m mountutils.Interface, e exec.Interface, log logr.Logger) *Mana
 	if l, ok := m.(LazyUnmounter); ok {
 		lazy = l.UnmountLazy
 	}
-	gate := newFormatGate(e)
+	tools := toolsOf(e)
 	return &Manager{
 		mounter:     m,
-		exec:        e,
-		format:      mountutils.NewSafeFormatAndMount(m, gate),
-		gate:        gate,
-		resize:      mountutils.NewResizeFs(e),
+		exec:        tools,
+		gate:        newFormatGate(tools),
 		log:         log,
 		lazyUnmount: lazy,
 		mountInfo:   readMountInfo,
@@ -98,4 +96,10 @@ func NewManager(m mountutils.Interface, e exec.Interface, log logr.Logger) *Mana
 		devNumber:   statDevNumber,
 		blank:       checkBlank,
 	}
+}
+
+// formatter formats and mounts through the format gate and tools bound to
+// ctx: mount-utils' calls take no context, so one is made per call.
+func (m *Manager) formatter(ctx context.Context) *mountutils.SafeFormatAndMount {
+	return mountutils.NewSafeFormatAndMount(m.mounter, gateOver{gate: m.gate, tools: m.exec.Bind(ctx)})
 }

@@ -136,11 +136,11 @@ func (m *Manager) Unpublish(ctx context.Context, targetPath string) error {
 
 // Expand grows the filesystem on device (mounted at stagingPath) to the
 // device's size; a device without a filesystem (block volume) needs nothing.
-func (m *Manager) Expand(_ context.Context, device, stagingPath string) error {
+func (m *Manager) Expand(ctx context.Context, device, stagingPath string) error {
 	if err := absPath("device", device); err != nil {
 		return err
 	}
-	if _, err := m.resize.Resize(device, stagingPath); err != nil {
+	if _, err := mountutils.NewResizeFs(m.exec.Bind(ctx)).Resize(device, stagingPath); err != nil {
 		return fmt.Errorf("resize filesystem on %s: %w", device, err)
 	}
 	return nil

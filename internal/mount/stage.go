@@ -76,7 +76,7 @@ func (m *Manager) Stage(ctx context.Context, r StageRequest) error {
 		return fmt.Errorf("stage %s: %w", r.Device, err)
 	}
 	defer m.gate.close(r.Device)
-	if err := m.format.FormatAndMount(r.Device, staging, r.FSType, opts); err != nil {
+	if err := m.formatter(ctx).FormatAndMount(r.Device, staging, r.FSType, opts); err != nil {
 		return fmt.Errorf("format and mount %s at %s: %w", r.Device, staging, err)
 	}
 	m.log.Info("staged", "volume", r.VolumeID, "device", r.Device, "path", staging, "fsType", r.FSType)

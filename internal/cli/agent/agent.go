@@ -72,6 +72,11 @@ type Config struct {
 	// HealInterval is how often staged userspace volumes are checked (and
 	// their servers restarted) after the pass at start; 0: only at start.
 	HealInterval time.Duration
+	// ToolTimeouts bound blkid, mkfs, fsck, resize and losetup.
+	ToolTimeouts mount.Timeouts
+	// LockWait bounds how long healing and cleanup wait for a busy volume
+	// before they retry it later.
+	LockWait time.Duration
 	Rest         *rest.Config
 	Log          logr.Logger
 }
@@ -104,7 +109,7 @@ func (c Config) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	exec := utilexec.New()
+	exec := mount.NewTools(utilexec.New(), c.ToolTimeouts)
 	// Fencing reads the API server directly: a cache a moment behind would
 	// turn every hand-over into conflict retries, and a list of what this
 	// node holds must include what was written a moment ago.
@@ -116,7 +121,8 @@ func (c Config) Run(ctx context.Context) error {
 	a := nodeagent.New(c.NodeName, mgr.GetAPIReader(), images, mount.NewLoop(exec),
 		mount.NewManager(mount.NewMounter(), exec, c.Log.WithName("mount")), fencer, nodeagent.NewVolumeLocks(), c.Log.WithName("agent")).
 		WithFlex(nodeagent.FlexConfig{StagingRoot: filepath.Join(c.DataDir, "flex-staging"), Holdings: fencer}).
-		WithVolumeStatus(direct, clock.RealClock{})
+		WithVolumeStatus(direct, clock.RealClock{}).
+		WithLockWait(c.LockWait)
 	// Snapshots and clones hold their source still through the agent.
 	images.WithQuiescer(a)
 	if err := c.addUserspace(mgr, a, fencer); err != nil {
@@ -223,6 +229,13 @@ func Command() cli.Command {
 			fs.StringVar(&cfg.UserspaceTransport, "userspace-transport", "fuse", "how newly staged userspace volumes reach the kernel: fuse (keeper + loop) or nbd (needs the nbd module)")
 			fs.DurationVar(&cfg.NBDDeadConnTimeout, "nbd-dead-conn-timeout", nbd.DefaultDeadConnTimeout, "how long the kernel keeps an nbd device and queues its I/O while no server is connected")
 			fs.DurationVar(&cfg.HealInterval, "heal-interval", 30*time.Second, "how often staged userspace volumes are checked and healed after the check at start; 0: only at start")
+			def := mount.DefaultTimeouts()
+			fs.DurationVar(&cfg.ToolTimeouts.Probe, "probe-timeout", def.Probe, "how long blkid may take before it is killed and the operation fails")
+			fs.DurationVar(&cfg.ToolTimeouts.Format, "format-timeout", def.Format, "how long mkfs may take before it is killed and the stage fails")
+			fs.DurationVar(&cfg.ToolTimeouts.Check, "fsck-timeout", def.Check, "how long fsck may take before it is killed and the stage fails")
+			fs.DurationVar(&cfg.ToolTimeouts.Resize, "resize-timeout", def.Resize, "how long a filesystem resize may take before it is killed")
+			fs.DurationVar(&cfg.ToolTimeouts.Loop, "losetup-timeout", def.Loop, "how long losetup may take before it is killed")
+			fs.DurationVar(&cfg.LockWait, "background-lock-wait", nodeagent.DefaultLockWait, "how long healing and cleanup wait for a volume another operation holds before they retry it later")
 			fs.StringVar(&cfg.MetricsAddr, "metrics-addr", "0", "metrics listen address; 0 disables")
 			fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG or in-cluster)")
 			fs.IntVar(&verbosity, "v", 0, "log verbosity")

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/go-logr/logr"
 
@@ -55,6 +56,9 @@ func (f *flexRunnable) install(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// The driver only answers from its own code: a minute is plenty.
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
 	out, err := exec.CommandContext(ctx, driver, "init").Output()
 	if err != nil {
 		return fmt.Errorf("installed driver %s init: %w", driver, err)
