@@ -47,6 +47,7 @@ type Agent struct {
 	log    logr.Logger
 	flex   FlexConfig
 	us     *UserspaceConfig
+	procs  servers
 	// status and clock record formats in Volume status (WithVolumeStatus).
 	status client.StatusClient
 	clock  clock.PassiveClock

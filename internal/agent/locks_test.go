@@ -1,9 +1,12 @@
 package agent
 
 import (
+	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 func TestVolumeLocksExclusive(t *testing.T) {
@@ -53,5 +56,44 @@ func TestVolumeLocksNeverInterleave(t *testing.T) {
 	wg.Wait()
 	if maxInside.Load() != 1 || granted.Load() == 0 {
 		t.Fatalf("max inside %d (want 1), granted %d", maxInside.Load(), granted.Load())
+	}
+}
+
+// TestLockContextBounded: a waiter gives up with ErrBusy when its context
+// ends, and one that waits gets the lock as soon as it is freed.
+func TestLockContextBounded(t *testing.T) {
+	l := NewVolumeLocks()
+	unlock := l.Lock("v")
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if _, err := l.LockContext(ctx, "v"); !errors.Is(err, ErrBusy) {
+		t.Fatalf("lock of a held volume: %v, want ErrBusy", err)
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Fatalf("gave up after %s", took)
+	}
+	got := make(chan func(), 1)
+	go func() {
+		u, err := l.LockContext(context.Background(), "v")
+		if err != nil {
+			t.Error(err)
+		}
+		got <- u
+	}()
+	select {
+	case <-got:
+		t.Fatal("lock granted while held")
+	case <-time.After(50 * time.Millisecond):
+	}
+	unlock()
+	select {
+	case u := <-got:
+		u()
+	case <-time.After(5 * time.Second):
+		t.Fatal("waiter not woken by unlock")
+	}
+	if !l.TryLock("v") {
+		t.Fatal("lock not free after the waiter's unlock")
 	}
 }

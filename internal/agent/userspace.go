@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -21,10 +22,44 @@ type Keeper interface {
 	Ping(ctx context.Context) error
 	List(ctx context.Context) ([]keeper.Volume, error)
 	Close(ctx context.Context, volume string) error
+	// Stop ends the volume's server through the keeper's handle on it.
+	Stop(ctx context.Context, volume string) error
 }
 
 // Server is a started blockdev server process (blockdev.Process).
-type Server interface{ PID() int }
+type Server interface {
+	// PID is the server's pid in this process's PID namespace (for logs).
+	PID() int
+	// Stop ends the server through the handle this process holds on its
+	// child (never a pid number that may name another process by now).
+	Stop(timeout time.Duration) error
+}
+
+// servers are the blockdev servers this agent process started, by volume:
+// it stops them through its own handles. Servers an earlier agent started
+// are stopped through the keeper (FUSE), whose pids are of its PID
+// namespace, not necessarily this one.
+type servers struct {
+	mu   sync.Mutex
+	byID map[string]Server
+}
+
+func (s *servers) put(volume string, p Server) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.byID == nil {
+		s.byID = map[string]Server{}
+	}
+	s.byID[volume] = p
+}
+
+func (s *servers) take(volume string) Server {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.byID[volume]
+	delete(s.byID, volume)
+	return p
+}
 
 // StartServer adapts blockdev.Start to UserspaceConfig.Start.
 func StartServer(ctx context.Context, p blockdev.Params) (Server, error) {
@@ -44,8 +79,9 @@ type UserspaceConfig struct {
 	Binary       string
 	KeeperSocket string
 	Keeper       Keeper
-	// Start runs a server (blockdev.Start); StopPID stops one by pid
-	// (blockdev.StopPID); CheckMount checks a live connection.
+	// Start runs a server (blockdev.Start); StopPID stops an nbd server
+	// this agent found in its own /proc (blockdev.StopPID); CheckMount
+	// checks a live connection.
 	Start      func(ctx context.Context, p blockdev.Params) (Server, error)
 	StopPID    func(pid int, timeout time.Duration) error
 	CheckMount func(mountpoint string) error
@@ -178,6 +214,7 @@ func (a *Agent) startServer(ctx context.Context, p blockdev.Params) (Server, err
 	if err != nil {
 		return nil, fmt.Errorf("start blockdev server of %s (log %s): %w", p.Volume, a.usLog(p.Volume), err)
 	}
+	a.procs.put(p.Volume, proc)
 	a.log.Info("blockdev server started", "volume", p.Volume, "transport", p.Transport, "pid", proc.PID())
 	return proc, nil
 }
@@ -196,10 +233,8 @@ func (a *Agent) stopUserspace(ctx context.Context, volume string) error {
 	if err != nil {
 		return err
 	}
-	if rec.ServerPID != 0 {
-		if err := a.us.StopPID(rec.ServerPID, a.us.StopTimeout); err != nil {
-			return fmt.Errorf("stop blockdev server of %s: %w", volume, err)
-		}
+	if err := a.stopServer(ctx, volume, rec.ServerPID != 0); err != nil {
+		return err
 	}
 	if found {
 		if err := a.us.Keeper.Close(ctx, volume); err != nil {
@@ -215,6 +250,28 @@ func (a *Agent) stopUserspace(ctx context.Context, volume string) error {
 	}
 	if err := os.Remove(a.usLog(volume)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove record of %s: %w", volume, err)
+	}
+	return nil
+}
+
+// stopServer stops the volume's FUSE server: the one this agent started
+// through its own handle, and any other the keeper knows live (live) through
+// the keeper, which holds a pidfd of it. The pid the keeper reports is of
+// the keeper's PID namespace (the host's), so it is never signalled here.
+func (a *Agent) stopServer(ctx context.Context, volume string, live bool) error {
+	if p := a.procs.take(volume); p != nil {
+		if err := p.Stop(a.us.StopTimeout); err != nil {
+			return fmt.Errorf("stop blockdev server of %s: %w", volume, err)
+		}
+	}
+	if !live {
+		return nil
+	}
+	if err := a.us.Keeper.Stop(ctx, volume); err != nil {
+		if errors.Is(err, keeper.ErrInvalid) {
+			return fmt.Errorf("stop blockdev server of %s: the keeper predates the stop request; restart the keeper pod: %w", volume, err)
+		}
+		return fmt.Errorf("stop blockdev server of %s: %w", volume, err)
 	}
 	return nil
 }

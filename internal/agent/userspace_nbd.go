@@ -178,6 +178,13 @@ func (a *Agent) nbdStop(volume string) error {
 	if err := a.us.NBD.Disconnect(volume); err != nil {
 		return fmt.Errorf("disconnect nbd device of %s: %w", volume, err)
 	}
+	if p := a.procs.take(volume); p != nil {
+		if err := p.Stop(a.us.StopTimeout); err != nil {
+			return fmt.Errorf("stop nbd blockdev server of %s: %w", volume, err)
+		}
+	}
+	// One an earlier agent started: found in this agent's own /proc by its
+	// command line, so the pid is of this PID namespace.
 	pid, found, err := a.nbdServer(volume)
 	if err != nil {
 		return err

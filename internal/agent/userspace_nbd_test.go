@@ -59,9 +59,14 @@ type fakeProcs struct {
 	stopped []int
 }
 
-type fakeServer int
+type fakeServer struct {
+	pid   int
+	procs *fakeProcs
+}
 
-func (s fakeServer) PID() int { return int(s) }
+func (s fakeServer) PID() int { return s.pid }
+
+func (s fakeServer) Stop(timeout time.Duration) error { return s.procs.stop(s.pid, timeout) }
 
 func (p *fakeProcs) add(pid int, args ...string) {
 	dir := filepath.Join(p.root, strconv.Itoa(pid))
@@ -86,7 +91,7 @@ func (p *fakeProcs) start(_ context.Context, bp blockdev.Params) (Server, error)
 		p.nbd.devs[bp.Volume] = "/dev/nbd" + strconv.Itoa(len(p.nbd.devs))
 	}
 	p.nbd.mu.Unlock()
-	return fakeServer(pid), nil
+	return fakeServer{pid: pid, procs: p}, nil
 }
 
 func (p *fakeProcs) stop(pid int, _ time.Duration) error {

@@ -158,3 +158,77 @@ func TestStartOnce(t *testing.T) {
 		t.Error("the healer must run on every node")
 	}
 }
+
+// busyVolumes heals like agent.Heal: under the volume lock, waited for a
+// bounded time.
+type busyVolumes struct {
+	locks *agent.VolumeLocks
+	mu    sync.Mutex
+	calls map[string]int
+}
+
+func (b *busyVolumes) Heal(ctx context.Context, id string) (*v1.Volume, agent.HealResult, error) {
+	b.mu.Lock()
+	b.calls[id]++
+	b.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	unlock, err := b.locks.LockContext(ctx, id)
+	if err != nil {
+		return nil, agent.HealBusy, err
+	}
+	defer unlock()
+	return &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: id}}, agent.HealRestarted, nil
+}
+
+// TestBusyVolumeSkipped: a volume whose lock an operation holds (stuck on
+// a dead server) does not stop the pass; the others are healed, no warning
+// is raised, and the busy one is tried again soon even with no Interval.
+func TestBusyVolumeSkipped(t *testing.T) {
+	locks := agent.NewVolumeLocks()
+	unlock := locks.Lock("stuck")
+	vols := &busyVolumes{locks: locks, calls: map[string]int{}}
+	rec := record.NewFakeRecorder(100)
+	h := &heal.Healer{Node: "n1", Holdings: holdings{hold("stuck", "n1", ""), hold("ok", "n1", "")},
+		Volumes: vols, Recorder: rec, Log: logr.Discard(), BusyRetry: 50 * time.Millisecond}
+	sum, err := h.Pass(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum[agent.HealBusy] != 1 || sum[agent.HealRestarted] != 1 {
+		t.Fatalf("summary = %v, want one busy and one restarted", sum)
+	}
+	for _, e := range events(rec) {
+		if strings.HasPrefix(e, "Warning") {
+			t.Errorf("busy volume raised %q", e)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- h.Start(ctx) }()
+	time.Sleep(300 * time.Millisecond)
+	unlock()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		select {
+		case err := <-done:
+			// No Interval: Start ends after the pass that found nothing busy.
+			if err != nil {
+				t.Fatal(err)
+			}
+			vols.mu.Lock()
+			n := vols.calls["stuck"]
+			vols.mu.Unlock()
+			if n < 3 {
+				t.Errorf("busy volume tried %d times, want retries until it was free", n)
+			}
+			cancel()
+			return
+		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			cancel()
+			t.Fatal("Start did not retry the busy volume until it was free")
+		}
+	}
+}

@@ -70,6 +70,14 @@ func (c *Client) Close(ctx context.Context, volume string) error {
 	return err
 }
 
+// Stop ends the volume's server, if one lives (SIGTERM, then SIGKILL), and
+// returns once it is gone. Callers in another PID namespace than the
+// keeper's stop servers this way, never by the pid List reports.
+func (c *Client) Stop(ctx context.Context, volume string) error {
+	_, _, err := c.call(ctx, request{Op: OpStop, Volume: volume})
+	return err
+}
+
 // List returns the held connections.
 func (c *Client) List(ctx context.Context) ([]Volume, error) {
 	resp, _, err := c.call(ctx, request{Op: OpList})

@@ -15,14 +15,27 @@ import (
 	"github.com/berth-io/berth/internal/rootsock"
 )
 
-// Service holds the connections. Requests are served one at a time: they are
-// rare, and serializing them makes every operation trivially atomic.
+// Service holds the connections. Requests on one volume are served one at
+// a time, which makes each operation atomic; requests on different volumes
+// run side by side, so a mount that hangs never stalls the other volumes.
 type Service struct {
 	kernel Kernel
 	log    logr.Logger
+	// MaxConns bounds the clients served at once (0: 128).
+	MaxConns int
+	// ConnTimeout bounds one connection: request, operation and reply
+	// (0: 10s). An operation on a volume waits that long at most for the
+	// one before it.
+	ConnTimeout time.Duration
 
+	// mu guards vols, pending and busy, never a syscall that may block.
 	mu   sync.Mutex
 	vols map[string]*held
+	// pending reserves the mountpoints of opens in progress.
+	pending map[string]string
+	// busy maps a volume with an operation in progress to a channel closed
+	// when it ends.
+	busy map[string]chan struct{}
 }
 
 type held struct {
@@ -38,7 +51,7 @@ type held struct {
 
 // New returns an empty keeper.
 func New(kernel Kernel, log logr.Logger) *Service {
-	return &Service{kernel: kernel, log: log, vols: map[string]*held{}}
+	return &Service{kernel: kernel, log: log, vols: map[string]*held{}, pending: map[string]string{}, busy: map[string]chan struct{}{}}
 }
 
 // Listen creates the root-only keeper socket (SOCK_SEQPACKET, so that each
@@ -49,26 +62,36 @@ func Listen(path string) (*net.UnixListener, error) {
 
 // Serve answers requests on l until ctx ends. The held connections stay
 // held when it returns: only process exit (or Close requests) ends them.
-func (s *Service) Serve(ctx context.Context, l *net.UnixListener) error {
-	go func() {
-		<-ctx.Done()
-		_ = l.Close()
-	}()
-	for {
-		c, err := l.AcceptUnix()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil //nolint:nilerr // closing the listener is how Serve stops
-			}
-			return fmt.Errorf("accept: %w", err)
-		}
-		go s.serveConn(c)
+// An accept error (out of file descriptors) is retried: exiting would drop
+// every connection of the node.
+func (s *Service) Serve(ctx context.Context, l rootsock.Listener) error {
+	maxConns := s.MaxConns
+	if maxConns <= 0 {
+		maxConns = 128
 	}
+	loop := &rootsock.Loop{
+		MaxConns: maxConns,
+		Log:      s.log,
+		Handle:   func(_ context.Context, c *net.UnixConn) { s.serveConn(c) },
+		Refuse: func(c *net.UnixConn) {
+			_ = send(c, errorResponse(fmt.Errorf("%w: the keeper serves %d clients at once already", ErrBusy, maxConns)), -1)
+		},
+	}
+	return loop.Serve(ctx, l)
+}
+
+func (s *Service) connTimeout() time.Duration {
+	if s.ConnTimeout > 0 {
+		return s.ConnTimeout
+	}
+	return 10 * time.Second
 }
 
 func (s *Service) serveConn(c *net.UnixConn) {
-	defer func() { _ = c.Close() }()
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	ctx, cancel := context.WithTimeout(context.Background(), s.connTimeout())
+	defer cancel()
+	deadline, _ := ctx.Deadline()
+	_ = c.SetDeadline(deadline)
 	pid, err := checkRoot(c)
 	if err != nil {
 		s.log.Info("refused a client", "err", err)
@@ -85,11 +108,49 @@ func (s *Service) serveConn(c *net.UnixConn) {
 		_ = send(c, errorResponse(fmt.Errorf("%w: %w", ErrInvalid, err)), -1)
 		return
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	if err := req.validate(); err != nil {
+		_ = send(c, errorResponse(err), -1)
+		return
+	}
+	if req.Volume != "" {
+		// Held until the reply is sent: a close must not free the fd a
+		// get is passing.
+		release, err := s.lockVolume(ctx, req.Volume)
+		if err != nil {
+			_ = send(c, errorResponse(err), -1)
+			return
+		}
+		defer release()
+	}
 	resp, fd := s.handle(req, pid)
 	if err := send(c, resp, fd); err != nil {
 		s.log.Info("send reply", "op", req.Op, "volume", req.Volume, "err", err)
+	}
+}
+
+// lockVolume waits until no other operation runs on volume, or ctx ends
+// (ErrBusy).
+func (s *Service) lockVolume(ctx context.Context, volume string) (func(), error) {
+	for {
+		s.mu.Lock()
+		freed, busy := s.busy[volume]
+		if !busy {
+			done := make(chan struct{})
+			s.busy[volume] = done
+			s.mu.Unlock()
+			return func() {
+				s.mu.Lock()
+				delete(s.busy, volume)
+				s.mu.Unlock()
+				close(done)
+			}, nil
+		}
+		s.mu.Unlock()
+		select {
+		case <-freed:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w: another operation on volume %s is still running", ErrBusy, volume)
+		}
 	}
 }
 
@@ -121,18 +182,15 @@ func send(c *net.UnixConn, resp response, fd int) error {
 	return nil
 }
 
-// handle runs one request under s.mu; it returns the reply and the fd to
-// pass with it (-1 for none).
+// handle runs one validated request; the caller holds the volume's lock.
+// It returns the reply and the fd to pass with it (-1 for none).
 func (s *Service) handle(req request, pid int32) (response, int) {
-	if err := req.validate(); err != nil {
-		return errorResponse(err), -1
-	}
 	log := s.log.WithValues("op", req.Op, "volume", req.Volume)
 	switch req.Op {
 	case OpPing:
 		return response{}, -1
 	case OpList:
-		return response{Volumes: s.list()}, -1
+		return response{Volumes: s.Held()}, -1
 	case OpOpen:
 		h, err := s.open(req.Volume, req.Mountpoint)
 		if err == nil {
@@ -142,19 +200,21 @@ func (s *Service) handle(req request, pid int32) (response, int) {
 			log.Error(err, "open failed")
 			return errorResponse(err), -1
 		}
-		return response{Settings: h.settings}, h.fd
+		return response{Settings: s.settings(h)}, h.fd
 	case OpGet:
-		h, ok := s.vols[req.Volume]
+		h, ok := s.lookup(req.Volume)
 		if !ok {
 			return errorResponse(fmt.Errorf("%w: %s", ErrNotFound, req.Volume)), -1
 		}
-		return response{Settings: h.settings}, h.fd
+		return response{Settings: s.settings(h)}, h.fd
 	case OpSaveInit:
-		h, ok := s.vols[req.Volume]
+		h, ok := s.lookup(req.Volume)
 		if !ok {
 			return errorResponse(fmt.Errorf("%w: %s", ErrNotFound, req.Volume)), -1
 		}
+		s.mu.Lock()
 		h.settings = req.Settings
+		s.mu.Unlock()
 		log.Info("saved INIT settings")
 		return response{}, -1
 	case OpClose:
@@ -163,14 +223,35 @@ func (s *Service) handle(req request, pid int32) (response, int) {
 			return errorResponse(err), -1
 		}
 		return response{}, -1
+	case OpStop:
+		if err := s.stop(req.Volume); err != nil {
+			log.Error(err, "stop failed")
+			return errorResponse(err), -1
+		}
+		return response{}, -1
 	}
 	return errorResponse(fmt.Errorf("%w: op %q", ErrInvalid, req.Op)), -1
 }
 
+func (s *Service) lookup(volume string) (*held, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h, ok := s.vols[volume]
+	return h, ok
+}
+
+func (s *Service) settings(h *held) json.RawMessage {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return h.settings
+}
+
 // open is idempotent: a second open of the same volume and mountpoint returns
-// the held connection.
+// the held connection. The mount runs outside s.mu, its mountpoint reserved.
 func (s *Service) open(volume, mountpoint string) (*held, error) {
+	s.mu.Lock()
 	if h, ok := s.vols[volume]; ok {
+		s.mu.Unlock()
 		if h.mountpoint != mountpoint {
 			return nil, fmt.Errorf("%w: volume %s is mounted at %s, not %s", ErrConflict, volume, h.mountpoint, mountpoint)
 		}
@@ -178,9 +259,21 @@ func (s *Service) open(volume, mountpoint string) (*held, error) {
 	}
 	for name, h := range s.vols {
 		if h.mountpoint == mountpoint {
+			s.mu.Unlock()
 			return nil, fmt.Errorf("%w: mountpoint %s belongs to volume %s", ErrConflict, mountpoint, name)
 		}
 	}
+	if name, ok := s.pending[mountpoint]; ok {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("%w: mountpoint %s is being mounted for volume %s", ErrConflict, mountpoint, name)
+	}
+	s.pending[mountpoint] = volume
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.pending, mountpoint)
+		s.mu.Unlock()
+	}()
 	mounted, err := s.kernel.Mounted(mountpoint)
 	if err != nil {
 		return nil, err
@@ -197,33 +290,65 @@ func (s *Service) open(volume, mountpoint string) (*held, error) {
 		return nil, err
 	}
 	h := &held{fd: fd, mountpoint: mountpoint}
+	s.mu.Lock()
 	s.vols[volume] = h
+	s.mu.Unlock()
 	s.log.Info("opened and mounted", "volume", volume, "mountpoint", mountpoint)
 	return h, nil
 }
 
 // claim records pid as the volume's server, refusing while another lives.
 func (s *Service) claim(h *held, pid int32) error {
-	if h.server != nil && h.serverPID != pid && h.server.Alive() {
-		return fmt.Errorf("%w: %s by pid %d", ErrServed, h.mountpoint, h.serverPID)
+	s.mu.Lock()
+	server, serverPID := h.server, h.serverPID
+	s.mu.Unlock()
+	if server != nil && serverPID != pid && server.Alive() {
+		return fmt.Errorf("%w: %s by pid %d", ErrServed, h.mountpoint, serverPID)
 	}
-	if h.server != nil && h.serverPID == pid {
+	if server != nil && serverPID == pid {
 		return nil
 	}
 	p, err := s.kernel.WatchProcess(pid)
 	if err != nil {
 		return err
 	}
-	if h.server != nil {
-		h.server.Release()
-	}
+	s.mu.Lock()
 	h.server, h.serverPID = p, pid
+	s.mu.Unlock()
+	if server != nil {
+		server.Release()
+	}
+	return nil
+}
+
+// stopWait bounds each of the two waits of a stop (after SIGTERM, after
+// SIGKILL): together well within a connection's time.
+const stopWait = 3 * time.Second
+
+// stop ends the volume's server through the keeper's own handle on it (a
+// pidfd): the pid the keeper reports is of its PID namespace, which need
+// not be the caller's. No server (or none alive) is success.
+func (s *Service) stop(volume string) error {
+	h, ok := s.lookup(volume)
+	if !ok {
+		return nil
+	}
+	s.mu.Lock()
+	server := h.server
+	s.mu.Unlock()
+	if server == nil || !server.Alive() {
+		return nil
+	}
+	if err := server.Stop(stopWait); err != nil {
+		return fmt.Errorf("stop server of %s: %w", volume, err)
+	}
+	s.log.Info("stopped server", "volume", volume)
 	return nil
 }
 
 // close is idempotent: an unknown volume is already closed.
 func (s *Service) close(volume string) error {
-	h, ok := s.vols[volume]
+	h, ok := s.lookup(volume)
 	if !ok {
 		return nil
 	}
@@ -233,14 +358,18 @@ func (s *Service) close(volume string) error {
 	if err := s.kernel.CloseFD(h.fd); err != nil {
 		return fmt.Errorf("close fuse fd: %w", err)
 	}
-	if h.server != nil {
-		h.server.Release()
-	}
+	s.mu.Lock()
 	delete(s.vols, volume)
+	server := h.server
+	s.mu.Unlock()
+	if server != nil {
+		server.Release()
+	}
 	s.log.Info("unmounted and closed", "volume", volume, "mountpoint", h.mountpoint)
 	return nil
 }
 
+// list needs s.mu.
 func (s *Service) list() []Volume {
 	out := make([]Volume, 0, len(s.vols))
 	for name, h := range s.vols {

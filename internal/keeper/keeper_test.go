@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr"
 	"golang.org/x/sys/unix"
@@ -74,8 +75,9 @@ func (k *fakeKernel) WatchProcess(int32) (keeper.Process, error) { return aliveP
 
 type aliveProcess struct{}
 
-func (aliveProcess) Alive() bool { return true }
-func (aliveProcess) Release()    {}
+func (aliveProcess) Alive() bool              { return true }
+func (aliveProcess) Stop(time.Duration) error { return nil }
+func (aliveProcess) Release()                 {}
 
 func startKeeper(t *testing.T, k keeper.Kernel) *keeper.Client {
 	t.Helper()

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
@@ -29,6 +30,9 @@ type Kernel interface {
 // Process is a watched process.
 type Process interface {
 	Alive() bool
+	// Stop sends SIGTERM, waits up to wait, then SIGKILL, and waits up to
+	// wait again; nil once the process is gone.
+	Stop(wait time.Duration) error
 	Release()
 }
 
@@ -103,6 +107,20 @@ func (p pidfd) Alive() bool {
 	fds := []unix.PollFd{{Fd: int32(p), Events: unix.POLLIN}}
 	n, err := unix.Poll(fds, 0)
 	return err == nil && n == 0
+}
+
+// Stop signals through the pidfd, so a reused pid is never hit.
+func (p pidfd) Stop(wait time.Duration) error {
+	for _, sig := range []unix.Signal{unix.SIGTERM, unix.SIGKILL} {
+		if err := unix.PidfdSendSignal(int(p), sig, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("signal: %w", err)
+		}
+		fds := []unix.PollFd{{Fd: int32(p), Events: unix.POLLIN}}
+		if n, err := unix.Poll(fds, int(wait.Milliseconds())); err == nil && n > 0 {
+			return nil
+		}
+	}
+	return fmt.Errorf("process did not exit within %s of SIGKILL", wait)
 }
 
 // Release closes the pidfd.

@@ -22,6 +22,10 @@ const (
 	OpClose    = "close"
 	OpList     = "list"
 	OpPing     = "ping"
+	// OpStop ends the volume's server: SIGTERM, then SIGKILL. The keeper
+	// signals it through its own pidfd, valid whatever PID namespace the
+	// caller is in.
+	OpStop = "stop"
 )
 
 // Error codes in replies, mapped to the sentinel errors below.
@@ -30,6 +34,7 @@ const (
 	codeInvalid  = "invalid"
 	codeConflict = "conflict"
 	codeServed   = "served"
+	codeBusy     = "busy"
 )
 
 var (
@@ -44,6 +49,9 @@ var (
 	// ErrServed means another live process serves the connection (it
 	// also matches ErrConflict); retry once that process has exited.
 	ErrServed = fmt.Errorf("%w: connection served by another live process", ErrConflict)
+	// ErrBusy means the keeper is at its client limit, or another operation
+	// on the volume did not end in time; retry later.
+	ErrBusy = errors.New("keeper busy")
 	// ErrUnavailable means the keeper cannot be reached.
 	ErrUnavailable = errors.New("keeper unavailable")
 )
@@ -81,7 +89,7 @@ func (r request) validate() error {
 	switch r.Op {
 	case OpList, OpPing:
 		return nil
-	case OpOpen, OpGet, OpSaveInit, OpClose:
+	case OpOpen, OpGet, OpSaveInit, OpClose, OpStop:
 	default:
 		return fmt.Errorf("%w: unknown op %q", ErrInvalid, r.Op)
 	}
@@ -106,6 +114,8 @@ func errorResponse(err error) response {
 		code = codeServed
 	case errors.Is(err, ErrInvalid):
 		code = codeInvalid
+	case errors.Is(err, ErrBusy):
+		code = codeBusy
 	case errors.Is(err, ErrConflict):
 		code = codeConflict
 	}
@@ -125,6 +135,8 @@ func (r response) err() error {
 		return fmt.Errorf("%w (%s)", ErrConflict, r.Error)
 	case codeServed:
 		return fmt.Errorf("%w (%s)", ErrServed, r.Error)
+	case codeBusy:
+		return fmt.Errorf("%w (%s)", ErrBusy, r.Error)
 	}
 	return errors.New(r.Error)
 }

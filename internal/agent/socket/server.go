@@ -10,7 +10,6 @@ import (
 	"io"
 	"net"
 	"path/filepath"
-	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -37,7 +36,13 @@ type Server struct {
 	ReadTimeout time.Duration
 	// OpTimeout bounds one operation.
 	OpTimeout time.Duration
+	// MaxConns bounds the clients served at once (0: DefaultMaxConns).
+	MaxConns int
 }
+
+// DefaultMaxConns bounds the agent socket's clients at once: kubelet runs
+// one driver call per volume operation.
+const DefaultMaxConns = 64
 
 // NewServer returns a server over ops.
 func NewServer(ops Ops, log logr.Logger) *Server {
@@ -49,40 +54,34 @@ func Listen(path string) (*net.UnixListener, error) {
 	return rootsock.Listen("unix", path)
 }
 
-// Serve accepts connections until ctx ends.
-func (s *Server) Serve(ctx context.Context, l *net.UnixListener) error {
-	go func() {
-		<-ctx.Done()
-		_ = l.Close()
-	}()
-	// Operations under way finish on shutdown (a mount half done helps no
-	// one); only new connections stop.
-	var inflight sync.WaitGroup
-	defer inflight.Wait()
-	opCtx := context.WithoutCancel(ctx)
-	for {
-		c, err := l.AcceptUnix()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil //nolint:nilerr // the listener was closed to shut down
-			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
-			}
-			return fmt.Errorf("accept: %w", err)
-		}
-		inflight.Add(1)
-		go func() {
-			defer inflight.Done()
-			s.handle(opCtx, c)
-		}()
+// Serve accepts connections until ctx ends. An accept error (out of file
+// descriptors) is retried, and at most MaxConns clients are served at once;
+// more are answered busy.
+func (s *Server) Serve(ctx context.Context, l rootsock.Listener) error {
+	loop := &rootsock.Loop{
+		MaxConns: s.MaxConns,
+		Log:      s.log,
+		// Operations under way finish on shutdown (a mount half done helps
+		// no one); only new connections stop.
+		Handle: func(ctx context.Context, c *net.UnixConn) { s.handle(context.WithoutCancel(ctx), c) },
+		Refuse: func(c *net.UnixConn) {
+			_ = json.NewEncoder(c).Encode(fail(CodeBusy, fmt.Sprintf("the agent serves %d requests at once already: retry later", s.maxConns())))
+		},
 	}
+	return loop.Serve(ctx, l)
+}
+
+func (s *Server) maxConns() int {
+	if s.MaxConns > 0 {
+		return s.MaxConns
+	}
+	return DefaultMaxConns
 }
 
 func (s *Server) handle(ctx context.Context, c *net.UnixConn) {
-	defer func() { _ = c.Close() }()
 	resp := s.answer(ctx, c)
+	// A client that stopped reading must not hold a slot.
+	_ = c.SetWriteDeadline(time.Now().Add(s.ReadTimeout))
 	if err := json.NewEncoder(c).Encode(resp); err != nil {
 		s.log.V(1).Info("write response", "error", err.Error())
 	}

@@ -77,8 +77,8 @@ type Config struct {
 	// LockWait bounds how long healing and cleanup wait for a busy volume
 	// before they retry it later.
 	LockWait time.Duration
-	Rest         *rest.Config
-	Log          logr.Logger
+	Rest     *rest.Config
+	Log      logr.Logger
 }
 
 // Run serves until ctx ends.

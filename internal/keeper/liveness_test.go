@@ -1,0 +1,248 @@
+package keeper_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
+	"golang.org/x/sys/unix"
+
+	"github.com/berth-io/berth/internal/keeper"
+)
+
+// serve starts a keeper over k with log and returns its socket.
+func serve(t *testing.T, k keeper.Kernel, log logr.Logger) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("the keeper admits only root peers; run as root")
+	}
+	sock := filepath.Join(t.TempDir(), "keeper.sock")
+	l, err := keeper.Listen(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- keeper.New(k, log).Serve(ctx, l) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	return sock
+}
+
+// TestAcceptSurvivesEMFILE runs the real keeper out of file descriptors
+// (RLIMIT_NOFILE lowered so that the client's socket is the last fd this
+// process may open): accept fails with EMFILE, and once descriptors are
+// free again the keeper answers the waiting client. Exiting on that error
+// would have dropped every FUSE connection of the node.
+func TestAcceptSurvivesEMFILE(t *testing.T) {
+	var failed atomic.Int32
+	log := funcr.New(func(_, args string) {
+		if strings.Contains(args, "too many open files") {
+			failed.Add(1)
+		}
+	}, funcr.Options{})
+	sock := serve(t, newFakeKernel(), log)
+	c := keeper.NewClient(sock)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	answered := make(chan error, 1)
+	restore := fewFDs(t, func() { go func() { answered <- c.Ping(ctx) }() })
+	deadline := time.Now().Add(5 * time.Second)
+	for failed.Load() == 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	restore()
+	if failed.Load() == 0 {
+		t.Fatal("accept never failed with EMFILE: the test did not run the keeper out of descriptors")
+	}
+	if err := <-answered; err != nil {
+		t.Fatalf("client waiting while the keeper had no descriptors: %v", err)
+	}
+	if err := c.Ping(ctx); err != nil {
+		t.Fatalf("keeper after EMFILE: %v", err)
+	}
+}
+
+// fewFDs lowers RLIMIT_NOFILE so that exactly one more descriptor can be
+// opened, runs start (which should open it, a client socket), and returns
+// the function that restores the limit.
+func fewFDs(t *testing.T, start func()) (restore func()) {
+	t.Helper()
+	var old unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
+	}
+	free, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = unix.Close(free)
+	var once sync.Once
+	restore = func() {
+		once.Do(func() {
+			if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	t.Cleanup(restore)
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: uint64(free) + 1, Max: old.Max}); err != nil {
+		t.Fatal(err)
+	}
+	start()
+	return restore
+}
+
+// hangKernel is fakeKernel whose mount of one mountpoint hangs until
+// released (a mount syscall stuck in the kernel).
+type hangKernel struct {
+	*fakeKernel
+	hang    string
+	release chan struct{}
+}
+
+func (k *hangKernel) MountFUSE(fd int, source, mountpoint string) error {
+	if mountpoint == k.hang {
+		<-k.release
+	}
+	return k.fakeKernel.MountFUSE(fd, source, mountpoint)
+}
+
+// TestServesOthersWhileOneHangs: while the mount of one volume hangs, other
+// clients are served: list, and open, get and close of other volumes.
+func TestServesOthersWhileOneHangs(t *testing.T) {
+	k := &hangKernel{fakeKernel: newFakeKernel(), hang: "/mnt/hang", release: make(chan struct{})}
+	sock := serve(t, k, logr.Discard())
+	c := keeper.NewClient(sock)
+	hung := make(chan error, 1)
+	go func() {
+		conn, err := c.Open(context.Background(), "hang", "/mnt/hang")
+		if err == nil {
+			_ = conn.File.Close()
+		}
+		hung <- err
+	}()
+	defer func() {
+		close(k.release)
+		<-hung
+	}()
+	time.Sleep(100 * time.Millisecond) // the hanging open is in the kernel
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if _, err := c.List(ctx); err != nil {
+		t.Fatalf("list while a mount hangs: %v", err)
+	}
+	conn, err := c.Open(ctx, "other", "/mnt/other")
+	if err != nil {
+		t.Fatalf("open of another volume while a mount hangs: %v", err)
+	}
+	_ = conn.File.Close()
+	if conn, err = c.Get(ctx, "other"); err != nil {
+		t.Fatalf("get of another volume while a mount hangs: %v", err)
+	}
+	_ = conn.File.Close()
+	if err := c.Close(ctx, "other"); err != nil {
+		t.Fatalf("close of another volume while a mount hangs: %v", err)
+	}
+	// The same mountpoint for another volume is refused, not mounted twice.
+	if _, err := c.Open(ctx, "hang2", "/mnt/hang"); !errors.Is(err, keeper.ErrConflict) {
+		t.Errorf("open of a mountpoint being mounted: %v, want ErrConflict", err)
+	}
+	// An operation on the hanging volume itself waits its turn, bounded.
+	short, cancelShort := context.WithTimeout(context.Background(), 12*time.Second)
+	defer cancelShort()
+	start := time.Now()
+	if _, err := c.Get(short, "hang"); err == nil {
+		t.Error("get of a volume whose open hangs succeeded")
+	} else if time.Since(start) > 11*time.Second {
+		t.Errorf("get of a hanging volume took %s", time.Since(start))
+	}
+}
+
+// watchingKernel is fakeKernel with the real process watcher (pidfds).
+type watchingKernel struct{ *fakeKernel }
+
+func (watchingKernel) WatchProcess(pid int32) (keeper.Process, error) {
+	return keeper.HostKernel{}.WatchProcess(pid)
+}
+
+// TestStopThroughKeeper: a server process (this test binary, re-run as a
+// client that opens a volume and waits) is stopped through the keeper's
+// pidfd, the way an agent in another PID namespace must stop it.
+func TestStopThroughKeeper(t *testing.T) {
+	sock := serve(t, watchingKernel{newFakeKernel()}, logr.Discard())
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperServer$")
+	cmd.Env = append(os.Environ(), "KEEPER_TEST_SERVER="+sock)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || line != "ready\n" {
+		t.Fatalf("helper server: %q, %v", line, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c := keeper.NewClient(sock)
+	vols, err := c.List(ctx)
+	if err != nil || len(vols) != 1 || vols[0].ServerPID != cmd.Process.Pid {
+		t.Fatalf("list = %+v, %v; want the helper (pid %d) serving", vols, err, cmd.Process.Pid)
+	}
+	if err := c.Stop(ctx, "vol1"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		t.Logf("server ended: %v", err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("server still runs after the keeper's stop returned")
+	}
+	if vols, err := c.List(ctx); err != nil || vols[0].ServerPID != 0 {
+		t.Errorf("list after stop = %+v, %v; want no live server", vols, err)
+	}
+	// No server alive: stop is a no-op.
+	if err := c.Stop(ctx, "vol1"); err != nil {
+		t.Errorf("second stop: %v", err)
+	}
+}
+
+// TestHelperServer is the server process of TestStopThroughKeeper.
+func TestHelperServer(t *testing.T) {
+	sock := os.Getenv("KEEPER_TEST_SERVER")
+	if sock == "" {
+		t.Skip("helper process of TestStopThroughKeeper")
+	}
+	conn, err := keeper.NewClient(sock).Open(context.Background(), "vol1", "/mnt/vol1")
+	if err != nil {
+		fmt.Println("open:", err)
+		os.Exit(1)
+	}
+	defer conn.File.Close()
+	fmt.Println("ready")
+	time.Sleep(time.Minute)
+	os.Exit(2)
+}
