@@ -57,8 +57,8 @@ type Controller struct {
 }
 
 // The CSI controller's RBAC (generated into config/rbac/csi-controller).
-// +kubebuilder:rbac:groups=berth.io,resources=volumes,verbs=get;list;create;update;delete
-// +kubebuilder:rbac:groups=berth.io,resources=snapshots,verbs=get;list;create;delete
+// +kubebuilder:rbac:groups=berth.io,resources=volumes,verbs=get;list;watch;create;update;delete
+// +kubebuilder:rbac:groups=berth.io,resources=snapshots,verbs=get;list;watch;create;delete
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list
 
 // NewController returns the Controller service.

@@ -123,14 +123,11 @@ func (s *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 		return nil, status.Errorf(codes.AlreadyExists, "snapshot %q exists for volume %s", req.GetName(), snap.Spec.SourceVolume)
 	}
 
-	err = s.poll(ctx, func(ctx context.Context) (bool, error) {
-		if err := s.c.Get(ctx, client.ObjectKey{Name: name}, snap); err != nil {
-			return false, err
-		}
-		return snap.Status.ReadyToUse || snap.Status.Message != "", nil
+	snap, err = s.waitSnapshot(ctx, name, func(snap *v1.Snapshot) bool {
+		return snap.Status.ReadyToUse || snap.Status.Message != ""
 	})
 	if err != nil {
-		return nil, waitError("snapshot "+name, err)
+		return nil, err
 	}
 	if !snap.Status.ReadyToUse {
 		return nil, s.failedSnapshot(ctx, snap)

@@ -84,7 +84,7 @@ func Start() (*Env, error) {
 		_ = e.Stop()
 		return nil, fmt.Errorf("start envtest (kube-apiserver + etcd from %s): %w", assets, err)
 	}
-	c, err := client.New(cfg, client.Options{Scheme: s})
+	c, err := client.NewWithWatch(cfg, client.Options{Scheme: s})
 	if err != nil {
 		_ = e.Stop()
 		return nil, err

@@ -34,7 +34,8 @@ func (c Config) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	kc, err := client.New(c.Rest, client.Options{Scheme: s})
+	// With watch: the controller waits for the agents by watching.
+	kc, err := client.NewWithWatch(c.Rest, client.Options{Scheme: s})
 	if err != nil {
 		return fmt.Errorf("kubernetes client: %w", err)
 	}
