@@ -97,7 +97,9 @@ func TestStopOwnServerByHandle(t *testing.T) {
 	stopped := 0
 	a := New("node-a", nil, fakeImages{path: "/images/vol-1.img"}, nil, nil, nil, NewVolumeLocks(), logr.Discard())
 	a.WithUserspace(UserspaceConfig{Root: t.TempDir(), Keeper: k, StopTimeout: time.Second,
-		Start: func(context.Context, blockdev.Params) (Server, error) { return stoppable{pid: 7, stopped: &stopped}, nil }})
+		Start: func(context.Context, blockdev.Params) (Server, error) {
+			return stoppable{pid: 7, stopped: &stopped}, nil
+		}})
 	if _, err := a.startServer(context.Background(), blockdev.Params{Volume: "vol-1"}); err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"time"
 
 	"github.com/go-logr/logr"
 	"go.uber.org/zap/zapcore"
@@ -12,9 +13,26 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 )
 
+// APITimeout bounds every request to the API server: an API server that
+// stops answering must fail a call, not hang the component. A watch is
+// ended by it too and restarted from its last resourceVersion (client-go
+// treats the timeout as the watch's normal end), so informers lose nothing.
+const APITimeout = 30 * time.Second
+
 // RestConfig loads a kubeconfig file when path (or $KUBECONFIG) is set,
-// else the in-cluster service account.
+// else the in-cluster service account; requests time out after APITimeout.
 func RestConfig(path string) (*rest.Config, error) {
+	cfg, err := loadRestConfig(path)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = APITimeout
+	}
+	return cfg, nil
+}
+
+func loadRestConfig(path string) (*rest.Config, error) {
 	if path == "" {
 		path = os.Getenv("KUBECONFIG")
 	}

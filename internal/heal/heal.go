@@ -50,6 +50,9 @@ type Healer struct {
 	Interval time.Duration
 	// Parallel bounds the volumes healed at once (0: 16).
 	Parallel int
+	// Timeout bounds the healing of one volume, API calls included
+	// (0: 2 minutes).
+	Timeout time.Duration
 	// BusyRetry is how soon a pass runs again when a volume was busy
 	// (another operation held its lock), even with Interval 0 (0: 5s).
 	BusyRetry time.Duration
@@ -100,7 +103,9 @@ type Summary map[agent.HealResult]int
 // what it did; a busy volume does not hold up the others. Volumes that fail are logged and reported as Events; the
 // error is only for a failed listing.
 func (h *Healer) Pass(ctx context.Context) (Summary, error) {
-	holds, err := h.Holdings.ListForNode(ctx, h.Node)
+	listCtx, cancel := context.WithTimeout(ctx, h.timeout())
+	holds, err := h.Holdings.ListForNode(listCtx, h.Node)
+	cancel()
 	if err != nil {
 		return nil, err
 	}
@@ -134,7 +139,16 @@ func (h *Healer) Pass(ctx context.Context) (Summary, error) {
 	return sum, nil
 }
 
+func (h *Healer) timeout() time.Duration {
+	if h.Timeout > 0 {
+		return h.Timeout
+	}
+	return 2 * time.Minute
+}
+
 func (h *Healer) heal(ctx context.Context, id string) agent.HealResult {
+	ctx, cancel := context.WithTimeout(ctx, h.timeout())
+	defer cancel()
 	log := h.Log.WithValues("volume", id)
 	start := time.Now()
 	vol, res, err := h.Volumes.Heal(ctx, id)
