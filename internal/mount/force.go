@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"golang.org/x/sys/unix"
 	mountutils "k8s.io/mount-utils"
+	"k8s.io/utils/exec"
 )
 
 // ForceUnmountDevice removes every mount of dev on this node: filesystem
@@ -66,10 +68,58 @@ func statDevNumber(dev string) (major, minor int, found bool, err error) {
 }
 
 // NewMounter returns the node's mounter: mount-utils' own, plus lazy
-// unmount (LazyUnmounter) for force cleanup.
-func NewMounter() mountutils.Interface { return kernelMounter{mountutils.New("")} }
+// unmount (LazyUnmounter) for force cleanup. Its mount and umount commands
+// run with a timeout (NewManager's Tools; DefaultTimeouts until then):
+// mount-utils runs them with none.
+func NewMounter() mountutils.Interface {
+	return kernelMounter{Interface: mountutils.New(""), tools: NewTools(exec.New(), Timeouts{})}
+}
 
-type kernelMounter struct{ mountutils.Interface }
+type kernelMounter struct {
+	mountutils.Interface
+	tools *Tools
+}
+
+// Mount implements mountutils.Interface.
+func (k kernelMounter) Mount(source, target, fstype string, options []string) error {
+	return k.MountSensitive(source, target, fstype, options, nil)
+}
+
+// MountSensitive implements mountutils.Interface as mount-utils does,
+// through mount(8), bounded by the tools' timeout. A bind mount with
+// options is a bind, then a remount with them (older mount(8) ignores
+// options on a bind).
+func (k kernelMounter) MountSensitive(source, target, fstype string, options, sensitive []string) error {
+	bind, bindOpts, remountOpts, remountSensitive := mountutils.MakeBindOptsSensitive(options, sensitive)
+	if !bind {
+		return k.mount(source, target, fstype, options, sensitive)
+	}
+	if err := k.mount(source, target, fstype, bindOpts, nil); err != nil {
+		return err
+	}
+	if len(remountOpts) == 0 && len(remountSensitive) == 0 {
+		return nil
+	}
+	return k.mount(source, target, fstype, remountOpts, remountSensitive)
+}
+
+func (k kernelMounter) mount(source, target, fstype string, options, sensitive []string) error {
+	args, logged := mountutils.MakeMountArgsSensitive(source, target, fstype, options, sensitive)
+	if out, err := k.tools.Command("mount", args...).CombinedOutput(); err != nil {
+		return fmt.Errorf("mount %s: %w: %s", logged, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// Unmount implements mountutils.Interface through umount(8), bounded by
+// the tools' timeout; nothing mounted there is success, as with mount-utils.
+func (k kernelMounter) Unmount(target string) error {
+	out, err := k.tools.Command("umount", target).CombinedOutput()
+	if err != nil && !strings.Contains(string(out), "not mounted") {
+		return fmt.Errorf("umount %s: %w: %s", target, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
 
 // UnmountLazy implements LazyUnmounter with umount2(MNT_DETACH).
 func (kernelMounter) UnmountLazy(target string) error {

@@ -80,11 +80,15 @@ type LazyUnmounter interface {
 // Force cleanup detaches busy mounts lazily when m is a LazyUnmounter
 // (NewMounter's is).
 func NewManager(m mountutils.Interface, e exec.Interface, log logr.Logger) *Manager {
+	tools := toolsOf(e)
+	if k, ok := m.(kernelMounter); ok {
+		k.tools = tools
+		m = k
+	}
 	lazy := m.Unmount
 	if l, ok := m.(LazyUnmounter); ok {
 		lazy = l.UnmountLazy
 	}
-	tools := toolsOf(e)
 	return &Manager{
 		mounter:     m,
 		exec:        tools,
@@ -101,5 +105,10 @@ func NewManager(m mountutils.Interface, e exec.Interface, log logr.Logger) *Mana
 // formatter formats and mounts through the format gate and tools bound to
 // ctx: mount-utils' calls take no context, so one is made per call.
 func (m *Manager) formatter(ctx context.Context) *mountutils.SafeFormatAndMount {
-	return mountutils.NewSafeFormatAndMount(m.mounter, gateOver{gate: m.gate, tools: m.exec.Bind(ctx)})
+	mounter := m.mounter
+	if k, ok := mounter.(kernelMounter); ok {
+		k.tools = k.tools.Bind(ctx)
+		mounter = k
+	}
+	return mountutils.NewSafeFormatAndMount(mounter, gateOver{gate: m.gate, tools: m.exec.Bind(ctx)})
 }

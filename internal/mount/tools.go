@@ -29,6 +29,8 @@ type Timeouts struct {
 	Resize time.Duration
 	// Loop bounds losetup.
 	Loop time.Duration
+	// Mount bounds mount and umount.
+	Mount time.Duration
 	// Other bounds any other tool.
 	Other time.Duration
 	// KillGrace is how long a killed tool may take to exit before the call
@@ -46,6 +48,7 @@ func DefaultTimeouts() Timeouts {
 		Check:     10 * time.Minute,
 		Resize:    10 * time.Minute,
 		Loop:      30 * time.Second,
+		Mount:     2 * time.Minute,
 		Other:     2 * time.Minute,
 		KillGrace: 5 * time.Second,
 	}
@@ -55,7 +58,7 @@ func (t Timeouts) withDefaults() Timeouts {
 	d := DefaultTimeouts()
 	for _, f := range []struct{ v, def *time.Duration }{
 		{&t.Probe, &d.Probe}, {&t.Format, &d.Format}, {&t.Check, &d.Check}, {&t.Resize, &d.Resize},
-		{&t.Loop, &d.Loop}, {&t.Other, &d.Other}, {&t.KillGrace, &d.KillGrace},
+		{&t.Loop, &d.Loop}, {&t.Mount, &d.Mount}, {&t.Other, &d.Other}, {&t.KillGrace, &d.KillGrace},
 	} {
 		if *f.v <= 0 {
 			*f.v = *f.def
@@ -77,6 +80,8 @@ func (t Timeouts) of(cmd string) time.Duration {
 		return t.Resize
 	case cmd == "losetup":
 		return t.Loop
+	case cmd == "mount" || cmd == "umount":
+		return t.Mount
 	}
 	return t.Other
 }

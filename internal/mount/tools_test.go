@@ -79,10 +79,10 @@ func TestToolsReturnWhileStuck(t *testing.T) {
 }
 
 func TestTimeoutsByTool(t *testing.T) {
-	tt := Timeouts{Probe: 1, Format: 2, Check: 3, Resize: 4, Loop: 5, Other: 6}.withDefaults()
+	tt := Timeouts{Probe: 1, Format: 2, Check: 3, Resize: 4, Loop: 5, Mount: 7, Other: 6}.withDefaults()
 	for cmd, want := range map[string]time.Duration{
 		"blkid": 1, "blockdev": 1, "mkfs.ext4": 2, "mkfs.xfs": 2, "fsck": 3, "resize2fs": 4,
-		"xfs_growfs": 4, "losetup": 5, "mount": 6,
+		"xfs_growfs": 4, "losetup": 5, "mount": 7, "umount": 7, "sh": 6,
 	} {
 		if got := tt.of(cmd); got != want {
 			t.Errorf("%s: %v, want %v", cmd, got, want)

@@ -235,6 +235,7 @@ func Command() cli.Command {
 			fs.DurationVar(&cfg.ToolTimeouts.Check, "fsck-timeout", def.Check, "how long fsck may take before it is killed and the stage fails")
 			fs.DurationVar(&cfg.ToolTimeouts.Resize, "resize-timeout", def.Resize, "how long a filesystem resize may take before it is killed")
 			fs.DurationVar(&cfg.ToolTimeouts.Loop, "losetup-timeout", def.Loop, "how long losetup may take before it is killed")
+			fs.DurationVar(&cfg.ToolTimeouts.Mount, "mount-timeout", def.Mount, "how long mount or umount may take before it is killed")
 			fs.DurationVar(&cfg.LockWait, "background-lock-wait", nodeagent.DefaultLockWait, "how long healing and cleanup wait for a volume another operation holds before they retry it later")
 			fs.StringVar(&cfg.MetricsAddr, "metrics-addr", "0", "metrics listen address; 0 disables")
 			fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG or in-cluster)")
