@@ -8,17 +8,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/go-logr/logr/funcr"
-	"golang.org/x/sys/unix"
 
 	"github.com/berth-io/berth/internal/keeper"
+	"github.com/berth-io/berth/internal/testenv"
 )
 
 // serve starts a keeper over k with log and returns its socket.
@@ -44,71 +40,25 @@ func serve(t *testing.T, k keeper.Kernel, log logr.Logger) string {
 	return sock
 }
 
-// TestAcceptSurvivesEMFILE runs the real keeper out of file descriptors
-// (RLIMIT_NOFILE lowered so that the client's socket is the last fd this
-// process may open): accept fails with EMFILE, and once descriptors are
-// free again the keeper answers the waiting client. Exiting on that error
-// would have dropped every FUSE connection of the node.
+// TestAcceptSurvivesEMFILE runs the real keeper out of file descriptors:
+// accept fails with EMFILE, and once descriptors are free again the keeper
+// answers the waiting client. Exiting on that error would have dropped
+// every FUSE connection of the node.
 func TestAcceptSurvivesEMFILE(t *testing.T) {
-	var failed atomic.Int32
-	log := funcr.New(func(_, args string) {
-		if strings.Contains(args, "too many open files") {
-			failed.Add(1)
-		}
-	}, funcr.Options{})
-	sock := serve(t, newFakeKernel(), log)
+	log := &testenv.EMFILELog{}
+	sock := serve(t, newFakeKernel(), log.Logger())
 	c := keeper.NewClient(sock)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := c.Ping(ctx); err != nil {
 		t.Fatal(err)
 	}
-	answered := make(chan error, 1)
-	restore := fewFDs(t, func() { go func() { answered <- c.Ping(ctx) }() })
-	deadline := time.Now().Add(5 * time.Second)
-	for failed.Load() == 0 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
-	restore()
-	if failed.Load() == 0 {
-		t.Fatal("accept never failed with EMFILE: the test did not run the keeper out of descriptors")
-	}
-	if err := <-answered; err != nil {
+	if err := testenv.OutOfFDs(t, log, func() error { return c.Ping(ctx) }); err != nil {
 		t.Fatalf("client waiting while the keeper had no descriptors: %v", err)
 	}
 	if err := c.Ping(ctx); err != nil {
 		t.Fatalf("keeper after EMFILE: %v", err)
 	}
-}
-
-// fewFDs lowers RLIMIT_NOFILE so that exactly one more descriptor can be
-// opened, runs start (which should open it, a client socket), and returns
-// the function that restores the limit.
-func fewFDs(t *testing.T, start func()) (restore func()) {
-	t.Helper()
-	var old unix.Rlimit
-	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
-		t.Fatal(err)
-	}
-	free, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = unix.Close(free)
-	var once sync.Once
-	restore = func() {
-		once.Do(func() {
-			if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
-				t.Fatal(err)
-			}
-		})
-	}
-	t.Cleanup(restore)
-	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: uint64(free) + 1, Max: old.Max}); err != nil {
-		t.Fatal(err)
-	}
-	start()
-	return restore
 }
 
 // hangKernel is fakeKernel whose mount of one mountpoint hangs until
