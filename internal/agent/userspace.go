@@ -83,7 +83,7 @@ type UserspaceConfig struct {
 	// this agent found in its own /proc (blockdev.StopPID); CheckMount
 	// checks a live connection.
 	Start      func(ctx context.Context, p blockdev.Params) (Server, error)
-	StopPID    func(pid int, timeout time.Duration) error
+	StopPID    func(pid int, timeout time.Duration, still func() bool) error
 	CheckMount func(mountpoint string) error
 	Workers    int
 	// Passthrough lets the kernel do data I/O on the image (kernel 6.9+;

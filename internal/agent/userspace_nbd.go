@@ -190,7 +190,8 @@ func (a *Agent) nbdStop(volume string) error {
 		return err
 	}
 	if found {
-		if err := a.us.StopPID(pid, a.us.StopTimeout); err != nil {
+		still := func() bool { return a.servesNBD(pid, volume) }
+		if err := a.us.StopPID(pid, a.us.StopTimeout, still); err != nil {
 			return fmt.Errorf("stop nbd blockdev server of %s: %w", volume, err)
 		}
 	}

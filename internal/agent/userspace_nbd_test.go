@@ -66,7 +66,7 @@ type fakeServer struct {
 
 func (s fakeServer) PID() int { return s.pid }
 
-func (s fakeServer) Stop(timeout time.Duration) error { return s.procs.stop(s.pid, timeout) }
+func (s fakeServer) Stop(timeout time.Duration) error { return s.procs.stop(s.pid, timeout, nil) }
 
 func (p *fakeProcs) add(pid int, args ...string) {
 	dir := filepath.Join(p.root, strconv.Itoa(pid))
@@ -94,7 +94,7 @@ func (p *fakeProcs) start(_ context.Context, bp blockdev.Params) (Server, error)
 	return fakeServer{pid: pid, procs: p}, nil
 }
 
-func (p *fakeProcs) stop(pid int, _ time.Duration) error {
+func (p *fakeProcs) stop(pid int, _ time.Duration, _ func() bool) error {
 	p.stopped = append(p.stopped, pid)
 	p.kill(pid)
 	return nil

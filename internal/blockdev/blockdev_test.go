@@ -209,7 +209,17 @@ func TestStopPID(t *testing.T) {
 	needKernel(t)
 	r := newRig(t, 64<<20)
 	p := r.startServer()
-	if err := blockdev.StopPID(p.PID(), 5*time.Second); err != nil {
+	// A pid that no longer names the server (the check fails once the
+	// pidfd is open) is left alone.
+	if err := blockdev.StopPID(p.PID(), time.Second, func() bool { return false }); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.Done():
+		t.Fatal("StopPID signalled a process its check refused")
+	case <-time.After(200 * time.Millisecond):
+	}
+	if err := blockdev.StopPID(p.PID(), 5*time.Second, func() bool { return true }); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -217,7 +227,7 @@ func TestStopPID(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("server still running after StopPID")
 	}
-	if err := blockdev.StopPID(p.PID(), time.Second); err != nil {
+	if err := blockdev.StopPID(p.PID(), time.Second, nil); err != nil {
 		t.Fatalf("StopPID of a gone process: %v", err)
 	}
 	// The connection outlives the server: the next one takes over.

@@ -185,7 +185,9 @@ func (p *Process) Kill() error {
 }
 
 // Stop asks the server to finish the requests in hand and exit (SIGTERM),
-// then kills it after timeout. It returns once the process is gone.
+// then kills it after timeout. It returns once the process is gone. The
+// signals go through the child's pidfd (os.Process holds one on Linux), so
+// they never reach another process that reused the pid.
 func (p *Process) Stop(timeout time.Duration) error {
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
 		return fmt.Errorf("stop blockdev server %d: %w", p.PID(), err)
@@ -203,9 +205,11 @@ func (p *Process) Stop(timeout time.Duration) error {
 }
 
 // StopPID stops a server this process did not start (an agent restarted and
-// found it in the keeper's list): SIGTERM, then SIGKILL after timeout. It
-// follows the process through a pidfd, so a reused pid is never signalled.
-func StopPID(pid int, timeout time.Duration) error {
+// found it in its own /proc): SIGTERM, then SIGKILL after timeout. pid must
+// be of this process's PID namespace. It follows the process through a
+// pidfd, and runs still (nil: none) once the pidfd is open: a pid that was
+// reused before then fails the check and is left alone.
+func StopPID(pid int, timeout time.Duration, still func() bool) error {
 	fd, err := unix.PidfdOpen(pid, 0)
 	if errors.Is(err, unix.ESRCH) {
 		return nil
@@ -214,6 +218,9 @@ func StopPID(pid int, timeout time.Duration) error {
 		return fmt.Errorf("open pidfd of %d: %w", pid, err)
 	}
 	defer func() { _ = unix.Close(fd) }()
+	if still != nil && !still() {
+		return nil
+	}
 	exited := func(wait time.Duration) bool {
 		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
 		n, err := unix.Poll(fds, int(wait.Milliseconds()))
