@@ -113,13 +113,19 @@ func (c *Client) call(ctx context.Context, req request) (response, *os.File, err
 	if err != nil {
 		return response{}, nil, fmt.Errorf("encode request: %w", err)
 	}
-	if _, err := conn.Write(b); err != nil {
-		return response{}, nil, fmt.Errorf("%w: send request: %w", ErrUnavailable, err)
-	}
+	// A keeper at its client limit answers (busy) and closes before it
+	// reads: read its answer even when the write failed.
+	_, werr := conn.Write(b)
 	buf := make([]byte, maxMessage)
 	oob := make([]byte, unix.CmsgSpace(4))
 	n, oobn, _, _, err := conn.ReadMsgUnix(buf, oob)
+	if err == nil && n == 0 && werr != nil {
+		err = werr
+	}
 	if err != nil {
+		if werr != nil {
+			return response{}, nil, fmt.Errorf("%w: send request: %w", ErrUnavailable, werr)
+		}
 		return response{}, nil, fmt.Errorf("%w: read reply: %w", ErrUnavailable, err)
 	}
 	f, err := parseRights(oob[:oobn], req.Volume)

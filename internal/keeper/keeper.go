@@ -74,6 +74,7 @@ func (s *Service) Serve(ctx context.Context, l rootsock.Listener) error {
 		Log:      s.log,
 		Handle:   func(_ context.Context, c *net.UnixConn) { s.serveConn(c) },
 		Refuse: func(c *net.UnixConn) {
+			_, _, _, _, _ = c.ReadMsgUnix(make([]byte, maxMessage), nil)
 			_ = send(c, errorResponse(fmt.Errorf("%w: the keeper serves %d clients at once already", ErrBusy, maxConns)), -1)
 		},
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +21,11 @@ import (
 // serve starts a keeper over k with log and returns its socket.
 func serve(t *testing.T, k keeper.Kernel, log logr.Logger) string {
 	t.Helper()
+	return serveService(t, keeper.New(k, log))
+}
+
+func serveService(t *testing.T, svc *keeper.Service) string {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("the keeper admits only root peers; run as root")
 	}
@@ -30,7 +36,7 @@ func serve(t *testing.T, k keeper.Kernel, log logr.Logger) string {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- keeper.New(k, log).Serve(ctx, l) }()
+	go func() { done <- svc.Serve(ctx, l) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
@@ -58,6 +64,30 @@ func TestAcceptSurvivesEMFILE(t *testing.T) {
 	}
 	if err := c.Ping(ctx); err != nil {
 		t.Fatalf("keeper after EMFILE: %v", err)
+	}
+}
+
+// TestTooManyClientsBusy: over MaxConns, a client is told the keeper is
+// busy at once; once the slot frees, it is served again.
+func TestTooManyClientsBusy(t *testing.T) {
+	svc := keeper.New(newFakeKernel(), logr.Discard())
+	svc.MaxConns = 1
+	sock := serveService(t, svc)
+	hold, err := net.Dial("unixpacket", sock) // takes the slot, sends nothing
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c := keeper.NewClient(sock)
+	if err := c.Ping(ctx); !errors.Is(err, keeper.ErrBusy) {
+		t.Errorf("client over the limit: %v, want ErrBusy", err)
+	}
+	_ = hold.Close()
+	time.Sleep(50 * time.Millisecond)
+	if err := c.Ping(ctx); err != nil {
+		t.Errorf("client after the slot freed: %v", err)
 	}
 }
 

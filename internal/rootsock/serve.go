@@ -24,8 +24,10 @@ type Loop struct {
 	MaxConns int
 	// Handle serves one connection; Serve closes it afterwards.
 	Handle func(ctx context.Context, c *net.UnixConn)
-	// Refuse answers a connection over MaxConns (with a write deadline
-	// set) before Serve closes it; nil closes it unanswered.
+	// Refuse answers a connection over MaxConns before Serve closes it;
+	// nil closes it unanswered. It should read the request first: closing
+	// a socket with unread data resets it, and the peer may lose the
+	// answer. A short deadline is set.
 	Refuse func(c *net.UnixConn)
 	Log    logr.Logger
 	// MinBackoff and MaxBackoff bound the wait after a failed accept
@@ -92,8 +94,8 @@ func (s *Loop) refuse(c *net.UnixConn, maxConns int) {
 	if s.Refuse == nil {
 		return
 	}
-	// Answered inline, so refusals never pile up: a reply this small fits
-	// the socket buffer, and the deadline bounds a peer that reads nothing.
-	_ = c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+	// Answered inline, so refusals never pile up; the deadline bounds a
+	// peer that sends or reads nothing.
+	_ = c.SetDeadline(time.Now().Add(100 * time.Millisecond))
 	s.Refuse(c)
 }

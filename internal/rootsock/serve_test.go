@@ -107,7 +107,7 @@ func TestLoopCapsConnections(t *testing.T) {
 	release := make(chan struct{})
 	loop := &Loop{MaxConns: 2, Log: logr.Discard(),
 		Handle: func(ctx context.Context, c *net.UnixConn) { <-release; echo(ctx, c) },
-		Refuse: func(c *net.UnixConn) { _, _ = fmt.Fprint(c, "busy") }}
+		Refuse: func(c *net.UnixConn) { _, _ = c.Read(make([]byte, 16)); _, _ = fmt.Fprint(c, "busy") }}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- loop.Serve(ctx, l) }()
