@@ -3,6 +3,7 @@ package mount
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"strings"
 
 	"k8s.io/utils/exec"
@@ -48,13 +49,37 @@ func (l *losetup) find(ctx context.Context, backingFile string) (dev string, rea
 	if err != nil {
 		return "", false, false, err
 	}
+	dev, readOnly, found = parseAssociated(out)
+	return dev, readOnly, found, nil
+}
+
+// parseAssociated reads `losetup --list --noheadings --output NAME,RO`.
+func parseAssociated(out string) (dev string, readOnly, found bool) {
 	for _, line := range strings.Split(out, "\n") {
 		f := strings.Fields(line)
-		if len(f) == 2 && strings.HasPrefix(f[0], "/dev/") {
-			return f[0], f[1] == "1", true, nil
+		if len(f) == 2 && isDevPath(f[0]) {
+			return f[0], f[1] == "1", true
 		}
 	}
-	return "", false, false, nil
+	return "", false, false
+}
+
+// parseShown reads the device `losetup --find --show` printed last.
+func parseShown(out string) (dev string) {
+	// --show prints the device last; warnings (e.g. no direct I/O on this
+	// filesystem) come before it.
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		if line = strings.TrimSpace(line); isDevPath(line) {
+			dev = line
+		}
+	}
+	return dev
+}
+
+// isDevPath accepts a clean path under /dev/ in one field: nothing else is a
+// device name that losetup prints.
+func isDevPath(s string) bool {
+	return strings.HasPrefix(s, "/dev/") && len(s) > len("/dev/") && filepath.Clean(s) == s && !strings.ContainsAny(s, " \t\r\n\v\f")
 }
 
 func (l *losetup) Find(ctx context.Context, backingFile string) (string, bool, error) {
@@ -81,14 +106,7 @@ func (l *losetup) Attach(ctx context.Context, backingFile string, readOnly bool)
 	if err != nil {
 		return "", err
 	}
-	// --show prints the device last; warnings (e.g. no direct I/O on this
-	// filesystem) come before it.
-	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
-		if line = strings.TrimSpace(line); strings.HasPrefix(line, "/dev/") {
-			dev = line
-		}
-	}
-	if dev == "" {
+	if dev = parseShown(out); dev == "" {
 		return "", fmt.Errorf("losetup printed no device for %s: %q", backingFile, out)
 	}
 	return dev, nil

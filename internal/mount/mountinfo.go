@@ -17,10 +17,13 @@ import (
 // every mount: what tells bind mounts of one device apart.
 const mountInfoPath = "/proc/self/mountinfo"
 
-func readMountInfo() ([]mountutils.MountInfo, error) {
-	mis, err := mountutils.ParseMountInfo(mountInfoPath)
+func readMountInfo() ([]mountutils.MountInfo, error) { return parseMountInfo(mountInfoPath) }
+
+// parseMountInfo reads a mountinfo file and unescapes its paths.
+func parseMountInfo(path string) ([]mountutils.MountInfo, error) {
+	mis, err := mountutils.ParseMountInfo(path)
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", mountInfoPath, err)
+		return nil, fmt.Errorf("read %s: %w", path, err)
 	}
 	for i := range mis {
 		mis[i].MountPoint = unescapeOctal(mis[i].MountPoint)

@@ -79,6 +79,9 @@ type request struct {
 var errBadMagic = errors.New("nbd: bad request magic")
 
 func parseRequest(b []byte) (request, error) {
+	if len(b) < requestSize {
+		return request{}, fmt.Errorf("nbd: request header of %d bytes, want %d", len(b), requestSize)
+	}
 	if m := binary.BigEndian.Uint32(b[0:4]); m != requestMagic {
 		return request{}, fmt.Errorf("%w %#x", errBadMagic, m)
 	}
@@ -113,6 +116,9 @@ type reply struct {
 }
 
 func parseReply(b []byte) (reply, error) {
+	if len(b) < replySize {
+		return reply{}, fmt.Errorf("nbd: reply header of %d bytes, want %d", len(b), replySize)
+	}
 	if m := binary.BigEndian.Uint32(b[0:4]); m != replyMagic {
 		return reply{}, fmt.Errorf("nbd: bad reply magic %#x", m)
 	}

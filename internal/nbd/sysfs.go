@@ -27,9 +27,10 @@ func FindByBackend(sysfs, id string) (index int, found bool, err error) {
 		return 0, false, fmt.Errorf("list nbd devices: %w", err)
 	}
 	for _, dir := range dirs {
-		idx, err := strconv.Atoi(strings.TrimPrefix(filepath.Base(dir), "nbd"))
-		if err != nil {
-			continue // a partition or something else, not nbdN
+		name := strings.TrimPrefix(filepath.Base(dir), "nbd")
+		idx, err := strconv.Atoi(name)
+		if err != nil || strconv.Itoa(idx) != name {
+			continue // a partition or something else, not nbdN (nbd+1 or nbd01 would name another device)
 		}
 		b, err := os.ReadFile(filepath.Join(dir, "backend"))
 		if errors.Is(err, fs.ErrNotExist) {

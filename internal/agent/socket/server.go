@@ -112,7 +112,12 @@ func (s *Server) read(c *net.UnixConn) (*Request, error) {
 	if err := c.SetReadDeadline(time.Now().Add(s.ReadTimeout)); err != nil {
 		return nil, err
 	}
-	line, err := bufio.NewReaderSize(io.LimitReader(c, MaxRequestBytes+1), 4096).ReadBytes('\n')
+	return readRequest(c)
+}
+
+// readRequest is read's parse step: one line holding one JSON object.
+func readRequest(r io.Reader) (*Request, error) {
+	line, err := bufio.NewReaderSize(io.LimitReader(r, MaxRequestBytes+1), 4096).ReadBytes('\n')
 	if len(line) > MaxRequestBytes {
 		return nil, fmt.Errorf("request larger than %d bytes", MaxRequestBytes)
 	}
@@ -124,6 +129,9 @@ func (s *Server) read(c *net.UnixConn) (*Request, error) {
 	req := &Request{}
 	if err := dec.Decode(req); err != nil {
 		return nil, fmt.Errorf("malformed request: %w", err)
+	}
+	if len(bytes.TrimSpace(line[dec.InputOffset():])) > 0 {
+		return nil, errors.New("malformed request: data after the JSON object")
 	}
 	return req, nil
 }
