@@ -206,7 +206,25 @@ func attrsOf(msg []byte) ([]syscall.NetlinkRouteAttr, error) {
 	if len(msg) < nl.SizeofGenlmsg {
 		return nil, fmt.Errorf("short generic netlink message (%d bytes)", len(msg))
 	}
-	return nl.ParseRouteAttr(msg[nl.SizeofGenlmsg:])
+	return parseAttrs(msg[nl.SizeofGenlmsg:])
+}
+
+// parseAttrs splits netlink attributes. Not nl.ParseRouteAttr: it slices
+// past the end (a panic) when the last attribute lacks its padding.
+func parseAttrs(b []byte) ([]syscall.NetlinkRouteAttr, error) {
+	var attrs []syscall.NetlinkRouteAttr
+	for len(b) >= unix.SizeofRtAttr {
+		n := int(nl.NativeEndian().Uint16(b[0:2]))
+		if n < unix.SizeofRtAttr || n > len(b) {
+			return nil, fmt.Errorf("netlink attribute of %d bytes in %d: %w", n, len(b), unix.EINVAL)
+		}
+		attrs = append(attrs, syscall.NetlinkRouteAttr{
+			Attr:  syscall.RtAttr{Len: uint16(n), Type: nl.NativeEndian().Uint16(b[2:4])},
+			Value: b[unix.SizeofRtAttr:n:n],
+		})
+		b = b[min((n+unix.RTA_ALIGNTO-1)&^(unix.RTA_ALIGNTO-1), len(b)):]
+	}
+	return attrs, nil
 }
 
 // attrType drops the nested and byte-order flag bits.
@@ -241,7 +259,7 @@ func parseStatusReply(msgs [][]byte, index int) (bool, error) {
 			if attrType(a) != attrDeviceList {
 				continue
 			}
-			items, err := nl.ParseRouteAttr(a.Value)
+			items, err := parseAttrs(a.Value)
 			if err != nil {
 				return false, fmt.Errorf("nbd status: device list: %w", err)
 			}
@@ -263,7 +281,7 @@ func parseStatusReply(msgs [][]byte, index int) (bool, error) {
 }
 
 func parseDeviceItem(b []byte) (index int, connected bool, err error) {
-	fields, err := nl.ParseRouteAttr(b)
+	fields, err := parseAttrs(b)
 	if err != nil {
 		return 0, false, fmt.Errorf("nbd status: device item: %w", err)
 	}
