@@ -34,7 +34,8 @@ func ParseSettings(b []byte) (*Settings, error) {
 	if err := json.Unmarshal(b, &s); err != nil {
 		return nil, fmt.Errorf("parse saved INIT settings: %w", err)
 	}
-	if s.Out.Major != protoMajor || s.Out.MaxWrite == 0 {
+	// A larger max write than this server's buffers would lose requests.
+	if s.Out.Major != protoMajor || s.Out.MaxWrite == 0 || s.Out.MaxWrite > maxWrite {
 		return nil, fmt.Errorf("saved INIT settings are not usable: %+v", s.Out)
 	}
 	return &s, nil
