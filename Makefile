@@ -82,6 +82,12 @@ test: ## Run every test: unit, envtest (real kube-apiserver + etcd), root tests.
 sanity: ## Run csi-sanity (mount + block) and the bad-request/crash tests against the real driver (root).
 	set -o pipefail; go test -count=1 -v ./test/sanity/ 2>&1 | grep -vE '^=== (RUN|PAUSE|CONT)'
 
+FUZZTIME ?= 60s
+
+.PHONY: fuzz
+fuzz: ## Run every Go fuzz target for FUZZTIME (default 60s) each, one at a time; fails on any crash (hack/fuzz.sh).
+	FUZZTIME=$(FUZZTIME) nice hack/fuzz.sh
+
 .PHONY: bench
 bench: ## Userspace volumes: fio ratios to a kernel loop device, healed time-to-write p50/p99 (root, fio).
 	hack/bench.sh

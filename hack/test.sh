@@ -24,6 +24,16 @@ go test -p 1 -count=1 -timeout 30m -v "$@" ./... 2>&1 | tee "$log" | grep -vE '^
 rc=${PIPESTATUS[0]}
 set -e
 
+# In CI every fuzz target also runs a few seconds beyond its seed corpus
+# (which the go test run above already ran).
+if [ "${CI:-}" = true ]; then
+	set +e
+	FUZZTIME=3s hack/fuzz.sh 2>&1 | tee -a "$log"
+	fuzz=${PIPESTATUS[0]}
+	set -e
+	[ "$fuzz" -eq 0 ] || rc=$fuzz
+fi
+
 # In CI (CI=true, as root) the end-to-end scenarios run too when the rest of
 # CI's budget (BERTH_CI_BUDGET_SECONDS, 90 min) still fits them: about 40
 # min cold (kube binaries and CSI sidecars built) and 5 min with the cache

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# `make fuzz`: runs every Go fuzz target (func FuzzXxx(f *testing.F) in
+# *_test.go) for a bounded time, one target at a time, and prints each
+# target's executions and a summary line. Fails when any target finds a
+# failing input (go test writes it to the package's testdata/fuzz/FuzzXxx/:
+# fix the parser and keep the file as a regression seed).
+#   FUZZTIME=60s     time per target (go test -fuzztime)
+#   FUZZ_PARALLEL=2  fuzzing workers per target
+#   FUZZ_TARGETS=re  only targets whose name matches the extended regexp re
+#   hack/fuzz.sh [package dirs...]   (default: the whole module)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PATH="/usr/local/go/bin:$PATH"
+
+fuzztime=${FUZZTIME:-60s}
+parallel=${FUZZ_PARALLEL:-2}
+filter=${FUZZ_TARGETS:-.}
+dirs=("$@")
+[ ${#dirs[@]} -gt 0 ] || dirs=(.)
+
+# package dir <TAB> target, one line per target, in a stable order.
+targets=$(grep -rEo --include='*_test.go' '^func Fuzz[A-Za-z0-9_]+\(f \*testing\.F\)' "${dirs[@]}" |
+	sed -E 's#^(\./)?(.*)/[^/]+_test\.go:func (Fuzz[A-Za-z0-9_]+)\(.*#\2\t\3#' |
+	grep -E "	.*$filter" | sort -u)
+if [ -z "$targets" ]; then
+	echo "fuzz: no targets found" >&2
+	exit 1
+fi
+
+start=$SECONDS
+n=0 crashed=0 total=0 failed=()
+while IFS=$'\t' read -r dir target; do
+	n=$((n + 1))
+	log=$(mktemp)
+	go test -run='^$' -fuzz="^${target}\$" -fuzztime="$fuzztime" -parallel="$parallel" "./$dir" >"$log" 2>&1
+	rc=$?
+	execs=$(grep -oE 'execs: [0-9]+' "$log" | tail -n 1 | grep -oE '[0-9]+' || true)
+	execs=${execs:-0}
+	total=$((total + execs))
+	if [ "$rc" -eq 0 ]; then
+		printf 'fuzz: %-28s %-28s %12s execs  ok\n' "$target" "$dir" "$execs"
+	else
+		crashed=$((crashed + 1))
+		failed+=("$dir $target")
+		printf 'fuzz: %-28s %-28s %12s execs  FAILED\n' "$target" "$dir" "$execs"
+		grep -vE '^fuzz: elapsed' "$log" | head -60 >&2
+	fi
+	rm -f "$log"
+done <<<"$targets"
+
+echo "fuzz: $n targets, $fuzztime each, $total execs, $crashed failed, in $((SECONDS - start))s"
+if [ "$crashed" -ne 0 ]; then
+	printf 'fuzz: failed: %s\n' "${failed[@]}" >&2
+	exit 1
+fi
