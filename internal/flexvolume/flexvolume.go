@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"unicode/utf8"
 )
 
 // Driver is the Flexvolume driver name: kubelet runs it from
@@ -75,8 +76,9 @@ func ParseMount(args []string) (MountRequest, error) {
 		return MountRequest{}, fmt.Errorf("mount wants <mount dir> <json options>, got %d arguments: %w", len(args), ErrUsage)
 	}
 	dir := args[0]
-	if !filepath.IsAbs(dir) {
-		return MountRequest{}, fmt.Errorf("mount dir %q is not absolute: %w", dir, ErrUsage)
+	if !filepath.IsAbs(dir) || !utf8.ValidString(dir) {
+		// Not UTF-8: the JSON to the agent would name another path.
+		return MountRequest{}, fmt.Errorf("mount dir %q is not an absolute UTF-8 path: %w", dir, ErrUsage)
 	}
 	var opts map[string]string
 	if err := json.Unmarshal([]byte(args[1]), &opts); err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"path/filepath"
 	"testing"
+	"unicode/utf8"
 )
 
 // FuzzParseMount feeds ParseMount what kubelet could pass (a mount dir and
@@ -18,6 +19,7 @@ func FuzzParseMount(f *testing.F) {
 	f.Add("/m", `{"volume":"a","kubernetes.io/readwrite":"maybe"}`)
 	f.Add("m/../x", `{"volume":1}`)
 	f.Add("/m", `{"volume":"a","volume":"b"}`)
+	f.Add("/m\xff", `{"volume":"a"}`)
 	f.Fuzz(func(t *testing.T, dir, opts string) {
 		r, err := ParseMount([]string{dir, opts})
 		if err != nil {
@@ -29,8 +31,8 @@ func FuzzParseMount(f *testing.F) {
 			}
 			return
 		}
-		if !filepath.IsAbs(r.MountDir) || filepath.Clean(r.MountDir) != r.MountDir {
-			t.Fatalf("mount dir %q is not clean and absolute", r.MountDir)
+		if !filepath.IsAbs(r.MountDir) || filepath.Clean(r.MountDir) != r.MountDir || !utf8.ValidString(r.MountDir) {
+			t.Fatalf("mount dir %q is not clean, absolute UTF-8", r.MountDir)
 		}
 		if r.Volume == "" {
 			t.Fatal("accepted without a volume")

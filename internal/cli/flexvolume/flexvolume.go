@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/berth-io/berth/internal/agent/socket"
 	"github.com/berth-io/berth/internal/cli"
@@ -66,8 +67,8 @@ func (c Config) result(ctx context.Context) flex.Result {
 		}
 		req = socket.Request{Op: socket.OpMount, Mount: &m}
 	case "unmount":
-		if len(args) != 1 || !filepath.IsAbs(args[0]) {
-			return flex.Result{Status: flex.StatusFailure, Message: "unmount wants one absolute <mount dir>"}
+		if len(args) != 1 || !filepath.IsAbs(args[0]) || !utf8.ValidString(args[0]) {
+			return flex.Result{Status: flex.StatusFailure, Message: "unmount wants one absolute UTF-8 <mount dir>"}
 		}
 		req = socket.Request{Op: socket.OpUnmount, MountDir: args[0]}
 	default:
