@@ -6,6 +6,7 @@ import (
 	"errors"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr"
 )
@@ -60,6 +61,9 @@ type livePID struct{}
 func (livePID) Alive() bool { return false }
 func (livePID) Release()    {}
 
+// Stop: the fuzzed process is never alive, so it is gone at once.
+func (livePID) Stop(time.Duration) error { return nil }
+
 // realSettings are the INIT settings a server saved after the kernel's (6.18)
 // real INIT on this project's test machine.
 const realSettings = `{"in":{"major":7,"minor":45,"maxReadahead":131072,"flags":6586131021819},"out":{"major":7,"minor":40,"maxReadahead":131072,"flags":4227105,"maxBackground":256,"congestionThreshold":192,"maxWrite":1048576,"timeGran":1,"maxPages":256}}`
@@ -99,6 +103,9 @@ func FuzzKeeperRequests(f *testing.F) {
 			if err := json.Unmarshal(msg, &req); err != nil {
 				continue // the keeper answers ErrInvalid before handle
 			}
+			if req.validate() != nil {
+				continue // so does it for a request that fails validation
+			}
 			calls, before := k.calls, len(s.vols)
 			resp, fd := s.handle(req, 42)
 			if err := resp.err(); err != nil {
@@ -109,9 +116,6 @@ func FuzzKeeperRequests(f *testing.F) {
 					t.Fatalf("%s: an invalid request changed state", req.Op)
 				}
 			} else {
-				if req.validate() != nil {
-					t.Fatalf("%+v: invalid request answered without error", req)
-				}
 				if (req.Op == OpOpen || req.Op == OpGet) != (fd >= 0) {
 					t.Fatalf("%s: fd %d", req.Op, fd)
 				}
