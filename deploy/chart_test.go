@@ -98,31 +98,9 @@ func TestChartInstallsAndOperatorWorks(t *testing.T) {
 	out := helm(t, "template", "berth", chartDir, "--namespace", releaseNamespace, "--include-crds",
 		"--set", "namespace.create=true", "--set", "storageCluster.create=true",
 		"--set", "image.tag=test", "--set", "image.pullPolicy=Never")
-	objs := decode(t, out)
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
 	defer cancel()
-
-	// CRDs and the namespace first, the StorageCluster once its CRD serves.
-	rank := func(o *unstructured.Unstructured) int {
-		switch o.GetKind() {
-		case "CustomResourceDefinition", "Namespace":
-			return 0
-		case "StorageCluster":
-			return 2
-		}
-		return 1
-	}
-	slices.SortStableFunc(objs, func(a, b *unstructured.Unstructured) int { return rank(a) - rank(b) })
-	kinds := map[string]int{}
-	for _, o := range objs {
-		if o.GetKind() == "StorageCluster" {
-			waitCRDs(ctx, t)
-		}
-		if err := env.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(o), client.FieldOwner("chart-test"), client.ForceOwnership); err != nil {
-			t.Fatalf("apply %s %s: %v", o.GetKind(), o.GetName(), err)
-		}
-		kinds[o.GetKind()]++
-	}
+	objs, kinds := apply(ctx, t, out)
 	t.Logf("applied %d objects: %v", len(objs), kinds)
 	for kind, min := range map[string]int{"CustomResourceDefinition": 6, "Deployment": 1, "ServiceAccount": 3,
 		"ClusterRole": 4, "ClusterRoleBinding": 4, "Role": 2, "RoleBinding": 2, "StorageCluster": 1} {
@@ -215,12 +193,16 @@ func runOperatorAs(ctx context.Context, t *testing.T, user string) {
 	})
 }
 
-// impersonate returns a config that acts as service account user.
-func impersonate(user string) *rest.Config {
+// impersonate returns a config that acts as service account user, with
+// the user extras of a pod-bound token when given.
+func impersonate(user string, extra ...map[string][]string) *rest.Config {
 	cfg := rest.CopyConfig(env.Config)
 	cfg.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: []string{
 		"system:serviceaccounts", "system:serviceaccounts:" + releaseNamespace, "system:authenticated",
 	}}
+	if len(extra) > 0 {
+		cfg.Impersonate.Extra = extra[0]
+	}
 	return cfg
 }
 
@@ -245,6 +227,35 @@ func waitCRDs(ctx context.Context, t *testing.T) {
 	if err != nil {
 		t.Fatalf("StorageCluster CRD not established: %v", err)
 	}
+}
+
+// apply applies the rendered chart: CRDs and the namespace first, the
+// StorageCluster once its CRD serves. It returns what it applied, and how
+// many of each kind.
+func apply(ctx context.Context, t *testing.T, rendered []byte) ([]*unstructured.Unstructured, map[string]int) {
+	t.Helper()
+	objs := decode(t, rendered)
+	rank := func(o *unstructured.Unstructured) int {
+		switch o.GetKind() {
+		case "CustomResourceDefinition", "Namespace":
+			return 0
+		case "StorageCluster":
+			return 2
+		}
+		return 1
+	}
+	slices.SortStableFunc(objs, func(a, b *unstructured.Unstructured) int { return rank(a) - rank(b) })
+	kinds := map[string]int{}
+	for _, o := range objs {
+		if o.GetKind() == "StorageCluster" {
+			waitCRDs(ctx, t)
+		}
+		if err := env.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(o), client.FieldOwner("chart-test"), client.ForceOwnership); err != nil {
+			t.Fatalf("apply %s %s: %v", o.GetKind(), o.GetName(), err)
+		}
+		kinds[o.GetKind()]++
+	}
+	return objs, kinds
 }
 
 // decode splits helm's multi-document output into objects.

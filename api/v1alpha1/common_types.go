@@ -66,14 +66,12 @@ const (
 	DriverName = "berth.io"
 	// TopologyNodeKey is the topology key of a local volume's node.
 	TopologyNodeKey = "topology.berth.io/node"
-	// NodeLabel on Volumes and Snapshots names the node whose agent owns them,
-	// so that each agent watches only its own.
+	// NodeLabel on Volumes, Snapshots and CSIStorageCapacities names the
+	// node whose agent owns them, so that each agent watches only its own.
 	NodeLabel = "berth.io/node"
 	// NamespaceLabel on a Volume names the namespace whose pods may mount it
 	// through Flexvolume without a PersistentVolume.
 	NamespaceLabel = "berth.io/namespace"
-	// CapacityAnnotation on a Node is the free bytes its agent reports.
-	CapacityAnnotation = "capacity.berth.io/local"
 	// CSINameAnnotation keeps the name Kubernetes asked for, when the
 	// object's name had to be derived from it.
 	CSINameAnnotation = "berth.io/csi-name"

@@ -2,6 +2,7 @@ package v1alpha1_test
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -116,6 +117,30 @@ func TestStorageClusterMultus(t *testing.T) {
 	mustRefuse(t, &v1.StorageCluster{ObjectMeta: meta("bad-transport"), Spec: v1.StorageClusterSpec{
 		Agent: v1.AgentSpec{UserspaceTransport: "iscsi"},
 	}}, "spec.agent.userspaceTransport")
+}
+
+// TestStorageClusterDataDir: the CRD refuses / and system folders as the
+// data dir (the agent and keeper mount it read-write from the host), and
+// the operator's and agent's check agrees with it on every case.
+func TestStorageClusterDataDir(t *testing.T) {
+	ok := []string{"/var/lib/berth", "/srv/berth", "/data", "/var/lib/berth-e2e/berth-data", "/tmp/berth-test", "/mnt/disk1/berth", "/etcetera"}
+	bad := []string{"/", "/etc", "/etc/berth", "/usr", "/usr/local/berth", "/bin", "/sbin", "/lib", "/lib64/x", "/boot",
+		"/dev", "/dev/shm", "/proc", "/sys/fs", "/run", "/run/berth", "/var/run", "/root", "/root/data",
+		"/var/lib/kubelet", "/var/lib/kubelet/pods", "/var", "/var/lib", "/home", "/tmp",
+		"relative", "/var/lib/berth/", "/var//lib/berth", "/var/lib/../../etc", "/var/lib/./berth", "/srv/berth/.."}
+	for i, dir := range ok {
+		var got v1.StorageCluster
+		createAndRead(t, &v1.StorageCluster{ObjectMeta: meta(fmt.Sprintf("datadir-ok-%d", i)), Spec: v1.StorageClusterSpec{DataDir: dir}}, &got)
+		if err := v1.ValidateDataDir(dir); err != nil {
+			t.Errorf("ValidateDataDir(%q) = %v, want nil like the CRD", dir, err)
+		}
+	}
+	for i, dir := range bad {
+		mustRefuse(t, &v1.StorageCluster{ObjectMeta: meta(fmt.Sprintf("datadir-bad-%d", i)), Spec: v1.StorageClusterSpec{DataDir: dir}}, "spec.dataDir")
+		if err := v1.ValidateDataDir(dir); !errors.Is(err, v1.ErrBadDataDir) {
+			t.Errorf("ValidateDataDir(%q) = %v, want ErrBadDataDir like the CRD", dir, err)
+		}
+	}
 }
 
 func volume(name string, mut func(*v1.VolumeSpec)) *v1.Volume {

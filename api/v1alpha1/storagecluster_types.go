@@ -48,9 +48,12 @@ type StorageClusterSpec struct {
 	// +optional
 	Backend Backend `json:"backend,omitempty"`
 
-	// DataDir is the folder on each node that holds local volume images.
+	// DataDir is the folder on each node that holds local volume images: a
+	// clean absolute path, not / nor a system folder (ValidateDataDir).
 	// +kubebuilder:default="/var/lib/berth"
-	// +kubebuilder:validation:Pattern=`^/.*`
+	// +kubebuilder:validation:MaxLength=4096
+	// +kubebuilder:validation:XValidation:rule="self.matches('^(/[^/]+)+$') && !self.matches('(^|/)[.][.]?(/|$)')",message="dataDir must be a clean absolute path (no '.', '..', '//' or trailing '/') and not /"
+	// +kubebuilder:validation:XValidation:rule="!['/var','/var/lib','/home','/tmp','/opt','/srv','/mnt','/media'].exists(p, self == p) && !['/etc','/usr','/bin','/sbin','/lib','/lib32','/lib64','/libx32','/boot','/dev','/proc','/sys','/run','/var/run','/root','/var/lib/kubelet','/var/lib/containerd','/var/lib/docker','/var/log'].exists(p, self == p || self.startsWith(p + '/'))",message="dataDir must not be a system folder or lie under one (/etc, /usr, /bin, /sbin, /lib*, /boot, /dev, /proc, /sys, /run, /var/run, /root, /var/lib/kubelet, ...)"
 	// +optional
 	DataDir string `json:"dataDir,omitempty"`
 

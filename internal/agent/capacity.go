@@ -2,31 +2,43 @@ package agent
 
 import (
 	"context"
-	"encoding/json"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/go-logr/logr"
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/types"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 )
 
-// CapacityReporter publishes the backend's free bytes as an annotation on
-// this node's Node object, where the CSI controller reads it to place new
-// volumes and answer GetCapacity.
+// CapacityReporter publishes the backend's free bytes as one
+// CSIStorageCapacity per berth StorageClass for this node, in berth's
+// namespace: the scheduler reads them (CSIDriver storageCapacity) to place
+// pods with WaitForFirstConsumer volumes, and the CSI controller to place new
+// volumes and answer GetCapacity. The agent writes no Node: the admission
+// policy lets it write only the capacities of its own node.
 type CapacityReporter struct {
-	Client   client.Client
-	Node     string
-	Free     func(context.Context) (int64, error)
-	Interval time.Duration
-	Log      logr.Logger
+	// Client reads the API server directly: a cache would watch every
+	// CSIStorageCapacity of the cluster.
+	Client    client.Client
+	Node      string
+	Namespace string
+	Free      func(context.Context) (int64, error)
+	Interval  time.Duration
+	// Timeout bounds one report's API calls (default 30s).
+	Timeout time.Duration
+	Log     logr.Logger
 }
 
-// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups=storage.k8s.io,resources=storageclasses,verbs=get;list;watch
+// +kubebuilder:rbac:groups=storage.k8s.io,namespace=berth-system,resources=csistoragecapacities,verbs=get;create;update
 
 // Start reports now and then every Interval until ctx ends (manager.Runnable).
 func (r *CapacityReporter) Start(ctx context.Context) error {
@@ -48,22 +60,77 @@ func (r *CapacityReporter) Start(ctx context.Context) error {
 	}
 }
 
-// Report publishes the free bytes once.
+// Report publishes the free bytes once, for every berth StorageClass.
 func (r *CapacityReporter) Report(ctx context.Context) error {
+	timeout := r.Timeout
+	if timeout <= 0 {
+		timeout = 30 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
 	free, err := r.Free(ctx)
 	if err != nil {
 		return err
 	}
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
-		v1.CapacityAnnotation: strconv.FormatInt(free, 10),
-	}}})
-	if err != nil {
-		return err
+	var classes storagev1.StorageClassList
+	if err := r.Client.List(ctx, &classes); err != nil {
+		return fmt.Errorf("list storage classes: %w", err)
 	}
-	node := &corev1.Node{}
-	node.Name = r.Node
-	if err := r.Client.Patch(ctx, node, client.RawPatch(types.MergePatchType, patch)); err != nil {
-		return fmt.Errorf("annotate node %s with capacity: %w", r.Node, err)
+	var errs []error
+	for i := range classes.Items {
+		if cls := &classes.Items[i]; cls.Provisioner == v1.DriverName {
+			errs = append(errs, r.publish(ctx, cls, free))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// publish writes the class's capacity object of this node, creating it.
+func (r *CapacityReporter) publish(ctx context.Context, cls *storagev1.StorageClass, free int64) error {
+	want := resource.NewQuantity(free, resource.BinarySI)
+	name := CapacityName(r.Node, cls.Name)
+	var c storagev1.CSIStorageCapacity
+	err := r.Client.Get(ctx, client.ObjectKey{Namespace: r.Namespace, Name: name}, &c)
+	switch {
+	case apierrors.IsNotFound(err):
+		c = storagev1.CSIStorageCapacity{
+			ObjectMeta: metav1.ObjectMeta{
+				Name: name, Namespace: r.Namespace,
+				Labels: map[string]string{v1.NodeLabel: r.Node, CapacityClassLabel: cls.Name},
+				// Gone with its class: a class deleted leaves no capacity behind.
+				OwnerReferences: []metav1.OwnerReference{{
+					APIVersion: "storage.k8s.io/v1", Kind: "StorageClass", Name: cls.Name, UID: cls.UID,
+				}},
+			},
+			NodeTopology:     &metav1.LabelSelector{MatchLabels: map[string]string{v1.TopologyNodeKey: r.Node}},
+			StorageClassName: cls.Name,
+			Capacity:         want,
+		}
+		if err := r.Client.Create(ctx, &c); err != nil {
+			return fmt.Errorf("create csistoragecapacity %s: %w", name, err)
+		}
+		return nil
+	case err != nil:
+		return fmt.Errorf("get csistoragecapacity %s: %w", name, err)
+	}
+	if c.Capacity != nil && c.Capacity.Cmp(*want) == 0 {
+		return nil
+	}
+	c.Capacity = want
+	if err := r.Client.Update(ctx, &c); err != nil {
+		return fmt.Errorf("update csistoragecapacity %s: %w", name, err)
 	}
 	return nil
+}
+
+// CapacityClassLabel on a CSIStorageCapacity names its StorageClass (with
+// v1.NodeLabel naming the node), so one node's capacities are listed by label.
+const CapacityClassLabel = "berth.io/storage-class"
+
+// CapacityName is the name of the CSIStorageCapacity of a node and class: a
+// hash of both (any join of the two names could collide, and both may be
+// long); the labels and fields say which node and class it is.
+func CapacityName(node, class string) string {
+	sum := sha256.Sum256([]byte(node + "/" + class))
+	return "berth-capacity-" + hex.EncodeToString(sum[:])[:32]
 }

@@ -8,10 +8,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/moby/sys/mountinfo"
 
 	"github.com/berth-io/berth/internal/blockdev"
 	"github.com/berth-io/berth/internal/keeper"
@@ -58,6 +61,7 @@ func testServeExt4(t *testing.T, passthrough bool) {
 	if err := blockdev.CheckMount(r.mountpoint); err != nil {
 		t.Fatalf("CheckMount: %v", err)
 	}
+	wantFUSEOptions(t, r.mountpoint, "allow_other", "default_permissions")
 	vols, err := keeper.NewClient(r.socket).List(context.Background())
 	if err != nil || len(vols) != 1 || !vols[0].Initialized || vols[0].Mountpoint != r.mountpoint {
 		t.Fatalf("keeper list = %+v, %v; want one initialized volume", vols, err)
@@ -73,6 +77,22 @@ func testServeExt4(t *testing.T, passthrough bool) {
 	}
 	if set.Passthrough() != passthrough || (set.BackingID > 0) != passthrough {
 		t.Fatalf("saved settings: passthrough %v backing %d, want passthrough %v", set.Passthrough(), set.BackingID, passthrough)
+	}
+}
+
+// wantFUSEOptions reads the keeper's FUSE mount at mountpoint from
+// /proc/self/mountinfo and wants each option among its super options.
+func wantFUSEOptions(t *testing.T, mountpoint string, opts ...string) {
+	t.Helper()
+	ms, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(mountpoint))
+	if err != nil || len(ms) != 1 {
+		t.Fatalf("mountinfo for %s: %+v, %v; want one mount", mountpoint, ms, err)
+	}
+	have := strings.Split(ms[0].VFSOptions, ",")
+	for _, o := range opts {
+		if !slices.Contains(have, o) {
+			t.Errorf("FUSE mount %s (%s) lacks option %s: %q", mountpoint, ms[0].FSType, o, ms[0].VFSOptions)
+		}
 	}
 }
 

@@ -40,6 +40,8 @@ const (
 type ControllerConfig struct {
 	// StorageCluster that new volumes belong to.
 	StorageCluster string
+	// Namespace holds the agents' CSIStorageCapacity objects (berth's).
+	Namespace string
 	// Wait bounds how long a call waits for the agent (on top of the caller's deadline).
 	Wait time.Duration
 	// Poll is how often the controller looks at the object it waits for.
@@ -60,6 +62,7 @@ type Controller struct {
 // +kubebuilder:rbac:groups=berth.io,resources=volumes,verbs=get;list;watch;create;update;delete
 // +kubebuilder:rbac:groups=berth.io,resources=snapshots,verbs=get;list;watch;create;delete
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list
+// +kubebuilder:rbac:groups=storage.k8s.io,namespace=berth-system,resources=csistoragecapacities,verbs=get;list
 
 // NewController returns the Controller service.
 func NewController(c client.Client, cfg ControllerConfig, log logr.Logger) *Controller {

@@ -1,17 +1,16 @@
 package csi
 
 // Placement: local volumes live on one node, chosen from the topology the
-// scheduler asks for, or by the free space agents report on their Nodes.
+// scheduler asks for, or by the free space agents report in CSIStorageCapacity objects.
 
 import (
 	"context"
-	"strconv"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	storagev1 "k8s.io/api/storage/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
@@ -37,14 +36,16 @@ func (s *Controller) chooseNode(ctx context.Context, top *csi.TopologyRequiremen
 	if len(top.GetRequisite()) > 0 || len(top.GetPreferred()) > 0 {
 		return "", status.Errorf(codes.ResourceExhausted, "no node of the requested topology has %d bytes free", size)
 	}
-	nodes := &corev1.NodeList{}
-	if err := s.c.List(ctx, nodes); err != nil {
-		return "", status.Errorf(codes.Unavailable, "list nodes: %v", err)
+	live, err := s.liveCapacities(ctx)
+	if err != nil {
+		return "", err
 	}
 	best, bestFree := "", int64(-1)
-	for _, n := range nodes.Items {
-		if free, ok := capacityOf(&n); ok && free > bestFree {
-			best, bestFree = n.Name, free
+	for name, free := range live {
+		// Ties go to the first name, so that placement does not depend on
+		// map order.
+		if free > bestFree || (free == bestFree && name < best) {
+			best, bestFree = name, free
 		}
 	}
 	switch {
@@ -56,25 +57,59 @@ func (s *Controller) chooseNode(ctx context.Context, top *csi.TopologyRequiremen
 	return best, nil
 }
 
+// nodeCapacity is the free space the node's agent reports: the most any of
+// its CSIStorageCapacity objects (one per class, all of one data dir) says.
 func (s *Controller) nodeCapacity(ctx context.Context, name string) (int64, bool, error) {
-	n := &corev1.Node{}
-	if err := s.c.Get(ctx, client.ObjectKey{Name: name}, n); err != nil {
-		if apierrors.IsNotFound(err) {
-			return 0, false, nil
-		}
-		return 0, false, status.Errorf(codes.Unavailable, "get node %s: %v", name, err)
+	free, err := s.capacities(ctx, client.MatchingLabels{v1.NodeLabel: name})
+	if err != nil {
+		return 0, false, err
 	}
-	free, ok := capacityOf(n)
-	return free, ok, nil
+	f, ok := free[name]
+	return f, ok, nil
 }
 
-func capacityOf(n *corev1.Node) (int64, bool) {
-	v, ok := n.Annotations[v1.CapacityAnnotation]
-	if !ok {
-		return 0, false
+// capacities maps each node that has capacity objects matching sel to its
+// free bytes. The node comes from the object's topology, which the admission
+// policy ties to the node of the agent that wrote it.
+func (s *Controller) capacities(ctx context.Context, sel client.ListOption) (map[string]int64, error) {
+	var list storagev1.CSIStorageCapacityList
+	if err := s.c.List(ctx, &list, client.InNamespace(s.cfg.Namespace), sel); err != nil {
+		return nil, status.Errorf(codes.Unavailable, "list csistoragecapacities: %v", err)
 	}
-	free, err := strconv.ParseInt(v, 10, 64)
-	return free, err == nil
+	free := map[string]int64{}
+	for _, c := range list.Items {
+		if c.NodeTopology == nil || c.Capacity == nil {
+			continue
+		}
+		node := c.NodeTopology.MatchLabels[v1.TopologyNodeKey]
+		if node == "" {
+			continue
+		}
+		if f, seen := free[node]; !seen || c.Capacity.Value() > f {
+			free[node] = c.Capacity.Value()
+		}
+	}
+	return free, nil
+}
+
+// liveCapacities is capacities of every node that still exists: a deleted
+// node's objects outlive it.
+func (s *Controller) liveCapacities(ctx context.Context) (map[string]int64, error) {
+	free, err := s.capacities(ctx, client.HasLabels{v1.NodeLabel})
+	if err != nil {
+		return nil, err
+	}
+	nodes := &corev1.NodeList{}
+	if err := s.c.List(ctx, nodes); err != nil {
+		return nil, status.Errorf(codes.Unavailable, "list nodes: %v", err)
+	}
+	live := map[string]int64{}
+	for _, n := range nodes.Items {
+		if f, ok := free[n.Name]; ok {
+			live[n.Name] = f
+		}
+	}
+	return live, nil
 }
 
 // GetCapacity implements csi.ControllerServer: the free space of the node the
@@ -95,15 +130,13 @@ func (s *Controller) GetCapacity(ctx context.Context, req *csi.GetCapacityReques
 		}
 		return &csi.GetCapacityResponse{AvailableCapacity: free}, nil
 	}
-	nodes := &corev1.NodeList{}
-	if err := s.c.List(ctx, nodes); err != nil {
-		return nil, status.Errorf(codes.Unavailable, "list nodes: %v", err)
+	live, err := s.liveCapacities(ctx)
+	if err != nil {
+		return nil, err
 	}
 	var most int64
-	for _, n := range nodes.Items {
-		if free, ok := capacityOf(&n); ok && free > most {
-			most = free
-		}
+	for _, free := range live {
+		most = max(most, free)
 	}
 	return &csi.GetCapacityResponse{AvailableCapacity: most}, nil
 }

@@ -62,13 +62,16 @@ type Fencer struct {
 	opts Options
 }
 
-// The agent fences through the API server, breaks locks on node and pod
-// liveness, and records broken entries on the holder node's stale list.
-// +kubebuilder:rbac:groups=berth.io,resources=attachments,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups=berth.io,resources=nodecleanups,verbs=get;list;watch;create;update;patch
-// +kubebuilder:rbac:groups=berth.io,resources=nodecleanups/status,verbs=get;update;patch
-// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
-// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+// The agent fences through the API server (one GET per decision, a label
+// list of its own holds), breaks locks on node and pod liveness (GETs), and
+// records broken entries on the holder node's stale list. The admission
+// policy (deploy/berth/templates/agent-admission.yaml) narrows these writes
+// to the agent's own node's records; the GC's rights are the operator's.
+// +kubebuilder:rbac:groups=berth.io,resources=attachments,verbs=get;list;create;update;delete
+// +kubebuilder:rbac:groups=berth.io,resources=nodecleanups,verbs=get;list;create;update
+// +kubebuilder:rbac:groups=berth.io,resources=nodecleanups/status,verbs=get;update
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 
 // New returns a Fencer. c must read from the API server, not from a cache:

@@ -56,7 +56,10 @@ func (HostKernel) MountFUSE(fd int, source, mountpoint string) error {
 	if err := os.MkdirAll(mountpoint, 0o700); err != nil {
 		return fmt.Errorf("create mountpoint: %w", err)
 	}
-	opts := fmt.Sprintf("fd=%d,rootmode=40000,user_id=0,group_id=0,allow_other", fd)
+	// allow_other lets the loop device (opened by whoever attaches it) reach
+	// the image; default_permissions makes the kernel check the image's mode
+	// bits against the caller, so that allow_other opens it to root alone.
+	opts := fmt.Sprintf("fd=%d,rootmode=40000,user_id=0,group_id=0,allow_other,default_permissions", fd)
 	if err := unix.Mount(source, mountpoint, "fuse.berth", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, opts); err != nil {
 		return fmt.Errorf("mount fuse at %s: %w", mountpoint, err)
 	}

@@ -44,7 +44,10 @@ import (
 // Config of the node agent.
 type Config struct {
 	NodeName string
-	DataDir  string
+	// Namespace is berth's namespace, where this node's CSIStorageCapacity
+	// objects live.
+	Namespace string
+	DataDir   string
 	// CSIEndpoint is where the CSI Identity + Node services listen.
 	CSIEndpoint string
 	// KubeletDir is kubelet's root; empty disables plugin registration.
@@ -85,6 +88,9 @@ type Config struct {
 func (c Config) Run(ctx context.Context) error {
 	if c.NodeName == "" {
 		return errors.New("node name missing: set --node-name or NODE_NAME")
+	}
+	if err := v1.ValidateDataDir(c.DataDir); err != nil {
+		return fmt.Errorf("--data-dir: %w", err)
 	}
 	s, err := scheme.New()
 	if err != nil {
@@ -145,7 +151,8 @@ func (c Config) Run(ctx context.Context) error {
 		fence.CleanerOptions{Interval: c.StaleInterval, Lock: locks.Lock})); err != nil {
 		return err
 	}
-	if err := mgr.Add(&nodeagent.CapacityReporter{Client: mgr.GetClient(), Node: c.NodeName, Free: images.Capacity, Interval: c.CapacityInterval, Log: c.Log.WithName("capacity")}); err != nil {
+	if err := mgr.Add(&nodeagent.CapacityReporter{Client: direct, Node: c.NodeName, Namespace: c.Namespace, Free: images.Capacity,
+		Interval: c.CapacityInterval, Log: c.Log.WithName("capacity")}); err != nil {
 		return err
 	}
 	if err := c.addCSI(mgr, a); err != nil {
@@ -192,6 +199,13 @@ func (c Config) addCSI(mgr manager.Manager, a *nodeagent.Agent) error {
 	}))
 }
 
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
 func socketPath(endpoint string) string {
 	const prefix = "unix://"
 	if len(endpoint) > len(prefix) && endpoint[:len(prefix)] == prefix {
@@ -214,6 +228,7 @@ func Command() cli.Command {
 				verbosity  int
 			)
 			fs.StringVar(&cfg.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
+			fs.StringVar(&cfg.Namespace, "namespace", envOr("POD_NAMESPACE", "berth-system"), "berth's namespace, for this node's CSIStorageCapacity objects (default $POD_NAMESPACE or berth-system)")
 			fs.StringVar(&cfg.DataDir, "data-dir", "/var/lib/berth", "folder of the local volume images")
 			fs.StringVar(&cfg.CSIEndpoint, "csi-endpoint", "unix:///var/lib/kubelet/plugins/berth.io/csi.sock", "CSI endpoint (unix socket)")
 			fs.StringVar(&cfg.KubeletDir, "kubelet-dir", "/var/lib/kubelet", "kubelet root for plugin registration; empty: do not register")

@@ -6,6 +6,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -23,6 +24,7 @@ import (
 type Config struct {
 	Endpoint       string
 	StorageCluster string
+	Namespace      string
 	Wait           time.Duration
 	Rest           *rest.Config
 	Log            logr.Logger
@@ -45,7 +47,7 @@ func (c Config) Run(ctx context.Context) error {
 	}
 	srv := csi.NewServer(c.Log, csi.Services{
 		Identity:   csi.NewIdentity(v1.DriverName, version.Get().Version, true, nil),
-		Controller: csi.NewController(kc, csi.ControllerConfig{StorageCluster: c.StorageCluster, Wait: c.Wait}, c.Log.WithName("controller")),
+		Controller: csi.NewController(kc, csi.ControllerConfig{StorageCluster: c.StorageCluster, Namespace: c.Namespace, Wait: c.Wait}, c.Log.WithName("controller")),
 	})
 	c.Log.Info("serving CSI controller", "endpoint", c.Endpoint, "storageCluster", c.StorageCluster)
 	return csi.Serve(ctx, srv, l)
@@ -66,6 +68,11 @@ func Command() cli.Command {
 			)
 			fs.StringVar(&cfg.Endpoint, "endpoint", "unix:///csi/csi.sock", "CSI endpoint (unix socket)")
 			fs.StringVar(&cfg.StorageCluster, "storage-cluster", "berth", "StorageCluster new volumes belong to")
+			ns := os.Getenv("POD_NAMESPACE")
+			if ns == "" {
+				ns = "berth-system"
+			}
+			fs.StringVar(&cfg.Namespace, "namespace", ns, "berth's namespace, where agents publish CSIStorageCapacity objects (default $POD_NAMESPACE or berth-system)")
 			fs.DurationVar(&cfg.Wait, "agent-wait", 2*time.Minute, "how long a call waits for the node agent")
 			fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG or in-cluster)")
 			fs.IntVar(&verbosity, "v", 0, "log verbosity")

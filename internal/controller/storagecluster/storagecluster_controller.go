@@ -95,7 +95,11 @@ type Reconciler struct {
 // The workloads live in the operator's namespace only: a Role, which the
 // chart moves into the release namespace.
 // +kubebuilder:rbac:groups=apps,namespace=berth-system,resources=daemonsets;deployments,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups=storage.k8s.io,resources=csidrivers;storageclasses,verbs=get;list;watch;create;update;patch;delete
+// The CSIDriver and the classes: list/watch feed the cache and create cannot
+// be limited by name; every other write only reaches berth's own objects.
+// +kubebuilder:rbac:groups=storage.k8s.io,resources=csidrivers;storageclasses,verbs=list;watch;create
+// +kubebuilder:rbac:groups=storage.k8s.io,resources=csidrivers,verbs=get;update;patch;delete,resourceNames=berth.io
+// +kubebuilder:rbac:groups=storage.k8s.io,resources=storageclasses,verbs=get;update;patch;delete,resourceNames=berth;berth-userspace
 
 // SetupWithManager registers the reconciler; Owns() brings back owned
 // objects that someone deletes and reacts to their status.
@@ -122,6 +126,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	log := r.Log.WithValues("storageCluster", sc.Name)
 	if !sc.DeletionTimestamp.IsZero() {
 		return r.reconcileDelete(ctx, log, sc)
+	}
+	// A data dir written before the CRD refused it (or past it) never
+	// reaches a host path mount.
+	if err := v1.ValidateDataDir(sc.Spec.DataDir); err != nil {
+		log.Error(err, "refusing the StorageCluster")
+		return ctrl.Result{}, r.writeInvalid(ctx, sc, err)
 	}
 	if controllerutil.AddFinalizer(sc, Finalizer) {
 		if err := r.Client.Update(ctx, sc); err != nil {

@@ -93,8 +93,11 @@ func TestStorageClusterOwnedObjects(t *testing.T) {
 	drv := &storagev1.CSIDriver{ObjectMeta: metav1.ObjectMeta{Name: v1.DriverName}}
 	get(t, drv)
 	checkControlledBy(t, drv, sc)
-	if *drv.Spec.AttachRequired || !*drv.Spec.PodInfoOnMount {
-		t.Errorf("CSIDriver: attachRequired %v podInfoOnMount %v", *drv.Spec.AttachRequired, *drv.Spec.PodInfoOnMount)
+	if *drv.Spec.AttachRequired || !*drv.Spec.PodInfoOnMount || drv.Spec.StorageCapacity == nil || !*drv.Spec.StorageCapacity {
+		t.Errorf("CSIDriver: attachRequired %v podInfoOnMount %v storageCapacity %v", *drv.Spec.AttachRequired, *drv.Spec.PodInfoOnMount, drv.Spec.StorageCapacity)
+	}
+	for _, pod := range []corev1.PodSpec{agent.Spec.Template.Spec, keeper.Spec.Template.Spec, dep.Spec.Template.Spec} {
+		checkResources(t, pod)
 	}
 	for name, mounter := range map[string]string{"berth": "kernel", "berth-userspace": "userspace"} {
 		cls := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: name}}
@@ -117,15 +120,37 @@ func TestStorageClusterOwnedObjects(t *testing.T) {
 	})
 }
 
+// checkResources wants CPU and memory requests and limits on every
+// container, limits at least the requests.
+func checkResources(t *testing.T, p corev1.PodSpec) {
+	t.Helper()
+	for _, c := range append(slices.Clone(p.InitContainers), p.Containers...) {
+		for _, r := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
+			req, okReq := c.Resources.Requests[r]
+			lim, okLim := c.Resources.Limits[r]
+			if !okReq || !okLim || req.IsZero() || lim.Cmp(req) < 0 {
+				t.Errorf("container %s: %s request %v limit %v, want both, limit >= request", c.Name, r, c.Resources.Requests, c.Resources.Limits)
+			}
+		}
+	}
+}
+
 func checkControllerDeployment(t *testing.T, dep *appsv1.Deployment) {
 	t.Helper()
 	p := dep.Spec.Template.Spec
-	if !p.HostNetwork || p.ServiceAccountName != "berth-csi-controller" || len(p.Containers) != 4 {
+	if p.HostNetwork || p.ServiceAccountName != "berth-csi-controller" || len(p.Containers) != 4 {
 		t.Fatalf("controller pod: hostNetwork %v sa %q containers %d", p.HostNetwork, p.ServiceAccountName, len(p.Containers))
+	}
+	if sc := p.SecurityContext; sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || sc.RunAsUser == nil || *sc.RunAsUser == 0 {
+		t.Errorf("controller pod security context %+v, want a non-root user", sc)
 	}
 	byName := map[string]corev1.Container{}
 	for _, c := range p.Containers {
 		byName[c.Name] = c
+		if sc := c.SecurityContext; sc == nil || (sc.Privileged != nil && *sc.Privileged) || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation ||
+			sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || (sc.RunAsUser != nil && *sc.RunAsUser == 0) {
+			t.Errorf("container %s security context %+v, want unprivileged, no capabilities", c.Name, sc)
+		}
 		if e := env1(c, "KUBERNETES_SERVICE_HOST"); e == nil || e.Value != "10.1.2.3" {
 			t.Errorf("container %s: KUBERNETES_SERVICE_HOST %+v", c.Name, e)
 		}
@@ -310,5 +335,56 @@ func TestReconcileWithoutChangeSendsNoUpdate(t *testing.T) {
 	}
 	if len(updates) != 0 {
 		t.Errorf("a reconcile without change sent updates: %v", updates)
+	}
+}
+
+// TestStorageClusterRefusesSystemDataDir: a StorageCluster whose data dir is
+// a system folder (written before the CRD refused it) gets an InvalidSpec
+// condition, and nothing is deployed for it.
+func TestStorageClusterRefusesSystemDataDir(t *testing.T) {
+	sc := newCluster(t, "sysdir", v1.StorageClusterSpec{})
+	watching, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var writes []string
+	var status *v1.StorageCluster
+	record := func(obj client.Object) { writes = append(writes, fmt.Sprintf("%T %s", obj, obj.GetName())) }
+	c := interceptor.NewClient(watching, interceptor.Funcs{
+		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+			err := c.Get(ctx, key, obj, opts...)
+			if s, ok := obj.(*v1.StorageCluster); ok {
+				s.Spec.DataDir = "/etc/berth"
+			}
+			return err
+		},
+		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+			record(obj)
+			return c.Create(ctx, obj, opts...)
+		},
+		Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
+			record(obj)
+			return c.Update(ctx, obj, opts...)
+		},
+		// Kept here: the manager's reconciler owns the real object's status.
+		SubResourcePatch: func(_ context.Context, _ client.Client, _ string, obj client.Object, _ client.Patch, _ ...client.SubResourcePatchOption) error {
+			status = obj.(*v1.StorageCluster).DeepCopy()
+			return nil
+		},
+	})
+	r := &storagecluster.Reconciler{Client: c, Options: opts, Log: logr.Discard()}
+	if _, err := r.Reconcile(testCtx(t), ctrl.Request{NamespacedName: types.NamespacedName{Name: sc.Name}}); err != nil {
+		t.Fatalf("reconcile: %v", err)
+	}
+	if len(writes) != 0 {
+		t.Errorf("reconciling a cluster with data dir /etc/berth wrote %v, want nothing", writes)
+	}
+	if status == nil {
+		t.Fatal("no status written")
+	}
+	ready := meta.FindStatusCondition(status.Status.Conditions, v1.ConditionReady)
+	if status.Status.Phase != v1.StorageClusterError || ready == nil || ready.Reason != storagecluster.ReasonInvalidSpec ||
+		!strings.Contains(ready.Message, "/etc/berth") {
+		t.Errorf("status: phase %q Ready %+v, want Error / InvalidSpec naming /etc/berth", status.Status.Phase, ready)
 	}
 }

@@ -30,6 +30,7 @@ const (
 	ReasonApplyFailed = "ApplyFailed"
 	ReasonNotReady    = "ComponentsNotReady"
 	ReasonDeleting    = "WaitingForNodeCleanup"
+	ReasonInvalidSpec = "InvalidSpec"
 )
 
 // writeStatus records what obs says, only when something changed.
@@ -74,6 +75,18 @@ func (r *Reconciler) writeDeleting(ctx context.Context, sc *v1.StorageCluster, p
 		Type: v1.ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonDeleting,
 		ObservedGeneration: sc.Generation,
 		Message:            "waiting for the agents of nodes " + strings.Join(pending, ", ") + " to detach this cluster's volumes",
+	})
+	return r.patchStatus(ctx, before, sc)
+}
+
+// writeInvalid marks a cluster whose spec berth refuses; nothing is deployed.
+func (r *Reconciler) writeInvalid(ctx context.Context, sc *v1.StorageCluster, why error) error {
+	before := sc.DeepCopy()
+	sc.Status.Phase = v1.StorageClusterError
+	sc.Status.ObservedGeneration = sc.Generation
+	meta.SetStatusCondition(&sc.Status.Conditions, metav1.Condition{
+		Type: v1.ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonInvalidSpec,
+		ObservedGeneration: sc.Generation, Message: why.Error(),
 	})
 	return r.patchStatus(ctx, before, sc)
 }

@@ -26,6 +26,9 @@ func StorageClassName(m v1.Mounter) string {
 // spec is only written when the object is created.
 func csiDriver(sc *v1.StorageCluster, d *storagev1.CSIDriver) {
 	setLabels(&d.ObjectMeta, objectLabels(sc, componentController))
+	// The scheduler places pods of WaitForFirstConsumer volumes by the
+	// CSIStorageCapacity objects the agents publish (mutable: set on update too).
+	d.Spec.StorageCapacity = ptr.To(true)
 	if d.ResourceVersion != "" {
 		return
 	}
@@ -33,6 +36,7 @@ func csiDriver(sc *v1.StorageCluster, d *storagev1.CSIDriver) {
 		AttachRequired:       ptr.To(false),
 		PodInfoOnMount:       ptr.To(true),
 		VolumeLifecycleModes: []storagev1.VolumeLifecycleMode{storagev1.VolumeLifecyclePersistent},
+		StorageCapacity:      ptr.To(true),
 	}
 }
 

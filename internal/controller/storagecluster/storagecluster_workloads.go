@@ -87,8 +87,9 @@ func (r *Reconciler) agentDaemonSet(sc *v1.StorageCluster, ds *appsv1.DaemonSet)
 	}
 	c.Env = append(c.Env, corev1.EnvVar{Name: "NODE_NAME", ValueFrom: &corev1.EnvVarSource{
 		FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "spec.nodeName"},
-	}})
+	}}, podNamespaceEnv())
 	c.SecurityContext = &corev1.SecurityContext{Privileged: ptr.To(true)}
+	c.Resources = agentResources
 	c.VolumeMounts = []corev1.VolumeMount{
 		{Name: "pods-dir", MountPath: podsDir, MountPropagation: bidi},
 		{Name: "plugins-dir", MountPath: pluginsDir, MountPropagation: bidi},
@@ -134,6 +135,7 @@ func (r *Reconciler) keeperDaemonSet(sc *v1.StorageCluster, ds *appsv1.DaemonSet
 	setLabels(&ds.ObjectMeta, objectLabels(sc, componentKeeper))
 	c := r.container(componentKeeper, "keeper", "--socket="+KeeperSocket)
 	c.SecurityContext = &corev1.SecurityContext{Privileged: ptr.To(true)}
+	c.Resources = keeperResources
 	// The keeper mounts the FUSE file systems behind userspace volumes;
 	// Bidirectional makes them visible on the host and to the agent.
 	bidi := ptr.To(corev1.MountPropagationBidirectional)
@@ -168,7 +170,10 @@ func (r *Reconciler) keeperDaemonSet(sc *v1.StorageCluster, ds *appsv1.DaemonSet
 }
 
 // controllerDeployment renders berth csi-controller with the standard CSI
-// sidecars, on the host network (pods elsewhere may not reach the API server).
+// sidecars. They talk only to the API server and to each other over a
+// socket in an emptyDir, so they run on the pod network, as a non-root user
+// with no capabilities; with APIServerHost set they reach the API server
+// there (clusters without kube-proxy).
 func (r *Reconciler) controllerDeployment(sc *v1.StorageCluster, d *appsv1.Deployment) {
 	o := r.Options
 	setLabels(&d.ObjectMeta, objectLabels(sc, componentController))
@@ -179,6 +184,7 @@ func (r *Reconciler) controllerDeployment(sc *v1.StorageCluster, d *appsv1.Deplo
 		"--endpoint=unix://"+csiSocketPath,
 		"--storage-cluster="+sc.Name,
 	)
+	berth.Env = append(berth.Env, podNamespaceEnv())
 	provisioner := r.sidecar("csi-provisioner", o.ProvisionerImage, csiAddr,
 		"--feature-gates=Topology=true", "--strict-topology", "--extra-create-metadata", "--leader-election")
 	resizer := r.sidecar("csi-resizer", o.ResizerImage, csiAddr, "--leader-election")
@@ -186,6 +192,12 @@ func (r *Reconciler) controllerDeployment(sc *v1.StorageCluster, d *appsv1.Deplo
 	containers := []corev1.Container{berth, provisioner, resizer, snapshotter}
 	for i := range containers {
 		containers[i].VolumeMounts = socket
+		containers[i].Resources = controllerResources
+		containers[i].SecurityContext = &corev1.SecurityContext{
+			AllowPrivilegeEscalation: ptr.To(false),
+			ReadOnlyRootFilesystem:   ptr.To(true),
+			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+		}
 	}
 	d.Spec = appsv1.DeploymentSpec{
 		Replicas: ptr.To[int32](1),
@@ -194,9 +206,14 @@ func (r *Reconciler) controllerDeployment(sc *v1.StorageCluster, d *appsv1.Deplo
 			ObjectMeta: metav1.ObjectMeta{Labels: objectLabels(sc, componentController)},
 			Spec: corev1.PodSpec{
 				ServiceAccountName: o.ControllerServiceAccount,
-				HostNetwork:        true,
-				DNSPolicy:          corev1.DNSClusterFirstWithHostNet,
-				Containers:         containers,
+				SecurityContext: &corev1.PodSecurityContext{
+					RunAsNonRoot:   ptr.To(true),
+					RunAsUser:      ptr.To(nonRootUID),
+					RunAsGroup:     ptr.To(nonRootUID),
+					FSGroup:        ptr.To(nonRootUID),
+					SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+				},
+				Containers: containers,
 				Volumes: []corev1.Volume{{Name: "socket-dir", VolumeSource: corev1.VolumeSource{
 					EmptyDir: &corev1.EmptyDirVolumeSource{},
 				}}},
@@ -233,6 +250,14 @@ func (r *Reconciler) apiServerEnv() []corev1.EnvVar {
 		env = append(env, corev1.EnvVar{Name: "KUBERNETES_SERVICE_PORT", Value: r.Options.APIServerPort})
 	}
 	return env
+}
+
+// podNamespaceEnv tells a berth process its namespace (berth's), where the
+// agents' CSIStorageCapacity objects live.
+func podNamespaceEnv() corev1.EnvVar {
+	return corev1.EnvVar{Name: "POD_NAMESPACE", ValueFrom: &corev1.EnvVarSource{
+		FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.namespace"},
+	}}
 }
 
 func hostPathVolume(name, p string, t corev1.HostPathType) corev1.Volume {

@@ -1,0 +1,237 @@
+package deploy_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/clock"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+	nodeagent "github.com/berth-io/berth/internal/agent"
+	"github.com/berth-io/berth/internal/fence"
+)
+
+const (
+	agentUser = "system:serviceaccount:" + releaseNamespace + ":berth-agent"
+	nodeExtra = "authentication.kubernetes.io/node-name"
+)
+
+// agentClient acts as the agent's service account with a token bound to a
+// pod on node (none: a token that names no node).
+func agentClient(t *testing.T, node string) client.Client {
+	t.Helper()
+	var extra []map[string][]string
+	if node != "" {
+		extra = append(extra, map[string][]string{nodeExtra: {node}})
+	}
+	c, err := client.New(impersonate(agentUser, extra...), client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// TestAgentWritesOnlyItsOwnNodesRecords installs the chart's RBAC and
+// admission policy and acts as the agent of node-a: the real fencer, stale
+// lists and capacity reporter work for its own node, and every write to
+// another node's records (and every write it has no business making) is
+// refused by the API server.
+func TestAgentWritesOnlyItsOwnNodesRecords(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	out := helm(t, "template", "berth", chartDir, "--namespace", releaseNamespace, "--include-crds", "--set", "namespace.create=true")
+	_, kinds := apply(ctx, t, out)
+	if kinds["ValidatingAdmissionPolicy"] != 1 || kinds["ValidatingAdmissionPolicyBinding"] != 1 {
+		t.Fatalf("chart rendered %v, want one ValidatingAdmissionPolicy and its binding", kinds)
+	}
+	waitCRDs(ctx, t)
+	admin := env.Client
+	a, noNode := agentClient(t, "node-a"), agentClient(t, "")
+
+	// The world: node-b holds vol-b and has a stale list; the chart's
+	// StorageCluster-less install gets a berth class and a cluster.
+	mustCreate := func(obj client.Object) {
+		t.Helper()
+		if err := admin.Create(ctx, obj); err != nil {
+			t.Fatalf("create %T %s: %v", obj, obj.GetName(), err)
+		}
+		t.Cleanup(func() { _ = admin.Delete(context.Background(), obj) })
+	}
+	mustCreate(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}})
+	entryB := v1.AttachmentEntry{Node: "node-b", MountDir: "/var/lib/kubelet/plugins/berth.io/pv/vol-b/globalmount"}
+	mustCreate(&v1.Attachment{ObjectMeta: metav1.ObjectMeta{Name: "vol-b"},
+		Spec: v1.AttachmentSpec{AccessMode: v1.ReadWriteOnce, Attachments: []v1.AttachmentEntry{entryB}}})
+	mustCreate(&v1.NodeCleanup{ObjectMeta: metav1.ObjectMeta{Name: "node-b"}, Spec: v1.NodeCleanupSpec{Entries: []v1.StaleAttachment{
+		{Volume: "vol-x", MountDir: "/var/lib/kubelet/pods/u1/volumes/x", Reason: v1.ReasonPodGone, FoundAt: metav1.Now()},
+	}}})
+	for _, n := range []string{"a", "b"} {
+		mustCreate(&v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "local-" + n, Labels: map[string]string{v1.NodeLabel: "node-" + n}},
+			Spec: v1.VolumeSpec{StorageCluster: "berth", Size: resource.MustParse("1Gi"), Node: "node-" + n}})
+	}
+	mustCreate(&v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "vap"}})
+	class := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "berth"}, Provisioner: v1.DriverName}
+	mustCreate(class)
+	mustCreate(&storagev1.CSIStorageCapacity{ObjectMeta: metav1.ObjectMeta{Name: "cap-b", Namespace: releaseNamespace,
+		Labels: map[string]string{v1.NodeLabel: "node-b"}},
+		NodeTopology: &metav1.LabelSelector{MatchLabels: map[string]string{v1.TopologyNodeKey: "node-b"}}, StorageClassName: "berth",
+		Capacity: resource.NewQuantity(1<<30, resource.BinarySI)})
+
+	// The policy is picked up a moment after it is created.
+	forged := &v1.Attachment{ObjectMeta: metav1.ObjectMeta{Name: "forged"},
+		Spec: v1.AttachmentSpec{AccessMode: v1.ReadWriteOnce, Attachments: []v1.AttachmentEntry{entryB}}}
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		err := a.Create(ctx, forged.DeepCopy())
+		if err == nil {
+			_ = admin.Delete(ctx, forged.DeepCopy())
+		}
+		return isPolicyDenial(err), nil
+	})
+	if err != nil {
+		t.Fatalf("agent of node-a creating an Attachment entry of node-b: not refused by the admission policy (is ValidatingAdmissionPolicy enabled?): %v", err)
+	}
+
+	refused := func(what string, err error, policy bool) {
+		t.Helper()
+		switch {
+		case policy && !isPolicyDenial(err):
+			t.Errorf("%s: %v, want refused by the admission policy", what, err)
+		case !policy && !apierrors.IsForbidden(err):
+			t.Errorf("%s: %v, want Forbidden by RBAC", what, err)
+		default:
+			t.Logf("%s: refused: %v", what, err)
+		}
+	}
+	allowed := func(what string, err error) {
+		t.Helper()
+		if err != nil {
+			t.Errorf("%s: %v, want allowed", what, err)
+		}
+	}
+
+	// Nodes and pods are no longer the agent's to patch or list.
+	nodePatch := client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"annotations":{"x":"y"}}}`))
+	refused("patch own Node", a.Patch(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}}, nodePatch), false)
+	refused("list pods", a.List(ctx, &corev1.PodList{}), false)
+	refused("update StorageCluster spec", a.Update(ctx, get(ctx, t, &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "vap"}})), false)
+
+	// Attachments of other nodes.
+	att := get(ctx, t, &v1.Attachment{ObjectMeta: metav1.ObjectMeta{Name: "vol-b"}})
+	changed := att.DeepCopy()
+	changed.Spec.Attachments[0].StagingPath = "/elsewhere"
+	refused("change node-b's entry", a.Update(ctx, changed), true)
+	dropped := att.DeepCopy()
+	dropped.Spec.Attachments = nil
+	refused("drop node-b's entry without taking over", a.Update(ctx, dropped), true)
+	refused("delete node-b's Attachment (the GC's work)", a.Delete(ctx, att.DeepCopy()), true)
+	mode := att.DeepCopy()
+	mode.Spec.AccessMode = v1.ReadWriteMany
+	mode.Spec.Attachments = append(mode.Spec.Attachments, v1.AttachmentEntry{Node: "node-a", MountDir: "/var/lib/kubelet/plugins/berth.io/pv/vol-b/globalmount"})
+	refused("widen the access mode beside node-b's hold", a.Update(ctx, mode), true)
+
+	// NodeCleanup of another node: no removing, no status.
+	nc := get(ctx, t, &v1.NodeCleanup{ObjectMeta: metav1.ObjectMeta{Name: "node-b"}})
+	emptied := nc.DeepCopy()
+	emptied.Spec.Entries = nil
+	refused("empty node-b's stale list", a.Update(ctx, emptied), true)
+	st := nc.DeepCopy()
+	st.Status.Pending = 7
+	refused("write node-b's cleanup status", a.Status().Update(ctx, st), true)
+
+	// Volumes of other nodes, and moving one's own away.
+	vb := get(ctx, t, &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "local-b"}})
+	vb.Status.State = v1.VolumeAvailable
+	refused("status of node-b's Volume", a.Status().Update(ctx, vb), true)
+	va := get(ctx, t, &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "local-a"}})
+	moved := va.DeepCopy()
+	moved.Labels[v1.NodeLabel] = "node-b"
+	refused("relabel own Volume to node-b", a.Update(ctx, moved), true)
+
+	// StorageCluster status: nothing but its own node in cleanedNodes.
+	sc := get(ctx, t, &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "vap"}})
+	other := sc.DeepCopy()
+	other.Status.CleanedNodes = []string{"node-b"}
+	refused("report node-b cleaned", a.Status().Update(ctx, other), true)
+	phase := sc.DeepCopy()
+	phase.Status.Phase = v1.StorageClusterReady
+	refused("set the StorageCluster phase", a.Status().Update(ctx, phase), true)
+
+	// Capacity of another node.
+	capB := get(ctx, t, &storagev1.CSIStorageCapacity{ObjectMeta: metav1.ObjectMeta{Name: "cap-b", Namespace: releaseNamespace}})
+	capB.Capacity = resource.NewQuantity(1<<40, resource.BinarySI)
+	refused("update node-b's capacity", a.Update(ctx, capB), true)
+	refused("create a capacity of node-b", a.Create(ctx, &storagev1.CSIStorageCapacity{
+		ObjectMeta:   metav1.ObjectMeta{Name: "cap-b2", Namespace: releaseNamespace, Labels: map[string]string{v1.NodeLabel: "node-a"}},
+		NodeTopology: &metav1.LabelSelector{MatchLabels: map[string]string{v1.TopologyNodeKey: "node-b"}}, StorageClassName: "berth",
+	}), true)
+
+	// A token that names no node writes nothing.
+	refused("write without a node-bound token", noNode.Create(ctx, &v1.Attachment{ObjectMeta: metav1.ObjectMeta{Name: "nonode"},
+		Spec: v1.AttachmentSpec{AccessMode: v1.ReadWriteOnce, Attachments: []v1.AttachmentEntry{{Node: "node-a", MountDir: "/m"}}}}), true)
+
+	// Its own node's records, through the agent's real code.
+	fencer := fence.New(a, record.NewFakeRecorder(100), clock.RealClock{}, logr.Discard(), fence.Options{})
+	own := fence.Request{Volume: "vol-a", Node: "node-a", MountDir: "/var/lib/kubelet/plugins/berth.io/pv/vol-a/globalmount", AccessMode: v1.ReadWriteOnce}
+	allowed("acquire own stage hold", fencer.Acquire(ctx, own))
+	allowed("release own hold (deletes the Attachment)", fencer.Release(ctx, "vol-a", "node-a", own.MountDir))
+	// node-b's Node object is gone: node-a takes vol-b over, moving
+	// node-b's entry to node-b's stale list.
+	takeover := fence.Request{Volume: "vol-b", Node: "node-a", MountDir: "/var/lib/kubelet/plugins/berth.io/pv/vol-b/globalmount", AccessMode: v1.ReadWriteOnce}
+	allowed("take over vol-b from the gone node-b", fencer.Acquire(ctx, takeover))
+	if nc := get(ctx, t, &v1.NodeCleanup{ObjectMeta: metav1.ObjectMeta{Name: "node-b"}}); len(nc.Spec.Entries) != 2 {
+		t.Errorf("node-b's stale list after the take-over: %+v, want vol-x and vol-b", nc.Spec.Entries)
+	}
+	allowed("release vol-b", fencer.Release(ctx, "vol-b", "node-a", takeover.MountDir))
+
+	ownNC := &v1.NodeCleanup{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}}
+	allowed("create own stale list", a.Create(ctx, ownNC))
+	t.Cleanup(func() { _ = admin.Delete(context.Background(), ownNC) })
+	ownNC.Status.Pending = 1
+	allowed("write own cleanup status", a.Status().Update(ctx, ownNC))
+
+	va = get(ctx, t, &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "local-a"}})
+	va.Status.State = v1.VolumeAvailable
+	allowed("status of own Volume", a.Status().Update(ctx, va))
+
+	sc = get(ctx, t, &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "vap"}})
+	sc.Status.CleanedNodes = append(sc.Status.CleanedNodes, "node-a")
+	allowed("report own node cleaned", a.Status().Update(ctx, sc))
+
+	rep := &nodeagent.CapacityReporter{Client: a, Node: "node-a", Namespace: releaseNamespace, Log: logr.Discard(),
+		Free: func(context.Context) (int64, error) { return 5 << 30, nil }}
+	allowed("publish own capacity", rep.Report(ctx))
+	rep.Free = func(context.Context) (int64, error) { return 4 << 30, nil }
+	allowed("update own capacity", rep.Report(ctx))
+	got := get(ctx, t, &storagev1.CSIStorageCapacity{ObjectMeta: metav1.ObjectMeta{Name: nodeagent.CapacityName("node-a", "berth"), Namespace: releaseNamespace}})
+	if got.Capacity.Value() != 4<<30 || got.NodeTopology.MatchLabels[v1.TopologyNodeKey] != "node-a" || got.StorageClassName != "berth" {
+		t.Errorf("published capacity: %+v", got)
+	}
+	t.Cleanup(func() { _ = admin.Delete(context.Background(), got) })
+}
+
+// isPolicyDenial tells whether err is a refusal by one of the rules of
+// berth's admission policy (not a rule that failed to evaluate).
+func isPolicyDenial(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "ValidatingAdmissionPolicy 'berth-agent-own-node'") &&
+		!strings.Contains(err.Error(), "resulted in error")
+}
+
+// get reads obj's current state as the admin.
+func get[T client.Object](ctx context.Context, t *testing.T, obj T) T {
+	t.Helper()
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
+		t.Fatalf("get %T %s: %v", obj, obj.GetName(), err)
+	}
+	return obj
+}
