@@ -21,15 +21,21 @@ import (
 	"github.com/onsi/ginkgo/v2/types"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/cli"
 	agentcli "github.com/berth-io/berth/internal/cli/agent"
 	"github.com/berth-io/berth/internal/cli/csicontroller"
 	"github.com/berth-io/berth/internal/testenv"
 )
 
-const nodeName = "sanity-node"
+const (
+	nodeName       = "sanity-node"
+	berthNamespace = "berth-system"
+)
 
 var (
 	work     string // data dir, sockets, targets
@@ -93,6 +99,16 @@ func (d *driver) start() error {
 	if err := d.env.Client.Create(ctx, node); err != nil {
 		return err
 	}
+	// The agent publishes its free space per berth class in berth's
+	// namespace (CSIStorageCapacity), where the controller places volumes by it.
+	for _, obj := range []client.Object{
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: berthNamespace}},
+		&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "berth"}, Provisioner: v1.DriverName},
+	} {
+		if err := d.env.Client.Create(ctx, obj); err != nil {
+			return err
+		}
+	}
 	log := cli.NewLogger(GinkgoWriter, 0, "sanity")
 	d.nodeSock = filepath.Join(work, "node.sock")
 	d.ctrlSock = filepath.Join(work, "controller.sock")
@@ -100,14 +116,14 @@ func (d *driver) start() error {
 	d.done = make(chan error, 2)
 	go func() {
 		d.done <- agentcli.Config{
-			NodeName: nodeName, DataDir: d.dataDir, CSIEndpoint: "unix://" + d.nodeSock,
+			NodeName: nodeName, Namespace: berthNamespace, DataDir: d.dataDir, CSIEndpoint: "unix://" + d.nodeSock,
 			AgentSocket:      filepath.Join(work, "run", "agent.sock"),
 			CapacityInterval: time.Second, MetricsAddr: "0", Rest: d.env.Config, Log: log.WithName("agent"),
 		}.Run(ctx)
 	}()
 	go func() {
 		d.done <- csicontroller.Config{
-			Endpoint: "unix://" + d.ctrlSock, StorageCluster: "sanity", Wait: 30 * time.Second,
+			Endpoint: "unix://" + d.ctrlSock, StorageCluster: "sanity", Namespace: berthNamespace, Wait: 30 * time.Second,
 			Rest: d.env.Config, Log: log.WithName("controller"),
 		}.Run(ctx)
 	}()
