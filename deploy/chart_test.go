@@ -116,6 +116,14 @@ func TestChartInstallsAndOperatorWorks(t *testing.T) {
 	if dep.Spec.Template.Spec.ServiceAccountName != "berth-operator" || c.Image != "berth.local/berth:test" || c.Args[0] != "operator" {
 		t.Errorf("operator Deployment: sa %q image %q args %v", dep.Spec.Template.Spec.ServiceAccountName, c.Image, c.Args)
 	}
+	for _, r := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
+		if _, ok := c.Resources.Requests[r]; !ok {
+			t.Errorf("operator container has no %s request: %+v", r, c.Resources)
+		}
+		if _, ok := c.Resources.Limits[r]; !ok {
+			t.Errorf("operator container has no %s limit: %+v", r, c.Resources)
+		}
+	}
 	role := &rbacv1.Role{}
 	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: releaseNamespace, Name: "berth-operator"}, role); err != nil {
 		t.Fatalf("operator Role in the release namespace: %v", err)

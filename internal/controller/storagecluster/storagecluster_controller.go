@@ -55,8 +55,8 @@ type Options struct {
 	// CSI controller; the chart creates them with their generated roles.
 	AgentServiceAccount      string
 	ControllerServiceAccount string
-	// APIServerHost and APIServerPort, when set, are passed to host-network
-	// pods as KUBERNETES_SERVICE_HOST/PORT (clusters without kube-proxy).
+	// APIServerHost and APIServerPort, when set, are passed to berth's pods
+	// as KUBERNETES_SERVICE_HOST/PORT (clusters without kube-proxy).
 	APIServerHost string
 	APIServerPort string
 	// DefaultStorageClass marks the kernel-mounter class as the default.

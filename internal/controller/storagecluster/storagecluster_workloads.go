@@ -240,7 +240,7 @@ func (r *Reconciler) sidecar(name, image string, args ...string) corev1.Containe
 }
 
 // apiServerEnv points in-cluster clients at the API server directly, for
-// clusters where the kubernetes Service is not reachable from the host network.
+// clusters where the kubernetes Service is not reachable (no kube-proxy).
 func (r *Reconciler) apiServerEnv() []corev1.EnvVar {
 	var env []corev1.EnvVar
 	if r.Options.APIServerHost != "" {
