@@ -46,22 +46,34 @@ func (r *CapacityReporter) Start(ctx context.Context) error {
 	if interval <= 0 {
 		interval = 30 * time.Second
 	}
-	t := time.NewTicker(interval)
-	defer t.Stop()
 	for {
-		if err := r.Report(ctx); err != nil {
+		wait := interval
+		n, err := r.report(ctx)
+		if err != nil {
 			r.Log.Error(err, "report capacity")
+		}
+		if n == 0 {
+			// No class yet (the operator makes them beside this agent), or
+			// the API server failed: the scheduler places no volume on this
+			// node until a capacity is published, so look again soon.
+			wait = min(interval, time.Second)
 		}
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-t.C:
+		case <-time.After(wait):
 		}
 	}
 }
 
 // Report publishes the free bytes once, for every berth StorageClass.
 func (r *CapacityReporter) Report(ctx context.Context) error {
+	_, err := r.report(ctx)
+	return err
+}
+
+// report returns how many capacities it published.
+func (r *CapacityReporter) report(ctx context.Context) (int, error) {
 	timeout := r.Timeout
 	if timeout <= 0 {
 		timeout = 30 * time.Second
@@ -70,19 +82,24 @@ func (r *CapacityReporter) Report(ctx context.Context) error {
 	defer cancel()
 	free, err := r.Free(ctx)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	var classes storagev1.StorageClassList
 	if err := r.Client.List(ctx, &classes); err != nil {
-		return fmt.Errorf("list storage classes: %w", err)
+		return 0, fmt.Errorf("list storage classes: %w", err)
 	}
 	var errs []error
+	published := 0
 	for i := range classes.Items {
 		if cls := &classes.Items[i]; cls.Provisioner == v1.DriverName {
-			errs = append(errs, r.publish(ctx, cls, free))
+			if err := r.publish(ctx, cls, free); err != nil {
+				errs = append(errs, err)
+			} else {
+				published++
+			}
 		}
 	}
-	return errors.Join(errs...)
+	return published, errors.Join(errs...)
 }
 
 // publish writes the class's capacity object of this node, creating it.
