@@ -19,6 +19,7 @@ import (
 	"github.com/berth-io/berth/internal/backend"
 	"github.com/berth-io/berth/internal/fence"
 	"github.com/berth-io/berth/internal/mount"
+	"github.com/berth-io/berth/internal/nodepath"
 )
 
 // Images finds a volume's backend image on this node, and keeps on it the
@@ -54,6 +55,9 @@ type Agent struct {
 	// lockWait bounds how long background work (healing, cleanup) waits
 	// for a busy volume before it gives up and retries later.
 	lockWait time.Duration
+	// paths says which paths from kubelet and API objects the agent may
+	// mount, unmount or remove; the zero Rule refuses every one.
+	paths nodepath.Rule
 }
 
 // DefaultLockWait is how long background work waits for a busy volume.
@@ -72,6 +76,33 @@ func (a *Agent) WithLockWait(d time.Duration) *Agent {
 		a.lockWait = d
 	}
 	return a
+}
+
+// WithPaths sets the node's folders that paths must lie in.
+func (a *Agent) WithPaths(r nodepath.Rule) *Agent {
+	a.paths = r
+	return a
+}
+
+// Paths is the rule for paths arriving at the agent (CSI, Flexvolume, API objects).
+func (a *Agent) Paths() nodepath.Rule { return a.paths }
+
+// checkPaths refuses any path outside the node's volume folders.
+func (a *Agent) checkPaths(paths ...string) error {
+	for _, p := range paths {
+		if err := a.paths.Check(p); err != nil {
+			return fmt.Errorf("%w: %w", err, ErrInvalid)
+		}
+	}
+	return nil
+}
+
+// checkVolumeName applies the one volume name rule.
+func checkVolumeName(name string) error {
+	if err := v1.ValidateVolumeName(name); err != nil {
+		return fmt.Errorf("%w: %w", err, ErrInvalid)
+	}
+	return nil
 }
 
 // Node is the node this agent serves.

@@ -9,6 +9,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/fence"
 )
 
 // Undo undoes one stale attachment entry on this node (fence.Undoer): a
@@ -16,6 +17,18 @@ import (
 // is and detached. The fence's cleaner holds the volume lock meanwhile.
 // Undoing what is already gone succeeds.
 func (a *Agent) Undo(ctx context.Context, s v1.StaleAttachment) error {
+	// The entry is an API object's: anyone who may write NodeCleanups
+	// must not reach umount and rm outside the node's volume folders.
+	if err := checkVolumeName(s.Volume); err != nil {
+		return fmt.Errorf("stale entry: %w: %w", err, fence.ErrRefused)
+	}
+	paths := []string{s.MountDir}
+	if s.StagingPath != "" {
+		paths = append(paths, s.StagingPath)
+	}
+	if err := a.checkPaths(paths...); err != nil {
+		return fmt.Errorf("stale entry of %s: %w: %w", s.Volume, err, fence.ErrRefused)
+	}
 	if s.Pod != "" || s.PodUID != "" {
 		if err := a.mounts.ForceUnpublish(ctx, s.MountDir); err != nil {
 			return fmt.Errorf("unmount stale %s: %w", s.MountDir, err)
@@ -30,19 +43,24 @@ func (a *Agent) Undo(ctx context.Context, s v1.StaleAttachment) error {
 }
 
 // forceUnstage removes every mount of the volume's device and detaches it,
-// even while pods use it. The caller holds the volume lock.
+// even while pods use it. The caller holds the volume lock. Only the
+// volume's own device is unmounted: a staging path where another device is
+// mounted (another driver's, or another volume's) is refused, or every
+// mount of that device would go.
 func (a *Agent) forceUnstage(ctx context.Context, volume, staging string) error {
-	dev, _, err := a.mounts.StagedDevice(ctx, staging)
+	staged, _, err := a.mounts.StagedDevice(ctx, staging)
 	if err != nil {
 		return fmt.Errorf("staged device at %s: %w", staging, err)
 	}
 	if err := a.prepareUnstage(ctx, volume); err != nil {
 		return err
 	}
-	if dev == "" {
-		if dev, err = a.attachedDevice(ctx, volume); err != nil {
-			return err
-		}
+	dev, err := a.attachedDevice(ctx, volume)
+	if err != nil {
+		return err
+	}
+	if staged != "" && staged != dev {
+		return fmt.Errorf("%s holds %s, which is not volume %s's device (%q): %w", staging, staged, volume, dev, ErrInvalid)
 	}
 	if dev != "" {
 		if _, err := a.mounts.ForceUnmountDevice(ctx, dev); err != nil {
@@ -108,6 +126,14 @@ func (a *Agent) DetachCluster(ctx context.Context, cluster string) ([]string, er
 // detachVolume force-unmounts a volume's pod mounts and staging on this
 // node and drops the node's entries, pods first, under the volume lock.
 func (a *Agent) detachVolume(ctx context.Context, volume string, entries []v1.AttachmentEntry) error {
+	if err := checkVolumeName(volume); err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if err := a.checkPaths(e.MountDir); err != nil {
+			return fmt.Errorf("detach %s: %w", volume, err)
+		}
+	}
 	unlock, err := a.lockBackground(ctx, volume)
 	if err != nil {
 		return err // the cleanup reconciler retries

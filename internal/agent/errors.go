@@ -20,4 +20,10 @@ var (
 	ErrClusterDeleting = errors.New("storage cluster is being deleted")
 	// ErrNotOwned: a Flexvolume pod names a Volume its namespace does not own.
 	ErrNotOwned = errors.New("volume not owned by the pod's namespace")
+	// ErrInvalid: a path outside the node's volume folders, or a volume
+	// name that breaks the volume name rule.
+	ErrInvalid = errors.New("invalid argument")
+	// ErrIdentity: a Flexvolume call's options disagree with the pod that
+	// kubelet's mount dir names.
+	ErrIdentity = errors.New("pod identity refused")
 )

@@ -39,6 +39,19 @@ func (a *Agent) FlexMount(ctx context.Context, r flexvolume.MountRequest) error 
 	if a.flex.StagingRoot == "" {
 		return fmt.Errorf("flexvolume: %w on this agent (no staging root)", ErrUnsupported)
 	}
+	if err := checkVolumeName(r.Volume); err != nil {
+		return err
+	}
+	dir, err := a.paths.FlexMountDir(r.MountDir, flexvolume.Dir)
+	if err != nil {
+		return fmt.Errorf("flexvolume mount dir: %w: %w", err, ErrInvalid)
+	}
+	pod, err := a.flexPod(ctx, r, dir)
+	if err != nil {
+		return err
+	}
+	// From here on the pod is the one kubelet's mount dir names.
+	r.PodNamespace, r.PodName, r.PodUID = pod.Namespace, pod.Name, string(pod.UID)
 	// One lock over stage and publish: another pod's refused mount must
 	// not unstage between this call's stage and its publish.
 	unlock, err := a.lock(r.Volume)
@@ -77,7 +90,9 @@ func (a *Agent) FlexUnmount(ctx context.Context, mountDir string) error {
 	if a.flex.Holdings == nil {
 		return fmt.Errorf("flexvolume: %w on this agent", ErrUnsupported)
 	}
-	mountDir = filepath.Clean(mountDir)
+	if _, err := a.paths.FlexMountDir(mountDir, flexvolume.Dir); err != nil {
+		return fmt.Errorf("flexvolume mount dir: %w: %w", err, ErrInvalid)
+	}
 	holds, err := a.flex.Holdings.ListForNode(ctx, a.node)
 	if err != nil {
 		return err

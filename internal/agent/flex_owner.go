@@ -69,11 +69,7 @@ func (a *Agent) flexOwners(ctx context.Context, vol *v1.Volume, kubeletName stri
 		return nil, err
 	}
 	if pv != nil && pv.Spec.FlexVolume != nil && pv.Spec.FlexVolume.Driver == flexDriver && pv.Spec.ClaimRef != nil {
-		target := pv.Spec.FlexVolume.Options[flexvolume.OptVolume]
-		if target == "" {
-			target = pv.Name
-		}
-		if target == vol.Name {
+		if flexTarget(pv.Spec.FlexVolume.Options, pv.Name) == vol.Name {
 			owners = append(owners, pv.Spec.ClaimRef.Namespace)
 		}
 	}

@@ -73,8 +73,8 @@ func (s *Node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequ
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	if !validID(req.GetVolumeId()) {
-		return nil, status.Errorf(codes.NotFound, "volume %q not found", req.GetVolumeId())
+	if err := s.checkArgs(req.GetVolumeId(), req.GetStagingTargetPath()); err != nil {
+		return nil, err
 	}
 	err = s.agent.Stage(ctx, agent.StageRequest{
 		VolumeID: req.GetVolumeId(), StagingPath: req.GetStagingTargetPath(), FSType: fsType,
@@ -94,6 +94,9 @@ func (s *Node) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolume
 		return nil, status.Error(codes.InvalidArgument, "volume ID missing")
 	case req.GetStagingTargetPath() == "":
 		return nil, status.Error(codes.InvalidArgument, "staging target path missing")
+	}
+	if err := s.checkArgs(req.GetVolumeId(), req.GetStagingTargetPath()); err != nil {
+		return nil, err
 	}
 	if err := s.agent.Unstage(ctx, req.GetVolumeId(), req.GetStagingTargetPath()); err != nil {
 		return nil, toStatus(err)
@@ -117,8 +120,8 @@ func (s *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	if !validID(req.GetVolumeId()) {
-		return nil, status.Errorf(codes.NotFound, "volume %q not found", req.GetVolumeId())
+	if err := s.checkArgs(req.GetVolumeId(), req.GetStagingTargetPath(), req.GetTargetPath()); err != nil {
+		return nil, err
 	}
 	vc := req.GetVolumeContext()
 	err = s.agent.Publish(ctx, agent.PublishRequest{
@@ -140,6 +143,9 @@ func (s *Node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVo
 		return nil, status.Error(codes.InvalidArgument, "volume ID missing")
 	case req.GetTargetPath() == "":
 		return nil, status.Error(codes.InvalidArgument, "target path missing")
+	}
+	if err := s.checkArgs(req.GetVolumeId(), req.GetTargetPath()); err != nil {
+		return nil, err
 	}
 	if err := s.agent.Unpublish(ctx, req.GetVolumeId(), req.GetTargetPath()); err != nil {
 		return nil, toStatus(err)
@@ -202,6 +208,20 @@ func (s *Node) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRe
 	return &csi.NodeExpandVolumeResponse{CapacityBytes: size}, nil
 }
 
+// checkArgs refuses a volume ID that breaks the volume name rule (no such
+// volume can exist) and a path outside kubelet's volume folders for berth.
+func (s *Node) checkArgs(id string, paths ...string) error {
+	if v1.ValidateVolumeName(id) != nil {
+		return status.Errorf(codes.NotFound, "volume %q not found", id)
+	}
+	for _, p := range paths {
+		if err := s.agent.Paths().Check(p); err != nil {
+			return status.Error(codes.InvalidArgument, err.Error())
+		}
+	}
+	return nil
+}
+
 func readOnlyMode(c *csi.VolumeCapability) bool {
 	switch c.GetAccessMode().GetMode() {
 	case csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY, csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY:
@@ -224,7 +244,7 @@ func toStatus(err error) error {
 	case errors.Is(err, mount.ErrExists):
 		// Staged or published already, but not as this request asks.
 		return status.Error(codes.AlreadyExists, err.Error())
-	case errors.Is(err, mount.ErrInvalid), errors.Is(err, fence.ErrInvalid), errors.Is(err, backend.ErrInvalid):
+	case errors.Is(err, mount.ErrInvalid), errors.Is(err, fence.ErrInvalid), errors.Is(err, backend.ErrInvalid), errors.Is(err, agent.ErrInvalid):
 		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, fence.ErrTooManyRetries):
 		return status.Error(codes.Aborted, err.Error())

@@ -66,6 +66,9 @@ type CleanResult struct {
 	Dropped int
 	// Failed entries stay for the next pass.
 	Failed int
+	// Refused entries were removed without undo: the Undoer will never
+	// touch them (ErrRefused).
+	Refused int
 }
 
 // Start runs a pass at once (the agent's start) and then every interval
@@ -75,7 +78,7 @@ func (cl *Cleaner) Start(ctx context.Context) error {
 		if res, err := cl.RunOnce(ctx); err != nil {
 			cl.log.Error(err, "stale-attachment pass failed", "node", cl.node)
 		} else if res != (CleanResult{}) {
-			cl.log.Info("stale-attachment pass", "node", cl.node, "undone", res.Undone, "dropped", res.Dropped, "failed", res.Failed)
+			cl.log.Info("stale-attachment pass", "node", cl.node, "undone", res.Undone, "dropped", res.Dropped, "failed", res.Failed, "refused", res.Refused)
 		}
 		select {
 		case <-ctx.Done():
@@ -104,6 +107,11 @@ func (cl *Cleaner) RunOnce(ctx context.Context) (CleanResult, error) {
 	for _, s := range nc.Spec.Entries {
 		dropped, err := cl.process(ctx, s)
 		switch {
+		case errors.Is(err, ErrRefused):
+			// Retrying cannot help; the report keeps the reason.
+			res.Refused++
+			failures = append(failures, err)
+			cl.log.Error(err, "refused stale attachment", "volume", s.Volume, "mountDir", s.MountDir)
 		case err != nil:
 			res.Failed++
 			failures = append(failures, err)
@@ -124,6 +132,9 @@ func (cl *Cleaner) RunOnce(ctx context.Context) (CleanResult, error) {
 
 // process undoes one entry unless it is held again; dropped tells which.
 func (cl *Cleaner) process(ctx context.Context, s v1.StaleAttachment) (dropped bool, err error) {
+	if err := v1.ValidateVolumeName(s.Volume); err != nil {
+		return false, fmt.Errorf("stale entry: %w: %w", err, ErrRefused)
+	}
 	defer cl.opts.Lock(s.Volume)()
 	var att v1.Attachment
 	if _, err := lookup(ctx, cl.c, "attachment", client.ObjectKey{Name: s.Volume}, &att); err != nil {

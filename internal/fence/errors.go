@@ -11,6 +11,11 @@ import (
 // fields, a read-write request on a ReadOnlyMany volume). Nothing was changed.
 var ErrInvalid = errors.New("invalid fence request")
 
+// ErrRefused marks a stale entry the node's Undoer will never undo (a path
+// outside the node's volume folders, a malformed volume name): the Cleaner
+// takes it off the list, undoing nothing, and reports it.
+var ErrRefused = errors.New("stale entry refused")
+
 // ErrTooManyRetries marks an operation that kept losing optimistic-concurrency
 // races; the caller may try again later.
 var ErrTooManyRetries = errors.New("fence: too many conflicting updates")

@@ -48,6 +48,8 @@ const (
 	OptPodNamespace = "kubernetes.io/pod.namespace"
 	OptPodUID       = "kubernetes.io/pod.uid"
 	OptVolumeName   = "kubernetes.io/pvOrVolumeName"
+	// OptServiceAccount is the pod's service account.
+	OptServiceAccount = "kubernetes.io/serviceAccount.name"
 	// OptVolume is berth's own option: the Volume to mount when it differs
 	// from the PV or pod volume name.
 	OptVolume = "volume"
@@ -65,6 +67,7 @@ type MountRequest struct {
 	PodNamespace   string
 	PodName        string
 	PodUID         string
+	ServiceAccount string
 }
 
 // ErrUsage marks malformed driver arguments.
@@ -76,6 +79,8 @@ func ParseMount(args []string) (MountRequest, error) {
 		return MountRequest{}, fmt.Errorf("mount wants <mount dir> <json options>, got %d arguments: %w", len(args), ErrUsage)
 	}
 	dir := args[0]
+	// Not cleaned: the agent refuses a mount dir that is not clean rather
+	// than guess what kubelet meant.
 	if !filepath.IsAbs(dir) || !utf8.ValidString(dir) {
 		// Not UTF-8: the JSON to the agent would name another path.
 		return MountRequest{}, fmt.Errorf("mount dir %q is not an absolute UTF-8 path: %w", dir, ErrUsage)
@@ -85,9 +90,10 @@ func ParseMount(args []string) (MountRequest, error) {
 		return MountRequest{}, fmt.Errorf("options are not a JSON object of strings: %w: %w", err, ErrUsage)
 	}
 	r := MountRequest{
-		MountDir: filepath.Clean(dir), FSType: opts[OptFSType],
+		MountDir: dir, FSType: opts[OptFSType],
 		PodNamespace: opts[OptPodNamespace], PodName: opts[OptPodName], PodUID: opts[OptPodUID],
-		Volume: opts[OptVolume], PVOrVolumeName: opts[OptVolumeName],
+		ServiceAccount: opts[OptServiceAccount],
+		Volume:         opts[OptVolume], PVOrVolumeName: opts[OptVolumeName],
 	}
 	if r.Volume == "" {
 		r.Volume = opts[OptVolumeName]

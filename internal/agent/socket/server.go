@@ -172,11 +172,11 @@ func codeOf(err error) string {
 		return CodeBusy
 	case errors.As(err, &conflict), errors.Is(err, mount.ErrInUse), errors.Is(err, mount.ErrExists), errors.Is(err, agent.ErrClusterDeleting):
 		return CodeConflict
-	case errors.Is(err, agent.ErrNotOwned):
+	case errors.Is(err, agent.ErrNotOwned), errors.Is(err, agent.ErrIdentity):
 		return CodeDenied
 	case errors.Is(err, agent.ErrVolumeNotFound), errors.Is(err, agent.ErrWrongNode):
 		return CodeNotFound
-	case errors.Is(err, mount.ErrInvalid), errors.Is(err, fence.ErrInvalid), errors.Is(err, flexvolume.ErrUsage):
+	case errors.Is(err, mount.ErrInvalid), errors.Is(err, fence.ErrInvalid), errors.Is(err, flexvolume.ErrUsage), errors.Is(err, agent.ErrInvalid):
 		return CodeInvalid
 	}
 	return CodeInternal

@@ -37,6 +37,7 @@ import (
 	"github.com/berth-io/berth/internal/keeper"
 	"github.com/berth-io/berth/internal/mount"
 	"github.com/berth-io/berth/internal/nbd"
+	"github.com/berth-io/berth/internal/nodepath"
 	"github.com/berth-io/berth/internal/scheme"
 	"github.com/berth-io/berth/internal/version"
 )
@@ -124,11 +125,17 @@ func (c Config) Run(ctx context.Context) error {
 		return fmt.Errorf("kubernetes client: %w", err)
 	}
 	fencer := fence.New(direct, mgr.GetEventRecorderFor("berth-agent"), clock.RealClock{}, c.Log.WithName("fence"), fence.Options{})
+	flexStaging := filepath.Join(filepath.Clean(c.DataDir), "flex-staging")
+	paths, err := nodepath.New(c.KubeletDir, flexStaging)
+	if err != nil {
+		return fmt.Errorf("--kubelet-dir, --data-dir: %w", err)
+	}
 	a := nodeagent.New(c.NodeName, mgr.GetAPIReader(), images, mount.NewLoop(exec),
 		mount.NewManager(mount.NewMounter(), exec, c.Log.WithName("mount")), fencer, nodeagent.NewVolumeLocks(), c.Log.WithName("agent")).
-		WithFlex(nodeagent.FlexConfig{StagingRoot: filepath.Join(c.DataDir, "flex-staging"), Holdings: fencer}).
+		WithFlex(nodeagent.FlexConfig{StagingRoot: flexStaging, Holdings: fencer}).
 		WithVolumeStatus(direct, clock.RealClock{}).
-		WithLockWait(c.LockWait)
+		WithLockWait(c.LockWait).
+		WithPaths(paths)
 	// Snapshots and clones hold their source still through the agent.
 	images.WithQuiescer(a)
 	if err := c.addUserspace(mgr, a, fencer); err != nil {
@@ -231,7 +238,7 @@ func Command() cli.Command {
 			fs.StringVar(&cfg.Namespace, "namespace", envOr("POD_NAMESPACE", "berth-system"), "berth's namespace, for this node's CSIStorageCapacity objects (default $POD_NAMESPACE or berth-system)")
 			fs.StringVar(&cfg.DataDir, "data-dir", "/var/lib/berth", "folder of the local volume images")
 			fs.StringVar(&cfg.CSIEndpoint, "csi-endpoint", "unix:///var/lib/kubelet/plugins/berth.io/csi.sock", "CSI endpoint (unix socket)")
-			fs.StringVar(&cfg.KubeletDir, "kubelet-dir", "/var/lib/kubelet", "kubelet root for plugin registration; empty: do not register")
+			fs.StringVar(&cfg.KubeletDir, "kubelet-dir", "/var/lib/kubelet", "kubelet root: plugin registration, and the only folder (with the data dir's flex-staging) whose volume paths the agent mounts or unmounts; empty: do not register, accept no kubelet path")
 			fs.StringVar(&cfg.AgentSocket, "agent-socket", flexcli.DefaultSocket, "root-only agent socket for the Flexvolume driver")
 			fs.StringVar(&cfg.VolumePluginDir, "volume-plugin-dir", "/usr/libexec/kubernetes/kubelet-plugins/volume/exec", "kubelet's Flexvolume folder to install the driver into; empty: do not install")
 			fs.StringVar(&cfg.HealthAddr, "health-addr", "0", "healthz/readyz listen address; 0 disables")

@@ -1,0 +1,140 @@
+// Package nodepath says whether a path that arrives from kubelet or from an
+// API object (Attachment, NodeCleanup) may be mounted, unmounted or removed
+// by the agent: only clean absolute paths inside the folders kubelet keeps
+// for volumes and berth's own staging root, with no symlink on the way.
+package nodepath
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// ErrRefused marks a path outside the folders berth may touch, or one that
+// is not clean or goes through a symlink.
+var ErrRefused = errors.New("path refused")
+
+// DriverName is the CSI driver whose kubelet plugin folder berth uses.
+const DriverName = "berth.io"
+
+// Rule knows the node's folders. The zero Rule refuses every path.
+type Rule struct {
+	kubelet string // kubelet's root; "" when unknown: no kubelet path passes
+	staging string // berth's Flexvolume staging root; "" when none
+}
+
+// New returns the Rule of a node whose kubelet keeps its folders under
+// kubeletRoot and where berth stages Flexvolume volumes under stagingRoot.
+// Either may be empty (no path under it is accepted); set ones must be
+// absolute and not /.
+func New(kubeletRoot, stagingRoot string) (Rule, error) {
+	roots := []string{kubeletRoot, stagingRoot}
+	for i, p := range roots {
+		if p == "" {
+			continue
+		}
+		if roots[i] = filepath.Clean(p); !filepath.IsAbs(p) || roots[i] == "/" {
+			return Rule{}, fmt.Errorf("node folder %q must be an absolute path other than /: %w", p, ErrRefused)
+		}
+	}
+	return Rule{kubelet: roots[0], staging: roots[1]}, nil
+}
+
+// KubeletRoot is kubelet's root folder this Rule knows.
+func (r Rule) KubeletRoot() string { return r.kubelet }
+
+// Check accepts p when it is clean, absolute, inside one of
+//
+//	<kubelet>/pods/<uid>/volumes/<plugin>/<name>[/...]       a pod's volume (filesystem)
+//	<kubelet>/pods/<uid>/volumeDevices/<plugin>/<name>[/...] a pod's volume (block)
+//	<kubelet>/plugins/kubernetes.io/csi/berth.io/<x>[/...]   berth's CSI staging
+//	<kubelet>/plugins/kubernetes.io/csi/volumeDevices/{staging,publish}/<spec>[/...]
+//	<staging root>/<volume>[/...]                            berth's Flexvolume staging
+//
+// and no existing component below the root is a symlink (so an unmount or
+// removal cannot be redirected elsewhere).
+func (r Rule) Check(p string) error {
+	if p == "" || !filepath.IsAbs(p) || filepath.Clean(p) != p || strings.ContainsRune(p, 0) {
+		return fmt.Errorf("%q is not a clean absolute path (no .., //, trailing /): %w", p, ErrRefused)
+	}
+	base, ok := r.area(p)
+	if !ok {
+		return fmt.Errorf("%q is outside kubelet's volume folders and berth's staging root: %w", p, ErrRefused)
+	}
+	return noSymlinks(base, p)
+}
+
+// area returns the root p lies under when its shape is an accepted one.
+func (r Rule) area(p string) (string, bool) {
+	if rel, ok := below(r.staging, p); ok && len(rel) >= 1 {
+		return r.staging, true
+	}
+	rel, ok := below(r.kubelet, p)
+	if !ok {
+		return "", false
+	}
+	switch {
+	case len(rel) >= 5 && rel[0] == "pods" && (rel[2] == "volumes" || rel[2] == "volumeDevices"):
+		return r.kubelet, true
+	case len(rel) >= 5 && rel[0] == "plugins" && rel[1] == "kubernetes.io" && rel[2] == "csi" && rel[3] == DriverName:
+		return r.kubelet, true
+	case len(rel) >= 6 && rel[0] == "plugins" && rel[1] == "kubernetes.io" && rel[2] == "csi" &&
+		rel[3] == "volumeDevices" && (rel[4] == "staging" || rel[4] == "publish"):
+		return r.kubelet, true
+	}
+	return "", false
+}
+
+// below splits p's components under root; ok is false when p is not
+// strictly inside root (or root is unset).
+func below(root, p string) ([]string, bool) {
+	if root == "" || !strings.HasPrefix(p, root+"/") {
+		return nil, false
+	}
+	return strings.Split(p[len(root)+1:], "/"), true
+}
+
+// noSymlinks walks p's components under base with lstat, never following
+// a link. A component that does not exist ends the walk: nothing below it
+// exists either (the caller makes what is missing as plain folders).
+func noSymlinks(base, p string) error {
+	cur := base
+	for _, c := range strings.Split(p[len(base)+1:], "/") {
+		cur += "/" + c
+		fi, err := os.Lstat(cur)
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("check %s: %w", cur, err)
+		}
+		if fi.Mode()&os.ModeSymlink != 0 {
+			return fmt.Errorf("%q goes through the symlink %s: %w", p, cur, ErrRefused)
+		}
+	}
+	return nil
+}
+
+// PodVolume is what a Flexvolume mount dir says: the pod's UID and the name
+// kubelet mounts the volume by (pod volume name or PV name).
+type PodVolume struct {
+	PodUID string
+	Name   string
+}
+
+// FlexMountDir checks p like Check and that it is exactly kubelet's mount
+// dir of a Flexvolume volume, <kubelet>/pods/<uid>/volumes/<plugin>/<name>,
+// where plugin is the driver's folder name (vendor~driver).
+func (r Rule) FlexMountDir(p, plugin string) (PodVolume, error) {
+	if err := r.Check(p); err != nil {
+		return PodVolume{}, err
+	}
+	rel, ok := below(r.kubelet, p)
+	if !ok || len(rel) != 5 || rel[0] != "pods" || rel[2] != "volumes" || rel[3] != plugin {
+		return PodVolume{}, fmt.Errorf("%q is not kubelet's mount dir of a %s volume (%s/pods/<uid>/volumes/%s/<name>): %w",
+			p, plugin, r.kubelet, plugin, ErrRefused)
+	}
+	return PodVolume{PodUID: rel[1], Name: rel[4]}, nil
+}

@@ -1,0 +1,154 @@
+package nodepath
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestCheck(t *testing.T) {
+	r, err := New("/var/lib/kubelet", "/var/lib/berth/flex-staging")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const k = "/var/lib/kubelet"
+	for _, tc := range []struct {
+		path string
+		ok   bool
+	}{
+		{k + "/pods/0b5e-11/volumes/kubernetes.io~csi/pvc-1/mount", true},
+		{k + "/pods/0b5e-11/volumes/berth.io~berth/data", true},
+		{k + "/pods/0b5e-11/volumeDevices/kubernetes.io~csi/pvc-1", true},
+		{k + "/plugins/kubernetes.io/csi/berth.io/3f2a/globalmount", true},
+		{k + "/plugins/kubernetes.io/csi/volumeDevices/staging/pvc-1", true},
+		{k + "/plugins/kubernetes.io/csi/volumeDevices/publish/pvc-1/0b5e-11", true},
+		{"/var/lib/berth/flex-staging/vol-a", true},
+		{"/var/lib/berth/flex-staging/vol-a/device", true},
+
+		{"", false},
+		{"relative/pods/x", false},
+		{k + "/pods/0b5e-11/volumes/berth.io~berth/../../../../../etc", false},
+		{k + "/pods/0b5e-11/volumes/berth.io~berth/data/", false},
+		{k + "/pods/0b5e-11/volumes//berth.io~berth/data", false},
+		{k + "/pods/0b5e-11/volumes/./berth.io~berth/data", false},
+		{k + "/pods/0b5e-11/volumes/berth.io~berth/da\x00ta", false},
+		{"/", false},
+		{"/etc", false},
+		{"/var/lib/berth/volumes/vol-a.img", false},   // berth's images: never unmounted or removed
+		{"/var/lib/berth/flex-staging", false},        // the root itself
+		{"/var/lib/berth/flex-staging-evil/x", false}, // a sibling sharing the prefix
+		{k, false},                   // kubelet's root
+		{k + "/pods/0b5e-11", false}, // a pod's folder
+		{k + "/pods/0b5e-11/volumes/berth.io~berth", false},                 // a plugin's folder
+		{k + "/pods/0b5e-11/etc-hosts/a/b", false},                          // not a volume folder
+		{k + "/plugins/kubernetes.io/csi/other.io/3f2a/globalmount", false}, // another driver
+		{k + "/plugins/kubernetes.io/csi/volumeDevices/staging", false},
+		{k + "/plugins_registry/berth.io-reg.sock", false},
+		{k + "x/pods/0b5e-11/volumes/berth.io~berth/data", false}, // sibling of kubelet's root
+	} {
+		err := r.Check(tc.path)
+		if tc.ok && err != nil {
+			t.Errorf("Check(%q) = %v, want accepted", tc.path, err)
+		}
+		if !tc.ok && !errors.Is(err, ErrRefused) {
+			t.Errorf("Check(%q) = %v, want ErrRefused", tc.path, err)
+		}
+	}
+}
+
+func TestZeroRuleRefusesAll(t *testing.T) {
+	if err := (Rule{}).Check("/var/lib/kubelet/pods/u/volumes/p/n"); !errors.Is(err, ErrRefused) {
+		t.Fatalf("zero Rule accepted a path: %v", err)
+	}
+	r, err := New("", "/srv/berth/flex-staging")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Check("/var/lib/kubelet/pods/u/volumes/p/n"); !errors.Is(err, ErrRefused) {
+		t.Fatalf("no kubelet root, yet a kubelet path was accepted: %v", err)
+	}
+}
+
+func TestNew(t *testing.T) {
+	for _, bad := range [][2]string{{"kubelet", ""}, {"/", ""}, {"", "staging"}, {"", "/"}} {
+		if _, err := New(bad[0], bad[1]); !errors.Is(err, ErrRefused) {
+			t.Errorf("New(%q, %q) = %v, want ErrRefused", bad[0], bad[1], err)
+		}
+	}
+	r, err := New("/var/lib/kubelet/", "")
+	if err != nil || r.KubeletRoot() != "/var/lib/kubelet" {
+		t.Errorf("New with a trailing /: %q %v", r.KubeletRoot(), err)
+	}
+}
+
+// TestSymlinks: a symlink anywhere below the root is refused, on a real
+// folder tree; a path whose tail does not exist yet is fine.
+func TestSymlinks(t *testing.T) {
+	root := t.TempDir()
+	kubelet, outside := filepath.Join(root, "kubelet"), filepath.Join(root, "outside")
+	pluginDir := filepath.Join(kubelet, "pods", "uid-1", "volumes", "berth.io~berth")
+	for _, d := range []string{pluginDir, filepath.Join(outside, "volumes", "berth.io~berth", "data"), filepath.Join(kubelet, "pods", "uid-3", "volumes")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A pod folder that is a link to elsewhere, a mount dir that is a link,
+	// and a link at the plugin level.
+	links := map[string]string{
+		filepath.Join(kubelet, "pods", "uid-2"):                              outside,
+		filepath.Join(pluginDir, "data"):                                     outside,
+		filepath.Join(kubelet, "pods", "uid-3", "volumes", "berth.io~berth"): filepath.Join(outside, "volumes", "berth.io~berth"),
+	}
+	for link, target := range links {
+		if err := os.Symlink(target, link); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, err := New(kubelet, filepath.Join(root, "staging"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{
+		filepath.Join(kubelet, "pods", "uid-2", "volumes", "berth.io~berth", "data"),
+		filepath.Join(pluginDir, "data"),
+		filepath.Join(pluginDir, "data", "sub"),
+		filepath.Join(kubelet, "pods", "uid-3", "volumes", "berth.io~berth", "data"),
+	} {
+		err := r.Check(p)
+		if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "symlink") {
+			t.Errorf("Check(%q) = %v, want a symlink refusal", p, err)
+		}
+	}
+	for _, p := range []string{
+		filepath.Join(pluginDir, "new-volume"),            // does not exist yet
+		filepath.Join(root, "staging", "vol-a", "device"), // staging root not made yet
+	} {
+		if err := r.Check(p); err != nil {
+			t.Errorf("Check(%q) = %v, want accepted", p, err)
+		}
+	}
+}
+
+func TestFlexMountDir(t *testing.T) {
+	r, err := New("/var/lib/kubelet", "/var/lib/berth/flex-staging")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := r.FlexMountDir("/var/lib/kubelet/pods/0b5e-11/volumes/berth.io~berth/data", "berth.io~berth")
+	if err != nil || got != (PodVolume{PodUID: "0b5e-11", Name: "data"}) {
+		t.Errorf("FlexMountDir = %+v, %v", got, err)
+	}
+	for _, p := range []string{
+		"/var/lib/kubelet/pods/0b5e-11/volumes/berth.io~berth/data/sub",        // deeper
+		"/var/lib/kubelet/pods/0b5e-11/volumes/kubernetes.io~csi/data",         // another plugin
+		"/var/lib/kubelet/pods/0b5e-11/volumeDevices/berth.io~berth/data",      // not volumes
+		"/var/lib/berth/flex-staging/data",                                     // staging
+		"/var/lib/kubelet/pods/0b5e-11/volumes/berth.io~berth/../../x/volumes", // not clean
+	} {
+		if _, err := r.FlexMountDir(p, "berth.io~berth"); !errors.Is(err, ErrRefused) {
+			t.Errorf("FlexMountDir(%q) = %v, want ErrRefused", p, err)
+		}
+	}
+}
