@@ -45,12 +45,20 @@ type AttachmentEntry struct {
 	PodUID string `json:"podUID,omitempty"`
 
 	// MountDir is the pod's mount directory, or the staging path for a node's
-	// stage record.
+	// stage record: absolute and clean (no ., .., // or trailing /), at most
+	// 1024 bytes (room for kubelet's longest volume paths, and within the
+	// API server's cost budget for the rule).
 	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=1024
+	// +kubebuilder:validation:Pattern=`^(/[^/]+)+$`
+	// +kubebuilder:validation:XValidation:rule="!(self + '/').contains('/./') && !(self + '/').contains('/../')",message="must be a clean absolute path: no . or .. components"
 	MountDir string `json:"mountDir"`
 
 	// StagingPath is the node-global path where the volume is staged.
 	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	// +kubebuilder:validation:Pattern=`^(/[^/]+)+$`
+	// +kubebuilder:validation:XValidation:rule="!(self + '/').contains('/./') && !(self + '/').contains('/../')",message="must be a clean absolute path: no . or .. components"
 	StagingPath string `json:"stagingPath,omitempty"`
 
 	// ReadOnly is true for read-only mounts.

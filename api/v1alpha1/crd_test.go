@@ -226,3 +226,56 @@ func TestShareManagerStates(t *testing.T) {
 		t.Errorf("unknown state: err = %v, want a refusal naming status.state and the allowed states", err)
 	}
 }
+
+// badPaths are mount dirs and staging paths the agent must never be handed:
+// each is refused by the API server, naming its field.
+var badPaths = map[string]string{
+	"relative":       "var/lib/kubelet/pods/u1/volumes/x/y",
+	"dot-dot":        "/var/lib/kubelet/pods/u1/volumes/x/../../../../../etc",
+	"trailing dot":   "/var/lib/kubelet/pods/u1/volumes/x/..",
+	"dot":            "/var/lib/kubelet/pods/./u1/volumes/x/y",
+	"double slash":   "/var/lib/kubelet//pods/u1/volumes/x/y",
+	"trailing slash": "/var/lib/kubelet/pods/u1/volumes/x/y/",
+	"root":           "/",
+	"too long":       "/" + strings.Repeat("a/", 512) + "b",
+}
+
+func TestAttachmentPaths(t *testing.T) {
+	for name, p := range badPaths {
+		mustRefuse(t, &v1.Attachment{ObjectMeta: meta("pvc-path"), Spec: v1.AttachmentSpec{AccessMode: v1.ReadWriteOnce,
+			Attachments: []v1.AttachmentEntry{{Node: "node-a", Pod: "p", PodUID: "u1", MountDir: p}}}}, "spec.attachments[0].mountDir")
+		mustRefuse(t, &v1.Attachment{ObjectMeta: meta("pvc-path"), Spec: v1.AttachmentSpec{AccessMode: v1.ReadWriteOnce,
+			Attachments: []v1.AttachmentEntry{{Node: "node-a", MountDir: "/var/lib/kubelet/plugins/kubernetes.io/csi/berth.io/h/globalmount", StagingPath: p}}}},
+			"spec.attachments[0].stagingPath")
+		if t.Failed() {
+			t.Fatalf("case %s (%q)", name, p)
+		}
+	}
+}
+
+func TestNodeCleanupPathsAndNames(t *testing.T) {
+	now := metav1.NewTime(time.Now().Truncate(time.Second))
+	entry := func(volume, mountDir, staging string) *v1.NodeCleanup {
+		return &v1.NodeCleanup{ObjectMeta: meta("node-paths"), Spec: v1.NodeCleanupSpec{Entries: []v1.StaleAttachment{
+			{Volume: volume, MountDir: mountDir, StagingPath: staging, Reason: v1.ReasonNodeGone, FoundAt: now}}}}
+	}
+	const good = "/var/lib/kubelet/pods/u1/volumes/kubernetes.io~csi/pvc-1/mount"
+	for name, p := range badPaths {
+		mustRefuse(t, entry("pvc-1", p, ""), "spec.entries[0].mountDir")
+		mustRefuse(t, entry("pvc-1", good, p), "spec.entries[0].stagingPath")
+		if t.Failed() {
+			t.Fatalf("case %s (%q)", name, p)
+		}
+	}
+	for _, vol := range []string{"../pvc-1", "pvc/1", "PVC-1", "pvc-1.", ".pvc", "a..b", strings.Repeat("a", 129)} {
+		mustRefuse(t, entry(vol, good, ""), "spec.entries[0].volume")
+		if err := v1.ValidateVolumeName(vol); err == nil {
+			t.Errorf("ValidateVolumeName(%q) accepted what the CRD refuses", vol)
+		}
+	}
+	var got v1.NodeCleanup
+	createAndRead(t, entry(strings.Repeat("a", 128), good, "/var/lib/kubelet/plugins/kubernetes.io/csi/berth.io/h/globalmount"), &got)
+	if err := v1.ValidateVolumeName(got.Spec.Entries[0].Volume); err != nil {
+		t.Errorf("the CRD accepted what ValidateVolumeName refuses: %v", err)
+	}
+}

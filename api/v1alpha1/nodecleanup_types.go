@@ -30,16 +30,25 @@ type NodeCleanupSpec struct {
 
 // StaleAttachment is an attachment entry taken away from its node.
 type StaleAttachment struct {
-	// Volume whose Attachment held the entry.
+	// Volume whose Attachment held the entry: a volume name (ValidateVolumeName).
 	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=128
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
 	Volume string `json:"volume"`
 
-	// MountDir of the entry (the staging path for a stage record).
+	// MountDir of the entry (the staging path for a stage record), absolute
+	// and clean (no ., .., // or trailing /).
 	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=1024
+	// +kubebuilder:validation:Pattern=`^(/[^/]+)+$`
+	// +kubebuilder:validation:XValidation:rule="!(self + '/').contains('/./') && !(self + '/').contains('/../')",message="must be a clean absolute path: no . or .. components"
 	MountDir string `json:"mountDir"`
 
 	// StagingPath of the volume on the node.
 	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	// +kubebuilder:validation:Pattern=`^(/[^/]+)+$`
+	// +kubebuilder:validation:XValidation:rule="!(self + '/').contains('/./') && !(self + '/').contains('/../')",message="must be a clean absolute path: no . or .. components"
 	StagingPath string `json:"stagingPath,omitempty"`
 
 	// Pod held the entry, as namespace/name, empty for a stage record.

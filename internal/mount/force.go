@@ -121,9 +121,11 @@ func (k kernelMounter) Unmount(target string) error {
 	return nil
 }
 
-// UnmountLazy implements LazyUnmounter with umount2(MNT_DETACH).
+// UnmountLazy implements LazyUnmounter with umount2(MNT_DETACH), never
+// following a symlink at target (a link planted there must not redirect a
+// forced cleanup to another mount).
 func (kernelMounter) UnmountLazy(target string) error {
-	if err := unix.Unmount(target, unix.MNT_DETACH); err != nil {
+	if err := unix.Unmount(target, unix.MNT_DETACH|unix.UMOUNT_NOFOLLOW); err != nil {
 		return fmt.Errorf("lazy unmount %s: %w", target, err)
 	}
 	return nil
