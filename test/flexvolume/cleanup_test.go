@@ -2,6 +2,7 @@ package flexvolume
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -36,22 +37,26 @@ func TestClusterDeletionCleansNode(t *testing.T) {
 		"doomed-a": f.volume(t, "doomed", "doomed-a", v1.ReadWriteOnce),
 		"doomed-b": f.volume(t, "doomed", "doomed-b", v1.ReadWriteMany),
 	}
-	dirs := map[string]string{
-		f.podDir("dddddddd-0001", "doomed-a"): "doomed-a",
-		f.podDir("dddddddd-0002", "doomed-a"): "doomed-a",
-		f.podDir("dddddddd-0003", "doomed-b"): "doomed-b",
-		f.podDir("dddddddd-0004", "survivor"): "survivor",
-	}
-	for dir, vol := range dirs {
-		uid := filepath.Base(filepath.Dir(filepath.Dir(filepath.Dir(dir))))
-		res, _ := f.run(t, "mount", dir, options(t, "pod-"+uid, uid, vol))
+	dirs := map[string]string{}
+	var busyDir, survivorDir string
+	for i, vol := range []string{"doomed-a", "doomed-a", "doomed-b", "survivor"} {
+		name := fmt.Sprintf("pod-%d", i)
+		uid := f.pod(t, podSpec{ns: "default", name: name, volume: inline(vol, "")})
+		dir := f.podDir(uid, vol)
+		dirs[dir] = vol
+		res, _ := f.run(t, "mount", dir, options(t, name, uid, vol))
 		want(t, "mount "+vol, res, flex.StatusSuccess)
+		switch i {
+		case 0:
+			busyDir = dir
+		case 3:
+			survivorDir = dir
+		}
 	}
-	survivorDir := f.podDir("dddddddd-0004", "survivor")
 	t.Cleanup(func() { f.run(t, "unmount", survivorDir) })
 
 	// A pod still uses doomed-a: a process holds a file open in it.
-	busy := filepath.Join(f.podDir("dddddddd-0001", "doomed-a"), "busy")
+	busy := filepath.Join(busyDir, "busy")
 	if err := os.WriteFile(busy, []byte("x"), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -146,8 +151,9 @@ func TestMountRefusedWhileClusterDeleting(t *testing.T) {
 	if err := f.env.Client.Delete(ctx, sc); err != nil {
 		t.Fatal(err)
 	}
-	dir := f.podDir("eeeeeeee-0001", "doomed-flex-vol")
-	res, _ := f.run(t, "mount", dir, options(t, "late", "eeeeeeee-0001", "doomed-flex-vol"))
+	uid := f.pod(t, podSpec{ns: "default", name: "late", volume: inline("doomed-flex-vol", "")})
+	dir := f.podDir(uid, "doomed-flex-vol")
+	res, _ := f.run(t, "mount", dir, options(t, "late", uid, "doomed-flex-vol"))
 	want(t, "mount while the cluster is being deleted", res, flex.StatusFailure)
 	if !strings.Contains(res.Message, sc.Name) {
 		t.Errorf("refusal does not name the cluster %s: %s", sc.Name, res.Message)

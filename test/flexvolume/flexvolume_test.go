@@ -80,7 +80,7 @@ func (f *fixture) start() error {
 	f.agentLog = filepath.Join(f.dir, "agent.log")
 	f.agentArgs = []string{berth, "agent", "--kubeconfig", kubeconfig, "--node-name", node,
 		"--data-dir", filepath.Join(f.dir, "data"), "--csi-endpoint", "unix://" + filepath.Join(f.dir, "csi.sock"),
-		"--kubelet-dir", "", "--agent-socket", f.sock, "--volume-plugin-dir", plugins}
+		"--kubelet-dir", f.kubeletDir, "--agent-socket", f.sock, "--volume-plugin-dir", plugins, "--stale-interval", "1s"}
 	if err := f.startAgent(); err != nil {
 		return err
 	}
@@ -314,9 +314,11 @@ func TestKubeletCalls(t *testing.T) {
 	res, _ = f.run(t, "attach", "{}", node)
 	want(t, "attach", res, flex.StatusNotSupported)
 
-	dirA, dirB := f.podDir("aaaaaaaa-0001", "flex-rwop"), f.podDir("bbbbbbbb-0002", "flex-rwop")
+	uidA := f.pod(t, podSpec{ns: "default", name: "web-a", volume: inline("flex-rwop", "")})
+	uidB := f.pod(t, podSpec{ns: "default", name: "web-b", volume: inline("flex-rwop", "")})
+	dirA, dirB := f.podDir(uidA, "flex-rwop"), f.podDir(uidB, "flex-rwop")
 	for i := range 2 {
-		res, _ = f.run(t, "mount", dirA, options(t, "web-a", "aaaaaaaa-0001", "flex-rwop"))
+		res, _ = f.run(t, "mount", dirA, options(t, "web-a", uidA, "flex-rwop"))
 		want(t, fmt.Sprintf("mount #%d", i+1), res, flex.StatusSuccess)
 	}
 	if !mounted(t, dirA) || loops(t, image) != 1 {
@@ -326,7 +328,7 @@ func TestKubeletCalls(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	res, _ = f.run(t, "mount", dirB, options(t, "web-b", "bbbbbbbb-0002", "flex-rwop"))
+	res, _ = f.run(t, "mount", dirB, options(t, "web-b", uidB, "flex-rwop"))
 	want(t, "second pod's mount of a ReadWriteOncePod volume", res, flex.StatusFailure)
 	if !strings.Contains(res.Message, "web-a") || !strings.Contains(res.Message, node) {
 		t.Errorf("refusal does not name the holder (pod web-a on %s): %s", node, res.Message)
@@ -348,7 +350,7 @@ func TestKubeletCalls(t *testing.T) {
 	}
 
 	// The second pod may mount now that the first is gone.
-	res, _ = f.run(t, "mount", dirB, options(t, "web-b", "bbbbbbbb-0002", "flex-rwop"))
+	res, _ = f.run(t, "mount", dirB, options(t, "web-b", uidB, "flex-rwop"))
 	want(t, "mount by the second pod after the first left", res, flex.StatusSuccess)
 	if b, err := os.ReadFile(filepath.Join(dirB, "hello")); err != nil || string(b) != "berth" {
 		t.Errorf("data written by the first pod: %q %v", b, err)

@@ -2,6 +2,7 @@ package flexvolume
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -31,20 +32,18 @@ func TestMountOnlyVolumesOfThePodsNamespace(t *testing.T) {
 
 	for i, tc := range []struct {
 		name, volume, image, ns string
-		extra                   map[string]string
+		podVolume               string // the pod's (inline) volume name
 	}{
-		{"labeled for another namespace", "team-a-vol", labeled, "default", nil},
-		{"claimed by another namespace", "pvc-owned", byCSIPV, "team-a", nil},
-		{"inline, named after another namespace's PV", "flex-pv-vol", byFlexPV, "team-a", map[string]string{flex.OptVolumeName: "flex-pv"}},
-		{"owned by no namespace", "nobodys-vol", orphan, "default", nil},
+		{"labeled for another namespace", "team-a-vol", labeled, "default", "v"},
+		{"claimed by another namespace", "pvc-owned", byCSIPV, "team-a", "v"},
+		{"inline, named after another namespace's PV", "flex-pv-vol", byFlexPV, "team-a", "flex-pv"},
+		{"owned by no namespace", "nobodys-vol", orphan, "default", "v"},
 	} {
-		uid := "ffffffff-000" + string(rune('1'+i))
-		dir := f.podDir(uid, "v")
+		pod := fmt.Sprintf("intruder-%d", i)
+		uid := f.pod(t, podSpec{ns: tc.ns, name: pod, volume: inline(tc.podVolume, tc.volume)})
+		dir := f.podDir(uid, tc.podVolume)
 		extra := map[string]string{flex.OptPodNamespace: tc.ns, flex.OptVolume: tc.volume}
-		for k, v := range tc.extra {
-			extra[k] = v
-		}
-		res, _ := f.run(t, "mount", dir, optionsWith(t, "intruder", uid, "v", extra))
+		res, _ := f.run(t, "mount", dir, optionsWith(t, pod, uid, tc.podVolume, extra))
 		want(t, tc.name, res, flex.StatusFailure)
 		if !strings.Contains(res.Message, `"`+tc.ns+`"`) || !strings.Contains(res.Message, tc.volume) {
 			t.Errorf("%s: refusal does not name namespace %s and volume %s: %s", tc.name, tc.ns, tc.volume, res.Message)
@@ -60,19 +59,19 @@ func TestMountOnlyVolumesOfThePodsNamespace(t *testing.T) {
 	// The owners may mount.
 	for i, tc := range []struct {
 		volume, ns string
-		extra      map[string]string
+		podVolume  corev1.Volume
+		name       string // kubelet's name of the volume: the pod's, or the PV's
 	}{
-		{"team-a-vol", "team-a", nil},
-		{"pvc-owned", "team-b", nil},
-		{"flex-pv-vol", "team-c", map[string]string{flex.OptVolumeName: "flex-pv"}},
+		{"team-a-vol", "team-a", inline("v", "team-a-vol"), "v"},
+		{"pvc-owned", "team-b", inline("v", "pvc-owned"), "v"},
+		// Through the claim bound to the Flexvolume PV.
+		{"flex-pv-vol", "team-c", claim("data", "claim"), "flex-pv"},
 	} {
-		uid := "ffffffff-010" + string(rune('1'+i))
-		dir := f.podDir(uid, "v")
+		pod := fmt.Sprintf("owner-%d", i)
+		uid := f.pod(t, podSpec{ns: tc.ns, name: pod, volume: tc.podVolume})
+		dir := f.podDir(uid, tc.name)
 		extra := map[string]string{flex.OptPodNamespace: tc.ns, flex.OptVolume: tc.volume}
-		for k, v := range tc.extra {
-			extra[k] = v
-		}
-		res, _ := f.run(t, "mount", dir, optionsWith(t, "owner", uid, "v", extra))
+		res, _ := f.run(t, "mount", dir, optionsWith(t, pod, uid, tc.name, extra))
 		want(t, "mount of "+tc.volume+" by its namespace "+tc.ns, res, flex.StatusSuccess)
 		res, _ = f.run(t, "unmount", dir)
 		want(t, "unmount of "+tc.volume, res, flex.StatusSuccess)

@@ -27,8 +27,9 @@ func TestStaleListAfterRestart(t *testing.T) {
 	f := setup(t)
 	ctx := context.Background()
 	image := f.volume(t, "flex", "stale-a", v1.ReadWriteOnce)
-	dir := f.podDir("eeeeeeee-0001", "stale-a")
-	res, _ := f.run(t, "mount", dir, options(t, "pod-e", "eeeeeeee-0001", "stale-a"))
+	uid := f.pod(t, podSpec{ns: "default", name: "pod-e", volume: inline("stale-a", "")})
+	dir := f.podDir(uid, "stale-a")
+	res, _ := f.run(t, "mount", dir, options(t, "pod-e", uid, "stale-a"))
 	want(t, "mount", res, flex.StatusSuccess)
 
 	f.stopAgent()
