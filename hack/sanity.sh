@@ -33,7 +33,7 @@ for _ in $(seq 1 120); do [ -s "$work/kubeconfig" ] && break; sleep 0.5; done
 [ -s "$work/kubeconfig" ] || { cat "$work/apiserver.log" >&2; exit 1; }
 
 bin/berth agent --kubeconfig "$work/kubeconfig" --node-name sanity-node --data-dir "$work/data" \
-	--csi-endpoint "unix://$work/node.sock" --kubelet-dir "" --volume-plugin-dir "" \
+	--csi-endpoint "unix://$work/node.sock" --kubelet-dir "$work/kubelet" --volume-plugin-dir "" \
 	--agent-socket "$work/run/agent.sock" --capacity-interval 1s >"$work/agent.log" 2>&1 &
 pids+=($!)
 bin/berth csi-controller --kubeconfig "$work/kubeconfig" --endpoint "unix://$work/controller.sock" \
@@ -44,9 +44,10 @@ for _ in $(seq 1 120); do [ -S "$work/node.sock" ] && [ -S "$work/controller.soc
 rc=0
 for access in mount block; do
 	echo "== csi-sanity, $access access"
-	mkdir -p "$work/$access"
+	mkdir -p "$work/kubelet/pods/sanity-$access/volumes/kubernetes.io~csi/pv" "$work/kubelet/plugins/kubernetes.io/csi/berth.io/$access"
 	bin/csi-sanity --csi.endpoint "$work/node.sock" --csi.controllerendpoint "$work/controller.sock" \
-		--csi.mountdir "$work/$access/target" --csi.stagingdir "$work/$access/staging" \
+		--csi.mountdir "$work/kubelet/pods/sanity-$access/volumes/kubernetes.io~csi/pv/target" \
+		--csi.stagingdir "$work/kubelet/plugins/kubernetes.io/csi/berth.io/$access/staging" \
 		--csi.testvolumeaccesstype "$access" --csi.testvolumesize $((64 << 20)) \
 		--csi.testvolumeexpandsize $((128 << 20)) \
 		--ginkgo.succinct --ginkgo.no-color 2>&1 | tail -n 25 || rc=1

@@ -2,7 +2,6 @@ package sanity
 
 import (
 	"context"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -44,7 +43,7 @@ func TestStageRefusedWhileClusterDeleting(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	staging := filepath.Join(t.TempDir(), "staging")
+	staging, _ := kubeletDirs(t)
 	_, err := c.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: "doomed-csi-vol", StagingTargetPath: staging, VolumeCapability: mountCap()})
 	wantCode(t, "stage while the cluster is being deleted", err, codes.FailedPrecondition)
 	if !strings.Contains(status.Convert(err).Message(), sc.Name) {

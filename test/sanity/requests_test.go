@@ -4,7 +4,6 @@ import (
 	"context"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -116,8 +115,8 @@ func TestBadRequests(t *testing.T) {
 
 	// A filesystem volume published onto a file: refused, nothing mounted.
 	vol := createVolume(t, c, "bad-target", mountCap())
-	dir := t.TempDir()
-	staging, target := filepath.Join(dir, "staging"), filepath.Join(dir, "target-file")
+	staging, mountDir := kubeletDirs(t)
+	target := mountDir + "-file"
 	if err := os.WriteFile(target, []byte("keep me"), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +136,7 @@ func TestBadRequests(t *testing.T) {
 	if n := mountsAt(t, target); n != 0 {
 		t.Errorf("%d mounts at the refused target", n)
 	}
-	_, err = c.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: vol.VolumeId, StagingTargetPath: staging, TargetPath: filepath.Join(dir, "t"), VolumeCapability: blockCap()})
+	_, err = c.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: vol.VolumeId, StagingTargetPath: staging, TargetPath: mountDir, VolumeCapability: blockCap()})
 	wantCode(t, "block publish of a filesystem volume", err, codes.InvalidArgument)
 }
 
@@ -188,7 +187,7 @@ func TestStageRetryAfterCrash(t *testing.T) {
 			if err := drv.env.Client.Get(ctx, client.ObjectKey{Name: vol.VolumeId}, v); err != nil {
 				t.Fatal(err)
 			}
-			staging := filepath.Join(t.TempDir(), "staging")
+			staging, _ := kubeletDirs(t)
 			dev := run(t, "losetup", "--find", "--show", "--direct-io=on", v.Status.Path)
 			if i >= 1 {
 				run(t, "mkfs.ext4", "-q", "-F", dev)

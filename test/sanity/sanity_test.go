@@ -116,7 +116,7 @@ func (d *driver) start() error {
 	d.done = make(chan error, 2)
 	go func() {
 		d.done <- agentcli.Config{
-			NodeName: nodeName, Namespace: berthNamespace, DataDir: d.dataDir, CSIEndpoint: "unix://" + d.nodeSock,
+			NodeName: nodeName, Namespace: berthNamespace, DataDir: d.dataDir, CSIEndpoint: "unix://" + d.nodeSock, KubeletDir: kubeletRoot(),
 			AgentSocket:      filepath.Join(work, "run", "agent.sock"),
 			CapacityInterval: time.Second, MetricsAddr: "0", Rest: d.env.Config, Log: log.WithName("agent"),
 		}.Run(ctx)
@@ -174,11 +174,11 @@ func TestSanity(t *testing.T) {
 }
 
 func configure(c *sanity.TestConfig, access, nodeSock, ctrlSock string) {
-	base := filepath.Join(work, access)
 	c.Address = "unix://" + nodeSock
 	c.ControllerAddress = "unix://" + ctrlSock
-	c.TargetPath = filepath.Join(base, "target")
-	c.StagingPath = filepath.Join(base, "staging")
+	// Where kubelet puts them: the agent refuses other paths.
+	c.TargetPath = filepath.Join(kubeletRoot(), "pods", "sanity-"+access, "volumes", "kubernetes.io~csi", "pv", "target")
+	c.StagingPath = filepath.Join(kubeletRoot(), "plugins", "kubernetes.io", "csi", "berth.io", access, "staging")
 	c.TestVolumeAccessType = access
 	c.TestVolumeSize = 64 << 20
 	c.TestVolumeExpandSize = 128 << 20

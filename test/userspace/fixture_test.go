@@ -110,6 +110,15 @@ func (f *fixture) startKeeper() error {
 	return nil
 }
 
+// kubeletRoot is the agent's kubelet root: it stages and publishes only
+// under kubelet's folders for CSI volumes there.
+func (f *fixture) kubeletRoot() string { return filepath.Join(f.dir, "kubelet") }
+
+// stagingPath is kubelet's staging path of a CSI volume of berth's.
+func (f *fixture) stagingPath(name string) string {
+	return filepath.Join(f.kubeletRoot(), "plugins", "kubernetes.io", "csi", "berth.io", name, "globalmount")
+}
+
 // startAgent starts the agent process, with extra flags; it returns
 // without waiting for it.
 func (f *fixture) startAgent(extra ...string) error {
@@ -120,7 +129,7 @@ func (f *fixture) startAgent(extra ...string) error {
 	defer func() { _ = log.Close() }()
 	args := []string{"agent", "--kubeconfig", f.kubeconfig, "--node-name", node,
 		"--data-dir", filepath.Join(f.dir, "data"), "--csi-endpoint", "unix://" + f.csiSock,
-		"--kubelet-dir", "", "--agent-socket", filepath.Join(f.dir, "run", "agent.sock"), "--volume-plugin-dir", "",
+		"--kubelet-dir", f.kubeletRoot(), "--agent-socket", filepath.Join(f.dir, "run", "agent.sock"), "--volume-plugin-dir", "",
 		"--keeper-socket", f.keeperSock, "--capacity-interval", "1h", "--heal-interval", "2s"}
 	f.agent = exec.Command(f.berth, append(args, extra...)...)
 	f.agent.Stdout, f.agent.Stderr = log, log

@@ -80,7 +80,7 @@ func (f *fixture) nbdRefused(t *testing.T, reason string) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	staging := filepath.Join(f.dir, "staging", name)
+	staging := f.stagingPath(name)
 	if err := os.MkdirAll(staging, 0o750); err != nil {
 		t.Fatal(err)
 	}

@@ -74,7 +74,7 @@ func (f *fixture) userspaceVolume(t *testing.T, nc csi.NodeClient, name string) 
 	if err := f.env.Client.Create(ctx, vol); err != nil {
 		t.Fatal(err)
 	}
-	m := mounted{name: name, staging: filepath.Join(f.dir, "staging", name), target: filepath.Join(f.dir, "pods", name, "mount")}
+	m := mounted{name: name, staging: f.stagingPath(name), target: filepath.Join(f.kubeletRoot(), "pods", name, "volumes", "kubernetes.io~csi", name, "mount")}
 	t.Cleanup(func() {
 		// Unpublish and unstage through the agent, as kubelet does.
 		waitCSI(t, nc)
