@@ -110,8 +110,11 @@ func TestBadRequests(t *testing.T) {
 
 	_, err = c.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{StagingTargetPath: "/tmp/x", VolumeCapability: mountCap()})
 	wantCode(t, "stage without volume ID", err, codes.InvalidArgument)
-	_, err = c.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: "no-such-volume", StagingTargetPath: "/tmp/x", VolumeCapability: mountCap()})
+	unknownStaging, _ := kubeletDirs(t)
+	_, err = c.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: "no-such-volume", StagingTargetPath: unknownStaging, VolumeCapability: mountCap()})
 	wantCode(t, "stage of an unknown volume", err, codes.NotFound)
+	_, err = c.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: "no-such-volume", StagingTargetPath: "/tmp/x", VolumeCapability: mountCap()})
+	wantCode(t, "stage outside kubelet's folders", err, codes.InvalidArgument)
 
 	// A filesystem volume published onto a file: refused, nothing mounted.
 	vol := createVolume(t, c, "bad-target", mountCap())
