@@ -39,7 +39,12 @@ func (a *Agent) Undo(ctx context.Context, s v1.StaleAttachment) error {
 	if staging == "" {
 		staging = s.MountDir
 	}
-	return a.forceUnstage(ctx, s.Volume, staging)
+	if err := a.forceUnstage(ctx, s.Volume, staging); errors.Is(err, ErrInvalid) {
+		return fmt.Errorf("%w: %w", err, fence.ErrRefused) // another device there: never ours to undo
+	} else if err != nil {
+		return err
+	}
+	return nil
 }
 
 // forceUnstage removes every mount of the volume's device and detaches it,

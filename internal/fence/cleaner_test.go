@@ -3,6 +3,8 @@ package fence_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -16,11 +18,13 @@ import (
 	"github.com/berth-io/berth/internal/fence"
 )
 
-// recordingUndoer records what it was asked to undo; fail makes mountDirs fail.
+// recordingUndoer records what it was asked to undo; fail makes mountDirs
+// fail, refuse makes them refused (ErrRefused).
 type recordingUndoer struct {
-	mu   sync.Mutex
-	done []string
-	fail map[string]bool
+	mu     sync.Mutex
+	done   []string
+	fail   map[string]bool
+	refuse map[string]bool
 }
 
 func (u *recordingUndoer) Undo(_ context.Context, s v1.StaleAttachment) error {
@@ -28,6 +32,9 @@ func (u *recordingUndoer) Undo(_ context.Context, s v1.StaleAttachment) error {
 	defer u.mu.Unlock()
 	if u.fail[s.MountDir] {
 		return errors.New("device busy")
+	}
+	if u.refuse[s.MountDir] {
+		return fmt.Errorf("%s is outside the node's folders: %w", s.MountDir, fence.ErrRefused)
 	}
 	u.done = append(u.done, s.Volume+":"+s.MountDir)
 	return nil
@@ -92,6 +99,28 @@ func TestCleanerKeepsFailedEntries(t *testing.T) {
 	if len(nc.Spec.Entries) != 1 || nc.Spec.Entries[0].MountDir != "/busy" || nc.Status.Pending != 1 ||
 		c == nil || c.Status != metav1.ConditionFalse || c.Reason != "UndoFailed" {
 		t.Fatalf("after a failed undo: entries %v, status %+v", nc.Spec.Entries, nc.Status)
+	}
+}
+
+// TestCleanerDropsRefusedEntries: an entry the Undoer refuses (a path
+// outside the node's folders) can never be undone: it leaves the list, the
+// pass says why, and nothing is retried.
+func TestCleanerDropsRefusedEntries(t *testing.T) {
+	needEnv(t)
+	cleanupVolume(t, "vol-clr", "clr-a")
+	ok := v1.StaleAttachment{Volume: "vol-clr", MountDir: "/ok", Reason: v1.ReasonPodGone, FoundAt: metav1.Now()}
+	bad := v1.StaleAttachment{Volume: "vol-clr", MountDir: "/etc", Reason: v1.ReasonPodGone, FoundAt: metav1.Now()}
+	addStaleEntry(t, "clr-a", ok, bad)
+	u := &recordingUndoer{refuse: map[string]bool{"/etc": true}}
+	cl := fence.NewCleaner(env.Client, "clr-a", u, clocktesting.NewFakeClock(time.Now()), testr.New(t), fence.CleanerOptions{})
+	res, err := cl.RunOnce(ctxT(t))
+	if err != nil || res != (fence.CleanResult{Undone: 1, Refused: 1}) {
+		t.Fatalf("RunOnce = %+v, %v", res, err)
+	}
+	nc := getCleanup(t, "clr-a")
+	c := meta.FindStatusCondition(nc.Status.Conditions, v1.ConditionReady)
+	if len(nc.Spec.Entries) != 0 || c == nil || c.Status != metav1.ConditionFalse || !strings.Contains(c.Message, "/etc") {
+		t.Fatalf("after a refused entry: entries %v, status %+v", nc.Spec.Entries, nc.Status)
 	}
 }
 
