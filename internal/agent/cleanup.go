@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/fence"
+	"github.com/berth-io/berth/internal/mount"
 )
 
 // Undo undoes one stale attachment entry on this node (fence.Undoer): a
@@ -65,7 +67,19 @@ func (a *Agent) forceUnstage(ctx context.Context, volume, staging string) error 
 		return err
 	}
 	if staged != "" && staged != dev {
-		return fmt.Errorf("%s holds %s, which is not volume %s's device (%q): %w", staging, staged, volume, dev, ErrInvalid)
+		if dev != "" {
+			return fmt.Errorf("%s holds %s, which is not volume %s's device (%s): %w", staging, staged, volume, dev, ErrInvalid)
+		}
+		// The volume's device is unknown (its image is gone): take off only
+		// what is mounted at the staging path, never every mount of a
+		// device that may not be the volume's.
+		for _, p := range []string{filepath.Join(staging, mount.BlockStageFile), staging} {
+			if err := a.mounts.ForceUnpublish(ctx, p); err != nil {
+				return fmt.Errorf("unmount stale staging %s: %w", p, err)
+			}
+		}
+		a.log.Info("force unmounted a staging path whose volume has no device here", "volume", volume, "stagingPath", staging, "device", staged)
+		return nil
 	}
 	if dev != "" {
 		if _, err := a.mounts.ForceUnmountDevice(ctx, dev); err != nil {

@@ -53,8 +53,8 @@ func TestStaleEntriesOutsideBerthRefused(t *testing.T) {
 	t.Cleanup(func() { _ = os.Remove(link) })
 
 	// Another device mounted at a staging path inside berth's folder, and
-	// elsewhere: a stale stage record there must not unmount every mount
-	// of a device that is not its volume's.
+	// elsewhere: a stale stage record there may take off the mount at its
+	// staging path, never every mount of a device that is not its volume's.
 	foreign := filepath.Join(f.kubeletDir, "plugins", "kubernetes.io", "csi", "berth.io", "foreign", "globalmount")
 	foreignElsewhere := filepath.Join(outside, "foreign")
 	loopMounts(t, filepath.Join(outside, "foreign.img"), foreign, foreignElsewhere)
@@ -84,7 +84,7 @@ func TestStaleEntriesOutsideBerthRefused(t *testing.T) {
 	waitFor(t, "the agent to take the entries off its stale list", func() bool {
 		return f.env.Client.Get(ctx, client.ObjectKeyFromObject(nc), nc) == nil && len(nc.Spec.Entries) == 0
 	})
-	for _, dir := range []string{podMount, stageMount, linkedMount, foreign, foreignElsewhere} {
+	for _, dir := range []string{podMount, stageMount, linkedMount, foreignElsewhere} {
 		if !mounted(t, dir) {
 			t.Errorf("%s was unmounted by a stale entry outside berth's folders", dir)
 		}
@@ -122,7 +122,7 @@ func loopMounts(t *testing.T, image string, dirs ...string) {
 		}
 		t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
 	}
-	if err := os.WriteFile(filepath.Join(dirs[0], "keep"), []byte("x"), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(dirs[len(dirs)-1], "keep"), []byte("x"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 }
