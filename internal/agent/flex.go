@@ -111,6 +111,9 @@ func (a *Agent) FlexUnmount(ctx context.Context, mountDir string) error {
 		}
 		return nil
 	}
+	if err := checkVolumeName(volume); err != nil {
+		return err // an Attachment's name: it must not steer the staging path
+	}
 	unlock, err := a.lock(volume)
 	if err != nil {
 		return err
