@@ -56,7 +56,7 @@ func TestServerKilledDuringMkfs(t *testing.T) {
 	if err := f.env.Client.Create(ctx, vol); err != nil {
 		t.Fatal(err)
 	}
-	staging := filepath.Join(f.dir, "staging", name)
+	staging := f.stagingPath(name)
 	t.Cleanup(func() {
 		waitCSI(t, nc)
 		_ = retryBusy(func() error {
