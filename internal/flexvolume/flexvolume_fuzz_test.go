@@ -31,8 +31,9 @@ func FuzzParseMount(f *testing.F) {
 			}
 			return
 		}
-		if !filepath.IsAbs(r.MountDir) || filepath.Clean(r.MountDir) != r.MountDir || !utf8.ValidString(r.MountDir) {
-			t.Fatalf("mount dir %q is not clean, absolute UTF-8", r.MountDir)
+		// Passed on as kubelet gave it: the agent refuses one not clean.
+		if !filepath.IsAbs(r.MountDir) || r.MountDir != dir || !utf8.ValidString(r.MountDir) {
+			t.Fatalf("mount dir %q is not the absolute UTF-8 %q given", r.MountDir, dir)
 		}
 		if r.Volume == "" {
 			t.Fatal("accepted without a volume")
@@ -46,7 +47,7 @@ func FuzzParseMount(f *testing.F) {
 		}
 		// What berth understood, written back as options, parses the same.
 		back := map[string]string{OptVolume: r.Volume, OptVolumeName: r.PVOrVolumeName, OptFSType: r.FSType,
-			OptPodNamespace: r.PodNamespace, OptPodName: r.PodName, OptPodUID: r.PodUID, OptReadWrite: "rw"}
+			OptPodNamespace: r.PodNamespace, OptPodName: r.PodName, OptPodUID: r.PodUID, OptServiceAccount: r.ServiceAccount, OptReadWrite: "rw"}
 		if r.ReadOnly {
 			back[OptReadWrite] = "ro"
 		}
