@@ -29,8 +29,13 @@ type CleanerOptions struct {
 	Interval time.Duration
 	// Lock, when set, is held around each entry's check-and-undo; the agent
 	// passes its per-volume lock so that a stage or publish of the same
-	// volume cannot slip between "not held any more" and the unmount.
-	Lock func(volume string) (unlock func())
+	// volume cannot slip between "not held any more" and the unmount. It
+	// gives up when ctx ends: an operation stuck on a dead device must not
+	// stop the cleanup of every other volume on the node.
+	Lock func(ctx context.Context, volume string) (unlock func(), err error)
+	// LockWait bounds the wait for one entry's lock (default 10s); an entry
+	// whose volume stays busy is kept for the next pass.
+	LockWait time.Duration
 	// Retry tunes the optimistic-concurrency retries.
 	Retry Options
 }
@@ -52,7 +57,10 @@ func NewCleaner(c client.Client, node string, u Undoer, clk clock.Clock, log log
 		opts.Interval = 5 * time.Minute
 	}
 	if opts.Lock == nil {
-		opts.Lock = func(string) func() { return func() {} }
+		opts.Lock = func(context.Context, string) (func(), error) { return func() {}, nil }
+	}
+	if opts.LockWait <= 0 {
+		opts.LockWait = 10 * time.Second
 	}
 	opts.Retry = opts.Retry.withDefaults()
 	return &Cleaner{c: c, node: node, u: u, clk: clk, log: log, opts: opts}
@@ -135,7 +143,13 @@ func (cl *Cleaner) process(ctx context.Context, s v1.StaleAttachment) (dropped b
 	if err := v1.ValidateVolumeName(s.Volume); err != nil {
 		return false, fmt.Errorf("stale entry: %w: %w", err, ErrRefused)
 	}
-	defer cl.opts.Lock(s.Volume)()
+	lockCtx, cancel := context.WithTimeout(ctx, cl.opts.LockWait)
+	unlock, err := cl.opts.Lock(lockCtx, s.Volume)
+	cancel()
+	if err != nil {
+		return false, fmt.Errorf("stale entry of %s at %s, kept for the next pass: %w", s.Volume, s.MountDir, err)
+	}
+	defer unlock()
 	var att v1.Attachment
 	if _, err := lookup(ctx, cl.c, "attachment", client.ObjectKey{Name: s.Volume}, &att); err != nil {
 		return false, err

@@ -124,6 +124,38 @@ func TestCleanerDropsRefusedEntries(t *testing.T) {
 	}
 }
 
+// TestCleanerSkipsBusyVolume: a volume whose lock stays held (an operation
+// stuck on a dead device) is kept for the next pass after a bounded wait;
+// the other volumes' entries are still undone.
+func TestCleanerSkipsBusyVolume(t *testing.T) {
+	needEnv(t)
+	cleanupVolume(t, "vol-clb", "clb-a")
+	cleanupVolume(t, "vol-clb-busy", "clb-a")
+	ok := v1.StaleAttachment{Volume: "vol-clb", MountDir: "/ok", Reason: v1.ReasonPodGone, FoundAt: metav1.Now()}
+	stuck := v1.StaleAttachment{Volume: "vol-clb-busy", MountDir: "/stuck", Reason: v1.ReasonPodGone, FoundAt: metav1.Now()}
+	addStaleEntry(t, "clb-a", stuck, ok)
+	u := &recordingUndoer{}
+	lock := func(ctx context.Context, volume string) (func(), error) {
+		if volume == stuck.Volume {
+			<-ctx.Done() // held by an operation that never ends
+			return nil, ctx.Err()
+		}
+		return func() {}, nil
+	}
+	cl := fence.NewCleaner(env.Client, "clb-a", u, clocktesting.NewFakeClock(time.Now()), testr.New(t),
+		fence.CleanerOptions{Lock: lock, LockWait: 100 * time.Millisecond})
+	res, err := cl.RunOnce(ctxT(t))
+	if err != nil || res != (fence.CleanResult{Undone: 1, Failed: 1}) {
+		t.Fatalf("RunOnce = %+v, %v", res, err)
+	}
+	if got := u.undone(); len(got) != 1 || got[0] != "vol-clb:/ok" {
+		t.Fatalf("undone %v, want only /ok", got)
+	}
+	if nc := getCleanup(t, "clb-a"); len(nc.Spec.Entries) != 1 || nc.Spec.Entries[0].MountDir != "/stuck" {
+		t.Fatalf("entries after the pass: %v, want the busy volume's kept", nc.Spec.Entries)
+	}
+}
+
 // addStaleEntry writes entries to a node's list as lock breaking or GC would.
 func addStaleEntry(t *testing.T, node string, entries ...v1.StaleAttachment) {
 	t.Helper()

@@ -155,7 +155,7 @@ func (c Config) Run(ctx context.Context) error {
 	}
 	locks := a.Locks()
 	if err := mgr.Add(fence.NewCleaner(direct, c.NodeName, a, clock.RealClock{}, c.Log.WithName("stale"),
-		fence.CleanerOptions{Interval: c.StaleInterval, Lock: locks.Lock})); err != nil {
+		fence.CleanerOptions{Interval: c.StaleInterval, Lock: locks.LockContext, LockWait: c.LockWait})); err != nil {
 		return err
 	}
 	if err := mgr.Add(&nodeagent.CapacityReporter{Client: direct, Node: c.NodeName, Namespace: c.Namespace, Free: images.Capacity,
