@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"golang.org/x/sys/unix"
 	mountutils "k8s.io/mount-utils"
@@ -71,6 +72,11 @@ func (m *Manager) Stage(ctx context.Context, r StageRequest) error {
 	opts := append([]string{}, r.MountFlags...)
 	if r.ReadOnly {
 		opts = append(opts, "ro")
+	}
+	// A clone or restore is a copy of its source, XFS UUID included; XFS
+	// refuses a second mount of a UUID on one node unless told nouuid.
+	if r.FSType == "xfs" && !slices.Contains(opts, "nouuid") {
+		opts = append(opts, "nouuid")
 	}
 	if err := m.allowFormat(ctx, r); err != nil {
 		return fmt.Errorf("stage %s: %w", r.Device, err)
