@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
@@ -96,6 +97,19 @@ func TestStorageClusterOwnedObjects(t *testing.T) {
 	if *drv.Spec.AttachRequired || !*drv.Spec.PodInfoOnMount || drv.Spec.StorageCapacity == nil || !*drv.Spec.StorageCapacity {
 		t.Errorf("CSIDriver: attachRequired %v podInfoOnMount %v storageCapacity %v", *drv.Spec.AttachRequired, *drv.Spec.PodInfoOnMount, drv.Spec.StorageCapacity)
 	}
+	// kubelet applies a pod's fsGroup only when the policy says so for every fs type.
+	if p := drv.Spec.FSGroupPolicy; p == nil || *p != storagev1.FileFSGroupPolicy {
+		t.Errorf("CSIDriver: fsGroupPolicy %v, want File", ptr.Deref(p, ""))
+	}
+	// A driver made before the policy was set (mutable since 1.29) gets it.
+	drv.Spec.FSGroupPolicy = ptr.To(storagev1.ReadWriteOnceWithFSTypeFSGroupPolicy)
+	if err := env.Client.Update(testCtx(t), drv); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "CSIDriver gets fsGroupPolicy File back", func(ctx context.Context) (bool, error) {
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(drv), drv)
+		return ptr.Deref(drv.Spec.FSGroupPolicy, "") == storagev1.FileFSGroupPolicy, err
+	})
 	for _, pod := range []corev1.PodSpec{agent.Spec.Template.Spec, keeper.Spec.Template.Spec, dep.Spec.Template.Spec} {
 		checkResources(t, pod)
 	}
@@ -103,7 +117,7 @@ func TestStorageClusterOwnedObjects(t *testing.T) {
 		cls := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: name}}
 		get(t, cls)
 		checkControlledBy(t, cls, sc)
-		if cls.Provisioner != v1.DriverName || cls.Parameters["mounter"] != mounter ||
+		if cls.Provisioner != v1.DriverName || cls.Parameters["mounter"] != mounter || cls.Parameters["csi.storage.k8s.io/fstype"] != "ext4" ||
 			*cls.VolumeBindingMode != storagev1.VolumeBindingWaitForFirstConsumer || !*cls.AllowVolumeExpansion {
 			t.Errorf("class %s: %+v", name, cls)
 		}

@@ -10,7 +10,9 @@ import (
 
 // Parameter and annotation keys the classes carry.
 const (
-	paramMounter           = "mounter" // read by the CSI controller (csi.ParamMounter)
+	paramMounter           = "mounter"                   // read by the CSI controller (csi.ParamMounter)
+	paramFSType            = "csi.storage.k8s.io/fstype" // csi.ParamFSType; the provisioner copies it to the PV
+	defaultFSType          = "ext4"                      // the CSI controller's default
 	defaultClassAnnotation = "storageclass.kubernetes.io/is-default-class"
 )
 
@@ -29,6 +31,11 @@ func csiDriver(sc *v1.StorageCluster, d *storagev1.CSIDriver) {
 	// The scheduler places pods of WaitForFirstConsumer volumes by the
 	// CSIStorageCapacity objects the agents publish (mutable: set on update too).
 	d.Spec.StorageCapacity = ptr.To(true)
+	// kubelet applies a pod's fsGroup to every volume, whatever the PV's
+	// fsType and access mode: a non-root pod can write to a fresh volume.
+	// Berth does not advertise VOLUME_MOUNT_GROUP, so kubelet does the chown.
+	// Mutable since Kubernetes 1.29: set on update too.
+	d.Spec.FSGroupPolicy = ptr.To(storagev1.FileFSGroupPolicy)
 	if d.ResourceVersion != "" {
 		return
 	}
@@ -37,6 +44,7 @@ func csiDriver(sc *v1.StorageCluster, d *storagev1.CSIDriver) {
 		PodInfoOnMount:       ptr.To(true),
 		VolumeLifecycleModes: []storagev1.VolumeLifecycleMode{storagev1.VolumeLifecyclePersistent},
 		StorageCapacity:      ptr.To(true),
+		FSGroupPolicy:        ptr.To(storagev1.FileFSGroupPolicy),
 	}
 }
 
@@ -60,7 +68,8 @@ func (r *Reconciler) storageClass(sc *v1.StorageCluster, cls *storagev1.StorageC
 		return
 	}
 	cls.Provisioner = v1.DriverName
-	cls.Parameters = map[string]string{paramMounter: string(m)}
+	// The fs type the CSI controller defaults to, named so that PVs carry it.
+	cls.Parameters = map[string]string{paramMounter: string(m), paramFSType: defaultFSType}
 	cls.ReclaimPolicy = ptr.To(corev1.PersistentVolumeReclaimDelete)
 	cls.VolumeBindingMode = ptr.To(storagev1.VolumeBindingWaitForFirstConsumer)
 }
