@@ -209,6 +209,11 @@ func (a *Agent) Expand(ctx context.Context, volumeID, path string, block bool) (
 	}
 	if !block {
 		if err := a.mounts.Expand(ctx, dev, path); err != nil {
+			if errors.Is(err, mount.ErrGrowsAtStage) {
+				// Not retryable online: kubelet takes FailedPrecondition as
+				// "in use" and grows it at the next stage instead.
+				return 0, fmt.Errorf("grow filesystem at %s: online growth is %w here: %w", path, ErrUnsupported, err)
+			}
 			return 0, fmt.Errorf("grow filesystem at %s: %w", path, err)
 		}
 	}

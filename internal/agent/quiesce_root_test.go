@@ -30,6 +30,7 @@ type quiesceEnv struct {
 	mounts *mount.Manager
 	loop   mount.Loop
 	dev    string
+	agent  *Agent
 }
 
 func newQuiesceEnv(t *testing.T) *quiesceEnv {
@@ -44,6 +45,7 @@ func newQuiesceEnv(t *testing.T) *quiesceEnv {
 	}
 	e := &quiesceEnv{images: images, loop: mount.NewLoop(exec.New()), mounts: mount.NewManager(mount.NewMounter(), exec.New(), log)}
 	a := New("node-a", nil, images, e.loop, e.mounts, nil, NewVolumeLocks(), log)
+	e.agent = a
 	images.WithQuiescer(a)
 	img, err := images.Create(t.Context(), "vol", 64<<20)
 	if err != nil {

@@ -61,26 +61,27 @@ func (m *Manager) probe(ctx context.Context, dev string) (string, error) {
 
 // allowFormat decides, before mount-utils runs, whether dev may be
 // formatted, and opens the format gate for it only if so. It fails on any
-// probe or read error. The caller closes the gate when staging ends.
-func (m *Manager) allowFormat(ctx context.Context, r StageRequest) error {
-	found, err := m.probe(ctx, r.Device)
+// probe or read error. The caller closes the gate when staging ends. found
+// is the filesystem type dev already holds ("" when blank).
+func (m *Manager) allowFormat(ctx context.Context, r StageRequest) (found string, err error) {
+	found, err = m.probe(ctx, r.Device)
 	if err != nil {
-		return err
+		return "", err
 	}
 	if found != "" {
 		m.log.V(1).Info("device holds a filesystem", "device", r.Device, "type", found)
-		return nil // mount-utils mounts it; the gate keeps its own probe from formatting
+		return found, nil // mount-utils mounts it; the gate keeps its own probe from formatting
 	}
 	if r.Format.Never {
-		return fmt.Errorf("blkid finds no filesystem on %s, yet %s; a failed read or damage, not a blank volume: %w",
+		return "", fmt.Errorf("blkid finds no filesystem on %s, yet %s; a failed read or damage, not a blank volume: %w",
 			r.Device, r.Format.Why, ErrHoldsData)
 	}
 	if r.ReadOnly {
-		return nil // mount-utils refuses to format read-only
+		return "", nil // mount-utils refuses to format read-only
 	}
 	if err := m.blank(ctx, r.Device, r.Format.Image); err != nil {
-		return err
+		return "", err
 	}
 	m.gate.allow(r.Device)
-	return nil
+	return "", nil
 }

@@ -13,6 +13,9 @@ import (
 func TestFakeStageSecondProbeCannotFormat(t *testing.T) {
 	f := newFakeEnv(t,
 		cmd(t, "blkid", []string{"-p", "/dev/loop7"}, "DEVNAME=/dev/loop7\nTYPE=ext4\n", nil),
+		// Full size: nothing to grow before the mount.
+		cmd(t, "dumpe2fs", []string{"/dev/loop7"}, "Block count:              16384\nBlock size:               4096\n", nil),
+		cmd(t, "blockdev", []string{"--getsize64", "/dev/loop7"}, "67108864\n", nil),
 		cmd(t, "blkid", nil, "", &testingexec.FakeExitError{Status: 2}),
 		cmd(t, "mkfs.ext4", nil, "", nil),
 	)
@@ -20,8 +23,8 @@ func TestFakeStageSecondProbeCannotFormat(t *testing.T) {
 	if err == nil {
 		t.Fatal("stage succeeded")
 	}
-	if f.exec.CommandCalls != 2 || f.mounts() != 0 {
-		t.Fatalf("%d commands, %d mounts; want two probes, no mkfs, no mount", f.exec.CommandCalls, f.mounts())
+	if f.exec.CommandCalls != 4 || f.mounts() != 0 {
+		t.Fatalf("%d commands, %d mounts; want two probes and the size check, no mkfs, no mount", f.exec.CommandCalls, f.mounts())
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"golang.org/x/sys/unix"
 	mountutils "k8s.io/mount-utils"
@@ -141,6 +142,11 @@ func (m *Manager) Expand(ctx context.Context, device, stagingPath string) error 
 		return err
 	}
 	if _, err := mountutils.NewResizeFs(m.exec.Bind(ctx)).Resize(device, stagingPath); err != nil {
+		// resize2fs's words for EPERM from EXT4_IOC_RESIZE_FS (no
+		// CAP_SYS_RESOURCE); mount-utils keeps only the output.
+		if strings.Contains(err.Error(), "Permission denied to resize filesystem") {
+			return fmt.Errorf("resize filesystem on %s: %w: %v", device, ErrGrowsAtStage, err)
+		}
 		return fmt.Errorf("resize filesystem on %s: %w", device, err)
 	}
 	return nil

@@ -294,3 +294,99 @@ func TestRootConditionLoopDetached(t *testing.T) {
 		t.Fatalf("detached loop: %t %q", abnormal, msg)
 	}
 }
+
+// A volume grown while unstaged is the new size once staged again, with no
+// capability needed (ext4 grows before the mount, xfs right after it).
+func TestRootGrowAtStage(t *testing.T) {
+	for _, tc := range []struct {
+		fs       string
+		from, to int64
+	}{{"ext4", 64 * mib, 128 * mib}, {"xfs", 320 * mib, 512 * mib}} {
+		t.Run(tc.fs, func(t *testing.T) {
+			e := newRootEnv(t)
+			img := e.image(t, "vol", tc.from)
+			dev := e.attach(t, img)
+			staging := e.path("staging")
+			req := StageRequest{VolumeID: "v", Device: dev, StagingPath: staging, FSType: tc.fs}
+			if err := e.mgr.Stage(e.ctx, req); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(staging, "keep"), []byte("data"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			before, err := e.mgr.Stats(e.ctx, staging)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.mgr.Unstage(e.ctx, staging); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Truncate(img, tc.to); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.loop.Refresh(e.ctx, dev); err != nil {
+				t.Fatal(err)
+			}
+			req.Format = FormatPolicy{Never: true, Why: "the volume was formatted before"}
+			if err := e.mgr.Stage(e.ctx, req); err != nil {
+				t.Fatal(err)
+			}
+			after, err := e.mgr.Stats(e.ctx, staging)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if grown := after.TotalBytes - before.TotalBytes; grown < (tc.to-tc.from)*3/4 {
+				t.Fatalf("total %d -> %d: grew %d of %d", before.TotalBytes, after.TotalBytes, grown, tc.to-tc.from)
+			}
+			if got, err := os.ReadFile(filepath.Join(staging, "keep")); err != nil || string(got) != "data" {
+				t.Fatalf("data after growth: %q %v", got, err)
+			}
+			// Staged again at full size: nothing to grow, still fine.
+			if _, err := e.mgr.Unstage(e.ctx, staging); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.mgr.Stage(e.ctx, req); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%s: %d MiB -> %d MiB", tc.fs, before.TotalBytes/mib, after.TotalBytes/mib)
+		})
+	}
+}
+
+// Without CAP_SYS_RESOURCE a mounted ext4 cannot grow: Expand says it grows
+// at the next stage (ErrGrowsAtStage), and the next stage grows it.
+func TestRootExpandWithoutCapabilityGrowsAtStage(t *testing.T) {
+	e := newRootEnv(t)
+	if hasCapSysResource(t) {
+		t.Skip("this process has CAP_SYS_RESOURCE: ext4 grows online here (TestRootExpandOnline)")
+	}
+	img := e.image(t, "vol", 64*mib)
+	dev := e.attach(t, img)
+	staging := e.path("staging")
+	req := StageRequest{VolumeID: "v", Device: dev, StagingPath: staging, FSType: "ext4"}
+	if err := e.mgr.Stage(e.ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(img, 128*mib); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.loop.Refresh(e.ctx, dev); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.mgr.Expand(e.ctx, dev, staging); !errors.Is(err, ErrGrowsAtStage) {
+		t.Fatalf("online ext4 growth without the capability: want ErrGrowsAtStage, got %v", err)
+	}
+	if _, err := e.mgr.Unstage(e.ctx, staging); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.mgr.Stage(e.ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	st, err := e.mgr.Stats(e.ctx, staging)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.TotalBytes < 100*mib {
+		t.Fatalf("staged again: %d MiB, want about 128", st.TotalBytes/mib)
+	}
+}

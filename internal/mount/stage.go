@@ -78,12 +78,24 @@ func (m *Manager) Stage(ctx context.Context, r StageRequest) error {
 	if r.FSType == "xfs" && !slices.Contains(opts, "nouuid") {
 		opts = append(opts, "nouuid")
 	}
-	if err := m.allowFormat(ctx, r); err != nil {
+	found, err := m.allowFormat(ctx, r)
+	if err != nil {
 		return fmt.Errorf("stage %s: %w", r.Device, err)
 	}
 	defer m.gate.close(r.Device)
+	// Only the volume's own, existing filesystem of the recorded type grows;
+	// a fresh one already spans the device.
+	grow := found != "" && found == r.FSType && !r.ReadOnly
+	if grow {
+		if err := m.growUnmounted(ctx, r.Device, found); err != nil {
+			return fmt.Errorf("stage %s: %w", r.Device, err)
+		}
+	}
 	if err := m.formatter(ctx).FormatAndMount(r.Device, staging, r.FSType, opts); err != nil {
 		return fmt.Errorf("format and mount %s at %s: %w", r.Device, staging, err)
+	}
+	if grow {
+		m.growMounted(ctx, r.Device, staging, found)
 	}
 	m.log.Info("staged", "volume", r.VolumeID, "device", r.Device, "path", staging, "fsType", r.FSType)
 	return nil // done: a deadline passing now must not turn success into failure
