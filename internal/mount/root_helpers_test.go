@@ -159,3 +159,17 @@ func hasCapSysResource(t *testing.T) bool {
 	}
 	return false
 }
+
+// requireGrown fails unless the filesystem at path grew by most of by bytes
+// since before: filesystem overhead eats some of the growth, never most.
+func (e *rootEnv) requireGrown(t *testing.T, path string, before Stats, by int64) {
+	t.Helper()
+	after, err := e.mgr.Stats(e.ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if grown := after.TotalBytes - before.TotalBytes; grown < by*3/4 {
+		t.Fatalf("total %d -> %d: grew %d of %d", before.TotalBytes, after.TotalBytes, grown, by)
+	}
+	t.Logf("%d MiB -> %d MiB", before.TotalBytes/mib, after.TotalBytes/mib)
+}
