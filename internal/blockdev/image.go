@@ -53,6 +53,18 @@ func OpenImage(path string, direct bool) (*Image, error) {
 // Size is the image size in bytes.
 func (i *Image) Size() int64 { return i.size.Load() }
 
+// Restat re-reads the size from the file: the backend grows the image
+// behind the server (online expansion), and the kernel must be told the new
+// size when it asks for the attributes. On error the known size is kept.
+func (i *Image) Restat() (int64, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(i.buffered.Fd()), &st); err != nil {
+		return i.size.Load(), fmt.Errorf("stat image: %w", err)
+	}
+	i.grow(st.Size)
+	return i.size.Load(), nil
+}
+
 // Direct says whether aligned I/O bypasses the page cache.
 func (i *Image) Direct() bool { return i.direct != nil }
 

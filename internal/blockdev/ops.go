@@ -94,7 +94,11 @@ func (s *Server) nodeAttr(id uint64) (attr, bool) {
 	case rootID:
 		return attr{ino: rootID, mode: unix.S_IFDIR | 0o755, nlink: 2, mtime: s.start}, true
 	case fileID:
-		return attr{ino: fileID, size: uint64(s.cfg.Image.Size()), mode: unix.S_IFREG | 0o600, nlink: 1, mtime: s.start}, true
+		size, err := s.cfg.Image.Restat()
+		if err != nil {
+			s.cfg.Log.Error(err, "image size unknown, serving the last one", "size", size)
+		}
+		return attr{ino: fileID, size: uint64(size), mode: unix.S_IFREG | 0o600, nlink: 1, mtime: s.start}, true
 	}
 	return attr{}, false
 }

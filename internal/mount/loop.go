@@ -3,8 +3,11 @@ package mount
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
+
+	"golang.org/x/sys/unix"
 
 	"k8s.io/utils/exec"
 )
@@ -129,6 +132,28 @@ func (l *losetup) Refresh(ctx context.Context, dev string) error {
 	if dev == "" {
 		return fmt.Errorf("empty device: %w", ErrInvalid)
 	}
+	if err := syncBackingSize(dev); err != nil {
+		return err
+	}
 	_, err := l.run(ctx, "--set-capacity", dev)
 	return err
+}
+
+// syncBackingSize makes the kernel fetch the size of dev's backing file
+// anew. The loop driver takes the size the kernel has cached for the file;
+// for a file on FUSE (userspace volumes) that cache may predate the
+// expansion, so the new size would be missed. A forced statx asks the file
+// system; on a local file system it is a plain stat.
+func syncBackingSize(dev string) error {
+	sysfs := filepath.Join("/sys/block", filepath.Base(dev), "loop", "backing_file")
+	b, err := os.ReadFile(sysfs)
+	if err != nil {
+		return fmt.Errorf("backing file of %s: %w", dev, err)
+	}
+	backing := strings.TrimSuffix(string(b), "\n")
+	var st unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, backing, unix.AT_STATX_FORCE_SYNC, unix.STATX_SIZE, &st); err != nil {
+		return fmt.Errorf("stat backing file %s of %s: %w", backing, dev, err)
+	}
+	return nil
 }

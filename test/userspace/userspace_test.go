@@ -31,10 +31,12 @@ func setup(t *testing.T) *fixture {
 	return &fx
 }
 
-func mountCap() *csi.VolumeCapability {
+func mountCap() *csi.VolumeCapability { return mountCapFS("ext4") }
+
+func mountCapFS(fsType string) *csi.VolumeCapability {
 	return &csi.VolumeCapability{
 		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
-		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4"}},
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: fsType}},
 	}
 }
 
@@ -65,11 +67,18 @@ type mounted struct {
 // agent made its image, stages and publishes it. Cleanup undoes all that.
 func (f *fixture) userspaceVolume(t *testing.T, nc csi.NodeClient, name string) mounted {
 	t.Helper()
+	return f.userspaceVolumeFS(t, nc, name, "ext4", "128Mi")
+}
+
+// userspaceVolumeFS is userspaceVolume with a filesystem of fsType and
+// the given size.
+func (f *fixture) userspaceVolumeFS(t *testing.T, nc csi.NodeClient, name, fsType, size string) mounted {
+	t.Helper()
 	ctx := context.Background()
 	vol := &v1.Volume{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{v1.NodeLabel: node}},
-		Spec: v1.VolumeSpec{StorageCluster: "c1", Size: resource.MustParse("128Mi"), AccessMode: v1.ReadWriteOnce,
-			FSType: "ext4", Node: node, Mounter: v1.MounterUserspace},
+		Spec: v1.VolumeSpec{StorageCluster: "c1", Size: resource.MustParse(size), AccessMode: v1.ReadWriteOnce,
+			FSType: fsType, Node: node, Mounter: v1.MounterUserspace},
 	}
 	if err := f.env.Client.Create(ctx, vol); err != nil {
 		t.Fatal(err)
@@ -115,14 +124,14 @@ func (f *fixture) userspaceVolume(t *testing.T, nc csi.NodeClient, name string) 
 		t.Fatal(err)
 	}
 	if err := retryBusy(func() error {
-		_, err := nc.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: name, StagingTargetPath: m.staging, VolumeCapability: mountCap()})
+		_, err := nc.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: name, StagingTargetPath: m.staging, VolumeCapability: mountCapFS(fsType)})
 		return err
 	}); err != nil {
 		t.Fatalf("stage %s: %v", name, err)
 	}
 	if err := retryBusy(func() error {
 		_, err := nc.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: name, StagingTargetPath: m.staging,
-			TargetPath: m.target, VolumeCapability: mountCap()})
+			TargetPath: m.target, VolumeCapability: mountCapFS(fsType)})
 		return err
 	}); err != nil {
 		t.Fatalf("publish %s: %v", name, err)
