@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	"k8s.io/utils/exec"
 )
@@ -29,15 +28,11 @@ type FormatPolicy struct {
 	Image string
 }
 
-// probeTimeout bounds blkid: a device whose server died can hang a read.
-const probeTimeout = 30 * time.Second
-
 // probe returns what blkid finds on dev (a filesystem or partition table
 // type), "" when it finds nothing. Only blkid's exit code 2 means "nothing
-// found"; every other failure is an error, never "blank".
+// found"; every other failure is an error, never "blank". m.exec bounds it
+// by the probe timeout (--probe-timeout): a dead server can hang a read.
 func (m *Manager) probe(ctx context.Context, dev string) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
-	defer cancel()
 	out, err := m.exec.CommandContext(ctx, "blkid", "-p", "-s", "TYPE", "-s", "PTTYPE", "-o", "export", dev).CombinedOutput()
 	var exitErr exec.ExitError
 	switch {
