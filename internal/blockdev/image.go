@@ -3,6 +3,7 @@ package blockdev
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"sync/atomic"
 	"unsafe"
@@ -81,8 +82,20 @@ func (i *Image) pick(p []byte, off int64) *os.File {
 	return i.direct
 }
 
+// checkRange refuses an offset the kernel would never send: negative, or one
+// whose end overflows. pwrite of zero bytes would not catch it.
+func checkRange(op string, n int, off int64) error {
+	if off < 0 || off > math.MaxInt64-int64(n) {
+		return fmt.Errorf("%s image at %d+%d: %w", op, off, n, unix.EINVAL)
+	}
+	return nil
+}
+
 // ReadAt reads up to len(p) bytes; fewer only at the end of the image.
 func (i *Image) ReadAt(p []byte, off int64) (int, error) {
+	if err := checkRange("read", len(p), off); err != nil {
+		return 0, err
+	}
 	f := i.pick(p, off)
 	n := 0
 	for n < len(p) {
@@ -103,6 +116,9 @@ func (i *Image) ReadAt(p []byte, off int64) (int, error) {
 
 // WriteAt writes all of p.
 func (i *Image) WriteAt(p []byte, off int64) (int, error) {
+	if err := checkRange("write", len(p), off); err != nil {
+		return 0, err
+	}
 	f := i.pick(p, off)
 	n := 0
 	for n < len(p) {
