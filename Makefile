@@ -89,7 +89,7 @@ fuzz: ## Run every Go fuzz target for FUZZTIME (default 60s) each, one at a time
 	FUZZTIME=$(FUZZTIME) nice hack/fuzz.sh
 
 .PHONY: bench
-bench: ## Userspace volumes: fio ratios to a kernel loop device, healed time-to-write p50/p99 (root, fio).
+bench: ## fio ratios userspace/kernel loop, healed time-to-write p50/p99, PVC create -> pod Running p50/p99 on 2 nodes (root, fio).
 	hack/bench.sh
 
 .PHONY: sanity-binary

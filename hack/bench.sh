@@ -7,6 +7,11 @@
 #     every healed volume, p50/p99 over BERTH_HEAL_CYCLES (default 50) cycles
 #     of SIGKILLing the agent and every blockdev server under verifying
 #     writers (test/userspace TestHealUnderWriters).
+#  3. Provisioning: the time from PVC create to pod Running, p50/p99 over
+#     BERTH_BENCH_PVCS (default 20) claims and pods created at once, for the
+#     kernel and the userspace mounter, on a BENCH_NODES (default 2) node
+#     e2e cluster (hack/e2e.sh; test/e2e TestBenchPVCToRunning). BENCH_PVC=0
+#     leaves it out.
 # Env: BENCH_SECONDS (fio seconds per run, default 10), BENCH_SIZE (default 1G),
 #      BENCH_ROUNDS (alternating runs per side, median reported, default 3),
 #      BERTH_BLOCKDEV_PASSTHROUGH (default true), BERTH_HEAL_CYCLES.
@@ -16,7 +21,7 @@ cd "$(dirname "$0")/.."
 export PATH="/usr/local/go/bin:$PATH"
 
 out=$(mktemp)
-trap 'rm -f "$out" "$out.heal"' EXIT
+trap 'rm -f "$out" "$out.heal" "$out.pvc"' EXIT
 
 echo "== userspace / kernel loop device (fio direct=1, passthrough=${BERTH_BLOCKDEV_PASSTHROUGH:-true})"
 BERTH_BLOCKDEV_PASSTHROUGH=${BERTH_BLOCKDEV_PASSTHROUGH:-true} \
@@ -32,6 +37,16 @@ BERTH_HEAL_CYCLES=${BERTH_HEAL_CYCLES:-50} go test -count=1 -v -timeout 60m \
 	-run 'TestHealUnderWriters$' ./test/userspace/ 2>&1 | tee "$out.heal" && heal_rc=0 || heal_rc=$?
 heal=$(grep '^HEAL_RESULT' "$out.heal" || true)
 [ -n "$heal" ] || { echo "heal test printed no result" >&2; exit 1; }
+
+pvc_rc=0
+: >"$out.pvc"
+if [ "${BENCH_PVC:-1}" != 0 ]; then
+	echo
+	echo "== PVC create -> pod Running (${BERTH_BENCH_PVCS:-20} at once per class, ${BENCH_NODES:-2}-node cluster)"
+	make --no-print-directory -s build
+	BERTH_E2E_NODES=${BENCH_NODES:-2} BERTH_E2E_BENCH=1 BERTH_BENCH_PVCS=${BERTH_BENCH_PVCS:-20} \
+		hack/e2e.sh -run 'TestBenchPVCToRunning$' 2>&1 | tee "$out.pvc" && pvc_rc=0 || pvc_rc=$?
+fi
 
 echo
 echo "== summary (targets are goals, not assertions)"
@@ -51,4 +66,10 @@ END {
 	printf "%-34s %10s\n", "heal cycles x volumes (samples)", h["cycles"] "x" h["volumes"] " (" h["samples"] ")"
 	printf "%-34s %10s   (writes %s, blocks verified %s)\n", "writer errors", h["errors"], h["writes"], h["verified"]
 }' "$out"
+grep '^PVC_RUNNING_RESULT' "$out.pvc" | awk '{
+	for (i = 2; i <= NF; i++) { split($i, p, "="); v[p[1]] = p[2] }
+	printf "%-34s %10s   p99 %s (%s PVCs, %s nodes)\n", "PVC -> Running p50 (" v["class"] ")", v["p50"], v["p99"], v["pvcs"], v["nodes"]
+}' || true
+[ "$pvc_rc" -eq 0 ] || echo "PVC bench FAILED (exit $pvc_rc): its figures do not count" >&2
 [ "$heal_rc" -eq 0 ] || { echo "heal test FAILED (exit $heal_rc): its figures above do not count" >&2; exit "$heal_rc"; }
+exit "$pvc_rc"

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 // TestLoadEnv needs no cluster: it reads a cluster.env as up.sh writes it.
@@ -29,5 +30,22 @@ func TestLoadEnv(t *testing.T) {
 	}
 	if _, err := LoadEnv(path); err == nil {
 		t.Error("an env without KUBECONFIG loaded")
+	}
+}
+
+// TestPercentile needs no cluster: nearest rank, as the bench reports it.
+func TestPercentile(t *testing.T) {
+	var d []time.Duration
+	for i := 20; i >= 1; i-- {
+		d = append(d, time.Duration(i)*time.Second)
+	}
+	if p := percentile(d, 50); p != 10*time.Second {
+		t.Errorf("p50 %v", p)
+	}
+	if p := percentile(d, 99); p != 20*time.Second {
+		t.Errorf("p99 %v", p)
+	}
+	if p := percentile(d[:1], 50); p != 20*time.Second {
+		t.Errorf("p50 of one %v", p)
 	}
 }

@@ -1,0 +1,144 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// TestBenchPVCToRunning is `make bench`'s figure for the whole provisioning
+// path (provisioner, CreateVolume, scheduling, stage, publish): the time from
+// creating a claim to its pod Running, for BERTH_BENCH_PVCS (default 20)
+// claims and pods created at once, per StorageClass. It prints one
+// PVC_RUNNING_RESULT line per class; hack/bench.sh reports them. Figures are
+// reported, never asserted (CI machines are shared).
+func TestBenchPVCToRunning(t *testing.T) {
+	if os.Getenv("BERTH_E2E_BENCH") != "1" {
+		t.Skip("a benchmark: set BERTH_E2E_BENCH=1 (make bench runs it on a two-node cluster)")
+	}
+	n := 20
+	if v := os.Getenv("BERTH_BENCH_PVCS"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n < 1 {
+			t.Fatalf("BERTH_BENCH_PVCS=%q: want a positive number", v)
+		}
+	}
+	for _, class := range []string{"berth", "berth-userspace"} {
+		t.Run(class, func(t *testing.T) {
+			s := newScenario(t, 10*time.Minute)
+			took, nodes := s.pvcsToRunning(class, n)
+			p50, p99 := percentile(took, 50), percentile(took, 99)
+			fmt.Printf("PVC_RUNNING_RESULT class=%s pvcs=%d nodes=%d p50=%v p99=%v max=%v\n",
+				class, n, len(nodes), p50, p99, slices.Max(took))
+			t.Logf("pods per node: %v", nodes)
+		})
+	}
+}
+
+// pvcsToRunning creates n claims of class, each with a pod that mounts it,
+// all at once, and returns each pair's time from claim create to pod Running
+// and how many pods ran on each node.
+func (s *scenario) pvcsToRunning(class string, n int) ([]time.Duration, map[string]int) {
+	s.t.Helper()
+	start := make([]time.Time, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			start[i] = time.Now()
+			errs[i] = s.createClaimAndPod(fmt.Sprintf("b%d", i), class)
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			s.t.Fatal(err)
+		}
+	}
+	running := make([]time.Time, n)
+	nodes := map[string]int{}
+	left := n
+	s.waitFor(fmt.Sprintf("%d pods Running", n), 8*time.Minute, func(ctx context.Context) (bool, error) {
+		list, err := s.cs.CoreV1().Pods(s.ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		now := time.Now()
+		for _, p := range list.Items {
+			var i int
+			if _, err := fmt.Sscanf(p.Name, "b%d", &i); err != nil || i < 0 || i >= n || !running[i].IsZero() {
+				continue
+			}
+			if p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded {
+				return false, fmt.Errorf("pod %s ended: %s", p.Name, p.Status.Phase)
+			}
+			if p.Status.Phase == corev1.PodRunning {
+				running[i] = now
+				nodes[p.Spec.NodeName]++
+				left--
+			}
+		}
+		return left == 0, nil
+	})
+	took := make([]time.Duration, n)
+	for i := range n {
+		took[i] = running[i].Sub(start[i]).Round(time.Millisecond)
+	}
+	return took, nodes
+}
+
+// createClaimAndPod makes claim name (bound where the scheduler puts its
+// first consumer) and pod name using it.
+func (s *scenario) createClaimAndPod(name, class string) error {
+	mode := corev1.PersistentVolumeFilesystem
+	c := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			StorageClassName: &class, AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}, VolumeMode: &mode,
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("32Mi")}},
+		},
+	}
+	if _, err := s.cs.CoreV1().PersistentVolumeClaims(s.ns).Create(s.ctx, c, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create PVC %s: %w", name, err)
+	}
+	grace := int64(1)
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: corev1.PodSpec{
+			Containers: []corev1.Container{{
+				Name: "c", Image: s.env.BusyboxImage, ImagePullPolicy: corev1.PullNever,
+				Command:      []string{"sh", "-c", "exec sleep 3600"},
+				VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: "/data"}},
+			}},
+			TerminationGracePeriodSeconds: &grace,
+			Volumes:                       []corev1.Volume{{Name: "data", VolumeSource: claimSource(name)}},
+		},
+	}
+	if _, err := s.cs.CoreV1().Pods(s.ns).Create(s.ctx, p, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create pod %s: %w", name, err)
+	}
+	return nil
+}
+
+// percentile is the nearest-rank percentile q (0-100] of d: with 20 samples
+// p99 is the slowest one.
+func percentile(d []time.Duration, q float64) time.Duration {
+	sorted := slices.Clone(d)
+	slices.Sort(sorted)
+	rank := int(math.Ceil(q / 100 * float64(len(sorted))))
+	return sorted[max(rank, 1)-1]
+}
