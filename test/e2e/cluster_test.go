@@ -61,6 +61,21 @@ func (e Env) Client() (kubernetes.Interface, error) {
 	return cs, nil
 }
 
+// clientWithRate is Client with a client-side rate limit of qps.
+func (e Env) clientWithRate(t *testing.T, qps int) kubernetes.Interface {
+	t.Helper()
+	cfg, err := clientcmd.BuildConfigFromFlags("", e.Kubeconfig)
+	if err != nil {
+		t.Fatalf("kubeconfig %s: %v", e.Kubeconfig, err)
+	}
+	cfg.QPS, cfg.Burst = float32(qps), 2*qps
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatalf("clientset: %v", err)
+	}
+	return cs
+}
+
 // cluster is set once by TestMain; nil when no cluster is available.
 var cluster *Env
 
