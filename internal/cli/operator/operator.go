@@ -25,6 +25,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/berth-io/berth/internal/cli"
+	"github.com/berth-io/berth/internal/controller/pinned"
 	"github.com/berth-io/berth/internal/controller/storagecluster"
 	"github.com/berth-io/berth/internal/scheme"
 	"github.com/berth-io/berth/internal/version"
@@ -89,6 +90,13 @@ func (c Config) Run(ctx context.Context) error {
 		return err
 	}
 	if err := c.addAttachmentGC(mgr); err != nil {
+		return err
+	}
+	reporter := &pinned.Reporter{
+		Client: mgr.GetClient(), Reader: mgr.GetAPIReader(),
+		Recorder: mgr.GetEventRecorderFor("berth-operator"), Log: c.Log.WithName("pinned-volumes"),
+	}
+	if err := reporter.SetupWithManager(mgr); err != nil {
 		return err
 	}
 	c.Log.Info("starting operator", "namespace", c.Cluster.Namespace, "image", c.Cluster.Image,
