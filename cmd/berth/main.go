@@ -49,6 +49,8 @@ func main() {
 		os.Exit(0)
 	case errors.Is(err, errUsage):
 		os.Exit(2)
+	case errors.Is(err, cli.ErrReported):
+		os.Exit(1)
 	default:
 		fmt.Fprintf(os.Stderr, "berth: %v\n", err)
 		os.Exit(1)

@@ -5,8 +5,14 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"io"
 )
+
+// ErrReported marks a failure the command has already told its caller in
+// its own format: cmd/berth exits 1 and prints nothing more (a Flexvolume
+// driver's caller, kubelet, parses stdout and stderr as one JSON object).
+var ErrReported = errors.New("failure already reported")
 
 // IO is where a command reads and writes.
 type IO struct {

@@ -4,6 +4,7 @@
 package flexvolume
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/json"
@@ -178,25 +179,30 @@ func setup(t *testing.T) *fixture {
 	return &fx
 }
 
-// run executes the installed driver as kubelet does and parses its stdout.
+// run executes the installed driver as kubelet does and parses its output.
 func (f *fixture) run(t *testing.T, args ...string) (flex.Result, string) {
 	t.Helper()
 	return runAs(t, exec.Command(f.driver, args...))
 }
 
+// runAs runs the driver and checks its output as kubelet reads it: stdout and
+// stderr together (CombinedOutput) must be exactly one JSON object, whatever
+// the outcome; a word on stderr would make kubelet drop berth's message.
 func runAs(t *testing.T, cmd *exec.Cmd) (flex.Result, string) {
 	t.Helper()
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, _ := cmd.Output()
+	if stderr.Len() > 0 {
+		t.Fatalf("driver %v wrote to stderr, which kubelet parses with stdout: %q (stdout %q)", cmd.Args[1:], stderr.String(), out)
+	}
 	var res flex.Result
-	if len(out) > 0 {
-		if err := json.Unmarshal(out, &res); err != nil {
-			t.Fatalf("driver stdout is not one JSON object: %q (%v)", out, err)
-		}
-		if strings.Count(strings.TrimSpace(string(out)), "\n") != 0 {
-			t.Fatalf("driver printed more than one line on stdout: %q", out)
-		}
+	dec := json.NewDecoder(bytes.NewReader(out))
+	if err := dec.Decode(&res); err != nil {
+		t.Fatalf("driver output is not a JSON object: %q (%v)", out, err)
+	}
+	if rest := out[dec.InputOffset():]; len(bytes.TrimSpace(rest)) > 0 {
+		t.Fatalf("driver printed more than one JSON object: %q", out)
 	}
 	return res, stderr.String()
 }

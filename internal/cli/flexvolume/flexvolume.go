@@ -6,7 +6,6 @@ package flexvolume
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -35,8 +34,9 @@ type Config struct {
 	Out     io.Writer
 }
 
-// errFailed means a Failure result was printed.
-var errFailed = errors.New("flexvolume call failed")
+// errFailed means a Failure result was printed: the exit code says so too,
+// and nothing else may be written (kubelet reads stdout and stderr together).
+var errFailed = fmt.Errorf("flexvolume call failed: %w", cli.ErrReported)
 
 // Run performs the call and prints its result.
 func (c Config) Run(ctx context.Context) error {
