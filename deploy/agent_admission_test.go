@@ -194,6 +194,35 @@ func TestAgentWritesOnlyItsOwnNodesRecords(t *testing.T) {
 	}
 	allowed("release vol-b", fencer.Release(ctx, "vol-b", "node-a", takeover.MountDir))
 
+	// Attachment status: node-b's entry stays node-b's while node-b holds
+	// the volume; node-a writes its own through the agent's real code.
+	shared := &v1.Attachment{ObjectMeta: metav1.ObjectMeta{Name: "vol-s"}, Spec: v1.AttachmentSpec{AccessMode: v1.ReadWriteMany,
+		Attachments: []v1.AttachmentEntry{entryB, {Node: "node-a", MountDir: "/var/lib/kubelet/plugins/berth.io/pv/vol-s/globalmount"}}}}
+	mustCreate(shared)
+	shared.Status.Nodes = []v1.AttachmentNodeStatus{{Node: "node-b", DevicePath: "/dev/loop7", Staged: true}}
+	if err := admin.Status().Update(ctx, shared); err != nil {
+		t.Fatal(err)
+	}
+	bStatus := get(ctx, t, &v1.Attachment{ObjectMeta: metav1.ObjectMeta{Name: "vol-s"}})
+	bStatus.Status.Nodes[0].DevicePath = "/dev/loop8"
+	refused("change node-b's status entry", a.Status().Update(ctx, bStatus), true)
+	bStatus.Status.Nodes = nil
+	refused("drop node-b's status entry while node-b holds the volume", a.Status().Update(ctx, bStatus), true)
+	allowed("report own staged device", fencer.ReportStaged(ctx, "vol-s", fence.Staged{Node: "node-a", DevicePath: "/dev/loop3"}))
+	if got := get(ctx, t, &v1.Attachment{ObjectMeta: metav1.ObjectMeta{Name: "vol-s"}}); got.Status.Devices != "node-a=/dev/loop3, node-b=/dev/loop7" {
+		t.Errorf("devices after own report: %q", got.Status.Devices)
+	}
+	released := get(ctx, t, &v1.Attachment{ObjectMeta: metav1.ObjectMeta{Name: "vol-s"}})
+	released.Spec.Attachments = released.Spec.Attachments[1:] // node-b let go (the admin plays its agent)
+	if err := admin.Update(ctx, released); err != nil {
+		t.Fatal(err)
+	}
+	allowed("clear own entry, dropping that of node-b, which holds nothing now",
+		fencer.ReportStaged(ctx, "vol-s", fence.Staged{Node: "node-a"}))
+	if got := get(ctx, t, &v1.Attachment{ObjectMeta: metav1.ObjectMeta{Name: "vol-s"}}); len(got.Status.Nodes) != 0 || got.Status.Devices != "" {
+		t.Errorf("status after unstage: %+v", got.Status)
+	}
+
 	ownNC := &v1.NodeCleanup{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}}
 	allowed("create own stale list", a.Create(ctx, ownNC))
 	t.Cleanup(func() { _ = admin.Delete(context.Background(), ownNC) })

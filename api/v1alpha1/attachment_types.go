@@ -72,24 +72,43 @@ func (e *AttachmentEntry) IsStage() bool { return e.Pod == "" && e.PodUID == "" 
 // AttachmentNodeStatus is what the agent of one node reports.
 type AttachmentNodeStatus struct {
 	// Node the status is about.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
 	Node string `json:"node"`
 
 	// DevicePath is the kernel block device the volume is attached as.
+	// +kubebuilder:validation:MaxLength=64
+	// +kubebuilder:validation:Pattern=`^/dev/[A-Za-z0-9._-]+$`
 	// +optional
 	DevicePath string `json:"devicePath,omitempty"`
 
-	// Staged is true once the volume is mounted at its staging path.
+	// Staged is true once the volume is staged on the node (mounted at its
+	// staging path, or bound there as a block device).
 	// +optional
 	Staged bool `json:"staged,omitempty"`
+
+	// StagingPath is where the volume is staged on the node.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	// +kubebuilder:validation:Pattern=`^(/[^/]+)+$`
+	// +kubebuilder:validation:XValidation:rule="!(self + '/').contains('/./') && !(self + '/').contains('/../')",message="must be a clean absolute path: no . or .. components"
+	StagingPath string `json:"stagingPath,omitempty"`
 }
 
 // AttachmentStatus is the observed state of an attachment.
 type AttachmentStatus struct {
-	// Nodes holds per-node state.
+	// Nodes holds per-node state: each node's agent writes its own entry
+	// after a stage and removes it at unstage.
 	// +listType=map
 	// +listMapKey=node
+	// +kubebuilder:validation:MaxItems=1024
 	// +optional
 	Nodes []AttachmentNodeStatus `json:"nodes,omitempty"`
+
+	// Devices summarizes Nodes for `kubectl get -o wide`: "node=device"
+	// for each staged node, in node order.
+	// +optional
+	Devices string `json:"devices,omitempty"`
 }
 
 // Attachment fences one volume: it is named after the volume (PV), so a
@@ -100,6 +119,7 @@ type AttachmentStatus struct {
 // +kubebuilder:resource:scope=Cluster,shortName=batt,categories=berth
 // +kubebuilder:printcolumn:name="Mode",type=string,JSONPath=`.spec.accessMode`
 // +kubebuilder:printcolumn:name="Holders",type=string,JSONPath=`.spec.holders`
+// +kubebuilder:printcolumn:name="Devices",type=string,JSONPath=`.status.devices`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type Attachment struct {
 	metav1.TypeMeta   `json:",inline"`

@@ -34,6 +34,9 @@ type Images interface {
 type Fencer interface {
 	Acquire(ctx context.Context, r fence.Request) error
 	Release(ctx context.Context, volume, node, mountDir string) error
+	// ReportStaged writes (or, with no device, clears) this node's entry in
+	// the Attachment's status.
+	ReportStaged(ctx context.Context, volume string, s fence.Staged) error
 }
 
 // Agent runs volume operations on one node.

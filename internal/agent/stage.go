@@ -183,6 +183,10 @@ func (a *Agent) stageDevice(ctx context.Context, r StageRequest, vol *v1.Volume,
 			a.log.Error(err, "volume staged, but its format is not recorded", "volume", r.VolumeID)
 		}
 	}
+	// Status tells; it holds nothing: a failed write does not undo the stage.
+	if err := a.fence.ReportStaged(ctx, r.VolumeID, fence.Staged{Node: a.node, DevicePath: dev, StagingPath: r.StagingPath}); err != nil {
+		a.log.Error(err, "volume staged, but the Attachment status does not say so", "volume", r.VolumeID)
+	}
 	a.log.Info("staged", "volume", r.VolumeID, "stagingPath", r.StagingPath, "device", dev)
 	return nil
 }
@@ -223,6 +227,9 @@ func (a *Agent) unstage(ctx context.Context, volumeID, stagingPath string) error
 	}
 	if err := a.fence.Release(ctx, volumeID, a.node, stagingPath); err != nil {
 		return fmt.Errorf("release fence of %s: %w", volumeID, err)
+	}
+	if err := a.fence.ReportStaged(ctx, volumeID, fence.Staged{Node: a.node}); err != nil {
+		a.log.Error(err, "volume unstaged, but the Attachment status still names this node", "volume", volumeID)
 	}
 	a.log.Info("unstaged", "volume", volumeID, "stagingPath", stagingPath, "device", dev)
 	return nil

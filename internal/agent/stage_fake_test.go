@@ -106,6 +106,8 @@ func (f *fakeFence) Release(_ context.Context, volume, _, mountDir string) error
 	return nil
 }
 
+func (f *fakeFence) ReportStaged(context.Context, string, fence.Staged) error { return nil }
+
 // failingMounter is a FakeMounter whose mounts fail.
 type failingMounter struct{ *mountutils.FakeMounter }
 

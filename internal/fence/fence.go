@@ -68,6 +68,7 @@ type Fencer struct {
 // policy (deploy/berth/templates/agent-admission.yaml) narrows these writes
 // to the agent's own node's records; the GC's rights are the operator's.
 // +kubebuilder:rbac:groups=berth.io,resources=attachments,verbs=get;list;create;update;delete
+// +kubebuilder:rbac:groups=berth.io,resources=attachments/status,verbs=get;update
 // +kubebuilder:rbac:groups=berth.io,resources=nodecleanups,verbs=get;list;create;update
 // +kubebuilder:rbac:groups=berth.io,resources=nodecleanups/status,verbs=get;update
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get

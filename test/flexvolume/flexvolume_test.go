@@ -333,6 +333,15 @@ func TestKubeletCalls(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dirA, "hello"), []byte("berth"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// The Attachment's status says where the volume is staged.
+	staged := &v1.Attachment{}
+	if err := f.env.Client.Get(context.Background(), client.ObjectKey{Name: "flex-rwop"}, staged); err != nil {
+		t.Fatal(err)
+	}
+	if st := staged.Status.Nodes; len(st) != 1 || st[0].Node != node || !strings.HasPrefix(st[0].DevicePath, "/dev/loop") ||
+		!st[0].Staged || st[0].StagingPath == "" || staged.Status.Devices != node+"="+st[0].DevicePath {
+		t.Errorf("Attachment status after mount: %+v", staged.Status)
+	}
 
 	res, _ = f.run(t, "mount", dirB, options(t, "web-b", uidB, "flex-rwop"))
 	want(t, "second pod's mount of a ReadWriteOncePod volume", res, flex.StatusFailure)
