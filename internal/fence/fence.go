@@ -38,7 +38,13 @@ type Options struct {
 	Backoff time.Duration
 	// MaxBackoff caps the wait (default 500ms).
 	MaxBackoff time.Duration
+	// StaleListTTL is how long the GC keeps the stale list of a node whose
+	// Node object is gone (default DefaultStaleListTTL).
+	StaleListTTL time.Duration
 }
+
+// DefaultStaleListTTL: a week, time for a node to be rebuilt under its name.
+const DefaultStaleListTTL = 7 * 24 * time.Hour
 
 func (o Options) withDefaults() Options {
 	if o.MaxRetries <= 0 {
@@ -49,6 +55,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.MaxBackoff <= 0 {
 		o.MaxBackoff = 500 * time.Millisecond
+	}
+	if o.StaleListTTL <= 0 {
+		o.StaleListTTL = DefaultStaleListTTL
 	}
 	return o
 }
@@ -178,15 +187,15 @@ func (f *Fencer) Release(ctx context.Context, volume, node, mountDir string) err
 	})
 }
 
-// deleteIfUnchanged deletes att only if nobody wrote it since it was read,
-// so that a hold granted meanwhile is never deleted with it.
-func deleteIfUnchanged(ctx context.Context, c client.Client, att *v1.Attachment) (bool, error) {
-	uid, rv := att.UID, att.ResourceVersion
-	err := c.Delete(ctx, att, client.Preconditions{UID: &uid, ResourceVersion: &rv})
+// deleteIfUnchanged deletes obj only if nobody wrote it since it was read,
+// so that a hold (or stale entry) written meanwhile is never deleted with it.
+func deleteIfUnchanged(ctx context.Context, c client.Client, obj client.Object) (bool, error) {
+	uid, rv := obj.GetUID(), obj.GetResourceVersion()
+	err := c.Delete(ctx, obj, client.Preconditions{UID: &uid, ResourceVersion: &rv})
 	if err == nil || apierrors.IsNotFound(err) {
 		return true, nil
 	}
-	return !raced(err), fmt.Errorf("delete attachment %s: %w", att.Name, err)
+	return !raced(err), fmt.Errorf("delete %s: %w", obj.GetName(), err)
 }
 
 // Holders returns the volume's holders and the mode they hold it under;

@@ -23,25 +23,33 @@ const DefaultGCInterval = 24 * time.Hour
 // StorageClusters (re-read each time, so a change applies after the
 // current wait). Rules, per entry:
 //
-//   - its node object is gone: a stage record moves to the node's stale list
-//     (the device and staging mount are berth's own, and a machine that
-//     re-registers under the same name must undo them); a pod entry is
-//     dropped (its bind mount lives in the pod's directory, which kubelet
-//     cleans up as orphaned when the node returns, through NodeUnpublish);
+//   - its node object is gone: the entry moves to the node's stale list, a
+//     pod entry as well as a stage record (as lock breaking does): a machine
+//     that re-registers under the same name must undo the bind mounts and
+//     the device, and kubelet's orphan cleanup may never call berth for a
+//     pod it no longer knows;
 //   - its pod is gone (not found, or a different UID under that name) on a
 //     live node: it moves to that node's stale list, so that the agent there
 //     unmounts what kubelet never unpublished;
 //   - anything else stays.
 //
-// An Attachment left with no entry is deleted.
+// An Attachment left with no entry is deleted. A stale list (NodeCleanup)
+// whose node object has been gone for longer than Options.StaleListTTL is
+// deleted: no agent will ever work it off. The GC marks when it first saw
+// the node gone (annotation NodeGoneSinceAnnotation) and lifts the mark
+// when the node is back.
 type GC struct {
 	c    client.Client
 	clk  clock.Clock
 	log  logr.Logger
 	opts Options
 
-	scanned, moved, dropped prometheus.Counter
+	scanned, moved, dropped, pruned prometheus.Counter
 }
+
+// NodeGoneSinceAnnotation on a NodeCleanup records when the GC first found
+// its node object gone (RFC 3339).
+const NodeGoneSinceAnnotation = "berth.io/node-gone-since"
 
 // NewGC returns the GC and registers its counters on reg (controller-runtime's
 // metrics.Registry in the operator).
@@ -54,8 +62,9 @@ func NewGC(c client.Client, clk clock.Clock, log logr.Logger, reg prometheus.Reg
 		scanned: counter("entries_scanned_total", "Attachment entries the GC looked at."),
 		moved:   counter("entries_moved_total", "Attachment entries the GC moved to a node's stale list."),
 		dropped: counter("entries_dropped_total", "Attachment entries the GC removed without a stale-list record."),
+		pruned:  counter("stale_lists_pruned_total", "Stale lists the GC deleted because their node was gone longer than the TTL."),
 	}
-	for _, m := range []prometheus.Collector{g.scanned, g.moved, g.dropped} {
+	for _, m := range []prometheus.Collector{g.scanned, g.moved, g.dropped, g.pruned} {
 		if err := reg.Register(m); err != nil {
 			return nil, fmt.Errorf("register attachment GC metrics: %w", err)
 		}
@@ -65,7 +74,7 @@ func NewGC(c client.Client, clk clock.Clock, log logr.Logger, reg prometheus.Reg
 
 // GCResult counts what one pass did.
 type GCResult struct {
-	Scanned, Moved, Dropped int
+	Scanned, Moved, Dropped, Pruned int
 }
 
 // Start runs a pass at once and then every interval until ctx ends
@@ -76,7 +85,7 @@ func (g *GC) Start(ctx context.Context) error {
 		if err != nil {
 			g.log.Error(err, "attachment GC pass failed")
 		} else {
-			g.log.Info("attachment GC pass", "scanned", res.Scanned, "moved", res.Moved, "dropped", res.Dropped)
+			g.log.Info("attachment GC pass", "scanned", res.Scanned, "moved", res.Moved, "dropped", res.Dropped, "pruned", res.Pruned)
 		}
 		interval, err := g.Interval(ctx)
 		if err != nil {
@@ -132,7 +141,66 @@ func (g *GC) RunOnce(ctx context.Context) (GCResult, error) {
 		g.moved.Add(float64(moved))
 		g.dropped.Add(float64(dropped))
 	}
-	return res, nil
+	pruned, err := g.pruneStaleLists(ctx, w)
+	res.Pruned = pruned
+	g.pruned.Add(float64(pruned))
+	return res, err
+}
+
+// pruneStaleLists marks the stale lists of gone nodes, unmarks those of
+// nodes that are back, and deletes those marked longer than the TTL ago.
+func (g *GC) pruneStaleLists(ctx context.Context, w *gcWorld) (int, error) {
+	var list v1.NodeCleanupList
+	if err := g.c.List(ctx, &list); err != nil {
+		return 0, fmt.Errorf("list nodecleanups: %w", err)
+	}
+	pruned := 0
+	now := g.clk.Now()
+	for i := range list.Items {
+		nc := &list.Items[i]
+		live, err := w.nodeExists(ctx, nc.Name)
+		if err != nil {
+			return pruned, err
+		}
+		since, marked := nc.Annotations[NodeGoneSinceAnnotation]
+		switch {
+		case live && marked:
+			delete(nc.Annotations, NodeGoneSinceAnnotation)
+			if err := g.c.Update(ctx, nc); err != nil && !raced(err) {
+				return pruned, fmt.Errorf("unmark nodecleanup %s: %w", nc.Name, err)
+			}
+		case live:
+		case !marked:
+			if nc.Annotations == nil {
+				nc.Annotations = map[string]string{}
+			}
+			nc.Annotations[NodeGoneSinceAnnotation] = now.UTC().Format(time.RFC3339)
+			if err := g.c.Update(ctx, nc); err != nil && !raced(err) {
+				return pruned, fmt.Errorf("mark nodecleanup %s: %w", nc.Name, err)
+			}
+		default:
+			t, err := time.Parse(time.RFC3339, since)
+			if err == nil && now.Sub(t) < g.opts.StaleListTTL {
+				continue
+			}
+			// A mark that does not parse was not written by us: start over
+			// rather than delete on it.
+			if err != nil {
+				nc.Annotations[NodeGoneSinceAnnotation] = now.UTC().Format(time.RFC3339)
+				if err := g.c.Update(ctx, nc); err != nil && !raced(err) {
+					return pruned, fmt.Errorf("mark nodecleanup %s: %w", nc.Name, err)
+				}
+				continue
+			}
+			if _, err := deleteIfUnchanged(ctx, g.c, nc); err != nil {
+				return pruned, err
+			}
+			pruned++
+			g.log.Info("stale list pruned: its node is gone", "node", nc.Name, "goneSince", since,
+				"entries", len(nc.Spec.Entries), "ttl", g.opts.StaleListTTL)
+		}
+	}
+	return pruned, nil
 }
 
 // sweep applies the rules to one Attachment, re-reading it after a lost race.
@@ -212,7 +280,7 @@ func (w *gcWorld) judge(ctx context.Context, e *v1.AttachmentEntry) (reason v1.C
 		return "", false, false, err
 	}
 	if !live {
-		return v1.ReasonNodeGone, e.IsStage(), !e.IsStage(), nil
+		return v1.ReasonNodeGone, true, false, nil
 	}
 	if e.IsStage() {
 		return "", false, false, nil

@@ -48,8 +48,8 @@ func counters(t *testing.T, reg *prometheus.Registry) [3]float64 {
 	return out
 }
 
-// TestGCNodeGone: the stage record of a gone node moves to its list, its pod
-// entries are dropped; a live node's entries stay.
+// TestGCNodeGone: the stage record and the pod entries of a gone node move
+// to its list; a live node's entries stay.
 func TestGCNodeGone(t *testing.T) {
 	g, reg := newGC(t)
 	cleanupVolume(t, "vol-gc1", "gc-gone")
@@ -65,16 +65,71 @@ func TestGCNodeGone(t *testing.T) {
 		mustAcquire(t, f, r)
 	}
 	res, err := g.RunOnce(ctxT(t))
-	if err != nil || res != (fence.GCResult{Scanned: 4, Moved: 1, Dropped: 1}) {
+	if err != nil || res.Scanned != 4 || res.Moved != 2 || res.Dropped != 0 {
 		t.Fatalf("RunOnce = %+v, %v", res, err)
 	}
-	if got := counters(t, reg); got != [3]float64{4, 1, 1} {
-		t.Fatalf("metrics scanned/moved/dropped = %v, want [4 1 1]", got)
+	if got := counters(t, reg); got != [3]float64{4, 2, 0} {
+		t.Fatalf("metrics scanned/moved/dropped = %v, want [4 2 0]", got)
 	}
 	wantHolders(t, "vol-gc1", "gc-live", "gc-live")
-	wantStale(t, "gc-gone", "vol-gc1", 1, v1.ReasonNodeGone)
-	if s := getCleanup(t, "gc-gone").Spec.Entries[0]; s.Pod != "" {
-		t.Fatalf("moved entry %+v, want the stage record", s)
+	wantStale(t, "gc-gone", "vol-gc1", 2, v1.ReasonNodeGone)
+	pods := 0
+	for _, s := range getCleanup(t, "gc-gone").Spec.Entries {
+		if s.Pod == "default/gc-gone-pod" {
+			pods++
+		}
+	}
+	if pods != 1 {
+		t.Fatalf("moved entries %+v, want the stage record and the pod's", getCleanup(t, "gc-gone").Spec.Entries)
+	}
+}
+
+// TestGCPrunesStaleListsOfGoneNodes: a stale list whose node is gone is
+// marked at the first pass and deleted once the TTL has passed; the mark of
+// a node that came back is lifted and its list stays.
+func TestGCPrunesStaleListsOfGoneNodes(t *testing.T) {
+	needEnv(t)
+	clk := clocktesting.NewFakeClock(time.Now())
+	g, err := fence.NewGC(env.Client, clk, testr.New(t), prometheus.NewRegistry(), fence.Options{StaleListTTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t)
+	entry := v1.StaleAttachment{Volume: "vol-x", MountDir: "/var/lib/kubelet/plugins/berth.io/pv/x/globalmount",
+		Reason: v1.ReasonNodeGone, FoundAt: metav1.Now()}
+	mkNode(t, "prune-back")
+	for _, name := range []string{"prune-gone", "prune-back"} {
+		nc := &v1.NodeCleanup{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1.NodeCleanupSpec{Entries: []v1.StaleAttachment{entry}}}
+		if name == "prune-back" {
+			nc.Annotations = map[string]string{fence.NodeGoneSinceAnnotation: clk.Now().Add(-48 * time.Hour).UTC().Format(time.RFC3339)}
+		}
+		if err := env.Client.Create(ctx, nc); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = env.Client.Delete(ctxT(t), nc) })
+	}
+	if res, err := g.RunOnce(ctx); err != nil || res.Pruned != 0 {
+		t.Fatalf("first pass: %+v, %v", res, err)
+	}
+	if _, marked := getCleanup(t, "prune-gone").Annotations[fence.NodeGoneSinceAnnotation]; !marked {
+		t.Fatal("the gone node's stale list is not marked")
+	}
+	if _, marked := getCleanup(t, "prune-back").Annotations[fence.NodeGoneSinceAnnotation]; marked {
+		t.Fatal("the mark of a node that is back stays")
+	}
+	clk.Step(59 * time.Minute)
+	if res, err := g.RunOnce(ctx); err != nil || res.Pruned != 0 {
+		t.Fatalf("pass within the TTL: %+v, %v", res, err)
+	}
+	clk.Step(2 * time.Minute)
+	if res, err := g.RunOnce(ctx); err != nil || res.Pruned != 1 {
+		t.Fatalf("pass after the TTL: %+v, %v", res, err)
+	}
+	if err := env.Client.Get(ctx, clientKey("prune-gone"), &v1.NodeCleanup{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("the gone node's stale list after the TTL: %v", err)
+	}
+	if len(getCleanup(t, "prune-back").Spec.Entries) != 1 {
+		t.Fatal("the stale list of a live node was touched")
 	}
 }
 
@@ -139,5 +194,5 @@ func TestGCInterval(t *testing.T) {
 	waitFor(t, "first sweep", clk.HasWaiters)
 	mustAcquire(t, f, podReq("vol-gc4", "gc-tick", fakePod("gc-tick-pod"), v1.ReadWriteOnce)) // node gone
 	clk.Step(3 * time.Second)
-	waitFor(t, "sweep after 3s", func() bool { return counters(t, reg)[2] >= 1 })
+	waitFor(t, "sweep after 3s", func() bool { return counters(t, reg)[1] >= 1 })
 }

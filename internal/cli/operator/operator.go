@@ -11,6 +11,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/berth-io/berth/internal/fence"
 
@@ -45,8 +46,10 @@ type Config struct {
 	LeaderElect bool
 	MetricsAddr string
 	HealthAddr  string
-	Rest        *rest.Config
-	Log         logr.Logger
+	// StaleListTTL: how long the GC keeps the stale list of a deleted node.
+	StaleListTTL time.Duration
+	Rest         *rest.Config
+	Log          logr.Logger
 }
 
 // Run runs the manager until ctx ends.
@@ -135,6 +138,7 @@ func Flags(fs *flag.FlagSet, cfg *Config, env func(string) string) {
 	fs.BoolVar(&cfg.LeaderElect, "leader-elect", true, "elect a leader among operator replicas (a Lease in --namespace)")
 	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", "0", "metrics listen address; 0 disables")
 	fs.StringVar(&cfg.HealthAddr, "health-addr", ":8081", "health probe listen address; 0 disables")
+	fs.DurationVar(&cfg.StaleListTTL, "stale-list-ttl", fence.DefaultStaleListTTL, "how long the attachment GC keeps the stale list (NodeCleanup) of a node whose Node object is gone")
 }
 
 // Command is `berth operator`.
@@ -173,7 +177,7 @@ func Command() cli.Command {
 // StorageCluster.spec.attachmentGC.interval and moves or drops entries whose
 // node or pod is gone.
 // +kubebuilder:rbac:groups=berth.io,resources=attachments,verbs=get;list;watch;update;patch;delete
-// +kubebuilder:rbac:groups=berth.io,resources=nodecleanups,verbs=get;list;watch;create;update;patch
+// +kubebuilder:rbac:groups=berth.io,resources=nodecleanups,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=berth.io,resources=storageclusters,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
@@ -184,7 +188,7 @@ func (c Config) addAttachmentGC(mgr ctrl.Manager) error {
 	if err != nil {
 		return fmt.Errorf("kubernetes client: %w", err)
 	}
-	gc, err := fence.NewGC(direct, clock.RealClock{}, c.Log.WithName("attachment-gc"), metrics.Registry, fence.Options{})
+	gc, err := fence.NewGC(direct, clock.RealClock{}, c.Log.WithName("attachment-gc"), metrics.Registry, fence.Options{StaleListTTL: c.StaleListTTL})
 	if err != nil {
 		return err
 	}
