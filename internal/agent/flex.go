@@ -2,11 +2,13 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 
 	"github.com/berth-io/berth/internal/fence"
 	"github.com/berth-io/berth/internal/flexvolume"
+	"github.com/berth-io/berth/internal/mount"
 )
 
 // Holdings lists what this node holds (the Attachments' entries).
@@ -104,12 +106,7 @@ func (a *Agent) FlexUnmount(ctx context.Context, mountDir string) error {
 		}
 	}
 	if volume == "" {
-		// No record: a repeat after success, or a mount dir berth never
-		// mounted. Make sure nothing of ours is left mounted there.
-		if err := a.mounts.Unpublish(ctx, mountDir); err != nil {
-			return fmt.Errorf("unmount %s: %w", mountDir, err)
-		}
-		return nil
+		return a.flexUnmountUnrecorded(ctx, mountDir)
 	}
 	if err := checkVolumeName(volume); err != nil {
 		return err // an Attachment's name: it must not steer the staging path
@@ -133,6 +130,44 @@ func (a *Agent) FlexUnmount(ctx context.Context, mountDir string) error {
 	}
 	staging := a.flexStaging(volume)
 	return a.unstage(ctx, volume, staging)
+}
+
+// flexUnmountUnrecorded unmounts a mount dir that no Attachment entry names:
+// a repeat after success, a mount dir berth never mounted, or a record that
+// was lost (an Attachment deleted by hand, say). The mount table still tells
+// what the dir shows: if it is one of berth's Flexvolume stagings, the
+// volume is unstaged once no other pod's mount of it remains, so that a lost
+// record never leaks a staging mount and a loop device.
+func (a *Agent) flexUnmountUnrecorded(ctx context.Context, mountDir string) error {
+	staging, err := a.mounts.StagingOf(ctx, mountDir, a.flex.StagingRoot)
+	if err != nil {
+		return fmt.Errorf("find the staging of %s: %w", mountDir, err)
+	}
+	if err := a.mounts.Unpublish(ctx, mountDir); err != nil {
+		return fmt.Errorf("unmount %s: %w", mountDir, err)
+	}
+	if staging == "" {
+		return nil
+	}
+	volume := filepath.Base(staging)
+	if err := checkVolumeName(volume); err != nil {
+		return nil // not a staging berth made: nothing of ours to release
+	}
+	unlock, err := a.lock(volume)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	a.log.Info("flexvolume unmount without a record: releasing the staging the mount table names",
+		"mountDir", mountDir, "volume", volume, "stagingPath", staging)
+	if err := a.unstage(ctx, volume, staging); err != nil {
+		if errors.Is(err, mount.ErrInUse) {
+			a.log.Info("staging kept: still in use", "volume", volume, "reason", err.Error())
+			return nil
+		}
+		return err
+	}
+	return nil
 }
 
 // Holds lists what this node holds, for the agent socket's list operation.

@@ -258,3 +258,26 @@ func (m *Manager) unmountAll(path string) error {
 	}
 	return fmt.Errorf("%s is still mounted after repeated unmounts: %w", path, ErrInUse)
 }
+
+// StagingOf finds the staging mount, directly below stagingRoot, of the
+// filesystem that target shows (a pod's bind mount of it): the answer to
+// "what was this staged from" when no record says. "" when target is not
+// mounted or shows nothing staged there.
+func (m *Manager) StagingOf(_ context.Context, target, stagingRoot string) (string, error) {
+	mis, err := m.mountInfo()
+	if err != nil {
+		return "", err
+	}
+	mi := mountAt(mis, canonical(target))
+	if mi == nil {
+		return "", nil
+	}
+	root := canonical(stagingRoot)
+	for i := range mis {
+		o := &mis[i]
+		if o.Major == mi.Major && o.Minor == mi.Minor && o.Root == mi.Root && filepath.Dir(o.MountPoint) == root {
+			return o.MountPoint, nil
+		}
+	}
+	return "", nil
+}
