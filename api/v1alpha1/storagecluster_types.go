@@ -80,6 +80,14 @@ type StorageClusterSpec struct {
 	// +kubebuilder:default=Detach
 	// +optional
 	CleanupPolicy CleanupPolicy `json:"cleanupPolicy,omitempty"`
+
+	// CleanupTimeout bounds how long deletion (policy Detach) waits for the
+	// agents of the nodes that hold this cluster's volumes (default 5m).
+	// After it, those nodes' entries move to their stale lists, which each
+	// agent works off when it is back, and the cluster goes: a node whose
+	// agent is down never holds a deletion up.
+	// +optional
+	CleanupTimeout *metav1.Duration `json:"cleanupTimeout,omitempty"`
 }
 
 // AgentSpec places the node agent DaemonSet.

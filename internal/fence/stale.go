@@ -81,3 +81,47 @@ func attachmentRef(name, uid string) *corev1.ObjectReference {
 }
 
 func typesUID(s string) types.UID { return types.UID(s) }
+
+// EvictNode moves every entry that node holds on volume to the node's stale
+// list with reason, and removes them from the Attachment (deleting it when
+// nothing is left). It returns how many entries moved. For a caller that
+// gives up waiting for that node's agent (a deletion that must not hang);
+// the agent undoes the entries when it is back.
+func EvictNode(ctx context.Context, c client.Client, clk clock.Clock, opts Options, volume, node string, reason v1.CleanupReason) (int, error) {
+	opts = opts.withDefaults()
+	moved := 0
+	err := retry(ctx, clk, opts, "evict node "+node+" from "+volume, func() (bool, error) {
+		moved = 0
+		var att v1.Attachment
+		if found, err := lookup(ctx, c, "attachment", client.ObjectKey{Name: volume}, &att); !found {
+			return true, err
+		}
+		kept := att.Spec.Attachments[:0:0]
+		var stale []v1.StaleAttachment
+		for _, e := range att.Spec.Attachments {
+			if e.Node == node {
+				stale = append(stale, staleFrom(volume, e, reason, clk))
+			} else {
+				kept = append(kept, e)
+			}
+		}
+		if len(stale) == 0 {
+			return true, nil
+		}
+		// Stale list first: a crash in between leaves an entry the cleaner
+		// finds still held and drops, never a hold nobody undoes.
+		if err := addStale(ctx, c, clk, opts, node, stale); err != nil {
+			return true, err
+		}
+		moved = len(stale)
+		if len(kept) == 0 {
+			return deleteIfUnchanged(ctx, c, &att)
+		}
+		setEntries(&att, kept)
+		if err := c.Update(ctx, &att); err != nil {
+			return !raced(err), fmt.Errorf("update attachment %s: %w", volume, err)
+		}
+		return true, nil
+	})
+	return moved, err
+}

@@ -88,7 +88,13 @@ func (c Config) Run(ctx context.Context) error {
 			return err
 		}
 	}
-	r := &storagecluster.Reconciler{Client: mgr.GetClient(), Options: c.Cluster, Log: c.Log.WithName("storagecluster")}
+	// Moving entries off Attachments decides on fresh reads, not the cache.
+	direct, err := client.New(c.Rest, client.Options{Scheme: mgr.GetScheme()})
+	if err != nil {
+		return fmt.Errorf("kubernetes client: %w", err)
+	}
+	r := &storagecluster.Reconciler{Client: mgr.GetClient(), Options: c.Cluster, Log: c.Log.WithName("storagecluster"),
+		Direct: direct, Recorder: mgr.GetEventRecorderFor("berth-operator")}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return err
 	}

@@ -3,7 +3,9 @@ package storagecluster_test
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -84,13 +86,7 @@ func TestStorageClusterDeletionDetachWaitsForNodes(t *testing.T) {
 	node(t, "del-n1")
 	attachedVolume(t, "del-v1", "epsilon", "del-n1", "del-gone")
 	sc := newCluster(t, "epsilon", v1.StorageClusterSpec{})
-	eventually(t, "finalizer added", func(ctx context.Context) (bool, error) {
-		err := env.Client.Get(ctx, client.ObjectKeyFromObject(sc), sc)
-		return slices.Contains(sc.Finalizers, storagecluster.Finalizer), err
-	})
-	if err := env.Client.Delete(testCtx(t), sc); err != nil {
-		t.Fatal(err)
-	}
+	deleteOnceFinalized(t, sc)
 	eventually(t, "phase Deleting naming del-n1 only", func(ctx context.Context) (bool, error) {
 		err := env.Client.Get(ctx, client.ObjectKeyFromObject(sc), sc)
 		return sc.Status.Phase == v1.StorageClusterDeleting, err
@@ -116,13 +112,7 @@ func TestStorageClusterDeletionDetachNodeGone(t *testing.T) {
 	create(t, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "dg-n1"}})
 	attachedVolume(t, "dg-v1", "zeta", "dg-n1")
 	sc := newCluster(t, "zeta", v1.StorageClusterSpec{})
-	eventually(t, "finalizer added", func(ctx context.Context) (bool, error) {
-		err := env.Client.Get(ctx, client.ObjectKeyFromObject(sc), sc)
-		return slices.Contains(sc.Finalizers, storagecluster.Finalizer), err
-	})
-	if err := env.Client.Delete(testCtx(t), sc); err != nil {
-		t.Fatal(err)
-	}
+	deleteOnceFinalized(t, sc)
 	waitCondition(t, sc, v1.ConditionReady, metav1.ConditionFalse, storagecluster.ReasonDeleting)
 	// The node goes away without reporting: nobody is left to wait for.
 	if err := env.Client.Delete(testCtx(t), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "dg-n1"}}); err != nil {
@@ -134,10 +124,60 @@ func TestStorageClusterDeletionDetachNodeGone(t *testing.T) {
 	})
 }
 
+// TestStorageClusterDeletionDetachTimesOut: a node whose agent never reports
+// (down) does not hold the deletion past spec.cleanupTimeout: its entries on
+// the cluster's volumes move to its stale list (reason ClusterDeleted), the
+// cluster goes, and an Event says so. Another cluster's volume on the same
+// node stays held.
+func TestStorageClusterDeletionDetachTimesOut(t *testing.T) {
+	node(t, "to-n1")
+	attachedVolume(t, "to-v1", "theta", "to-n1")
+	attachedVolume(t, "to-other", "iota", "to-n1")
+	t.Cleanup(func() {
+		_ = env.Client.Delete(context.Background(), &v1.NodeCleanup{ObjectMeta: metav1.ObjectMeta{Name: "to-n1"}})
+	})
+	sc := newCluster(t, "theta", v1.StorageClusterSpec{CleanupTimeout: &metav1.Duration{Duration: 2 * time.Second}})
+	deleteOnceFinalized(t, sc)
+	waitCondition(t, sc, v1.ConditionReady, metav1.ConditionFalse, storagecluster.ReasonDeleting)
+	eventually(t, "StorageCluster gone after the timeout", func(ctx context.Context) (bool, error) {
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(sc), sc)
+		return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
+	})
+	nc := &v1.NodeCleanup{}
+	if err := env.Client.Get(testCtx(t), client.ObjectKey{Name: "to-n1"}, nc); err != nil {
+		t.Fatalf("stale list of to-n1: %v", err)
+	}
+	if len(nc.Spec.Entries) != 1 || nc.Spec.Entries[0].Volume != "to-v1" || nc.Spec.Entries[0].Reason != v1.ReasonClusterDeleted {
+		t.Errorf("stale list %+v, want to-v1 with reason ClusterDeleted", nc.Spec.Entries)
+	}
+	if err := env.Client.Get(testCtx(t), client.ObjectKey{Name: "to-v1"}, &v1.Attachment{}); !apierrors.IsNotFound(err) {
+		t.Errorf("Attachment to-v1 after the timeout: %v, want gone", err)
+	}
+	other := &v1.Attachment{}
+	if err := env.Client.Get(testCtx(t), client.ObjectKey{Name: "to-other"}, other); err != nil || len(other.Spec.Attachments) != 1 {
+		t.Errorf("another cluster's Attachment: %+v %v, want untouched", other.Spec.Attachments, err)
+	}
+	eventually(t, "a CleanupTimedOut Event", func(ctx context.Context) (bool, error) {
+		var evs corev1.EventList
+		err := env.Client.List(ctx, &evs, client.MatchingFields{"involvedObject.name": "theta", "reason": storagecluster.EventCleanupTimedOut})
+		return len(evs.Items) == 1 && strings.Contains(evs.Items[0].Message, "to-n1"), err
+	})
+}
+
 func TestStorageClusterDeletionRetain(t *testing.T) {
 	node(t, "ret-n1")
 	attachedVolume(t, "ret-v1", "eta", "ret-n1")
 	sc := newCluster(t, "eta", v1.StorageClusterSpec{CleanupPolicy: v1.CleanupRetain})
+	deleteOnceFinalized(t, sc)
+	eventually(t, "StorageCluster gone at once", func(ctx context.Context) (bool, error) {
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(sc), sc)
+		return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
+	})
+}
+
+// deleteOnceFinalized deletes sc once the operator has put its finalizer on.
+func deleteOnceFinalized(t *testing.T, sc *v1.StorageCluster) {
+	t.Helper()
 	eventually(t, "finalizer added", func(ctx context.Context) (bool, error) {
 		err := env.Client.Get(ctx, client.ObjectKeyFromObject(sc), sc)
 		return slices.Contains(sc.Finalizers, storagecluster.Finalizer), err
@@ -145,10 +185,6 @@ func TestStorageClusterDeletionRetain(t *testing.T) {
 	if err := env.Client.Delete(testCtx(t), sc); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "StorageCluster gone at once", func(ctx context.Context) (bool, error) {
-		err := env.Client.Get(ctx, client.ObjectKeyFromObject(sc), sc)
-		return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
-	})
 }
 
 func readyMessage(sc *v1.StorageCluster) string {

@@ -20,6 +20,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -87,6 +89,13 @@ type Reconciler struct {
 	Log     logr.Logger
 	// CleanupPoll overrides DefaultCleanupPoll when set.
 	CleanupPoll time.Duration
+	// Direct reads from and writes to the API server uncached, for moving
+	// entries off Attachments (fencing decides on fresh reads); nil: Client.
+	Direct client.Client
+	// Recorder, when set, gets an Event when a deletion stops waiting.
+	Recorder record.EventRecorder
+	// Clock: the real one when nil.
+	Clock clock.Clock
 }
 
 // +kubebuilder:rbac:groups=berth.io,resources=storageclusters,verbs=get;list;watch;update;patch
@@ -162,15 +171,25 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, log logr.Logger, sc *v
 		return ctrl.Result{}, err
 	}
 	if len(pending) > 0 {
-		log.Info("waiting for agents to clean up", "nodes", pending)
-		if err := r.writeDeleting(ctx, sc, pending); err != nil {
+		timeout := DefaultCleanupTimeout
+		if t := sc.Spec.CleanupTimeout; t != nil && t.Duration > 0 {
+			timeout = t.Duration
+		}
+		waited := r.clock().Since(sc.DeletionTimestamp.Time)
+		if waited < timeout {
+			log.Info("waiting for agents to clean up", "nodes", pending, "timeout", timeout)
+			if err := r.writeDeleting(ctx, sc, pending); err != nil {
+				return ctrl.Result{}, err
+			}
+			poll := r.CleanupPoll
+			if poll <= 0 {
+				poll = DefaultCleanupPoll
+			}
+			return ctrl.Result{RequeueAfter: min(poll, timeout-waited)}, nil
+		}
+		if err := r.giveUp(ctx, log, sc, pending, timeout); err != nil {
 			return ctrl.Result{}, err
 		}
-		poll := r.CleanupPoll
-		if poll <= 0 {
-			poll = DefaultCleanupPoll
-		}
-		return ctrl.Result{RequeueAfter: poll}, nil
 	}
 	controllerutil.RemoveFinalizer(sc, Finalizer)
 	if err := r.Client.Update(ctx, sc); err != nil && !apierrors.IsNotFound(err) {
