@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Builds the pinned CSI sidecars (external-provisioner, external-resizer,
+# csi-snapshotter) and the cluster's snapshot-controller (same module as
 # csi-snapshotter) as static binaries from the Go module proxy into a cache
 # keyed by version, so that a second run only checks that they exist.
 #
 #   hack/csi-sidecars.sh [name ...]   default: csi-provisioner csi-resizer csi-snapshotter
+#                                     also: snapshot-controller
 #
 # Prints the cache folder on its last line. No registry is reachable here and
 # `go install` fails on these modules (replace directives), so each module is
@@ -27,6 +29,7 @@ module() {
 	csi-provisioner) echo "github.com/kubernetes-csi/external-provisioner/v5 $PROVISIONER_VERSION cmd/csi-provisioner" ;;
 	csi-resizer) echo "github.com/kubernetes-csi/external-resizer $RESIZER_VERSION cmd/csi-resizer" ;;
 	csi-snapshotter) echo "github.com/kubernetes-csi/external-snapshotter/v8 $SNAPSHOTTER_VERSION cmd/csi-snapshotter" ;;
+	snapshot-controller) echo "github.com/kubernetes-csi/external-snapshotter/v8 $SNAPSHOTTER_VERSION cmd/snapshot-controller" ;;
 	*) log "unknown sidecar: $1"; exit 2 ;;
 	esac
 }

@@ -18,6 +18,7 @@ t0=$SECONDS
 KUBECTL=
 [ -f "$WORKDIR/kube-bin" ] && KUBECTL="$(cat "$WORKDIR/kube-bin")/kubectl"
 
+"$HERE/snapshots.sh" down # its Deployment, so that no pod comes back
 # 1. Pods first, through the API, while kubelet still runs: kubelet then
 #    unmounts their volumes and tears their sandboxes down properly.
 if [ -x "$KUBECTL" ] && pid_of kubelet >/dev/null && kctl get --raw /readyz >/dev/null 2>&1; then

@@ -172,6 +172,7 @@ start kubelet "$KUBE_BIN/kubelet" \
 wait_for "node $NODE_NAME Ready" 120 kubelet \
 	sh -c "'$KUBECTL' --kubeconfig '$KUBECONFIG_ADMIN' get node '$NODE_NAME' -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' | grep -qx True"
 wait_for "default service account" 60 kube-controller-manager kctl -n default get serviceaccount default
+"$HERE/snapshots.sh" up # VolumeSnapshot CRDs and snapshot-controller
 
 cat >"$WORKDIR/cluster.env.tmp" <<ENV
 # Written by hack/cluster/up.sh; shell-sourceable KEY=value lines.

@@ -42,6 +42,7 @@ func (r *Reconciler) apply(ctx context.Context, sc *v1.StorageCluster) (observed
 		cls.Name = StorageClassName(m)
 		errs = append(errs, r.ensure(ctx, sc, cls, func() { r.storageClass(sc, cls, m) }))
 	}
+	errs = append(errs, r.ensureSnapshotClass(ctx, sc))
 	return obs, errors.Join(errs...)
 }
 

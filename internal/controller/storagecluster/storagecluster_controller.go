@@ -1,6 +1,7 @@
 // Package storagecluster is the operator's StorageCluster reconciler: it
 // turns each StorageCluster into the agent and keeper DaemonSets, the CSI
-// controller Deployment, the CSIDriver and the default StorageClasses, keeps
+// controller Deployment, the CSIDriver, the default StorageClasses and (where
+// the snapshot API is served) the VolumeSnapshotClass, keeps
 // them as specified, reports their readiness, and runs the cleanup rule on
 // deletion.
 //
@@ -109,6 +110,11 @@ type Reconciler struct {
 // +kubebuilder:rbac:groups=storage.k8s.io,resources=csidrivers;storageclasses,verbs=list;watch;create
 // +kubebuilder:rbac:groups=storage.k8s.io,resources=csidrivers,verbs=get;update;patch;delete,resourceNames=berth.io
 // +kubebuilder:rbac:groups=storage.k8s.io,resources=storageclasses,verbs=get;update;patch;delete,resourceNames=berth;berth-userspace
+// The VolumeSnapshotClass, where the snapshot API is served; the CRDs'
+// metadata tell when it is installed.
+// +kubebuilder:rbac:groups=snapshot.storage.k8s.io,resources=volumesnapshotclasses,verbs=list;watch;create
+// +kubebuilder:rbac:groups=snapshot.storage.k8s.io,resources=volumesnapshotclasses,verbs=get;update;patch;delete,resourceNames=berth
+// +kubebuilder:rbac:groups=apiextensions.k8s.io,resources=customresourcedefinitions,verbs=list;watch
 
 // SetupWithManager registers the reconciler; Owns() brings back owned
 // objects that someone deletes and reacts to their status.
@@ -116,14 +122,14 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if err := r.Options.Validate(); err != nil {
 		return fmt.Errorf("storagecluster options: %w", err)
 	}
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		For(&v1.StorageCluster{}).
 		Owns(&appsv1.DaemonSet{}).
 		Owns(&appsv1.Deployment{}).
 		Owns(&storagev1.CSIDriver{}).
 		Owns(&storagev1.StorageClass{}).
-		Named("storagecluster").
-		Complete(r)
+		Named("storagecluster")
+	return r.watchSnapshotClasses(b, mgr.GetRESTMapper()).Complete(r)
 }
 
 // Reconcile implements reconcile.Reconciler.
