@@ -69,8 +69,11 @@ func (b *Builder) BusyboxSpec(busybox, tag string) (Spec, error) {
 // them: Debian's links 80 MiB of Ceph and Gluster libraries; pass it as an
 // extra tool when an image needs it.
 func BerthTools() (required, optional []string) {
-	return []string{"losetup", "mkfs.ext4", "mkfs.xfs", "resize2fs", "xfs_growfs", "blkid", "mount", "umount"},
-		[]string{"e2fsck", "fsck", "fsck.ext4", "xfs_repair", "blockdev", "nsenter"}
+	// Stage grows an existing ext4 (a restore, a clone, a grown volume)
+	// with dumpe2fs, blockdev, e2fsck and resize2fs: all required.
+	return []string{"losetup", "mkfs.ext4", "mkfs.xfs", "resize2fs", "xfs_growfs", "blkid", "mount", "umount",
+			"dumpe2fs", "e2fsck", "blockdev"},
+		[]string{"fsck", "fsck.ext4", "xfs_repair", "nsenter"}
 }
 
 // BerthSpec is the berth image: the static berth binary at
