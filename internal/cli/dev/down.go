@@ -3,8 +3,12 @@ package dev
 import (
 	"context"
 	"errors"
+	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -45,18 +49,25 @@ func (c Config) Down(ctx context.Context) error {
 
 func (c Config) deleteConsumers(ctx context.Context, k kubectl) {
 	_, _ = k.run(ctx, nil, "delete", "namespace", DemoNamespace, "--ignore-not-found", "--wait=false")
-	// Every pod outside berth's namespace may hold a berth volume.
 	_ = c.waitFor(ctx, "consumer pods gone", func(ctx context.Context) (bool, string) {
-		out, err := k.run(ctx, nil, "get", "pods", "-A", "-o",
-			`jsonpath={range .items[?(@.metadata.namespace!="`+Namespace+`")]}{.metadata.namespace}/{.metadata.name} {end}`)
+		out, err := k.run(ctx, nil, "get", "pods", "-A", "-o", "json")
 		if err != nil {
 			return false, err.Error()
 		}
-		if out == "" {
+		pods, err := consumers([]byte(out))
+		if err != nil {
+			return false, err.Error()
+		}
+		if len(pods) == 0 {
 			return true, ""
 		}
-		_, _ = k.run(ctx, nil, "delete", "pods", "-A", "--field-selector", "metadata.namespace!="+Namespace, "--wait=false", "--grace-period=5")
-		return false, "left: " + out
+		left := ""
+		for _, ns := range slices.Sorted(maps.Keys(pods)) {
+			names := pods[ns]
+			_, _ = k.run(ctx, nil, append([]string{"-n", ns, "delete", "pods", "--ignore-not-found", "--wait=false", "--grace-period=5"}, names...)...)
+			left += fmt.Sprintf(" %s/%s", ns, strings.Join(names, ","))
+		}
+		return false, "left:" + left
 	})
 	// PVs with reclaim Delete go while the controller still runs.
 	_, _ = k.run(ctx, nil, "delete", "pvc", "-A", "--all", "--wait=false")
