@@ -10,11 +10,14 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
+
+	"github.com/berth-io/berth/internal/metrics"
 )
 
 // Services are the CSI services one endpoint serves; nil ones are left out.
@@ -44,9 +47,10 @@ func Listen(endpoint string) (net.Listener, error) {
 	return l, nil
 }
 
-// NewServer returns a gRPC server with the given services and a logging interceptor.
-func NewServer(log logr.Logger, s Services) *grpc.Server {
-	srv := grpc.NewServer(grpc.UnaryInterceptor(logCalls(log)))
+// NewServer returns a gRPC server with the given services, a logging
+// interceptor and, with m set, one that counts and times every call.
+func NewServer(log logr.Logger, m *metrics.Ops, s Services) *grpc.Server {
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(observeCalls(m), logCalls(log)))
 	if s.Identity != nil {
 		csi.RegisterIdentityServer(srv, s.Identity)
 	}
@@ -77,11 +81,25 @@ func Serve(ctx context.Context, srv *grpc.Server, l net.Listener) error {
 	return err
 }
 
+// observeCalls records each call's method, gRPC code and latency. The
+// method names are those of the registered services, a bounded set: calls
+// to unknown methods never reach a unary interceptor.
+func observeCalls(m *metrics.Ops) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		start := time.Now()
+		resp, err := handler(ctx, req)
+		m.Observe(methodName(info.FullMethod), status.Code(err).String(), time.Since(start))
+		return resp, err
+	}
+}
+
+func methodName(full string) string { return full[strings.LastIndex(full, "/")+1:] }
+
 // logCalls logs every call with its outcome. Requests are not logged whole:
 // they may carry secrets.
 func logCalls(log logr.Logger) grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		method := info.FullMethod[strings.LastIndex(info.FullMethod, "/")+1:]
+		method := methodName(info.FullMethod)
 		l := log.WithValues("method", method)
 		if id := volumeIDOf(req); id != "" {
 			l = l.WithValues("volume", id)

@@ -117,6 +117,7 @@ func (f *Fencer) moveToStale(ctx context.Context, volume string, bs []broken) er
 			return err
 		}
 		f.log.Info("fence broken", "volume", volume, "node", b.node, "reason", b.reason, "entries", len(b.entries))
+		f.opts.Metrics.Broke(string(b.reason))
 		f.rec.Eventf(attachmentRef(volume, ""), corev1.EventTypeWarning, EventBroken,
 			"took over %d entries of node %s: %s", len(b.entries), b.node, b.reason)
 	}

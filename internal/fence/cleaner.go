@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/metrics"
 )
 
 // Undoer undoes one stale entry on this node: unmount the pod directory or
@@ -38,6 +39,8 @@ type CleanerOptions struct {
 	LockWait time.Duration
 	// Retry tunes the optimistic-concurrency retries.
 	Retry Options
+	// Metrics, when set, counts passes and entries processed.
+	Metrics *metrics.Cleanup
 }
 
 // Cleaner works through one node's stale-attachment list (the NodeCleanup
@@ -105,6 +108,12 @@ func (cl *Cleaner) NeedLeaderElection() bool { return false }
 // entry lost its race and never landed): it is dropped without undo.
 // Every other entry is undone, then removed; a failed undo stays listed.
 func (cl *Cleaner) RunOnce(ctx context.Context) (CleanResult, error) {
+	res, err := cl.runOnce(ctx)
+	cl.opts.Metrics.Pass(err, res.Undone, res.Dropped, res.Failed, res.Refused)
+	return res, err
+}
+
+func (cl *Cleaner) runOnce(ctx context.Context) (CleanResult, error) {
 	var res CleanResult
 	var nc v1.NodeCleanup
 	if found, err := lookup(ctx, cl.c, "nodecleanup", client.ObjectKey{Name: cl.node}, &nc); !found {

@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/metrics"
 )
 
 // Options tune the optimistic-concurrency retries.
@@ -41,6 +42,8 @@ type Options struct {
 	// StaleListTTL is how long the GC keeps the stale list of a node whose
 	// Node object is gone (default DefaultStaleListTTL).
 	StaleListTTL time.Duration
+	// Metrics, when set, counts the Fencer's decisions and lock breaks.
+	Metrics *metrics.Fence
 }
 
 // DefaultStaleListTTL: a week, time for a node to be rebuilt under its name.
@@ -96,12 +99,27 @@ func New(c client.Client, rec record.EventRecorder, clk clock.Clock, log logr.Lo
 // *ConflictError naming the holder that excludes it. Asking again for a hold
 // already granted returns nil.
 func (f *Fencer) Acquire(ctx context.Context, req Request) error {
-	if err := req.validate(); err != nil {
-		return err
+	start := f.clk.Now()
+	err := req.validate()
+	if err == nil {
+		err = retry(ctx, f.clk, f.opts, "acquire "+req.Volume, func() (bool, error) {
+			return f.tryAcquire(ctx, &req)
+		})
 	}
-	return retry(ctx, f.clk, f.opts, "acquire "+req.Volume, func() (bool, error) {
-		return f.tryAcquire(ctx, &req)
-	})
+	f.opts.Metrics.Acquired(acquireResult(err), f.clk.Since(start))
+	return err
+}
+
+func acquireResult(err error) string {
+	switch {
+	case err == nil:
+		return metrics.AcquireGranted
+	case IsConflict(err):
+		return metrics.AcquireConflict
+	case errors.Is(err, ErrInvalid):
+		return metrics.AcquireInvalid
+	}
+	return metrics.AcquireError
 }
 
 // tryAcquire makes one decision on one read. done=false asks for a re-read.
@@ -159,6 +177,12 @@ func (f *Fencer) tryAcquire(ctx context.Context, req *Request) (done bool, err e
 // Release removes the (node, mountDir) entry of the volume; the last release
 // deletes the Attachment. Releasing what is not held returns nil.
 func (f *Fencer) Release(ctx context.Context, volume, node, mountDir string) error {
+	err := f.release(ctx, volume, node, mountDir)
+	f.opts.Metrics.Released(err)
+	return err
+}
+
+func (f *Fencer) release(ctx context.Context, volume, node, mountDir string) error {
 	if volume == "" || node == "" || mountDir == "" {
 		return fmt.Errorf("%w: release needs volume, node and mountDir (got %q, %q, %q)", ErrInvalid, volume, node, mountDir)
 	}

@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/metrics"
 )
 
 // DefaultGCInterval applies when no StorageCluster sets spec.attachmentGC.interval.
@@ -44,32 +45,21 @@ type GC struct {
 	log  logr.Logger
 	opts Options
 
-	scanned, moved, dropped, pruned prometheus.Counter
+	m *metrics.GC
 }
 
 // NodeGoneSinceAnnotation on a NodeCleanup records when the GC first found
 // its node object gone (RFC 3339).
 const NodeGoneSinceAnnotation = "berth.io/node-gone-since"
 
-// NewGC returns the GC and registers its counters on reg (controller-runtime's
-// metrics.Registry in the operator).
+// NewGC returns the GC and registers its metrics (internal/metrics.GC) on
+// reg (controller-runtime's metrics.Registry in the operator).
 func NewGC(c client.Client, clk clock.Clock, log logr.Logger, reg prometheus.Registerer, opts Options) (*GC, error) {
-	counter := func(name, help string) prometheus.Counter {
-		return prometheus.NewCounter(prometheus.CounterOpts{Namespace: "berth", Subsystem: "attachment_gc", Name: name, Help: help})
+	m, err := metrics.NewGC(reg)
+	if err != nil {
+		return nil, err
 	}
-	g := &GC{
-		c: c, clk: clk, log: log, opts: opts.withDefaults(),
-		scanned: counter("entries_scanned_total", "Attachment entries the GC looked at."),
-		moved:   counter("entries_moved_total", "Attachment entries the GC moved to a node's stale list."),
-		dropped: counter("entries_dropped_total", "Attachment entries the GC removed without a stale-list record."),
-		pruned:  counter("stale_lists_pruned_total", "Stale lists the GC deleted because their node was gone longer than the TTL."),
-	}
-	for _, m := range []prometheus.Collector{g.scanned, g.moved, g.dropped, g.pruned} {
-		if err := reg.Register(m); err != nil {
-			return nil, fmt.Errorf("register attachment GC metrics: %w", err)
-		}
-	}
-	return g, nil
+	return &GC{c: c, clk: clk, log: log, opts: opts.withDefaults(), m: m}, nil
 }
 
 // GCResult counts what one pass did.
@@ -123,6 +113,13 @@ func (g *GC) Interval(ctx context.Context) (time.Duration, error) {
 
 // RunOnce sweeps every Attachment once.
 func (g *GC) RunOnce(ctx context.Context) (GCResult, error) {
+	start := g.clk.Now()
+	res, err := g.runOnce(ctx)
+	g.m.Run(err, g.clk.Since(start))
+	return res, err
+}
+
+func (g *GC) runOnce(ctx context.Context) (GCResult, error) {
 	var res GCResult
 	var list v1.AttachmentList
 	if err := g.c.List(ctx, &list); err != nil {
@@ -131,19 +128,18 @@ func (g *GC) RunOnce(ctx context.Context) (GCResult, error) {
 	w := &gcWorld{c: g.c, nodes: map[string]bool{}}
 	for _, att := range list.Items {
 		res.Scanned += len(att.Spec.Attachments)
-		g.scanned.Add(float64(len(att.Spec.Attachments)))
 		moved, dropped, err := g.sweep(ctx, w, att.Name)
 		if err != nil {
+			g.m.Entries(len(att.Spec.Attachments), 0, 0)
 			return res, err
 		}
+		g.m.Entries(len(att.Spec.Attachments), moved, dropped)
 		res.Moved += moved
 		res.Dropped += dropped
-		g.moved.Add(float64(moved))
-		g.dropped.Add(float64(dropped))
 	}
 	pruned, err := g.pruneStaleLists(ctx, w)
 	res.Pruned = pruned
-	g.pruned.Add(float64(pruned))
+	g.m.Pruned(pruned)
 	return res, err
 }
 

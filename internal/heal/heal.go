@@ -19,6 +19,7 @@ import (
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/agent"
 	"github.com/berth-io/berth/internal/fence"
+	"github.com/berth-io/berth/internal/metrics"
 )
 
 // Event reasons on the Volume.
@@ -56,6 +57,8 @@ type Healer struct {
 	// BusyRetry is how soon a pass runs again when a volume was busy
 	// (another operation held its lock), even with Interval 0 (0: 5s).
 	BusyRetry time.Duration
+	// Metrics, when set, counts passes and volumes healed.
+	Metrics *metrics.Heal
 
 	mu sync.Mutex
 	// warned is the last warning reason per volume, so that a lasting
@@ -106,6 +109,7 @@ func (h *Healer) Pass(ctx context.Context) (Summary, error) {
 	listCtx, cancel := context.WithTimeout(ctx, h.timeout())
 	holds, err := h.Holdings.ListForNode(listCtx, h.Node)
 	cancel()
+	h.Metrics.Pass(err)
 	if err != nil {
 		return nil, err
 	}
@@ -152,6 +156,11 @@ func (h *Healer) heal(ctx context.Context, id string) agent.HealResult {
 	log := h.Log.WithValues("volume", id)
 	start := time.Now()
 	vol, res, err := h.Volumes.Heal(ctx, id)
+	outcome := string(res)
+	if err != nil && !errors.Is(err, agent.ErrBusy) {
+		outcome = metrics.HealFailed
+	}
+	h.Metrics.Volume(outcome, time.Since(start))
 	if err == nil {
 		h.clear(id)
 		if res == agent.HealRestarted {

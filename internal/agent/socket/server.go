@@ -17,6 +17,7 @@ import (
 	"github.com/berth-io/berth/internal/agent"
 	"github.com/berth-io/berth/internal/fence"
 	"github.com/berth-io/berth/internal/flexvolume"
+	"github.com/berth-io/berth/internal/metrics"
 	"github.com/berth-io/berth/internal/mount"
 	"github.com/berth-io/berth/internal/rootsock"
 )
@@ -38,6 +39,8 @@ type Server struct {
 	OpTimeout time.Duration
 	// MaxConns bounds the clients served at once (0: DefaultMaxConns).
 	MaxConns int
+	// Metrics, when set, counts and times every answered request.
+	Metrics *metrics.Ops
 }
 
 // DefaultMaxConns bounds the agent socket's clients at once: kubelet runs
@@ -80,7 +83,13 @@ func (s *Server) maxConns() int {
 }
 
 func (s *Server) handle(ctx context.Context, c *net.UnixConn) {
-	resp := s.answer(ctx, c)
+	start := time.Now()
+	op, resp := s.answer(ctx, c)
+	code := resp.Code
+	if resp.OK {
+		code = metrics.CodeOK
+	}
+	s.Metrics.Observe(op, code, time.Since(start))
 	// A client that stopped reading must not hold a slot.
 	_ = c.SetWriteDeadline(time.Now().Add(s.ReadTimeout))
 	if err := json.NewEncoder(c).Encode(resp); err != nil {
@@ -88,22 +97,34 @@ func (s *Server) handle(ctx context.Context, c *net.UnixConn) {
 	}
 }
 
-func (s *Server) answer(ctx context.Context, c *net.UnixConn) Response {
+// opUnknown labels requests refused before their op was known (or naming
+// an unknown one), so that a client cannot make up label values.
+const opUnknown = "unknown"
+
+// answer serves one connection's request and returns its op (for metrics)
+// with the response.
+func (s *Server) answer(ctx context.Context, c *net.UnixConn) (string, Response) {
 	uid, err := peerUID(c)
 	if err != nil {
-		return fail(CodeDenied, fmt.Sprintf("peer credentials: %v", err))
+		return opUnknown, fail(CodeDenied, fmt.Sprintf("peer credentials: %v", err))
 	}
 	if uid != 0 {
 		s.log.Info("refused a non-root client", "uid", uid)
-		return fail(CodeDenied, fmt.Sprintf("uid %d may not use the agent socket: root only", uid))
+		return opUnknown, fail(CodeDenied, fmt.Sprintf("uid %d may not use the agent socket: root only", uid))
 	}
 	req, err := s.read(c)
 	if err != nil {
-		return fail(CodeInvalid, err.Error())
+		return opUnknown, fail(CodeInvalid, err.Error())
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.OpTimeout)
 	defer cancel()
-	return s.do(ctx, req)
+	op := req.Op
+	switch op {
+	case OpHandshake, OpMount, OpUnmount:
+	default:
+		op = opUnknown
+	}
+	return op, s.do(ctx, req)
 }
 
 // read reads one request: one JSON object, at most MaxRequestBytes, within

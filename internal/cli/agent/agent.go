@@ -20,7 +20,9 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
@@ -35,12 +37,50 @@ import (
 	"github.com/berth-io/berth/internal/fence"
 	"github.com/berth-io/berth/internal/heal"
 	"github.com/berth-io/berth/internal/keeper"
+	"github.com/berth-io/berth/internal/metrics"
 	"github.com/berth-io/berth/internal/mount"
 	"github.com/berth-io/berth/internal/nbd"
 	"github.com/berth-io/berth/internal/nodepath"
 	"github.com/berth-io/berth/internal/scheme"
 	"github.com/berth-io/berth/internal/version"
 )
+
+// The agent's endpoints. It runs on the host network: ports that other
+// node daemons (kubelet 10248/10250, kube-proxy 10249/10256, node-exporter
+// 9100, CSI livenessprobe sidecars 9808) do not take.
+const (
+	DefaultMetricsAddr = ":9741"
+	DefaultHealthAddr  = ":9742"
+)
+
+// agentMetrics are the agent's metric groups, registered on
+// controller-runtime's registry, which the manager's metrics server serves.
+type agentMetrics struct {
+	csi, flex *metrics.Ops
+	fence     *metrics.Fence
+	heal      *metrics.Heal
+	cleanup   *metrics.Cleanup
+}
+
+func newAgentMetrics() (agentMetrics, error) {
+	var m agentMetrics
+	var err error
+	reg := ctrlmetrics.Registry
+	if m.csi, err = metrics.NewOps(reg, metrics.BoundaryCSI); err != nil {
+		return m, err
+	}
+	if m.flex, err = metrics.NewOps(reg, metrics.BoundaryFlexvolume); err != nil {
+		return m, err
+	}
+	if m.fence, err = metrics.NewFence(reg); err != nil {
+		return m, err
+	}
+	if m.heal, err = metrics.NewHeal(reg); err != nil {
+		return m, err
+	}
+	m.cleanup, err = metrics.NewCleanup(reg)
+	return m, err
+}
 
 // Config of the node agent.
 type Config struct {
@@ -60,8 +100,10 @@ type Config struct {
 	CapacityInterval time.Duration
 	// StaleInterval is how often this node's stale-attachment list is worked.
 	StaleInterval time.Duration
-	MetricsAddr   string
-	HealthAddr    string
+	// MetricsAddr serves /metrics, HealthAddr /healthz and /readyz; "0"
+	// turns either off.
+	MetricsAddr string
+	HealthAddr  string
 	// KeeperSocket is the keeper holding userspace volumes' FUSE connections.
 	KeeperSocket string
 	// BlockdevBinary runs `blockdev` servers; empty: this executable.
@@ -112,6 +154,13 @@ func (c Config) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("manager: %w", err)
 	}
+	m, err := newAgentMetrics()
+	if err != nil {
+		return err
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
 	images, err := backend.NewLocal(c.DataDir, c.Log.WithName("backend"))
 	if err != nil {
 		return err
@@ -124,7 +173,7 @@ func (c Config) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("kubernetes client: %w", err)
 	}
-	fencer := fence.New(direct, mgr.GetEventRecorderFor("berth-agent"), clock.RealClock{}, c.Log.WithName("fence"), fence.Options{})
+	fencer := fence.New(direct, mgr.GetEventRecorderFor("berth-agent"), clock.RealClock{}, c.Log.WithName("fence"), fence.Options{Metrics: m.fence})
 	flexStaging := filepath.Join(filepath.Clean(c.DataDir), "flex-staging")
 	paths, err := nodepath.New(c.KubeletDir, flexStaging)
 	if err != nil {
@@ -138,7 +187,11 @@ func (c Config) Run(ctx context.Context) error {
 		WithPaths(paths)
 	// Snapshots and clones hold their source still through the agent.
 	images.WithQuiescer(a)
-	if err := c.addUserspace(mgr, a, fencer); err != nil {
+	if err := c.addUserspace(mgr, a, fencer, m.heal); err != nil {
+		return err
+	}
+	// The node gauges read the cache of this node's Volumes at scrape time.
+	if _, err := metrics.NewNode(ctrlmetrics.Registry, nodeagent.NodeMetrics{Agent: a, Volumes: mgr.GetClient()}, c.Log.WithName("metrics")); err != nil {
 		return err
 	}
 
@@ -155,17 +208,19 @@ func (c Config) Run(ctx context.Context) error {
 	}
 	locks := a.Locks()
 	if err := mgr.Add(fence.NewCleaner(direct, c.NodeName, a, clock.RealClock{}, c.Log.WithName("stale"),
-		fence.CleanerOptions{Interval: c.StaleInterval, Lock: locks.LockContext, LockWait: c.LockWait})); err != nil {
+		fence.CleanerOptions{Interval: c.StaleInterval, Lock: locks.LockContext, LockWait: c.LockWait, Metrics: m.cleanup})); err != nil {
 		return err
 	}
 	if err := mgr.Add(&nodeagent.CapacityReporter{Client: direct, Node: c.NodeName, Namespace: c.Namespace, Free: images.Capacity,
 		Interval: c.CapacityInterval, Log: c.Log.WithName("capacity")}); err != nil {
 		return err
 	}
-	if err := c.addCSI(mgr, a); err != nil {
+	if err := c.addCSI(mgr, a, m.csi); err != nil {
 		return err
 	}
-	flex := &flexRunnable{server: socket.NewServer(a, c.Log.WithName("socket")), socket: c.AgentSocket, pluginDir: c.VolumePluginDir, log: c.Log.WithName("flexvolume")}
+	sock := socket.NewServer(a, c.Log.WithName("socket"))
+	sock.Metrics = m.flex
+	flex := &flexRunnable{server: sock, socket: c.AgentSocket, pluginDir: c.VolumePluginDir, log: c.Log.WithName("flexvolume")}
 	if err := mgr.Add(flex); err != nil {
 		return err
 	}
@@ -178,12 +233,12 @@ func (c Config) Run(ctx context.Context) error {
 
 // addCSI serves the CSI services and, with a kubelet dir, the kubelet
 // plugin-registration socket, both as manager runnables.
-func (c Config) addCSI(mgr manager.Manager, a *nodeagent.Agent) error {
+func (c Config) addCSI(mgr manager.Manager, a *nodeagent.Agent, m *metrics.Ops) error {
 	l, err := csi.Listen(c.CSIEndpoint)
 	if err != nil {
 		return err
 	}
-	srv := csi.NewServer(c.Log.WithName("csi"), csi.Services{
+	srv := csi.NewServer(c.Log.WithName("csi"), m, csi.Services{
 		Identity: csi.NewIdentity(v1.DriverName, version.Get().Version, false, nil),
 		Node:     csi.NewNode(a, 0),
 	})
@@ -241,7 +296,7 @@ func Command() cli.Command {
 			fs.StringVar(&cfg.KubeletDir, "kubelet-dir", "/var/lib/kubelet", "kubelet root: plugin registration, and the only folder (with the data dir's flex-staging) whose volume paths the agent mounts or unmounts; empty: do not register, accept no kubelet path")
 			fs.StringVar(&cfg.AgentSocket, "agent-socket", flexcli.DefaultSocket, "root-only agent socket for the Flexvolume driver")
 			fs.StringVar(&cfg.VolumePluginDir, "volume-plugin-dir", "/usr/libexec/kubernetes/kubelet-plugins/volume/exec", "kubelet's Flexvolume folder to install the driver into; empty: do not install")
-			fs.StringVar(&cfg.HealthAddr, "health-addr", "0", "healthz/readyz listen address; 0 disables")
+			fs.StringVar(&cfg.HealthAddr, "health-addr", DefaultHealthAddr, "/healthz and /readyz listen address (the agent runs on the host network); 0 disables")
 			fs.DurationVar(&cfg.CapacityInterval, "capacity-interval", 30*time.Second, "how often free capacity is reported")
 			fs.DurationVar(&cfg.StaleInterval, "stale-interval", 5*time.Minute, "how often this node's stale-attachment list is processed (also at start)")
 			fs.StringVar(&cfg.KeeperSocket, "keeper-socket", "/run/berth/keeper.sock", "socket of the berth keeper (userspace volumes)")
@@ -259,7 +314,7 @@ func Command() cli.Command {
 			fs.DurationVar(&cfg.ToolTimeouts.Loop, "losetup-timeout", def.Loop, "how long losetup may take before it is killed")
 			fs.DurationVar(&cfg.ToolTimeouts.Mount, "mount-timeout", def.Mount, "how long mount or umount may take before it is killed")
 			fs.DurationVar(&cfg.LockWait, "background-lock-wait", nodeagent.DefaultLockWait, "how long healing and cleanup wait for a volume another operation holds before they retry it later")
-			fs.StringVar(&cfg.MetricsAddr, "metrics-addr", "0", "metrics listen address; 0 disables")
+			fs.StringVar(&cfg.MetricsAddr, "metrics-addr", DefaultMetricsAddr, "Prometheus /metrics listen address (the agent runs on the host network); 0 disables")
 			fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG or in-cluster)")
 			fs.IntVar(&verbosity, "v", 0, "log verbosity")
 			if err := fs.Parse(args); err != nil {
@@ -276,7 +331,7 @@ func Command() cli.Command {
 }
 
 // addUserspace enables the userspace mounter and its healer.
-func (c Config) addUserspace(mgr manager.Manager, a *nodeagent.Agent, holdings heal.Holdings) error {
+func (c Config) addUserspace(mgr manager.Manager, a *nodeagent.Agent, holdings heal.Holdings, m *metrics.Heal) error {
 	bin := c.BlockdevBinary
 	if bin == "" {
 		self, err := os.Executable()
@@ -302,5 +357,5 @@ func (c Config) addUserspace(mgr manager.Manager, a *nodeagent.Agent, holdings h
 		Transport: transport, NBD: nbdDevs, DeadConnTimeout: c.NBDDeadConnTimeout,
 	})
 	return mgr.Add(&heal.Healer{Node: c.NodeName, Holdings: holdings, Volumes: a,
-		Recorder: mgr.GetEventRecorderFor("berth-agent"), Log: c.Log.WithName("heal"), Interval: c.HealInterval})
+		Recorder: mgr.GetEventRecorderFor("berth-agent"), Log: c.Log.WithName("heal"), Interval: c.HealInterval, Metrics: m})
 }

@@ -4,18 +4,23 @@ package csicontroller
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/cli"
 	"github.com/berth-io/berth/internal/csi"
+	"github.com/berth-io/berth/internal/metrics"
 	"github.com/berth-io/berth/internal/scheme"
 	"github.com/berth-io/berth/internal/version"
 )
@@ -26,11 +31,22 @@ type Config struct {
 	StorageCluster string
 	Namespace      string
 	Wait           time.Duration
-	Rest           *rest.Config
-	Log            logr.Logger
+	// MetricsAddr serves /metrics, HealthAddr /healthz and /readyz; "0"
+	// turns either off.
+	MetricsAddr string
+	HealthAddr  string
+	Rest        *rest.Config
+	Log         logr.Logger
 }
 
-// Run serves until ctx ends.
+// The controller's endpoints: ports apart from the agent's, so that both
+// may share a host network.
+const (
+	DefaultMetricsAddr = ":9743"
+	DefaultHealthAddr  = ":9744"
+)
+
+// Run serves until ctx ends, or until one of its servers fails.
 func (c Config) Run(ctx context.Context) error {
 	s, err := scheme.New()
 	if err != nil {
@@ -41,16 +57,77 @@ func (c Config) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("kubernetes client: %w", err)
 	}
-	l, err := csi.Listen(c.Endpoint)
+	// No manager here: a registry of its own, served by promhttp.
+	reg := prometheus.NewRegistry()
+	if err := reg.Register(collectors.NewGoCollector()); err != nil {
+		return err
+	}
+	if err := reg.Register(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})); err != nil {
+		return err
+	}
+	ops, err := metrics.NewOps(reg, metrics.BoundaryCSI)
 	if err != nil {
 		return err
 	}
-	srv := csi.NewServer(c.Log, csi.Services{
+	ml, err := metrics.Listen(c.MetricsAddr)
+	if err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
+	hl, err := metrics.Listen(c.HealthAddr)
+	if err != nil {
+		closeAll(ml)
+		return fmt.Errorf("health: %w", err)
+	}
+	l, err := csi.Listen(c.Endpoint)
+	if err != nil {
+		closeAll(ml, hl)
+		return err
+	}
+	srv := csi.NewServer(c.Log, ops, csi.Services{
 		Identity:   csi.NewIdentity(v1.DriverName, version.Get().Version, true, nil),
 		Controller: csi.NewController(kc, csi.ControllerConfig{StorageCluster: c.StorageCluster, Namespace: c.Namespace, Wait: c.Wait}, c.Log.WithName("controller")),
 	})
-	c.Log.Info("serving CSI controller", "endpoint", c.Endpoint, "storageCluster", c.StorageCluster)
-	return csi.Serve(ctx, srv, l)
+	c.Log.Info("serving CSI controller", "endpoint", c.Endpoint, "storageCluster", c.StorageCluster,
+		"metrics", c.MetricsAddr, "health", c.HealthAddr)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ready := func() error { return dialable(l.Addr()) }
+	runs := []func() error{
+		func() error { return csi.Serve(ctx, srv, l) },
+		func() error { return metrics.Serve(ctx, ml, metrics.Handler(reg)) },
+		func() error { return metrics.Serve(ctx, hl, metrics.HealthHandler(ready)) },
+	}
+	errs := make(chan error, len(runs))
+	for _, run := range runs {
+		go func() {
+			err := run()
+			cancel() // one server down takes the process down: kubelet restarts it
+			errs <- err
+		}()
+	}
+	var all []error
+	for range runs {
+		all = append(all, <-errs)
+	}
+	return errors.Join(all...)
+}
+
+// dialable tells whether the CSI socket accepts a connection: the gRPC
+// server is serving.
+func dialable(addr net.Addr) error {
+	conn, err := net.DialTimeout(addr.Network(), addr.String(), time.Second)
+	if err != nil {
+		return fmt.Errorf("CSI endpoint not accepting connections: %w", err)
+	}
+	return conn.Close()
+}
+
+func closeAll(ls ...net.Listener) {
+	for _, l := range ls {
+		if l != nil {
+			_ = l.Close()
+		}
+	}
 }
 
 // Command is `berth csi-controller`.
@@ -74,6 +151,8 @@ func Command() cli.Command {
 			}
 			fs.StringVar(&cfg.Namespace, "namespace", ns, "berth's namespace, where agents publish CSIStorageCapacity objects (default $POD_NAMESPACE or berth-system)")
 			fs.DurationVar(&cfg.Wait, "agent-wait", 2*time.Minute, "how long a call waits for the node agent")
+			fs.StringVar(&cfg.MetricsAddr, "metrics-addr", DefaultMetricsAddr, "Prometheus /metrics listen address; 0 disables")
+			fs.StringVar(&cfg.HealthAddr, "health-addr", DefaultHealthAddr, "/healthz and /readyz listen address; 0 disables")
 			fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG or in-cluster)")
 			fs.IntVar(&verbosity, "v", 0, "log verbosity")
 			if err := fs.Parse(args); err != nil {

@@ -5,7 +5,9 @@ package keeper
 import (
 	"context"
 	"flag"
+	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/go-logr/logr"
 
@@ -16,12 +18,31 @@ import (
 // Config is the keeper's flags.
 type Config struct {
 	Socket string
-	Log    logr.Logger
+	// Ping asks the running keeper at Socket whether it answers, and exits:
+	// the keeper pod's readiness probe.
+	Ping bool
+	Log  logr.Logger
+}
+
+// pingTimeout bounds a probe's ping; a keeper busy with a hung mount still
+// answers a ping from another connection at once.
+const pingTimeout = 3 * time.Second
+
+func (c Config) ping(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, pingTimeout)
+	defer cancel()
+	if err := keeper.NewClient(c.Socket).Ping(ctx); err != nil {
+		return fmt.Errorf("keeper at %s: %w", c.Socket, err)
+	}
+	return nil
 }
 
 // Run serves until ctx ends. Exiting drops every held connection: the
 // mounts then fail all I/O once their servers are gone too.
 func (c Config) Run(ctx context.Context) error {
+	if c.Ping {
+		return c.ping(ctx)
+	}
 	l, err := keeper.Listen(c.Socket)
 	if err != nil {
 		return err
@@ -45,6 +66,7 @@ func Command() cli.Command {
 			fs.SetOutput(stdio.Stderr)
 			cfg := Config{Log: logr.FromSlogHandler(slog.NewTextHandler(stdio.Stderr, nil))}
 			fs.StringVar(&cfg.Socket, "socket", "/run/berth/keeper.sock", "root-only Unix socket")
+			fs.BoolVar(&cfg.Ping, "ping", false, "ask the keeper serving --socket whether it answers, then exit (readiness probe)")
 			if err := fs.Parse(args); err != nil {
 				return err
 			}

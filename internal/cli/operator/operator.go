@@ -40,6 +40,12 @@ const leaderElectionID = "berth-operator.berth.io"
 // +kubebuilder:rbac:groups="",namespace=berth-system,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=events.k8s.io,namespace=berth-system,resources=events,verbs=create;patch
 
+// The operator's endpoints (controller-runtime's usual ports).
+const (
+	DefaultMetricsAddr = ":8080"
+	DefaultHealthAddr  = ":8081"
+)
+
 // Config of the operator.
 type Config struct {
 	Cluster     storagecluster.Options
@@ -75,6 +81,7 @@ func (c Config) Run(ctx context.Context) error {
 		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
 			&appsv1.DaemonSet{}:  {Namespaces: ns},
 			&appsv1.Deployment{}: {Namespaces: ns},
+			&corev1.Service{}:    {Namespaces: ns},
 		}},
 	})
 	if err != nil {
@@ -142,8 +149,8 @@ func Flags(fs *flag.FlagSet, cfg *Config, env func(string) string) {
 	fs.StringVar(&o.APIServerPort, "api-server-port", "", "KUBERNETES_SERVICE_PORT for berth's pods (empty: leave as is)")
 	fs.BoolVar(&o.DefaultStorageClass, "default-storage-class", false, "mark the berth class as the cluster's default")
 	fs.BoolVar(&cfg.LeaderElect, "leader-elect", true, "elect a leader among operator replicas (a Lease in --namespace)")
-	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", "0", "metrics listen address; 0 disables")
-	fs.StringVar(&cfg.HealthAddr, "health-addr", ":8081", "health probe listen address; 0 disables")
+	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", DefaultMetricsAddr, "Prometheus /metrics listen address; 0 disables")
+	fs.StringVar(&cfg.HealthAddr, "health-addr", DefaultHealthAddr, "/healthz and /readyz listen address; 0 disables")
 	fs.DurationVar(&cfg.StaleListTTL, "stale-list-ttl", fence.DefaultStaleListTTL, "how long the attachment GC keeps the stale list (NodeCleanup) of a node whose Node object is gone")
 }
 

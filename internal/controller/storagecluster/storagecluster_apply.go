@@ -7,6 +7,7 @@ import (
 	"reflect"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -33,6 +34,11 @@ func (r *Reconciler) apply(ctx context.Context, sc *v1.StorageCluster) (observed
 	errs = append(errs, r.ensure(ctx, sc, obs.keeper, func() { r.keeperDaemonSet(sc, obs.keeper) }))
 	obs.controller = &appsv1.Deployment{ObjectMeta: r.meta(sc, componentController)}
 	errs = append(errs, r.ensure(ctx, sc, obs.controller, func() { r.controllerDeployment(sc, obs.controller) }))
+
+	for component, port := range map[string]int32{componentAgent: AgentMetricsPort, componentController: ControllerMetricsPort} {
+		svc := &corev1.Service{ObjectMeta: r.metricsServiceMeta(sc, component)}
+		errs = append(errs, r.ensure(ctx, sc, svc, func() { r.metricsService(sc, component, port, svc) }))
+	}
 
 	drv := &storagev1.CSIDriver{}
 	drv.Name = v1.DriverName

@@ -105,6 +105,9 @@ type Reconciler struct {
 // The workloads live in the operator's namespace only: a Role, which the
 // chart moves into the release namespace.
 // +kubebuilder:rbac:groups=apps,namespace=berth-system,resources=daemonsets;deployments,verbs=get;list;watch;create;update;patch;delete
+// The agent's and CSI controller's scrape Services, in the same namespace;
+// owner references delete them, never the operator.
+// +kubebuilder:rbac:groups="",namespace=berth-system,resources=services,verbs=get;list;watch;create;update
 // The CSIDriver and the classes: list/watch feed the cache and create cannot
 // be limited by name; every other write only reaches berth's own objects.
 // +kubebuilder:rbac:groups=storage.k8s.io,resources=csidrivers;storageclasses,verbs=list;watch;create
@@ -126,6 +129,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		For(&v1.StorageCluster{}).
 		Owns(&appsv1.DaemonSet{}).
 		Owns(&appsv1.Deployment{}).
+		Owns(&corev1.Service{}).
 		Owns(&storagev1.CSIDriver{}).
 		Owns(&storagev1.StorageClass{}).
 		Named("storagecluster")

@@ -85,6 +85,7 @@ func (r *Reconciler) agentDaemonSet(sc *v1.StorageCluster, ds *appsv1.DaemonSet)
 	if t := sc.Spec.Agent.UserspaceTransport; t != "" && t != v1.TransportFUSE {
 		c.Args = append(c.Args, "--userspace-transport="+string(t))
 	}
+	withEndpoints(&c, AgentMetricsPort, AgentHealthPort)
 	c.Env = append(c.Env, corev1.EnvVar{Name: "NODE_NAME", ValueFrom: &corev1.EnvVarSource{
 		FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "spec.nodeName"},
 	}}, podNamespaceEnv())
@@ -136,6 +137,7 @@ func (r *Reconciler) keeperDaemonSet(sc *v1.StorageCluster, ds *appsv1.DaemonSet
 	c := r.container(componentKeeper, "keeper", "--socket="+KeeperSocket)
 	c.SecurityContext = &corev1.SecurityContext{Privileged: ptr.To(true)}
 	c.Resources = keeperResources
+	c.ReadinessProbe = keeperReadiness()
 	// The keeper mounts the FUSE file systems behind userspace volumes;
 	// Bidirectional makes them visible on the host and to the agent.
 	bidi := ptr.To(corev1.MountPropagationBidirectional)
@@ -185,6 +187,7 @@ func (r *Reconciler) controllerDeployment(sc *v1.StorageCluster, d *appsv1.Deplo
 		"--storage-cluster="+sc.Name,
 	)
 	berth.Env = append(berth.Env, podNamespaceEnv())
+	withEndpoints(&berth, ControllerMetricsPort, ControllerHealthPort)
 	provisioner := r.sidecar("csi-provisioner", o.ProvisionerImage, csiAddr,
 		"--feature-gates=Topology=true", "--strict-topology", "--extra-create-metadata", "--leader-election")
 	resizer := r.sidecar("csi-resizer", o.ResizerImage, csiAddr, "--leader-election")

@@ -1,0 +1,75 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/metrics"
+)
+
+// TransportLoop labels volumes of the kernel mounter in metrics.
+const TransportLoop = "loop"
+
+// errNoKeeper: this agent serves no userspace volumes.
+var errNoKeeper = errors.New("no keeper: userspace volumes not enabled")
+
+// NodeMetrics answers the agent's node gauges (metrics.NodeSource) from
+// what the agent has at hand: its cache of this node's Volumes, the
+// transport records of its userspace volumes and the keeper. Nothing here
+// calls the API server.
+type NodeMetrics struct {
+	Agent *Agent
+	// Volumes is the manager's cache, which holds this node's Volumes only.
+	Volumes client.Reader
+}
+
+// VolumeCounts counts this node's Volumes by state and transport.
+func (n NodeMetrics) VolumeCounts(ctx context.Context) ([]metrics.VolumeCount, error) {
+	var list v1.VolumeList
+	if err := n.Volumes.List(ctx, &list, client.MatchingLabels{v1.NodeLabel: n.Agent.node}); err != nil {
+		return nil, fmt.Errorf("list volumes of node %s: %w", n.Agent.node, err)
+	}
+	type key struct{ state, transport string }
+	counts := map[key]int{}
+	for i := range list.Items {
+		vol := &list.Items[i]
+		if vol.Spec.Node != n.Agent.node {
+			continue
+		}
+		state := string(vol.Status.State)
+		if state == "" {
+			state = string(v1.VolumePending)
+		}
+		transport := TransportLoop
+		if vol.Spec.Mounter == v1.MounterUserspace {
+			transport = string(n.Agent.transport(vol.Name))
+		}
+		counts[key{state, transport}]++
+	}
+	out := make([]metrics.VolumeCount, 0, len(counts))
+	for k, c := range counts {
+		out = append(out, metrics.VolumeCount{State: k.state, Transport: k.transport, N: c})
+	}
+	sort.Slice(out, func(i, j int) bool {
+		return out[i].State+"/"+out[i].Transport < out[j].State+"/"+out[j].Transport
+	})
+	return out, nil
+}
+
+// KeeperConnections asks the keeper how many FUSE connections it holds.
+func (n NodeMetrics) KeeperConnections(ctx context.Context) (int, error) {
+	us := n.Agent.us
+	if us == nil || us.Keeper == nil {
+		return 0, errNoKeeper
+	}
+	held, err := us.Keeper.List(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return len(held), nil
+}

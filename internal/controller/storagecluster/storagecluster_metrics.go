@@ -1,0 +1,84 @@
+package storagecluster
+
+import (
+	"strconv"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+)
+
+// The endpoints of berth's processes (the defaults of their flags, passed
+// explicitly so that pod and process always agree). The agent runs on the
+// host network: its ports must not collide with other node daemons.
+const (
+	AgentMetricsPort      = 9741
+	AgentHealthPort       = 9742
+	ControllerMetricsPort = 9743
+	ControllerHealthPort  = 9744
+)
+
+// Port names: a Prometheus scrape config or ServiceMonitor selects "metrics".
+const (
+	portMetrics = "metrics"
+	portHealth  = "health"
+)
+
+// metricsServiceSuffix names a component's scrape Service "<cluster>-<component>-metrics".
+const metricsServiceSuffix = "-metrics"
+
+// withEndpoints makes c serve metrics and health on the given ports and
+// probes it there: liveness on /healthz (the process answers), readiness
+// on /readyz (it can do its job).
+func withEndpoints(c *corev1.Container, metricsPort, healthPort int32) {
+	c.Args = append(c.Args,
+		"--metrics-addr=:"+strconv.Itoa(int(metricsPort)),
+		"--health-addr=:"+strconv.Itoa(int(healthPort)))
+	c.Ports = append(c.Ports,
+		corev1.ContainerPort{Name: portMetrics, ContainerPort: metricsPort, Protocol: corev1.ProtocolTCP},
+		corev1.ContainerPort{Name: portHealth, ContainerPort: healthPort, Protocol: corev1.ProtocolTCP})
+	probe := func(path string, failures int32) *corev1.Probe {
+		return &corev1.Probe{
+			ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
+				Path: path, Port: intstr.FromString(portHealth), Scheme: corev1.URISchemeHTTP,
+			}},
+			TimeoutSeconds: 5, PeriodSeconds: 10, SuccessThreshold: 1, FailureThreshold: failures,
+		}
+	}
+	// Liveness is lenient: a restart of the agent stalls userspace volumes
+	// until they are healed.
+	c.LivenessProbe = probe("/healthz", 6)
+	c.ReadinessProbe = probe("/readyz", 3)
+}
+
+// keeperReadiness asks the keeper itself over its socket. The keeper gets
+// no liveness probe on purpose: a restart drops every FUSE connection it
+// holds, which fails the I/O of every userspace volume on the node.
+func keeperReadiness() *corev1.Probe {
+	return &corev1.Probe{
+		ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{
+			Command: []string{"berth", "keeper", "--socket=" + KeeperSocket, "--ping"},
+		}},
+		TimeoutSeconds: 5, PeriodSeconds: 10, SuccessThreshold: 1, FailureThreshold: 3,
+	}
+}
+
+// metricsService renders the headless Service a Prometheus scrape config or
+// ServiceMonitor finds a component's pods by: one endpoint per pod, port
+// "metrics".
+func (r *Reconciler) metricsService(sc *v1.StorageCluster, component string, port int32, svc *corev1.Service) {
+	setLabels(&svc.ObjectMeta, objectLabels(sc, component))
+	svc.Spec.ClusterIP = corev1.ClusterIPNone
+	svc.Spec.Selector = selectorLabels(sc, component)
+	svc.Spec.Ports = []corev1.ServicePort{{
+		Name: portMetrics, Port: port, TargetPort: intstr.FromString(portMetrics), Protocol: corev1.ProtocolTCP,
+	}}
+}
+
+func (r *Reconciler) metricsServiceMeta(sc *v1.StorageCluster, component string) metav1.ObjectMeta {
+	m := r.meta(sc, component)
+	m.Name += metricsServiceSuffix
+	return m
+}
