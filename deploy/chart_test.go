@@ -158,6 +158,17 @@ func TestChartInstallsAndOperatorWorks(t *testing.T) {
 			t.Errorf("DaemonSet %s: %v", name, err)
 		}
 	}
+	// The operator's Role lets it make the scrape Services (the chart
+	// makes the operator's own).
+	for _, name := range []string{"berth-agent-metrics", "berth-csi-controller-metrics", "berth-operator-metrics"} {
+		svc := &corev1.Service{}
+		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
+			return env.Client.Get(ctx, client.ObjectKey{Namespace: releaseNamespace, Name: name}, svc) == nil, nil
+		})
+		if err != nil || svc.Spec.ClusterIP != corev1.ClusterIPNone || len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Name != "metrics" {
+			t.Errorf("scrape Service %s: %v %+v", name, err, svc.Spec)
+		}
+	}
 	// Let the cluster go (Retain) so that nothing waits on the finalizer.
 	patch := client.MergeFrom(sc.DeepCopy())
 	sc.Spec.CleanupPolicy = v1.CleanupRetain
@@ -186,7 +197,7 @@ func runOperatorAs(ctx context.Context, t *testing.T, user string) {
 	var oc operator.Config
 	fs := flag.NewFlagSet("operator", flag.ContinueOnError)
 	operator.Flags(fs, &oc, func(string) string { return releaseNamespace })
-	if err := fs.Parse([]string{"--health-addr=0", "--image=berth.local/berth:test"}); err != nil {
+	if err := fs.Parse([]string{"--health-addr=0", "--metrics-addr=0", "--image=berth.local/berth:test"}); err != nil {
 		t.Fatal(err)
 	}
 	oc.Rest, oc.Log = impersonate(user), logr.Discard()

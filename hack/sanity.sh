@@ -34,10 +34,10 @@ for _ in $(seq 1 120); do [ -s "$work/kubeconfig" ] && break; sleep 0.5; done
 
 bin/berth agent --kubeconfig "$work/kubeconfig" --node-name sanity-node --data-dir "$work/data" \
 	--csi-endpoint "unix://$work/node.sock" --kubelet-dir "$work/kubelet" --volume-plugin-dir "" \
-	--agent-socket "$work/run/agent.sock" --capacity-interval 1s >"$work/agent.log" 2>&1 &
+	--agent-socket "$work/run/agent.sock" --capacity-interval 1s --metrics-addr 0 --health-addr 0 >"$work/agent.log" 2>&1 &
 pids+=($!)
 bin/berth csi-controller --kubeconfig "$work/kubeconfig" --endpoint "unix://$work/controller.sock" \
-	--storage-cluster sanity >"$work/controller.log" 2>&1 &
+	--storage-cluster sanity --metrics-addr 0 --health-addr 0 >"$work/controller.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 120); do [ -S "$work/node.sock" ] && [ -S "$work/controller.sock" ] && break; sleep 0.5; done
 

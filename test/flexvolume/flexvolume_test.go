@@ -44,6 +44,8 @@ type fixture struct {
 	agentLog   string
 	operator   *exec.Cmd
 	skip       string
+	// The agent's and the operator's metrics and health endpoints.
+	agentMetrics, agentHealth, opMetrics, opHealth string
 }
 
 // fx is one agent process on one API server, shared by the tests here.
@@ -79,9 +81,15 @@ func (f *fixture) start() error {
 	f.kubeletDir = filepath.Join(f.dir, "kubelet")
 	f.driver = filepath.Join(plugins, flex.Dir, flex.Name)
 	f.agentLog = filepath.Join(f.dir, "agent.log")
+	for _, addr := range []*string{&f.agentMetrics, &f.agentHealth, &f.opMetrics, &f.opHealth} {
+		if *addr, err = testenv.FreeAddr(); err != nil {
+			return err
+		}
+	}
 	f.agentArgs = []string{berth, "agent", "--kubeconfig", kubeconfig, "--node-name", node,
 		"--data-dir", filepath.Join(f.dir, "data"), "--csi-endpoint", "unix://" + filepath.Join(f.dir, "csi.sock"),
-		"--kubelet-dir", f.kubeletDir, "--agent-socket", f.sock, "--volume-plugin-dir", plugins, "--stale-interval", "1s"}
+		"--kubelet-dir", f.kubeletDir, "--agent-socket", f.sock, "--volume-plugin-dir", plugins, "--stale-interval", "1s",
+		"--metrics-addr", f.agentMetrics, "--health-addr", f.agentHealth}
 	if err := f.startAgent(); err != nil {
 		return err
 	}
@@ -96,7 +104,7 @@ func (f *fixture) start() error {
 	}
 	defer oplog.Close()
 	f.operator = exec.Command(berth, "operator", "--kubeconfig", kubeconfig, "--namespace", "berth-system",
-		"--leader-elect=false", "--health-addr", "0", "--metrics-addr", "0")
+		"--leader-elect=false", "--health-addr", f.opHealth, "--metrics-addr", f.opMetrics)
 	f.operator.Stdout, f.operator.Stderr = oplog, oplog
 	if err := f.operator.Start(); err != nil {
 		return err

@@ -50,7 +50,9 @@ type driver struct {
 	dataDir    string
 	nodeSock   string
 	ctrlSock   string
-	cancel     context.CancelFunc
+	// The agent's and the controller's metrics and health endpoints.
+	agentMetrics, agentHealth, ctrlMetrics, ctrlHealth string
+	cancel                                             context.CancelFunc
 	done       chan error
 	skipReason string
 }
@@ -114,17 +116,22 @@ func (d *driver) start() error {
 	d.ctrlSock = filepath.Join(work, "controller.sock")
 	d.dataDir = filepath.Join(work, "data")
 	d.done = make(chan error, 2)
+	for _, addr := range []*string{&d.agentMetrics, &d.agentHealth, &d.ctrlMetrics, &d.ctrlHealth} {
+		if *addr, err = testenv.FreeAddr(); err != nil {
+			return err
+		}
+	}
 	go func() {
 		d.done <- agentcli.Config{
 			NodeName: nodeName, Namespace: berthNamespace, DataDir: d.dataDir, CSIEndpoint: "unix://" + d.nodeSock, KubeletDir: kubeletRoot(),
 			AgentSocket:      filepath.Join(work, "run", "agent.sock"),
-			CapacityInterval: time.Second, MetricsAddr: "0", Rest: d.env.Config, Log: log.WithName("agent"),
+			CapacityInterval: time.Second, MetricsAddr: d.agentMetrics, HealthAddr: d.agentHealth, Rest: d.env.Config, Log: log.WithName("agent"),
 		}.Run(ctx)
 	}()
 	go func() {
 		d.done <- csicontroller.Config{
 			Endpoint: "unix://" + d.ctrlSock, StorageCluster: "sanity", Namespace: berthNamespace, Wait: 30 * time.Second,
-			Rest: d.env.Config, Log: log.WithName("controller"),
+			MetricsAddr: d.ctrlMetrics, HealthAddr: d.ctrlHealth, Rest: d.env.Config, Log: log.WithName("controller"),
 		}.Run(ctx)
 	}()
 	return waitForSockets(d.nodeSock, d.ctrlSock)

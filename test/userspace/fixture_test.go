@@ -130,7 +130,9 @@ func (f *fixture) startAgent(extra ...string) error {
 	args := []string{"agent", "--kubeconfig", f.kubeconfig, "--node-name", node,
 		"--data-dir", filepath.Join(f.dir, "data"), "--csi-endpoint", "unix://" + f.csiSock,
 		"--kubelet-dir", f.kubeletRoot(), "--agent-socket", filepath.Join(f.dir, "run", "agent.sock"), "--volume-plugin-dir", "",
-		"--keeper-socket", f.keeperSock, "--capacity-interval", "1h", "--heal-interval", "2s"}
+		"--keeper-socket", f.keeperSock, "--capacity-interval", "1h", "--heal-interval", "2s",
+		// Off: its default ports may be taken by another agent on this machine.
+		"--metrics-addr", "0", "--health-addr", "0"}
 	f.agent = exec.Command(f.berth, append(args, extra...)...)
 	f.agent.Stdout, f.agent.Stderr = log, log
 	// Its own group; the servers it starts make their own too.

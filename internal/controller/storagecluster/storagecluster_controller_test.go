@@ -49,7 +49,7 @@ func TestStorageClusterOwnedObjects(t *testing.T) {
 	}
 	wantArgs := []string{"agent", "--data-dir=/srv/berth", "--kubelet-dir=/var/lib/k8s-test/kubelet",
 		"--csi-endpoint=unix:///var/lib/k8s-test/kubelet/plugins/berth.io/csi.sock",
-		"--volume-plugin-dir=" + opts.VolumePluginDir}
+		"--volume-plugin-dir=" + opts.VolumePluginDir, "--metrics-addr=:9741", "--health-addr=:9742"}
 	if !slices.Equal(c.Args, wantArgs) {
 		t.Errorf("agent args %v, want %v", c.Args, wantArgs)
 	}
@@ -85,11 +85,29 @@ func TestStorageClusterOwnedObjects(t *testing.T) {
 	if !maps.Equal(keeper.Spec.Template.Spec.NodeSelector, sc.Spec.Agent.NodeSelector) {
 		t.Errorf("keeper nodeSelector %v", keeper.Spec.Template.Spec.NodeSelector)
 	}
+	// The keeper is probed for readiness by a ping over its socket, and has
+	// no liveness probe: a restart would drop every FUSE connection it holds.
+	if rp := kc.ReadinessProbe; rp == nil || rp.Exec == nil ||
+		!slices.Equal(rp.Exec.Command, []string{"berth", "keeper", "--socket=/run/berth/keeper.sock", "--ping"}) || kc.LivenessProbe != nil {
+		t.Errorf("keeper probes: readiness %+v liveness %+v", kc.ReadinessProbe, kc.LivenessProbe)
+	}
+	checkEndpoints(t, agent.Spec.Template, "agent", 9741, 9742)
 
 	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "alpha-csi-controller", Namespace: namespace}}
 	get(t, dep)
 	checkControlledBy(t, dep, sc)
 	checkControllerDeployment(t, dep)
+	checkEndpoints(t, dep.Spec.Template, "csi-controller", 9743, 9744)
+	for component, port := range map[string]int32{"agent": 9741, "csi-controller": 9743} {
+		svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "alpha-" + component + "-metrics", Namespace: namespace}}
+		get(t, svc)
+		checkControlledBy(t, svc, sc)
+		want := map[string]string{"app.kubernetes.io/name": "berth", "app.kubernetes.io/instance": "alpha", "app.kubernetes.io/component": component}
+		if svc.Spec.ClusterIP != corev1.ClusterIPNone || !maps.Equal(svc.Spec.Selector, want) || len(svc.Spec.Ports) != 1 ||
+			svc.Spec.Ports[0].Name != "metrics" || svc.Spec.Ports[0].Port != port || svc.Spec.Ports[0].TargetPort.StrVal != "metrics" {
+			t.Errorf("scrape Service of %s: %+v", component, svc.Spec)
+		}
+	}
 
 	drv := &storagev1.CSIDriver{ObjectMeta: metav1.ObjectMeta{Name: v1.DriverName}}
 	get(t, drv)
@@ -134,6 +152,37 @@ func TestStorageClusterOwnedObjects(t *testing.T) {
 	})
 }
 
+// checkEndpoints wants the named container of a pod to serve metrics and
+// health on the given ports (args and named ports), probed for liveness
+// on /healthz and readiness on /readyz through the health port.
+func checkEndpoints(t *testing.T, tpl corev1.PodTemplateSpec, name string, metricsPort, healthPort int32) {
+	t.Helper()
+	var c *corev1.Container
+	for i := range tpl.Spec.Containers {
+		if tpl.Spec.Containers[i].Name == name {
+			c = &tpl.Spec.Containers[i]
+		}
+	}
+	if c == nil {
+		t.Fatalf("no container %s", name)
+	}
+	ports := map[string]int32{}
+	for _, p := range c.Ports {
+		ports[p.Name] = p.ContainerPort
+	}
+	if ports["metrics"] != metricsPort || ports["health"] != healthPort {
+		t.Errorf("%s ports %v, want metrics %d, health %d", name, c.Ports, metricsPort, healthPort)
+	}
+	if !slices.Contains(c.Args, fmt.Sprintf("--metrics-addr=:%d", metricsPort)) || !slices.Contains(c.Args, fmt.Sprintf("--health-addr=:%d", healthPort)) {
+		t.Errorf("%s args %v do not set its metrics and health addresses", name, c.Args)
+	}
+	for probe, path := range map[*corev1.Probe]string{c.LivenessProbe: "/healthz", c.ReadinessProbe: "/readyz"} {
+		if probe == nil || probe.HTTPGet == nil || probe.HTTPGet.Path != path || probe.HTTPGet.Port.StrVal != "health" {
+			t.Errorf("%s probe for %s: %+v", name, path, probe)
+		}
+	}
+}
+
 // checkResources wants CPU and memory requests and limits on every
 // container, limits at least the requests.
 func checkResources(t *testing.T, p corev1.PodSpec) {
@@ -173,7 +222,7 @@ func checkControllerDeployment(t *testing.T, dep *appsv1.Deployment) {
 		}
 	}
 	want := map[string][]string{
-		"csi-controller":  {"csi-controller", "--endpoint=unix:///csi/csi.sock", "--storage-cluster=alpha"},
+		"csi-controller":  {"csi-controller", "--endpoint=unix:///csi/csi.sock", "--storage-cluster=alpha", "--metrics-addr=:9743", "--health-addr=:9744"},
 		"csi-provisioner": {"--csi-address=/csi/csi.sock", "--feature-gates=Topology=true", "--strict-topology", "--extra-create-metadata", "--leader-election"},
 		"csi-resizer":     {"--csi-address=/csi/csi.sock", "--leader-election"},
 		"csi-snapshotter": {"--csi-address=/csi/csi.sock", "--leader-election", "--extra-create-metadata"},

@@ -1,0 +1,93 @@
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"sort"
+	"strings"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+)
+
+// FreeAddr returns a 127.0.0.1 address whose port was free a moment ago,
+// for an endpoint of a process a test starts.
+func FreeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	addr := l.Addr().String()
+	return addr, l.Close()
+}
+
+// Samples are scraped metric values by series: `name{label="value",...}`
+// with labels sorted by name; a histogram gives `name_count{...}` and
+// `name_sum{...}`.
+type Samples map[string]float64
+
+// Scrape GETs url (a /metrics endpoint) and parses the text exposition.
+func Scrape(ctx context.Context, url string) (Samples, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	var p expfmt.TextParser
+	families, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("parse %s: %w", url, err)
+	}
+	out := Samples{}
+	for name, f := range families {
+		for _, m := range f.GetMetric() {
+			labels := series(m.GetLabel())
+			switch {
+			case m.Counter != nil:
+				out[name+labels] = m.GetCounter().GetValue()
+			case m.Gauge != nil:
+				out[name+labels] = m.GetGauge().GetValue()
+			case m.Histogram != nil:
+				out[name+"_count"+labels] = float64(m.GetHistogram().GetSampleCount())
+				out[name+"_sum"+labels] = m.GetHistogram().GetSampleSum()
+			case m.Untyped != nil:
+				out[name+labels] = m.GetUntyped().GetValue()
+			}
+		}
+	}
+	return out, nil
+}
+
+// Series names one series as Samples keys it: Series("berth_csi_requests_total",
+// "operation", "NodeStageVolume", "code", "OK").
+func Series(name string, labelPairs ...string) string {
+	var ls []*dto.LabelPair
+	for i := 0; i+1 < len(labelPairs); i += 2 {
+		ls = append(ls, &dto.LabelPair{Name: &labelPairs[i], Value: &labelPairs[i+1]})
+	}
+	return name + series(ls)
+}
+
+func series(ls []*dto.LabelPair) string {
+	if len(ls) == 0 {
+		return ""
+	}
+	parts := make([]string, 0, len(ls))
+	for _, l := range ls {
+		parts = append(parts, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
+	}
+	sort.Strings(parts)
+	return "{" + strings.Join(parts, ",") + "}"
+}

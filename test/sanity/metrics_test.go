@@ -1,0 +1,129 @@
+package sanity
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+
+	"github.com/berth-io/berth/internal/testenv"
+)
+
+func scrape(t *testing.T, addr string) testenv.Samples {
+	t.Helper()
+	s, err := testenv.Scrape(context.Background(), "http://"+addr+"/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// wantDelta checks that series moved by want between two scrapes.
+func wantDelta(t *testing.T, what string, before, after testenv.Samples, series string, want float64) {
+	t.Helper()
+	if got := after[series] - before[series]; got != want {
+		t.Errorf("%s: %s moved by %v, want %v", what, series, got, want)
+	}
+}
+
+// TestMetricsCountRealCalls: the agent's and the CSI controller's /metrics
+// endpoints count real calls on a real volume (create, stage, publish,
+// unpublish, unstage, delete: loop device, mkfs, mounts) under the gRPC code
+// they answered, refused calls under their error code, one latency
+// observation per call; fencing counts the holds taken and released; the
+// node gauge shows the volume; both health endpoints answer.
+func TestMetricsCountRealCalls(t *testing.T) {
+	c := dial(t)
+	ctx := testCtx(t)
+	agent0, ctrl0 := scrape(t, drv.agentMetrics), scrape(t, drv.ctrlMetrics)
+
+	const name = "metrics-vol"
+	created, err := c.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{
+		Name: name, VolumeCapabilities: []*csi.VolumeCapability{mountCap()},
+		CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := created.GetVolume().GetVolumeId()
+	staging, target := kubeletDirs(t)
+	if _, err := c.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: mountCap()}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: mountCap()}); err != nil {
+		t.Fatal(err)
+	}
+	staged := scrape(t, drv.agentMetrics)
+	if n := staged[testenv.Series("berth_volumes", "state", "Available", "transport", "loop")]; n < 1 {
+		t.Errorf("berth_volumes{state=Available,transport=loop} = %v with a staged volume, want >= 1", n)
+	}
+	if _, err := c.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.ctrl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+		t.Fatal(err)
+	}
+	// Refused calls, counted under their codes.
+	unknownStaging, _ := kubeletDirs(t)
+	_, err = c.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: "no-such-volume", StagingTargetPath: unknownStaging, VolumeCapability: mountCap()})
+	wantCode(t, "stage of an unknown volume", err, codes.NotFound)
+	_, err = c.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "metrics-no-cap"})
+	wantCode(t, "create without a capability", err, codes.InvalidArgument)
+
+	agent1, ctrl1 := scrape(t, drv.agentMetrics), scrape(t, drv.ctrlMetrics)
+	req := func(op, code string) string {
+		return testenv.Series("berth_csi_requests_total", "operation", op, "code", code)
+	}
+	took := func(op string) string {
+		return testenv.Series("berth_csi_request_duration_seconds_count", "operation", op)
+	}
+	for _, op := range []string{"NodePublishVolume", "NodeUnpublishVolume", "NodeUnstageVolume"} {
+		wantDelta(t, "agent", agent0, agent1, req(op, "OK"), 1)
+		wantDelta(t, "agent", agent0, agent1, took(op), 1)
+	}
+	wantDelta(t, "agent", agent0, agent1, req("NodeStageVolume", "OK"), 1)
+	wantDelta(t, "agent", agent0, agent1, req("NodeStageVolume", "NotFound"), 1)
+	wantDelta(t, "agent", agent0, agent1, took("NodeStageVolume"), 2)
+	// The stage record and the pod's hold, taken and released.
+	wantDelta(t, "agent", agent0, agent1, testenv.Series("berth_fence_acquires_total", "result", "granted"), 2)
+	wantDelta(t, "agent", agent0, agent1, testenv.Series("berth_fence_releases_total", "result", "ok"), 2)
+	wantDelta(t, "agent", agent0, agent1, "berth_fence_acquire_duration_seconds_count", 2)
+
+	wantDelta(t, "controller", ctrl0, ctrl1, req("CreateVolume", "OK"), 1)
+	wantDelta(t, "controller", ctrl0, ctrl1, req("CreateVolume", "InvalidArgument"), 1)
+	wantDelta(t, "controller", ctrl0, ctrl1, req("DeleteVolume", "OK"), 1)
+	wantDelta(t, "controller", ctrl0, ctrl1, took("CreateVolume"), 2)
+	if ctrl1[took("DeleteVolume")] < 1 || ctrl1[testenv.Series("berth_csi_request_duration_seconds_sum", "operation", "CreateVolume")] <= 0 {
+		t.Errorf("controller latency histograms: %v", ctrl1)
+	}
+
+	for _, url := range []string{"http://" + drv.agentHealth + "/healthz", "http://" + drv.agentHealth + "/readyz",
+		"http://" + drv.ctrlHealth + "/healthz", "http://" + drv.ctrlHealth + "/readyz"} {
+		wantOK(t, url)
+	}
+}
+
+func wantOK(t *testing.T, url string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Errorf("GET %s: %v", url, err)
+		return
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("GET %s: %s", url, resp.Status)
+	}
+}
