@@ -46,15 +46,15 @@ var (
 
 // driver is the berth driver under test, shared by every test here.
 type driver struct {
-	env        *testenv.Env
-	dataDir    string
-	nodeSock   string
-	ctrlSock   string
+	env      *testenv.Env
+	dataDir  string
+	nodeSock string
+	ctrlSock string
 	// The agent's and the controller's metrics and health endpoints.
 	agentMetrics, agentHealth, ctrlMetrics, ctrlHealth string
 	cancel                                             context.CancelFunc
-	done       chan error
-	skipReason string
+	done                                               chan error
+	skipReason                                         string
 }
 
 var drv driver
