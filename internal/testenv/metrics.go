@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 )
@@ -50,8 +51,26 @@ func Scrape(ctx context.Context, url string) (Samples, error) {
 	if err != nil {
 		return nil, fmt.Errorf("parse %s: %w", url, err)
 	}
+	list := make([]*dto.MetricFamily, 0, len(families))
+	for _, f := range families {
+		list = append(list, f)
+	}
+	return flatten(list), nil
+}
+
+// Gathered is what g (a registry in a unit test) holds, as Scrape returns it.
+func Gathered(g prometheus.Gatherer) (Samples, error) {
+	families, err := g.Gather()
+	if err != nil {
+		return nil, err
+	}
+	return flatten(families), nil
+}
+
+func flatten(families []*dto.MetricFamily) Samples {
 	out := Samples{}
-	for name, f := range families {
+	for _, f := range families {
+		name := f.GetName()
 		for _, m := range f.GetMetric() {
 			labels := series(m.GetLabel())
 			switch {
@@ -67,7 +86,7 @@ func Scrape(ctx context.Context, url string) (Samples, error) {
 			}
 		}
 	}
-	return out, nil
+	return out
 }
 
 // Series names one series as Samples keys it: Series("berth_csi_requests_total",

@@ -68,6 +68,7 @@ func (s *Server) Serve(ctx context.Context, l rootsock.Listener) error {
 		// no one); only new connections stop.
 		Handle: func(ctx context.Context, c *net.UnixConn) { s.handle(context.WithoutCancel(ctx), c) },
 		Refuse: func(c *net.UnixConn) {
+			s.Metrics.Observe(opUnknown, CodeBusy, 0)
 			_, _ = bufio.NewReaderSize(io.LimitReader(c, MaxRequestBytes+1), 4096).ReadBytes('\n')
 			_ = json.NewEncoder(c).Encode(fail(CodeBusy, fmt.Sprintf("the agent serves %d requests at once already: retry later", s.maxConns())))
 		},

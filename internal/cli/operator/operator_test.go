@@ -33,6 +33,10 @@ func TestFlagsDefaults(t *testing.T) {
 	if err := o.Validate(); err != nil {
 		t.Errorf("defaults do not validate: %v", err)
 	}
+	// Metrics and health are served by default.
+	if cfg.MetricsAddr != ":8080" || cfg.HealthAddr != ":8081" {
+		t.Errorf("metrics %q health %q, want :8080 and :8081", cfg.MetricsAddr, cfg.HealthAddr)
+	}
 }
 
 func TestFlagsNamespaceFromEnvAndOverrides(t *testing.T) {

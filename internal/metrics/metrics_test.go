@@ -1,0 +1,180 @@
+package metrics_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/berth-io/berth/internal/metrics"
+	"github.com/berth-io/berth/internal/testenv"
+)
+
+// TestNilGroupsRecordNothing: code built without metrics calls the same
+// methods on nil groups.
+func TestNilGroupsRecordNothing(t *testing.T) {
+	var (
+		ops *metrics.Ops
+		f   *metrics.Fence
+		g   *metrics.GC
+		c   *metrics.Cleanup
+		h   *metrics.Heal
+	)
+	ops.Observe("mount", "OK", time.Second)
+	f.Acquired(metrics.AcquireGranted, time.Second)
+	f.Released(nil)
+	f.Broke("NodeGone")
+	g.Run(nil, time.Second)
+	g.Entries(1, 1, 1)
+	g.Pruned(1)
+	c.Pass(nil, 1, 1, 1, 1)
+	h.Pass(nil)
+	h.Volume("restarted", time.Second)
+}
+
+// TestRegisterAllOrNothing: a group that cannot register (its names taken)
+// fails with AlreadyRegistered and leaves the registry as it was.
+func TestRegisterAllOrNothing(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	// Takes one of the GC's names, not the first.
+	if err := reg.Register(prometheus.NewCounter(prometheus.CounterOpts{Name: "berth_attachment_gc_entries_moved_total",
+		Help: "Attachment entries the GC moved to a node's stale list."})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := metrics.NewGC(reg); !metrics.IsAlreadyRegistered(err) {
+		t.Fatalf("NewGC over a taken name: %v, want AlreadyRegistered", err)
+	}
+	got, err := testenv.Gathered(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, left := got[testenv.Series("berth_attachment_gc_runs_total", "result", "ok")]; left || len(got) != 1 {
+		t.Errorf("registry after the failed registration: %v", got)
+	}
+	if _, err := metrics.NewOps(reg, metrics.BoundaryCSI); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := metrics.NewOps(reg, metrics.BoundaryFlexvolume); err != nil {
+		t.Errorf("second boundary on one registry: %v", err)
+	}
+}
+
+type fakeNode struct {
+	volumes []metrics.VolumeCount
+	volErr  error
+	conns   int
+	keepErr error
+}
+
+func (f *fakeNode) VolumeCounts(context.Context) ([]metrics.VolumeCount, error) {
+	return f.volumes, f.volErr
+}
+func (f *fakeNode) KeeperConnections(context.Context) (int, error) { return f.conns, f.keepErr }
+
+// TestNodeGaugesReadAtScrape: the node gauges show what the source says at
+// each scrape; a source that fails leaves its gauges out without failing
+// the scrape, and a keeper that does not answer reads as keeper_up 0.
+func TestNodeGaugesReadAtScrape(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	src := &fakeNode{
+		volumes: []metrics.VolumeCount{{State: "Available", Transport: "loop", N: 2}, {State: "Available", Transport: "fuse", N: 1}},
+		conns:   1,
+	}
+	if _, err := metrics.NewNode(reg, src, logr.Discard()); err != nil {
+		t.Fatal(err)
+	}
+	got, err := testenv.Gathered(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for s, n := range map[string]float64{
+		testenv.Series("berth_volumes", "state", "Available", "transport", "loop"): 2,
+		testenv.Series("berth_volumes", "state", "Available", "transport", "fuse"): 1,
+		"berth_keeper_up": 1, "berth_keeper_connections": 1,
+	} {
+		if got[s] != n {
+			t.Errorf("%s = %v, want %v", s, got[s], n)
+		}
+	}
+	src.volErr, src.keepErr, src.volumes = errors.New("cache not synced"), errors.New("keeper down"), nil
+	got, err = testenv.Gathered(reg)
+	if err != nil {
+		t.Fatalf("scrape with failing sources: %v", err)
+	}
+	if len(got) != 1 || got["berth_keeper_up"] != 0 {
+		t.Errorf("scrape with failing sources: %v, want only berth_keeper_up 0", got)
+	}
+}
+
+// TestHTTPEndpoints serves metrics and health on real listeners: /metrics
+// has the registry's series, /readyz follows the ready check, and Serve
+// returns when its context ends.
+func TestHTTPEndpoints(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	ops, err := metrics.NewOps(reg, metrics.BoundaryCSI)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ops.Observe("CreateVolume", "OK", time.Millisecond)
+	ml, err := metrics.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hl, err := metrics.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ready atomic.Bool
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 2)
+	go func() { done <- metrics.Serve(ctx, ml, metrics.Handler(reg)) }()
+	go func() { done <- metrics.Serve(ctx, hl, metrics.HealthHandler(func() error {
+		if !ready.Load() {
+			return errors.New("not yet")
+		}
+		return nil
+	})) }()
+
+	scraped, err := testenv.Scrape(context.Background(), "http://"+ml.Addr().String()+"/metrics")
+	if err != nil || scraped[testenv.Series("berth_csi_requests_total", "operation", "CreateVolume", "code", "OK")] != 1 {
+		t.Errorf("scrape: %v, %v", scraped, err)
+	}
+	get := func(path string) int {
+		resp, err := http.Get("http://" + hl.Addr().String() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := get("/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz: %d", code)
+	}
+	if code := get("/readyz"); code != http.StatusServiceUnavailable {
+		t.Errorf("/readyz while not ready: %d", code)
+	}
+	ready.Store(true)
+	if code := get("/readyz"); code != http.StatusOK {
+		t.Errorf("/readyz when ready: %d", code)
+	}
+	cancel()
+	for range 2 {
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	}
+	if l, err := metrics.Listen(metrics.Disabled); l != nil || err != nil {
+		t.Errorf("Listen(%q) = %v, %v; want nothing", metrics.Disabled, l, err)
+	}
+	if err := metrics.Serve(ctx, nil, nil); err != nil || !strings.Contains(ctx.Err().Error(), "canceled") {
+		t.Errorf("Serve of a disabled endpoint after cancel: %v", err)
+	}
+}
