@@ -135,12 +135,14 @@ func TestHTTPEndpoints(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 2)
 	go func() { done <- metrics.Serve(ctx, ml, metrics.Handler(reg)) }()
-	go func() { done <- metrics.Serve(ctx, hl, metrics.HealthHandler(func() error {
-		if !ready.Load() {
-			return errors.New("not yet")
-		}
-		return nil
-	})) }()
+	go func() {
+		done <- metrics.Serve(ctx, hl, metrics.HealthHandler(func() error {
+			if !ready.Load() {
+				return errors.New("not yet")
+			}
+			return nil
+		}))
+	}()
 
 	scraped, err := testenv.Scrape(context.Background(), "http://"+ml.Addr().String()+"/metrics")
 	if err != nil || scraped[testenv.Series("berth_csi_requests_total", "operation", "CreateVolume", "code", "OK")] != 1 {
