@@ -176,9 +176,12 @@ func checkEndpoints(t *testing.T, tpl corev1.PodTemplateSpec, name string, metri
 	if !slices.Contains(c.Args, fmt.Sprintf("--metrics-addr=:%d", metricsPort)) || !slices.Contains(c.Args, fmt.Sprintf("--health-addr=:%d", healthPort)) {
 		t.Errorf("%s args %v do not set its metrics and health addresses", name, c.Args)
 	}
-	for probe, path := range map[*corev1.Probe]string{c.LivenessProbe: "/healthz", c.ReadinessProbe: "/readyz"} {
-		if probe == nil || probe.HTTPGet == nil || probe.HTTPGet.Path != path || probe.HTTPGet.Port.StrVal != "health" {
-			t.Errorf("%s probe for %s: %+v", name, path, probe)
+	for _, p := range []struct {
+		probe *corev1.Probe
+		path  string
+	}{{c.LivenessProbe, "/healthz"}, {c.ReadinessProbe, "/readyz"}} {
+		if p.probe == nil || p.probe.HTTPGet == nil || p.probe.HTTPGet.Path != p.path || p.probe.HTTPGet.Port.StrVal != "health" {
+			t.Errorf("%s probe for %s: %+v", name, p.path, p.probe)
 		}
 	}
 }
