@@ -13,6 +13,7 @@ import (
 
 	"github.com/berth-io/berth/internal/heal"
 	"github.com/berth-io/berth/internal/keeper"
+	"github.com/berth-io/berth/internal/testenv"
 )
 
 // TestServerCrash: a server that dies while the agent runs is restarted by
@@ -28,6 +29,7 @@ func TestServerCrash(t *testing.T) {
 	}
 	go w.run()
 	ctx := context.Background()
+	before := f.scrape(t)
 	for i := 0; i < 3; i++ {
 		time.Sleep(300 * time.Millisecond)
 		vols, err := keeper.NewClient(f.keeperSock).List(ctx)
@@ -53,6 +55,28 @@ func TestServerCrash(t *testing.T) {
 	if err := w.Stop(30 * time.Second); err != nil {
 		t.Errorf("writer: %v", err)
 	}
+	// The agent's metrics tell the same story: three heals, the keeper up
+	// and holding the volume's connection.
+	after := f.scrape(t)
+	restarted := testenv.Series("berth_heal_volumes_total", "result", "restarted")
+	if got := after[restarted] - before[restarted]; got != 3 {
+		t.Errorf("%s moved by %v over three server deaths, want 3", restarted, got)
+	}
+	if after["berth_keeper_up"] != 1 || after["berth_keeper_connections"] < 1 ||
+		after[testenv.Series("berth_volumes", "state", "Available", "transport", "fuse")] < 1 {
+		t.Errorf("node gauges: keeper_up %v, keeper_connections %v, volumes{Available,fuse} %v", after["berth_keeper_up"],
+			after["berth_keeper_connections"], after[testenv.Series("berth_volumes", "state", "Available", "transport", "fuse")])
+	}
+}
+
+// scrape reads the agent's metrics.
+func (f *fixture) scrape(t *testing.T) testenv.Samples {
+	t.Helper()
+	s, err := testenv.Scrape(context.Background(), "http://"+f.agentMetrics+"/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
 
 // TestKeeperDown: when the keeper dies, the volume's condition turns

@@ -45,7 +45,9 @@ type fixture struct {
 	agent      *exec.Cmd
 	agentDone  chan struct{}
 	agentLog   string
-	skip       string
+	// agentMetrics is the agent's metrics endpoint, the same across restarts.
+	agentMetrics string
+	skip         string
 }
 
 var fx fixture
@@ -78,6 +80,9 @@ func (f *fixture) start() error {
 	f.keeperSock = filepath.Join(f.dir, "run", "keeper.sock")
 	f.csiSock = filepath.Join(f.dir, "csi.sock")
 	f.agentLog = filepath.Join(f.dir, "agent.log")
+	if f.agentMetrics, err = testenv.FreeAddr(); err != nil {
+		return err
+	}
 	if err := f.startKeeper(); err != nil {
 		return err
 	}
@@ -131,8 +136,8 @@ func (f *fixture) startAgent(extra ...string) error {
 		"--data-dir", filepath.Join(f.dir, "data"), "--csi-endpoint", "unix://" + f.csiSock,
 		"--kubelet-dir", f.kubeletRoot(), "--agent-socket", filepath.Join(f.dir, "run", "agent.sock"), "--volume-plugin-dir", "",
 		"--keeper-socket", f.keeperSock, "--capacity-interval", "1h", "--heal-interval", "2s",
-		// Off: its default ports may be taken by another agent on this machine.
-		"--metrics-addr", "0", "--health-addr", "0"}
+		// Not the default ports: another agent on this machine may have them.
+		"--metrics-addr", f.agentMetrics, "--health-addr", "0"}
 	f.agent = exec.Command(f.berth, append(args, extra...)...)
 	f.agent.Stdout, f.agent.Stderr = log, log
 	// Its own group; the servers it starts make their own too.
