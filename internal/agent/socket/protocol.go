@@ -30,6 +30,9 @@ const (
 	CodeNotFound = "NotFound"
 	CodeDenied   = "Denied"
 	CodeInternal = "Internal"
+	// CodeNotReady: the agent does not serve mounts yet (its Flexvolume
+	// driver's init handshake has not reached it); nothing was changed.
+	CodeNotReady = "NotReady"
 )
 
 // Request is one call.

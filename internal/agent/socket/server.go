@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -41,6 +42,13 @@ type Server struct {
 	MaxConns int
 	// Metrics, when set, counts and times every answered request.
 	Metrics *metrics.Ops
+	// RequireHandshake refuses mount and unmount (CodeNotReady) until a
+	// handshake has been answered: the agent that installs the driver runs
+	// its init once the socket is up, and serves volumes only after that
+	// proved the installed driver reaches it.
+	RequireHandshake bool
+
+	handshaken atomic.Bool
 }
 
 // DefaultMaxConns bounds the agent socket's clients at once: kubelet runs
@@ -160,10 +168,23 @@ func readRequest(r io.Reader) (*Request, error) {
 
 func (s *Server) do(ctx context.Context, req *Request) Response {
 	log := s.log.WithValues("op", req.Op)
-	var err error
 	switch req.Op {
 	case OpHandshake:
+		s.handshaken.Store(true)
 		return Response{OK: true, Version: Version, Node: s.ops.Node()}
+	case OpMount, OpUnmount:
+		if s.RequireHandshake && !s.handshaken.Load() {
+			return fail(CodeNotReady, "agent not ready: the Flexvolume driver's init handshake has not reached it yet "+
+				"(the driver is being installed); nothing was changed, retry")
+		}
+	}
+	return s.serveVolume(ctx, log, req)
+}
+
+// serveVolume does a mount or unmount request.
+func (s *Server) serveVolume(ctx context.Context, log logr.Logger, req *Request) Response {
+	var err error
+	switch req.Op {
 	case OpMount:
 		if req.Mount == nil {
 			return fail(CodeInvalid, "mount: request has no mount")

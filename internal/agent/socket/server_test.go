@@ -105,3 +105,31 @@ func TestTooManyClientsRefused(t *testing.T) {
 		t.Errorf("handshake after the slot freed: %+v, %v", resp, err)
 	}
 }
+
+// TestMountsWaitForTheHandshake: with RequireHandshake, mount and unmount
+// are refused NotReady (and reach nothing) until a handshake was answered;
+// then they are served.
+func TestMountsWaitForTheHandshake(t *testing.T) {
+	ops := &recordingOps{}
+	s := NewServer(ops, logr.Discard())
+	s.RequireHandshake = true
+	path := start(t, s)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	mount := Request{Op: OpMount, Mount: &flexvolume.MountRequest{MountDir: "/m", Volume: "v"}}
+	for _, req := range []Request{mount, {Op: OpUnmount, MountDir: "/m"}} {
+		resp, err := Call(ctx, path, req)
+		if err != nil || resp.OK || resp.Code != CodeNotReady || !strings.Contains(resp.Message, "not ready") {
+			t.Fatalf("%s before the handshake: %+v %v", req.Op, resp, err)
+		}
+	}
+	if len(ops.mounts)+len(ops.unmounts) != 0 {
+		t.Fatalf("refused requests reached the agent: %+v", ops)
+	}
+	if resp, err := Call(ctx, path, Request{Op: OpHandshake}); err != nil || !resp.OK {
+		t.Fatalf("handshake: %+v %v", resp, err)
+	}
+	if resp, err := Call(ctx, path, mount); err != nil || !resp.OK || len(ops.mounts) != 1 {
+		t.Fatalf("mount after the handshake: %+v %v (%d mounts)", resp, err, len(ops.mounts))
+	}
+}

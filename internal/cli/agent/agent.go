@@ -220,7 +220,8 @@ func (c Config) Run(ctx context.Context) error {
 	}
 	sock := socket.NewServer(a, c.Log.WithName("socket"))
 	sock.Metrics = m.flex
-	flex := &flexRunnable{server: sock, socket: c.AgentSocket, pluginDir: c.VolumePluginDir, log: c.Log.WithName("flexvolume")}
+	flex := &flexRunnable{server: sock, socket: c.AgentSocket, pluginDir: c.VolumePluginDir, log: c.Log.WithName("flexvolume"),
+		events: mgr.GetEventRecorderFor("berth-agent"), node: c.NodeName}
 	if err := mgr.Add(flex); err != nil {
 		return err
 	}

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -12,24 +13,51 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
 
 	"github.com/berth-io/berth/internal/agent/socket"
 	flexcli "github.com/berth-io/berth/internal/cli/flexvolume"
 	"github.com/berth-io/berth/internal/flexvolume"
 )
 
-// flexRunnable serves the agent socket, then installs the Flexvolume driver
-// and runs its init the way kubelet will; the agent is ready only after
-// that handshake went through.
+// flexRunnable installs the Flexvolume driver, then opens the agent socket
+// and runs the driver's init the way kubelet will: the socket serves mounts
+// only after that handshake went through, and the agent is ready then. A
+// failed install or init degrades only the Flexvolume path: it is logged,
+// told in an Event on the Node and in the readiness check, and retried; the
+// agent (and its CSI node service) keeps running.
 type flexRunnable struct {
 	server    *socket.Server
 	socket    string
 	pluginDir string
-	log       logr.Logger
-	ready     atomic.Bool
+	// binary is installed as the driver ("": this executable).
+	binary string
+	log    logr.Logger
+	// events gets a Warning on the node for a failed install (nil: none).
+	events record.EventRecorder
+	node   string
+	// retry is the first wait after a failure, doubled up to maxRetry
+	// (defaults 5s and 5m).
+	retry, maxRetry time.Duration
+
+	ready   atomic.Bool
+	problem atomic.Pointer[string]
 }
 
 func (f *flexRunnable) Start(ctx context.Context) error {
+	var driver string
+	if f.pluginDir != "" {
+		f.server.RequireHandshake = true
+		ok := f.untilDone(ctx, "install", func() (err error) {
+			driver, err = f.install()
+			return err
+		})
+		if !ok {
+			return nil
+		}
+	}
 	l, err := socket.Listen(f.socket)
 	if err != nil {
 		return err
@@ -38,24 +66,58 @@ func (f *flexRunnable) Start(ctx context.Context) error {
 	served := make(chan error, 1)
 	go func() { served <- f.server.Serve(ctx, l) }()
 
-	if f.pluginDir != "" {
-		if err := f.install(ctx); err != nil {
-			return err
-		}
+	if driver != "" && !f.untilDone(ctx, "init", func() error { return f.init(ctx, driver) }) {
+		return <-served
 	}
+	f.problem.Store(nil)
 	f.ready.Store(true)
 	return <-served
 }
 
-func (f *flexRunnable) install(ctx context.Context) error {
-	self, err := os.Executable()
-	if err != nil {
-		return fmt.Errorf("find own binary: %w", err)
+// untilDone runs step until it succeeds, reporting each failure and waiting
+// a growing time in between; false when ctx ended first.
+func (f *flexRunnable) untilDone(ctx context.Context, what string, step func() error) bool {
+	wait, maxWait := f.retry, f.maxRetry
+	if wait <= 0 {
+		wait = 5 * time.Second
 	}
-	driver, err := flexvolume.Install(f.pluginDir, self, map[string]string{flexcli.SocketFile: f.socket + "\n"})
-	if err != nil {
-		return err
+	if maxWait <= 0 {
+		maxWait = 5 * time.Minute
 	}
+	for {
+		err := step()
+		if err == nil {
+			return true
+		}
+		msg := fmt.Sprintf("flexvolume driver %s failed (retry in %v; the CSI node service is not affected): %v", what, wait, err)
+		f.problem.Store(&msg)
+		f.log.Error(err, "flexvolume driver "+what+" failed; retrying", "retryIn", wait)
+		if f.events != nil {
+			ref := &corev1.ObjectReference{Kind: "Node", Name: f.node, UID: types.UID(f.node)}
+			f.events.Event(ref, corev1.EventTypeWarning, "FlexvolumeDriverFailed", msg)
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, maxWait)
+	}
+}
+
+func (f *flexRunnable) install() (string, error) {
+	self := f.binary
+	if self == "" {
+		var err error
+		if self, err = os.Executable(); err != nil {
+			return "", fmt.Errorf("find own binary: %w", err)
+		}
+	}
+	return flexvolume.Install(f.pluginDir, self, map[string]string{flexcli.SocketFile: f.socket + "\n"})
+}
+
+// init runs the installed driver's init, which handshakes with the socket.
+func (f *flexRunnable) init(ctx context.Context, driver string) error {
 	// The driver only answers from its own code: a minute is plenty.
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
@@ -76,8 +138,11 @@ func (f *flexRunnable) install(ctx context.Context) error {
 
 // Ready is a readiness check for the manager.
 func (f *flexRunnable) Ready(_ *http.Request) error {
-	if !f.ready.Load() {
-		return fmt.Errorf("flexvolume driver not installed and verified yet")
+	if f.ready.Load() {
+		return nil
 	}
-	return nil
+	if p := f.problem.Load(); p != nil {
+		return errors.New(*p)
+	}
+	return errors.New("flexvolume driver not installed and verified yet")
 }
