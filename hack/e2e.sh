@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# End-to-end scenarios on a real single-node Kubernetes with berth installed:
+# End-to-end scenarios on a real Kubernetes (2 nodes unless BERTH_E2E_NODES
+# says otherwise) with berth installed:
 # `berth dev up --demo=false` (hack/cluster + the berth install), then
 # `go test -tags e2e ./test/e2e/...` (extra args go to go test), and always
 # `berth dev down`, which fails when anything was left behind.
@@ -21,7 +22,8 @@ finish() {
 trap finish EXIT
 trap 'exit 130' INT TERM
 
-"$BERTH" dev up --repo "$PWD" --demo=false
+# Two nodes by default: the scenarios between nodes need them.
+"$BERTH" dev up --repo "$PWD" --demo=false --nodes "${BERTH_E2E_NODES:-2}"
 echo "e2e: cluster with berth up after $((SECONDS - t0))s" >&2
 BERTH_E2E_ENV="${BERTH_E2E_DIR:-/var/lib/berth-e2e}/cluster.env" \
 	go test -tags e2e -count=1 -p 1 -timeout 30m -v "$@" ./test/e2e/...

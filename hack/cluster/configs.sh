@@ -28,12 +28,22 @@ write_configs() {
 	kubeconfig admin "$KUBECONFIG_ADMIN"
 	kubeconfig controller-manager "$CONF/controller-manager.kubeconfig"
 	kubeconfig scheduler "$CONF/scheduler.kubeconfig"
-	kubeconfig kubelet "$CONF/kubelet.kubeconfig"
+}
 
-	# Bridge on a private pod CIDR inside the netns; no masquerade (nothing
-	# may leave). Pods get routes to the node IP and the Service CIDR (the
-	# API server answers on SERVICE_IP), no default route.
-	cat >"$CNI_DIR/net.d/10-berth-e2e.conflist" <<JSON
+# write_node_configs I: kubeconfig, CNI, containerd and kubelet config of
+# node I, all under the node's folder.
+write_node_configs() {
+	local i=$1 name dir ip cidr sock
+	name=$(node_name "$i") dir=$(node_dir "$i") ip=$(node_ip "$i") cidr=$(node_pod_cidr "$i") sock=$(node_sock "$i")
+	local cni="$dir/cni-conf" containerd="$dir/containerd" conf="$dir/config"
+	mkdir -p "$cni/net.d" "$containerd" "$conf"
+	kubeconfig "kubelet-$name" "$conf/kubelet.kubeconfig"
+
+	# Bridge on the node's pod CIDR inside its netns; no masquerade (nothing
+	# may leave). Pods get routes to the hub and the node network (API
+	# server, node IPs), the other nodes' pods and the Service CIDR (the API
+	# server answers on SERVICE_IP), no default route.
+	cat >"$cni/net.d/10-berth-e2e.conflist" <<JSON
 {
   "cniVersion": "0.4.0",
   "name": "berth-e2e",
@@ -46,9 +56,9 @@ write_configs() {
       "hairpinMode": true,
       "ipam": {
         "type": "host-local",
-        "ranges": [[{"subnet": "$POD_CIDR"}]],
-        "routes": [{"dst": "$NODE_IP/32"}, {"dst": "$SERVICE_CIDR"}],
-        "dataDir": "$CNI_DIR/ipam"
+        "ranges": [[{"subnet": "$cidr"}]],
+        "routes": [{"dst": "$HUB_IP/32"}, {"dst": "$NODE_NET_PREFIX.0/24"}, {"dst": "$POD_NET"}, {"dst": "$SERVICE_CIDR"}],
+        "dataDir": "$dir/cni-ipam"
       }
     }
   ]
@@ -57,18 +67,18 @@ JSON
 
 	# restrict_oom_score_adj: this machine lacks CAP_SYS_RESOURCE.
 	# netns_mounts_under_state_dir and the runc Root keep every mount and
-	# state file under the work dir, where down.sh sweeps.
-	cat >"$CONF/containerd.toml" <<TOML
+	# state file under the node's folder, where down.sh sweeps.
+	cat >"$conf/containerd.toml" <<TOML
 version = 2
-root = "$CONTAINERD_DIR/root"
-state = "$CONTAINERD_DIR/state"
+root = "$containerd/root"
+state = "$containerd/state"
 disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.tracing.processor.v1.otlp"]
 
 [grpc]
-  address = "$CONTAINERD_SOCK"
+  address = "$sock"
 
 [plugins."io.containerd.internal.v1.opt"]
-  path = "$CONTAINERD_DIR/opt"
+  path = "$containerd/opt"
 
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "$PAUSE_IMAGE"
@@ -84,10 +94,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
         BinaryName = "$(command -v runc)"
-        Root = "$CONTAINERD_DIR/runc"
+        Root = "$containerd/runc"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
-    conf_dir = "$CNI_DIR/net.d"
+    conf_dir = "$cni/net.d"
     max_conf_num = 1
 TOML
 
@@ -95,16 +105,16 @@ TOML
 	# machine (cgroup v1, swap, no iptables rules wanted). Image GC off: the
 	# images are imported, never pulled back. Eviction thresholds low: a
 	# busy build machine must not evict test pods.
-	cat >"$CONF/kubelet.yaml" <<YAML
+	cat >"$conf/kubelet.yaml" <<YAML
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 failCgroupV1: false
 cgroupDriver: cgroupfs
-cgroupRoot: /$CGROUP_NAME
+cgroupRoot: /$(node_cgroup "$i")
 failSwapOn: false
 makeIPTablesUtilChains: false
-containerRuntimeEndpoint: unix://$CONTAINERD_SOCK
-address: $NODE_IP
+containerRuntimeEndpoint: unix://$sock
+address: $ip
 port: 10250
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
@@ -117,7 +127,7 @@ authorization: {mode: Webhook}
 clusterDomain: cluster.local
 resolvConf: ""
 volumePluginDir: $VOLUME_PLUGIN_DIR
-podLogsDir: $POD_LOGS
+podLogsDir: $dir/pod-logs
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard:

@@ -1,5 +1,6 @@
 # Images of the e2e cluster, built locally and imported into containerd
-# (sourced by up.sh). Tarballs are rebuilt only when their inputs changed.
+# (sourced by up.sh; ctr_ is the node's ctr, IMPORT_NODE its name).
+# Tarballs are rebuilt only when their inputs changed.
 
 PAUSE_IMAGE=registry.k8s.io/pause:3.10
 BUSYBOX_IMAGE=berth.local/busybox:e2e
@@ -54,12 +55,13 @@ build_and_import_images() {
 	import() {
 		local tag=$1 tar=$2
 		# A rebuilt tarball replaces the image: ctr import moves the tag.
-		if grep -qxF "$tag" <<<"$have" && ! stale "$tar.imported" "$tar"; then
+		local mark="$tar.imported${IMPORT_NODE:+.$IMPORT_NODE}"
+		if grep -qxF "$tag" <<<"$have" && ! stale "$mark" "$tar"; then
 			return 0
 		fi
-		log "importing $tag"
+		log "importing $tag${IMPORT_NODE:+ into $IMPORT_NODE}"
 		ctr_ images import --platform linux/amd64 "$tar" >/dev/null
-		touch "$tar.imported"
+		touch "$mark"
 	}
 	import "$PAUSE_IMAGE" "$IMAGES/pause.tar"
 	import "$BUSYBOX_IMAGE" "$IMAGES/busybox.tar"

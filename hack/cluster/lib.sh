@@ -3,58 +3,109 @@
 # through the environment, so up and down always agree on what they own.
 
 WORKDIR="${BERTH_E2E_DIR:-/var/lib/berth-e2e}"
+# The hub: a network namespace holding the control plane (etcd, API server,
+# controller-manager, scheduler) and the bridge that joins the nodes.
 NETNS="${BERTH_E2E_NETNS:-berth-e2e}"
 # veth pair: HOST_IF stays in the host namespace (so kubectl and go test on
-# the host reach the API server), NS_IF carries the node IP inside NETNS.
+# the host reach the API server), NS_IF carries HUB_IP inside the hub.
 HOST_IF="${BERTH_E2E_HOST_IF:-berth-e2e-h}"
 NS_IF="${BERTH_E2E_NS_IF:-berth0}"
 HOST_IP="${BERTH_E2E_HOST_IP:-10.250.0.1}"
-NODE_IP="${BERTH_E2E_NODE_IP:-10.250.0.2}"
-POD_CIDR="${BERTH_E2E_POD_CIDR:-10.251.0.0/24}"
+# The API server's address (the single-node cluster's node IP, kept).
+HUB_IP="${BERTH_E2E_HUB_IP:-${BERTH_E2E_NODE_IP:-10.250.0.2}}"
+# Node network: bridge HUB_BRIDGE in the hub (HUB_BRIDGE_IP) with one veth
+# per node; node i is NODE_NET_PREFIX.(10+i), its pods POD_NET_PREFIX.i.0/24.
+HUB_BRIDGE="${BERTH_E2E_HUB_BRIDGE:-berth-nodes}"
+NODE_NET_PREFIX="${BERTH_E2E_NODE_NET_PREFIX:-10.250.1}"
+HUB_BRIDGE_IP="$NODE_NET_PREFIX.1"
+POD_NET_PREFIX="${BERTH_E2E_POD_NET_PREFIX:-10.251}"
+POD_NET="$POD_NET_PREFIX.0.0/16"
 SERVICE_CIDR="${BERTH_E2E_SERVICE_CIDR:-10.252.0.0/24}"
 SERVICE_IP="${BERTH_E2E_SERVICE_IP:-10.252.0.1}"
+# The pod bridge inside each node's netns.
 BRIDGE="${BERTH_E2E_BRIDGE:-berth-br0}"
-# 443 and SERVICE_IP on the netns's lo: the "kubernetes" Service address
+# 443 and SERVICE_IP on the hub's lo: the "kubernetes" Service address
 # reaches the API server without kube-proxy, for pods and hostNetwork pods
-# alike, so in-cluster client config works unchanged.
+# of every node alike (their routes to SERVICE_CIDR lead to the hub), so
+# in-cluster client config works unchanged.
 API_PORT="${BERTH_E2E_API_PORT:-443}"
-NODE_NAME="${BERTH_E2E_NODE_NAME:-berth-e2e-node}"
-# CSI and Flexvolume paths depend on these two: the Helm chart must be told.
-KUBELET_ROOT="${BERTH_E2E_KUBELET_ROOT:-$WORKDIR/kubelet}"
-VOLUME_PLUGIN_DIR="${BERTH_E2E_VOLUME_PLUGIN_DIR:-$WORKDIR/volume-plugins}"
-# berth's data folder (the StorageCluster's dataDir) and the run folder the
-# operator gives its agent and keeper (fixed: /run/berth). Both are mounted
-# Bidirectional into berth's pods, which needs them on a shared mount: a
-# systemd host's / is rshared, this machine's is private, so up.sh makes
-# each a shared bind mount of itself and down.sh unmounts it.
+# Node count: `make e2e` asks for 2, `berth dev up` for --nodes (default 1).
+NODE_COUNT="${BERTH_E2E_NODES:-1}"
+NODE_PREFIX="${BERTH_E2E_NODE_PREFIX:-berth-e2e-node}"
+# Standard kubelet root and volume plugin dir inside every node's mount
+# namespace (the Kubernetes storage suite hard-codes /var/lib/kubelet).
+KUBELET_ROOT=/var/lib/kubelet
+VOLUME_PLUGIN_DIR="$WORKDIR/volume-plugins"
+# berth's data folder (the StorageCluster's dataDir) and the run folder of
+# its agent and keeper: the same path on every node, each node's own
+# content (a per-node folder bound over it in the node's mount namespace).
 BERTH_DATA_DIR="$WORKDIR/berth-data"
 BERTH_RUN_DIR=/run/berth
-SHARED_DIRS=("$BERTH_DATA_DIR" "$BERTH_RUN_DIR")
-# All pod cgroups live below this cgroup so that down.sh finds them.
+# Where each node's mount namespace shows its own folder
+# ($WORKDIR/nodes/<node>/<name>): "name=path" pairs. Shared mounts inside
+# the node: kubelet's root and berth's folders take Bidirectional mounts.
+NODE_BINDS=(kubelet="$KUBELET_ROOT" containerd-run=/run/containerd cni=/var/lib/cni
+	log-containers=/var/log/containers run-berth="$BERTH_RUN_DIR" berth-data="$BERTH_DATA_DIR"
+	volume-plugins="$VOLUME_PLUGIN_DIR")
+# Persistent mount namespaces (nsfs files) live here, on a private mount.
+MNTNS_DIR="$WORKDIR/mntns"
+NODES_DIR="$WORKDIR/nodes"
+NODES_LIST="$WORKDIR/nodes.list"
+# All pod cgroups live below this cgroup (one child per node) so that
+# down.sh finds them.
 CGROUP_NAME="${BERTH_E2E_CGROUP:-berth-e2e}"
 
-CONTAINERD_DIR="$WORKDIR/containerd"
-CONTAINERD_SOCK="$CONTAINERD_DIR/containerd.sock"
 PKI="$WORKDIR/pki"
 CONF="$WORKDIR/config"
 LOGS="$WORKDIR/logs"
 PIDS="$WORKDIR/pids"
 IMAGES="$WORKDIR/images"
-POD_LOGS="$WORKDIR/pod-logs"
-CNI_DIR="$WORKDIR/cni"
 SYSCTL_SAVED="$WORKDIR/sysctl.saved"
 HOST_CREATED="$WORKDIR/host-created"
 KUBECONFIG_ADMIN="$WORKDIR/admin.kubeconfig"
-API_SERVER="https://$NODE_IP:$API_PORT"
+API_SERVER="https://$HUB_IP:$API_PORT"
 
 # The global (not per-namespace) sysctls kubelet sets at start.
 KUBELET_SYSCTLS=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops kernel.keys.root_maxkeys kernel.keys.root_maxbytes)
-# Host paths that kubelet, containerd or `ip netns` create outside the work
-# dir whatever their config says (kubelet's device-plugin socket is always
-# under /var/lib/kubelet; `ip netns add` bind-mounts /run/netns on itself).
+# Host paths the nodes' bind mounts need as mount points (and `ip netns
+# add` makes /run/netns): down.sh removes those that did not exist before.
 HOST_PATHS=(/var/log/containers /var/lib/cni /run/containerd /var/lib/kubelet /run/netns "$BERTH_RUN_DIR")
-# Daemons in start order; down stops them in reverse.
-DAEMONS=(etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet)
+# Control-plane daemons in start order; node daemons are containerd, kubelet.
+DAEMONS=(etcd kube-apiserver kube-controller-manager kube-scheduler)
+NODE_DAEMONS=(containerd kubelet)
+
+# --- per-node names (node index i = 1..N) ------------------------------------
+node_name() { echo "$NODE_PREFIX-$1"; }
+node_ip() { echo "$NODE_NET_PREFIX.$((10 + $1))"; }
+node_pod_cidr() { echo "$POD_NET_PREFIX.$1.0/24"; }
+node_netns() { echo "$NETNS-n$1"; }
+# The node's end of the hub bridge, in the hub.
+node_hub_if() { echo "berth-n$1"; }
+node_dir() { echo "$NODES_DIR/$(node_name "$1")"; }
+node_mntns() { echo "$MNTNS_DIR/$(node_name "$1")"; }
+node_sock() { echo "$(node_dir "$1")/containerd/containerd.sock"; }
+node_cgroup() { echo "$CGROUP_NAME/$(node_name "$1")"; }
+# node_index NAME: the index of node NAME (its name or its index accepted).
+node_index() {
+	local i
+	for i in $(node_indexes); do
+		if [ "$1" = "$i" ] || [ "$1" = "$(node_name "$i")" ]; then
+			echo "$i"
+			return 0
+		fi
+	done
+	return 1
+}
+# node_indexes: the nodes up.sh made (nodes.list), else 1..NODE_COUNT.
+node_indexes() {
+	if [ -s "$NODES_LIST" ]; then cat "$NODES_LIST"; else seq 1 "$NODE_COUNT"; fi
+}
+# in_node I CMD...: CMD in node I's network and mount namespaces.
+in_node() {
+	local i=$1
+	shift
+	nsenter --net="/run/netns/$(node_netns "$i")" --mount="$(node_mntns "$i")" -- "$@"
+}
 
 export PATH="/usr/local/go/bin:/usr/local/sbin:/usr/sbin:/sbin:$PATH"
 
@@ -81,6 +132,8 @@ ticking() {
 # runs the recorded binary (a recycled PID is not ours).
 pid_of() {
 	local f="$PIDS/$1.pid" pid exe
+	# "NAME@I": daemon NAME of node I.
+	case $1 in *@*) f="$PIDS/${1%@*}-$(node_name "${1#*@}").pid" ;; esac
 	[ -f "$f" ] || return 1
 	{ read -r pid && read -r exe; } <"$f" || return 1
 	[ -n "$pid" ] && [ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = "$exe" ] || return 1
@@ -121,10 +174,11 @@ procs_matching() {
 
 kctl() { "$KUBECTL" --kubeconfig "$KUBECONFIG_ADMIN" "$@"; }
 
-# mounts_under DIR...: mount points at or below any DIR, deepest first.
+# mounts_under DIR...: mount points at or below any DIR, deepest first, of
+# this mount namespace (or of the one MOUNTINFO names).
 mounts_under() {
 	local d
-	awk '{print $5}' /proc/self/mountinfo | while read -r m; do
+	awk '{print $5}' "${MOUNTINFO:-/proc/self/mountinfo}" | while read -r m; do
 		m=$(printf '%b' "${m//\\/\\0}")
 		for d in "$@"; do
 			case "$m" in "$d" | "$d"/*) echo "$m" ;; esac

@@ -30,12 +30,16 @@ make_pki() {
 		mv "$PKI/ca.crt.tmp" "$PKI/ca.crt"
 	fi
 	cert apiserver kube-apiserver "" serverAuth \
-		"IP:$NODE_IP,IP:127.0.0.1,IP:$SERVICE_IP,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:localhost"
+		"IP:$HUB_IP,IP:127.0.0.1,IP:$SERVICE_IP,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:localhost"
 	cert admin berth-e2e-admin system:masters clientAuth
 	cert apiserver-kubelet-client kube-apiserver-kubelet-client system:masters clientAuth
 	cert controller-manager system:kube-controller-manager "" clientAuth
 	cert scheduler system:kube-scheduler "" clientAuth
-	cert kubelet "system:node:$NODE_NAME" system:nodes clientAuth
+	# One identity per kubelet: NodeRestriction lets each change only its node.
+	local i
+	for i in $(node_indexes); do
+		cert "kubelet-$(node_name "$i")" "system:node:$(node_name "$i")" system:nodes clientAuth
+	done
 	if [ ! -s "$PKI/sa.pub" ]; then
 		openssl genrsa -out "$PKI/sa.key" 2048 2>/dev/null
 		openssl rsa -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null

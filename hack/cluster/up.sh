@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Brings up a single-node Kubernetes for berth's end-to-end tests, every
-# process inside the network namespace $NETNS so that no test traffic leaves
-# it (the host reaches the API server over a private veth pair only).
+# Brings up an N-node Kubernetes for berth's end-to-end tests on this
+# machine: the control plane once, in the hub network namespace $NETNS
+# (the host reaches the API server over a private veth pair only), and
+# per node its own network and mount namespaces, cgroup, containerd and
+# kubelet, joined by a bridge in the hub. No test traffic leaves.
 #
-#   hack/cluster/up.sh          idempotent: a second run finds what runs
+#   BERTH_E2E_NODES=2 hack/cluster/up.sh   idempotent: a second run finds what runs
 #
-# Writes $WORKDIR/cluster.env (KUBECONFIG, KUBELET_ROOT, VOLUME_PLUGIN_DIR,
-# NODE_NAME, CONTAINERD_SOCK, API_SERVER, ...). Stop with hack/cluster/down.sh.
+# Writes $WORKDIR/cluster.env (KUBECONFIG, NODES, NODE_NAME_<i>, KUBELET_ROOT,
+# API_SERVER, ...). Stop with hack/cluster/down.sh; hack/cluster/node.sh
+# stops, freezes or cuts off one node.
 # Set BERTH_E2E_BERTH_BINARY to a static berth binary to also build and
 # import the berth image (tag berth.local/berth:dev).
 set -euo pipefail
@@ -18,6 +21,7 @@ REPO="$(cd "$HERE/../.." && pwd)"
 . "$HERE/pki.sh"
 . "$HERE/configs.sh"
 . "$HERE/images.sh"
+. "$HERE/nodes.sh"
 
 [ "$(id -u)" -eq 0 ] || die "run as root (netns, mounts, cgroups)"
 t0=$SECONDS
@@ -30,20 +34,19 @@ KUBE_BIN=$(ticking "building kube binaries" "$REPO/hack/kube-binaries.sh" \
 	etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl | tail -n1)
 KUBECTL="$KUBE_BIN/kubectl"
 
-mkdir -p "$WORKDIR" "$PKI" "$CONF" "$LOGS" "$PIDS" "$IMAGES" "$POD_LOGS" "$CNI_DIR/net.d" "$CNI_DIR/ipam" \
-	"$CONTAINERD_DIR" "$KUBELET_ROOT" "$VOLUME_PLUGIN_DIR" "$WORKDIR/bin"
+mkdir -p "$WORKDIR" "$PKI" "$CONF" "$LOGS" "$PIDS" "$IMAGES" "$NODES_DIR" "$WORKDIR/bin"
 
 echo "$KUBE_BIN" >"$WORKDIR/kube-bin"
+# The node count is fixed by the first up: a second up finds the same nodes.
+if [ -s "$NODES_LIST" ] && [ "$(wc -l <"$NODES_LIST")" != "$NODE_COUNT" ] && [ -n "${BERTH_E2E_NODES:-}" ]; then
+	die "the cluster has $(wc -l <"$NODES_LIST") nodes, asked $NODE_COUNT: run down.sh first"
+fi
+[ -s "$NODES_LIST" ] || seq 1 "$NODE_COUNT" >"$NODES_LIST"
 
-# Host paths that kubelet/containerd create: down.sh removes only those that
-# did not exist before the first up.
+# Host paths the node mounts need as mount points: down.sh removes only
+# those that did not exist before the first up.
 for p in "${HOST_PATHS[@]}"; do
 	[ -e "$p" ] || grep -qxF "$p" "$HOST_CREATED" 2>/dev/null || echo "$p" >>"$HOST_CREATED"
-done
-for d in "${SHARED_DIRS[@]}"; do
-	mkdir -p "$d"
-	mountpoint -q "$d" || mount --bind "$d" "$d"
-	mount --make-shared "$d"
 done
 # Sysctls as they were before kubelet touched them; kept across repeated ups.
 if [ ! -f "$SYSCTL_SAVED" ]; then
@@ -51,9 +54,9 @@ if [ ! -f "$SYSCTL_SAVED" ]; then
 	mv "$SYSCTL_SAVED.tmp" "$SYSCTL_SAVED"
 fi
 
-# --- network namespace -------------------------------------------------------
+# --- the hub: control plane's netns, node bridge ----------------------------
 if [ ! -e "/run/netns/$NETNS" ]; then
-	log "netns $NETNS with veth $HOST_IF ($HOST_IP) <-> $NS_IF ($NODE_IP)"
+	log "hub netns $NETNS with veth $HOST_IF ($HOST_IP) <-> $NS_IF ($HUB_IP)"
 	ip netns add "$NETNS"
 fi
 nsx() { ip netns exec "$NETNS" "$@"; }
@@ -63,67 +66,28 @@ if ! ip link show "$HOST_IF" >/dev/null 2>&1; then
 fi
 ip addr replace "$HOST_IP/24" dev "$HOST_IF"
 ip link set "$HOST_IF" up
-nsx ip addr replace "$NODE_IP/24" dev "$NS_IF"
+nsx ip addr replace "$HUB_IP/24" dev "$NS_IF"
 nsx ip link set "$NS_IF" up
 nsx ip addr replace "$SERVICE_IP/32" dev lo
-# The pod bridge enables forwarding in the netns; nothing from a pod may be
-# forwarded to the host over the veth (its replies would leave by the host's
-# default route). Local addresses match the local table first and stay open.
-if ! nsx ip rule show | grep -q "iif $BRIDGE .*prohibit"; then
-	nsx ip rule add pref 100 iif "$BRIDGE" to "$HOST_IP/24" prohibit
-fi
+# The hub forwards nothing: node and pod traffic ends at the hub's own
+# addresses (API server, SERVICE_IP) and never reaches the host's veth.
+nsx sysctl -qw net.ipv4.ip_forward=0
+nsx ip link show "$HUB_BRIDGE" >/dev/null 2>&1 || nsx ip link add "$HUB_BRIDGE" type bridge
+nsx ip addr replace "$HUB_BRIDGE_IP/24" dev "$HUB_BRIDGE"
+nsx ip link set "$HUB_BRIDGE" up
 
-# --- cgroups: one subtree per v1 hierarchy, the kubelet's cgroupRoot ---------
-for c in /sys/fs/cgroup/*/; do
-	c=${c%/}
-	[ "$(basename "$c")" = unified ] && continue
-	mountpoint -q "$c" || continue
-	mkdir -p "$c/$CGROUP_NAME"
-	if [ -f "$c/cpuset.cpus" ] && [ -z "$(cat "$c/$CGROUP_NAME/cpuset.cpus")" ]; then
-		cat "$c/cpuset.cpus" >"$c/$CGROUP_NAME/cpuset.cpus"
-		cat "$c/cpuset.mems" >"$c/$CGROUP_NAME/cpuset.mems"
-	fi
-done
+# --- nodes: netns, mount namespace, cgroups ----------------------------------
+for i in $(node_indexes); do setup_node_net "$i"; done
+for i in $(node_indexes); do setup_node_mntns "$i"; done
+setup_cgroups
 
 make_pki
 write_configs
+for i in $(node_indexes); do write_node_configs "$i"; done
 
 # --- daemons -----------------------------------------------------------------
-# start NAME BINARY ARGS...: runs BINARY inside the netns, detached, once.
-# nsenter (not `ip netns exec`) keeps the host mount namespace: kubelet's
-# volume mounts must be visible to containerd and to down.sh.
-start() {
-	local name=$1 bin=$2 pid
-	shift 2
-	if pid=$(pid_of "$name"); then
-		log "$name already runs (pid $pid)"
-		return 0
-	fi
-	log "starting $name (log $LOGS/$name.log)"
-	[ -f "$LOGS/$name.log" ] && mv -f "$LOGS/$name.log" "$LOGS/$name.log.prev"
-	setsid nsenter --net="/run/netns/$NETNS" -- "$bin" "$@" </dev/null >"$LOGS/$name.log" 2>&1 &
-	printf '%s\n%s\n' "$!" "$(readlink -f "$bin")" >"$PIDS/$name.pid"
-}
-
-# wait_for WHAT SECONDS DAEMON CMD...: polls CMD, printing progress, failing
-# early when DAEMON died.
-wait_for() {
-	local what=$1 limit=$2 daemon=$3 start=$SECONDS next=$((SECONDS + 5))
-	shift 3
-	until "$@" >/dev/null 2>&1; do
-		if [ -n "$daemon" ] && ! pid_of "$daemon" >/dev/null; then
-			tail -n 20 "$LOGS/$daemon.log" >&2 || true
-			die "$daemon exited while waiting for $what"
-		fi
-		((SECONDS - start < limit)) || { tail -n 20 "$LOGS/$daemon.log" >&2 || true; die "timeout waiting for $what"; }
-		if ((SECONDS >= next)); then
-			log "  still waiting for $what ($((SECONDS - start))s)"
-			next=$((SECONDS + 5))
-		fi
-		sleep 0.3
-	done
-	log "$what after $((SECONDS - start))s"
-}
+# The control plane runs in the hub netns and the host mount namespace.
+start() { launch "$1" "$LOGS/$1.log" "" --net="/run/netns/$NETNS" -- "${@:2}"; }
 
 start etcd "$KUBE_BIN/etcd" --name berth-e2e --data-dir "$WORKDIR/etcd" \
 	--listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
@@ -132,7 +96,7 @@ start etcd "$KUBE_BIN/etcd" --name berth-e2e --data-dir "$WORKDIR/etcd" \
 
 start kube-apiserver "$KUBE_BIN/kube-apiserver" \
 	--etcd-servers http://127.0.0.1:2379 \
-	--bind-address 0.0.0.0 --advertise-address "$NODE_IP" --secure-port "$API_PORT" \
+	--bind-address 0.0.0.0 --advertise-address "$HUB_IP" --secure-port "$API_PORT" \
 	--tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
 	--client-ca-file "$PKI/ca.crt" \
 	--kubelet-client-certificate "$PKI/apiserver-kubelet-client.crt" --kubelet-client-key "$PKI/apiserver-kubelet-client.key" \
@@ -159,41 +123,61 @@ start kube-scheduler "$KUBE_BIN/kube-scheduler" \
 	--authorization-kubeconfig "$CONF/scheduler.kubeconfig" \
 	--bind-address 127.0.0.1 --leader-elect=false --profiling=false
 
-start containerd "$(command -v containerd)" --config "$CONF/containerd.toml"
-ctr_() { ctr -a "$CONTAINERD_SOCK" -n k8s.io "$@"; }
-wait_for "containerd ready" 60 containerd ctr -a "$CONTAINERD_SOCK" version
-
-build_and_import_images
-
-start kubelet "$KUBE_BIN/kubelet" \
-	--config "$CONF/kubelet.yaml" --kubeconfig "$CONF/kubelet.kubeconfig" \
-	--root-dir "$KUBELET_ROOT" --cert-dir "$KUBELET_ROOT/pki" \
-	--hostname-override "$NODE_NAME" --node-ip "$NODE_IP" --v 1
-wait_for "node $NODE_NAME Ready" 120 kubelet \
-	sh -c "'$KUBECTL' --kubeconfig '$KUBECONFIG_ADMIN' get node '$NODE_NAME' -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' | grep -qx True"
+# Each node: containerd, the images, kubelet; then wait for all Ready.
+import_node_images() {
+	ctr_() { ctr -a "$(node_sock "$1")" -n k8s.io "$@"; }
+	IMPORT_NODE=$(node_name "$1") build_and_import_images
+}
+for i in $(node_indexes); do start_node "$i" import_node_images; done
+for i in $(node_indexes); do wait_node_ready "$i"; done
 wait_for "default service account" 60 kube-controller-manager kctl -n default get serviceaccount default
 "$HERE/snapshots.sh" up # VolumeSnapshot CRDs and snapshot-controller
 
-cat >"$WORKDIR/cluster.env.tmp" <<ENV
+{
+	cat <<ENV
 # Written by hack/cluster/up.sh; shell-sourceable KEY=value lines.
 BERTH_E2E_DIR=$WORKDIR
 KUBECONFIG=$KUBECONFIG_ADMIN
 KUBECTL=$KUBECTL
 KUBE_BIN=$KUBE_BIN
 API_SERVER=$API_SERVER
-KUBERNETES_SERVICE_HOST=$NODE_IP
+KUBERNETES_SERVICE_HOST=$HUB_IP
 KUBERNETES_SERVICE_PORT=$API_PORT
-NODE_NAME=$NODE_NAME
-NODE_IP=$NODE_IP
+HUB_IP=$HUB_IP
 HOST_IP=$HOST_IP
 NETNS=$NETNS
+SERVICE_CIDR=$SERVICE_CIDR
+SERVICE_IP=$SERVICE_IP
+POD_CIDR=$POD_NET
+NODE_NET=$NODE_NET_PREFIX.0/24
 KUBELET_ROOT=$KUBELET_ROOT
 VOLUME_PLUGIN_DIR=$VOLUME_PLUGIN_DIR
 BERTH_DATA_DIR=$BERTH_DATA_DIR
-CONTAINERD_SOCK=$CONTAINERD_SOCK
 PAUSE_IMAGE=$PAUSE_IMAGE
 BUSYBOX_IMAGE=$BUSYBOX_IMAGE
 BERTH_IMAGE=${BERTH_IMAGE_TAG:-}
+# Nodes: NODES lists their names; per node index I (1..NODE_COUNT) its
+# IP, netns, mount namespace file (nsenter --mount=), folder on the host
+# (its /var/lib/kubelet, berth-data, ... as the node sees them), containerd
+# socket, pod CIDR. NODE_NAME, NODE_IP, CONTAINERD_SOCK: the first node.
 ENV
+	local_names=()
+	for i in $(node_indexes); do local_names+=("$(node_name "$i")"); done
+	echo "NODES=\"${local_names[*]}\""
+	echo "NODE_COUNT=${#local_names[@]}"
+	first=$(node_indexes | head -n1)
+	echo "NODE_NAME=$(node_name "$first")"
+	echo "NODE_IP=$(node_ip "$first")"
+	echo "CONTAINERD_SOCK=$(node_sock "$first")"
+	for i in $(node_indexes); do
+		echo "NODE_NAME_$i=$(node_name "$i")"
+		echo "NODE_IP_$i=$(node_ip "$i")"
+		echo "NODE_NETNS_$i=$(node_netns "$i")"
+		echo "NODE_MNTNS_$i=$(node_mntns "$i")"
+		echo "NODE_DIR_$i=$(node_dir "$i")"
+		echo "CONTAINERD_SOCK_$i=$(node_sock "$i")"
+		echo "POD_CIDR_$i=$(node_pod_cidr "$i")"
+	done
+} >"$WORKDIR/cluster.env.tmp"
 mv "$WORKDIR/cluster.env.tmp" "$WORKDIR/cluster.env"
 log "cluster up in $((SECONDS - t0))s: source $WORKDIR/cluster.env; \$KUBECTL get nodes"

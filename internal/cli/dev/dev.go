@@ -1,5 +1,5 @@
-// Package dev is `berth dev up|down`: a throwaway single-node Kubernetes on
-// this machine (hack/cluster) with berth installed, a demo PVC and a pod that
+// Package dev is `berth dev up|down`: a throwaway Kubernetes of one or more
+// nodes on this machine (hack/cluster) with berth installed, a demo PVC and a pod that
 // writes to it; `down` removes all of it.
 package dev
 
@@ -28,6 +28,9 @@ type Config struct {
 	WorkDir string
 	// Demo makes `up` create the demo PVC and writer pod.
 	Demo bool
+	// Nodes is how many nodes `up` brings up (each its own kubelet and
+	// containerd on this machine); the cluster keeps its count until down.
+	Nodes int
 	// Timeout bounds each wait for the cluster (agent Ready, pod Running).
 	Timeout time.Duration
 	// Tick is how often a long wait prints that it is still waiting.
@@ -43,7 +46,14 @@ var ErrNoRepo = errors.New("not a berth source tree (no hack/cluster/up.sh)")
 
 func (c Config) script(name string) string { return filepath.Join(c.Repo, "hack", "cluster", name) }
 
+// ErrNodes means a node count below 1 or above what the cluster's address
+// plan holds.
+var ErrNodes = errors.New("--nodes must be 1 to 9")
+
 func (c Config) check() error {
+	if c.Nodes < 0 || c.Nodes > 9 {
+		return fmt.Errorf("--nodes %d: %w", c.Nodes, ErrNodes)
+	}
 	if _, err := os.Stat(c.script("up.sh")); err != nil {
 		return fmt.Errorf("--repo %s: %w", c.Repo, ErrNoRepo)
 	}
@@ -59,7 +69,7 @@ func (c Config) progress(format string, args ...any) {
 func Command() cli.Command {
 	return cli.Command{
 		Name:    "dev",
-		Summary: "bring up (up) or remove (down) a local single-node Kubernetes with berth (root)",
+		Summary: "bring up (up) or remove (down) a local Kubernetes (--nodes N) with berth (root)",
 		Main: func(ctx context.Context, args []string, stdio cli.IO) error {
 			if len(args) == 0 || (args[0] != "up" && args[0] != "down") {
 				fmt.Fprintln(stdio.Stderr, "usage: berth dev up|down [flags]")
@@ -77,6 +87,7 @@ func Command() cli.Command {
 			fs.StringVar(&cfg.WorkDir, "work-dir", envOr("BERTH_E2E_DIR", "/var/lib/berth-e2e"), "cluster folder (default $BERTH_E2E_DIR)")
 			fs.StringVar(&cfg.BerthBinary, "berth-binary", self, "static berth binary for the berth image")
 			fs.BoolVar(&cfg.Demo, "demo", true, "up: create the demo PVC and writer pod")
+			fs.IntVar(&cfg.Nodes, "nodes", 1, "up: number of nodes (each its own kubelet, containerd and namespaces)")
 			fs.DurationVar(&cfg.Timeout, "timeout", 5*time.Minute, "bound of each wait on the cluster")
 			if err := fs.Parse(args[1:]); err != nil {
 				return err

@@ -69,6 +69,16 @@ func TestHelmValuesNeedBerthImage(t *testing.T) {
 	}
 }
 
+func TestReadClusterEnvUnquotes(t *testing.T) {
+	env, err := ReadClusterEnv(writeEnv(t, "NODES=\"n-1 n-2\"\nNODE_NAME_1=n-1\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if env["NODES"] != "n-1 n-2" || env["NODE_NAME_1"] != "n-1" {
+		t.Errorf("env %v", env)
+	}
+}
+
 func TestLoadClusterEnvRequiresKeys(t *testing.T) {
 	if _, err := LoadClusterEnv(writeEnv(t, "KUBECONFIG=/x\n")); err == nil {
 		t.Error("an env without KUBECTL loaded")
@@ -87,5 +97,9 @@ func TestCommandRejectsBadInput(t *testing.T) {
 	err := Command().Main(context.Background(), []string{"up", "--repo", t.TempDir()}, stdio)
 	if !errors.Is(err, ErrNoRepo) {
 		t.Errorf("up in an empty folder: %v, want ErrNoRepo", err)
+	}
+	err = Command().Main(context.Background(), []string{"up", "--nodes", "12", "--repo", t.TempDir()}, stdio)
+	if !errors.Is(err, ErrNodes) {
+		t.Errorf("up --nodes 12: %v, want ErrNodes", err)
 	}
 }

@@ -23,6 +23,10 @@ func ReadClusterEnv(path string) (ClusterEnv, error) {
 	for sc.Scan() {
 		line := strings.TrimSpace(sc.Text())
 		if k, v, ok := strings.Cut(line, "="); ok && !strings.HasPrefix(line, "#") {
+			// A value with spaces is quoted, so that the file stays sourceable.
+			if len(v) >= 2 && v[0] == '"' && v[len(v)-1] == '"' {
+				v = v[1 : len(v)-1]
+			}
 			env[k] = v
 		}
 	}

@@ -25,14 +25,18 @@ func (c Config) Up(ctx context.Context) error {
 	}
 	start := time.Now()
 	c.progress("1/4 cluster: hack/cluster/up.sh (kube binaries and CSI sidecars are cached after the first run)")
-	if err := c.runScript(ctx, "up.sh", "BERTH_E2E_BERTH_BINARY="+c.BerthBinary, "BERTH_E2E_SIDECARS=1"); err != nil {
+	env := []string{"BERTH_E2E_BERTH_BINARY=" + c.BerthBinary, "BERTH_E2E_SIDECARS=1"}
+	if c.Nodes > 0 {
+		env = append(env, fmt.Sprintf("BERTH_E2E_NODES=%d", c.Nodes))
+	}
+	if err := c.runScript(ctx, "up.sh", env...); err != nil {
 		return err
 	}
-	env, err := LoadClusterEnv(filepath.Join(c.WorkDir, "cluster.env"))
+	cenv, err := LoadClusterEnv(filepath.Join(c.WorkDir, "cluster.env"))
 	if err != nil {
 		return err
 	}
-	k := kubectl{cfg: c, env: env}
+	k := kubectl{cfg: c, env: cenv}
 	c.progress("2/4 installing berth: Helm chart deploy/berth (CRDs, operator), then StorageCluster %s", StorageCluster)
 	if err := c.install(ctx, k); err != nil {
 		return err
@@ -51,7 +55,7 @@ func (c Config) Up(ctx context.Context) error {
 		c.progress("pod with a berth volume Running, data written: %q", DemoText)
 	}
 	c.progress("up in %s", time.Since(start).Round(time.Second))
-	c.lookAround(env)
+	c.lookAround(cenv)
 	return nil
 }
 

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Simulates the loss of one node of the e2e cluster, and undoes it.
+#
+#   hack/cluster/node.sh NODE stop|start|freeze|thaw|cut|restore|status
+#
+# NODE is a node's name (berth-e2e-node-2) or index (2).
+#   stop     SIGKILL everything of the node (kubelet, containerd, its shims,
+#            its pods' processes: all of its cgroup), as a power loss would;
+#            its mounts and loop devices stay (the kernel is shared)
+#   start    start containerd and kubelet again, wait for the node Ready
+#   freeze   freeze all of the node's processes (cgroup freezer): a hung node
+#   thaw     undo freeze
+#   cut      take the node's link to the hub down: no API server, no peers
+#   restore  undo cut
+#   status   print running/frozen/stopped and linked/cut
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=lib.sh
+. "$HERE/lib.sh"
+. "$HERE/nodes.sh"
+
+[ $# -eq 2 ] || die "usage: $0 NODE stop|start|freeze|thaw|cut|restore|status"
+[ "$(id -u)" -eq 0 ] || die "run as root"
+[ -s "$NODES_LIST" ] || die "no cluster in $WORKDIR (hack/cluster/up.sh)"
+i=$(node_index "$1") || die "no node $1 (nodes: $(for i in $(node_indexes); do node_name "$i"; done | tr '\n' ' '))"
+name=$(node_name "$i")
+KUBE_BIN=$(cat "$WORKDIR/kube-bin")
+KUBECTL="$KUBE_BIN/kubectl"
+hubif=$(node_hub_if "$i")
+
+case $2 in
+stop)
+	node_kill "$i"
+	rm -f "$PIDS/kubelet-$name.pid" "$PIDS/containerd-$name.pid"
+	log "$name stopped"
+	;;
+start)
+	node_thaw "$i"
+	start_node "$i"
+	wait_node_ready "$i"
+	;;
+freeze)
+	node_freeze "$i"
+	log "$name frozen"
+	;;
+thaw)
+	node_thaw "$i"
+	log "$name thawed"
+	;;
+cut)
+	ip -n "$NETNS" link set "$hubif" down
+	log "$name cut off the hub"
+	;;
+restore)
+	ip -n "$NETNS" link set "$hubif" up
+	log "$name linked to the hub again"
+	;;
+status)
+	state=running
+	pid_of "kubelet@$i" >/dev/null || state=stopped
+	if [ "$(cat "$(node_freezer "$i")/freezer.state" 2>/dev/null)" = FROZEN ]; then state=frozen; fi
+	link=linked
+	ip -n "$NETNS" link show "$hubif" 2>/dev/null | grep -q 'state UP\|,UP' || link=cut
+	echo "$name $state $link"
+	;;
+*) die "unknown action $2" ;;
+esac
