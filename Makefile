@@ -101,7 +101,7 @@ test-unit: ## Run unit tests only (no API server, no root).
 	go test -short $(GO_TEST_FLAGS) ./...
 
 .PHONY: e2e
-e2e: build ## Run the end-to-end scenarios on a real single-node Kubernetes with berth (root; hack/e2e.sh).
+e2e: build ## Run the end-to-end scenarios on a real two-node Kubernetes with berth (root; hack/e2e.sh; BERTH_E2E_NODES).
 	hack/e2e.sh $(GO_TEST_FLAGS)
 
 .PHONY: dev-up

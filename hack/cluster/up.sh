@@ -125,7 +125,8 @@ start kube-scheduler "$KUBE_BIN/kube-scheduler" \
 
 # Each node: containerd, the images, kubelet; then wait for all Ready.
 import_node_images() {
-	ctr_() { ctr -a "$(node_sock "$1")" -n k8s.io "$@"; }
+	IMPORT_SOCK=$(node_sock "$1")
+	ctr_() { ctr -a "$IMPORT_SOCK" -n k8s.io "$@"; }
 	IMPORT_NODE=$(node_name "$1") build_and_import_images
 }
 for i in $(node_indexes); do start_node "$i" import_node_images; done

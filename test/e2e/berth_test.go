@@ -3,7 +3,6 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
@@ -33,6 +32,9 @@ const (
 // claim to be provisioned.
 const selectedNodeAnnotation = "volume.kubernetes.io/selected-node"
 
+// hostnameLabel names a node (kubelet sets it to its --hostname-override).
+const hostnameLabel = "kubernetes.io/hostname"
+
 // scenario is one berth e2e test: its cluster, client and namespace.
 type scenario struct {
 	t   *testing.T
@@ -40,6 +42,8 @@ type scenario struct {
 	env Env
 	cs  kubernetes.Interface
 	ns  string
+	// node is where the scenario's claims and pods go (the first node).
+	node string
 }
 
 // newScenario skips without a cluster or without berth installed, makes a
@@ -56,7 +60,7 @@ func newScenario(t *testing.T, timeout time.Duration) *scenario {
 		}
 		t.Skipf("berth is not installed (%v): run `berth dev up` or make e2e", err)
 	}
-	s := &scenario{t: t, ctx: ctx, env: env, cs: cs}
+	s := &scenario{t: t, ctx: ctx, env: env, cs: cs, node: env.NodeName}
 	s.ns = testNamespace(ctx, t, cs)
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -116,10 +120,10 @@ func (s *scenario) pvc(name, class, size string, access corev1.PersistentVolumeA
 		mode = corev1.PersistentVolumeBlock
 	}
 	c := &corev1.PersistentVolumeClaim{
-		// berth's classes bind on first consumer; on this one-node cluster
-		// the test picks the node as the scheduler would, so that the PV
-		// exists before any pod (the Flexvolume pod names its handle).
-		ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{selectedNodeAnnotation: s.env.NodeName}},
+		// berth's classes bind on first consumer; the test picks the node
+		// as the scheduler would, so that the PV exists before any pod
+		// (the Flexvolume pod names its handle).
+		ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{selectedNodeAnnotation: s.node}},
 		Spec: corev1.PersistentVolumeClaimSpec{
 			StorageClassName: &class, AccessModes: []corev1.PersistentVolumeAccessMode{access}, VolumeMode: &mode,
 			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse(size)}},
@@ -168,6 +172,9 @@ func (s *scenario) pod(name, script string, vol corev1.VolumeSource, block bool)
 		Spec: corev1.PodSpec{
 			Containers: []corev1.Container{c}, TerminationGracePeriodSeconds: &grace,
 			Volumes: []corev1.Volume{{Name: "data", VolumeSource: vol}},
+			// On the node where the scenario's claims live (the local
+			// backend keeps a volume on its node).
+			NodeSelector: map[string]string{hostnameLabel: s.node},
 		},
 	}
 	p, err := s.cs.CoreV1().Pods(s.ns).Create(s.ctx, p, metav1.CreateOptions{})
@@ -221,28 +228,15 @@ func (s *scenario) waitFor(what string, timeout time.Duration, cond func(ctx con
 	s.t.Logf("%s after %v", what, time.Since(start).Round(10*time.Millisecond))
 }
 
-// hostMounts lists the host's mount points that contain any of subs.
-func hostMounts(subs ...string) []string {
-	f, err := os.Open("/proc/self/mountinfo")
+// nodeMounts lists the mount points of the scenario's node that contain any
+// of subs.
+func (s *scenario) nodeMounts(subs ...string) []string {
+	s.t.Helper()
+	m, err := s.env.NodeMounts(s.ctx, s.node, subs...)
 	if err != nil {
-		return []string{err.Error()}
+		s.t.Fatal(err)
 	}
-	defer f.Close()
-	var found []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 5 {
-			continue
-		}
-		for _, sub := range subs {
-			if strings.Contains(fields[4], sub) {
-				found = append(found, fields[4])
-				break
-			}
-		}
-	}
-	return found
+	return m
 }
 
 // events returns the messages of the object's events.

@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"strconv"
 	"strings"
@@ -12,17 +13,19 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 )
 
-// TestPodsReachAPIServer: pods on the pod network and hostNetwork pods (the
-// berth driver's kind) both reach the API server at the in-cluster address
-// Kubernetes injects, with no kube-proxy. A listener on the host's end of
-// the veth is reachable from the node's network but not from the pod
-// network: pod traffic is never forwarded out of the netns.
+// TestPodsReachAPIServer: on every node, pods on the pod network and
+// hostNetwork pods (the berth driver's kind) reach the API server at the
+// in-cluster address Kubernetes injects, with no kube-proxy, and a pod on
+// the first node through its pod IP (routes between the nodes). A listener
+// on the host's end of the hub's veth is reached from neither: nothing of
+// the nodes is forwarded to the host.
 func TestPodsReachAPIServer(t *testing.T) {
 	env, cs := needCluster(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	ns := testNamespace(ctx, t, cs)
 
@@ -45,37 +48,71 @@ func TestPodsReachAPIServer(t *testing.T) {
 		}
 	}()
 	hostAddr := ln.Addr().(*net.TCPAddr)
+	nodes := env.Nodes()
+
+	// A web server on the pod network of the first node.
+	pong := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "pong"},
+		Spec: corev1.PodSpec{
+			NodeSelector: map[string]string{hostnameLabel: nodes[0]},
+			Containers: []corev1.Container{{
+				Name: "c", Image: env.BusyboxImage, ImagePullPolicy: corev1.PullNever,
+				Command: []string{"sh", "-c", "mkdir /www && echo pong > /www/index.html && exec httpd -f -p 8080 -h /www"},
+			}},
+		},
+	}
+	if _, err := cs.CoreV1().Pods(ns).Create(ctx, pong, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create pong: %v", err)
+	}
+	var pongIP string
+	err = wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		p, err := cs.CoreV1().Pods(ns).Get(ctx, "pong", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		pongIP = p.Status.PodIP
+		return p.Status.Phase == corev1.PodRunning && pongIP != "", nil
+	})
+	if err != nil {
+		t.Fatalf("pong Running: %v", err)
+	}
 
 	const script = `echo | nc -w 3 "$KUBERNETES_SERVICE_HOST" "$KUBERNETES_SERVICE_PORT" && echo api-ok; ` +
-		`echo | nc -w 3 "$HOST_IP" "$HOST_PORT" 2>/dev/null && echo host-open || echo host-closed`
-	for _, hostNet := range []bool{false, true} {
-		name := map[bool]string{false: "podnet", true: "hostnet"}[hostNet]
-		pod := &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Name: name},
-			Spec: corev1.PodSpec{
-				HostNetwork:   hostNet,
-				RestartPolicy: corev1.RestartPolicyNever,
-				Containers: []corev1.Container{{
-					Name: "c", Image: env.BusyboxImage, ImagePullPolicy: corev1.PullNever,
-					Command: []string{"sh", "-c", script},
-					Env: []corev1.EnvVar{
-						{Name: "HOST_IP", Value: hostIP},
-						{Name: "HOST_PORT", Value: strconv.Itoa(hostAddr.Port)},
-					},
-				}},
-			},
-		}
-		if _, err := cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
-			t.Fatalf("create %s: %v", name, err)
+		`echo | nc -w 3 "$HOST_IP" "$HOST_PORT" 2>/dev/null && echo host-open || echo host-closed; ` +
+		`wget -q -T 5 -O - "http://$PONG_IP:8080/" || echo no-pong`
+	want := map[string]string{}
+	for i, node := range nodes {
+		for _, hostNet := range []bool{false, true} {
+			name := fmt.Sprintf("%s-%d", map[bool]string{false: "podnet", true: "hostnet"}[hostNet], i+1)
+			want[name] = "api-ok\nhost-closed\npong"
+			pod := &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Name: name},
+				Spec: corev1.PodSpec{
+					HostNetwork:   hostNet,
+					RestartPolicy: corev1.RestartPolicyNever,
+					NodeSelector:  map[string]string{hostnameLabel: node},
+					Containers: []corev1.Container{{
+						Name: "c", Image: env.BusyboxImage, ImagePullPolicy: corev1.PullNever,
+						Command: []string{"sh", "-c", script},
+						Env: []corev1.EnvVar{
+							{Name: "HOST_IP", Value: hostIP},
+							{Name: "HOST_PORT", Value: strconv.Itoa(hostAddr.Port)},
+							{Name: "PONG_IP", Value: pongIP},
+						},
+					}},
+				},
+			}
+			if _, err := cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+				t.Fatalf("create %s: %v", name, err)
+			}
 		}
 	}
-	for name, want := range map[string]string{"podnet": "api-ok\nhost-closed", "hostnet": "api-ok\nhost-open"} {
+	for name, w := range want {
 		if phase := waitPodDone(ctx, t, cs, ns, name); phase != corev1.PodSucceeded {
 			t.Fatalf("%s: phase %s", name, phase)
 		}
-		got := podLogs(ctx, t, cs, ns, name, "c")
-		if got != want {
-			t.Errorf("%s printed %q, want %q", name, got, want)
+		if got := podLogs(ctx, t, cs, ns, name, "c"); got != w {
+			t.Errorf("%s printed %q, want %q", name, got, w)
 		}
 	}
 }

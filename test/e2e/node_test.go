@@ -30,12 +30,12 @@ func TestFlexvolumePod(t *testing.T) {
 	if err != nil || strings.TrimSpace(got) != token {
 		t.Fatalf("read back %q (%v), want %q", got, err, token)
 	}
-	if m := hostMounts(string(pod.UID) + "/volumes/berth.io~berth"); len(m) == 0 {
+	if m := s.nodeMounts(string(pod.UID) + "/volumes/berth.io~berth"); len(m) == 0 {
 		t.Fatal("no Flexvolume mount on the node while the pod runs")
 	}
 	s.deletePod(pod.Name)
 	s.waitFor("Flexvolume unmount", time.Minute, func(context.Context) (bool, error) {
-		return len(hostMounts(string(pod.UID))) == 0, nil
+		return len(s.nodeMounts(string(pod.UID))) == 0, nil
 	})
 }
 
@@ -62,16 +62,18 @@ func TestUserspaceSurvivesAgentRestart(t *testing.T) {
 	}
 	before := lines()
 
-	agents, err := s.cs.CoreV1().Pods(berthNamespace).List(s.ctx, metav1.ListOptions{LabelSelector: agentPods})
+	// The agent of the writer's node.
+	onNode := metav1.ListOptions{LabelSelector: agentPods, FieldSelector: "spec.nodeName=" + s.node}
+	agents, err := s.cs.CoreV1().Pods(berthNamespace).List(s.ctx, onNode)
 	if err != nil || len(agents.Items) == 0 {
-		t.Fatalf("agent pods: %v (%d)", err, len(agents.Items))
+		t.Fatalf("agent pods on %s: %v (%d)", s.node, err, len(agents.Items))
 	}
 	old := agents.Items[0]
 	if err := s.cs.CoreV1().Pods(berthNamespace).Delete(s.ctx, old.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatalf("delete agent pod: %v", err)
 	}
-	s.waitFor("a new agent pod Ready", 2*time.Minute, func(ctx context.Context) (bool, error) {
-		list, err := s.cs.CoreV1().Pods(berthNamespace).List(ctx, metav1.ListOptions{LabelSelector: agentPods})
+	s.waitFor("a new agent pod Ready on "+s.node, 2*time.Minute, func(ctx context.Context) (bool, error) {
+		list, err := s.cs.CoreV1().Pods(berthNamespace).List(ctx, onNode)
 		if err != nil {
 			return false, err
 		}

@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -21,9 +20,15 @@ import (
 	"k8s.io/utils/ptr"
 )
 
-// imagePath is where the agent keeps the image of volume handle on the node.
+// imagePath is where the agent keeps the image of volume handle on the
+// scenario's node (its BERTH_DATA_DIR), seen from the host.
 func (s *scenario) imagePath(handle string) string {
-	return filepath.Join(s.env.Vars["BERTH_DATA_DIR"], "volumes", handle+".img")
+	s.t.Helper()
+	p, err := s.env.NodePath(s.node, "berth-data", "volumes", handle+".img")
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return p
 }
 
 // Scenario 1: a dynamically provisioned PVC; a pod writes and reads back;
@@ -44,14 +49,14 @@ func TestDynamicPVCLifecycle(t *testing.T) {
 	if err != nil || strings.TrimSpace(got) != token {
 		t.Fatalf("read back %q (%v), want %q", got, err, token)
 	}
-	if m := hostMounts(pv.Name, string(pod.UID)); len(m) == 0 {
+	if m := s.nodeMounts(pv.Name, string(pod.UID)); len(m) == 0 {
 		t.Fatalf("no mount of %s on the node while the pod runs", pv.Name)
 	}
 
 	s.deletePod(pod.Name)
 	// kubelet unpublishes and then unstages: nothing of the PV stays mounted.
 	s.waitFor("unpublish and unstage", time.Minute, func(context.Context) (bool, error) {
-		return len(hostMounts(pv.Name, string(pod.UID))) == 0, nil
+		return len(s.nodeMounts(pv.Name, string(pod.UID))) == 0, nil
 	})
 
 	if err := s.cs.CoreV1().PersistentVolumeClaims(s.ns).Delete(s.ctx, "data", metav1.DeleteOptions{}); err != nil {

@@ -22,7 +22,7 @@ func TestStorageClusterDeletionCleansNode(t *testing.T) {
 	pv := s.boundPV("held")
 	pod := s.pod("held", "exec sleep 3600", claimSource("held"), false)
 	s.running(pod.Name)
-	if len(hostMounts(pv.Name)) == 0 {
+	if len(s.nodeMounts(pv.Name)) == 0 {
 		t.Fatal("the volume is not mounted on the node")
 	}
 
@@ -60,7 +60,7 @@ func TestStorageClusterDeletionCleansNode(t *testing.T) {
 		out, err := s.kubectl("get", "storagecluster", "berth", "--ignore-not-found", "-o", "name")
 		return err == nil && strings.TrimSpace(out) == "", nil
 	})
-	if m := hostMounts(pv.Name); len(m) > 0 {
+	if m := s.nodeMounts(pv.Name); len(m) > 0 {
 		t.Fatalf("mounts of the volume left after cleanup: %v", m)
 	}
 }

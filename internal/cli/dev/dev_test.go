@@ -103,3 +103,21 @@ func TestCommandRejectsBadInput(t *testing.T) {
 		t.Errorf("up --nodes 12: %v, want ErrNodes", err)
 	}
 }
+
+func TestCSINodesReady(t *testing.T) {
+	for _, c := range []struct {
+		list string
+		want []string
+		ok   bool
+	}{
+		{"n1=berth.io;n2=;", []string{"n1", "n2"}, false},
+		{"n1=berth.io;n2=other berth.io;", []string{"n1", "n2"}, true},
+		{"n1=berth.io;", nil, true},
+		{"n1=berth.iox;", nil, false},
+		{"", []string{"n1"}, false},
+	} {
+		if got := csiNodesReady(c.list, c.want); got != c.ok {
+			t.Errorf("csiNodesReady(%q, %v) = %t, want %t", c.list, c.want, got, c.ok)
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
@@ -127,13 +128,37 @@ func (c Config) waitDriver(ctx context.Context, k kubectl) error {
 	if err != nil {
 		return err
 	}
-	return c.waitFor(ctx, "CSINode lists berth.io", func(ctx context.Context) (bool, string) {
-		out, err := k.run(ctx, nil, "get", "csinode", "-o", "jsonpath={.items[*].spec.drivers[*].name}")
+	want := strings.Fields(k.env["NODES"])
+	return c.waitFor(ctx, "every node's CSINode lists berth.io", func(ctx context.Context) (bool, string) {
+		out, err := k.run(ctx, nil, "get", "csinode", "-o",
+			`jsonpath={range .items[*]}{.metadata.name}={.spec.drivers[*].name};{end}`)
 		if err != nil {
 			return false, err.Error()
 		}
-		return strings.Contains(out, "berth.io"), "drivers: " + out
+		return csiNodesReady(out, want), "drivers: " + out
 	})
+}
+
+// csiNodesReady tells whether the CSINodes (kubectl's "node=driver ...;"
+// list) show berth.io on every node of want, or on one node at least when
+// want is empty (a cluster.env of a single-node cluster).
+func csiNodesReady(list string, want []string) bool {
+	with := map[string]bool{}
+	for _, item := range strings.Split(list, ";") {
+		node, drivers, _ := strings.Cut(item, "=")
+		if slices.Contains(strings.Fields(drivers), "berth.io") {
+			with[node] = true
+		}
+	}
+	if len(want) == 0 {
+		return len(with) > 0
+	}
+	for _, n := range want {
+		if !with[n] {
+			return false
+		}
+	}
+	return true
 }
 
 // uninstall deletes the StorageCluster while the agent still runs (its

@@ -1,0 +1,94 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Nodes are the cluster's node names (NODES), the first one first.
+func (e Env) Nodes() []string {
+	if n := strings.Fields(e.Vars["NODES"]); len(n) > 0 {
+		return n
+	}
+	return []string{e.NodeName}
+}
+
+// nodeVar is the per-node cluster.env value KEY_<i> of node.
+func (e Env) nodeVar(key, node string) (string, error) {
+	for i, n := range e.Nodes() {
+		if n == node {
+			if v := e.Vars[key+"_"+strconv.Itoa(i+1)]; v != "" {
+				return v, nil
+			}
+			return "", fmt.Errorf("cluster.env lacks %s_%d (node %s)", key, i+1, node)
+		}
+	}
+	return "", fmt.Errorf("no node %s in cluster.env (nodes %v)", node, e.Nodes())
+}
+
+// NodePath is where path of node's own folders (its /var/lib/kubelet,
+// BERTH_DATA_DIR, /run/berth, ...) lives as seen from the host; the node's
+// mount namespace binds $NODE_DIR_<i>/<name> over the standard path.
+func (e Env) NodePath(node, name string, rel ...string) (string, error) {
+	dir, err := e.nodeVar("NODE_DIR", node)
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(append([]string{dir, name}, rel...)...), nil
+}
+
+// NodeMounts lists the mount points of node's mount namespace that contain
+// any of subs: kubelet and berth's agent mount there, not on the host.
+func (e Env) NodeMounts(ctx context.Context, node string, subs ...string) ([]string, error) {
+	mntns, err := e.nodeVar("NODE_MNTNS", node)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "nsenter", "--mount="+mntns, "--", "cat", "/proc/self/mountinfo").Output()
+	if err != nil {
+		return nil, fmt.Errorf("mountinfo of node %s: %w", node, err)
+	}
+	var found []string
+	sc := bufio.NewScanner(strings.NewReader(string(out)))
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		for _, sub := range subs {
+			if strings.Contains(fields[4], sub) {
+				found = append(found, fields[4])
+				break
+			}
+		}
+	}
+	return found, nil
+}
+
+// NodeAction runs hack/cluster/node.sh NODE ACTION (stop, start, freeze,
+// thaw, cut, restore): node loss and its undo.
+func (e Env) NodeAction(ctx context.Context, node, action string) error {
+	_, file, _, _ := runtime.Caller(0)
+	script := filepath.Join(filepath.Dir(file), "..", "..", "hack", "cluster", "node.sh")
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, script, node, action)
+	cmd.Env = append(os.Environ(), "BERTH_E2E_DIR="+e.Vars["BERTH_E2E_DIR"])
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("node.sh %s %s: %w: %s", node, action, err, out)
+	}
+	return nil
+}
