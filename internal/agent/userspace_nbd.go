@@ -147,7 +147,7 @@ func (a *Agent) nbdEnsureServer(ctx context.Context, volume, image string) (star
 		return false, fmt.Errorf("nbd record of %s: %w", volume, err)
 	}
 	proc, err := a.startServer(ctx, blockdev.Params{
-		Volume: volume, Image: image, Transport: string(TransportNBD), DeadConnTimeout: a.us.DeadConnTimeout,
+		Node: a.node, Volume: volume, Image: image, Transport: string(TransportNBD), DeadConnTimeout: a.us.DeadConnTimeout,
 	})
 	if err != nil {
 		return false, err

@@ -23,10 +23,12 @@ type Params struct {
 	// Binary is the berth binary; the process runs `Binary blockdev ...`.
 	Binary       string
 	KeeperSocket string
-	Volume       string
-	Image        string
-	Mountpoint   string
-	Workers      int // 0: the server's default
+	// Node (nbd) is the agent's node, part of the device's identifier.
+	Node       string
+	Volume     string
+	Image      string
+	Mountpoint string
+	Workers    int // 0: the server's default
 	// NoDirect turns O_DIRECT on the image off.
 	NoDirect bool
 	// Passthrough lets the kernel do data I/O on the image itself (6.9+);
@@ -74,6 +76,9 @@ func (p Params) args() ([]string, error) {
 		}
 		if p.Connections > 0 {
 			args = append(args, "--connections", strconv.Itoa(p.Connections))
+		}
+		if p.Node != "" {
+			args = append(args, "--node", p.Node)
 		}
 		return args, nil
 	}

@@ -10,11 +10,13 @@ import (
 type Devices struct {
 	kernel Kernel
 	sysfs  string
+	node   string
 }
 
-// NewDevices returns the devices of kernel, found under sysfs ("/sys").
-func NewDevices(kernel Kernel, sysfs string) *Devices {
-	return &Devices{kernel: kernel, sysfs: sysfs}
+// NewDevices returns node's devices of kernel, found under sysfs ("/sys"):
+// those whose servers were started with node (RunConfig.Node).
+func NewDevices(kernel Kernel, sysfs, node string) *Devices {
+	return &Devices{kernel: kernel, sysfs: sysfs, node: node}
 }
 
 // Available tells whether this kernel has nbd, and why not.
@@ -22,7 +24,7 @@ func (d *Devices) Available() (bool, string) { return Available(d.sysfs) }
 
 // Device returns the device node of volume's nbd device.
 func (d *Devices) Device(volume string) (string, bool, error) {
-	idx, found, err := FindByBackend(d.sysfs, BackendID(volume))
+	idx, found, err := FindByBackend(d.sysfs, BackendID(d.node, volume))
 	if err != nil || !found {
 		return "", false, err
 	}
@@ -35,7 +37,7 @@ func (d *Devices) Disconnect(volume string) error {
 	if ok, _ := d.Available(); !ok {
 		return nil // no nbd driver: no device to remove
 	}
-	idx, found, err := FindByBackend(d.sysfs, BackendID(volume))
+	idx, found, err := FindByBackend(d.sysfs, BackendID(d.node, volume))
 	if err != nil || !found {
 		return err
 	}

@@ -72,11 +72,11 @@ func FuzzFindByBackend(f *testing.F) {
 		if err := os.WriteFile(filepath.Join(dir, "backend"), []byte(backend), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		idx, found, err := FindByBackend(sysfs, BackendID(volume))
+		idx, found, err := FindByBackend(sysfs, BackendID("n1", volume))
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := strings.HasPrefix(name, "nbd") && strings.TrimRight(backend, "\n") == BackendID(volume)
+		want := strings.HasPrefix(name, "nbd") && strings.TrimRight(backend, "\n") == BackendID("n1", volume)
 		if want {
 			n, err := strconv.Atoi(name[3:])
 			want = err == nil && strconv.Itoa(n) == name[3:]

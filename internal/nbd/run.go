@@ -16,7 +16,10 @@ import (
 type RunConfig struct {
 	Kernel Kernel
 	// Sysfs is where FindByBackend looks ("" means /sys).
-	Sysfs  string
+	Sysfs string
+	// Node is the node the device belongs to (part of its identifier, see
+	// BackendID; "" for the single-node form).
+	Node   string
 	Volume string
 	Image  string
 	// Direct opens the image with O_DIRECT for aligned I/O.
@@ -112,7 +115,7 @@ func Run(ctx context.Context, c RunConfig) error {
 
 // attach finds or makes the device and returns our ends of its sockets.
 func attach(ctx context.Context, c RunConfig, size int64, log logr.Logger) (int, []*os.File, error) {
-	id := BackendID(c.Volume)
+	id := BackendID(c.Node, c.Volume)
 	index, found, err := FindByBackend(c.Sysfs, id)
 	if err != nil {
 		return 0, nil, err
@@ -156,7 +159,7 @@ func reconnect(ctx context.Context, c RunConfig, index int) ([]*os.File, error) 
 		if err != nil {
 			return nil, err
 		}
-		err = c.Kernel.Reconfigure(index, BackendID(c.Volume), pairs.kernel(), c.DeadConnTimeout)
+		err = c.Kernel.Reconfigure(index, BackendID(c.Node, c.Volume), pairs.kernel(), c.DeadConnTimeout)
 		pairs.closeKernel()
 		if err != nil {
 			pairs.closeOurs()

@@ -10,9 +10,19 @@ import (
 	"strings"
 )
 
-// BackendID is the identifier a volume's device carries in
-// /sys/block/nbdN/backend, by which a restarted server finds it.
-func BackendID(volume string) string { return "berth:" + volume }
+// BackendID is the identifier node's device of a volume carries in
+// /sys/block/nbdN/backend, by which a restarted server finds it. nbd
+// devices are the kernel's, seen by every node sharing it (Kubernetes
+// nodes in containers or namespaces of one machine): the node name keeps
+// one node's agent from finding, reconnecting or disconnecting the device
+// another node made for the same volume (a moved or read-only-many one).
+// A node name has no "/" (a DNS subdomain); "" gives the single-node form.
+func BackendID(node, volume string) string {
+	if node == "" {
+		return "berth:" + volume
+	}
+	return "berth:" + node + "/" + volume
+}
 
 // DevicePath is the device node of nbd index.
 func DevicePath(index int) string { return "/dev/nbd" + strconv.Itoa(index) }

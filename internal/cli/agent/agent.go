@@ -345,7 +345,7 @@ func (c Config) addUserspace(mgr manager.Manager, a *nodeagent.Agent, holdings h
 	if err != nil {
 		return err
 	}
-	nbdDevs := nbd.NewDevices(nbd.NewNetlink(), "/sys")
+	nbdDevs := nbd.NewDevices(nbd.NewNetlink(), "/sys", c.NodeName)
 	if ok, reason := nbdDevs.Available(); transport == nodeagent.TransportNBD && !ok {
 		// Still start: volumes staged over FUSE before keep working, and
 		// staging a new one says why it cannot.

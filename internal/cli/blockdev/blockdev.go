@@ -28,12 +28,14 @@ type Config struct {
 	// Transport is blockdev.TransportFUSE ("" too) or blockdev.TransportNBD.
 	Transport    string
 	KeeperSocket string
-	Volume       string
-	Image        string
-	Mountpoint   string
-	Workers      int
-	Direct       bool
-	Passthrough  bool
+	// Node names this node in the nbd device's identifier.
+	Node        string
+	Volume      string
+	Image       string
+	Mountpoint  string
+	Workers     int
+	Direct      bool
+	Passthrough bool
 	// DeadConnTimeout and Connections configure the nbd device.
 	DeadConnTimeout time.Duration
 	Connections     int
@@ -53,7 +55,7 @@ func flagTransport(name string) string {
 	switch name {
 	case "keeper-socket", "mountpoint", "passthrough":
 		return blockdev.TransportFUSE
-	case "dead-conn-timeout", "connections":
+	case "dead-conn-timeout", "connections", "node":
 		return blockdev.TransportNBD
 	}
 	return ""
@@ -136,6 +138,7 @@ func (c Config) runNBD(ctx context.Context, say func(string)) error {
 	return nbd.Run(ctx, nbd.RunConfig{
 		Kernel:          k,
 		Sysfs:           sysfs,
+		Node:            c.Node,
 		Volume:          c.Volume,
 		Image:           c.Image,
 		Direct:          c.Direct,
@@ -160,6 +163,7 @@ func Command() cli.Command {
 			fs.StringVar(&cfg.KeeperSocket, "keeper-socket", "/run/berth/keeper.sock", "the keeper's socket (fuse)")
 			fs.StringVar(&cfg.Volume, "volume", "", "volume id (the keeper's key; the nbd backend identifier)")
 			fs.StringVar(&cfg.Image, "image", "", "backing image file")
+			fs.StringVar(&cfg.Node, "node", "", "this node's name, part of the nbd device's identifier so that nodes sharing a kernel never take each other's device (nbd)")
 			fs.StringVar(&cfg.Mountpoint, "mountpoint", "", "where the keeper mounts the FUSE file system (holds disk.img) (fuse)")
 			fs.IntVar(&cfg.Workers, "workers", 0, "request goroutines, per connection for nbd (0: default)")
 			fs.BoolVar(&cfg.Direct, "direct", true, "O_DIRECT for aligned I/O on the image")
