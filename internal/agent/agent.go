@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -140,9 +141,36 @@ func (a *Agent) volume(ctx context.Context, id string) (*v1.Volume, error) {
 		return nil, fmt.Errorf("read Volume %s: %w", id, err)
 	}
 	if vol.Spec.Node != "" && vol.Spec.Node != a.node {
-		return nil, fmt.Errorf("volume %s is on node %s, this is %s: %w", id, vol.Spec.Node, a.node, ErrWrongNode)
+		return nil, fmt.Errorf("volume %s is on node %s (its image lives there), this is %s%s: %w",
+			id, vol.Spec.Node, a.node, a.heldBy(ctx, id), ErrWrongNode)
 	}
 	return vol, nil
+}
+
+// heldBy names who holds the volume (", in use by ..."), so that a refusal
+// tells the user which pod to stop; "" when nobody does or the Attachment
+// cannot be read (the refusal stands without it).
+func (a *Agent) heldBy(ctx context.Context, id string) string {
+	att := &v1.Attachment{}
+	if err := a.api.Get(ctx, client.ObjectKey{Name: id}, att); err != nil {
+		return ""
+	}
+	// Pods say more than stage records; a stage record alone names the node.
+	var pods, stages []string
+	for _, e := range att.Spec.Attachments {
+		if e.IsStage() {
+			stages = append(stages, fence.Describe(e))
+		} else {
+			pods = append(pods, fence.Describe(e))
+		}
+	}
+	if len(pods) == 0 {
+		pods = stages
+	}
+	if len(pods) > 0 {
+		return ", in use by " + strings.Join(pods, ", ")
+	}
+	return ""
 }
 
 // clusterLive refuses a volume whose StorageCluster is being deleted: its

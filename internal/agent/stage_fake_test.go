@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -240,4 +241,30 @@ func TestFakeStageRollback(t *testing.T) {
 			t.Errorf("staged: loop devices %v, holds %v, mounts %v; want one of each", e.loop.devs, e.fence.holds, mps)
 		}
 	})
+}
+
+// A volume of another node is refused before anything is made, naming the
+// node it lives on and the pod that uses it there.
+func TestFakeStageOnOtherNodeNamesHolder(t *testing.T) {
+	e := newStageEnvOf(t, false, func(v *v1.Volume) { v.Spec.Node = "node-b" })
+	att := &v1.Attachment{
+		ObjectMeta: metav1.ObjectMeta{Name: "vol-a"},
+		Spec: v1.AttachmentSpec{AccessMode: v1.ReadWriteOnce, Attachments: []v1.AttachmentEntry{
+			{Node: "node-b", MountDir: "/var/lib/kubelet/plugins/stage/vol-a"},
+			{Node: "node-b", PodNamespace: "shop", Pod: "db-0", PodUID: "u-1", MountDir: "/var/lib/kubelet/pods/u-1/volumes/x"},
+		}},
+	}
+	if err := e.api.Create(t.Context(), att); err != nil {
+		t.Fatal(err)
+	}
+	err := e.stage(t)
+	if !errors.Is(err, ErrWrongNode) {
+		t.Fatalf("stage on node-a of node-b's volume: %v, want ErrWrongNode", err)
+	}
+	for _, want := range []string{"node-b", "pod shop/db-0 (uid u-1) on node node-b"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("refusal %q does not name %q", err, want)
+		}
+	}
+	e.leftNothing(t, "a refused stage")
 }

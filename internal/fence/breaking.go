@@ -145,11 +145,11 @@ func (f *Fencer) refused(att *v1.Attachment, req *Request, ce *ConflictError) {
 	if !req.IsStage() {
 		who = fmt.Sprintf("pod %s/%s on node %s", req.PodNamespace, req.Pod, req.Node)
 	}
-	f.log.Info("fence refused", "volume", att.Name, "requester", who, "holder", describe(ce.Holder), "reason", ce.Reason)
+	f.log.Info("fence refused", "volume", att.Name, "requester", who, "holder", Describe(ce.Holder), "reason", ce.Reason)
 	f.rec.Eventf(attachmentRef(att.Name, string(att.UID)), corev1.EventTypeWarning, EventConflict,
-		"refused %s: held by %s: %s", who, describe(ce.Holder), ce.Reason)
+		"refused %s: held by %s: %s", who, Describe(ce.Holder), ce.Reason)
 	if !req.IsStage() {
 		f.rec.Eventf(&corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: req.PodNamespace, Name: req.Pod, UID: typesUID(req.PodUID)},
-			corev1.EventTypeWarning, EventConflict, "volume %s is held by %s: %s", att.Name, describe(ce.Holder), ce.Reason)
+			corev1.EventTypeWarning, EventConflict, "volume %s is held by %s: %s", att.Name, Describe(ce.Holder), ce.Reason)
 	}
 }

@@ -35,11 +35,11 @@ type ConflictError struct {
 }
 
 func (e *ConflictError) Error() string {
-	return fmt.Sprintf("volume %s (%s) is held by %s: %s", e.Volume, e.Mode, describe(e.Holder), e.Reason)
+	return fmt.Sprintf("volume %s (%s) is held by %s: %s", e.Volume, e.Mode, Describe(e.Holder), e.Reason)
 }
 
-// describe names an entry's holder: pod and node, or the node's stage record.
-func describe(h v1.AttachmentEntry) string {
+// Describe names an entry's holder: pod and node, or the node's stage record.
+func Describe(h v1.AttachmentEntry) string {
 	if h.IsStage() {
 		return fmt.Sprintf("node %s (staged at %s)", h.Node, h.MountDir)
 	}
