@@ -79,7 +79,7 @@ func TestPodsReachAPIServer(t *testing.T) {
 
 	const script = `echo | nc -w 3 "$KUBERNETES_SERVICE_HOST" "$KUBERNETES_SERVICE_PORT" && echo api-ok; ` +
 		`echo | nc -w 3 "$HOST_IP" "$HOST_PORT" 2>/dev/null && echo host-open || echo host-closed; ` +
-		`wget -q -T 5 -O - "http://$PONG_IP:8080/" || echo no-pong`
+		`printf 'GET / HTTP/1.0\r\n\r\n' | nc -w 5 "$PONG_IP" 8080 | grep -x pong || echo no-pong`
 	want := map[string]string{}
 	for i, node := range nodes {
 		for _, hostNet := range []bool{false, true} {

@@ -1,0 +1,110 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Scenario 8 (two nodes): a ReadWriteOnce claim in use by a pod on node A.
+// A second pod of the same claim pinned to node B is refused: the claim's
+// volume lives on node A (the local backend keeps an image on its node),
+// so the scheduler never places it. Reached through a PV without node
+// affinity (as an admin could write one), berth's agent on node B refuses
+// it, and the kubelet's Event names the pod that holds it on node A.
+func TestReadWriteOnceRefusedOnSecondNode(t *testing.T) {
+	s := newScenario(t, 5*time.Minute)
+	nodes := s.env.Nodes()
+	if len(nodes) < 2 {
+		t.Skip("one node: this scenario needs a second node (BERTH_E2E_NODES=2)")
+	}
+	nodeA, nodeB := nodes[0], nodes[1]
+	s.pvc("rwo", "berth", "32Mi", corev1.ReadWriteOnce, false)
+	pv := s.boundPV("rwo")
+	holder := s.pod("holder", "exec sleep 3600", claimSource("rwo"), false)
+	s.running(holder.Name)
+
+	// The same claim on node B: unschedulable, and the scheduler says why.
+	s.podOn(nodeB, "same-claim", claimSource("rwo"))
+	var msgs []string
+	s.waitFor("the scheduler's refusal of the same claim on "+nodeB, time.Minute, func(context.Context) (bool, error) {
+		msgs = s.events("Pod", "same-claim")
+		return strings.Contains(strings.Join(msgs, "\n"), "volume node affinity conflict"), nil
+	})
+	t.Logf("same-claim events: %q", msgs)
+
+	// The same volume through a PV without node affinity: berth refuses.
+	static := &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: pv.Name + "-static"},
+		Spec: corev1.PersistentVolumeSpec{
+			Capacity:                      pv.Spec.Capacity,
+			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
+			ClaimRef:                      &corev1.ObjectReference{Namespace: s.ns, Name: "static"},
+			PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{
+				Driver: pv.Spec.CSI.Driver, VolumeHandle: pv.Spec.CSI.VolumeHandle,
+				FSType: pv.Spec.CSI.FSType, VolumeAttributes: pv.Spec.CSI.VolumeAttributes,
+			}},
+		},
+	}
+	if _, err := s.cs.CoreV1().PersistentVolumes().Create(s.ctx, static, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create PV %s: %v", static.Name, err)
+	}
+	t.Cleanup(func() {
+		// Retain: deleting it never deletes the volume; it goes with its claim.
+		_ = s.cs.CoreV1().PersistentVolumes().Delete(context.Background(), static.Name, metav1.DeleteOptions{})
+	})
+	empty := ""
+	claim := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: "static"},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			StorageClassName: &empty, VolumeName: static.Name,
+			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources:   corev1.VolumeResourceRequirements{Requests: pv.Spec.Capacity},
+		},
+	}
+	if _, err := s.cs.CoreV1().PersistentVolumeClaims(s.ns).Create(s.ctx, claim, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create PVC static: %v", err)
+	}
+	s.boundPV("static")
+	s.podOn(nodeB, "intruder", claimSource("static"))
+	want := []string{"pod " + s.ns + "/holder", "on node " + nodeA, nodeB}
+	s.waitFor("an Event on the intruder naming the holder", 2*time.Minute, func(context.Context) (bool, error) {
+		msgs = s.events("Pod", "intruder")
+		all := strings.Join(msgs, "\n")
+		for _, w := range want {
+			if !strings.Contains(all, w) {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	t.Logf("intruder events: %q", msgs)
+	for _, name := range []string{"same-claim", "intruder"} {
+		p, err := s.cs.CoreV1().Pods(s.ns).Get(s.ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Status.Phase != corev1.PodPending {
+			t.Errorf("pod %s is %s, want Pending", name, p.Status.Phase)
+		}
+	}
+	if got, err := s.exec(holder.Name, "echo ok > /data/f && cat /data/f"); err != nil || strings.TrimSpace(got) != "ok" {
+		t.Fatalf("the holder cannot write any more: %q %v", got, err)
+	}
+}
+
+// podOn creates a pod that sleeps with vol at /data, pinned to node.
+func (s *scenario) podOn(node, name string, vol corev1.VolumeSource) {
+	s.t.Helper()
+	saved := s.node
+	s.node = node
+	defer func() { s.node = saved }()
+	s.pod(name, "exec sleep 3600", vol, false)
+}
