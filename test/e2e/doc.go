@@ -1,10 +1,13 @@
-// Package e2e runs berth's end-to-end tests against the real single-node
-// Kubernetes of hack/cluster (etcd, kube-apiserver, controller-manager,
-// scheduler, containerd and kubelet inside the network namespace the script
-// makes). Run them with `make e2e` (hack/e2e.sh: up, test, down), or against
-// a cluster already up:
+// Package e2e runs berth's end-to-end tests against the real Kubernetes of
+// hack/cluster (the control plane in the hub network namespace, and per node
+// a containerd and a kubelet in the node's own network and mount
+// namespaces; two nodes with `make e2e`). Scenarios that need a second node
+// skip on one. A node's mounts and files live in its mount namespace
+// (Env.NodeMounts, Env.NodePath); Env.NodeAction stops, freezes or cuts off
+// a node (hack/cluster/node.sh). Run them with `make e2e` (hack/e2e.sh: up,
+// test, down), or against a cluster already up:
 //
-//	hack/cluster/up.sh && go test -tags e2e -count=1 -v ./test/e2e/...
+//	BERTH_E2E_NODES=2 hack/cluster/up.sh && go test -tags e2e -count=1 -v ./test/e2e/...
 //
 // BERTH_E2E_ENV names the cluster.env that up.sh wrote (default
 // /var/lib/berth-e2e/cluster.env); BERTH_E2E_UP=1 makes TestMain bring the
