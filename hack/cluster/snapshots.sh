@@ -64,12 +64,17 @@ image() {
 	if [ ! -e "$tar" ] || [ -n "$(find "$bin" "$tool" -newer "$tar" -print -quit)" ]; then
 		"$tool" -out "$IMAGES" -busybox "" -binary "snapshot-controller=$CONTROLLER_IMAGE=$bin"
 	fi
-	local ctr_=(ctr -a "$CONTAINERD_SOCK" -n k8s.io)
-	if ! "${ctr_[@]}" images ls -q | grep -qxF "$CONTROLLER_IMAGE" || [ "$tar" -nt "$tar.imported" ]; then
-		log "importing $CONTROLLER_IMAGE"
-		"${ctr_[@]}" images import --platform linux/amd64 "$tar" >/dev/null
-		touch "$tar.imported"
-	fi
+	# Into every node: the scheduler may place the controller on any.
+	local i mark
+	for i in $(node_indexes); do
+		local ctr_=(ctr -a "$(node_sock "$i")" -n k8s.io)
+		mark="$tar.imported.$(node_name "$i")"
+		if ! "${ctr_[@]}" images ls -q | grep -qxF "$CONTROLLER_IMAGE" || [ "$tar" -nt "$mark" ]; then
+			log "importing $CONTROLLER_IMAGE into $(node_name "$i")"
+			"${ctr_[@]}" images import --platform linux/amd64 "$tar" >/dev/null
+			touch "$mark"
+		fi
+	done
 }
 
 # The controller's rules: upstream's deploy/kubernetes/snapshot-controller
@@ -132,8 +137,8 @@ spec:
       labels: {app.kubernetes.io/name: snapshot-controller}
     spec:
       serviceAccountName: snapshot-controller
-      # No kube-proxy here: on the node's network the "kubernetes" Service
-      # address (in-cluster config) is the API server itself (lib.sh).
+      # No kube-proxy here: from every node's network the "kubernetes"
+      # Service address (in-cluster config) routes to the API server (lib.sh).
       hostNetwork: true
       priorityClassName: system-cluster-critical
       terminationGracePeriodSeconds: 5
