@@ -15,7 +15,7 @@ import (
 // Scenario 8 (two nodes): a ReadWriteOnce claim in use by a pod on node A.
 // A second pod of the same claim pinned to node B is refused: the claim's
 // volume lives on node A (the local backend keeps an image on its node),
-// so the scheduler never places it. Reached through a PV without node
+// so the scheduler never places it (the PV's node affinity). Reached through a PV without node
 // affinity (as an admin could write one), berth's agent on node B refuses
 // it, and the kubelet's Event names the pod that holds it on node A.
 func TestReadWriteOnceRefusedOnSecondNode(t *testing.T) {
@@ -35,7 +35,7 @@ func TestReadWriteOnceRefusedOnSecondNode(t *testing.T) {
 	var msgs []string
 	s.waitFor("the scheduler's refusal of the same claim on "+nodeB, time.Minute, func(context.Context) (bool, error) {
 		msgs = s.events("Pod", "same-claim")
-		return strings.Contains(strings.Join(msgs, "\n"), "volume node affinity conflict"), nil
+		return strings.Contains(strings.Join(msgs, "\n"), "didn't match PersistentVolume's node affinity"), nil
 	})
 	t.Logf("same-claim events: %q", msgs)
 
