@@ -15,9 +15,10 @@ import (
 // Scenario 8 (two nodes): a ReadWriteOnce claim in use by a pod on node A.
 // A second pod of the same claim pinned to node B is refused: the claim's
 // volume lives on node A (the local backend keeps an image on its node),
-// so the scheduler never places it (the PV's node affinity). Reached through a PV without node
-// affinity (as an admin could write one), berth's agent on node B refuses
-// it, and the kubelet's Event names the pod that holds it on node A.
+// so the scheduler never places it (the PV's node affinity). Reached
+// through a PV without node affinity (as an admin could write one), berth's
+// agent on node B refuses it, and the kubelet's Event names the pod that
+// holds it on node A.
 func TestReadWriteOnceRefusedOnSecondNode(t *testing.T) {
 	s := newScenario(t, 5*time.Minute)
 	nodes := s.env.Nodes()
