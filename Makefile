@@ -104,6 +104,10 @@ test-unit: ## Run unit tests only (no API server, no root).
 e2e: build ## Run the end-to-end scenarios on a real two-node Kubernetes with berth (root; hack/e2e.sh; BERTH_E2E_NODES).
 	hack/e2e.sh $(GO_TEST_FLAGS)
 
+.PHONY: conformance
+conformance: build ## Kubernetes External Storage tests on berth, per StorageClass (root; hack/conformance.sh; CONFORMANCE_QUICK=1 for the CI subset).
+	hack/conformance.sh
+
 .PHONY: dev-up
 dev-up: build ## The main job: a local Kubernetes with berth, a PVC and a pod writing to it (root; berth dev up).
 	$(BIN)/berth dev up --repo $(CURDIR)

@@ -5,6 +5,9 @@
 #   hack/kube-binaries.sh [component ...]     default: etcd kube-apiserver
 #
 # Components: etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl
+#             e2e.test (the upstream e2e suite runner, with only the framework and the
+#             External Storage suites compiled in; used by hack/conformance.sh)
+#             agnhost (the e2e suite's test image program, test/images/agnhost)
 # Prints the cache folder on its last line (usable as KUBEBUILDER_ASSETS).
 #
 # No registry or release download is reachable on our machines, so the
@@ -26,7 +29,7 @@ mkdir -p "$OUT"
 missing=()
 for c in "${components[@]}"; do
 	case "$c" in
-	etcd | kube-apiserver | kube-controller-manager | kube-scheduler | kubelet | kubectl) ;;
+	etcd | kube-apiserver | kube-controller-manager | kube-scheduler | kubelet | kubectl | e2e.test | agnhost) ;;
 	*) log "unknown component: $c"; exit 2 ;;
 	esac
 	[ -x "$OUT/$c" ] || missing+=("$c")
@@ -106,6 +109,57 @@ func main() { os.Exit(cli.Run($call)) }
 EOF
 }
 
+e2e_test_main() {
+	# The upstream e2e.test compiles every suite of test/e2e; the storage
+	# conformance run needs only the suite setup (package e2e) and the
+	# External Storage driver loader, which defines its tests from the
+	# -storage.testdriver flag.
+	mkdir -p "$work/kube/cmd/e2e.test"
+	cat >"$work/kube/cmd/e2e.test/e2e_test.go" <<'EOF'
+package e2e
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"testing"
+
+	"k8s.io/component-base/version"
+	"k8s.io/kubernetes/test/e2e"
+	"k8s.io/kubernetes/test/e2e/framework"
+	"k8s.io/kubernetes/test/e2e/framework/config"
+	"k8s.io/kubernetes/test/e2e/framework/testfiles"
+	e2etestingmanifests "k8s.io/kubernetes/test/e2e/testing-manifests"
+	testfixtures "k8s.io/kubernetes/test/fixtures"
+
+	_ "k8s.io/kubernetes/test/e2e/feature"
+	_ "k8s.io/kubernetes/test/e2e/framework/debug/init"
+	_ "k8s.io/kubernetes/test/e2e/framework/metrics/init"
+	_ "k8s.io/kubernetes/test/e2e/framework/node/init"
+	_ "k8s.io/kubernetes/test/e2e/storage/external"
+	_ "k8s.io/kubernetes/test/utils/format"
+)
+
+func TestMain(m *testing.M) {
+	showVersion := flag.CommandLine.Bool("version", false, "Displays version information.")
+	config.CopyFlags(config.Flags, flag.CommandLine)
+	framework.RegisterCommonFlags(flag.CommandLine)
+	framework.RegisterClusterFlags(flag.CommandLine)
+	flag.Parse()
+	if *showVersion {
+		fmt.Println(version.Get())
+		os.Exit(0)
+	}
+	testfiles.AddFileSource(e2etestingmanifests.GetE2ETestingManifestsFS())
+	testfiles.AddFileSource(testfixtures.GetTestFixturesFS())
+	framework.AfterReadingAllFlags(&framework.TestContext)
+	os.Exit(m.Run())
+}
+
+func TestE2E(t *testing.T) { e2e.RunE2ETests(t) }
+EOF
+}
+
 build_kube() {
 	local c=$1
 	kube_module
@@ -115,6 +169,13 @@ build_kube() {
 	kube-scheduler) kube_main "$c" k8s.io/kubernetes/cmd/kube-scheduler/app "app.NewSchedulerCommand()" ;;
 	kubelet) kube_main "$c" k8s.io/kubernetes/cmd/kubelet/app "app.NewKubeletCommand(context.Background())"
 		sed -i 's#^import (#import (\n\t"context"#' "$work/kube/cmd/$c/main.go" ;;
+	e2e.test) e2e_test_main ;;
+	agnhost)
+		# A main package of k8s.io/kubernetes, built by import path; this file
+		# keeps its dependencies in the module through go mod tidy.
+		mkdir -p "$work/kube/tools"
+		printf '//go:build tools\n\npackage tools\n\nimport _ "k8s.io/kubernetes/test/images/agnhost"\n' >"$work/kube/tools/tools.go"
+		;;
 	kubectl)
 		mkdir -p "$work/kube/cmd/kubectl"
 		cat >"$work/kube/cmd/kubectl/main.go" <<'EOF'
@@ -138,12 +199,18 @@ EOF
 	log "building $c $KUBE_VERSION (first time only; a few minutes on 2 cores)"
 	local minor=${KUBE_VERSION#v1.}
 	minor=${minor%%.*}
+	local ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
 	(
 		cd "$work/kube"
 		GOFLAGS=-mod=mod go mod tidy >/dev/null 2>&1 || GOFLAGS=-mod=mod go mod tidy
-		CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath \
-			-ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean" \
-			-o "$OUT/$c.tmp" "./cmd/$c"
+		if [ "$c" = agnhost ]; then
+			CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags "$ldflags" -o "$OUT/$c.tmp" k8s.io/kubernetes/test/images/agnhost
+		elif [ "$c" = e2e.test ]; then
+			# A test binary: go test -c is the only way to link a _test package.
+			CGO_ENABLED=0 GOFLAGS=-mod=mod go test -c -trimpath -ldflags "$ldflags" -o "$OUT/$c.tmp" "./cmd/$c"
+		else
+			CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags "$ldflags" -o "$OUT/$c.tmp" "./cmd/$c"
+		fi
 	)
 	mv "$OUT/$c.tmp" "$OUT/$c"
 }

@@ -7,6 +7,15 @@ BUSYBOX_IMAGE=berth.local/busybox:e2e
 BERTH_IMAGE_TAG=
 # CSI sidecars (hack/csi-sidecars.sh), imported when BERTH_E2E_SIDECARS=1.
 SIDECAR_IMAGES=()
+# The Kubernetes e2e suite's images (hack/conformance.sh), imported when
+# BERTH_E2E_CONFORMANCE_IMAGES=1. Registry berth.local/e2e-test-images (the
+# suite's KUBE_TEST_REPO_LIST points there), names and versions of
+# k8s.io/kubernetes v1.34.4 test/utils/image/manifest.go. agnhost is built
+# from that module; the others are busybox stand-ins: the storage suites
+# run only sh, dd, sha256sum, ls and sleep in them.
+E2E_IMAGE_REGISTRY=berth.local/e2e-test-images
+E2E_AGNHOST_IMAGE=$E2E_IMAGE_REGISTRY/agnhost:2.56
+E2E_BUSYBOX_STANDINS=("$E2E_IMAGE_REGISTRY/busybox:1.37.0-1" "$E2E_IMAGE_REGISTRY/nginx:1.14-4" "$E2E_IMAGE_REGISTRY/jessie-dnsutils:1.7")
 
 # stale OUT INPUT...: true when OUT is missing or older than an input.
 stale() {
@@ -45,6 +54,12 @@ build_and_import_images() {
 			stale "$IMAGES/$name.tar" "$bin" "$tool" && args+=(-binary "$name=berth.local/$name:$version=$bin") need=1
 		done
 	fi
+	if [ "${BERTH_E2E_CONFORMANCE_IMAGES:-}" = 1 ]; then
+		local agnhost
+		agnhost="$(ticking "building agnhost" "$REPO/hack/kube-binaries.sh" agnhost | tail -n1)/agnhost"
+		stale "$IMAGES/agnhost.tar" "$agnhost" /bin/busybox "$tool" &&
+			args+=(-agnhost "$agnhost" -agnhost-tag "$E2E_AGNHOST_IMAGE") need=1
+	fi
 	if [ -n "$need" ]; then
 		log "writing image tarballs to $IMAGES"
 		"$tool" -out "$IMAGES" "${args[@]}"
@@ -68,4 +83,8 @@ build_and_import_images() {
 	[ -z "$BERTH_IMAGE_TAG" ] || import "$BERTH_IMAGE_TAG" "$IMAGES/berth.tar"
 	local s
 	for s in "${SIDECAR_IMAGES[@]}"; do import "${s%%=*}" "${s#*=}"; done
+	if [ "${BERTH_E2E_CONFORMANCE_IMAGES:-}" = 1 ]; then
+		import "$E2E_AGNHOST_IMAGE" "$IMAGES/agnhost.tar"
+		ctr_ images tag --force "$BUSYBOX_IMAGE" "${E2E_BUSYBOX_STANDINS[@]}" >/dev/null
+	fi
 }

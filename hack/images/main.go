@@ -1,8 +1,9 @@
 // Command images writes the e2e cluster's image tarballs:
 //
-//	go run ./hack/images -out DIR -pause BIN [-busybox /bin/busybox] [-berth BIN] [-binary NAME=TAG=BIN ...]
+//	go run ./hack/images -out DIR -pause BIN [-busybox /bin/busybox] [-berth BIN] [-agnhost BIN] [-binary NAME=TAG=BIN ...]
 //
-// It writes DIR/pause.tar, DIR/busybox.tar, with -berth DIR/berth.tar and,
+// It writes DIR/pause.tar, DIR/busybox.tar, with -berth DIR/berth.tar, with
+// -agnhost DIR/agnhost.tar (the e2e suite's agnhost on busybox) and,
 // for each -binary, DIR/NAME.tar (one static binary at /NAME, its entrypoint);
 // import each with `ctr -a SOCK -n k8s.io images import --platform linux/amd64 X.tar`.
 package main
@@ -34,6 +35,9 @@ func run() error {
 	berth := flag.String("berth", "", "static berth binary; empty skips berth.tar")
 	berthTag := flag.String("berth-tag", image.BerthTag, "tag of the berth image")
 	berthExtra := flag.String("berth-extra-tools", "", "comma-separated extra programs for the berth image, e.g. fio")
+	agnhost := flag.String("agnhost", "", "static agnhost (hack/kube-binaries.sh agnhost), put on the -busybox-src busybox; empty skips agnhost.tar")
+	agnhostTag := flag.String("agnhost-tag", "", "tag of the agnhost image (required with -agnhost)")
+	busyboxSrc := flag.String("busybox-src", "/bin/busybox", "static busybox under agnhost")
 	var binaries binaryFlags
 	flag.Var(&binaries, "binary", "NAME=TAG=BIN: an image of one static binary at /NAME (e.g. a CSI sidecar); repeatable")
 	flag.Parse()
@@ -67,6 +71,18 @@ func run() error {
 			return err
 		}
 		if err := image.Write(spec, filepath.Join(*out, "berth.tar")); err != nil {
+			return err
+		}
+	}
+	if *agnhost != "" {
+		if *agnhostTag == "" {
+			return fmt.Errorf("-agnhost needs -agnhost-tag")
+		}
+		spec, err := b.AgnhostSpec(*busyboxSrc, *agnhost, *agnhostTag)
+		if err != nil {
+			return err
+		}
+		if err := image.Write(spec, filepath.Join(*out, "agnhost.tar")); err != nil {
 			return err
 		}
 	}

@@ -64,6 +64,20 @@ func (b *Builder) BusyboxSpec(busybox, tag string) (Spec, error) {
 	return Spec{Tag: tag, Files: files, Cmd: []string{"/bin/sh"}, Env: []string{imagePath}}, nil
 }
 
+// AgnhostSpec is the Kubernetes e2e suite's agnhost (built from
+// k8s.io/kubernetes/test/images/agnhost) as the entrypoint of a busybox
+// image: the suite runs `agnhost pause` / `agnhost mounttest` as arguments
+// and execs sh, nsenter, mount, dd and the like inside the container.
+func (b *Builder) AgnhostSpec(busybox, agnhost, tag string) (Spec, error) {
+	spec, err := b.BusyboxSpec(busybox, tag)
+	if err != nil {
+		return Spec{}, err
+	}
+	spec.Files = append(spec.Files, File{Path: "/agnhost", Source: agnhost, Mode: 0o755})
+	spec.Entrypoint, spec.Cmd = []string{"/agnhost"}, nil
+	return spec, nil
+}
+
 // BerthTools are the programs berth execs: required ones fail the build
 // when missing, optional ones are skipped with a log line. fio is not among
 // them: Debian's links 80 MiB of Ceph and Gluster libraries; pass it as an

@@ -169,6 +169,42 @@ func TestBusyboxSpec(t *testing.T) {
 	}
 }
 
+func TestAgnhostSpec(t *testing.T) {
+	const bb = "/bin/busybox"
+	if _, err := os.Stat(bb); err != nil {
+		t.Skip("needs Debian busybox-static (hack/install-deps.sh busybox-static)")
+	}
+	agnhost := filepath.Join(t.TempDir(), "agnhost")
+	if err := os.WriteFile(agnhost, []byte("stand-in"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	const tag = "berth.local/e2e-test-images/agnhost:2.56"
+	spec, err := NewBuilder(logr.Discard()).AgnhostSpec(bb, agnhost, tag)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "agnhost.tar")
+	if err := Write(spec, out); err != nil {
+		t.Fatal(err)
+	}
+	ep, files := readImage(t, out, tag)
+	if !slices.Equal(ep, []string{"/agnhost"}) {
+		t.Errorf("entrypoint %v, want [/agnhost]", ep)
+	}
+	if f := files["agnhost"]; f.typ != tar.TypeReg || f.mode&0o111 == 0 || f.data != "stand-in" {
+		t.Errorf("agnhost entry %+v", f)
+	}
+	// The suite's host-exec pod runs nsenter and sh in this image.
+	for _, applet := range []string{"bin/sh", "usr/bin/nsenter"} {
+		if f := files[applet]; f.typ != tar.TypeSymlink || f.link != "/bin/busybox" {
+			t.Errorf("%s entry %+v", applet, f)
+		}
+	}
+	if _, err := NewBuilder(logr.Discard()).AgnhostSpec(filepath.Join(t.TempDir(), "absent"), agnhost, tag); err == nil {
+		t.Error("a missing busybox gave a spec")
+	}
+}
+
 func TestBerthSpecCarriesToolsAndLibraries(t *testing.T) {
 	required, _ := BerthTools()
 	b := NewBuilder(logr.Discard())
