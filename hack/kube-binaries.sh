@@ -8,6 +8,7 @@
 #             e2e.test (the upstream e2e suite runner, with only the framework and the
 #             External Storage suites compiled in; used by hack/conformance.sh)
 #             agnhost (the e2e suite's test image program, test/images/agnhost)
+#             ginkgo (the CLI that runs e2e.test in parallel; the version k8s.io/kubernetes requires)
 # Prints the cache folder on its last line (usable as KUBEBUILDER_ASSETS).
 #
 # No registry or release download is reachable on our machines, so the
@@ -29,7 +30,7 @@ mkdir -p "$OUT"
 missing=()
 for c in "${components[@]}"; do
 	case "$c" in
-	etcd | kube-apiserver | kube-controller-manager | kube-scheduler | kubelet | kubectl | e2e.test | agnhost) ;;
+	etcd | kube-apiserver | kube-controller-manager | kube-scheduler | kubelet | kubectl | e2e.test | agnhost | ginkgo) ;;
 	*) log "unknown component: $c"; exit 2 ;;
 	esac
 	[ -x "$OUT/$c" ] || missing+=("$c")
@@ -68,6 +69,9 @@ EOF
 	)
 	mv "$OUT/etcd.tmp" "$OUT/etcd"
 }
+
+AGNHOST_PKG=k8s.io/kubernetes/test/images/agnhost
+GINKGO_PKG=github.com/onsi/ginkgo/v2/ginkgo
 
 kube_module() {
 	# One module for every Kubernetes component: the staging replaces are shared.
@@ -170,11 +174,12 @@ build_kube() {
 	kubelet) kube_main "$c" k8s.io/kubernetes/cmd/kubelet/app "app.NewKubeletCommand(context.Background())"
 		sed -i 's#^import (#import (\n\t"context"#' "$work/kube/cmd/$c/main.go" ;;
 	e2e.test) e2e_test_main ;;
-	agnhost)
-		# A main package of k8s.io/kubernetes, built by import path; this file
-		# keeps its dependencies in the module through go mod tidy.
+	agnhost | ginkgo)
+		# Main packages of the module graph, built by import path; this file
+		# keeps their dependencies in the module through go mod tidy.
 		mkdir -p "$work/kube/tools"
-		printf '//go:build tools\n\npackage tools\n\nimport _ "k8s.io/kubernetes/test/images/agnhost"\n' >"$work/kube/tools/tools.go"
+		printf '//go:build tools\n\npackage tools\n\nimport (\n\t_ "%s"\n\t_ "%s"\n)\n' \
+			"$AGNHOST_PKG" "$GINKGO_PKG" >"$work/kube/tools/tools.go"
 		;;
 	kubectl)
 		mkdir -p "$work/kube/cmd/kubectl"
@@ -203,8 +208,10 @@ EOF
 	(
 		cd "$work/kube"
 		GOFLAGS=-mod=mod go mod tidy >/dev/null 2>&1 || GOFLAGS=-mod=mod go mod tidy
-		if [ "$c" = agnhost ]; then
-			CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags "$ldflags" -o "$OUT/$c.tmp" k8s.io/kubernetes/test/images/agnhost
+		if [ "$c" = agnhost ] || [ "$c" = ginkgo ]; then
+			local pkg=$AGNHOST_PKG
+			[ "$c" = agnhost ] || pkg=$GINKGO_PKG
+			CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags "$ldflags" -o "$OUT/$c.tmp" "$pkg"
 		elif [ "$c" = e2e.test ]; then
 			# A test binary: go test -c is the only way to link a _test package.
 			CGO_ENABLED=0 GOFLAGS=-mod=mod go test -c -trimpath -ldflags "$ldflags" -o "$OUT/$c.tmp" "./cmd/$c"
