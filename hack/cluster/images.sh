@@ -28,10 +28,16 @@ stale() {
 build_and_import_images() {
 	local tool="$WORKDIR/bin/images" pause="$WORKDIR/bin/pause"
 	local srcs=("$REPO/hack/images" "$REPO/internal/image" "$REPO/go.mod")
-	if stale "$tool" "${srcs[@]}" || stale "$pause" "${srcs[@]}"; then
+	# The tool lives in the shared work dir; a checkout with other sources
+	# (another worktree, an older commit) may have built it, whatever the
+	# times say: rebuild when the sources' content differs.
+	local sum
+	sum=$(find "${srcs[@]}" -type f -name '*.go' -o -name go.mod | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -d' ' -f1)
+	if stale "$tool" "${srcs[@]}" || stale "$pause" "${srcs[@]}" || [ "$(cat "$tool.sum" 2>/dev/null)" != "$sum" ]; then
 		log "building the image tool and the pause binary"
 		(cd "$REPO" && ticking "building the image tool" sh -c \
 			"CGO_ENABLED=0 go build -trimpath -o '$pause' ./hack/images/pause && go build -o '$tool' ./hack/images")
+		echo "$sum" >"$tool.sum"
 	fi
 	# -busybox defaults to /bin/busybox in the tool: "" skips a fresh one.
 	local args=(-busybox "") need=
