@@ -67,6 +67,7 @@ if [ $(((0x$cap_bounding >> 24) & 1)) -eq 0 ]; then
 	# and online xfs and block growth still run).
 	log "skip: online expansion of the default fs (ext4): CAP_SYS_RESOURCE is not in this machine's bounding set"
 	SKIPS+=('\[Testpattern: Dynamic PV \(default fs\)\(allowExpansion\)\] volume-expand should resize volume when PVC is edited while pod is using it')
+	SKIPS+=('\[Testpattern: Generic Ephemeral-volume \(default fs\).*\] ephemeral should support expansion of pvcs created for ephemeral pvcs')
 fi
 # The CI subset: one spec of each main path per class (provision + data,
 # block, expansion offline and online, snapshot restore, clone, fsGroup).
