@@ -14,7 +14,7 @@
 #                        among them); they about double the run
 #   CONFORMANCE_FOCUS    a regexp of specs to run instead (within External.Storage)
 #   CONFORMANCE_SKIP     a regexp of specs to skip besides the standard skips
-#   CONFORMANCE_PROCS    parallel Ginkgo processes (default 3: the specs mostly
+#   CONFORMANCE_PROCS    parallel Ginkgo processes (default 5: the specs mostly
 #                        wait for pods and the API server)
 #
 # Writes _output/conformance/<class>/junit_01.xml and prints, per class,
@@ -132,7 +132,7 @@ for c in "${classes[@]}"; do
 	log "class $c: External Storage specs (focus ${focus:0:80}...)"
 	start=$SECONDS
 	# ginkgo exits non-zero when a spec fails; the report says which.
-	KUBE_TEST_REPO_LIST="$repo_list" "$KUBE_BIN/ginkgo" --procs "${CONFORMANCE_PROCS:-3}" \
+	KUBE_TEST_REPO_LIST="$repo_list" "$KUBE_BIN/ginkgo" --procs "${CONFORMANCE_PROCS:-5}" \
 		--focus "$focus" --skip "$skip" --timeout 2h --no-color -v \
 		"$KUBE_BIN/e2e.test" -- \
 		-kubeconfig "$KUBECONFIG" -kubectl-path "$KUBE_BIN/kubectl" \
