@@ -76,7 +76,7 @@ QUICK_FOCUS+='|\[Testpattern: Dynamic PV \(default fs\)\] volumes should store d
 QUICK_FOCUS+='|\[Testpattern: Dynamic PV \(block volmode\)\] volumes should store data$'
 QUICK_FOCUS+='|\[Testpattern: Dynamic PV \(default fs\)\(allowExpansion\)\] volume-expand Verify if offline PVC expansion works$'
 QUICK_FOCUS+='|\[Testpattern: Dynamic PV \(xfs\)\] \[Slow\] volumes should store data$'
-QUICK_FOCUS+='|\[Testpattern: Dynamic Snapshot \(retain policy\)\] snapshottable.*should check snapshot fields, check restore correctly works, check deletion \(ephemeral\)$'
+QUICK_FOCUS+='|\[Testpattern: Dynamic Snapshot \(retain policy\)\] snapshottable.*should check snapshot fields, check restore correctly works after modifying source data, check deletion \(persistent\)$'
 
 classes=(${CONFORMANCE_CLASSES:-berth berth-userspace})
 for c in "${classes[@]}"; do
