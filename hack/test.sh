@@ -34,24 +34,52 @@ if [ "${CI:-}" = true ]; then
 	[ "$fuzz" -eq 0 ] || rc=$fuzz
 fi
 
-# In CI (CI=true, as root) the end-to-end scenarios run too when the rest of
-# CI's budget (BERTH_CI_BUDGET_SECONDS, 90 min) still fits them: about 40
-# min cold (kube binaries and CSI sidecars built) and 5 min with the cache
-# (~/.cache/berth). BERTH_E2E=0 leaves them out.
-if [ "${CI:-}" = true ] && [ "${BERTH_E2E:-1}" != 0 ] && [ "$(id -u)" -eq 0 ]; then
-	cache="${BERTH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/berth}"
-	need=300
-	[ -x "$cache/kube-v1.34.4-etcd-v3.6.5/kubelet" ] && [ -x "$cache/csi-sidecars/csi-resizer-v1.14.0" ] || need=2400
-	left=$((${BERTH_CI_BUDGET_SECONDS:-5400} - (SECONDS - start)))
-	if [ "$left" -gt "$need" ]; then
-		echo "test: running the e2e scenarios (about ${need}s; ${left}s of CI's budget left)"
-		set +e
-		{ make build && hack/e2e.sh; } 2>&1 | tee -a "$log" | grep -vE '^=== (RUN|PAUSE|CONT)'
-		e2e=${PIPESTATUS[0]}
-		set -e
-		[ "$e2e" -eq 0 ] || rc=$e2e
-	else
-		echo "test: e2e left out: it needs about ${need}s, ${left}s of CI's budget left"
+# In CI (CI=true, as root) the end-to-end scenarios (a two-node cluster) and
+# then the CI subset of the Kubernetes storage conformance suite
+# (CONFORMANCE_QUICK=1) run too, each when the rest of CI's budget
+# (BERTH_CI_BUDGET_SECONDS, 90 min) still fits it: their time with the cache
+# (~/.cache/berth) plus what a cold cache adds (kube binaries, CSI sidecars,
+# snapshot-controller, CoreDNS, e2e.test). BERTH_E2E=0 / BERTH_CONFORMANCE=0
+# leave them out.
+cache="${BERTH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/berth}"
+kube="$cache/kube-v1.34.4-etcd-v3.6.5"
+# budget_left: seconds of CI's budget not yet spent.
+budget_left() { echo $((${BERTH_CI_BUDGET_SECONDS:-5400} - (SECONDS - start))); }
+# cold SECONDS FILE...: SECONDS when any FILE is missing, else 0.
+cold() {
+	local s=$1 f
+	shift
+	for f in "$@"; do [ -x "$f" ] || { echo "$s"; return; }; done
+	echo 0
+}
+# in_ci NAME NEED CMD...: runs CMD (output into the log) when CI's budget
+# still fits NEED seconds; says so either way.
+in_ci() {
+	local name=$1 need=$2 left
+	shift 2
+	left=$(budget_left)
+	if [ "$left" -le "$need" ]; then
+		echo "test: $name left out: it needs about ${need}s, ${left}s of CI's budget left"
+		return 0
+	fi
+	echo "test: running $name (about ${need}s; ${left}s of CI's budget left)"
+	local r
+	set +e
+	"$@" 2>&1 | tee -a "$log" | grep -vE '^=== (RUN|PAUSE|CONT)'
+	r=${PIPESTATUS[0]}
+	set -e
+	[ "$r" -eq 0 ] || rc=$r
+}
+if [ "${CI:-}" = true ] && [ "$(id -u)" -eq 0 ]; then
+	make --no-print-directory -s build
+	if [ "${BERTH_E2E:-1}" != 0 ]; then
+		need=$((700 + $(cold 2400 "$kube/kubelet" "$kube/kube-proxy" "$cache/csi-sidecars/csi-resizer-v1.14.0") +
+			$(cold 300 "$cache/csi-sidecars/snapshot-controller-v8.3.0") + $(cold 300 "$cache/coredns/coredns-v1.12.4")))
+		in_ci "the e2e scenarios (two nodes)" "$need" hack/e2e.sh
+	fi
+	if [ "${BERTH_CONFORMANCE:-1}" != 0 ]; then
+		need=$((360 + $(cold 900 "$kube/e2e.test" "$kube/agnhost" "$kube/ginkgo")))
+		CONFORMANCE_QUICK=1 in_ci "the conformance CI subset" "$need" hack/conformance.sh
 	fi
 fi
 
