@@ -209,7 +209,15 @@ func killWait(pid int) error {
 		return err
 	}
 	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-	n, err := unix.Poll(fds, 10000)
+	deadline := time.Now().Add(10 * time.Second)
+	var n int
+	for {
+		n, err = unix.Poll(fds, int(max(time.Until(deadline), 0)/time.Millisecond))
+		// The Go runtime's own signals interrupt poll: wait on.
+		if !errors.Is(err, unix.EINTR) {
+			break
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("wait for server %d: %w", pid, err)
 	}
