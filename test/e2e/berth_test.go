@@ -172,10 +172,12 @@ func (s *scenario) pod(name, script string, vol corev1.VolumeSource, block bool)
 		Spec: corev1.PodSpec{
 			Containers: []corev1.Container{c}, TerminationGracePeriodSeconds: &grace,
 			Volumes: []corev1.Volume{{Name: "data", VolumeSource: vol}},
-			// On the node where the scenario's claims live (the local
-			// backend keeps a volume on its node).
-			NodeSelector: map[string]string{hostnameLabel: s.node},
 		},
+	}
+	if s.node != "" {
+		// On the node where the scenario's claims live (the local backend
+		// keeps a volume on its node); "" leaves it to the scheduler.
+		p.Spec.NodeSelector = map[string]string{hostnameLabel: s.node}
 	}
 	p, err := s.cs.CoreV1().Pods(s.ns).Create(s.ctx, p, metav1.CreateOptions{})
 	if err != nil {
