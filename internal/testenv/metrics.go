@@ -110,3 +110,22 @@ func series(ls []*dto.LabelPair) string {
 	sort.Strings(parts)
 	return "{" + strings.Join(parts, ",") + "}"
 }
+
+// GetOK fails unless GET url answers 200 within 10 s (a health endpoint).
+func GetOK(ctx context.Context, url string) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("GET %s: %w", url, err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return nil
+}

@@ -2,9 +2,7 @@ package flexvolume
 
 import (
 	"context"
-	"net/http"
 	"testing"
-	"time"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	flex "github.com/berth-io/berth/internal/flexvolume"
@@ -80,19 +78,7 @@ func TestMetricsCountFlexvolumeCalls(t *testing.T) {
 
 func wantOK(t *testing.T, url string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Errorf("GET %s: %v", url, err)
-		return
-	}
-	_ = resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Errorf("GET %s: %s", url, resp.Status)
+	if err := testenv.GetOK(context.Background(), url); err != nil {
+		t.Error(err)
 	}
 }
