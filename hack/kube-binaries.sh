@@ -4,7 +4,7 @@
 #
 #   hack/kube-binaries.sh [component ...]     default: etcd kube-apiserver
 #
-# Components: etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl
+# Components: etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl
 #             e2e.test (the upstream e2e suite runner, with only the framework and the
 #             External Storage suites compiled in; used by hack/conformance.sh)
 #             agnhost (the e2e suite's test image program, test/images/agnhost)
@@ -30,7 +30,7 @@ mkdir -p "$OUT"
 missing=()
 for c in "${components[@]}"; do
 	case "$c" in
-	etcd | kube-apiserver | kube-controller-manager | kube-scheduler | kubelet | kubectl | e2e.test | agnhost | ginkgo) ;;
+	etcd | kube-apiserver | kube-controller-manager | kube-scheduler | kubelet | kube-proxy | kubectl | e2e.test | agnhost | ginkgo) ;;
 	*) log "unknown component: $c"; exit 2 ;;
 	esac
 	[ -x "$OUT/$c" ] || missing+=("$c")
@@ -171,6 +171,7 @@ build_kube() {
 	kube-apiserver) kube_main "$c" k8s.io/kubernetes/cmd/kube-apiserver/app "app.NewAPIServerCommand()" ;;
 	kube-controller-manager) kube_main "$c" k8s.io/kubernetes/cmd/kube-controller-manager/app "app.NewControllerManagerCommand()" ;;
 	kube-scheduler) kube_main "$c" k8s.io/kubernetes/cmd/kube-scheduler/app "app.NewSchedulerCommand()" ;;
+	kube-proxy) kube_main "$c" k8s.io/kubernetes/cmd/kube-proxy/app "app.NewProxyCommand()" ;;
 	kubelet) kube_main "$c" k8s.io/kubernetes/cmd/kubelet/app "app.NewKubeletCommand(context.Background())"
 		sed -i 's#^import (#import (\n\t"context"#' "$work/kube/cmd/$c/main.go" ;;
 	e2e.test) e2e_test_main ;;

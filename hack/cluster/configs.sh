@@ -124,7 +124,8 @@ authentication:
   webhook: {enabled: true}
   x509: {clientCAFile: $PKI/ca.crt}
 authorization: {mode: Webhook}
-clusterDomain: cluster.local
+clusterDomain: $CLUSTER_DOMAIN
+clusterDNS: [$DNS_SERVICE_IP]
 resolvConf: ""
 volumePluginDir: $VOLUME_PLUGIN_DIR
 podLogsDir: $dir/pod-logs

@@ -12,6 +12,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=lib.sh
 . "$HERE/lib.sh"
 . "$HERE/nodes.sh"
+. "$HERE/dns.sh"
 
 [ "$(id -u)" -eq 0 ] || die "run as root"
 purge=
@@ -27,6 +28,7 @@ kubelets_run=
 for i in $(node_indexes); do pid_of "kubelet@$i" >/dev/null && kubelets_run=1; done
 if [ -x "$KUBECTL" ] && [ -n "$kubelets_run" ] && kctl get --raw /readyz >/dev/null 2>&1; then
 	for i in $(node_indexes); do node_thaw "$i"; done
+	remove_coredns
 	if [ -n "$(kctl get pods -A -o name 2>/dev/null)" ]; then
 		log "deleting every pod (kubelet unmounts their volumes)"
 		kctl delete pods -A --all --grace-period=5 --wait=false >/dev/null 2>&1 || true
@@ -38,8 +40,10 @@ if [ -x "$KUBECTL" ] && [ -n "$kubelets_run" ] && kctl get --raw /readyz >/dev/n
 	fi
 fi
 
-# 2. Per node: kubelet, the containers, containerd, then whatever is left
-#    in the node's cgroup (pods of a stopped kubelet, shims).
+# 2. kube-proxies; per node: kubelet, the containers, containerd, then
+#    whatever is left in the node's cgroup (pods of a stopped kubelet, shims).
+for i in $(node_indexes); do node_thaw "$i"; done # a frozen process ignores SIGTERM
+stop_kube_proxies
 for i in $(node_indexes); do stop_node_daemons "$i"; done
 # Pod processes of an older layout, directly below the cgroup root.
 for ((round = 0; round < 50; round++)); do

@@ -16,6 +16,8 @@ SIDECAR_IMAGES=()
 E2E_IMAGE_REGISTRY=berth.local/e2e-test-images
 E2E_AGNHOST_IMAGE=$E2E_IMAGE_REGISTRY/agnhost:2.56
 E2E_BUSYBOX_STANDINS=("$E2E_IMAGE_REGISTRY/busybox:1.37.0-1" "$E2E_IMAGE_REGISTRY/nginx:1.14-4" "$E2E_IMAGE_REGISTRY/jessie-dnsutils:1.7")
+# NAME=TAG=BIN: more one-binary images to build and import (dns.sh: CoreDNS).
+BINARY_IMAGES=()
 
 # stale OUT INPUT...: true when OUT is missing or older than an input.
 stale() {
@@ -66,6 +68,13 @@ build_and_import_images() {
 		stale "$IMAGES/agnhost.tar" "$agnhost" /bin/busybox "$tool" &&
 			args+=(-agnhost "$agnhost" -agnhost-tag "$E2E_AGNHOST_IMAGE") need=1
 	fi
+	local spec name tag bin
+	for spec in "${BINARY_IMAGES[@]}"; do
+		# TAG holds a ':' but never a '='.
+		IFS='=' read -r name tag bin <<<"$spec"
+		grep -qxF "$tag=$IMAGES/$name.tar" < <(printf '%s\n' "${SIDECAR_IMAGES[@]}") || SIDECAR_IMAGES+=("$tag=$IMAGES/$name.tar")
+		stale "$IMAGES/$name.tar" "$bin" "$tool" && args+=(-binary "$spec") need=1
+	done
 	if [ -n "$need" ]; then
 		log "writing image tarballs to $IMAGES"
 		"$tool" -out "$IMAGES" "${args[@]}"

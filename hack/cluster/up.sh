@@ -22,6 +22,7 @@ REPO="$(cd "$HERE/../.." && pwd)"
 . "$HERE/configs.sh"
 . "$HERE/images.sh"
 . "$HERE/nodes.sh"
+. "$HERE/dns.sh"
 
 [ "$(id -u)" -eq 0 ] || die "run as root (netns, mounts, cgroups)"
 t0=$SECONDS
@@ -31,7 +32,7 @@ log "packages: containerd runc containernetworking-plugins busybox-static openss
 
 log "kube binaries (cached by version; a cold build takes minutes)"
 KUBE_BIN=$(ticking "building kube binaries" "$REPO/hack/kube-binaries.sh" \
-	etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl | tail -n1)
+	etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl | tail -n1)
 KUBECTL="$KUBE_BIN/kubectl"
 
 mkdir -p "$WORKDIR" "$PKI" "$CONF" "$LOGS" "$PIDS" "$IMAGES" "$NODES_DIR" "$WORKDIR/bin"
@@ -84,6 +85,7 @@ setup_cgroups
 make_pki
 write_configs
 for i in $(node_indexes); do write_node_configs "$i"; done
+kube_proxy_pki
 
 # --- daemons -----------------------------------------------------------------
 # The control plane runs in the hub netns and the host mount namespace.
@@ -129,10 +131,15 @@ import_node_images() {
 	ctr_() { ctr -a "$IMPORT_SOCK" -n k8s.io "$@"; }
 	IMPORT_NODE=$(node_name "$1") build_and_import_images
 }
+coredns_image
 for i in $(node_indexes); do start_node "$i" import_node_images; done
 for i in $(node_indexes); do wait_node_ready "$i"; done
+for i in $(node_indexes); do
+	start_kube_proxy "$(node_name "$i")" "$(node_netns "$i")" "$(node_ip "$i")" "$(node_freezer "$i")/daemons"
+done
 wait_for "default service account" 60 kube-controller-manager kctl -n default get serviceaccount default
 "$HERE/snapshots.sh" up # VolumeSnapshot CRDs and snapshot-controller
+deploy_coredns
 
 {
 	cat <<ENV
@@ -149,6 +156,8 @@ HOST_IP=$HOST_IP
 NETNS=$NETNS
 SERVICE_CIDR=$SERVICE_CIDR
 SERVICE_IP=$SERVICE_IP
+DNS_SERVICE_IP=$DNS_SERVICE_IP
+CLUSTER_DOMAIN=$CLUSTER_DOMAIN
 POD_CIDR=$POD_NET
 NODE_NET=$NODE_NET_PREFIX.0/24
 KUBELET_ROOT=$KUBELET_ROOT

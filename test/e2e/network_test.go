@@ -19,10 +19,10 @@ import (
 
 // TestPodsReachAPIServer: on every node, pods on the pod network and
 // hostNetwork pods (the berth driver's kind) reach the API server at the
-// in-cluster address Kubernetes injects, with no kube-proxy, and a pod on
-// the first node through its pod IP (routes between the nodes). A listener
-// on the host's end of the hub's veth is reached from neither: nothing of
-// the nodes is forwarded to the host.
+// in-cluster address Kubernetes injects (kube-proxy, or the hub's lo), and
+// a pod on the first node through its pod IP (routes between the nodes). A
+// listener on the host's end of the hub's veth is reached from neither:
+// nothing of the nodes is forwarded to the host.
 func TestPodsReachAPIServer(t *testing.T) {
 	env, cs := needCluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
