@@ -20,8 +20,9 @@ const Release = "berth"
 const StorageCluster = "berth"
 
 // HelmValues are the chart values for the cluster of env: images imported,
-// not pulled; host-network pods reach the API server directly (no
-// kube-proxy); kubelet's folders where this cluster keeps them.
+// not pulled; host-network pods reach the API server directly (not through
+// the Service network, which comes up with kube-proxy after them); kubelet's
+// folders where this cluster keeps them.
 func HelmValues(env ClusterEnv) ([]string, error) {
 	repo, tag, ok := strings.Cut(env["BERTH_IMAGE"], ":")
 	if !ok || repo == "" || tag == "" {
