@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Kubernetes External Storage tests (k8s.io/kubernetes
 # test/e2e/storage/external, the suite Kubernetes judges CSI drivers with)
-# against berth: `berth dev up --demo=false`, then e2e.test once per
+# against berth: `berth dev up --demo=false` on two nodes (BERTH_E2E_NODES),
+# then e2e.test once per
 # StorageClass with its driver definition (test/conformance/<class>.yaml),
 # and always `berth dev down` (which fails when anything was left behind).
 #
@@ -112,7 +113,7 @@ trap 'exit 130' INT TERM
 
 # The suite's pods run images of registry.k8s.io/e2e-test-images; up.sh
 # imports local builds of them under berth.local/e2e-test-images.
-BERTH_E2E_CONFORMANCE_IMAGES=1 "$BERTH" dev up --repo "$PWD" --demo=false
+BERTH_E2E_CONFORMANCE_IMAGES=1 "$BERTH" dev up --repo "$PWD" --demo=false --nodes "${BERTH_E2E_NODES:-2}"
 log "cluster with berth up after $((SECONDS - t0))s"
 ENV_FILE="${BERTH_E2E_DIR:-/var/lib/berth-e2e}/cluster.env"
 KUBECONFIG=$(sed -n 's/^KUBECONFIG=//p' "$ENV_FILE")

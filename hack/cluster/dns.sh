@@ -66,9 +66,6 @@ conntrack:
 YAML
 	launch "kube-proxy-$node" "$LOGS/kube-proxy-$node.log" "$cg" --net="/run/netns/$netns" -- \
 		"$KUBE_BIN/kube-proxy" --config "$cfg" --v 1
-	# The launched pid is kube-proxy's only once nsenter has exec'd it.
-	local n
-	for ((n = 0; n < 50; n++)); do pid_of "kube-proxy-$node" >/dev/null && break; sleep 0.1; done
 	wait_for "kube-proxy of $node: kubernetes Service rules" 60 "kube-proxy-$node" \
 		sh -c "nsenter --net=/run/netns/$netns -- iptables -w -t nat -S KUBE-SERVICES | grep -q 'default/kubernetes:https'"
 }

@@ -25,6 +25,14 @@ launch() {
 		exec setsid nsenter "${nsargs[@]}" -- "$@"
 	) </dev/null >"$log" 2>&1 &
 	printf '%s\n%s\n' "$!" "$(readlink -f "$1")" >"$pidfile"
+	# pid_of knows the daemon by its executable, which the launched pid has
+	# only once nsenter has exec'd it: wait for that (or its early death)
+	# so that a waiter never takes a slow exec for an exit.
+	local n
+	for ((n = 0; n < 100; n++)); do
+		pid_of "$key" >/dev/null || ! [ -d "/proc/$!" ] && break
+		sleep 0.1
+	done
 }
 
 # wait_for WHAT SECONDS DAEMON CMD...: polls CMD, printing progress, failing
