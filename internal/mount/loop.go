@@ -79,10 +79,20 @@ func parseShown(out string) (dev string) {
 	return dev
 }
 
-// isDevPath accepts a clean path under /dev/ in one field: nothing else is a
-// device name that losetup prints.
+// isDevPath accepts only a loop device's name, /dev/loopN: nothing else is a
+// device that losetup prints. (A looser "clean path in one field" let
+// Unicode spaces such as U+0085 through: found by FuzzLosetupOutput.)
 func isDevPath(s string) bool {
-	return strings.HasPrefix(s, "/dev/") && len(s) > len("/dev/") && filepath.Clean(s) == s && !strings.ContainsAny(s, " \t\r\n\v\f")
+	n, ok := strings.CutPrefix(s, "/dev/loop")
+	if !ok || n == "" || len(n) > 10 {
+		return false
+	}
+	for _, c := range n {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 func (l *losetup) Find(ctx context.Context, backingFile string) (string, bool, error) {
