@@ -125,13 +125,17 @@ func (f *fixture) startAgent() error {
 }
 
 // stopAgent stops the agent process by PID (SIGTERM, SIGKILL after 10s).
-func (f *fixture) stopAgent() {
+func (f *fixture) stopAgent() { f.signalAgent(syscall.SIGTERM) }
+
+// signalAgent sends sig to the agent process (SIGKILL: a crash, which
+// leaves its socket file behind) and waits for its exit (SIGKILL after 10s).
+func (f *fixture) signalAgent(sig syscall.Signal) {
 	if f.agent == nil || f.agent.Process == nil {
 		return
 	}
 	cmd := f.agent
 	f.agent = nil
-	_ = cmd.Process.Signal(syscall.SIGTERM)
+	_ = cmd.Process.Signal(sig)
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
 	select {
