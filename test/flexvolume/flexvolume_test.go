@@ -39,10 +39,10 @@ type fixture struct {
 	driver     string
 	sock       string
 	kubeletDir string
-	agent      *exec.Cmd
+	agent      *testenv.Process
 	agentArgs  []string
 	agentLog   string
-	operator   *exec.Cmd
+	operator   *testenv.Process
 	skip       string
 	// The agent's and the operator's metrics and health endpoints.
 	agentMetrics, agentHealth, opMetrics, opHealth string
@@ -98,30 +98,17 @@ func (f *fixture) start() error {
 	if err := f.env.Client.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "berth-system"}}); err != nil {
 		return err
 	}
-	oplog, err := os.Create(filepath.Join(f.dir, "operator.log"))
-	if err != nil {
-		return err
-	}
-	defer oplog.Close()
-	f.operator = exec.Command(berth, "operator", "--kubeconfig", kubeconfig, "--namespace", "berth-system",
-		"--leader-elect=false", "--health-addr", f.opHealth, "--metrics-addr", f.opMetrics)
-	f.operator.Stdout, f.operator.Stderr = oplog, oplog
-	if err := f.operator.Start(); err != nil {
+	if f.operator, err = testenv.StartProcess(filepath.Join(f.dir, "operator.log"), berth, "operator", "--kubeconfig", kubeconfig,
+		"--namespace", "berth-system", "--leader-elect=false", "--health-addr", f.opHealth, "--metrics-addr", f.opMetrics); err != nil {
 		return err
 	}
 	return f.waitReady()
 }
 
 // startAgent starts the agent process (again, after a restart).
-func (f *fixture) startAgent() error {
-	log, err := os.OpenFile(f.agentLog, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return err
-	}
-	defer log.Close()
-	f.agent = exec.Command(f.agentArgs[0], f.agentArgs[1:]...)
-	f.agent.Stdout, f.agent.Stderr = log, log
-	return f.agent.Start()
+func (f *fixture) startAgent() (err error) {
+	f.agent, err = testenv.StartProcess(f.agentLog, f.agentArgs...)
+	return err
 }
 
 // stopAgent stops the agent process by PID (SIGTERM, SIGKILL after 10s).
@@ -130,20 +117,8 @@ func (f *fixture) stopAgent() { f.signalAgent(syscall.SIGTERM) }
 // signalAgent sends sig to the agent process (SIGKILL: a crash, which
 // leaves its socket file behind) and waits for its exit (SIGKILL after 10s).
 func (f *fixture) signalAgent(sig syscall.Signal) {
-	if f.agent == nil || f.agent.Process == nil {
-		return
-	}
-	cmd := f.agent
+	f.agent.Stop(sig, 10*time.Second)
 	f.agent = nil
-	_ = cmd.Process.Signal(sig)
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	select {
-	case <-exited:
-	case <-time.After(10 * time.Second):
-		_ = cmd.Process.Kill()
-		<-exited
-	}
 }
 
 // waitReady waits until the installed driver's init reaches the agent.
@@ -164,10 +139,7 @@ func (f *fixture) waitReady() error {
 
 func (f *fixture) stop(failed bool) {
 	f.stopAgent()
-	if f.operator != nil && f.operator.Process != nil {
-		_ = f.operator.Process.Signal(syscall.SIGTERM)
-		_ = f.operator.Wait()
-	}
+	f.operator.Stop(syscall.SIGTERM, 30*time.Second)
 	if failed && f.agentLog != "" {
 		for _, name := range []string{f.agentLog, filepath.Join(f.dir, "operator.log")} {
 			b, _ := os.ReadFile(name)
