@@ -21,8 +21,9 @@ const DefaultGCInterval = 24 * time.Hour
 
 // GC is the operator's periodic sweep of all Attachments. It runs at start
 // and then every interval, the smallest spec.attachmentGC.interval across
-// StorageClusters (re-read each time, so a change applies after the
-// current wait). Rules, per entry:
+// StorageClusters (re-read after each wait and whenever Wake says a
+// StorageCluster changed, so a shorter interval applies at once). Rules,
+// per entry:
 //
 //   - its node object is gone: the entry moves to the node's stale list, a
 //     pod entry as well as a stage record (as lock breaking does): a machine
@@ -44,6 +45,8 @@ type GC struct {
 	clk  clock.Clock
 	log  logr.Logger
 	opts Options
+	// wake has Start read the interval again (Wake).
+	wake chan struct{}
 
 	m *metrics.GC
 }
@@ -59,7 +62,7 @@ func NewGC(c client.Client, clk clock.Clock, log logr.Logger, reg prometheus.Reg
 	if err != nil {
 		return nil, err
 	}
-	return &GC{c: c, clk: clk, log: log, opts: opts.withDefaults(), m: m}, nil
+	return &GC{c: c, clk: clk, log: log, opts: opts.withDefaults(), wake: make(chan struct{}, 1), m: m}, nil
 }
 
 // GCResult counts what one pass did.
@@ -68,24 +71,48 @@ type GCResult struct {
 }
 
 // Start runs a pass at once and then every interval until ctx ends
-// (controller-runtime manager.Runnable).
+// (controller-runtime manager.Runnable). Wake makes it read the interval
+// again at once: a StorageCluster made or changed after the operator
+// started must not wait out the default day before its interval applies.
 func (g *GC) Start(ctx context.Context) error {
+	last := g.pass(ctx)
 	for {
-		res, err := g.RunOnce(ctx)
-		if err != nil {
-			g.log.Error(err, "attachment GC pass failed")
-		} else {
-			g.log.Info("attachment GC pass", "scanned", res.Scanned, "moved", res.Moved, "dropped", res.Dropped, "pruned", res.Pruned)
-		}
 		interval, err := g.Interval(ctx)
 		if err != nil {
 			g.log.Error(err, "read attachment GC interval; using the default", "default", DefaultGCInterval)
 		}
+		wait := interval - g.clk.Since(last)
+		if wait <= 0 {
+			last = g.pass(ctx)
+			continue
+		}
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-g.clk.After(interval):
+		case <-g.clk.After(wait):
+		case <-g.wake:
 		}
+	}
+}
+
+// pass runs one sweep, logs it and returns when it started.
+func (g *GC) pass(ctx context.Context) time.Time {
+	start := g.clk.Now()
+	res, err := g.RunOnce(ctx)
+	if err != nil {
+		g.log.Error(err, "attachment GC pass failed")
+	} else {
+		g.log.Info("attachment GC pass", "scanned", res.Scanned, "moved", res.Moved, "dropped", res.Dropped, "pruned", res.Pruned)
+	}
+	return start
+}
+
+// Wake tells a waiting Start that the interval may have changed (a
+// StorageCluster was made, changed or deleted); it never blocks.
+func (g *GC) Wake() {
+	select {
+	case g.wake <- struct{}{}:
+	default:
 	}
 }
 

@@ -196,3 +196,33 @@ func TestGCInterval(t *testing.T) {
 	clk.Step(3 * time.Second)
 	waitFor(t, "sweep after 3s", func() bool { return counters(t, reg)[1] >= 1 })
 }
+
+// TestGCWakeAppliesNewInterval: a GC that started without a StorageCluster
+// waits the default day; a cluster made afterwards with a short interval
+// wakes it (the operator's StorageCluster watch calls Wake), and it sweeps
+// on that interval without waiting the day out.
+func TestGCWakeAppliesNewInterval(t *testing.T) {
+	needEnv(t)
+	if err := env.Client.DeleteAllOf(ctxT(t), &v1.StorageCluster{}); err != nil {
+		t.Fatal(err)
+	}
+	clk := clocktesting.NewFakeClock(time.Now())
+	reg := prometheus.NewRegistry()
+	g, err := fence.NewGC(env.Client, clk, testr.New(t), reg, fence.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	background(t, g.Start)
+	waitFor(t, "first sweep, then the wait of a day", clk.HasWaiters)
+	create(t, &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "gc-woken"},
+		Spec: v1.StorageClusterSpec{AttachmentGC: v1.AttachmentGCSpec{Interval: &metav1.Duration{Duration: 2 * time.Second}}}})
+	cleanupVolume(t, "vol-gc5", "gc-wake")
+	f, _ := newFencer(t)
+	mustAcquire(t, f, podReq("vol-gc5", "gc-wake", fakePod("gc-wake-pod"), v1.ReadWriteOnce)) // node gone
+	g.Wake()
+	// Step the clock until the sweep: the woken GC waits the new 2s.
+	waitFor(t, "sweep on the new interval", func() bool {
+		clk.Step(time.Second)
+		return counters(t, reg)[1] >= 1
+	})
+}

@@ -19,12 +19,14 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/cli"
 	"github.com/berth-io/berth/internal/controller/pinned"
 	"github.com/berth-io/berth/internal/controller/storagecluster"
@@ -105,7 +107,7 @@ func (c Config) Run(ctx context.Context) error {
 	if err := r.SetupWithManager(mgr); err != nil {
 		return err
 	}
-	if err := c.addAttachmentGC(mgr); err != nil {
+	if err := c.addAttachmentGC(ctx, mgr); err != nil {
 		return err
 	}
 	reporter := &pinned.Reporter{
@@ -195,7 +197,7 @@ func Command() cli.Command {
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 
-func (c Config) addAttachmentGC(mgr ctrl.Manager) error {
+func (c Config) addAttachmentGC(ctx context.Context, mgr ctrl.Manager) error {
 	// Reads go to the API server: a stale cache could move a live entry.
 	direct, err := client.New(c.Rest, client.Options{Scheme: mgr.GetScheme()})
 	if err != nil {
@@ -204,6 +206,19 @@ func (c Config) addAttachmentGC(mgr ctrl.Manager) error {
 	gc, err := fence.NewGC(direct, clock.RealClock{}, c.Log.WithName("attachment-gc"), metrics.Registry, fence.Options{StaleListTTL: c.StaleListTTL})
 	if err != nil {
 		return err
+	}
+	// A StorageCluster made or changed (its attachmentGC.interval) wakes
+	// the GC, which otherwise would wait out the interval it read before.
+	inf, err := mgr.GetCache().GetInformer(ctx, &v1.StorageCluster{})
+	if err != nil {
+		return fmt.Errorf("storagecluster informer: %w", err)
+	}
+	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { gc.Wake() },
+		UpdateFunc: func(any, any) { gc.Wake() },
+		DeleteFunc: func(any) { gc.Wake() },
+	}); err != nil {
+		return fmt.Errorf("watch storageclusters for the attachment GC: %w", err)
 	}
 	return mgr.Add(gc)
 }
