@@ -29,7 +29,8 @@ import (
 
 // Unit tests of Stage's rollback with fakes (mount-utils' FakeMounter, a
 // scripted exec, in-memory loop devices and fence); the same paths run for
-// real in test/sanity and test/flexvolume.
+// real in test/sanity and test/flexvolume, and the rollback after a real
+// mkfs or mount failure in test/userspace (TestStageRollbackLeavesNothing).
 
 type fakeImages struct {
 	path string

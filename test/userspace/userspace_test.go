@@ -74,31 +74,41 @@ func (f *fixture) userspaceVolume(t *testing.T, nc csi.NodeClient, name string) 
 // the given size.
 func (f *fixture) userspaceVolumeFS(t *testing.T, nc csi.NodeClient, name, fsType, size string) mounted {
 	t.Helper()
+	f.newVolume(t, name, fsType, size, v1.MounterUserspace)
+	m := f.paths(t, name)
+	if err := retryBusy(func() error {
+		_, err := nc.NodeStageVolume(context.Background(), &csi.NodeStageVolumeRequest{VolumeId: name, StagingTargetPath: m.staging, VolumeCapability: mountCapFS(fsType)})
+		return err
+	}); err != nil {
+		t.Fatalf("stage %s: %v", name, err)
+	}
+	// Unpublish and unstage through the agent, as kubelet does.
+	t.Cleanup(func() { f.unstage(t, nc, m) })
+	if err := retryBusy(func() error {
+		_, err := nc.NodePublishVolume(context.Background(), &csi.NodePublishVolumeRequest{VolumeId: name, StagingTargetPath: m.staging,
+			TargetPath: m.target, VolumeCapability: mountCapFS(fsType)})
+		return err
+	}); err != nil {
+		t.Fatalf("publish %s: %v", name, err)
+	}
+	return m
+}
+
+// newVolume makes a Volume of this node and waits until the agent made its
+// image; cleanup deletes it and waits until the agent deleted it. It
+// returns the Volume as made (status.path is its image).
+func (f *fixture) newVolume(t *testing.T, name, fsType, size string, mounter v1.Mounter) *v1.Volume {
+	t.Helper()
 	ctx := context.Background()
 	vol := &v1.Volume{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{v1.NodeLabel: node}},
 		Spec: v1.VolumeSpec{StorageCluster: "c1", Size: resource.MustParse(size), AccessMode: v1.ReadWriteOnce,
-			FSType: fsType, Node: node, Mounter: v1.MounterUserspace},
+			FSType: fsType, Node: node, Mounter: mounter},
 	}
 	if err := f.env.Client.Create(ctx, vol); err != nil {
 		t.Fatal(err)
 	}
-	m := mounted{name: name, staging: f.stagingPath(name), target: filepath.Join(f.kubeletRoot(), "pods", name, "volumes", "kubernetes.io~csi", name, "mount")}
 	t.Cleanup(func() {
-		// Unpublish and unstage through the agent, as kubelet does.
-		waitCSI(t, nc)
-		if err := retryBusy(func() error {
-			_, err := nc.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: name, TargetPath: m.target})
-			return err
-		}); err != nil {
-			t.Errorf("unpublish %s: %v", name, err)
-		}
-		if err := retryBusy(func() error {
-			_, err := nc.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: name, StagingTargetPath: m.staging})
-			return err
-		}); err != nil {
-			t.Errorf("unstage %s: %v", name, err)
-		}
 		_ = f.env.Client.Delete(ctx, vol)
 		for i := 0; i < 100; i++ {
 			if err := f.env.Client.Get(ctx, client.ObjectKeyFromObject(vol), vol); apierrors.IsNotFound(err) {
@@ -110,33 +120,45 @@ func (f *fixture) userspaceVolumeFS(t *testing.T, nc csi.NodeClient, name, fsTyp
 	})
 	for i := 0; ; i++ {
 		if err := f.env.Client.Get(ctx, client.ObjectKeyFromObject(vol), vol); err == nil && vol.Status.State == v1.VolumeAvailable {
-			break
+			return vol
 		}
 		if i == 300 {
 			t.Fatalf("volume %s not made by the agent: %+v", name, vol.Status)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if err := os.MkdirAll(m.staging, 0o750); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.MkdirAll(filepath.Dir(m.target), 0o750); err != nil {
-		t.Fatal(err)
-	}
-	if err := retryBusy(func() error {
-		_, err := nc.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: name, StagingTargetPath: m.staging, VolumeCapability: mountCapFS(fsType)})
-		return err
-	}); err != nil {
-		t.Fatalf("stage %s: %v", name, err)
-	}
-	if err := retryBusy(func() error {
-		_, err := nc.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: name, StagingTargetPath: m.staging,
-			TargetPath: m.target, VolumeCapability: mountCapFS(fsType)})
-		return err
-	}); err != nil {
-		t.Fatalf("publish %s: %v", name, err)
+}
+
+// paths are kubelet's staging path and a pod's target path of a volume,
+// their parent folders made as kubelet makes them.
+func (f *fixture) paths(t *testing.T, name string) mounted {
+	t.Helper()
+	m := mounted{name: name, staging: f.stagingPath(name), target: filepath.Join(f.kubeletRoot(), "pods", name, "volumes", "kubernetes.io~csi", name, "mount")}
+	for _, dir := range []string{m.staging, filepath.Dir(m.target)} {
+		if err := os.MkdirAll(dir, 0o750); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return m
+}
+
+// unstage unpublishes and unstages m through the agent, as kubelet does.
+func (f *fixture) unstage(t *testing.T, nc csi.NodeClient, m mounted) {
+	t.Helper()
+	ctx := context.Background()
+	waitCSI(t, nc)
+	if err := retryBusy(func() error {
+		_, err := nc.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: m.name, TargetPath: m.target})
+		return err
+	}); err != nil {
+		t.Errorf("unpublish %s: %v", m.name, err)
+	}
+	if err := retryBusy(func() error {
+		_, err := nc.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: m.name, StagingTargetPath: m.staging})
+		return err
+	}); err != nil {
+		t.Errorf("unstage %s: %v", m.name, err)
+	}
 }
 
 // retryBusy retries call while the agent answers Aborted (the volume is
