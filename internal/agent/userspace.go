@@ -327,7 +327,8 @@ const (
 // on. It waits a bounded time for the volume lock, shared with stage and
 // unstage (ErrBusy when it stays held: the healer retries later). It returns
 // the Volume (nil when gone), ErrKeeperDown or ErrConnectionLost when the
-// volume cannot be healed.
+// volume cannot be healed, ErrVolumeNotFound (with HealSkipped) when a
+// staged userspace volume's Volume object or image is gone.
 func (a *Agent) Heal(ctx context.Context, volumeID string) (*v1.Volume, HealResult, error) {
 	if a.us == nil {
 		return nil, HealSkipped, nil
@@ -348,7 +349,11 @@ func (a *Agent) Heal(ctx context.Context, volumeID string) (*v1.Volume, HealResu
 	defer unlock()
 	vol, err := a.volume(ctx, volumeID)
 	if errors.Is(err, ErrVolumeNotFound) {
-		return nil, HealSkipped, nil
+		if !a.isUserspace(volumeID) {
+			return nil, HealSkipped, nil // a kernel volume needs no server
+		}
+		return nil, HealSkipped, fmt.Errorf("volume %s is staged in userspace on this node, but its Volume object is gone, "+
+			"so no blockdev server can be started for it: its I/O waits until it is unstaged: %w", volumeID, err)
 	}
 	if err != nil {
 		return nil, HealSkipped, err
@@ -358,7 +363,8 @@ func (a *Agent) Heal(ctx context.Context, volumeID string) (*v1.Volume, HealResu
 	}
 	image, err := a.imagePath(ctx, volumeID)
 	if errors.Is(err, ErrVolumeNotFound) {
-		return vol, HealSkipped, nil
+		return vol, HealSkipped, fmt.Errorf("volume %s is staged in userspace on this node, but its image is gone, "+
+			"so no blockdev server can be started for it: its I/O waits until it is unstaged: %w", volumeID, err)
 	}
 	if err != nil {
 		return vol, HealSkipped, err

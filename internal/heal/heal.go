@@ -28,6 +28,8 @@ const (
 	ReasonKeeperDown     = "KeeperNotRunning"
 	ReasonConnectionLost = "FUSEConnectionLost"
 	ReasonHealFailed     = "HealFailed"
+	// ReasonVolumeGone: a staged userspace volume's Volume or image is gone.
+	ReasonVolumeGone = "VolumeGone"
 )
 
 // Holdings lists this node's holds (fence.Fencer.ListForNode).
@@ -157,7 +159,7 @@ func (h *Healer) heal(ctx context.Context, id string) agent.HealResult {
 	start := time.Now()
 	vol, res, err := h.Volumes.Heal(ctx, id)
 	outcome := string(res)
-	if err != nil && !errors.Is(err, agent.ErrBusy) {
+	if err != nil && !errors.Is(err, agent.ErrBusy) && !errors.Is(err, agent.ErrVolumeNotFound) {
 		outcome = metrics.HealFailed
 	}
 	h.Metrics.Volume(outcome, time.Since(start))
@@ -169,6 +171,15 @@ func (h *Healer) heal(ctx context.Context, id string) agent.HealResult {
 				"node "+h.Node+": the volume's blockdev server was gone (agent restart or crash); a new one took over its kernel connection and I/O goes on")
 		}
 		return res
+	}
+	if errors.Is(err, agent.ErrVolumeNotFound) {
+		// Deleted under a staged volume (by hand, past its finalizer):
+		// nothing to serve it from. Said once; the other volumes go on.
+		if h.warn(id, ReasonVolumeGone) {
+			log.Error(err, "heal skipped: the volume's Volume object or image is gone")
+			h.event(vol, corev1.EventTypeWarning, ReasonVolumeGone, "node "+h.Node+": "+err.Error())
+		}
+		return agent.HealSkipped
 	}
 	if errors.Is(err, agent.ErrBusy) {
 		// Another operation holds the volume (one stuck on a dead server

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/record"
 
@@ -231,4 +232,50 @@ func TestBusyVolumeSkipped(t *testing.T) {
 			t.Fatal("Start did not retry the busy volume until it was free")
 		}
 	}
+}
+
+// TestGoneVolumeSkippedAndLogged: a staged volume whose Volume object or
+// image is gone is skipped, said once in the log (and in a Warning on the
+// Volume, when that still exists), and the other volumes are healed.
+func TestGoneVolumeSkippedAndLogged(t *testing.T) {
+	hs := holdings{hold("no-volume", "n1", ""), hold("no-image", "n1", ""), hold("fine", "n1", "")}
+	vols := &volumes{calls: map[string]int{}, table: map[string]outcome{
+		"no-volume": {res: agent.HealSkipped, err: fmt.Errorf("volume no-volume: %w", agent.ErrVolumeNotFound)},
+		"no-image":  {res: agent.HealSkipped, err: fmt.Errorf("image of no-image: %w", agent.ErrVolumeNotFound)},
+		"fine":      {res: agent.HealRestarted},
+	}}
+	var logged []string
+	log := funcr.New(func(_, args string) { logged = append(logged, args) }, funcr.Options{})
+	rec := record.NewFakeRecorder(100)
+	h := &heal.Healer{Node: "n1", Holdings: hs, Volumes: gone{vols}, Recorder: rec, Log: log, Parallel: 1}
+	for range 2 {
+		sum, err := h.Pass(context.Background())
+		if err != nil || sum[agent.HealSkipped] != 2 || sum[agent.HealRestarted] != 1 {
+			t.Fatalf("pass = %v, %v; want 2 skipped, 1 restarted", sum, err)
+		}
+	}
+	var goneLogs int
+	for _, l := range logged {
+		if strings.Contains(l, "Volume object or image is gone") {
+			goneLogs++
+		}
+	}
+	if goneLogs != 2 {
+		t.Errorf("%d log lines about gone volumes over two passes, want one per volume: %q", goneLogs, logged)
+	}
+	got := strings.Join(events(rec), "\n")
+	if strings.Count(got, "Warning "+heal.ReasonVolumeGone) != 1 || !strings.Contains(got, "no-image") {
+		t.Errorf("events %q: want one %s Warning, on the Volume whose image is gone", got, heal.ReasonVolumeGone)
+	}
+}
+
+// gone is volumes whose "no-volume" has no Volume object to return.
+type gone struct{ *volumes }
+
+func (g gone) Heal(ctx context.Context, id string) (*v1.Volume, agent.HealResult, error) {
+	vol, res, err := g.volumes.Heal(ctx, id)
+	if id == "no-volume" {
+		vol = nil
+	}
+	return vol, res, err
 }
