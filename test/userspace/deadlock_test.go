@@ -3,6 +3,7 @@ package userspace
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -31,6 +32,11 @@ import (
 func TestServerKilledDuringMkfs(t *testing.T) {
 	f := setup(t)
 	f.stopAgent()
+	// mkfs.ext4 stops itself before it runs: caught every time, however
+	// fast the real one would be (polling for it lost the race under load).
+	wrappers := stoppingMkfs(t, "mkfs.ext4")
+	f.agentPath = wrappers + ":" + os.Getenv("PATH")
+	t.Cleanup(func() { f.agentPath = "" })
 	if err := f.startAgent("--format-timeout=20s", "--losetup-timeout=5s", "--probe-timeout=5s", "--background-lock-wait=1s"); err != nil {
 		t.Fatal(err)
 	}
@@ -70,6 +76,7 @@ func TestServerKilledDuringMkfs(t *testing.T) {
 		t.Fatal(err)
 	}
 	agentPID := f.agent.Process.Pid
+	armStoppingMkfs(t, wrappers)
 	staged := make(chan error, 1)
 	go func() {
 		sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
@@ -78,11 +85,9 @@ func TestServerKilledDuringMkfs(t *testing.T) {
 		staged <- err
 	}()
 
-	// Catch mkfs, hold it while its server dies, let it go on.
+	// Catch mkfs (stopped by its wrapper), hold it while its server dies,
+	// let it go on.
 	mkfs := waitChild(t, agentPID, "mkfs.", staged)
-	if err := syscall.Kill(mkfs, syscall.SIGSTOP); err != nil {
-		t.Fatalf("stop mkfs: %v", err)
-	}
 	mkfsFD, err := unix.PidfdOpen(mkfs, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -200,8 +205,34 @@ func waitAvailable(t *testing.T, f *fixture, vol *v1.Volume) {
 	}
 }
 
-// waitChild returns the pid of a child of parent whose program name starts
-// with prefix, polling fast; it fails if ended yields first.
+// stoppingMkfs writes a folder holding a wrapper named tool that, once
+// armed (armStoppingMkfs), stops itself (SIGSTOP) on its next run and, once
+// continued, execs the real tool in its place; unarmed it just runs it.
+func stoppingMkfs(t *testing.T, tool string) string {
+	t.Helper()
+	real, err := exec.LookPath(tool)
+	if err != nil {
+		t.Skipf("%s not installed: %v", tool, err)
+	}
+	dir := t.TempDir()
+	armed := filepath.Join(dir, "armed")
+	script := "#!/bin/sh\nif rm " + armed + " 2>/dev/null; then kill -STOP $$; fi\nexec " + real + " \"$@\"\n"
+	if err := os.WriteFile(filepath.Join(dir, tool), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func armStoppingMkfs(t *testing.T, dir string) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(dir, "armed"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitChild returns the pid of a stopped child of parent that runs a
+// program whose name starts with prefix (a wrapper from stoppingMkfs);
+// it fails if ended yields first.
 func waitChild(t *testing.T, parent int, prefix string, ended <-chan error) int {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
@@ -218,32 +249,47 @@ func waitChild(t *testing.T, parent int, prefix string, ended <-chan error) int 
 				continue
 			}
 			cmd, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-			if err != nil || !strings.HasPrefix(filepath.Base(strings.SplitN(string(cmd), "\x00", 2)[0]), prefix) {
+			if err != nil || ppid(pid) != parent || !stopped(pid) {
 				continue
 			}
-			if ppid(pid) == parent {
-				return pid
+			// The wrapper runs as "/bin/sh <dir>/mkfs.ext4 ...".
+			args := strings.SplitN(string(cmd), "\x00", 3)
+			for _, arg := range args[:min(2, len(args))] {
+				if strings.HasPrefix(filepath.Base(arg), prefix) {
+					return pid
+				}
 			}
 		}
-		time.Sleep(time.Millisecond)
+		time.Sleep(10 * time.Millisecond)
 	}
-	t.Fatalf("no %s process of pid %d within a minute", prefix, parent)
+	t.Fatalf("no stopped %s process of pid %d within a minute", prefix, parent)
 	return 0
 }
 
-func ppid(pid int) int {
+// procStat is the fields of /proc/PID/stat after the command: state first,
+// then the parent's pid.
+func procStat(pid int) []string {
 	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
 	if err != nil {
-		return 0
+		return nil
 	}
 	// The command may hold spaces and parentheses: fields follow the last ')'.
 	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	return strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+}
+
+func ppid(pid int) int {
+	f := procStat(pid)
 	if len(f) < 2 {
 		return 0
 	}
 	p, _ := strconv.Atoi(f[1])
 	return p
+}
+
+func stopped(pid int) bool {
+	f := procStat(pid)
+	return len(f) > 0 && f[0] == "T"
 }
 
 func serverPID(t *testing.T, kc *keeper.Client, volume string) int {

@@ -45,6 +45,8 @@ type fixture struct {
 	agent      *exec.Cmd
 	agentDone  chan struct{}
 	agentLog   string
+	// agentPath, when set, is the agent's PATH (a test's tool wrappers first).
+	agentPath string
 	// agentMetrics is the agent's metrics endpoint, the same across restarts.
 	agentMetrics string
 	skip         string
@@ -140,6 +142,9 @@ func (f *fixture) startAgent(extra ...string) error {
 		"--metrics-addr", f.agentMetrics, "--health-addr", "0"}
 	f.agent = exec.Command(f.berth, append(args, extra...)...)
 	f.agent.Stdout, f.agent.Stderr = log, log
+	if f.agentPath != "" {
+		f.agent.Env = append(os.Environ(), "PATH="+f.agentPath)
+	}
 	// Its own group; the servers it starts make their own too.
 	f.agent.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := f.agent.Start(); err != nil {
