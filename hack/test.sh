@@ -73,12 +73,12 @@ in_ci() {
 if [ "${CI:-}" = true ] && [ "$(id -u)" -eq 0 ]; then
 	make --no-print-directory -s build
 	if [ "${BERTH_E2E:-1}" != 0 ]; then
-		need=$((700 + $(cold 2400 "$kube/kubelet" "$kube/kube-proxy" "$cache/csi-sidecars/csi-resizer-v1.14.0") +
+		need=$((900 + $(cold 2400 "$kube/kubelet" "$kube/kube-proxy" "$cache/csi-sidecars/csi-resizer-v1.14.0") +
 			$(cold 300 "$cache/csi-sidecars/snapshot-controller-v8.3.0") + $(cold 300 "$cache/coredns/coredns-v1.12.4")))
 		in_ci "the e2e scenarios (two nodes)" "$need" hack/e2e.sh
 	fi
 	if [ "${BERTH_CONFORMANCE:-1}" != 0 ]; then
-		need=$((360 + $(cold 900 "$kube/e2e.test" "$kube/agnhost" "$kube/ginkgo")))
+		need=$((480 + $(cold 900 "$kube/e2e.test" "$kube/agnhost" "$kube/ginkgo")))
 		CONFORMANCE_QUICK=1 in_ci "the conformance CI subset" "$need" hack/conformance.sh
 	fi
 fi
