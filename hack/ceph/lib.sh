@@ -24,7 +24,9 @@ WAIT="${BERTH_CEPH_WAIT:-120}"
 
 CONF="$CEPH_DIR/ceph.conf"
 # What clients use: monitors and the berth client's keyring, no admin key.
-CLIENT_CONF="$CEPH_DIR/client.conf"
+# Named ceph.conf in its own folder: the ceph CLI takes the cluster name from
+# the file name (and would look for "client.client.berth.keyring").
+CLIENT_CONF="$CEPH_DIR/client/ceph.conf"
 ENV_FILE="$CEPH_DIR/ceph.env"
 ADMIN_KEYRING="$CEPH_DIR/keyring/client.admin.keyring"
 CLIENT_KEYRING="$CEPH_DIR/keyring/client.$CLIENT.keyring"

@@ -45,6 +45,8 @@ mon_data_avail_crit = 2
 # A killed OSD is noticed in seconds (tests kill one on purpose).
 osd_heartbeat_interval = 2
 osd_heartbeat_grace = 10
+# Recovery after an OSD comes back runs at full speed (no throttling sleep).
+osd_recovery_sleep = 0
 # Placement group states reach the monitor within a second, so that waits
 # for active+clean end as soon as they can.
 mgr_stats_period = 1
@@ -79,8 +81,8 @@ osd_memory_target = 939524096
 bluestore_cache_autotune = false
 bluestore_cache_size = 67108864
 EOC
-	# What clients (tests, later berth) read: monitors and auth, no paths
-	# of the daemons.
+	# What clients (tests, later berth) read: monitors, auth and the path of
+	# the berth client's keyring, nothing of the daemons.
 	cat >"$CLIENT_CONF" <<EOC
 [global]
 fsid = $fsid
@@ -88,6 +90,9 @@ mon_host = [v2:$CEPH_ADDR:$MON_PORT]
 auth_cluster_required = cephx
 auth_service_required = cephx
 auth_client_required = cephx
+
+[client.$CLIENT]
+keyring = $CLIENT_KEYRING
 EOC
 }
 
@@ -103,7 +108,7 @@ bootstrap() {
 	fsid=$(cat /proc/sys/kernel/random/uuid)
 	mkdir -p "$CEPH_DIR"
 	chmod 700 "$CEPH_DIR"
-	mkdir -p "$PIDS" "$LOGS" "$CEPH_DIR"/{run,crash,keyring,mon/a,mgr/x,osd-block}
+	mkdir -p "$PIDS" "$LOGS" "$CEPH_DIR"/{run,crash,keyring,client,mon/a,mgr/x,osd-block}
 	write_conf "$fsid"
 
 	# Every key exists before the monitor does: its first keyring holds them

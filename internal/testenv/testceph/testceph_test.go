@@ -1,0 +1,224 @@
+package testceph_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berth-io/berth/internal/testenv"
+	"github.com/berth-io/berth/internal/testenv/testceph"
+)
+
+var (
+	cluster = testceph.New(testceph.TestOptions())
+	skip    string
+)
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	skip = testceph.SkipReason(context.Background())
+	os.Exit(testenv.Main(m, skip,
+		func() error {
+			start := time.Now()
+			err := cluster.Up(context.Background())
+			fmt.Fprintf(os.Stderr, "testceph: test Ceph up in %s\n", time.Since(start).Round(100*time.Millisecond))
+			return err
+		},
+		func(bool) {
+			// Also after a failed Up: up.sh may have started daemons.
+			if err := cluster.Stop(context.Background()); err != nil {
+				fmt.Fprintln(os.Stderr, "stop test Ceph:", err)
+			}
+		}))
+}
+
+func needCeph(tb testing.TB) *testceph.Cluster {
+	tb.Helper()
+	if skip != "" {
+		tb.Skip(skip)
+	}
+	return cluster
+}
+
+func ctxT(tb testing.TB) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	tb.Cleanup(cancel)
+	return c
+}
+
+// newImage makes an image in the pool as the berth client and removes it
+// when the test ends.
+func newImage(t *testing.T, c *testceph.Cluster, name, size string) string {
+	t.Helper()
+	ctx := ctxT(t)
+	spec := c.Pool + "/" + name
+	if _, err := c.RBD(ctx, "create", "--size", size, "--image-feature", "layering,exclusive-lock", spec); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := c.RBD(context.Background(), "rm", "--no-progress", spec); err != nil {
+			t.Errorf("remove %s: %v", spec, err)
+		}
+	})
+	return spec
+}
+
+// writeAndVerify imports size random bytes as the new image spec and
+// exports them back, comparing; it returns what it wrote.
+func writeAndVerify(t *testing.T, c *testceph.Cluster, spec string, size int) []byte {
+	t.Helper()
+	want := make([]byte, size)
+	if _, err := rand.Read(want); err != nil {
+		t.Fatal(err)
+	}
+	in := filepath.Join(t.TempDir(), "in")
+	if err := os.WriteFile(in, want, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.RBD(ctxT(t), "import", "--no-progress", "--image-feature", "layering,exclusive-lock", in, spec); err != nil {
+		t.Fatal(err)
+	}
+	verify(t, c, spec, want)
+	return want
+}
+
+// verify reads the image back and compares it with want.
+func verify(t *testing.T, c *testceph.Cluster, spec string, want []byte) {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "out")
+	if _, err := c.RBD(ctxT(t), "export", "--no-progress", spec, out); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("%s: read back %d bytes that differ from the %d written", spec, len(got), len(want))
+	}
+}
+
+func removeImage(t *testing.T, c *testceph.Cluster, spec string) {
+	t.Helper()
+	if _, err := c.RBD(ctxT(t), "rm", "--no-progress", spec); err != nil {
+		t.Errorf("remove %s: %v", spec, err)
+	}
+}
+
+// The berth client writes an image in its pool and reads back what it wrote,
+// and rbd bench writes through librbd.
+func TestBerthClientWritesAndReadsItsPool(t *testing.T) {
+	c := needCeph(t)
+	ctx := ctxT(t)
+	spec := c.Pool + "/roundtrip"
+	writeAndVerify(t, c, spec, 8<<20)
+	defer removeImage(t, c, spec)
+
+	bench := newImage(t, c, "bench", "64M")
+	out, err := c.RBD(ctx, "bench", "--io-type", "write", "--io-size", "4K", "--io-threads", "16", "--io-total", "16M", "--io-pattern", "rand", bench)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(out), "elapsed:") {
+		t.Fatalf("rbd bench printed no summary:\n%s", out)
+	}
+	t.Logf("rbd bench 4k random write: %s", lastLine(out))
+}
+
+// client.berth has `profile rbd` on its pool only: another pool's images and
+// admin commands are refused.
+func TestBerthClientRefusedOutsideItsPool(t *testing.T) {
+	c := needCeph(t)
+	ctx := ctxT(t)
+	other := "berth-other"
+	for _, args := range [][]string{
+		{"osd", "pool", "create", other, "1", "1", "replicated"},
+		{"osd", "pool", "application", "enable", other, "rbd"},
+	} {
+		if _, err := c.AdminCeph(ctx, args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		if _, err := c.AdminCeph(context.Background(), "osd", "pool", "delete", other, other, "--yes-i-really-really-mean-it"); err != nil {
+			t.Errorf("delete pool %s: %v", other, err)
+		}
+	})
+	// The same request in its own pool works (so the refusal below is the caps').
+	newImage(t, c, "allowed", "4M")
+
+	_, err := c.RBD(ctx, "create", "--size", "4M", other+"/refused")
+	if err == nil {
+		t.Fatalf("client.%s created an image in pool %s outside its caps", c.Client, other)
+	}
+	if !strings.Contains(err.Error(), "Operation not permitted") {
+		t.Fatalf("create in %s: want a permission error, got: %v", other, err)
+	}
+	if _, err := c.Ceph(ctx, "osd", "pool", "create", "berth-refused", "1"); err == nil || !strings.Contains(err.Error(), "EACCES") {
+		t.Fatalf("client.%s creating a pool: want a permission error, got: %v", c.Client, err)
+	}
+	// Nothing was made by the refused requests.
+	if out, err := c.AdminCeph(ctx, "osd", "pool", "ls"); err != nil || strings.Contains(string(out), "berth-refused") {
+		t.Fatalf("pools after a refused create: %v\n%s", err, out)
+	}
+	out, err := c.AdminCeph(ctx, "df")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("ceph df:\n%s", out)
+}
+
+// With one OSD of three killed (size 3, min_size 2) reads and writes go on;
+// once it is back the pool heals and the data written meanwhile reads back.
+func TestIOWithOneOSDDown(t *testing.T) {
+	c := needCeph(t)
+	ctx := ctxT(t)
+	before := c.Pool + "/before-kill"
+	wantBefore := writeAndVerify(t, c, before, 4<<20)
+	defer removeImage(t, c, before)
+
+	const osd = 1
+	if err := c.KillOSD(ctx, osd); err != nil {
+		t.Fatal(err)
+	}
+	restarted := false
+	defer func() {
+		if !restarted {
+			if err := c.StartOSD(context.Background(), osd); err != nil {
+				t.Errorf("restart osd.%d: %v", osd, err)
+			}
+		}
+	}()
+	start := time.Now()
+	during := c.Pool + "/during-kill"
+	wantDuring := writeAndVerify(t, c, during, 4<<20)
+	defer removeImage(t, c, during)
+	verify(t, c, before, wantBefore)
+	t.Logf("I/O with osd.%d down: %s", osd, time.Since(start).Round(time.Millisecond))
+
+	start = time.Now()
+	if err := c.StartOSD(ctx, osd); err != nil {
+		t.Fatal(err)
+	}
+	restarted = true
+	if err := c.WaitHealthy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("osd.%d back and every placement group clean in %s", osd, time.Since(start).Round(time.Millisecond))
+	// Both images read back from the healed pool, osd.1's recovered copies
+	// among those serving them.
+	verify(t, c, before, wantBefore)
+	verify(t, c, during, wantDuring)
+}
+
+func lastLine(b []byte) string {
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return lines[len(lines)-1]
+}
