@@ -124,6 +124,15 @@ cluster-up: ## Bring up the e2e Kubernetes (hack/cluster/up.sh); writes /var/lib
 cluster-down: ## Stop the e2e Kubernetes and remove everything it made (hack/cluster/down.sh).
 	hack/cluster/down.sh
 
+.PHONY: ceph-up
+ceph-up: ## Bring up the test Ceph (hack/ceph/up.sh: 1 mon, 1 mgr, 3 OSDs, pool berth, client.berth); prints its env file (root).
+	hack/ceph/up.sh
+
+.PHONY: ceph-down
+ceph-down: ## Stop the test Ceph by PID, remove its folder and check nothing is left (hack/ceph/down.sh + leftovers.sh).
+	hack/ceph/down.sh
+	hack/ceph/leftovers.sh
+
 ##@ Tools (pinned, built from the Go module proxy into bin/)
 
 $(CONTROLLER_GEN):

@@ -127,7 +127,7 @@ bootstrap() {
 	done
 
 	monmaptool --create --fsid "$fsid" --addv a "[v2:$CEPH_ADDR:$MON_PORT]" "$CEPH_DIR/monmap" >/dev/null
-	ceph-mon --mkfs -c "$CONF" -i a --monmap "$CEPH_DIR/monmap" --keyring "$monkeys" >>"$LOGS/mon.a.out" 2>&1 ||
+	timeout "$WAIT" ceph-mon --mkfs -c "$CONF" -i a --monmap "$CEPH_DIR/monmap" --keyring "$monkeys" >>"$LOGS/mon.a.out" 2>&1 ||
 		die "ceph-mon --mkfs failed: $(tail -n 5 "$LOGS/mon.a.out")"
 	rm -f "$monkeys" "$CEPH_DIR/monmap"
 	start_daemon mon.a
@@ -140,11 +140,16 @@ bootstrap() {
 		local uuid
 		uuid=$(cat /proc/sys/kernel/random/uuid)
 		[ "$(admin osd new "$uuid" "$i")" = "$i" ] || die "ceph osd new $uuid $i did not return $i"
-		ceph-osd --mkfs -c "$CONF" -i "$i" --osd-uuid "$uuid" >>"$LOGS/osd.$i.out" 2>&1 &
+		# mkfs asks the monitor for its map: in CEPH_NETNS too.
+		in_ns timeout "$WAIT" ceph-osd --mkfs -c "$CONF" -i "$i" --osd-uuid "$uuid" >>"$LOGS/osd.$i.out" 2>&1 &
 		mkfs+=($!)
 	done
 	for ((i = 0; i < OSD_COUNT; i++)); do
-		wait "${mkfs[$i]}" || die "ceph-osd --mkfs -i $i failed: $(tail -n 5 "$LOGS/osd.$i.out")"
+		wait "${mkfs[$i]}" && continue
+		# Leave no mkfs of ours running behind the error.
+		kill "${mkfs[@]}" 2>/dev/null || true
+		wait || true
+		die "ceph-osd --mkfs -i $i failed: $(tail -n 5 "$LOGS/osd.$i.out")"
 	done
 	for d in "${DAEMONS[@]:1}"; do start_daemon "$d"; done
 	wait_for "$OSD_COUNT OSDs up and in" osds_up "$OSD_COUNT"

@@ -69,13 +69,16 @@ const (
 // Packages are the Debian packages hack/ceph needs.
 var packages = []string{"ceph-mon", "ceph-osd", "ceph-mgr", "ceph-common"}
 
-// SkipReason says why a test Ceph cannot run here: -short, not root, or
-// Debian's Ceph packages missing and not installable; "" when it can.
+// SkipReason says why a test Ceph cannot run here: -short, BERTH_CEPH=0,
+// not root, or Debian's Ceph packages missing and not installable (it
+// installs them when missing); "" when it can.
 // Call it after flag.Parse.
 func SkipReason(ctx context.Context) string {
 	switch {
 	case testing.Short():
 		return "-short: needs a real Ceph (root, Debian's ceph packages)"
+	case os.Getenv("BERTH_CEPH") == "0":
+		return "BERTH_CEPH=0: the tests on a real Ceph are left out"
 	case os.Geteuid() != 0:
 		return "needs root: it runs Ceph daemons (hack/ceph)"
 	}
