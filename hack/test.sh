@@ -18,7 +18,9 @@ echo "test: setup done in $((SECONDS - start))s (KUBEBUILDER_ASSETS=$KUBEBUILDER
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 # -p 1: packages that start API servers or touch loop devices run one at a
-# time on our 2-core machines.
+# time on our 2-core machines. As root this includes the tests on a real
+# Ceph (internal/testenv/testceph: ~45 s, plus ~50 s once to install
+# Debian's ceph packages); BERTH_CEPH=0 leaves them out.
 set +e
 go test -p 1 -count=1 -timeout 30m -v "$@" ./... 2>&1 | tee "$log" | grep -vE '^=== (RUN|PAUSE|CONT)'
 rc=${PIPESTATUS[0]}
