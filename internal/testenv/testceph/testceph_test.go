@@ -24,7 +24,8 @@ var (
 func TestMain(m *testing.M) {
 	flag.Parse()
 	skip = testceph.SkipReason(context.Background())
-	os.Exit(testenv.Main(m, skip,
+	stopped := true
+	code := testenv.Main(m, skip,
 		func() error {
 			start := time.Now()
 			err := cluster.Up(context.Background())
@@ -35,8 +36,14 @@ func TestMain(m *testing.M) {
 			// Also after a failed Up: up.sh may have started daemons.
 			if err := cluster.Stop(context.Background()); err != nil {
 				fmt.Fprintln(os.Stderr, "stop test Ceph:", err)
+				stopped = false
 			}
-		}))
+		})
+	// A daemon, port or file left behind fails the run.
+	if code == 0 && !stopped {
+		code = 1
+	}
+	os.Exit(code)
 }
 
 func needCeph(tb testing.TB) *testceph.Cluster {
@@ -221,4 +228,46 @@ func TestIOWithOneOSDDown(t *testing.T) {
 func lastLine(b []byte) string {
 	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 	return lines[len(lines)-1]
+}
+
+// up.sh on a running cluster starts nothing new: the same cluster (fsid),
+// one monitor, three OSDs.
+func TestUpTwiceIsOneCluster(t *testing.T) {
+	c := needCeph(t)
+	ctx := ctxT(t)
+	fsid := func() string {
+		out, err := c.AdminCeph(ctx, "fsid")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	before := fsid()
+	if err := c.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if after := fsid(); after != before {
+		t.Fatalf("fsid %s after a second up, %s before", after, before)
+	}
+	out, err := c.AdminCeph(ctx, "status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"mon: 1 daemons", "osd: 3 osds: 3 up"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("ceph status after a second up lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// down.sh with nothing up succeeds and leaves nothing.
+func TestDownWithNothingUp(t *testing.T) {
+	needCeph(t)
+	o := testceph.TestOptions()
+	// Not the running cluster's ports either: leftovers.sh would rightly
+	// report its daemons listening on them.
+	o.Dir, o.MonPort, o.PortMin, o.PortMax = filepath.Join(t.TempDir(), "never-up"), 3399, 7900, 7909
+	if err := testceph.New(o).Stop(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
 }
