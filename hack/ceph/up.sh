@@ -57,6 +57,8 @@ keyring = $ADMIN_KEYRING
 
 [mon]
 mon_data = $CEPH_DIR/\$type/\$id
+# The cluster and audit logs too (default: /var/log/ceph).
+mon_cluster_log_file = default=$LOGS/\$cluster.\$channel.log cluster=$LOGS/\$cluster.log
 keyring = $CEPH_DIR/\$type/\$id/keyring
 log_file = $LOGS/\$name.log
 admin_socket = $CEPH_DIR/run/\$cluster-\$name.\$pid.asok
