@@ -15,7 +15,7 @@ for ((i = ${#DAEMONS[@]} - 1; i >= 0; i--)); do
 	d=${DAEMONS[$i]}
 	if pid=$(pid_of "$d"); then
 		log "stopping $d (pid $pid)"
-		stop_pid "$pid" TERM 20
+		stop_pid "$pid" 20
 	fi
 done
 left=$(procs_matching "$CEPH_DIR/")

@@ -2,6 +2,9 @@
 # port and folder the test Ceph uses is here, overridable through the
 # environment, so that up, down and leftovers always agree on what they own.
 
+# shellcheck source=../lib/procs.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../lib/procs.sh"
+
 CEPH_DIR="${BERTH_CEPH_DIR:-/var/lib/berth-ceph}"
 # The address every daemon binds and clients dial. BERTH_CEPH_NETNS (a
 # network namespace the caller made, its lo up and CEPH_ADDR on one of its
@@ -61,43 +64,8 @@ in_ns() {
 admin() { in_ns timeout 60 ceph -c "$CONF" -n client.admin --connect-timeout 30 "$@"; }
 
 # pid_of DAEMON prints the recorded PID of DAEMON (e.g. osd.1) if that
-# process still runs the recorded binary (a recycled PID is not ours).
-pid_of() {
-	local f="$PIDS/$1.pid" pid exe
-	[ -f "$f" ] || return 1
-	{ read -r pid && read -r exe; } <"$f" || return 1
-	[ -n "$pid" ] && [ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = "$exe" ] || return 1
-	echo "$pid"
-}
-
-# stop_pid PID [SIGNAL] [SECONDS]: SIGNAL (TERM), wait, then SIGKILL.
-stop_pid() {
-	local pid=$1 sig=${2:-TERM} wait=${3:-20} i
-	kill "-$sig" "$pid" 2>/dev/null || return 0
-	for ((i = 0; i < wait * 10; i++)); do
-		[ -d "/proc/$pid" ] || return 0
-		# A zombie child of ours counts as gone.
-		grep -q '^State:.*Z' "/proc/$pid/status" 2>/dev/null && return 0
-		sleep 0.1
-	done
-	log "pid $pid still runs ${wait}s after SIG$sig: SIGKILL"
-	kill -KILL "$pid" 2>/dev/null || true
-}
-
-# procs_matching STR: "PID CMDLINE" of every process whose command line
-# contains STR. Bash builtins only, so the search does not find itself.
-procs_matching() {
-	local f pid cmd
-	local -a args
-	for f in /proc/[0-9]*/cmdline; do
-		pid=${f#/proc/}
-		pid=${pid%/cmdline}
-		[ "$pid" = "$$" ] || [ "$pid" = "$BASHPID" ] && continue
-		mapfile -d '' -t args 2>/dev/null <"$f" || continue
-		cmd="${args[*]}"
-		case "$cmd" in *"$1"*) echo "$pid ${cmd:0:150}" ;; esac
-	done
-}
+# process still runs the recorded binary.
+pid_of() { pidfile_pid "$PIDS/$1.pid"; }
 
 # wait_for WHAT CMD...: runs CMD every half second until it succeeds; dies
 # after WAIT seconds naming WHAT.

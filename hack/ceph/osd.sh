@@ -16,7 +16,7 @@ id=$2
 case $1 in
 kill)
 	if pid=$(pid_of "osd.$id"); then
-		stop_pid "$pid" KILL 20
+		stop_pid "$pid" 20 KILL
 		rm -f "$PIDS/osd.$id.pid"
 		log "killed osd.$id (pid $pid)"
 	fi

@@ -2,6 +2,9 @@
 # Every name, address and folder the e2e cluster uses is here, overridable
 # through the environment, so up and down always agree on what they own.
 
+# shellcheck source=../lib/procs.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../lib/procs.sh"
+
 WORKDIR="${BERTH_E2E_DIR:-/var/lib/berth-e2e}"
 # The hub: a network namespace holding the control plane (etcd, API server,
 # controller-manager, scheduler) and the bridge that joins the nodes.
@@ -129,47 +132,11 @@ ticking() {
 }
 
 # pid_of NAME prints the recorded PID of daemon NAME if that process still
-# runs the recorded binary (a recycled PID is not ours).
+# runs the recorded binary ("NAME@I": daemon NAME of node I).
 pid_of() {
-	local f="$PIDS/$1.pid" pid exe
-	# "NAME@I": daemon NAME of node I.
+	local f="$PIDS/$1.pid"
 	case $1 in *@*) f="$PIDS/${1%@*}-$(node_name "${1#*@}").pid" ;; esac
-	[ -f "$f" ] || return 1
-	{ read -r pid && read -r exe; } <"$f" || return 1
-	[ -n "$pid" ] && [ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = "$exe" ] || return 1
-	echo "$pid"
-}
-
-# stop_pid PID [SECONDS]: SIGTERM, wait, then SIGKILL.
-stop_pid() {
-	local pid=$1 wait=${2:-10} i
-	kill -TERM "$pid" 2>/dev/null || return 0
-	for ((i = 0; i < wait * 10; i++)); do
-		[ -d "/proc/$pid" ] || return 0
-		# A zombie child of ours counts as gone.
-		grep -q '^State:.*Z' "/proc/$pid/status" 2>/dev/null && return 0
-		sleep 0.1
-	done
-	log "pid $pid ignored SIGTERM for ${wait}s: SIGKILL"
-	kill -KILL "$pid" 2>/dev/null || true
-}
-
-# procs_matching STR...: "PID CMDLINE" of every process whose command line
-# (arguments joined by spaces) contains any STR. Bash builtins only, so the
-# search does not find itself.
-procs_matching() {
-	local f pid cmd s
-	local -a args
-	for f in /proc/[0-9]*/cmdline; do
-		pid=${f#/proc/}
-		pid=${pid%/cmdline}
-		[ "$pid" = "$$" ] || [ "$pid" = "$BASHPID" ] && continue
-		mapfile -d '' -t args 2>/dev/null <"$f" || continue
-		cmd="${args[*]}"
-		for s in "$@"; do
-			case "$cmd" in *"$s"*) echo "$pid ${cmd:0:150}"; break ;; esac
-		done
-	done
+	pidfile_pid "$f"
 }
 
 kctl() { "$KUBECTL" --kubeconfig "$KUBECONFIG_ADMIN" "$@"; }
