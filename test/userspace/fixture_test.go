@@ -49,7 +49,11 @@ type fixture struct {
 	agentPath string
 	// agentMetrics is the agent's metrics endpoint, the same across restarts.
 	agentMetrics string
-	skip         string
+	// agentFlags go to every agent start: BERTH_BLOCKDEV_PASSTHROUGH, when
+	// set, picks the userspace data path for the whole run (make bench
+	// measures healing with passthrough on and off).
+	agentFlags []string
+	skip       string
 }
 
 var fx fixture
@@ -84,6 +88,9 @@ func (f *fixture) start() error {
 	f.agentLog = filepath.Join(f.dir, "agent.log")
 	if f.agentMetrics, err = testenv.FreeAddr(); err != nil {
 		return err
+	}
+	if v := os.Getenv("BERTH_BLOCKDEV_PASSTHROUGH"); v != "" {
+		f.agentFlags = append(f.agentFlags, "--blockdev-passthrough="+v)
 	}
 	if err := f.startKeeper(); err != nil {
 		return err
@@ -140,6 +147,7 @@ func (f *fixture) startAgent(extra ...string) error {
 		"--keeper-socket", f.keeperSock, "--capacity-interval", "1h", "--heal-interval", "2s",
 		// Not the default ports: another agent on this machine may have them.
 		"--metrics-addr", f.agentMetrics, "--health-addr", "0"}
+	args = append(args, f.agentFlags...)
 	f.agent = exec.Command(f.berth, append(args, extra...)...)
 	f.agent.Stdout, f.agent.Stderr = log, log
 	if f.agentPath != "" {

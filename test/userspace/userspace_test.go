@@ -265,8 +265,12 @@ func TestHealUnderWriters(t *testing.T) {
 		slices.Sort(samples)
 		pct := func(p float64) time.Duration { return samples[int(p*float64(len(samples)-1)+0.5)] }
 		// One line for hack/bench.sh to pick up.
-		fmt.Printf("HEAL_RESULT cycles=%d volumes=%d samples=%d p50=%s p99=%s max=%s writes=%d verified=%d errors=%d\n",
-			cycles, nvol, len(samples), pct(0.5).Round(time.Millisecond), pct(0.99).Round(time.Millisecond),
+		passthrough := os.Getenv("BERTH_BLOCKDEV_PASSTHROUGH")
+		if passthrough == "" {
+			passthrough = "default"
+		}
+		fmt.Printf("HEAL_RESULT cycles=%d volumes=%d passthrough=%s samples=%d p50=%s p99=%s max=%s writes=%d verified=%d errors=%d\n",
+			cycles, nvol, passthrough, len(samples), pct(0.5).Round(time.Millisecond), pct(0.99).Round(time.Millisecond),
 			samples[len(samples)-1].Round(time.Millisecond), total, verified, countErrors(writers))
 	}
 }
