@@ -30,22 +30,14 @@ type Fence struct {
 // NewFence makes and registers the fencing metrics.
 func NewFence(reg prometheus.Registerer) (*Fence, error) {
 	f := &Fence{
-		acquires: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: namespace, Subsystem: "fence", Name: "acquires_total",
-			Help: "Fence acquire requests, by result: granted, conflict (held by a holder the access mode excludes), invalid, error.",
-		}, []string{"result"}),
-		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Namespace: namespace, Subsystem: "fence", Name: "acquire_duration_seconds",
-			Help: "Time to decide a fence acquire request, lost races included.", Buckets: durationBuckets,
-		}),
-		releases: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: namespace, Subsystem: "fence", Name: "releases_total",
-			Help: "Fence release requests, by result: ok, error.",
-		}, []string{"result"}),
-		breaks: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: namespace, Subsystem: "fence", Name: "lock_breaks_total",
-			Help: "Holds of another node taken over and put on its stale list, by reason.",
-		}, []string{"reason"}),
+		acquires: newCounterVec("fence", "acquires_total",
+			"Fence acquire requests, by result: granted, conflict (held by a holder the access mode excludes), invalid, error.", "result"),
+		duration: newHistogram("fence", "acquire_duration_seconds",
+			"Time to decide a fence acquire request, lost races included."),
+		releases: newCounterVec("fence", "releases_total",
+			"Fence release requests, by result: ok, error.", "result"),
+		breaks: newCounterVec("fence", "lock_breaks_total",
+			"Holds of another node taken over and put on its stale list, by reason.", "reason"),
 	}
 	if err := register(reg, "fence", f.acquires, f.duration, f.releases, f.breaks); err != nil {
 		return nil, err
@@ -94,22 +86,15 @@ type GC struct {
 
 // NewGC makes and registers the attachment GC's metrics.
 func NewGC(reg prometheus.Registerer) (*GC, error) {
-	counter := func(name, help string) prometheus.Counter {
-		return prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Subsystem: "attachment_gc", Name: name, Help: help})
-	}
 	g := &GC{
-		runs: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: namespace, Subsystem: "attachment_gc", Name: "runs_total",
-			Help: "Attachment GC passes, by result: ok, error.",
-		}, []string{"result"}),
-		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Namespace: namespace, Subsystem: "attachment_gc", Name: "duration_seconds",
-			Help: "Time of one attachment GC pass.", Buckets: durationBuckets,
-		}),
-		scanned: counter("entries_scanned_total", "Attachment entries the GC looked at."),
-		moved:   counter("entries_moved_total", "Attachment entries the GC moved to a node's stale list."),
-		dropped: counter("entries_dropped_total", "Attachment entries the GC removed without a stale-list record."),
-		pruned:  counter("stale_lists_pruned_total", "Stale lists the GC deleted because their node was gone longer than the TTL."),
+		runs: newCounterVec("attachment_gc", "runs_total",
+			"Attachment GC passes, by result: ok, error.", "result"),
+		duration: newHistogram("attachment_gc", "duration_seconds",
+			"Time of one attachment GC pass."),
+		scanned: newCounter("attachment_gc", "entries_scanned_total", "Attachment entries the GC looked at."),
+		moved:   newCounter("attachment_gc", "entries_moved_total", "Attachment entries the GC moved to a node's stale list."),
+		dropped: newCounter("attachment_gc", "entries_dropped_total", "Attachment entries the GC removed without a stale-list record."),
+		pruned:  newCounter("attachment_gc", "stale_lists_pruned_total", "Stale lists the GC deleted because their node was gone longer than the TTL."),
 	}
 	if err := register(reg, "attachment GC", g.runs, g.duration, g.scanned, g.moved, g.dropped, g.pruned); err != nil {
 		return nil, err
@@ -164,14 +149,10 @@ type Cleanup struct {
 // NewCleanup makes and registers the stale-list cleaner's metrics.
 func NewCleanup(reg prometheus.Registerer) (*Cleanup, error) {
 	c := &Cleanup{
-		passes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: namespace, Subsystem: "stale", Name: "passes_total",
-			Help: "Passes over this node's stale-attachment list, by result: ok, error.",
-		}, []string{"result"}),
-		entries: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: namespace, Subsystem: "stale", Name: "entries_total",
-			Help: "Stale-attachment entries processed, by result: undone, dropped (held again), failed (kept for the next pass), refused.",
-		}, []string{"result"}),
+		passes: newCounterVec("stale", "passes_total",
+			"Passes over this node's stale-attachment list, by result: ok, error.", "result"),
+		entries: newCounterVec("stale", "entries_total",
+			"Stale-attachment entries processed, by result: undone, dropped (held again), failed (kept for the next pass), refused.", "result"),
 	}
 	if err := register(reg, "stale-list", c.passes, c.entries); err != nil {
 		return nil, err

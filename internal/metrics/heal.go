@@ -25,18 +25,12 @@ const HealFailed = "failed"
 // NewHeal makes and registers the healer's metrics.
 func NewHeal(reg prometheus.Registerer) (*Heal, error) {
 	h := &Heal{
-		passes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: namespace, Subsystem: "heal", Name: "passes_total",
-			Help: "Healer passes over this node's staged volumes (error: the listing failed).",
-		}, []string{"result"}),
-		volumes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: namespace, Subsystem: "heal", Name: "volumes_total",
-			Help: "Volumes the healer looked at, by result: serving (nothing to do), restarted (healed), busy (retried later), skipped, failed.",
-		}, []string{"result"}),
-		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: namespace, Subsystem: "heal", Name: "duration_seconds",
-			Help: "Time to check and heal one volume, by result.", Buckets: durationBuckets,
-		}, []string{"result"}),
+		passes: newCounterVec("heal", "passes_total",
+			"Healer passes over this node's staged volumes (error: the listing failed).", "result"),
+		volumes: newCounterVec("heal", "volumes_total",
+			"Volumes the healer looked at, by result: serving (nothing to do), restarted (healed), busy (retried later), skipped, failed.", "result"),
+		duration: newHistogramVec("heal", "duration_seconds",
+			"Time to check and heal one volume, by result.", "result"),
 	}
 	if err := register(reg, "heal", h.passes, h.volumes, h.duration); err != nil {
 		return nil, err

@@ -50,6 +50,27 @@ func IsAlreadyRegistered(err error) bool {
 	return errors.As(err, &are)
 }
 
+// newCounter, newCounterVec, newHistogram and newHistogramVec make berth's
+// collectors: every name under the berth namespace, every latency on the
+// same buckets.
+func newCounter(subsystem, name, help string) prometheus.Counter {
+	return prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem, Name: name, Help: help})
+}
+
+func newCounterVec(subsystem, name, help string, labels ...string) *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem, Name: name, Help: help}, labels)
+}
+
+func newHistogram(subsystem, name, help string) prometheus.Histogram {
+	return prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: namespace, Subsystem: subsystem, Name: name, Help: help, Buckets: durationBuckets})
+}
+
+func newHistogramVec(subsystem, name, help string, labels ...string) *prometheus.HistogramVec {
+	return prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: namespace, Subsystem: subsystem, Name: name, Help: help, Buckets: durationBuckets}, labels)
+}
+
 func seconds(d time.Duration) float64 { return d.Seconds() }
 
 func result(err error) string {

@@ -30,14 +30,10 @@ const (
 // NewOps makes and registers the request metrics of boundary.
 func NewOps(reg prometheus.Registerer, boundary string) (*Ops, error) {
 	o := &Ops{
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: namespace, Subsystem: boundary, Name: "requests_total",
-			Help: "Requests served, by operation and answer code (OK, or the error code).",
-		}, []string{"operation", "code"}),
-		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: namespace, Subsystem: boundary, Name: "request_duration_seconds",
-			Help: "Time to answer a request, by operation.", Buckets: durationBuckets,
-		}, []string{"operation"}),
+		requests: newCounterVec(boundary, "requests_total",
+			"Requests served, by operation and answer code (OK, or the error code).", "operation", "code"),
+		duration: newHistogramVec(boundary, "request_duration_seconds",
+			"Time to answer a request, by operation.", "operation"),
 	}
 	if err := register(reg, boundary, o.requests, o.duration); err != nil {
 		return nil, err
