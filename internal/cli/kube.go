@@ -19,8 +19,17 @@ import (
 // treats the timeout as the watch's normal end), so informers lose nothing.
 const APITimeout = 30 * time.Second
 
+// APIQPS and APIBurst are kubelet's defaults: an agent does per node what
+// kubelet does, and client-go's own (5, 10) queue a whole node's healing
+// after a restart behind its rate limiter (100 volumes took ~18 s).
+const (
+	APIQPS   = 50
+	APIBurst = 100
+)
+
 // RestConfig loads a kubeconfig file when path (or $KUBECONFIG) is set,
-// else the in-cluster service account; requests time out after APITimeout.
+// else the in-cluster service account; requests time out after APITimeout
+// and are limited to APIQPS/APIBurst.
 func RestConfig(path string) (*rest.Config, error) {
 	cfg, err := loadRestConfig(path)
 	if err != nil {
@@ -28,6 +37,9 @@ func RestConfig(path string) (*rest.Config, error) {
 	}
 	if cfg.Timeout == 0 {
 		cfg.Timeout = APITimeout
+	}
+	if cfg.QPS == 0 {
+		cfg.QPS, cfg.Burst = APIQPS, APIBurst
 	}
 	return cfg, nil
 }

@@ -40,6 +40,10 @@ type writer struct {
 	verified atomic.Int64
 	// lastOK is the UnixNano when the latest write+fdatasync finished.
 	lastOK atomic.Int64
+	// mark and resumed: resumed is when the first write+fdatasync that
+	// finished after mark did (both UnixNano); the heal tests set mark at
+	// the agent's start to time each volume's own recovery.
+	mark, resumed atomic.Int64
 
 	stop chan struct{}
 	done chan struct{}
@@ -90,6 +94,18 @@ func (w *writer) Errors() []error {
 	return append([]error(nil), w.errs...)
 }
 
+// resumedAfter is when the first write that finished after mark did (0:
+// none yet); Mark sets mark.
+func (w *writer) resumedAfter(mark int64) int64 {
+	if r := w.resumed.Load(); r >= mark {
+		return r
+	}
+	return 0
+}
+
+// Mark starts timing the next write to finish.
+func (w *writer) Mark(t time.Time) { w.mark.Store(t.UnixNano()) }
+
 func (w *writer) run() {
 	defer close(w.done)
 	for {
@@ -111,7 +127,11 @@ func (w *writer) run() {
 		}
 		w.seq[idx] = w.next
 		w.writes.Add(1)
-		w.lastOK.Store(time.Now().UnixNano())
+		now := time.Now().UnixNano()
+		w.lastOK.Store(now)
+		if r := w.resumed.Load(); r < w.mark.Load() {
+			w.resumed.CompareAndSwap(r, now)
+		}
 		if w.next%4 == 0 {
 			if err := w.check(w.rnd.IntN(fileBlocks)); err != nil {
 				w.fail(err)
