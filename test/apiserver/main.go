@@ -15,6 +15,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+
 	"github.com/berth-io/berth/internal/testenv"
 )
 
@@ -23,6 +25,7 @@ func main() {
 	fs := flag.NewFlagSet("apiserver", flag.ExitOnError)
 	kubeconfig := fs.String("write-kubeconfig", "", "where to write the kubeconfig")
 	node := fs.String("node", "", "create a Node object of this name (envtest has no kubelet)")
+	cluster := fs.String("storage-cluster", "", "create a StorageCluster object of this name (the CSI controller makes volumes only for one that exists)")
 	_ = fs.Parse(os.Args[1:])
 	if *kubeconfig == "" {
 		fmt.Fprintln(os.Stderr, "apiserver: --write-kubeconfig is required")
@@ -37,6 +40,9 @@ func main() {
 	err = env.WriteKubeconfig(*kubeconfig)
 	if err == nil && *node != "" {
 		err = env.Client.Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: *node}})
+	}
+	if err == nil && *cluster != "" {
+		err = env.Client.Create(context.Background(), &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: *cluster}})
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "apiserver:", err)

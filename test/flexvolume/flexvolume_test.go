@@ -87,7 +87,7 @@ func (f *fixture) start() error {
 		}
 	}
 	f.agentArgs = []string{berth, "agent", "--kubeconfig", kubeconfig, "--node-name", node,
-		"--data-dir", filepath.Join(f.dir, "data"), "--csi-endpoint", "unix://" + filepath.Join(f.dir, "csi.sock"),
+		"--data-dir", filepath.Join(f.dir, "data"), "--run-dir", filepath.Join(f.dir, "run"), "--csi-endpoint", "unix://" + filepath.Join(f.dir, "csi.sock"),
 		"--kubelet-dir", f.kubeletDir, "--agent-socket", f.sock, "--volume-plugin-dir", plugins, "--stale-interval", "1s",
 		"--metrics-addr", f.agentMetrics, "--health-addr", f.agentHealth}
 	if err := f.startAgent(); err != nil {
