@@ -27,7 +27,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-bin/apiserver --write-kubeconfig "$work/kubeconfig" --node sanity-node --storage-cluster sanity >"$work/apiserver.log" 2>&1 &
+bin/apiserver --write-kubeconfig "$work/kubeconfig" --node sanity-node --storage-cluster sanity --storage-cluster-data-dir "$work/data" >"$work/apiserver.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 120); do [ -s "$work/kubeconfig" ] && break; sleep 0.5; done
 [ -s "$work/kubeconfig" ] || { cat "$work/apiserver.log" >&2; exit 1; }

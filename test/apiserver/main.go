@@ -26,6 +26,7 @@ func main() {
 	kubeconfig := fs.String("write-kubeconfig", "", "where to write the kubeconfig")
 	node := fs.String("node", "", "create a Node object of this name (envtest has no kubelet)")
 	cluster := fs.String("storage-cluster", "", "create a StorageCluster object of this name (the CSI controller makes volumes only for one that exists)")
+	dataDir := fs.String("storage-cluster-data-dir", "", "the created StorageCluster's data dir (the agent's --data-dir)")
 	_ = fs.Parse(os.Args[1:])
 	if *kubeconfig == "" {
 		fmt.Fprintln(os.Stderr, "apiserver: --write-kubeconfig is required")
@@ -42,7 +43,8 @@ func main() {
 		err = env.Client.Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: *node}})
 	}
 	if err == nil && *cluster != "" {
-		err = env.Client.Create(context.Background(), &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: *cluster}})
+		err = env.Client.Create(context.Background(), &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: *cluster},
+			Spec: v1.StorageClusterSpec{DataDir: *dataDir}})
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "apiserver:", err)

@@ -114,7 +114,7 @@ func (d *driver) start() error {
 		&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "berth"}, Provisioner: v1.DriverName, Parameters: classParams()},
 		// The class's cluster: the CSI controller makes volumes only for one
 		// that exists.
-		&v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: sanityCluster}},
+		&v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: sanityCluster}, Spec: v1.StorageClusterSpec{DataDir: filepath.Join(work, "data")}},
 	} {
 		if err := d.env.Client.Create(ctx, obj); err != nil {
 			return err
@@ -123,7 +123,7 @@ func (d *driver) start() error {
 	log := cli.NewLogger(GinkgoWriter, 0, "sanity")
 	d.nodeSock = filepath.Join(work, "node.sock")
 	d.ctrlSock = filepath.Join(work, "controller.sock")
-	d.dataDir = filepath.Join(work, "data")
+	d.dataDir = filepath.Join(work, "data") // the StorageCluster's too
 	d.done = make(chan error, 2)
 	for _, addr := range []*string{&d.agentMetrics, &d.agentHealth, &d.ctrlMetrics, &d.ctrlHealth} {
 		if *addr, err = testenv.FreeAddr(); err != nil {
