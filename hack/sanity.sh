@@ -27,10 +27,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
-bin/apiserver --write-kubeconfig "$work/kubeconfig" --node sanity-node --storage-cluster sanity --storage-cluster-data-dir "$work/data" >"$work/apiserver.log" 2>&1 &
+bin/apiserver --write-kubeconfig "$work/kubeconfig" --node sanity-node --storage-cluster sanity --storage-cluster-data-dir "$work/data" --storage-class berth >"$work/apiserver.log" 2>&1 &
 pids+=($!)
-for _ in $(seq 1 120); do [ -s "$work/kubeconfig" ] && break; sleep 0.5; done
-[ -s "$work/kubeconfig" ] || { cat "$work/apiserver.log" >&2; exit 1; }
+# Ready once its objects (node, StorageCluster) are made, after the kubeconfig.
+for _ in $(seq 1 120); do grep -q '^apiserver: ready' "$work/apiserver.log" && break; sleep 0.5; done
+grep -q '^apiserver: ready' "$work/apiserver.log" || { cat "$work/apiserver.log" >&2; exit 1; }
 
 bin/berth agent --kubeconfig "$work/kubeconfig" --node-name sanity-node --data-dir "$work/data" --run-dir "$work/run" \
 	--csi-endpoint "unix://$work/node.sock" --kubelet-dir "$work/kubelet" --volume-plugin-dir "" \
