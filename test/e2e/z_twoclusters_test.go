@@ -145,15 +145,32 @@ spec:
 		_, serr := os.Stat(image)
 		return apierrors.IsNotFound(err) && os.IsNotExist(serr), nil
 	})
-	s.waitFor("the agent without the second data dir", 3*time.Minute, func(ctx context.Context) (bool, error) {
+	s.waitFor("the agent rolled out without the second data dir", 4*time.Minute, func(ctx context.Context) (bool, error) {
 		ds, err := s.cs.AppsV1().DaemonSets(berthNamespace).Get(ctx, "berth-agent", metav1.GetOptions{})
-		return err == nil && !strings.Contains(strings.Join(ds.Spec.Template.Spec.Containers[0].Args, " "), dir), err
+		if err != nil {
+			return false, err
+		}
+		st := ds.Status
+		return !strings.Contains(strings.Join(ds.Spec.Template.Spec.Containers[0].Args, " "), dir) &&
+			st.ObservedGeneration == ds.Generation && st.UpdatedNumberScheduled == st.DesiredNumberScheduled &&
+			st.NumberAvailable == st.DesiredNumberScheduled, nil
 	})
-	// That rollout restarts the agent under the userspace volume: healed.
+	// That rollout restarted the agent under the userspace volume: healed,
+	// the writer never saw an error.
 	before = lines()
 	s.waitFor("the first cluster's writer to go on writing after the agent rollout", 2*time.Minute, func(context.Context) (bool, error) {
 		return lines() > before+10, nil
 	})
+	p, err = s.cs.CoreV1().Pods(s.ns).Get(s.ctx, "writer-first", metav1.GetOptions{})
+	if err != nil || p.Status.Phase != corev1.PodRunning || p.Status.ContainerStatuses[0].RestartCount != 0 {
+		t.Fatalf("writer-first after the rollout: %v, %+v; want Running without restarts", err, p.Status)
+	}
+	if logs, _ := s.kubectl("-n", s.ns, "logs", "writer-first"); strings.Contains(logs, "WRITE-ERROR") {
+		t.Fatalf("the first cluster's writer saw an error across the agent rollout: %s", logs)
+	}
+	if now := s.podUIDs("app.kubernetes.io/name=berth,app.kubernetes.io/component=keeper"); !sameUIDs(keepers, now) {
+		t.Errorf("keeper pods changed across the agent rollout: %v -> %v", keepers, now)
+	}
 }
 
 // podUIDs returns the UIDs of berth's pods matching selector.
