@@ -81,7 +81,8 @@ func TestAgentWritesOnlyItsOwnNodesRecords(t *testing.T) {
 			Spec: v1.VolumeSpec{StorageCluster: "berth", Size: resource.MustParse("1Gi"), Node: "node-" + n}})
 	}
 	mustCreate(&v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "vap"}})
-	class := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "berth"}, Provisioner: v1.DriverName}
+	class := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "berth"}, Provisioner: v1.DriverName,
+		Parameters: map[string]string{v1.ParamStorageCluster: "berth"}}
 	mustCreate(class)
 	mustCreate(&storagev1.CSIStorageCapacity{ObjectMeta: metav1.ObjectMeta{Name: "cap-b", Namespace: releaseNamespace,
 		Labels: map[string]string{v1.NodeLabel: "node-b"}},
@@ -238,9 +239,9 @@ func TestAgentWritesOnlyItsOwnNodesRecords(t *testing.T) {
 	allowed("report own node cleaned", a.Status().Update(ctx, sc))
 
 	rep := &nodeagent.CapacityReporter{Client: a, Node: "node-a", Namespace: releaseNamespace, Log: logr.Discard(),
-		Free: func(context.Context) (int64, error) { return 5 << 30, nil }}
+		Free: func(context.Context, string) (int64, error) { return 5 << 30, nil }}
 	allowed("publish own capacity", rep.Report(ctx))
-	rep.Free = func(context.Context) (int64, error) { return 4 << 30, nil }
+	rep.Free = func(context.Context, string) (int64, error) { return 4 << 30, nil }
 	allowed("update own capacity", rep.Report(ctx))
 	got := get(ctx, t, &storagev1.CSIStorageCapacity{ObjectMeta: metav1.ObjectMeta{Name: nodeagent.CapacityName("node-a", "berth"), Namespace: releaseNamespace}})
 	if got.Capacity.Value() != 4<<30 || got.NodeTopology.MatchLabels[v1.TopologyNodeKey] != "node-a" || got.StorageClassName != "berth" {

@@ -27,20 +27,23 @@ cleanup() {
 }
 trap cleanup EXIT
 
-bin/apiserver --write-kubeconfig "$work/kubeconfig" --node sanity-node >"$work/apiserver.log" 2>&1 &
+bin/apiserver --write-kubeconfig "$work/kubeconfig" --node sanity-node --storage-cluster sanity --storage-cluster-data-dir "$work/data" --storage-class berth >"$work/apiserver.log" 2>&1 &
 pids+=($!)
-for _ in $(seq 1 120); do [ -s "$work/kubeconfig" ] && break; sleep 0.5; done
-[ -s "$work/kubeconfig" ] || { cat "$work/apiserver.log" >&2; exit 1; }
+# Ready once its objects (node, StorageCluster) are made, after the kubeconfig.
+for _ in $(seq 1 120); do grep -q '^apiserver: ready' "$work/apiserver.log" && break; sleep 0.5; done
+grep -q '^apiserver: ready' "$work/apiserver.log" || { cat "$work/apiserver.log" >&2; exit 1; }
 
-bin/berth agent --kubeconfig "$work/kubeconfig" --node-name sanity-node --data-dir "$work/data" \
+bin/berth agent --kubeconfig "$work/kubeconfig" --node-name sanity-node --data-dir "$work/data" --run-dir "$work/run" \
 	--csi-endpoint "unix://$work/node.sock" --kubelet-dir "$work/kubelet" --volume-plugin-dir "" \
 	--agent-socket "$work/run/agent.sock" --capacity-interval 1s --metrics-addr 0 --health-addr 0 >"$work/agent.log" 2>&1 &
 pids+=($!)
 bin/berth csi-controller --kubeconfig "$work/kubeconfig" --endpoint "unix://$work/controller.sock" \
-	--storage-cluster sanity --metrics-addr 0 --health-addr 0 >"$work/controller.log" 2>&1 &
+	--metrics-addr 0 --health-addr 0 >"$work/controller.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 120); do [ -S "$work/node.sock" ] && [ -S "$work/controller.sock" ] && break; sleep 0.5; done
 
+# The class parameters every volume gets: the cluster it belongs to.
+printf 'storageCluster: sanity\n' >"$work/params.yaml"
 rc=0
 for access in mount block; do
 	echo "== csi-sanity, $access access"
@@ -49,7 +52,7 @@ for access in mount block; do
 		--csi.mountdir "$work/kubelet/pods/sanity-$access/volumes/kubernetes.io~csi/pv/target" \
 		--csi.stagingdir "$work/kubelet/plugins/kubernetes.io/csi/berth.io/$access/staging" \
 		--csi.testvolumeaccesstype "$access" --csi.testvolumesize $((64 << 20)) \
-		--csi.testvolumeexpandsize $((128 << 20)) \
+		--csi.testvolumeexpandsize $((128 << 20)) --csi.testvolumeparameters "$work/params.yaml" \
 		--ginkgo.succinct --ginkgo.no-color 2>&1 | tail -n 25 || rc=1
 done
 if [ $rc -ne 0 ]; then

@@ -75,6 +75,10 @@ const (
 	// CSINameAnnotation keeps the name Kubernetes asked for, when the
 	// object's name had to be derived from it.
 	CSINameAnnotation = "berth.io/csi-name"
+	// ParamStorageCluster is the StorageClass parameter naming the
+	// StorageCluster a class's volumes belong to (the CSI controller serves
+	// every cluster; the operator sets it on the classes it makes).
+	ParamStorageCluster = "storageCluster"
 	// ImageFinalizer keeps a Volume or Snapshot until its agent removed the image.
 	ImageFinalizer = "berth.io/image"
 )

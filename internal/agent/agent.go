@@ -174,23 +174,23 @@ func (a *Agent) heldBy(ctx context.Context, id string) string {
 }
 
 // clusterLive refuses a volume whose StorageCluster is being deleted: its
-// agents are detaching everything of it. A cluster that does not exist
-// (yet) does not stop a stage.
-func (a *Agent) clusterLive(ctx context.Context, vol *v1.Volume) error {
+// agents are detaching everything of it. It returns the cluster; nil when
+// it does not exist (yet), which does not stop a stage.
+func (a *Agent) clusterLive(ctx context.Context, vol *v1.Volume) (*v1.StorageCluster, error) {
 	if vol.Spec.StorageCluster == "" {
-		return nil
+		return nil, nil
 	}
 	sc := &v1.StorageCluster{}
 	if err := a.api.Get(ctx, client.ObjectKey{Name: vol.Spec.StorageCluster}, sc); err != nil {
 		if apierrors.IsNotFound(err) {
-			return nil
+			return nil, nil
 		}
-		return fmt.Errorf("read StorageCluster %s: %w", vol.Spec.StorageCluster, err)
+		return nil, fmt.Errorf("read StorageCluster %s: %w", vol.Spec.StorageCluster, err)
 	}
 	if !sc.DeletionTimestamp.IsZero() {
-		return fmt.Errorf("volume %s: storage cluster %s: %w", vol.Name, sc.Name, ErrClusterDeleting)
+		return nil, fmt.Errorf("volume %s: storage cluster %s: %w", vol.Name, sc.Name, ErrClusterDeleting)
 	}
-	return nil
+	return sc, nil
 }
 
 func (a *Agent) imagePath(ctx context.Context, id string) (string, error) {

@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/backend"
 )
 
 // CapacityReporter publishes the backend's free bytes as one
@@ -30,8 +31,10 @@ type CapacityReporter struct {
 	Client    client.Client
 	Node      string
 	Namespace string
-	Free      func(context.Context) (int64, error)
-	Interval  time.Duration
+	// Free returns the free bytes of a StorageCluster's data dir on this
+	// node; backend.ErrNoDataDir: this agent does not serve that cluster.
+	Free     func(ctx context.Context, cluster string) (int64, error)
+	Interval time.Duration
 	// Timeout bounds one report's API calls (default 30s).
 	Timeout time.Duration
 	Log     logr.Logger
@@ -80,10 +83,6 @@ func (r *CapacityReporter) report(ctx context.Context) (int, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	free, err := r.Free(ctx)
-	if err != nil {
-		return 0, err
-	}
 	var classes storagev1.StorageClassList
 	if err := r.Client.List(ctx, &classes); err != nil {
 		return 0, fmt.Errorf("list storage classes: %w", err)
@@ -92,6 +91,21 @@ func (r *CapacityReporter) report(ctx context.Context) (int, error) {
 	published := 0
 	for i := range classes.Items {
 		if cls := &classes.Items[i]; cls.Provisioner == v1.DriverName {
+			// A class names its StorageCluster; each keeps its images in its
+			// own data dir, so each class has its own free bytes.
+			cluster := cls.Parameters[v1.ParamStorageCluster]
+			if cluster == "" {
+				continue
+			}
+			free, err := r.Free(ctx, cluster)
+			if errors.Is(err, backend.ErrNoDataDir) {
+				r.Log.V(1).Info("no capacity for a class whose cluster this agent does not serve", "class", cls.Name, "storageCluster", cluster, "reason", err.Error())
+				continue
+			}
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
 			if err := r.publish(ctx, cls, free); err != nil {
 				errs = append(errs, err)
 			} else {

@@ -44,14 +44,15 @@ func (a *Agent) stage(ctx context.Context, r StageRequest) (err error) {
 	if err != nil {
 		return err
 	}
-	if err := a.clusterLive(ctx, vol); err != nil {
+	sc, err := a.clusterLive(ctx, vol)
+	if err != nil {
 		return err
 	}
 	userspace := vol.Spec.Mounter == v1.MounterUserspace
 	if userspace && a.us == nil {
 		return fmt.Errorf("volume %s: mounter userspace: %w on this agent", r.VolumeID, ErrUnsupported)
 	}
-	overNBD := userspace && a.transport(r.VolumeID) == TransportNBD
+	overNBD := userspace && a.stageTransport(r.VolumeID, sc) == TransportNBD
 	if overNBD {
 		// Refused before anything is made: the hold, a server, a record.
 		if ok, reason := a.us.NBD.Available(); !ok {
@@ -112,7 +113,7 @@ func (a *Agent) stage(ctx context.Context, r StageRequest) (err error) {
 	// Checked again now that the hold is written: a cluster cleanup that
 	// listed this node's holds before it did saw the deletion before this
 	// read, so either it detaches this stage or this stage stops here.
-	if err := a.clusterLive(ctx, vol); err != nil {
+	if _, err := a.clusterLive(ctx, vol); err != nil {
 		return err
 	}
 	if overNBD {

@@ -74,6 +74,16 @@ func (a *Agent) transport(volume string) Transport {
 	return a.us.Transport
 }
 
+// stageTransport is the transport a stage of volume uses: the one it is
+// staged with, else its StorageCluster's (the agent serves every cluster,
+// each with its own choice), else the agent's default.
+func (a *Agent) stageTransport(volume string, sc *v1.StorageCluster) Transport {
+	if a.isNBD(volume) || a.isUserspace(volume) || sc == nil || sc.Spec.Agent.UserspaceTransport == "" {
+		return a.transport(volume)
+	}
+	return sc.Spec.Agent.UserspaceTransport
+}
+
 // isNBD tells whether volume is (being) staged over nbd on this node.
 func (a *Agent) isNBD(volume string) bool {
 	if a.us == nil {

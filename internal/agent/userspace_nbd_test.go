@@ -267,3 +267,26 @@ func TestNBDExpandRefused(t *testing.T) {
 		t.Errorf("detach of an nbd device must be a no-op (it goes with its server): %v", err)
 	}
 }
+
+// TestStageTransportPerCluster: the agent serves every StorageCluster, so a
+// new userspace volume gets its cluster's transport (the agent's own when
+// the cluster names none or has no object); a staged one keeps its own.
+func TestStageTransportPerCluster(t *testing.T) {
+	a := &Agent{us: &UserspaceConfig{Root: t.TempDir(), Transport: TransportFUSE}}
+	nbdCluster := &v1.StorageCluster{Spec: v1.StorageClusterSpec{Agent: v1.AgentSpec{UserspaceTransport: v1.TransportNBD}}}
+	for _, tc := range []struct {
+		sc   *v1.StorageCluster
+		want Transport
+	}{{nil, TransportFUSE}, {&v1.StorageCluster{}, TransportFUSE}, {nbdCluster, TransportNBD}} {
+		if got := a.stageTransport("new", tc.sc); got != tc.want {
+			t.Errorf("stageTransport(new, %+v) = %s, want %s", tc.sc, got, tc.want)
+		}
+	}
+	// Staged over FUSE (its server log exists): stays FUSE.
+	if err := os.WriteFile(a.usLog("staged"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got := a.stageTransport("staged", nbdCluster); got != TransportFUSE {
+		t.Errorf("staged FUSE volume in an nbd cluster: %s, want fuse", got)
+	}
+}

@@ -38,8 +38,6 @@ const (
 
 // ControllerConfig configures the Controller service.
 type ControllerConfig struct {
-	// StorageCluster that new volumes belong to.
-	StorageCluster string
 	// Namespace holds the agents' CSIStorageCapacity objects (berth's).
 	Namespace string
 	// Wait bounds how long a call waits for the agent (on top of the caller's deadline).
@@ -61,6 +59,7 @@ type Controller struct {
 // The CSI controller's RBAC (generated into config/rbac/csi-controller).
 // +kubebuilder:rbac:groups=berth.io,resources=volumes,verbs=get;list;watch;create;update;delete
 // +kubebuilder:rbac:groups=berth.io,resources=snapshots,verbs=get;list;watch;create;delete
+// +kubebuilder:rbac:groups=berth.io,resources=storageclusters,verbs=get
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list
 // +kubebuilder:rbac:groups=storage.k8s.io,namespace=berth-system,resources=csistoragecapacities,verbs=get;list
 
@@ -105,6 +104,10 @@ func (s *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
+	cluster, err := s.storageCluster(ctx, req.GetParameters())
+	if err != nil {
+		return nil, err
+	}
 	if fsType == "" {
 		fsType = paramFS
 	}
@@ -119,7 +122,7 @@ func (s *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	}
 
 	spec := v1.VolumeSpec{
-		StorageCluster: s.cfg.StorageCluster, AccessMode: mode, VolumeMode: volMode,
+		StorageCluster: cluster, AccessMode: mode, VolumeMode: volMode,
 		FSType: fsType, Mounter: mounter,
 	}
 	if err := s.resolveSource(ctx, req.GetVolumeContentSource(), &spec, &size, req.GetCapacityRange()); err != nil {
@@ -206,13 +209,36 @@ func parseParameters(params map[string]string) (v1.Mounter, string, error) {
 				return "", "", fmt.Errorf("parameter %s: %w", k, err)
 			}
 			fsType = v
+		case k == v1.ParamStorageCluster:
+			// Read by storageCluster.
 		case strings.HasPrefix(k, "csi.storage.k8s.io/"):
 			// Kubernetes' own metadata (PVC name, namespace, ...).
 		default:
-			return "", "", fmt.Errorf("unknown parameter %q (known: %s, %s)", k, ParamMounter, ParamFSType)
+			return "", "", fmt.Errorf("unknown parameter %q (known: %s, %s, %s)", k, ParamMounter, ParamFSType, v1.ParamStorageCluster)
 		}
 	}
 	return mounter, fsType, nil
+}
+
+// storageCluster returns the StorageCluster a new volume belongs to: the
+// class names it (one CSI controller serves every cluster). A cluster that
+// does not exist or is being deleted gets no new volume.
+func (s *Controller) storageCluster(ctx context.Context, params map[string]string) (string, error) {
+	name := params[v1.ParamStorageCluster]
+	if name == "" {
+		return "", status.Errorf(codes.InvalidArgument, "StorageClass parameter %s missing: it names the StorageCluster the volume belongs to", v1.ParamStorageCluster)
+	}
+	sc := &v1.StorageCluster{}
+	err := s.c.Get(ctx, client.ObjectKey{Name: name}, sc)
+	switch {
+	case apierrors.IsNotFound(err):
+		return "", status.Errorf(codes.InvalidArgument, "StorageClass parameter %s: StorageCluster %q does not exist", v1.ParamStorageCluster, name)
+	case err != nil:
+		return "", status.Errorf(codes.Unavailable, "get StorageCluster %s: %v", name, err)
+	case !sc.DeletionTimestamp.IsZero():
+		return "", status.Errorf(codes.FailedPrecondition, "StorageCluster %s is being deleted: no new volumes", name)
+	}
+	return name, nil
 }
 
 func requestedSize(r *csi.CapacityRange) (int64, error) {

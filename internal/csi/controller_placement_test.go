@@ -53,7 +53,7 @@ func TestPlacementByStorageCapacity(t *testing.T) {
 	capacity(ns, "c3", "place-gone", 100) // its node was deleted
 	capacity(other, "c4", "place-1", 50)  // not berth's namespace
 
-	s := NewController(env.Client, ControllerConfig{StorageCluster: "berth", Namespace: ns}, testr.New(t))
+	s := NewController(env.Client, ControllerConfig{Namespace: ns}, testr.New(t))
 	if n, err := s.chooseNode(ctx, nil, 1<<30); err != nil || n != "place-2" {
 		t.Errorf("chooseNode(1Gi) = %q, %v; want place-2 (most free)", n, err)
 	}

@@ -26,6 +26,7 @@ func TestRestoreChecksVolumeMode(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	storageCluster(ctx, t, "c")
 	src := &v1.Volume{
 		ObjectMeta: metav1.ObjectMeta{Name: "restore-src-block"},
 		Spec: v1.VolumeSpec{StorageCluster: "c", Size: resource.MustParse("4Mi"), AccessMode: v1.ReadWriteOnce,
@@ -38,7 +39,7 @@ func TestRestoreChecksVolumeMode(t *testing.T) {
 	readySnapshot(ctx, t, "restore-snap-block", src.Name, v1.VolumeModeBlock)
 	readySnapshot(ctx, t, "restore-snap-old", src.Name, "") // taken before the mode was recorded
 
-	s := NewController(env.Client, ControllerConfig{StorageCluster: "c", Wait: 2 * time.Second}, testr.New(t))
+	s := NewController(env.Client, ControllerConfig{Wait: 2 * time.Second}, testr.New(t))
 	fsCap := &csi.VolumeCapability{
 		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
 		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
@@ -46,6 +47,7 @@ func TestRestoreChecksVolumeMode(t *testing.T) {
 	for _, snap := range []string{"restore-snap-block", "restore-snap-old"} {
 		_, err := s.CreateVolume(ctx, &csi.CreateVolumeRequest{
 			Name: "restore-of-" + snap, VolumeCapabilities: []*csi.VolumeCapability{fsCap},
+			Parameters: map[string]string{v1.ParamStorageCluster: "c"},
 			VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{
 				Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: snap}}},
 		})

@@ -34,6 +34,10 @@ func (s *Controller) resolveSource(ctx context.Context, src *csi.VolumeContentSo
 		if err := s.checkSnapshotMode(ctx, snap, spec.VolumeMode); err != nil {
 			return err
 		}
+		src := &v1.Volume{}
+		if err := s.c.Get(ctx, client.ObjectKey{Name: snap.Spec.SourceVolume}, src); err == nil && src.Spec.StorageCluster != spec.StorageCluster {
+			return status.Errorf(codes.InvalidArgument, "snapshot %s is of a volume of StorageCluster %s, the new one belongs to %s", snap.Name, src.Spec.StorageCluster, spec.StorageCluster)
+		}
 		spec.Source = &v1.VolumeSource{Snapshot: snap.Name}
 		spec.Node = snap.Spec.Node
 		srcSize = snap.Status.Size.Value()
@@ -44,6 +48,9 @@ func (s *Controller) resolveSource(ctx context.Context, src *csi.VolumeContentSo
 		}
 		if vol.Spec.VolumeMode != spec.VolumeMode {
 			return status.Errorf(codes.InvalidArgument, "source volume %s is %s, the new one %s", vol.Name, vol.Spec.VolumeMode, spec.VolumeMode)
+		}
+		if vol.Spec.StorageCluster != spec.StorageCluster {
+			return status.Errorf(codes.InvalidArgument, "source volume %s belongs to StorageCluster %s, the new one to %s", vol.Name, vol.Spec.StorageCluster, spec.StorageCluster)
 		}
 		spec.Source = &v1.VolumeSource{Volume: vol.Name}
 		spec.Node = vol.Spec.Node

@@ -91,7 +91,7 @@ func TestCreateSnapshotFailureLeavesNothing(t *testing.T) {
 	}
 	nodeVolume(ctx, t, node, "snap-small", "4Mi")
 
-	s := NewController(env.Client, ControllerConfig{StorageCluster: "c", Wait: 30 * time.Second}, testr.New(t))
+	s := NewController(env.Client, ControllerConfig{Wait: 30 * time.Second}, testr.New(t))
 	_, err = s.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "snap-of-full", SourceVolumeId: "snap-full"})
 	if status.Code(err) != codes.ResourceExhausted {
 		t.Errorf("snapshot that does not fit: %v, want ResourceExhausted", err)

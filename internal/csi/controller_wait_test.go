@@ -64,7 +64,7 @@ func TestWaitVolumeWatches(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := NewController(c, ControllerConfig{StorageCluster: "c", Wait: 30 * time.Second}, testr.New(t))
+	s := NewController(c, ControllerConfig{Wait: 30 * time.Second}, testr.New(t))
 	const name = "wait-watch"
 	vol := &v1.Volume{
 		ObjectMeta: metav1.ObjectMeta{Name: name},

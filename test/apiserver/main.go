@@ -13,7 +13,10 @@ import (
 	"syscall"
 
 	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
 
 	"github.com/berth-io/berth/internal/testenv"
 )
@@ -23,6 +26,9 @@ func main() {
 	fs := flag.NewFlagSet("apiserver", flag.ExitOnError)
 	kubeconfig := fs.String("write-kubeconfig", "", "where to write the kubeconfig")
 	node := fs.String("node", "", "create a Node object of this name (envtest has no kubelet)")
+	cluster := fs.String("storage-cluster", "", "create a StorageCluster object of this name (the CSI controller makes volumes only for one that exists)")
+	dataDir := fs.String("storage-cluster-data-dir", "", "the created StorageCluster's data dir (the agent's --data-dir)")
+	class := fs.String("storage-class", "", "create a berth StorageClass of this name for the StorageCluster (the agent publishes capacity per class, the CSI controller places volumes by it)")
 	_ = fs.Parse(os.Args[1:])
 	if *kubeconfig == "" {
 		fmt.Fprintln(os.Stderr, "apiserver: --write-kubeconfig is required")
@@ -37,6 +43,18 @@ func main() {
 	err = env.WriteKubeconfig(*kubeconfig)
 	if err == nil && *node != "" {
 		err = env.Client.Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: *node}})
+	}
+	if err == nil && *cluster != "" {
+		err = env.Client.Create(context.Background(), &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: *cluster},
+			Spec: v1.StorageClusterSpec{DataDir: *dataDir}})
+	}
+	if err == nil && *class != "" {
+		// The agents publish the class's capacity in berth's namespace.
+		err = env.Client.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "berth-system"}})
+	}
+	if err == nil && *class != "" {
+		err = env.Client.Create(context.Background(), &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: *class},
+			Provisioner: v1.DriverName, Parameters: map[string]string{v1.ParamStorageCluster: *cluster}})
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "apiserver:", err)

@@ -175,7 +175,7 @@ func withXFSClass(t *testing.T) {
 	cls := &storagev1.StorageClass{
 		ObjectMeta:           metav1.ObjectMeta{Name: xfsClass},
 		Provisioner:          "berth.io",
-		Parameters:           map[string]string{"csi.storage.k8s.io/fstype": "xfs"},
+		Parameters:           map[string]string{"csi.storage.k8s.io/fstype": "xfs", "storageCluster": "berth"},
 		ReclaimPolicy:        ptr.To(corev1.PersistentVolumeReclaimDelete),
 		VolumeBindingMode:    ptr.To(storagev1.VolumeBindingWaitForFirstConsumer),
 		AllowVolumeExpansion: ptr.To(true),

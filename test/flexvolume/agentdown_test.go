@@ -127,5 +127,5 @@ func entries(t *testing.T, f *fixture, volume string) []v1.AttachmentEntry {
 // flexStaging is the agent's staging path of a volume mounted through
 // Flexvolume.
 func (f *fixture) flexStaging(volume string) string {
-	return filepath.Join(f.dir, "data", "flex-staging", volume)
+	return filepath.Join(f.dir, "run", "flex-staging", volume)
 }

@@ -25,7 +25,8 @@ import (
 func TestClusterDeletionCleansNode(t *testing.T) {
 	f := setup(t)
 	ctx := context.Background()
-	sc := &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "doomed"}}
+	// The agent serves the cluster's data dir (it picks a volume's by its cluster).
+	sc := &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "doomed"}, Spec: v1.StorageClusterSpec{DataDir: f.dataDir()}}
 	if err := f.env.Client.Create(ctx, sc); err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +138,8 @@ func TestMountRefusedWhileClusterDeleting(t *testing.T) {
 	f := setup(t)
 	ctx := context.Background()
 	// A finalizer of the test's own keeps the cluster in its deleting state.
-	sc := &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "doomed-flex", Finalizers: []string{"test.berth.io/hold"}}}
+	sc := &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "doomed-flex", Finalizers: []string{"test.berth.io/hold"}},
+		Spec: v1.StorageClusterSpec{DataDir: f.dataDir()}}
 	if err := f.env.Client.Create(ctx, sc); err != nil {
 		t.Fatal(err)
 	}

@@ -87,7 +87,7 @@ func (f *fixture) start() error {
 		}
 	}
 	f.agentArgs = []string{berth, "agent", "--kubeconfig", kubeconfig, "--node-name", node,
-		"--data-dir", filepath.Join(f.dir, "data"), "--csi-endpoint", "unix://" + filepath.Join(f.dir, "csi.sock"),
+		"--data-dir", f.dataDir(), "--run-dir", filepath.Join(f.dir, "run"), "--csi-endpoint", "unix://" + filepath.Join(f.dir, "csi.sock"),
 		"--kubelet-dir", f.kubeletDir, "--agent-socket", f.sock, "--volume-plugin-dir", plugins, "--stale-interval", "1s",
 		"--metrics-addr", f.agentMetrics, "--health-addr", f.agentHealth}
 	if err := f.startAgent(); err != nil {
@@ -106,6 +106,9 @@ func (f *fixture) start() error {
 }
 
 // startAgent starts the agent process (again, after a restart).
+// dataDir is the agent's data dir, the one of every StorageCluster a test makes.
+func (f *fixture) dataDir() string { return filepath.Join(f.dir, "data") }
+
 func (f *fixture) startAgent() (err error) {
 	f.agent, err = testenv.StartProcess(f.agentLog, f.agentArgs...)
 	return err

@@ -27,7 +27,8 @@ const holdFinalizer = "test.berth.io/hold"
 func TestStageRefusedWhileClusterDeleting(t *testing.T) {
 	c := dial(t)
 	ctx := testCtx(t)
-	sc := &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "doomed-csi", Finalizers: []string{holdFinalizer}}}
+	sc := &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "doomed-csi", Finalizers: []string{holdFinalizer}},
+		Spec: v1.StorageClusterSpec{DataDir: drv.dataDir}}
 	if err := drv.env.Client.Create(ctx, sc); err != nil {
 		t.Fatal(err)
 	}

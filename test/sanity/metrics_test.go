@@ -40,7 +40,7 @@ func TestMetricsCountRealCalls(t *testing.T) {
 
 	const name = "metrics-vol"
 	created, err := c.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{
-		Name: name, VolumeCapabilities: []*csi.VolumeCapability{mountCap()},
+		Name: name, VolumeCapabilities: []*csi.VolumeCapability{mountCap()}, Parameters: classParams(),
 		CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20},
 	})
 	if err != nil {

@@ -68,7 +68,7 @@ func wantCode(t *testing.T, what string, err error, code codes.Code) {
 func createVolume(t *testing.T, c clients, name string, vc *csi.VolumeCapability) *csi.Volume {
 	t.Helper()
 	resp, err := c.ctrl.CreateVolume(testCtx(t), &csi.CreateVolumeRequest{
-		Name: name, VolumeCapabilities: []*csi.VolumeCapability{vc},
+		Name: name, VolumeCapabilities: []*csi.VolumeCapability{vc}, Parameters: classParams(),
 		CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20},
 	})
 	if err != nil {
@@ -90,7 +90,7 @@ func TestBadRequests(t *testing.T) {
 
 	// Refused at placement: no agent reports that much free space.
 	_, err := c.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{
-		Name: "too-big", VolumeCapabilities: []*csi.VolumeCapability{mountCap()},
+		Name: "too-big", VolumeCapabilities: []*csi.VolumeCapability{mountCap()}, Parameters: classParams(),
 		CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 60},
 	})
 	wantCode(t, "size beyond capacity", err, codes.ResourceExhausted)

@@ -37,6 +37,12 @@ const (
 	berthNamespace = "berth-system"
 )
 
+// sanityCluster is the StorageCluster of the sanity volumes.
+const sanityCluster = "sanity"
+
+// classParams are the parameters of the volumes the tests create.
+func classParams() map[string]string { return map[string]string{v1.ParamStorageCluster: sanityCluster} }
+
 var (
 	work     string // data dir, sockets, targets
 	mountCfg = sanity.NewTestConfig()
@@ -105,7 +111,10 @@ func (d *driver) start() error {
 	// namespace (CSIStorageCapacity), where the controller places volumes by it.
 	for _, obj := range []client.Object{
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: berthNamespace}},
-		&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "berth"}, Provisioner: v1.DriverName},
+		&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "berth"}, Provisioner: v1.DriverName, Parameters: classParams()},
+		// The class's cluster: the CSI controller makes volumes only for one
+		// that exists.
+		&v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: sanityCluster}, Spec: v1.StorageClusterSpec{DataDir: filepath.Join(work, "data")}},
 	} {
 		if err := d.env.Client.Create(ctx, obj); err != nil {
 			return err
@@ -114,7 +123,7 @@ func (d *driver) start() error {
 	log := cli.NewLogger(GinkgoWriter, 0, "sanity")
 	d.nodeSock = filepath.Join(work, "node.sock")
 	d.ctrlSock = filepath.Join(work, "controller.sock")
-	d.dataDir = filepath.Join(work, "data")
+	d.dataDir = filepath.Join(work, "data") // the StorageCluster's too
 	d.done = make(chan error, 2)
 	for _, addr := range []*string{&d.agentMetrics, &d.agentHealth, &d.ctrlMetrics, &d.ctrlHealth} {
 		if *addr, err = testenv.FreeAddr(); err != nil {
@@ -123,14 +132,14 @@ func (d *driver) start() error {
 	}
 	go func() {
 		d.done <- agentcli.Config{
-			NodeName: nodeName, Namespace: berthNamespace, DataDir: d.dataDir, CSIEndpoint: "unix://" + d.nodeSock, KubeletDir: kubeletRoot(),
+			NodeName: nodeName, Namespace: berthNamespace, DataDirs: []string{d.dataDir}, RunDir: filepath.Join(work, "run"), CSIEndpoint: "unix://" + d.nodeSock, KubeletDir: kubeletRoot(),
 			AgentSocket:      filepath.Join(work, "run", "agent.sock"),
 			CapacityInterval: time.Second, MetricsAddr: d.agentMetrics, HealthAddr: d.agentHealth, Rest: d.env.Config, Log: log.WithName("agent"),
 		}.Run(ctx)
 	}()
 	go func() {
 		d.done <- csicontroller.Config{
-			Endpoint: "unix://" + d.ctrlSock, StorageCluster: "sanity", Namespace: berthNamespace, Wait: 30 * time.Second,
+			Endpoint: "unix://" + d.ctrlSock, Namespace: berthNamespace, Wait: 30 * time.Second,
 			MetricsAddr: d.ctrlMetrics, HealthAddr: d.ctrlHealth, Rest: d.env.Config, Log: log.WithName("controller"),
 		}.Run(ctx)
 	}()
@@ -187,6 +196,7 @@ func configure(c *sanity.TestConfig, access, nodeSock, ctrlSock string) {
 	c.TargetPath = filepath.Join(kubeletRoot(), "pods", "sanity-"+access, "volumes", "kubernetes.io~csi", "pv", "target")
 	c.StagingPath = filepath.Join(kubeletRoot(), "plugins", "kubernetes.io", "csi", "berth.io", access, "staging")
 	c.TestVolumeAccessType = access
+	c.TestVolumeParameters = classParams()
 	c.TestVolumeSize = 64 << 20
 	c.TestVolumeExpandSize = 128 << 20
 	c.IdempotentCount = 2

@@ -161,7 +161,7 @@ func leftovers(t *testing.T, f *fixture, kc *keeper.Client, name, staging string
 	if slices.ContainsFunc(vols, func(v keeper.Volume) bool { return v.Name == name }) {
 		left = append(left, "keeper connection")
 	}
-	mp := filepath.Join(f.dir, "data", "blockdev", name)
+	mp := filepath.Join(f.dir, "run", "blockdev", name)
 	ms, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
 	for _, m := range ms {
 		if b, err := os.ReadFile(m); err == nil && strings.HasPrefix(strings.TrimSpace(string(b)), mp) {

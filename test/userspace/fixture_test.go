@@ -142,7 +142,7 @@ func (f *fixture) startAgent(extra ...string) error {
 	}
 	defer func() { _ = log.Close() }()
 	args := []string{"agent", "--kubeconfig", f.kubeconfig, "--node-name", node,
-		"--data-dir", filepath.Join(f.dir, "data"), "--csi-endpoint", "unix://" + f.csiSock,
+		"--data-dir", filepath.Join(f.dir, "data"), "--run-dir", filepath.Join(f.dir, "run"), "--csi-endpoint", "unix://" + f.csiSock,
 		"--kubelet-dir", f.kubeletRoot(), "--agent-socket", filepath.Join(f.dir, "run", "agent.sock"), "--volume-plugin-dir", "",
 		"--keeper-socket", f.keeperSock, "--capacity-interval", "1h", "--heal-interval", "2s",
 		// Not the default ports: another agent on this machine may have them.

@@ -96,7 +96,7 @@ func (f *fixture) nbdRefused(t *testing.T, reason string) {
 		t.Logf("refused: %v", err)
 	}
 	// Nothing made: no server record, no mount, no hold on the volume.
-	if m, _ := filepath.Glob(filepath.Join(f.dir, "data", "blockdev", name+"*")); len(m) != 0 {
+	if m, _ := filepath.Glob(filepath.Join(f.dir, "run", "blockdev", name+"*")); len(m) != 0 {
 		t.Errorf("records left: %v", m)
 	}
 	if points, _ := mountsUnder(staging); len(points) != 0 {
@@ -127,7 +127,7 @@ func (f *fixture) nbdHeals(t *testing.T) {
 	go w.run()
 	for range 3 {
 		time.Sleep(500 * time.Millisecond)
-		b, err := os.ReadFile(filepath.Join(f.dir, "data", "blockdev", m.name+".nbd"))
+		b, err := os.ReadFile(filepath.Join(f.dir, "run", "blockdev", m.name+".nbd"))
 		if err != nil {
 			t.Fatal(err)
 		}

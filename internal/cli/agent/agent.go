@@ -88,7 +88,13 @@ type Config struct {
 	// Namespace is berth's namespace, where this node's CSIStorageCapacity
 	// objects live.
 	Namespace string
-	DataDir   string
+	// DataDirs are the data dirs of every StorageCluster this agent serves
+	// (one local backend each); a volume's images live in its cluster's.
+	DataDirs []string
+	// RunDir holds node-wide state that belongs to no cluster's data dir:
+	// the blockdev servers' FUSE mount points and the Flexvolume staging
+	// folders. The keeper must see it (its FUSE mounts live there).
+	RunDir string
 	// CSIEndpoint is where the CSI Identity + Node services listen.
 	CSIEndpoint string
 	// KubeletDir is kubelet's root; empty disables plugin registration.
@@ -132,8 +138,13 @@ func (c Config) Run(ctx context.Context) error {
 	if c.NodeName == "" {
 		return errors.New("node name missing: set --node-name or NODE_NAME")
 	}
-	if err := v1.ValidateDataDir(c.DataDir); err != nil {
-		return fmt.Errorf("--data-dir: %w", err)
+	for _, d := range c.DataDirs {
+		if err := v1.ValidateDataDir(d); err != nil {
+			return fmt.Errorf("--data-dir: %w", err)
+		}
+	}
+	if !filepath.IsAbs(c.RunDir) || filepath.Clean(c.RunDir) != c.RunDir || c.RunDir == "/" {
+		return fmt.Errorf("--run-dir %q: want a clean absolute path other than /", c.RunDir)
 	}
 	s, err := scheme.New()
 	if err != nil {
@@ -161,7 +172,7 @@ func (c Config) Run(ctx context.Context) error {
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
-	images, err := backend.NewLocal(c.DataDir, c.Log.WithName("backend"))
+	images, err := backend.NewSet(c.DataDirs, clusterDataDir(mgr.GetClient()), c.Log.WithName("backend"))
 	if err != nil {
 		return err
 	}
@@ -174,10 +185,10 @@ func (c Config) Run(ctx context.Context) error {
 		return fmt.Errorf("kubernetes client: %w", err)
 	}
 	fencer := fence.New(direct, mgr.GetEventRecorderFor("berth-agent"), clock.RealClock{}, c.Log.WithName("fence"), fence.Options{Metrics: m.fence})
-	flexStaging := filepath.Join(filepath.Clean(c.DataDir), "flex-staging")
+	flexStaging := filepath.Join(c.RunDir, "flex-staging")
 	paths, err := nodepath.New(c.KubeletDir, flexStaging)
 	if err != nil {
-		return fmt.Errorf("--kubelet-dir, --data-dir: %w", err)
+		return fmt.Errorf("--kubelet-dir, --run-dir: %w", err)
 	}
 	a := nodeagent.New(c.NodeName, mgr.GetAPIReader(), images, mount.NewLoop(exec),
 		mount.NewManager(mount.NewMounter(), exec, c.Log.WithName("mount")), fencer, nodeagent.NewVolumeLocks(), c.Log.WithName("agent")).
@@ -211,7 +222,7 @@ func (c Config) Run(ctx context.Context) error {
 		fence.CleanerOptions{Interval: c.StaleInterval, Lock: locks.LockContext, LockWait: c.LockWait, Metrics: m.cleanup})); err != nil {
 		return err
 	}
-	if err := mgr.Add(&nodeagent.CapacityReporter{Client: direct, Node: c.NodeName, Namespace: c.Namespace, Free: images.Capacity,
+	if err := mgr.Add(&nodeagent.CapacityReporter{Client: direct, Node: c.NodeName, Namespace: c.Namespace, Free: clusterCapacity(mgr.GetClient(), images),
 		Interval: c.CapacityInterval, Log: c.Log.WithName("capacity")}); err != nil {
 		return err
 	}
@@ -228,7 +239,7 @@ func (c Config) Run(ctx context.Context) error {
 	if err := mgr.AddReadyzCheck("flexvolume", flex.Ready); err != nil {
 		return err
 	}
-	c.Log.Info("starting agent", "node", c.NodeName, "dataDir", c.DataDir, "csiEndpoint", c.CSIEndpoint, "version", version.Get().Version)
+	c.Log.Info("starting agent", "node", c.NodeName, "dataDirs", images.Dirs(), "runDir", c.RunDir, "csiEndpoint", c.CSIEndpoint, "version", version.Get().Version)
 	return mgr.Start(ctx)
 }
 
@@ -292,9 +303,10 @@ func Command() cli.Command {
 			)
 			fs.StringVar(&cfg.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
 			fs.StringVar(&cfg.Namespace, "namespace", envOr("POD_NAMESPACE", "berth-system"), "berth's namespace, for this node's CSIStorageCapacity objects (default $POD_NAMESPACE or berth-system)")
-			fs.StringVar(&cfg.DataDir, "data-dir", "/var/lib/berth", "folder of the local volume images")
+			fs.Var(&dataDirs{&cfg.DataDirs}, "data-dir", "a StorageCluster's data dir (its local volume images); repeat for each cluster this agent serves")
+			fs.StringVar(&cfg.RunDir, "run-dir", "/run/berth", "node-wide folder for the blockdev servers' mount points and the Flexvolume staging folders (the keeper must see it)")
 			fs.StringVar(&cfg.CSIEndpoint, "csi-endpoint", "unix:///var/lib/kubelet/plugins/berth.io/csi.sock", "CSI endpoint (unix socket)")
-			fs.StringVar(&cfg.KubeletDir, "kubelet-dir", "/var/lib/kubelet", "kubelet root: plugin registration, and the only folder (with the data dir's flex-staging) whose volume paths the agent mounts or unmounts; empty: do not register, accept no kubelet path")
+			fs.StringVar(&cfg.KubeletDir, "kubelet-dir", "/var/lib/kubelet", "kubelet root: plugin registration, and the only folder (with the run dir's flex-staging) whose volume paths the agent mounts or unmounts; empty: do not register, accept no kubelet path")
 			fs.StringVar(&cfg.AgentSocket, "agent-socket", flexcli.DefaultSocket, "root-only agent socket for the Flexvolume driver")
 			fs.StringVar(&cfg.VolumePluginDir, "volume-plugin-dir", "/usr/libexec/kubernetes/kubelet-plugins/volume/exec", "kubelet's Flexvolume folder to install the driver into; empty: do not install")
 			fs.StringVar(&cfg.HealthAddr, "health-addr", DefaultHealthAddr, "/healthz and /readyz listen address (the agent runs on the host network); 0 disables")
@@ -352,7 +364,7 @@ func (c Config) addUserspace(mgr manager.Manager, a *nodeagent.Agent, holdings h
 		c.Log.Error(nodeagent.ErrNBDUnavailable, "userspace transport nbd set, but this node cannot serve it", "reason", reason)
 	}
 	a.WithUserspace(nodeagent.UserspaceConfig{
-		Root: filepath.Join(c.DataDir, "blockdev"), Binary: bin, KeeperSocket: c.KeeperSocket,
+		Root: filepath.Join(c.RunDir, "blockdev"), Binary: bin, KeeperSocket: c.KeeperSocket,
 		Keeper: keeper.NewClient(c.KeeperSocket), Start: nodeagent.StartServer, StopPID: blockdev.StopPID,
 		CheckMount: blockdev.CheckMount, Workers: c.BlockdevWorkers, Passthrough: c.BlockdevPassthrough,
 		Transport: transport, NBD: nbdDevs, DeadConnTimeout: c.NBDDeadConnTimeout,

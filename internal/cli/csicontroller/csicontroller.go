@@ -27,10 +27,9 @@ import (
 
 // Config of the CSI controller.
 type Config struct {
-	Endpoint       string
-	StorageCluster string
-	Namespace      string
-	Wait           time.Duration
+	Endpoint  string
+	Namespace string
+	Wait      time.Duration
 	// MetricsAddr serves /metrics, HealthAddr /healthz and /readyz; "0"
 	// turns either off.
 	MetricsAddr string
@@ -85,9 +84,9 @@ func (c Config) Run(ctx context.Context) error {
 	}
 	srv := csi.NewServer(c.Log, ops, csi.Services{
 		Identity:   csi.NewIdentity(v1.DriverName, version.Get().Version, true, nil),
-		Controller: csi.NewController(kc, csi.ControllerConfig{StorageCluster: c.StorageCluster, Namespace: c.Namespace, Wait: c.Wait}, c.Log.WithName("controller")),
+		Controller: csi.NewController(kc, csi.ControllerConfig{Namespace: c.Namespace, Wait: c.Wait}, c.Log.WithName("controller")),
 	})
-	c.Log.Info("serving CSI controller", "endpoint", c.Endpoint, "storageCluster", c.StorageCluster,
+	c.Log.Info("serving CSI controller", "endpoint", c.Endpoint,
 		"metrics", c.MetricsAddr, "health", c.HealthAddr)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -144,7 +143,6 @@ func Command() cli.Command {
 				verbosity  int
 			)
 			fs.StringVar(&cfg.Endpoint, "endpoint", "unix:///csi/csi.sock", "CSI endpoint (unix socket)")
-			fs.StringVar(&cfg.StorageCluster, "storage-cluster", "berth", "StorageCluster new volumes belong to")
 			ns := os.Getenv("POD_NAMESPACE")
 			if ns == "" {
 				ns = "berth-system"

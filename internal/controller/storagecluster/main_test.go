@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -124,7 +123,8 @@ func get(t *testing.T, obj client.Object) {
 }
 
 // newCluster creates a StorageCluster and, at the end of the test, deletes it
-// with its owned objects (envtest runs no garbage collector).
+// with its own objects (envtest runs no garbage collector); the node-wide
+// set stays, as it does in a real cluster.
 func newCluster(t *testing.T, name string, spec v1.StorageClusterSpec) *v1.StorageCluster {
 	t.Helper()
 	sc := &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: spec}
@@ -144,12 +144,8 @@ func removeCluster(t *testing.T, name string) {
 		_ = env.Client.Delete(ctx, sc)
 	}
 	owned := []client.Object{
-		&appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: name + "-agent", Namespace: namespace}},
-		&appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: name + "-keeper", Namespace: namespace}},
-		&appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: name + "-csi-controller", Namespace: namespace}},
-		&storagev1.CSIDriver{ObjectMeta: metav1.ObjectMeta{Name: v1.DriverName}},
-		&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "berth"}},
-		&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "berth-userspace"}},
+		&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: storagecluster.StorageClassName(name, v1.MounterKernel)}},
+		&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: storagecluster.StorageClassName(name, v1.MounterUserspace)}},
 	}
 	// A reconcile in flight may recreate an object once: delete until all
 	// are gone, so that the next test finds none controlled by this cluster.

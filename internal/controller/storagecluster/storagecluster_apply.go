@@ -7,65 +7,98 @@ import (
 	"reflect"
 
 	appsv1 "k8s.io/api/apps/v1"
-	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 )
 
-// observed is what apply found (or made) of the owned workloads, for status.
+// ErrForeign: an object of the name berth would give a cluster's object
+// exists and that cluster did not make it (a user's StorageClass, or
+// another cluster's). berth never adopts it.
+var ErrForeign = errors.New("exists and was not made by this StorageCluster")
+
+// observed is what apply found (or made) of the node-wide workloads, for status.
 type observed struct {
 	agent, keeper *appsv1.DaemonSet
 	controller    *appsv1.Deployment
 }
 
-// apply creates or updates every owned object. It keeps going after an
-// error so that one conflicting object does not hold back the others.
-func (r *Reconciler) apply(ctx context.Context, sc *v1.StorageCluster) (observed, error) {
-	var obs observed
+// applyCluster creates or updates the objects of one cluster: its
+// StorageClasses and VolumeSnapshotClass. It keeps going after an error so
+// that one conflicting object does not hold back the others.
+func (r *Reconciler) applyCluster(ctx context.Context, sc *v1.StorageCluster) error {
 	var errs []error
-
-	obs.agent = &appsv1.DaemonSet{ObjectMeta: r.meta(sc, componentAgent)}
-	errs = append(errs, r.ensure(ctx, sc, obs.agent, func() { r.agentDaemonSet(sc, obs.agent) }))
-	obs.keeper = &appsv1.DaemonSet{ObjectMeta: r.meta(sc, componentKeeper)}
-	errs = append(errs, r.ensure(ctx, sc, obs.keeper, func() { r.keeperDaemonSet(sc, obs.keeper) }))
-	obs.controller = &appsv1.Deployment{ObjectMeta: r.meta(sc, componentController)}
-	errs = append(errs, r.ensure(ctx, sc, obs.controller, func() { r.controllerDeployment(sc, obs.controller) }))
-
-	for component, port := range map[string]int32{componentAgent: AgentMetricsPort, componentController: ControllerMetricsPort} {
-		svc := &corev1.Service{ObjectMeta: r.metricsServiceMeta(sc, component)}
-		errs = append(errs, r.ensure(ctx, sc, svc, func() { r.metricsService(sc, component, port, svc) }))
+	first, err := r.firstCluster(ctx, sc)
+	if err != nil {
+		return err
 	}
-
-	drv := &storagev1.CSIDriver{}
-	drv.Name = v1.DriverName
-	errs = append(errs, r.ensure(ctx, sc, drv, func() { csiDriver(sc, drv) }))
 	for _, m := range []v1.Mounter{v1.MounterKernel, v1.MounterUserspace} {
 		cls := &storagev1.StorageClass{}
-		cls.Name = StorageClassName(m)
-		errs = append(errs, r.ensure(ctx, sc, cls, func() { r.storageClass(sc, cls, m) }))
+		cls.Name = StorageClassName(sc.Name, m)
+		errs = append(errs, r.ensure(ctx, sc, cls, func() { r.storageClass(sc, cls, m, first) }))
 	}
-	errs = append(errs, r.ensureSnapshotClass(ctx, sc))
-	return obs, errors.Join(errs...)
+	errs = append(errs, r.ensureSnapshotClass(ctx, sc, first))
+	return errors.Join(errs...)
+}
+
+// firstCluster tells whether sc is the oldest StorageCluster not being
+// deleted: its classes carry the default marks (one default per driver).
+func (r *Reconciler) firstCluster(ctx context.Context, sc *v1.StorageCluster) (bool, error) {
+	var list v1.StorageClusterList
+	if err := r.Client.List(ctx, &list); err != nil {
+		return false, fmt.Errorf("list StorageClusters: %w", err)
+	}
+	for i := range list.Items {
+		o := &list.Items[i]
+		if o.Name == sc.Name || !o.DeletionTimestamp.IsZero() {
+			continue
+		}
+		a, b := o.CreationTimestamp, sc.CreationTimestamp
+		if a.Before(&b) || (a.Equal(&b) && o.Name < sc.Name) {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 // ensure creates obj or brings it to what mutate sets, as a controlled
-// dependent of sc. An object controlled by someone else is left alone.
+// dependent of sc. An object sc does not control is refused (ErrForeign),
+// never adopted.
 func (r *Reconciler) ensure(ctx context.Context, sc *v1.StorageCluster, obj client.Object, mutate func()) error {
+	return r.createOrUpdate(ctx, obj, func() (bool, error) {
+		if obj.GetResourceVersion() != "" {
+			if c := metav1.GetControllerOf(obj); c == nil || c.UID != sc.UID {
+				owner := "no StorageCluster"
+				if c != nil {
+					owner = c.Kind + " " + c.Name
+				}
+				return false, fmt.Errorf("%w (controlled by %s)", ErrForeign, owner)
+			}
+		}
+		mutate()
+		return false, controllerutil.SetControllerReference(sc, obj, r.Client.Scheme())
+	})
+}
+
+// createOrUpdate creates obj or updates it to what mutate sets. mutate
+// returns true when it changed the metadata in a way DeepDerivative does
+// not see (an owner reference dropped).
+func (r *Reconciler) createOrUpdate(ctx context.Context, obj client.Object, mutate func() (bool, error)) error {
 	_, err := controllerutil.CreateOrUpdate(ctx, r.Client, obj, func() error {
 		read := obj.DeepCopyObject()
-		mutate()
-		if err := controllerutil.SetControllerReference(sc, obj, r.Client.Scheme()); err != nil {
+		changed, err := mutate()
+		if err != nil {
 			return err
 		}
 		// Rendering replaces whole specs, dropping the defaults the API
 		// server filled in, so the object never equals what was read. When
 		// every field we set already holds our value, keep the object as
 		// read: no update is sent on a reconcile that changes nothing.
-		if obj.GetResourceVersion() != "" && equality.Semantic.DeepDerivative(obj, read) {
+		if !changed && obj.GetResourceVersion() != "" && equality.Semantic.DeepDerivative(obj, read) {
 			reflect.ValueOf(obj).Elem().Set(reflect.ValueOf(read).Elem())
 		}
 		return nil

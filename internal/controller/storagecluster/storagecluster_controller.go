@@ -1,9 +1,10 @@
-// Package storagecluster is the operator's StorageCluster reconciler: it
-// turns each StorageCluster into the agent and keeper DaemonSets, the CSI
-// controller Deployment, the CSIDriver, the default StorageClasses and (where
-// the snapshot API is served) the VolumeSnapshotClass, keeps
-// them as specified, reports their readiness, and runs the cleanup rule on
-// deletion.
+// Package storagecluster is the operator's StorageCluster reconciler. It
+// deploys one node-wide set for every cluster (the agent and keeper
+// DaemonSets, the CSI controller Deployment, their Services and the
+// CSIDriver, owned by no cluster: deleting one never removes them), and per
+// cluster its StorageClasses and (where the snapshot API is served) its
+// VolumeSnapshotClass; it keeps them as specified, reports readiness per
+// cluster, and runs a cluster's cleanup rule on deletion.
 //
 // It lives in its own package so that controller-gen can generate the
 // operator's RBAC from its markers alone (the node-side reconcilers in
@@ -14,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -24,8 +26,14 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/clock"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 )
@@ -97,6 +105,10 @@ type Reconciler struct {
 	Recorder record.EventRecorder
 	// Clock: the real one when nil.
 	Clock clock.Clock
+
+	// nodeWideMu serialises applying the node-wide set (at start and from
+	// reconciles).
+	nodeWideMu sync.Mutex
 }
 
 // +kubebuilder:rbac:groups=berth.io,resources=storageclusters,verbs=get;list;watch;update;patch
@@ -105,42 +117,64 @@ type Reconciler struct {
 // The workloads live in the operator's namespace only: a Role, which the
 // chart moves into the release namespace.
 // +kubebuilder:rbac:groups=apps,namespace=berth-system,resources=daemonsets;deployments,verbs=get;list;watch;create;update;patch;delete
-// The agent's and CSI controller's scrape Services, in the same namespace;
-// owner references delete them, never the operator.
+// The agent's and CSI controller's scrape Services, in the same namespace.
 // +kubebuilder:rbac:groups="",namespace=berth-system,resources=services,verbs=get;list;watch;create;update
-// The CSIDriver and the classes: list/watch feed the cache and create cannot
-// be limited by name; every other write only reaches berth's own objects.
-// +kubebuilder:rbac:groups=storage.k8s.io,resources=csidrivers;storageclasses,verbs=list;watch;create
+// The CSIDriver: list/watch feed the cache and create cannot be limited by
+// name; every other write only reaches berth's own.
+// +kubebuilder:rbac:groups=storage.k8s.io,resources=csidrivers,verbs=list;watch;create
 // +kubebuilder:rbac:groups=storage.k8s.io,resources=csidrivers,verbs=get;update;patch;delete,resourceNames=berth.io
-// +kubebuilder:rbac:groups=storage.k8s.io,resources=storageclasses,verbs=get;update;patch;delete,resourceNames=berth;berth-userspace
-// The VolumeSnapshotClass, where the snapshot API is served; the CRDs'
+// The classes are named after their cluster, so their names are not known
+// in advance: the operator refuses to touch a class it did not make (ErrForeign).
+// +kubebuilder:rbac:groups=storage.k8s.io,resources=storageclasses,verbs=get;list;watch;create;update;patch;delete
+// The VolumeSnapshotClasses, where the snapshot API is served; the CRDs'
 // metadata tell when it is installed.
-// +kubebuilder:rbac:groups=snapshot.storage.k8s.io,resources=volumesnapshotclasses,verbs=list;watch;create
-// +kubebuilder:rbac:groups=snapshot.storage.k8s.io,resources=volumesnapshotclasses,verbs=get;update;patch;delete,resourceNames=berth
+// +kubebuilder:rbac:groups=snapshot.storage.k8s.io,resources=volumesnapshotclasses,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=apiextensions.k8s.io,resources=customresourcedefinitions,verbs=list;watch
 
-// SetupWithManager registers the reconciler; Owns() brings back owned
-// objects that someone deletes and reacts to their status.
+// SetupWithManager registers the reconciler and applies the node-wide set
+// at start. Owns() brings back a cluster's classes that someone deletes;
+// the node-wide objects, owned by no cluster, are watched by their labels
+// (a change re-applies them and refreshes every cluster's status). A Volume
+// deleted may let the data dir of a deleted cluster go.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if err := r.Options.Validate(); err != nil {
 		return fmt.Errorf("storagecluster options: %w", err)
 	}
+	nodeWide := handler.EnqueueRequestsFromMapFunc(r.nodeWideEvents)
 	b := ctrl.NewControllerManagedBy(mgr).
 		For(&v1.StorageCluster{}).
-		Owns(&appsv1.DaemonSet{}).
-		Owns(&appsv1.Deployment{}).
-		Owns(&corev1.Service{}).
-		Owns(&storagev1.CSIDriver{}).
+		Watches(&appsv1.DaemonSet{}, nodeWide).
+		Watches(&appsv1.Deployment{}, nodeWide).
+		Watches(&corev1.Service{}, nodeWide).
+		Watches(&storagev1.CSIDriver{}, nodeWide).
+		Watches(&v1.Volume{}, handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
+			return []reconcile.Request{nodeWideRequest}
+		}), builder.WithPredicates(predicate.Funcs{
+			CreateFunc: func(event.CreateEvent) bool { return false },
+			UpdateFunc: func(event.UpdateEvent) bool { return false },
+			DeleteFunc: func(event.DeleteEvent) bool { return true },
+		})).
 		Owns(&storagev1.StorageClass{}).
 		Named("storagecluster")
+	if err := mgr.Add(manager.RunnableFunc(r.startNodeWide)); err != nil {
+		return err
+	}
 	return r.watchSnapshotClasses(b, mgr.GetRESTMapper()).Complete(r)
 }
 
 // Reconcile implements reconcile.Reconciler.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	if req == nodeWideRequest {
+		_, _, err := r.applyNodeWide(ctx)
+		return ctrl.Result{}, err
+	}
 	sc := &v1.StorageCluster{}
 	if err := r.Client.Get(ctx, req.NamespacedName, sc); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(err)
+		if apierrors.IsNotFound(err) {
+			// Gone: its data dir leaves the agent once no Volume of it is left.
+			_, _, err = r.applyNodeWide(ctx)
+		}
+		return ctrl.Result{}, err
 	}
 	log := r.Log.WithValues("storageCluster", sc.Name)
 	if !sc.DeletionTimestamp.IsZero() {
@@ -158,9 +192,21 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		}
 	}
 
-	obs, applyErr := r.apply(ctx, sc)
+	obs, plan, nodeWideErr := r.applyNodeWide(ctx)
+	if why := plan.refused[sc.Name]; why != nil {
+		// The agent does not mount this cluster's data dir: no classes, so
+		// that no volume of it is made.
+		log.Error(why, "refusing the StorageCluster's data dir")
+		r.event(sc, corev1.EventTypeWarning, ReasonDataDirOverlap, why.Error())
+		return ctrl.Result{}, r.writeRefused(ctx, sc, why)
+	}
+	clusterErr := r.applyCluster(ctx, sc)
+	if errors.Is(clusterErr, ErrForeign) {
+		r.event(sc, corev1.EventTypeWarning, ReasonForeignObject, clusterErr.Error())
+	}
+	applyErr := errors.Join(nodeWideErr, clusterErr)
 	if applyErr != nil {
-		log.Error(applyErr, "applying owned objects")
+		log.Error(applyErr, "applying objects")
 	}
 	if err := r.writeStatus(ctx, sc, obs, applyErr); err != nil {
 		return ctrl.Result{}, err

@@ -24,7 +24,10 @@ import (
 	"github.com/berth-io/berth/internal/controller/storagecluster"
 )
 
-func TestStorageClusterOwnedObjects(t *testing.T) {
+// TestNodeWideObjects: the agent, keeper, CSI controller, their Services
+// and the CSIDriver are one node-wide set, owned by no StorageCluster; a
+// cluster's classes are its own.
+func TestNodeWideObjects(t *testing.T) {
 	sc := newCluster(t, "alpha", v1.StorageClusterSpec{
 		DataDir: "/srv/berth",
 		Agent: v1.AgentSpec{
@@ -33,25 +36,30 @@ func TestStorageClusterOwnedObjects(t *testing.T) {
 		},
 	})
 
-	agent := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "alpha-agent", Namespace: namespace}}
-	get(t, agent)
-	checkControlledBy(t, agent, sc)
+	agent := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "berth-agent", Namespace: namespace}}
+	eventually(t, "the agent serves alpha's data dir", func(ctx context.Context) (bool, error) {
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(agent), agent)
+		return err == nil && slices.Contains(agent.Spec.Template.Spec.Containers[0].Args, "--data-dir=/srv/berth"), client.IgnoreNotFound(err)
+	})
+	checkNodeWide(t, agent)
 	p := agent.Spec.Template.Spec
-	if !p.HostNetwork || p.HostPID || p.ServiceAccountName != "berth-agent" {
-		t.Errorf("agent pod: hostNetwork=%v hostPID=%v sa=%q", p.HostNetwork, p.HostPID, p.ServiceAccountName)
+	if !p.HostNetwork || p.ServiceAccountName != "berth-agent" {
+		t.Errorf("agent pod: hostNetwork=%v sa=%q", p.HostNetwork, p.ServiceAccountName)
 	}
-	if !maps.Equal(p.NodeSelector, sc.Spec.Agent.NodeSelector) || len(p.Tolerations) != 1 || p.Tolerations[0].Key != "dedicated" {
-		t.Errorf("agent placement: nodeSelector %v tolerations %v", p.NodeSelector, p.Tolerations)
-	}
+	checkPlacement(t, "agent", p)
 	c := p.Containers[0]
 	if c.Image != opts.Image || c.ImagePullPolicy != corev1.PullNever || c.SecurityContext == nil || !*c.SecurityContext.Privileged {
 		t.Errorf("agent container: image %q policy %q security %+v", c.Image, c.ImagePullPolicy, c.SecurityContext)
 	}
-	wantArgs := []string{"agent", "--data-dir=/srv/berth", "--kubelet-dir=/var/lib/k8s-test/kubelet",
+	for _, a := range []string{"agent", "--run-dir=/run/berth", "--kubelet-dir=/var/lib/k8s-test/kubelet",
 		"--csi-endpoint=unix:///var/lib/k8s-test/kubelet/plugins/berth.io/csi.sock",
-		"--volume-plugin-dir=" + opts.VolumePluginDir, "--metrics-addr=:9741", "--health-addr=:9742"}
-	if !slices.Equal(c.Args, wantArgs) {
-		t.Errorf("agent args %v, want %v", c.Args, wantArgs)
+		"--volume-plugin-dir=" + opts.VolumePluginDir, "--metrics-addr=:9741", "--health-addr=:9742"} {
+		if !slices.Contains(c.Args, a) {
+			t.Errorf("agent args %v lack %s", c.Args, a)
+		}
+	}
+	if slices.ContainsFunc(c.Args, func(a string) bool { return strings.HasPrefix(a, "--userspace-transport") }) {
+		t.Errorf("agent args %v set a transport: each cluster's is read at stage", c.Args)
 	}
 	if e := env1(c, "NODE_NAME"); e == nil || e.ValueFrom == nil || e.ValueFrom.FieldRef.FieldPath != "spec.nodeName" {
 		t.Errorf("agent NODE_NAME env: %+v", e)
@@ -60,10 +68,13 @@ func TestStorageClusterOwnedObjects(t *testing.T) {
 	for _, m := range c.VolumeMounts {
 		mounts[m.MountPath] = m
 	}
-	for _, dir := range []string{"/var/lib/k8s-test/kubelet/pods", "/var/lib/k8s-test/kubelet/plugins", "/srv/berth", "/run/berth"} {
+	for _, dir := range []string{"/var/lib/k8s-test/kubelet/pods", "/var/lib/k8s-test/kubelet/plugins", "/run/berth"} {
 		if m, ok := mounts[dir]; !ok || m.MountPropagation == nil || *m.MountPropagation != corev1.MountPropagationBidirectional {
 			t.Errorf("agent mount %s: %+v, want Bidirectional", dir, m)
 		}
+	}
+	if m := mounts["/srv/berth"]; m.MountPropagation == nil || *m.MountPropagation != corev1.MountPropagationHostToContainer {
+		t.Errorf("agent mount of the data dir: %+v, want HostToContainer", m)
 	}
 	for _, dir := range []string{"/var/lib/k8s-test/kubelet/plugins_registry", opts.VolumePluginDir, "/srv/berth", "/dev", "/run/berth"} {
 		if _, ok := mounts[dir]; !ok {
@@ -74,16 +85,21 @@ func TestStorageClusterOwnedObjects(t *testing.T) {
 		t.Errorf("agent update strategy %q", agent.Spec.UpdateStrategy.Type)
 	}
 
-	keeper := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "alpha-keeper", Namespace: namespace}}
+	keeper := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "berth-keeper", Namespace: namespace}}
 	get(t, keeper)
-	checkControlledBy(t, keeper, sc)
+	checkNodeWide(t, keeper)
 	kc := keeper.Spec.Template.Spec.Containers[0]
 	if keeper.Spec.UpdateStrategy.Type != appsv1.OnDeleteDaemonSetStrategyType || !*kc.SecurityContext.Privileged || !keeper.Spec.Template.Spec.HostPID ||
 		!slices.Equal(kc.Args, []string{"keeper", "--socket=/run/berth/keeper.sock"}) {
 		t.Errorf("keeper: strategy %q args %v", keeper.Spec.UpdateStrategy.Type, kc.Args)
 	}
-	if !maps.Equal(keeper.Spec.Template.Spec.NodeSelector, sc.Spec.Agent.NodeSelector) {
-		t.Errorf("keeper nodeSelector %v", keeper.Spec.Template.Spec.NodeSelector)
+	checkPlacement(t, "keeper", keeper.Spec.Template.Spec)
+	// The keeper sees no data dir: its FUSE mounts live in /run/berth, so a
+	// cluster added after its pod started needs nothing of it.
+	for _, m := range kc.VolumeMounts {
+		if m.MountPath != "/run/berth" && m.MountPath != "/dev/fuse" {
+			t.Errorf("keeper mounts %s", m.MountPath)
+		}
 	}
 	// The keeper is probed for readiness by a ping over its socket, and has
 	// no liveness probe: a restart would drop every FUSE connection it holds.
@@ -93,16 +109,16 @@ func TestStorageClusterOwnedObjects(t *testing.T) {
 	}
 	checkEndpoints(t, agent.Spec.Template, "agent", 9741, 9742)
 
-	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "alpha-csi-controller", Namespace: namespace}}
+	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "berth-csi-controller", Namespace: namespace}}
 	get(t, dep)
-	checkControlledBy(t, dep, sc)
+	checkNodeWide(t, dep)
 	checkControllerDeployment(t, dep)
 	checkEndpoints(t, dep.Spec.Template, "csi-controller", 9743, 9744)
 	for component, port := range map[string]int32{"agent": 9741, "csi-controller": 9743} {
-		svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "alpha-" + component + "-metrics", Namespace: namespace}}
+		svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "berth-" + component + "-metrics", Namespace: namespace}}
 		get(t, svc)
-		checkControlledBy(t, svc, sc)
-		want := map[string]string{"app.kubernetes.io/name": "berth", "app.kubernetes.io/instance": "alpha", "app.kubernetes.io/component": component}
+		checkNodeWide(t, svc)
+		want := map[string]string{"app.kubernetes.io/name": "berth", "app.kubernetes.io/instance": "berth", "app.kubernetes.io/component": component}
 		if svc.Spec.ClusterIP != corev1.ClusterIPNone || !maps.Equal(svc.Spec.Selector, want) || len(svc.Spec.Ports) != 1 ||
 			svc.Spec.Ports[0].Name != "metrics" || svc.Spec.Ports[0].Port != port || svc.Spec.Ports[0].TargetPort.StrVal != "metrics" {
 			t.Errorf("scrape Service of %s: %+v", component, svc.Spec)
@@ -111,7 +127,7 @@ func TestStorageClusterOwnedObjects(t *testing.T) {
 
 	drv := &storagev1.CSIDriver{ObjectMeta: metav1.ObjectMeta{Name: v1.DriverName}}
 	get(t, drv)
-	checkControlledBy(t, drv, sc)
+	checkNodeWide(t, drv)
 	if *drv.Spec.AttachRequired || !*drv.Spec.PodInfoOnMount || drv.Spec.StorageCapacity == nil || !*drv.Spec.StorageCapacity {
 		t.Errorf("CSIDriver: attachRequired %v podInfoOnMount %v storageCapacity %v", *drv.Spec.AttachRequired, *drv.Spec.PodInfoOnMount, drv.Spec.StorageCapacity)
 	}
@@ -131,16 +147,17 @@ func TestStorageClusterOwnedObjects(t *testing.T) {
 	for _, pod := range []corev1.PodSpec{agent.Spec.Template.Spec, keeper.Spec.Template.Spec, dep.Spec.Template.Spec} {
 		checkResources(t, pod)
 	}
-	for name, mounter := range map[string]string{"berth": "kernel", "berth-userspace": "userspace"} {
+	for name, mounter := range map[string]string{"alpha": "kernel", "alpha-userspace": "userspace"} {
 		cls := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: name}}
 		get(t, cls)
 		checkControlledBy(t, cls, sc)
 		if cls.Provisioner != v1.DriverName || cls.Parameters["mounter"] != mounter || cls.Parameters["csi.storage.k8s.io/fstype"] != "ext4" ||
+			cls.Parameters["storageCluster"] != "alpha" ||
 			*cls.VolumeBindingMode != storagev1.VolumeBindingWaitForFirstConsumer || !*cls.AllowVolumeExpansion {
 			t.Errorf("class %s: %+v", name, cls)
 		}
 		isDefault := cls.Annotations["storageclass.kubernetes.io/is-default-class"] == "true"
-		if isDefault != (name == "berth") {
+		if isDefault != (name == "alpha") {
 			t.Errorf("class %s default=%v", name, isDefault)
 		}
 	}
@@ -225,7 +242,7 @@ func checkControllerDeployment(t *testing.T, dep *appsv1.Deployment) {
 		}
 	}
 	want := map[string][]string{
-		"csi-controller":  {"csi-controller", "--endpoint=unix:///csi/csi.sock", "--storage-cluster=alpha", "--metrics-addr=:9743", "--health-addr=:9744"},
+		"csi-controller":  {"csi-controller", "--endpoint=unix:///csi/csi.sock", "--metrics-addr=:9743", "--health-addr=:9744"},
 		"csi-provisioner": {"--csi-address=/csi/csi.sock", "--feature-gates=Topology=true", "--strict-topology", "--extra-create-metadata", "--leader-election"},
 		"csi-resizer":     {"--csi-address=/csi/csi.sock", "--leader-election"},
 		"csi-snapshotter": {"--csi-address=/csi/csi.sock", "--leader-election", "--extra-create-metadata"},
@@ -241,28 +258,29 @@ func checkControllerDeployment(t *testing.T, dep *appsv1.Deployment) {
 
 func TestStorageClusterSpecChangeRollsOut(t *testing.T) {
 	sc := newCluster(t, "beta", v1.StorageClusterSpec{})
-	agent := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "beta-agent", Namespace: namespace}}
-	get(t, agent)
-	if len(agent.Spec.Template.Spec.NodeSelector) != 0 || !slices.Contains(agent.Spec.Template.Spec.Containers[0].Args, "--data-dir=/var/lib/berth") {
-		t.Fatalf("agent before change: nodeSelector %v args %v", agent.Spec.Template.Spec.NodeSelector, agent.Spec.Template.Spec.Containers[0].Args)
-	}
+	agent := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "berth-agent", Namespace: namespace}}
+	eventually(t, "the agent serves beta's data dir, on every node", func(ctx context.Context) (bool, error) {
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(agent), agent)
+		return err == nil && agent.Spec.Template.Spec.Affinity == nil &&
+			slices.Contains(agent.Spec.Template.Spec.Containers[0].Args, "--data-dir=/var/lib/berth"), client.IgnoreNotFound(err)
+	})
 
 	patch := []byte(`{"spec":{"dataDir":"/data/berth","agent":{"nodeSelector":{"zone":"a"},"tolerations":[{"operator":"Exists"}],"userspaceTransport":"nbd"}}}`)
 	if err := env.Client.Patch(testCtx(t), sc, client.RawPatch(types.MergePatchType, patch)); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"beta-agent", "beta-keeper"} {
+	for _, name := range []string{"berth-agent", "berth-keeper"} {
 		ds := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}}
 		eventually(t, name+" has the new placement", func(ctx context.Context) (bool, error) {
 			err := env.Client.Get(ctx, client.ObjectKeyFromObject(ds), ds)
 			p := ds.Spec.Template.Spec
-			return p.NodeSelector["zone"] == "a" && len(p.Tolerations) == 1 && p.Tolerations[0].Operator == corev1.TolerationOpExists, err
+			return nodeTerms(p) == "zone=a" && len(p.Tolerations) == 1 && p.Tolerations[0].Operator == corev1.TolerationOpExists, err
 		})
 	}
-	eventually(t, "agent has the new data dir", func(ctx context.Context) (bool, error) {
+	eventually(t, "agent has the new data dir only", func(ctx context.Context) (bool, error) {
 		err := env.Client.Get(ctx, client.ObjectKeyFromObject(agent), agent)
 		args := agent.Spec.Template.Spec.Containers[0].Args
-		return slices.Contains(args, "--data-dir=/data/berth") && slices.Contains(args, "--userspace-transport=nbd"), err
+		return slices.Contains(args, "--data-dir=/data/berth") && !slices.Contains(args, "--data-dir=/var/lib/berth"), err
 	})
 	eventually(t, "status observes the new generation", func(ctx context.Context) (bool, error) {
 		err := env.Client.Get(ctx, client.ObjectKeyFromObject(sc), sc)
@@ -273,9 +291,10 @@ func TestStorageClusterSpecChangeRollsOut(t *testing.T) {
 func TestStorageClusterDeletedObjectsComeBack(t *testing.T) {
 	newCluster(t, "gamma", v1.StorageClusterSpec{})
 	objs := []client.Object{
-		&appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "gamma-agent", Namespace: namespace}},
-		&appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "gamma-csi-controller", Namespace: namespace}},
-		&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "berth-userspace"}},
+		&appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "berth-agent", Namespace: namespace}},
+		&appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "berth-csi-controller", Namespace: namespace}},
+		&storagev1.CSIDriver{ObjectMeta: metav1.ObjectMeta{Name: v1.DriverName}},
+		&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "gamma-userspace"}},
 	}
 	for _, o := range objs {
 		get(t, o)
@@ -292,12 +311,16 @@ func TestStorageClusterDeletedObjectsComeBack(t *testing.T) {
 
 func TestStorageClusterConditions(t *testing.T) {
 	sc := newCluster(t, "delta", v1.StorageClusterSpec{})
-	agent := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "delta-agent", Namespace: namespace}}
-	keeper := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "delta-keeper", Namespace: namespace}}
-	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "delta-csi-controller", Namespace: namespace}}
+	agent := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "berth-agent", Namespace: namespace}}
+	keeper := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "berth-keeper", Namespace: namespace}}
+	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "berth-csi-controller", Namespace: namespace}}
 	get(t, agent)
 	get(t, keeper)
 	get(t, dep)
+	// The node-wide set outlives earlier tests' clusters: start from a
+	// status that is not ready.
+	setDaemonSetStatus(t, agent, 2, 1)
+	setDaemonSetStatus(t, keeper, 2, 1)
 	waitCondition(t, sc, storagecluster.ConditionAgentReady, metav1.ConditionFalse, storagecluster.ReasonProgressing)
 
 	// envtest runs no DaemonSet controller: report what it would.
@@ -350,6 +373,45 @@ func waitCondition(t *testing.T, sc *v1.StorageCluster, typ string, status metav
 		c := meta.FindStatusCondition(sc.Status.Conditions, typ)
 		return c != nil && c.Status == status && c.Reason == reason, err
 	})
+}
+
+// checkNodeWide wants obj owned by no StorageCluster and labelled as the
+// node-wide set.
+func checkNodeWide(t *testing.T, obj client.Object) {
+	t.Helper()
+	for _, ref := range obj.GetOwnerReferences() {
+		if ref.Kind == "StorageCluster" {
+			t.Errorf("%T %s is owned by StorageCluster %s", obj, obj.GetName(), ref.Name)
+		}
+	}
+	if l := obj.GetLabels(); l["app.kubernetes.io/instance"] != storagecluster.NodeWide || l["app.kubernetes.io/managed-by"] != "berth-operator" {
+		t.Errorf("%T %s labels %v", obj, obj.GetName(), l)
+	}
+}
+
+// nodeTerms renders a pod's required node affinity as "k=v,k=v|k=v" (terms
+// ORed), "" for none.
+func nodeTerms(p corev1.PodSpec) string {
+	if p.Affinity == nil || p.Affinity.NodeAffinity == nil || p.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil {
+		return ""
+	}
+	var terms []string
+	for _, term := range p.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
+		var reqs []string
+		for _, r := range term.MatchExpressions {
+			reqs = append(reqs, r.Key+"="+strings.Join(r.Values, "/"))
+		}
+		terms = append(terms, strings.Join(reqs, ","))
+	}
+	return strings.Join(terms, "|")
+}
+
+// checkPlacement wants alpha's placement (the only cluster in its test).
+func checkPlacement(t *testing.T, what string, p corev1.PodSpec) {
+	t.Helper()
+	if nodeTerms(p) != "storage=yes" || len(p.Tolerations) != 1 || p.Tolerations[0].Key != "dedicated" {
+		t.Errorf("%s placement: node terms %q tolerations %v", what, nodeTerms(p), p.Tolerations)
+	}
 }
 
 func checkControlledBy(t *testing.T, obj client.Object, sc *v1.StorageCluster) {

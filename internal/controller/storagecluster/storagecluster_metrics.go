@@ -6,8 +6,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
-
-	v1 "github.com/berth-io/berth/api/v1alpha1"
 )
 
 // The endpoints of berth's processes (the defaults of their flags, passed
@@ -26,7 +24,7 @@ const (
 	portHealth  = "health"
 )
 
-// metricsServiceSuffix names a component's scrape Service "<cluster>-<component>-metrics".
+// metricsServiceSuffix names a component's scrape Service "berth-<component>-metrics".
 const metricsServiceSuffix = "-metrics"
 
 // withEndpoints makes c serve metrics and health on the given ports and
@@ -68,17 +66,17 @@ func keeperReadiness() *corev1.Probe {
 // metricsService renders the headless Service a Prometheus scrape config or
 // ServiceMonitor finds a component's pods by: one endpoint per pod, port
 // "metrics".
-func (r *Reconciler) metricsService(sc *v1.StorageCluster, component string, port int32, svc *corev1.Service) {
-	setLabels(&svc.ObjectMeta, objectLabels(sc, component))
+func (r *Reconciler) metricsService(component string, port int32, svc *corev1.Service) {
+	setLabels(&svc.ObjectMeta, objectLabels(NodeWide, component))
 	svc.Spec.ClusterIP = corev1.ClusterIPNone
-	svc.Spec.Selector = selectorLabels(sc, component)
+	svc.Spec.Selector = selectorLabels(NodeWide, component)
 	svc.Spec.Ports = []corev1.ServicePort{{
 		Name: portMetrics, Port: port, TargetPort: intstr.FromString(portMetrics), Protocol: corev1.ProtocolTCP,
 	}}
 }
 
-func (r *Reconciler) metricsServiceMeta(sc *v1.StorageCluster, component string) metav1.ObjectMeta {
-	m := r.meta(sc, component)
+func (r *Reconciler) metricsServiceMeta(component string) metav1.ObjectMeta {
+	m := r.meta(component)
 	m.Name += metricsServiceSuffix
 	return m
 }

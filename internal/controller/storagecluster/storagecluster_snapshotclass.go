@@ -17,8 +17,9 @@ import (
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 )
 
-// SnapshotClassName is the VolumeSnapshotClass of berth's volumes.
-const SnapshotClassName = "berth"
+// SnapshotClassName is the VolumeSnapshotClass of a cluster's volumes,
+// named as its kernel StorageClass (the cluster's name).
+func SnapshotClassName(cluster string) string { return cluster }
 
 // The VolumeSnapshot API is not part of Kubernetes: a distribution (or the
 // admin) installs its CRDs and snapshot-controller, before or after berth.
@@ -36,20 +37,23 @@ const defaultSnapshotClassAnnotation = "snapshot.storage.kubernetes.io/is-defaul
 // snapshotClass renders the VolumeSnapshotClass. Driver, deletion policy and
 // the default mark are set when it is made; an admin may change them after
 // (the default mark is per driver: it picks this class for snapshots of
-// berth volumes that name none, whatever other drivers' classes say).
-func snapshotClass(sc *v1.StorageCluster, cls *unstructured.Unstructured) {
+// berth volumes that name none, whatever other drivers' classes say; only
+// the oldest cluster's class gets it, first).
+func snapshotClass(sc *v1.StorageCluster, cls *unstructured.Unstructured, first bool) {
 	labels := cls.GetLabels()
 	if labels == nil {
 		labels = map[string]string{}
 	}
-	for k, v := range objectLabels(sc, componentController) {
+	for k, v := range objectLabels(sc.Name, componentController) {
 		labels[k] = v
 	}
 	cls.SetLabels(labels)
 	if cls.GetResourceVersion() != "" {
 		return
 	}
-	cls.SetAnnotations(map[string]string{defaultSnapshotClassAnnotation: "true"})
+	if first {
+		cls.SetAnnotations(map[string]string{defaultSnapshotClassAnnotation: "true"})
+	}
 	cls.Object["driver"] = v1.DriverName
 	cls.Object["deletionPolicy"] = "Delete"
 }
@@ -57,11 +61,11 @@ func snapshotClass(sc *v1.StorageCluster, cls *unstructured.Unstructured) {
 // ensureSnapshotClass makes the VolumeSnapshotClass where the snapshot API
 // is served; without it there is nothing to do (the CRD watch comes back
 // when it is installed).
-func (r *Reconciler) ensureSnapshotClass(ctx context.Context, sc *v1.StorageCluster) error {
+func (r *Reconciler) ensureSnapshotClass(ctx context.Context, sc *v1.StorageCluster, first bool) error {
 	cls := &unstructured.Unstructured{}
 	cls.SetGroupVersionKind(snapshotClassGVK)
-	cls.SetName(SnapshotClassName)
-	err := r.ensure(ctx, sc, cls, func() { snapshotClass(sc, cls) })
+	cls.SetName(SnapshotClassName(sc.Name))
+	err := r.ensure(ctx, sc, cls, func() { snapshotClass(sc, cls, first) })
 	// NotFound on a create: the CRD went away after the client's REST
 	// mapper cached it (the create's URL itself is unknown).
 	if meta.IsNoMatchError(err) || apierrors.IsNotFound(err) {

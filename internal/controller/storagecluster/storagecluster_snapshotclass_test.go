@@ -58,7 +58,7 @@ spec:
 // operator does not fail its reconciles.
 func TestStorageClusterSnapshotClass(t *testing.T) {
 	sc := newCluster(t, "snap", v1.StorageClusterSpec{})
-	get(t, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "berth-userspace"}})
+	get(t, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "snap-userspace"}})
 	// A reconciler with its own client, whose REST mapper sees the API come
 	// and go as the operator's would.
 	c, err := client.New(env.Config, client.Options{Scheme: env.Scheme})
@@ -84,7 +84,7 @@ func TestStorageClusterSnapshotClass(t *testing.T) {
 	// Only the CRD's arrival can bring the running operator back here.
 	cls := &unstructured.Unstructured{}
 	cls.SetGroupVersionKind(snapshotClassGVK)
-	cls.SetName(storagecluster.SnapshotClassName)
+	cls.SetName(storagecluster.SnapshotClassName(sc.Name))
 	get(t, cls)
 	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), cls) })
 	if d, _, _ := unstructured.NestedString(cls.Object, "driver"); d != v1.DriverName {

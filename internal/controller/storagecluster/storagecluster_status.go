@@ -31,7 +31,39 @@ const (
 	ReasonNotReady    = "ComponentsNotReady"
 	ReasonDeleting    = "WaitingForNodeCleanup"
 	ReasonInvalidSpec = "InvalidSpec"
+	// ReasonDataDirOverlap: the data dir overlaps another cluster's; the
+	// agent does not serve it (condition and Event).
+	ReasonDataDirOverlap = "DataDirOverlap"
+	// ReasonForeignObject: a class of this cluster's name exists and this
+	// cluster did not make it (Event; Ready says ApplyFailed).
+	ReasonForeignObject = "ForeignObject"
 )
+
+// ConditionDataDirServed says whether the node-wide agent mounts this
+// cluster's data dir.
+const ConditionDataDirServed = "DataDirServed"
+
+// event records an Event when a recorder is set.
+func (r *Reconciler) event(sc *v1.StorageCluster, typ, reason, msg string) {
+	if r.Recorder != nil {
+		r.Recorder.Event(sc, typ, reason, msg)
+	}
+}
+
+// writeRefused marks a cluster whose data dir the agent does not serve.
+func (r *Reconciler) writeRefused(ctx context.Context, sc *v1.StorageCluster, why error) error {
+	before := sc.DeepCopy()
+	sc.Status.Phase = v1.StorageClusterError
+	sc.Status.ObservedGeneration = sc.Generation
+	for _, c := range []metav1.Condition{
+		{Type: ConditionDataDirServed, Status: metav1.ConditionFalse, Reason: ReasonDataDirOverlap, Message: why.Error()},
+		{Type: v1.ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonDataDirOverlap, Message: why.Error()},
+	} {
+		c.ObservedGeneration = sc.Generation
+		meta.SetStatusCondition(&sc.Status.Conditions, c)
+	}
+	return r.patchStatus(ctx, before, sc)
+}
 
 // writeStatus records what obs says, only when something changed.
 func (r *Reconciler) writeStatus(ctx context.Context, sc *v1.StorageCluster, obs observed, applyErr error) error {
@@ -41,6 +73,7 @@ func (r *Reconciler) writeStatus(ctx context.Context, sc *v1.StorageCluster, obs
 		daemonSetCondition(ConditionAgentReady, "agent", obs.agent, true),
 		daemonSetCondition(ConditionKeeperReady, "keeper", obs.keeper, false),
 		deploymentCondition(obs.controller),
+		{Type: ConditionDataDirServed, Status: metav1.ConditionTrue, Reason: ReasonReady, Message: "the node-wide agent mounts " + sc.Spec.DataDir},
 	}
 	ready := metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonReady, Message: "all components are ready"}
 	var notReady []string

@@ -16,18 +16,20 @@ const (
 	defaultClassAnnotation = "storageclass.kubernetes.io/is-default-class"
 )
 
-// StorageClassName is the name of the default class for a mounter.
-func StorageClassName(m v1.Mounter) string {
+// StorageClassName is the name of a cluster's class for a mounter: the
+// cluster's name, and "<cluster>-userspace" (so the cluster "berth" has
+// the classes berth and berth-userspace).
+func StorageClassName(cluster string, m v1.Mounter) string {
 	if m == v1.MounterUserspace {
-		return "berth-userspace"
+		return cluster + "-userspace"
 	}
-	return "berth"
+	return cluster
 }
 
-// csiDriver renders the CSIDriver. Its spec is immutable in parts, so the
-// spec is only written when the object is created.
-func csiDriver(sc *v1.StorageCluster, d *storagev1.CSIDriver) {
-	setLabels(&d.ObjectMeta, objectLabels(sc, componentController))
+// csiDriver renders the CSIDriver, one for every cluster. Its spec is
+// immutable in parts, so the spec is only written when the object is created.
+func csiDriver(d *storagev1.CSIDriver) {
+	setLabels(&d.ObjectMeta, objectLabels(NodeWide, componentController))
 	// The scheduler places pods of WaitForFirstConsumer volumes by the
 	// CSIStorageCapacity objects the agents publish (mutable: set on update too).
 	d.Spec.StorageCapacity = ptr.To(true)
@@ -48,13 +50,14 @@ func csiDriver(sc *v1.StorageCluster, d *storagev1.CSIDriver) {
 	}
 }
 
-// storageClass renders the default class of mounter m. Provisioner,
+// storageClass renders the class of mounter m of cluster sc. Provisioner,
 // parameters and binding mode cannot change after creation; expansion and
-// the default-class annotation can.
-func (r *Reconciler) storageClass(sc *v1.StorageCluster, cls *storagev1.StorageClass, m v1.Mounter) {
-	setLabels(&cls.ObjectMeta, objectLabels(sc, componentController))
+// the default-class annotation can. Only the oldest cluster's kernel class
+// is the default (first), so that there is one.
+func (r *Reconciler) storageClass(sc *v1.StorageCluster, cls *storagev1.StorageClass, m v1.Mounter, first bool) {
+	setLabels(&cls.ObjectMeta, objectLabels(sc.Name, componentController))
 	if m == v1.MounterKernel {
-		if r.Options.DefaultStorageClass {
+		if r.Options.DefaultStorageClass && first {
 			if cls.Annotations == nil {
 				cls.Annotations = map[string]string{}
 			}
@@ -69,7 +72,7 @@ func (r *Reconciler) storageClass(sc *v1.StorageCluster, cls *storagev1.StorageC
 	}
 	cls.Provisioner = v1.DriverName
 	// The fs type the CSI controller defaults to, named so that PVs carry it.
-	cls.Parameters = map[string]string{paramMounter: string(m), paramFSType: defaultFSType}
+	cls.Parameters = map[string]string{paramMounter: string(m), paramFSType: defaultFSType, v1.ParamStorageCluster: sc.Name}
 	cls.ReclaimPolicy = ptr.To(corev1.PersistentVolumeReclaimDelete)
 	cls.VolumeBindingMode = ptr.To(storagev1.VolumeBindingWaitForFirstConsumer)
 }

@@ -11,7 +11,8 @@ import (
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 )
 
-// Components the operator deploys; each names its objects "<cluster>-<component>".
+// Components the operator deploys once for every cluster; each names its
+// objects "berth-<component>" (NodeWide).
 const (
 	componentAgent      = "agent"
 	componentKeeper     = "keeper"
@@ -24,6 +25,7 @@ const (
 	labelInstance  = "app.kubernetes.io/instance"
 	labelComponent = "app.kubernetes.io/component"
 	labelManagedBy = "app.kubernetes.io/managed-by"
+	managedBy      = "berth-operator"
 )
 
 // KeeperSocket is where the keeper listens; the agent reaches it through the
@@ -36,22 +38,23 @@ const (
 	csiSocketPath = csiSocketDir + "/csi.sock"
 )
 
-// ObjectName is the name of a cluster's namespaced object for a component.
-func ObjectName(cluster, component string) string { return cluster + "-" + component }
+// ObjectName is the name of a node-wide namespaced object of a component.
+func ObjectName(component string) string { return NodeWide + "-" + component }
 
-func (r *Reconciler) meta(sc *v1.StorageCluster, component string) metav1.ObjectMeta {
-	return metav1.ObjectMeta{Name: ObjectName(sc.Name, component), Namespace: r.Options.Namespace}
+func (r *Reconciler) meta(component string) metav1.ObjectMeta {
+	return metav1.ObjectMeta{Name: ObjectName(component), Namespace: r.Options.Namespace}
 }
 
 // selectorLabels pick a component's pods; they never change after creation
-// (a workload's selector is immutable).
-func selectorLabels(sc *v1.StorageCluster, component string) map[string]string {
-	return map[string]string{labelName: "berth", labelInstance: sc.Name, labelComponent: component}
+// (a workload's selector is immutable). instance is NodeWide for the
+// node-wide set, the cluster's name for a cluster's own objects.
+func selectorLabels(instance, component string) map[string]string {
+	return map[string]string{labelName: "berth", labelInstance: instance, labelComponent: component}
 }
 
-func objectLabels(sc *v1.StorageCluster, component string) map[string]string {
-	l := selectorLabels(sc, component)
-	l[labelManagedBy] = "berth-operator"
+func objectLabels(instance, component string) map[string]string {
+	l := selectorLabels(instance, component)
+	l[labelManagedBy] = managedBy
 	return l
 }
 
@@ -66,10 +69,17 @@ func setLabels(m *metav1.ObjectMeta, labels map[string]string) {
 
 // agentDaemonSet renders the node agent: privileged on the host network, with
 // the kubelet's pod and plugin folders shared both ways so that its mounts
-// reach kubelet and the pods.
-func (r *Reconciler) agentDaemonSet(sc *v1.StorageCluster, ds *appsv1.DaemonSet) {
+// reach kubelet and the pods. It serves every cluster: it mounts each
+// served data dir, and each cluster's userspace transport is read from the
+// cluster at stage.
+func (r *Reconciler) agentDaemonSet(plan nodeWidePlan, ds *appsv1.DaemonSet) {
 	o := r.Options
-	setLabels(&ds.ObjectMeta, objectLabels(sc, componentAgent))
+	setLabels(&ds.ObjectMeta, objectLabels(NodeWide, componentAgent))
+	if ds.Annotations == nil {
+		ds.Annotations = map[string]string{}
+	}
+	ds.Annotations[annotationDataDirs] = dataDirsAnnotation(plan)
+	dataMounts, dataVols := agentDataDirs(plan)
 	podsDir := path.Join(o.KubeletDir, "pods")
 	pluginsDir := path.Join(o.KubeletDir, "plugins")
 	registryDir := path.Join(o.KubeletDir, "plugins_registry")
@@ -77,13 +87,13 @@ func (r *Reconciler) agentDaemonSet(sc *v1.StorageCluster, ds *appsv1.DaemonSet)
 	bidi := ptr.To(corev1.MountPropagationBidirectional)
 
 	c := r.container(componentAgent, "agent",
-		"--data-dir="+sc.Spec.DataDir,
+		"--run-dir="+runDir,
 		"--kubelet-dir="+o.KubeletDir,
 		"--csi-endpoint="+endpoint,
 		"--volume-plugin-dir="+o.VolumePluginDir,
 	)
-	if t := sc.Spec.Agent.UserspaceTransport; t != "" && t != v1.TransportFUSE {
-		c.Args = append(c.Args, "--userspace-transport="+string(t))
+	for _, d := range plan.dataDirs() {
+		c.Args = append(c.Args, "--data-dir="+d)
 	}
 	withEndpoints(&c, AgentMetricsPort, AgentHealthPort)
 	c.Env = append(c.Env, corev1.EnvVar{Name: "NODE_NAME", ValueFrom: &corev1.EnvVarSource{
@@ -91,39 +101,38 @@ func (r *Reconciler) agentDaemonSet(sc *v1.StorageCluster, ds *appsv1.DaemonSet)
 	}}, podNamespaceEnv())
 	c.SecurityContext = &corev1.SecurityContext{Privileged: ptr.To(true)}
 	c.Resources = agentResources
-	c.VolumeMounts = []corev1.VolumeMount{
+	c.VolumeMounts = append([]corev1.VolumeMount{
 		{Name: "pods-dir", MountPath: podsDir, MountPropagation: bidi},
 		{Name: "plugins-dir", MountPath: pluginsDir, MountPropagation: bidi},
 		{Name: "registration-dir", MountPath: registryDir},
 		{Name: "volume-plugin-dir", MountPath: o.VolumePluginDir},
-		// The keeper's FUSE mounts (userspace volumes) live under the data
-		// dir or /run/berth: shared both ways so that they reach the agent
-		// and outlive its container.
-		{Name: "data-dir", MountPath: sc.Spec.DataDir, MountPropagation: bidi},
 		{Name: "dev", MountPath: "/dev"},
+		// The keeper's FUSE mounts (userspace volumes) and the Flexvolume
+		// staging folders live in /run/berth, in no cluster's data dir:
+		// shared both ways so that they reach the agent and outlive its
+		// container.
 		{Name: "run-berth", MountPath: runDir, MountPropagation: bidi},
-	}
+	}, dataMounts...)
 	ds.Spec = appsv1.DaemonSetSpec{
-		Selector:       &metav1.LabelSelector{MatchLabels: selectorLabels(sc, componentAgent)},
+		Selector:       &metav1.LabelSelector{MatchLabels: selectorLabels(NodeWide, componentAgent)},
 		UpdateStrategy: appsv1.DaemonSetUpdateStrategy{Type: appsv1.RollingUpdateDaemonSetStrategyType},
 		Template: corev1.PodTemplateSpec{
-			ObjectMeta: metav1.ObjectMeta{Labels: objectLabels(sc, componentAgent)},
+			ObjectMeta: metav1.ObjectMeta{Labels: objectLabels(NodeWide, componentAgent)},
 			Spec: corev1.PodSpec{
 				ServiceAccountName: o.AgentServiceAccount,
 				HostNetwork:        true,
 				DNSPolicy:          corev1.DNSClusterFirstWithHostNet,
-				NodeSelector:       sc.Spec.Agent.NodeSelector,
-				Tolerations:        sc.Spec.Agent.Tolerations,
+				Affinity:           placement(plan),
+				Tolerations:        plan.tolerations,
 				Containers:         []corev1.Container{c},
-				Volumes: []corev1.Volume{
+				Volumes: append([]corev1.Volume{
 					hostPathVolume("pods-dir", podsDir, corev1.HostPathDirectoryOrCreate),
 					hostPathVolume("plugins-dir", pluginsDir, corev1.HostPathDirectoryOrCreate),
 					hostPathVolume("registration-dir", registryDir, corev1.HostPathDirectoryOrCreate),
 					hostPathVolume("volume-plugin-dir", o.VolumePluginDir, corev1.HostPathDirectoryOrCreate),
-					hostPathVolume("data-dir", sc.Spec.DataDir, corev1.HostPathDirectoryOrCreate),
 					hostPathVolume("dev", "/dev", corev1.HostPathDirectory),
 					hostPathVolume("run-berth", runDir, corev1.HostPathDirectoryOrCreate),
-				},
+				}, dataVols...),
 			},
 		},
 	}
@@ -131,9 +140,11 @@ func (r *Reconciler) agentDaemonSet(sc *v1.StorageCluster, ds *appsv1.DaemonSet)
 
 // keeperDaemonSet renders the keeper. It holds kernel connections that must
 // outlive everything else, so it is only replaced when someone deletes its
-// pod (OnDelete), never by a rollout.
-func (r *Reconciler) keeperDaemonSet(sc *v1.StorageCluster, ds *appsv1.DaemonSet) {
-	setLabels(&ds.ObjectMeta, objectLabels(sc, componentKeeper))
+// pod (OnDelete), never by a rollout. It sees no data dir: its FUSE mounts
+// live in /run/berth (the blockdev servers, in the agent's pod, read the
+// images), so a cluster added after a keeper pod started needs nothing of it.
+func (r *Reconciler) keeperDaemonSet(plan nodeWidePlan, ds *appsv1.DaemonSet) {
+	setLabels(&ds.ObjectMeta, objectLabels(NodeWide, componentKeeper))
 	c := r.container(componentKeeper, "keeper", "--socket="+KeeperSocket)
 	c.SecurityContext = &corev1.SecurityContext{Privileged: ptr.To(true)}
 	c.Resources = keeperResources
@@ -144,27 +155,25 @@ func (r *Reconciler) keeperDaemonSet(sc *v1.StorageCluster, ds *appsv1.DaemonSet
 	c.VolumeMounts = []corev1.VolumeMount{
 		{Name: "fuse", MountPath: "/dev/fuse"},
 		{Name: "run-berth", MountPath: runDir, MountPropagation: bidi},
-		{Name: "data-dir", MountPath: sc.Spec.DataDir, MountPropagation: bidi},
 	}
 	ds.Spec = appsv1.DaemonSetSpec{
-		Selector:       &metav1.LabelSelector{MatchLabels: selectorLabels(sc, componentKeeper)},
+		Selector:       &metav1.LabelSelector{MatchLabels: selectorLabels(NodeWide, componentKeeper)},
 		UpdateStrategy: appsv1.DaemonSetUpdateStrategy{Type: appsv1.OnDeleteDaemonSetStrategyType},
 		Template: corev1.PodTemplateSpec{
-			ObjectMeta: metav1.ObjectMeta{Labels: objectLabels(sc, componentKeeper)},
+			ObjectMeta: metav1.ObjectMeta{Labels: objectLabels(NodeWide, componentKeeper)},
 			Spec: corev1.PodSpec{
 				// The keeper never talks to the API server.
 				AutomountServiceAccountToken: ptr.To(false),
 				// The keeper watches its clients (servers the agent starts in
 				// the agent's pod) by pid: SO_PEERCRED gives 0 for a peer in
 				// a pid namespace the keeper cannot see.
-				HostPID:      true,
-				NodeSelector: sc.Spec.Agent.NodeSelector,
-				Tolerations:  sc.Spec.Agent.Tolerations,
-				Containers:   []corev1.Container{c},
+				HostPID:     true,
+				Affinity:    placement(plan),
+				Tolerations: plan.tolerations,
+				Containers:  []corev1.Container{c},
 				Volumes: []corev1.Volume{
 					hostPathVolume("fuse", "/dev/fuse", corev1.HostPathCharDev),
 					hostPathVolume("run-berth", runDir, corev1.HostPathDirectoryOrCreate),
-					hostPathVolume("data-dir", sc.Spec.DataDir, corev1.HostPathDirectoryOrCreate),
 				},
 			},
 		},
@@ -175,16 +184,16 @@ func (r *Reconciler) keeperDaemonSet(sc *v1.StorageCluster, ds *appsv1.DaemonSet
 // sidecars. They talk only to the API server and to each other over a
 // socket in an emptyDir, so they run on the pod network, as a non-root user
 // with no capabilities; with APIServerHost set they reach the API server
-// there (clusters without kube-proxy).
-func (r *Reconciler) controllerDeployment(sc *v1.StorageCluster, d *appsv1.Deployment) {
+// there (clusters without kube-proxy). It serves every cluster: a class's
+// storageCluster parameter names a new volume's.
+func (r *Reconciler) controllerDeployment(d *appsv1.Deployment) {
 	o := r.Options
-	setLabels(&d.ObjectMeta, objectLabels(sc, componentController))
+	setLabels(&d.ObjectMeta, objectLabels(NodeWide, componentController))
 	socket := []corev1.VolumeMount{{Name: "socket-dir", MountPath: csiSocketDir}}
 	csiAddr := "--csi-address=" + csiSocketPath
 
 	berth := r.container(componentController, "csi-controller",
 		"--endpoint=unix://"+csiSocketPath,
-		"--storage-cluster="+sc.Name,
 	)
 	berth.Env = append(berth.Env, podNamespaceEnv())
 	withEndpoints(&berth, ControllerMetricsPort, ControllerHealthPort)
@@ -204,9 +213,9 @@ func (r *Reconciler) controllerDeployment(sc *v1.StorageCluster, d *appsv1.Deplo
 	}
 	d.Spec = appsv1.DeploymentSpec{
 		Replicas: ptr.To[int32](1),
-		Selector: &metav1.LabelSelector{MatchLabels: selectorLabels(sc, componentController)},
+		Selector: &metav1.LabelSelector{MatchLabels: selectorLabels(NodeWide, componentController)},
 		Template: corev1.PodTemplateSpec{
-			ObjectMeta: metav1.ObjectMeta{Labels: objectLabels(sc, componentController)},
+			ObjectMeta: metav1.ObjectMeta{Labels: objectLabels(NodeWide, componentController)},
 			Spec: corev1.PodSpec{
 				ServiceAccountName: o.ControllerServiceAccount,
 				SecurityContext: &corev1.PodSecurityContext{

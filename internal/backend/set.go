@@ -1,0 +1,224 @@
+package backend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/go-logr/logr"
+)
+
+// ErrNoDataDir: the volume's StorageCluster keeps its images in a data dir
+// this agent does not serve (not mounted in its pod, or the cluster is gone).
+var ErrNoDataDir = errors.New("data dir not served by this agent")
+
+// Set is the node agent's local backends, one per data dir it serves: the
+// agent serves every StorageCluster of the Kubernetes cluster, and each
+// keeps its images in its own data dir. A new image goes to its cluster's
+// data dir; an existing image is found where it is (volume and snapshot IDs
+// are unique across clusters: they name cluster-scoped objects).
+type Set struct {
+	dirs   []string // sorted
+	locals map[string]*Local
+	// clusterDir returns the data dir of a volume's StorageCluster.
+	clusterDir func(ctx context.Context, volumeID string) (string, error)
+}
+
+// NewSet opens every data dir. clusterDir tells, for a volume being
+// created, the data dir of its StorageCluster; it may return ErrNotFound
+// when the cluster has no object (tests that run an agent alone), which is
+// only accepted when the agent serves a single data dir.
+func NewSet(dirs []string, clusterDir func(ctx context.Context, volumeID string) (string, error), log logr.Logger) (*Set, error) {
+	s := &Set{locals: map[string]*Local{}, clusterDir: clusterDir}
+	for _, d := range dirs {
+		if _, dup := s.locals[d]; dup {
+			continue
+		}
+		l, err := NewLocal(d, log.WithValues("dataDir", d))
+		if err != nil {
+			return nil, err
+		}
+		s.locals[d] = l
+		s.dirs = append(s.dirs, d)
+	}
+	slices.Sort(s.dirs)
+	return s, nil
+}
+
+// Dirs returns the data dirs served, sorted.
+func (s *Set) Dirs() []string { return slices.Clone(s.dirs) }
+
+// WithQuiescer sets the quiescer of every backend.
+func (s *Set) WithQuiescer(q Quiescer) *Set {
+	for _, l := range s.locals {
+		l.WithQuiescer(q)
+	}
+	return s
+}
+
+// Local returns the backend of a data dir.
+func (s *Set) Local(dir string) (*Local, error) {
+	if l, ok := s.locals[dir]; ok {
+		return l, nil
+	}
+	return nil, fmt.Errorf("%w: %s (served: %v); the operator adds it to the agent DaemonSet, whose pods then restart", ErrNoDataDir, dir, s.dirs)
+}
+
+// forNew returns the backend a new image of volume id goes to.
+func (s *Set) forNew(ctx context.Context, id string) (*Local, error) {
+	dir, err := s.clusterDir(ctx, id)
+	if errors.Is(err, ErrNotFound) && len(s.dirs) == 1 {
+		return s.locals[s.dirs[0]], nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("data dir of volume %s: %w", id, err)
+	}
+	return s.Local(dir)
+}
+
+// find returns the backend holding volume id's image (found by get); with
+// none, the error says the image is not found.
+func (s *Set) find(ctx context.Context, id string, get func(*Local) error) (*Local, error) {
+	for _, d := range s.dirs {
+		err := get(s.locals[d])
+		if err == nil {
+			return s.locals[d], nil
+		}
+		if !errors.Is(err, ErrNotFound) {
+			return nil, err
+		}
+	}
+	if len(s.dirs) == 0 {
+		return nil, fmt.Errorf("%s: %w (this agent serves no data dir)", id, ErrNotFound)
+	}
+	return nil, fmt.Errorf("%s in data dirs %v: %w", id, s.dirs, ErrNotFound)
+}
+
+func (s *Set) findVolume(ctx context.Context, id string) (*Local, error) {
+	return s.find(ctx, id, func(l *Local) error { _, err := l.Get(ctx, id); return err })
+}
+
+func (s *Set) findSnapshot(ctx context.Context, id string) (*Local, error) {
+	return s.find(ctx, id, func(l *Local) error { _, err := l.GetSnapshot(ctx, id); return err })
+}
+
+// Create makes volume id's image in its cluster's data dir.
+func (s *Set) Create(ctx context.Context, id string, size int64) (Image, error) {
+	l, err := s.forNew(ctx, id)
+	if err != nil {
+		return Image{}, err
+	}
+	return l.Create(ctx, id, size)
+}
+
+// CreateFromSnapshot restores a snapshot of the same data dir (a copy never
+// crosses data dirs: they may be on different filesystems).
+func (s *Set) CreateFromSnapshot(ctx context.Context, id, snapshotID string, size int64) (Image, error) {
+	l, err := s.forNew(ctx, id)
+	if err != nil {
+		return Image{}, err
+	}
+	if _, err := l.GetSnapshot(ctx, snapshotID); errors.Is(err, ErrNotFound) {
+		if _, ferr := s.findSnapshot(ctx, snapshotID); ferr == nil {
+			return Image{}, fmt.Errorf("%w: snapshot %s belongs to another StorageCluster's data dir than volume %s", ErrInvalid, snapshotID, id)
+		}
+	}
+	return l.CreateFromSnapshot(ctx, id, snapshotID, size)
+}
+
+// CreateFromVolume clones a volume of the same data dir.
+func (s *Set) CreateFromVolume(ctx context.Context, id, sourceID string, size int64) (Image, error) {
+	l, err := s.forNew(ctx, id)
+	if err != nil {
+		return Image{}, err
+	}
+	if _, err := l.Get(ctx, sourceID); errors.Is(err, ErrNotFound) {
+		if _, ferr := s.findVolume(ctx, sourceID); ferr == nil {
+			return Image{}, fmt.Errorf("%w: volume %s belongs to another StorageCluster's data dir than volume %s", ErrInvalid, sourceID, id)
+		}
+	}
+	return l.CreateFromVolume(ctx, id, sourceID, size)
+}
+
+// Get returns a volume's image, wherever it is.
+func (s *Set) Get(ctx context.Context, id string) (Image, error) {
+	l, err := s.findVolume(ctx, id)
+	if err != nil {
+		return Image{}, err
+	}
+	return l.Get(ctx, id)
+}
+
+// Delete removes a volume's image; a missing one is not an error.
+func (s *Set) Delete(ctx context.Context, id string) error {
+	l, err := s.findVolume(ctx, id)
+	if errors.Is(err, ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return l.Delete(ctx, id)
+}
+
+// Expand grows a volume's image.
+func (s *Set) Expand(ctx context.Context, id string, size int64) (Image, error) {
+	l, err := s.findVolume(ctx, id)
+	if err != nil {
+		return Image{}, err
+	}
+	return l.Expand(ctx, id, size)
+}
+
+// CreateSnapshot copies a volume into a snapshot beside it.
+func (s *Set) CreateSnapshot(ctx context.Context, snapID, sourceID string) (Snapshot, error) {
+	if l, err := s.findSnapshot(ctx, snapID); err == nil {
+		return l.CreateSnapshot(ctx, snapID, sourceID) // a retry: the Local checks the source
+	}
+	l, err := s.findVolume(ctx, sourceID)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	return l.CreateSnapshot(ctx, snapID, sourceID)
+}
+
+// DeleteSnapshot removes a snapshot; a missing one is not an error.
+func (s *Set) DeleteSnapshot(ctx context.Context, id string) error {
+	l, err := s.findSnapshot(ctx, id)
+	if errors.Is(err, ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return l.DeleteSnapshot(ctx, id)
+}
+
+// Format reads the format record of a volume's image.
+func (s *Set) Format(ctx context.Context, id string) (FormatRecord, bool, error) {
+	l, err := s.findVolume(ctx, id)
+	if err != nil {
+		return FormatRecord{}, false, err
+	}
+	return l.Format(ctx, id)
+}
+
+// RecordFormat writes the format record of a volume's image.
+func (s *Set) RecordFormat(ctx context.Context, id, fsType string, at time.Time) error {
+	l, err := s.findVolume(ctx, id)
+	if err != nil {
+		return err
+	}
+	return l.RecordFormat(ctx, id, fsType, at)
+}
+
+// Capacity returns the free bytes of a data dir's filesystem.
+func (s *Set) Capacity(ctx context.Context, dir string) (int64, error) {
+	l, err := s.Local(dir)
+	if err != nil {
+		return 0, err
+	}
+	return l.Capacity(ctx)
+}

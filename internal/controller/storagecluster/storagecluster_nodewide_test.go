@@ -1,0 +1,241 @@
+package storagecluster_test
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/controller/storagecluster"
+)
+
+func agentArgs(ctx context.Context) ([]string, error) {
+	agent := &appsv1.DaemonSet{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "berth-agent"}, agent); err != nil {
+		return nil, client.IgnoreNotFound(err)
+	}
+	return agent.Spec.Template.Spec.Containers[0].Args, nil
+}
+
+// dataDirArgs returns the agent's --data-dir values, in order.
+func dataDirArgs(args []string) []string {
+	var dirs []string
+	for _, a := range args {
+		if d, ok := strings.CutPrefix(a, "--data-dir="); ok {
+			dirs = append(dirs, d)
+		}
+	}
+	return dirs
+}
+
+// TestTwoClustersShareTheNodeWideSet: two StorageClusters get one agent
+// that mounts both data dirs (sorted), placed where either wants it, and
+// each its own classes naming it. Deleting one takes its data dir out of
+// the agent, its classes go with it, and the keeper, CSI controller and
+// CSIDriver stay the very same objects.
+func TestTwoClustersShareTheNodeWideSet(t *testing.T) {
+	newCluster(t, "one", v1.StorageClusterSpec{DataDir: "/srv/one", Agent: v1.AgentSpec{NodeSelector: map[string]string{"pool": "one"}}})
+	two := newCluster(t, "two", v1.StorageClusterSpec{DataDir: "/srv/two", CleanupPolicy: v1.CleanupRetain,
+		Agent: v1.AgentSpec{NodeSelector: map[string]string{"pool": "two"}}})
+	eventually(t, "the agent serves both data dirs", func(ctx context.Context) (bool, error) {
+		args, err := agentArgs(ctx)
+		d := dataDirArgs(args)
+		return slices.Contains(d, "/srv/one") && slices.Contains(d, "/srv/two") && slices.IsSorted(d), err
+	})
+	agent := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "berth-agent", Namespace: namespace}}
+	get(t, agent)
+	if got := nodeTerms(agent.Spec.Template.Spec); got != "pool=one|pool=two" {
+		t.Errorf("agent node terms %q, want pool=one|pool=two", got)
+	}
+	for _, cluster := range []string{"one", "two"} {
+		for _, name := range []string{cluster, cluster + "-userspace"} {
+			cls := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: name}}
+			get(t, cls)
+			if cls.Parameters[v1.ParamStorageCluster] != cluster {
+				t.Errorf("class %s parameters %v, want storageCluster=%s", name, cls.Parameters, cluster)
+			}
+		}
+	}
+	// One default class: the oldest cluster's.
+	one := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "one"}}
+	twoCls := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "two"}}
+	get(t, one)
+	get(t, twoCls)
+	if one.Annotations["storageclass.kubernetes.io/is-default-class"] != "true" || twoCls.Annotations["storageclass.kubernetes.io/is-default-class"] == "true" {
+		t.Errorf("default marks: one %v, two %v; want only one", one.Annotations, twoCls.Annotations)
+	}
+
+	stay := []client.Object{
+		&appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "berth-keeper", Namespace: namespace}},
+		&appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "berth-csi-controller", Namespace: namespace}},
+		&storagev1.CSIDriver{ObjectMeta: metav1.ObjectMeta{Name: v1.DriverName}},
+		&corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "berth-agent-metrics", Namespace: namespace}},
+	}
+	uids := map[string]string{}
+	for _, o := range stay {
+		get(t, o)
+		uids[o.GetName()] = string(o.GetUID())
+	}
+	keeperGen := stay[0].GetGeneration()
+
+	if err := env.Client.Delete(testCtx(t), two); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "two is gone", func(ctx context.Context) (bool, error) {
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(two), two)
+		return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
+	})
+	eventually(t, "the agent serves one's data dir only, placed for one", func(ctx context.Context) (bool, error) {
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(agent), agent)
+		d := dataDirArgs(agent.Spec.Template.Spec.Containers[0].Args)
+		return slices.Contains(d, "/srv/one") && !slices.Contains(d, "/srv/two") && nodeTerms(agent.Spec.Template.Spec) == "pool=one", err
+	})
+	for _, o := range stay {
+		if err := env.Client.Get(testCtx(t), client.ObjectKeyFromObject(o), o); err != nil || string(o.GetUID()) != uids[o.GetName()] {
+			t.Errorf("%T %s after deleting two: %v (uid %s, was %s)", o, o.GetName(), err, o.GetUID(), uids[o.GetName()])
+		}
+	}
+	// The keeper's template changed (placement) but it is OnDelete: its pods
+	// are not replaced; nothing of it depended on two's data dir.
+	if stay[0].GetGeneration() < keeperGen {
+		t.Errorf("keeper generation went back")
+	}
+}
+
+// TestNestedDataDirRefused: a cluster whose data dir lies inside another
+// cluster's is refused (condition and Event), gets no classes, and its data
+// dir is not mounted by the agent; the other cluster is unaffected.
+func TestNestedDataDirRefused(t *testing.T) {
+	outer := newCluster(t, "outer", v1.StorageClusterSpec{DataDir: "/srv/nest"})
+	eventually(t, "outer is served", func(ctx context.Context) (bool, error) {
+		args, err := agentArgs(ctx)
+		return slices.Contains(dataDirArgs(args), "/srv/nest"), err
+	})
+	inner := newCluster(t, "inner", v1.StorageClusterSpec{DataDir: "/srv/nest/inner"})
+	waitCondition(t, inner, storagecluster.ConditionDataDirServed, metav1.ConditionFalse, storagecluster.ReasonDataDirOverlap)
+	ready := meta.FindStatusCondition(inner.Status.Conditions, v1.ConditionReady)
+	if ready == nil || ready.Status != metav1.ConditionFalse || !strings.Contains(ready.Message, "/srv/nest") || !strings.Contains(ready.Message, "outer") {
+		t.Errorf("inner Ready %+v, want False naming outer's /srv/nest", ready)
+	}
+	eventually(t, "a DataDirOverlap Event", func(ctx context.Context) (bool, error) {
+		var evs corev1.EventList
+		err := env.Client.List(ctx, &evs, client.MatchingFields{"involvedObject.name": "inner", "reason": storagecluster.ReasonDataDirOverlap})
+		return len(evs.Items) > 0, err
+	})
+	args, err := agentArgs(testCtx(t))
+	if err != nil || slices.Contains(dataDirArgs(args), "/srv/nest/inner") {
+		t.Errorf("agent args %v (%v): the refused data dir is mounted", args, err)
+	}
+	if err := env.Client.Get(testCtx(t), client.ObjectKey{Name: "inner"}, &storagev1.StorageClass{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the refused cluster has a class (%v)", err)
+	}
+	waitCondition(t, outer, storagecluster.ConditionDataDirServed, metav1.ConditionTrue, storagecluster.ReasonReady)
+}
+
+// TestForeignStorageClassRefused: a StorageClass of the name a cluster's
+// class would get, made by someone else, is not adopted: it stays as it
+// was, and the cluster says why (Ready False, Event).
+func TestForeignStorageClassRefused(t *testing.T) {
+	foreign := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "mine"}, Provisioner: "example.com/other",
+		Parameters: map[string]string{"x": "y"}}
+	if err := env.Client.Create(testCtx(t), foreign); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), foreign) })
+	sc := newCluster(t, "mine", v1.StorageClusterSpec{})
+	waitCondition(t, sc, v1.ConditionReady, metav1.ConditionFalse, storagecluster.ReasonApplyFailed)
+	if m := meta.FindStatusCondition(sc.Status.Conditions, v1.ConditionReady).Message; !strings.Contains(m, "StorageClass mine") ||
+		!strings.Contains(m, "not made by this StorageCluster") {
+		t.Errorf("Ready message %q does not name the foreign class", m)
+	}
+	eventually(t, "a ForeignObject Event", func(ctx context.Context) (bool, error) {
+		var evs corev1.EventList
+		err := env.Client.List(ctx, &evs, client.MatchingFields{"involvedObject.name": "mine", "reason": storagecluster.ReasonForeignObject})
+		return len(evs.Items) > 0, err
+	})
+	get(t, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "mine-userspace"}}) // the other class is made
+	got := &storagev1.StorageClass{}
+	if err := env.Client.Get(testCtx(t), client.ObjectKeyFromObject(foreign), got); err != nil {
+		t.Fatal(err)
+	}
+	if len(got.OwnerReferences) != 0 || got.Provisioner != "example.com/other" || got.Labels["app.kubernetes.io/managed-by"] != "" {
+		t.Errorf("the foreign class was touched: %+v", got)
+	}
+}
+
+// TestGoneClusterDataDirKeptWhileVolumes: the data dir of a deleted cluster
+// stays mounted in the agent while Volumes of it remain (their images are
+// deleted, and userspace ones served, from there), and goes with the last.
+func TestGoneClusterDataDirKeptWhileVolumes(t *testing.T) {
+	sc := newCluster(t, "leaving", v1.StorageClusterSpec{DataDir: "/srv/leaving", CleanupPolicy: v1.CleanupRetain})
+	eventually(t, "leaving is served", func(ctx context.Context) (bool, error) {
+		args, err := agentArgs(ctx)
+		return slices.Contains(dataDirArgs(args), "/srv/leaving"), err
+	})
+	vol := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "leaving-vol"}, Spec: v1.VolumeSpec{StorageCluster: "leaving",
+		Size: resource.MustParse("1Mi"), AccessMode: v1.ReadWriteOnce, VolumeMode: v1.VolumeModeFilesystem, Node: "n"}}
+	if err := env.Client.Create(testCtx(t), vol); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), vol) })
+	if err := env.Client.Delete(testCtx(t), sc); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "leaving is gone", func(ctx context.Context) (bool, error) {
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(sc), sc)
+		return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
+	})
+	// Another cluster's reconcile re-applies the set: the data dir stays.
+	newCluster(t, "staying", v1.StorageClusterSpec{DataDir: "/srv/staying"})
+	eventually(t, "staying is served", func(ctx context.Context) (bool, error) {
+		args, err := agentArgs(ctx)
+		return slices.Contains(dataDirArgs(args), "/srv/staying"), err
+	})
+	if args, err := agentArgs(testCtx(t)); err != nil || !slices.Contains(dataDirArgs(args), "/srv/leaving") {
+		t.Errorf("agent args %v (%v): the gone cluster's data dir went while its Volume remains", args, err)
+	}
+	if err := env.Client.Delete(testCtx(t), vol); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the data dir goes with the last Volume", func(ctx context.Context) (bool, error) {
+		args, err := agentArgs(ctx)
+		return err == nil && !slices.Contains(dataDirArgs(args), "/srv/leaving"), err
+	})
+}
+
+// TestAdoptsPerClusterObjects: a node-wide object that a cluster owned (as
+// before the set was node-wide) loses that owner reference, so that
+// deleting the cluster keeps it.
+func TestAdoptsPerClusterObjects(t *testing.T) {
+	sc := newCluster(t, "berth", v1.StorageClusterSpec{})
+	keeper := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "berth-keeper", Namespace: namespace}}
+	get(t, keeper)
+	waitCondition(t, sc, storagecluster.ConditionDataDirServed, metav1.ConditionTrue, storagecluster.ReasonReady)
+	keeper.OwnerReferences = []metav1.OwnerReference{{APIVersion: v1.GroupVersion.String(), Kind: "StorageCluster", Name: sc.Name, UID: sc.UID,
+		Controller: ptrTrue(), BlockOwnerDeletion: ptrTrue()}}
+	if err := env.Client.Update(testCtx(t), keeper); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the owner reference is dropped", func(ctx context.Context) (bool, error) {
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(keeper), keeper)
+		return err == nil && len(keeper.OwnerReferences) == 0, err
+	})
+	// The classes of the cluster named berth keep their names.
+	for _, name := range []string{"berth", "berth-userspace"} {
+		cls := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: name}}
+		get(t, cls)
+		checkControlledBy(t, cls, sc)
+	}
+}
+
+func ptrTrue() *bool { b := true; return &b }

@@ -1,0 +1,204 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// TestTwoStorageClustersOneDeleted: a second StorageCluster with its own
+// data dir works beside berth, served by the same node-wide agent, keeper,
+// CSI controller and CSIDriver. With a pod on a volume of each on one node,
+// both writing, deleting the second cluster (cleanup policy Detach)
+// detaches its volume, and the first cluster's pod (a userspace volume,
+// held by the keeper) keeps writing and reading; the keeper pods, the
+// CSIDriver and the agent stay. The second cluster's image lived in its own
+// data dir and goes when its claim does.
+func TestTwoStorageClustersOneDeleted(t *testing.T) {
+	s := newScenario(t, 12*time.Minute)
+	dir := filepath.Join(s.env.Vars["BERTH_E2E_DIR"], "berth-data-second")
+	if s.env.Vars["BERTH_E2E_DIR"] == "" {
+		t.Fatal("cluster.env has no BERTH_E2E_DIR")
+	}
+	// Runs last (cleanups run last first): the folder every node's agent
+	// mounted (the nodes share it: it is not one of their own binds).
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	t.Cleanup(func() {
+		// Whatever a failure left: the cluster, then its class.
+		_, _ = s.kubectl("delete", "storagecluster", "second", "--ignore-not-found", "--timeout=3m")
+	})
+
+	keepers := s.podUIDs("app.kubernetes.io/name=berth,app.kubernetes.io/component=keeper")
+	driver, err := s.cs.StorageV1().CSIDrivers().Get(s.ctx, "berth.io", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	manifest := fmt.Sprintf(`apiVersion: berth.io/v1alpha1
+kind: StorageCluster
+metadata:
+  name: second
+spec:
+  dataDir: %s
+  cleanupPolicy: Detach
+`, dir)
+	if _, err := s.kubectlIn(manifest, "apply", "-f", "-"); err != nil {
+		t.Fatal(err)
+	}
+	// The agent rolls out with the second data dir; both clusters Ready.
+	for _, sc := range []string{"second", "berth"} {
+		s.waitFor("StorageCluster "+sc+" Ready", 4*time.Minute, func(context.Context) (bool, error) {
+			out, err := s.kubectl("get", "storagecluster", sc, "-o", "jsonpath={.status.phase}")
+			return err == nil && out == "Ready", nil
+		})
+	}
+	s.waitFor("the class of second", time.Minute, func(ctx context.Context) (bool, error) {
+		cls, err := s.cs.StorageV1().StorageClasses().Get(ctx, "second", metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		return err == nil && cls.Parameters["storageCluster"] == "second", err
+	})
+
+	s.pvc("first", "berth-userspace", "64Mi", corev1.ReadWriteOnce, false)
+	s.pvc("other", "second", "32Mi", corev1.ReadWriteOnce, false)
+	firstPV := s.boundPV("first")
+	otherPV := s.boundPV("other")
+	image := filepath.Join(dir, "volumes", otherPV.Spec.CSI.VolumeHandle+".img")
+	if _, err := os.Stat(image); err != nil {
+		t.Fatalf("the second cluster's image is not in its data dir: %v", err)
+	}
+	writer := `i=0; while true; do echo $i >> /data/log || { echo WRITE-ERROR $i; exit 1; }; i=$((i+1)); sleep 0.2; done`
+	s.pod("writer-first", writer, claimSource("first"), false)
+	s.pod("writer-other", `while true; do date >> /data/log; sleep 0.2; done`, claimSource("other"), false)
+	s.running("writer-first")
+	s.running("writer-other")
+	lines := func() int {
+		out, err := s.exec("writer-first", "wc -l < /data/log")
+		if err != nil {
+			t.Fatalf("count lines: %v", err)
+		}
+		var n int
+		_, _ = fmt.Sscan(out, &n)
+		return n
+	}
+	s.waitFor("both writing", time.Minute, func(context.Context) (bool, error) {
+		out, err := s.exec("writer-other", "wc -l < /data/log")
+		return err == nil && strings.TrimSpace(out) != "0" && lines() > 5, nil
+	})
+
+	if _, err := s.kubectl("delete", "storagecluster", "second", "--wait=false"); err != nil {
+		t.Fatal(err)
+	}
+	s.waitFor("StorageCluster second gone (its volume detached on the node)", 3*time.Minute, func(context.Context) (bool, error) {
+		out, err := s.kubectl("get", "storagecluster", "second", "--ignore-not-found", "-o", "name")
+		return err == nil && strings.TrimSpace(out) == "", nil
+	})
+	if m := s.nodeMounts(otherPV.Name); len(m) > 0 {
+		t.Errorf("the deleted cluster's volume is still mounted: %v", m)
+	}
+	before := lines()
+	s.waitFor("the first cluster's writer to go on writing", time.Minute, func(context.Context) (bool, error) {
+		return lines() > before+10, nil
+	})
+	if out, err := s.exec("writer-first", "echo still-here > /data/check && sync && cat /data/check"); err != nil || strings.TrimSpace(out) != "still-here" {
+		t.Errorf("write and read on the first cluster's volume: %q, %v", out, err)
+	}
+	if len(s.nodeMounts(firstPV.Name)) == 0 {
+		t.Error("the first cluster's volume is not mounted any more")
+	}
+	p, err := s.cs.CoreV1().Pods(s.ns).Get(s.ctx, "writer-first", metav1.GetOptions{})
+	if err != nil || p.Status.Phase != corev1.PodRunning || p.Status.ContainerStatuses[0].RestartCount != 0 {
+		t.Fatalf("writer-first: %v, %+v; want Running without restarts", err, p.Status)
+	}
+	if logs, _ := s.kubectl("-n", s.ns, "logs", "writer-first"); strings.Contains(logs, "WRITE-ERROR") {
+		t.Fatalf("the first cluster's writer saw an error: %s", logs)
+	}
+	if now := s.podUIDs("app.kubernetes.io/name=berth,app.kubernetes.io/component=keeper"); !sameUIDs(keepers, now) {
+		t.Errorf("keeper pods changed: %v -> %v", keepers, now)
+	}
+	if d, err := s.cs.StorageV1().CSIDrivers().Get(s.ctx, "berth.io", metav1.GetOptions{}); err != nil || d.UID != driver.UID {
+		t.Errorf("the CSIDriver changed or went: %v", err)
+	}
+	if len(s.podUIDs(agentPods)) == 0 {
+		t.Error("no agent pods after the deletion")
+	}
+
+	// The second cluster's claim goes: its image goes from its data dir
+	// (still mounted in the agent while a Volume of it remains).
+	s.deletePod("writer-other")
+	if err := s.cs.CoreV1().PersistentVolumeClaims(s.ns).Delete(s.ctx, "other", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s.waitFor("the second cluster's PV and image gone", 3*time.Minute, func(ctx context.Context) (bool, error) {
+		_, err := s.cs.CoreV1().PersistentVolumes().Get(ctx, otherPV.Name, metav1.GetOptions{})
+		_, serr := os.Stat(image)
+		return apierrors.IsNotFound(err) && os.IsNotExist(serr), nil
+	})
+	s.waitFor("the agent rolled out without the second data dir", 4*time.Minute, func(ctx context.Context) (bool, error) {
+		ds, err := s.cs.AppsV1().DaemonSets(berthNamespace).Get(ctx, "berth-agent", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		st := ds.Status
+		return !strings.Contains(strings.Join(ds.Spec.Template.Spec.Containers[0].Args, " "), dir) &&
+			st.ObservedGeneration == ds.Generation && st.UpdatedNumberScheduled == st.DesiredNumberScheduled &&
+			st.NumberAvailable == st.DesiredNumberScheduled, nil
+	})
+	// That rollout restarted the agent under the userspace volume: healed,
+	// the writer never saw an error.
+	before = lines()
+	s.waitFor("the first cluster's writer to go on writing after the agent rollout", 2*time.Minute, func(context.Context) (bool, error) {
+		return lines() > before+10, nil
+	})
+	p, err = s.cs.CoreV1().Pods(s.ns).Get(s.ctx, "writer-first", metav1.GetOptions{})
+	if err != nil || p.Status.Phase != corev1.PodRunning || p.Status.ContainerStatuses[0].RestartCount != 0 {
+		t.Fatalf("writer-first after the rollout: %v, %+v; want Running without restarts", err, p.Status)
+	}
+	if logs, _ := s.kubectl("-n", s.ns, "logs", "writer-first"); strings.Contains(logs, "WRITE-ERROR") {
+		t.Fatalf("the first cluster's writer saw an error across the agent rollout: %s", logs)
+	}
+	if now := s.podUIDs("app.kubernetes.io/name=berth,app.kubernetes.io/component=keeper"); !sameUIDs(keepers, now) {
+		t.Errorf("keeper pods changed across the agent rollout: %v -> %v", keepers, now)
+	}
+}
+
+// podUIDs returns the UIDs of berth's pods matching selector.
+func (s *scenario) podUIDs(selector string) []types.UID {
+	s.t.Helper()
+	list, err := s.cs.CoreV1().Pods(berthNamespace).List(s.ctx, metav1.ListOptions{LabelSelector: selector})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	var uids []types.UID
+	for _, p := range list.Items {
+		uids = append(uids, p.UID)
+	}
+	return uids
+}
+
+func sameUIDs(a, b []types.UID) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	seen := map[types.UID]bool{}
+	for _, u := range a {
+		seen[u] = true
+	}
+	for _, u := range b {
+		if !seen[u] {
+			return false
+		}
+	}
+	return true
+}
