@@ -1,6 +1,7 @@
 package csi
 
 import (
+	"context"
 	"strings"
 	"testing"
 
@@ -102,5 +103,31 @@ func TestPage(t *testing.T) {
 	}
 	if _, _, _, err := page(5, "x", 0); status.Code(err) != codes.Aborted {
 		t.Errorf("bad token: %v, want Aborted", err)
+	}
+}
+
+// ReadWriteOncePod reaches berth as SINGLE_NODE_SINGLE_WRITER only when the
+// controller advertises SINGLE_NODE_MULTI_WRITER; both new modes must map.
+func TestSingleNodeMultiWriterCapability(t *testing.T) {
+	resp, err := (&Controller{}).ControllerGetCapabilities(context.Background(), &csi.ControllerGetCapabilitiesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, c := range resp.GetCapabilities() {
+		if c.GetRpc().GetType() == csi.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER {
+			found = true
+		}
+	}
+	if !found {
+		t.Error("controller does not advertise SINGLE_NODE_MULTI_WRITER")
+	}
+	for m, want := range map[csi.VolumeCapability_AccessMode_Mode]v1.AccessMode{
+		csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER: v1.ReadWriteOncePod,
+		csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER:  v1.ReadWriteOnce,
+	} {
+		if got, err := accessMode(m); err != nil || got != want {
+			t.Errorf("accessMode(%v) = %v, %v; want %v", m, got, err, want)
+		}
 	}
 }
