@@ -2,6 +2,7 @@ package csi
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -10,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/mount"
 )
 
 func TestRequestedSize(t *testing.T) {
@@ -129,5 +131,13 @@ func TestSingleNodeMultiWriterCapability(t *testing.T) {
 		if got, err := accessMode(m); err != nil || got != want {
 			t.Errorf("accessMode(%v) = %v, %v; want %v", m, got, err, want)
 		}
+	}
+}
+
+// A device held open is a precondition kubelet retries, not an internal error.
+func TestHeldOpenIsFailedPrecondition(t *testing.T) {
+	err := toStatus(fmt.Errorf("unstage /s: %w", &mount.HeldOpenError{Device: "/dev/loop3", Holders: []mount.Holder{{PID: 7, Command: "dd"}}}))
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "pid 7 (dd)") {
+		t.Errorf("toStatus: %v", err)
 	}
 }

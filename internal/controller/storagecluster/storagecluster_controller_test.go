@@ -37,7 +37,7 @@ func TestStorageClusterOwnedObjects(t *testing.T) {
 	get(t, agent)
 	checkControlledBy(t, agent, sc)
 	p := agent.Spec.Template.Spec
-	if !p.HostNetwork || p.HostPID || p.ServiceAccountName != "berth-agent" {
+	if !p.HostNetwork || !p.HostPID || p.ServiceAccountName != "berth-agent" {
 		t.Errorf("agent pod: hostNetwork=%v hostPID=%v sa=%q", p.HostNetwork, p.HostPID, p.ServiceAccountName)
 	}
 	if !maps.Equal(p.NodeSelector, sc.Spec.Agent.NodeSelector) || len(p.Tolerations) != 1 || p.Tolerations[0].Key != "dedicated" {
