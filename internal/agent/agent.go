@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-logr/logr"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -62,6 +63,8 @@ type Agent struct {
 	// paths says which paths from kubelet and API objects the agent may
 	// mount, unmount or remove; the zero Rule refuses every one.
 	paths nodepath.Rule
+	// events tells on Volumes and PVs why an unstage waits (WithEvents).
+	events record.EventRecorder
 }
 
 // DefaultLockWait is how long background work waits for a busy volume.

@@ -211,6 +211,7 @@ func (a *Agent) unstage(ctx context.Context, volumeID, stagingPath string) error
 	}
 	dev, err := a.mounts.Unstage(ctx, stagingPath)
 	if err != nil {
+		a.reportHeldOpen(ctx, volumeID, err)
 		return fmt.Errorf("unstage %s: %w", stagingPath, err)
 	}
 	if dev == "" {

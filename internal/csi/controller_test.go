@@ -1,6 +1,8 @@
 package csi
 
 import (
+	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -9,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/mount"
 )
 
 func TestRequestedSize(t *testing.T) {
@@ -102,5 +105,39 @@ func TestPage(t *testing.T) {
 	}
 	if _, _, _, err := page(5, "x", 0); status.Code(err) != codes.Aborted {
 		t.Errorf("bad token: %v, want Aborted", err)
+	}
+}
+
+// ReadWriteOncePod reaches berth as SINGLE_NODE_SINGLE_WRITER only when the
+// controller advertises SINGLE_NODE_MULTI_WRITER; both new modes must map.
+func TestSingleNodeMultiWriterCapability(t *testing.T) {
+	resp, err := (&Controller{}).ControllerGetCapabilities(context.Background(), &csi.ControllerGetCapabilitiesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, c := range resp.GetCapabilities() {
+		if c.GetRpc().GetType() == csi.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER {
+			found = true
+		}
+	}
+	if !found {
+		t.Error("controller does not advertise SINGLE_NODE_MULTI_WRITER")
+	}
+	for m, want := range map[csi.VolumeCapability_AccessMode_Mode]v1.AccessMode{
+		csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER: v1.ReadWriteOncePod,
+		csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER:  v1.ReadWriteOnce,
+	} {
+		if got, err := accessMode(m); err != nil || got != want {
+			t.Errorf("accessMode(%v) = %v, %v; want %v", m, got, err, want)
+		}
+	}
+}
+
+// A device held open is a precondition kubelet retries, not an internal error.
+func TestHeldOpenIsFailedPrecondition(t *testing.T) {
+	err := toStatus(fmt.Errorf("unstage /s: %w", &mount.HeldOpenError{Device: "/dev/loop3", Holders: []mount.Holder{{PID: 7, Command: "dd"}}}))
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "pid 7 (dd)") {
+		t.Errorf("toStatus: %v", err)
 	}
 }

@@ -62,6 +62,9 @@ type Manager struct {
 	// Seams for unit tests; the real ones read /proc and /dev.
 	mountInfo func() ([]mountutils.MountInfo, error)
 	openers   func(dev string) ([]int, error)
+	// procRoot is where holders are described ("/proc"): with the host's
+	// PID namespace (the agent pod's hostPID) it lists every node process.
+	procRoot  string
 	devNumber func(dev string) (major, minor int, found bool, err error)
 	blank     func(ctx context.Context, dev, image string) error
 }
@@ -97,6 +100,7 @@ func NewManager(m mountutils.Interface, e exec.Interface, log logr.Logger) *Mana
 		lazyUnmount: lazy,
 		mountInfo:   readMountInfo,
 		openers:     procOpeners,
+		procRoot:    "/proc",
 		devNumber:   statDevNumber,
 		blank:       checkBlank,
 	}

@@ -187,8 +187,9 @@ func (m *Manager) StagedDevice(_ context.Context, stagingPath string) (device st
 
 // Unstage unmounts the staging path and removes it, returning the device
 // that was staged so the caller can detach it. It refuses with ErrInUse
-// while another mount of the device (a pod's bind mount) remains or a
-// process holds the device open. Nothing staged is ("", nil).
+// while another mount of the device (a pod's bind mount) remains, and with
+// a *HeldOpenError (also ErrInUse) while a process holds the device open.
+// Nothing staged is ("", nil).
 func (m *Manager) Unstage(ctx context.Context, stagingPath string) (string, error) {
 	if err := absPath("staging path", stagingPath); err != nil {
 		return "", err
@@ -219,7 +220,11 @@ func (m *Manager) Unstage(ctx context.Context, stagingPath string) (string, erro
 		return "", fmt.Errorf("check users of %s: %w", device, err)
 	}
 	if len(pids) > 0 {
-		return "", fmt.Errorf("%s is open by processes %v: %w", device, pids, ErrInUse)
+		held := &HeldOpenError{Device: device}
+		for _, pid := range pids {
+			held.Holders = append(held.Holders, describeHolder(m.procRoot, pid))
+		}
+		return "", held
 	}
 	if err := m.unmountAll(target); err != nil {
 		return "", err

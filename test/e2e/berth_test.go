@@ -157,6 +157,13 @@ func (s *scenario) boundPV(claim string) *corev1.PersistentVolume {
 // a block claim, the device /dev/xvda).
 func (s *scenario) pod(name, script string, vol corev1.VolumeSource, block bool) *corev1.Pod {
 	s.t.Helper()
+	return s.podWith(name, script, vol, block, nil)
+}
+
+// podWith is pod with the spec changed by edit (nil: unchanged) before it
+// is created.
+func (s *scenario) podWith(name, script string, vol corev1.VolumeSource, block bool, edit func(*corev1.Pod)) *corev1.Pod {
+	s.t.Helper()
 	c := corev1.Container{
 		Name: "c", Image: s.env.BusyboxImage, ImagePullPolicy: corev1.PullNever,
 		Command: []string{"sh", "-c", script},
@@ -178,6 +185,9 @@ func (s *scenario) pod(name, script string, vol corev1.VolumeSource, block bool)
 		// On the node where the scenario's claims live (the local backend
 		// keeps a volume on its node); "" leaves it to the scheduler.
 		p.Spec.NodeSelector = map[string]string{hostnameLabel: s.node}
+	}
+	if edit != nil {
+		edit(p)
 	}
 	p, err := s.cs.CoreV1().Pods(s.ns).Create(s.ctx, p, metav1.CreateOptions{})
 	if err != nil {
@@ -239,6 +249,22 @@ func (s *scenario) nodeMounts(subs ...string) []string {
 		s.t.Fatal(err)
 	}
 	return m
+}
+
+// clusterEvents returns the messages of a cluster-scoped object's events
+// (recorded in the default namespace).
+func (s *scenario) clusterEvents(kind, name string) []string {
+	list, err := s.cs.CoreV1().Events("").List(s.ctx, metav1.ListOptions{
+		FieldSelector: "involvedObject.kind=" + kind + ",involvedObject.name=" + name,
+	})
+	if err != nil {
+		return []string{err.Error()}
+	}
+	var msgs []string
+	for _, e := range list.Items {
+		msgs = append(msgs, e.Reason+": "+e.Message)
+	}
+	return msgs
 }
 
 // events returns the messages of the object's events.

@@ -195,7 +195,8 @@ func (c Config) Run(ctx context.Context) error {
 		WithFlex(nodeagent.FlexConfig{StagingRoot: flexStaging, Holdings: fencer}).
 		WithVolumeStatus(direct, clock.RealClock{}).
 		WithLockWait(c.LockWait).
-		WithPaths(paths)
+		WithPaths(paths).
+		WithEvents(mgr.GetEventRecorderFor("berth-agent"))
 	// Snapshots and clones hold their source still through the agent.
 	images.WithQuiescer(a)
 	if err := c.addUserspace(mgr, a, fencer, m.heal); err != nil {

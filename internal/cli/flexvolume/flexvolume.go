@@ -76,7 +76,8 @@ func (c Config) result(ctx context.Context) flex.Result {
 	}
 	resp, err := socket.Call(ctx, c.Socket, req)
 	if err != nil {
-		return flex.Result{Status: flex.StatusFailure, Message: err.Error()}
+		// The words init uses too: the pod's event should say plainly why.
+		return flex.Result{Status: flex.StatusFailure, Message: "agent not reachable: " + err.Error()}
 	}
 	if !resp.OK {
 		return flex.Result{Status: flex.StatusFailure, Message: fmt.Sprintf("%s: %s", resp.Code, resp.Message)}

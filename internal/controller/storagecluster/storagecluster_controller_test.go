@@ -43,8 +43,8 @@ func TestNodeWideObjects(t *testing.T) {
 	})
 	checkNodeWide(t, agent)
 	p := agent.Spec.Template.Spec
-	if !p.HostNetwork || p.ServiceAccountName != "berth-agent" {
-		t.Errorf("agent pod: hostNetwork=%v sa=%q", p.HostNetwork, p.ServiceAccountName)
+	if !p.HostNetwork || !p.HostPID || p.ServiceAccountName != "berth-agent" {
+		t.Errorf("agent pod: hostNetwork=%v hostPID=%v sa=%q", p.HostNetwork, p.HostPID, p.ServiceAccountName)
 	}
 	checkPlacement(t, "agent", p)
 	c := p.Containers[0]

@@ -121,10 +121,13 @@ func (r *Reconciler) agentDaemonSet(plan nodeWidePlan, ds *appsv1.DaemonSet) {
 			Spec: corev1.PodSpec{
 				ServiceAccountName: o.AgentServiceAccount,
 				HostNetwork:        true,
-				DNSPolicy:          corev1.DNSClusterFirstWithHostNet,
-				Affinity:           placement(plan),
-				Tolerations:        plan.tolerations,
-				Containers:         []corev1.Container{c},
+				// Unstage refuses while any process on the node holds the
+				// device open; only the host's PID namespace shows them all.
+				HostPID:     true,
+				DNSPolicy:   corev1.DNSClusterFirstWithHostNet,
+				Affinity:    placement(plan),
+				Tolerations: plan.tolerations,
+				Containers:  []corev1.Container{c},
 				Volumes: append([]corev1.Volume{
 					hostPathVolume("pods-dir", podsDir, corev1.HostPathDirectoryOrCreate),
 					hostPathVolume("plugins-dir", pluginsDir, corev1.HostPathDirectoryOrCreate),
