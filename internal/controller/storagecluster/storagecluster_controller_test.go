@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -353,15 +354,20 @@ func TestStorageClusterConditions(t *testing.T) {
 
 func setDaemonSetStatus(t *testing.T, ds *appsv1.DaemonSet, desired, available int32) {
 	t.Helper()
-	if err := env.Client.Get(testCtx(t), client.ObjectKeyFromObject(ds), ds); err != nil {
-		t.Fatal(err)
-	}
-	ds.Status = appsv1.DaemonSetStatus{
-		ObservedGeneration: ds.Generation, DesiredNumberScheduled: desired, CurrentNumberScheduled: desired,
-		UpdatedNumberScheduled: desired, NumberReady: available, NumberAvailable: available,
-		NumberUnavailable: desired - available,
-	}
-	if err := env.Client.Status().Update(testCtx(t), ds); err != nil {
+	// The operator updates the node-wide set whenever any test's cluster
+	// comes or goes: retry on its writes.
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := env.Client.Get(testCtx(t), client.ObjectKeyFromObject(ds), ds); err != nil {
+			return err
+		}
+		ds.Status = appsv1.DaemonSetStatus{
+			ObservedGeneration: ds.Generation, DesiredNumberScheduled: desired, CurrentNumberScheduled: desired,
+			UpdatedNumberScheduled: desired, NumberReady: available, NumberAvailable: available,
+			NumberUnavailable: desired - available,
+		}
+		return env.Client.Status().Update(testCtx(t), ds)
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
 }
