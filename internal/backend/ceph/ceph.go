@@ -91,6 +91,7 @@ func New(ctx context.Context, cfg Config, log logr.Logger) (*Backend, error) {
 	names := cfg.Features
 	if len(names) == 0 {
 		names = []string{rbd.FeatureNameLayering, rbd.FeatureNameExclusiveLock}
+		cfg.Features = names
 	}
 	fs := rbd.FeatureSetFromNames(names)
 	features := uint64(fs)
@@ -178,8 +179,13 @@ func (b *Backend) Close() {
 // rados_osd_op_timeout ends it; multi-step calls check ctx between steps
 // and undo what they made (see create).
 func do(ctx context.Context, op string, fn func() error) error {
+	// op "": the caller wraps the error with what it was doing.
+	prefix := ""
+	if op != "" {
+		prefix = op + ": "
+	}
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("%s: %w", op, err)
+		return fmt.Errorf("%s%w", prefix, err)
 	}
 	done := make(chan error, 1)
 	go func() { done <- fn() }()
@@ -187,7 +193,7 @@ func do(ctx context.Context, op string, fn func() error) error {
 	case err := <-done:
 		return err
 	case <-ctx.Done():
-		return fmt.Errorf("%s: gave up waiting for ceph: %w", op, ctx.Err())
+		return fmt.Errorf("%sgave up waiting for ceph: %w", prefix, ctx.Err())
 	}
 }
 

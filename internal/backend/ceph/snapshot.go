@@ -27,7 +27,7 @@ func (b *Backend) CreateSnapshot(ctx context.Context, snapID, sourceID string) (
 		return backend.Snapshot{}, err
 	}
 	var snap backend.Snapshot
-	err := do(ctx, "create snapshot "+snapID, func() error {
+	err := do(ctx, "", func() error {
 		rec, ok, err := b.readRecord(snapsOmap, snapID)
 		if err != nil {
 			return err
@@ -218,7 +218,7 @@ func (b *Backend) DeleteSnapshot(ctx context.Context, id string) error {
 	if err := backend.ValidateID(id); err != nil {
 		return err
 	}
-	err := do(ctx, "delete snapshot "+id, func() error {
+	err := do(ctx, "", func() error {
 		rec, ok, err := b.readRecord(snapsOmap, id)
 		if err != nil || !ok {
 			return err

@@ -32,13 +32,13 @@ func (b *Backend) Create(ctx context.Context, id string, size int64) (backend.Im
 // order (as with backend.Local), at the cost of copying the data.
 func (b *Backend) CreateFromSnapshot(ctx context.Context, id, snapshotID string, size int64) (backend.Image, error) {
 	var snap backend.Snapshot
-	err := do(ctx, "create volume "+id, func() error {
+	err := do(ctx, "", func() error {
 		var err error
 		snap, err = b.getSnapshot(snapshotID)
 		return err
 	})
 	if err != nil {
-		return backend.Image{}, fmt.Errorf("source %s%s: %w", snapshotSource, snapshotID, err)
+		return backend.Image{}, fmt.Errorf("create volume %s: source %s%s: %w", id, snapshotSource, snapshotID, err)
 	}
 	parent := imageName(snap.SourceID)
 	return b.create(ctx, id, size, snapshotSource+snapshotID, snap.Size, func(name string, size int64) error {
@@ -52,7 +52,7 @@ func (b *Backend) CreateFromSnapshot(ctx context.Context, id, snapshotID string,
 func (b *Backend) CreateFromVolume(ctx context.Context, id, sourceID string, size int64) (backend.Image, error) {
 	src, err := b.Get(ctx, sourceID)
 	if err != nil {
-		return backend.Image{}, fmt.Errorf("source %s%s: %w", volumeSource, sourceID, err)
+		return backend.Image{}, fmt.Errorf("create volume %s: source %s%s: %w", id, volumeSource, sourceID, err)
 	}
 	parent, tmp := imageName(sourceID), tmpSnapPrefix+id
 	return b.create(ctx, id, size, volumeSource+sourceID, src.Size, func(name string, size int64) (err error) {
@@ -95,7 +95,7 @@ func (b *Backend) create(ctx context.Context, id string, size int64, source stri
 	}
 	name := imageName(id)
 	var img backend.Image
-	err = do(ctx, "create volume "+id, func() error {
+	err = do(ctx, "", func() error {
 		rec, ok, err := b.readRecord(volumesOmap, id)
 		if err != nil {
 			return err
@@ -290,7 +290,7 @@ func (b *Backend) Delete(ctx context.Context, id string) error {
 	if err := backend.ValidateID(id); err != nil {
 		return err
 	}
-	err := do(ctx, "delete volume "+id, func() error {
+	err := do(ctx, "", func() error {
 		// The image goes first: a record without an image reads as not
 		// found, and a retry removes the record.
 		if err := b.removeImage(imageName(id)); err != nil {
@@ -323,7 +323,7 @@ func (b *Backend) Expand(ctx context.Context, id string, size int64) (backend.Im
 		return backend.Image{}, fmt.Errorf("shrink %s from %d to %d: %w", id, img.Size, size, backend.ErrInvalid)
 	}
 	name := strings.TrimPrefix(img.Path, b.cfg.Pool+"/")
-	err = do(ctx, "expand volume "+id, func() error {
+	err = do(ctx, "", func() error {
 		rimg, err := rbd.OpenImage(b.ioctx, name, rbd.NoSnapshot)
 		if err != nil {
 			return fmt.Errorf("open %s: %w", img.Path, err)
