@@ -66,8 +66,8 @@ const (
 	imageAlign    = 4096
 )
 
-// ErrHasSnapshots: a volume with snapshots cannot be deleted (its RBD
-// snapshots live on its image).
+// ErrHasSnapshots is returned when deleting a volume that has snapshots:
+// its RBD snapshots live on its image.
 var ErrHasSnapshots = errors.New("volume has snapshots")
 
 // New connects as cfg.Client and opens cfg.Pool; ctx bounds the whole of it.

@@ -186,7 +186,7 @@ func (b *Backend) snapshotOf(id string, rec record) (backend.Snapshot, error) {
 		SourceID:  rec.Source,
 		Path:      path,
 		Size:      int64(size),
-		CreatedAt: time.Unix(int64(ts.Sec), int64(ts.Nsec)),
+		CreatedAt: time.Unix(ts.Sec, ts.Nsec),
 	}, nil
 }
 
