@@ -3,6 +3,7 @@ module github.com/berth-io/berth
 go 1.25.0
 
 require (
+	github.com/ceph/go-ceph v0.30.0
 	github.com/container-storage-interface/spec v1.12.0
 	github.com/go-logr/logr v1.4.3
 	github.com/google/go-containerregistry v0.20.6

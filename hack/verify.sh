@@ -30,6 +30,14 @@ if ! go vet ./...; then
 	echo "verify: go vet failed" >&2
 	fail=1
 fi
+# The ceph backend is behind a build tag and needs Ceph's C headers.
+if ! hack/install-deps.sh librbd-dev librados-dev; then
+	echo "verify: cannot vet the ceph backend without librbd-dev and librados-dev" >&2
+	fail=1
+elif ! go vet -tags ceph,pacific ./internal/backend/ceph/...; then
+	echo "verify: go vet -tags ceph,pacific failed" >&2
+	fail=1
+fi
 
 [ $fail -eq 0 ] && echo "verify: ok"
 exit $fail

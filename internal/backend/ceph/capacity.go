@@ -1,0 +1,66 @@
+//go:build ceph
+
+package ceph
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+)
+
+// Capacity returns the bytes the pool can still take: the monitors'
+// max_avail (free space over the pool's replication, up to the fullest
+// OSD's ratio), less if the pool's byte quota is lower. Images are thin, so
+// this is the data that fits, not how many images can be made.
+func (b *Backend) Capacity(ctx context.Context) (int64, error) {
+	var avail int64
+	err := do(ctx, "capacity of pool "+b.cfg.Pool, func() error {
+		var df struct {
+			Pools []struct {
+				Name  string `json:"name"`
+				Stats struct {
+					MaxAvail int64 `json:"max_avail"`
+				} `json:"stats"`
+			} `json:"pools"`
+		}
+		if err := b.monCommand(map[string]string{"prefix": "df", "format": "json"}, &df); err != nil {
+			return err
+		}
+		found := false
+		for _, p := range df.Pools {
+			if p.Name == b.cfg.Pool {
+				avail, found = p.Stats.MaxAvail, true
+			}
+		}
+		if !found {
+			return fmt.Errorf("pool %s not in ceph df", b.cfg.Pool)
+		}
+		var quota struct {
+			MaxBytes int64 `json:"quota_max_bytes"`
+			Used     int64 `json:"current_num_bytes"`
+		}
+		if err := b.monCommand(map[string]string{"prefix": "osd pool get-quota", "pool": b.cfg.Pool, "format": "json"}, &quota); err != nil {
+			return err
+		}
+		if quota.MaxBytes > 0 {
+			avail = min(avail, max(0, quota.MaxBytes-quota.Used))
+		}
+		return nil
+	})
+	return avail, err
+}
+
+func (b *Backend) monCommand(cmd map[string]string, out any) error {
+	req, err := json.Marshal(cmd)
+	if err != nil {
+		return err
+	}
+	buf, status, err := b.conn.MonCommand(req)
+	if err != nil {
+		return fmt.Errorf("ceph %s: %w: %s", cmd["prefix"], err, status)
+	}
+	if err := json.Unmarshal(buf, out); err != nil {
+		return fmt.Errorf("ceph %s: %w", cmd["prefix"], err)
+	}
+	return nil
+}

@@ -1,0 +1,236 @@
+//go:build ceph
+
+package ceph
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/ceph/go-ceph/rados"
+	"github.com/ceph/go-ceph/rbd"
+	"github.com/go-logr/logr"
+
+	"github.com/berth-io/berth/internal/backend"
+)
+
+// Config names the Ceph cluster, pool and cephx client to store volumes in.
+type Config struct {
+	// Monitors: the mon_host value (comma-separated ADDR:PORT or [v2:...]).
+	Monitors string
+	// Pool holds the images and the name maps; DataPool, optional, the
+	// images' data (an erasure-coded pool, say).
+	Pool, DataPool string
+	// Client is the cephx id without "client."; Key its secret (never
+	// logged: String leaves it out).
+	Client, Key string
+	// Features of new images; empty: layering and exclusive-lock.
+	Features []string
+	// ConnectTimeout bounds connecting (client_mount_timeout); OpTimeout
+	// each monitor and OSD request, so that a call running past its
+	// caller's deadline ends too. Zero: 10 s and 30 s.
+	ConnectTimeout, OpTimeout time.Duration
+}
+
+// String describes the config without the key.
+func (c Config) String() string {
+	return fmt.Sprintf("monitors=%s pool=%s data-pool=%s client=%s features=%s",
+		c.Monitors, c.Pool, c.DataPool, c.Client, strings.Join(c.Features, ","))
+}
+
+// Backend stores volumes as RBD images. Per-ID serialisation is the
+// caller's job, as for backend.Local.
+type Backend struct {
+	cfg      Config
+	features uint64
+	conn     *rados.Conn
+	ioctx    *rados.IOContext
+	log      logr.Logger
+}
+
+var _ backend.Store = (*Backend)(nil)
+
+// Names in the pool. Image names are derived from the ID so that a failed
+// create's leftover is found by name; the omap objects record which IDs
+// are complete (the commit point of a create) and their source.
+const (
+	imagePrefix   = "berth-"
+	snapPrefix    = "berth-snap-"
+	tmpSnapPrefix = "berth-tmp-"
+	volumesOmap   = "berth.volumes"
+	snapsOmap     = "berth.snapshots"
+	imageAlign    = 4096
+)
+
+// ErrHasSnapshots is returned when deleting a volume that has snapshots:
+// its RBD snapshots live on its image.
+var ErrHasSnapshots = errors.New("volume has snapshots")
+
+// New connects as cfg.Client and opens cfg.Pool; ctx bounds the whole of it.
+// Unreachable monitors, a refused key and a missing pool each give an error
+// that says so.
+func New(ctx context.Context, cfg Config, log logr.Logger) (*Backend, error) {
+	switch {
+	case cfg.Monitors == "":
+		return nil, fmt.Errorf("ceph: no monitors: %w", backend.ErrInvalid)
+	case cfg.Pool == "":
+		return nil, fmt.Errorf("ceph: no pool: %w", backend.ErrInvalid)
+	case cfg.Client == "" || cfg.Key == "":
+		return nil, fmt.Errorf("ceph: client name and key are required: %w", backend.ErrInvalid)
+	}
+	if cfg.ConnectTimeout <= 0 {
+		cfg.ConnectTimeout = 10 * time.Second
+	}
+	if cfg.OpTimeout <= 0 {
+		cfg.OpTimeout = 30 * time.Second
+	}
+	names := cfg.Features
+	if len(names) == 0 {
+		names = []string{rbd.FeatureNameLayering, rbd.FeatureNameExclusiveLock}
+		cfg.Features = names
+	}
+	fs := rbd.FeatureSetFromNames(names)
+	features := uint64(fs)
+	if len(fs.Names()) != len(names) {
+		return nil, fmt.Errorf("ceph: image features %v: unknown name: %w", names, backend.ErrInvalid)
+	}
+	b := &Backend{cfg: cfg, features: features, log: log.WithValues("pool", cfg.Pool)}
+	done := make(chan error, 1)
+	go func() { done <- b.connect() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			return nil, err
+		}
+	case <-ctx.Done():
+		// A connect that succeeds after all must not leak its connection.
+		go func() {
+			if <-done == nil {
+				b.Close()
+			}
+		}()
+		return nil, fmt.Errorf("connect to ceph monitors %s: %w", cfg.Monitors, ctx.Err())
+	}
+	log.Info("connected to ceph", "config", cfg.String())
+	return b, nil
+}
+
+func (b *Backend) connect() (err error) {
+	conn, err := rados.NewConnWithUser(b.cfg.Client)
+	if err != nil {
+		return fmt.Errorf("ceph client %s: %w", b.cfg.Client, err)
+	}
+	defer func() {
+		if err != nil {
+			conn.Shutdown()
+		}
+	}()
+	secs := func(d time.Duration) string { return strconv.Itoa(max(1, int(d.Round(time.Second)/time.Second))) }
+	// No ceph.conf is read: everything comes from cfg. The key is passed as
+	// an option, never written to a file.
+	opts := [][2]string{
+		{"mon_host", b.cfg.Monitors},
+		{"key", b.cfg.Key},
+		{"auth_client_required", "cephx"},
+		{"client_mount_timeout", secs(b.cfg.ConnectTimeout)},
+		{"rados_mon_op_timeout", secs(b.cfg.OpTimeout)},
+		{"rados_osd_op_timeout", secs(b.cfg.OpTimeout)},
+		{"log_to_stderr", "false"},
+		{"err_to_stderr", "false"},
+	}
+	for _, o := range opts {
+		if err := conn.SetConfigOption(o[0], o[1]); err != nil {
+			return fmt.Errorf("ceph option %s: %w", o[0], err)
+		}
+	}
+	if err := conn.Connect(); err != nil {
+		return fmt.Errorf("connect to ceph monitors %s as client.%s: %w", b.cfg.Monitors, b.cfg.Client, explain(err))
+	}
+	ioctx, err := conn.OpenIOContext(b.cfg.Pool)
+	if err != nil {
+		return fmt.Errorf("open pool %s: %w", b.cfg.Pool, explain(err))
+	}
+	if b.cfg.DataPool != "" {
+		// Only to check it exists: librbd opens it itself.
+		dctx, err := conn.OpenIOContext(b.cfg.DataPool)
+		if err != nil {
+			ioctx.Destroy()
+			return fmt.Errorf("open data pool %s: %w", b.cfg.DataPool, explain(err))
+		}
+		dctx.Destroy()
+	}
+	b.conn, b.ioctx = conn, ioctx
+	return nil
+}
+
+// Close releases the connection. Calls still running (abandoned after their
+// ctx ended) must be done; callers close at shutdown only.
+func (b *Backend) Close() {
+	b.ioctx.Destroy()
+	b.conn.Shutdown()
+}
+
+// do runs a blocking librados/librbd call and returns when it does or when
+// ctx ends, whichever comes first. An abandoned call runs on until
+// rados_osd_op_timeout ends it; multi-step calls check ctx between steps
+// and undo what they made (see create).
+func do(ctx context.Context, op string, fn func() error) error {
+	// op "": the caller wraps the error with what it was doing.
+	prefix := ""
+	if op != "" {
+		prefix = op + ": "
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("%s%w", prefix, err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- fn() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("%sgave up waiting for ceph: %w", prefix, ctx.Err())
+	}
+}
+
+// errno is the (positive) errno of a go-ceph error, 0 if it has none.
+func errno(err error) syscall.Errno {
+	var ce interface{ ErrorCode() int }
+	if errors.As(err, &ce) {
+		if c := ce.ErrorCode(); c < 0 {
+			return syscall.Errno(-c)
+		}
+		return syscall.Errno(ce.ErrorCode())
+	}
+	return 0
+}
+
+func isNotFound(err error) bool { return errno(err) == syscall.ENOENT }
+
+// explain adds what an errno means for a connection to its error.
+func explain(err error) error {
+	switch errno(err) {
+	case syscall.EACCES, syscall.EPERM:
+		return fmt.Errorf("key refused or caps insufficient: %w", err)
+	case syscall.ETIMEDOUT:
+		return fmt.Errorf("monitors unreachable: %w", err)
+	case syscall.ENOENT:
+		return fmt.Errorf("%w: %w", backend.ErrNotFound, err)
+	}
+	return err
+}
+
+func alignSize(size int64) (int64, error) {
+	if size <= 0 {
+		return 0, fmt.Errorf("size %d: %w", size, backend.ErrInvalid)
+	}
+	return (size + imageAlign - 1) / imageAlign * imageAlign, nil
+}
+
+func imageName(id string) string { return imagePrefix + id }
+
+func (b *Backend) spec(image string) string { return b.cfg.Pool + "/" + image }
