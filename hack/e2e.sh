@@ -6,6 +6,7 @@
 # `berth dev down`, which fails when anything was left behind.
 #
 #   hack/e2e.sh [go test flags]          as root, after `make build`
+#   hack/e2e.sh -run 'TestE2E/NodeLossAndReturn$'   one scenario (test/e2e/scenarios_test.go lists them)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PATH="/usr/local/go/bin:$PATH"

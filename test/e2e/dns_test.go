@@ -15,12 +15,12 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
-// TestClusterDNS: the cluster has what every real cluster has, a cluster
+// testClusterDNS: the cluster has what every real cluster has, a cluster
 // DNS and kube-proxy. A pod gets no MissingClusterDNS warning, resolves the
 // kubernetes Service by name and reaches the API server through it, reaches
 // another pod through a Service by its short name, and a name outside the
 // cluster domain is refused (nothing is forwarded off the machine).
-func TestClusterDNS(t *testing.T) {
+func testClusterDNS(t *testing.T) {
 	env, cs := needCluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

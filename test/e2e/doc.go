@@ -9,6 +9,12 @@
 //
 //	BERTH_E2E_NODES=2 hack/cluster/up.sh && go test -tags e2e -count=1 -v ./test/e2e/...
 //
+// The scenarios are subtests of TestE2E, in the order of the one list in
+// scenarios_test.go (not by file name); run one with
+// `-run 'TestE2E/NodeLossAndReturn$'` (the function's name without "test"),
+// e.g. `hack/e2e.sh -run 'TestE2E/SnapshotRestore$'`. TestScenarioList (no
+// cluster needed) fails on a scenario missing from the list.
+//
 // BERTH_E2E_ENV names the cluster.env that up.sh wrote (default
 // /var/lib/berth-e2e/cluster.env); BERTH_E2E_UP=1 makes TestMain bring the
 // cluster up and down itself.

@@ -41,7 +41,7 @@ func (s *scenario) waitRefused(pod, want string) {
 
 // A Flexvolume mount of a volume whose claim is in another namespace is
 // refused, and the pod's events carry berth's reason.
-func TestFlexvolumeRefusedToOtherNamespace(t *testing.T) {
+func testFlexvolumeRefusedToOtherNamespace(t *testing.T) {
 	s := newScenario(t, 6*time.Minute)
 	other := testNamespace(s.ctx, t, s.cs)
 	mine := s.ns
@@ -58,7 +58,7 @@ func TestFlexvolumeRefusedToOtherNamespace(t *testing.T) {
 
 // A second pod on a ReadWriteOncePod volume through Flexvolume is refused
 // with berth's reason while the first keeps it.
-func TestFlexvolumeRefusedReadWriteOncePod(t *testing.T) {
+func testFlexvolumeRefusedReadWriteOncePod(t *testing.T) {
 	s := newScenario(t, 6*time.Minute)
 	s.pvc("rwop", "berth", "32Mi", corev1.ReadWriteOncePod, false)
 	handle := s.boundPV("rwop").Spec.CSI.VolumeHandle
@@ -76,7 +76,7 @@ func TestFlexvolumeRefusedReadWriteOncePod(t *testing.T) {
 
 // With the agent down on the node, a Flexvolume mount fails with a clear
 // Failure in the pod's events; once the agent is back the mount works.
-func TestFlexvolumeAgentDown(t *testing.T) {
+func testFlexvolumeAgentDown(t *testing.T) {
 	s := newScenario(t, 8*time.Minute)
 	s.pvc("down", "berth", "32Mi", corev1.ReadWriteOnce, false)
 	handle := s.boundPV("down").Spec.CSI.VolumeHandle

@@ -18,7 +18,7 @@ import (
 // user pod goes, but the unstage waits, with a DeviceHeldOpen Event that
 // names the holder, and leaves the staging mount and device in place. Once
 // the holder is gone the unstage completes and nothing is left.
-func TestDeviceHeldOpenBlocksUnstage(t *testing.T) {
+func testDeviceHeldOpenBlocksUnstage(t *testing.T) {
 	s := newScenario(t, 8*time.Minute)
 	s.pvc("held", "berth", "32Mi", corev1.ReadWriteOnce, false)
 	volume := s.boundPV("held").Spec.CSI.VolumeHandle

@@ -17,13 +17,13 @@ import (
 	"k8s.io/client-go/kubernetes"
 )
 
-// TestPodsReachAPIServer: on every node, pods on the pod network and
+// testPodsReachAPIServer: on every node, pods on the pod network and
 // hostNetwork pods (the berth driver's kind) reach the API server at the
 // in-cluster address Kubernetes injects (kube-proxy, or the hub's lo), and
 // a pod on the first node through its pod IP (routes between the nodes). A
 // listener on the host's end of the hub's veth is reached from neither:
 // nothing of the nodes is forwarded to the host.
-func TestPodsReachAPIServer(t *testing.T) {
+func testPodsReachAPIServer(t *testing.T) {
 	env, cs := needCluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
@@ -117,10 +117,10 @@ func TestPodsReachAPIServer(t *testing.T) {
 	}
 }
 
-// TestBerthImageRunsItsTools: the berth image (built when up.sh had
+// testBerthImageRunsItsTools: the berth image (built when up.sh had
 // BERTH_E2E_BERTH_BINARY) runs berth and the dynamically linked tools it
 // execs, so their libraries came along.
-func TestBerthImageRunsItsTools(t *testing.T) {
+func testBerthImageRunsItsTools(t *testing.T) {
 	env, cs := needCluster(t)
 	if env.BerthImage == "" {
 		t.Skip("no berth image: run up.sh with BERTH_E2E_BERTH_BINARY=bin/berth (make build)")

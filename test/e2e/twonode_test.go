@@ -19,7 +19,7 @@ import (
 // through a PV without node affinity (as an admin could write one), berth's
 // agent on node B refuses it, and the kubelet's Event names the pod that
 // holds it on node A.
-func TestReadWriteOnceRefusedOnSecondNode(t *testing.T) {
+func testReadWriteOnceRefusedOnSecondNode(t *testing.T) {
 	s := newScenario(t, 5*time.Minute)
 	nodes := s.env.Nodes()
 	if len(nodes) < 2 {

@@ -34,7 +34,7 @@ func (s *scenario) imagePath(handle string) string {
 // Scenario 1: a dynamically provisioned PVC; a pod writes and reads back;
 // deleting the pod unpublishes and unstages; deleting the PVC removes the
 // PV, the Volume and the image.
-func TestDynamicPVCLifecycle(t *testing.T) {
+func testDynamicPVCLifecycle(t *testing.T) {
 	s := newScenario(t, 6*time.Minute)
 	s.pvc("data", "berth", "64Mi", corev1.ReadWriteOnce, false)
 	pv := s.boundPV("data")
@@ -77,7 +77,7 @@ func TestDynamicPVCLifecycle(t *testing.T) {
 
 // Scenario 2: a ReadWriteOncePod claim in use keeps a second pod pending,
 // with an event that says why.
-func TestReadWriteOncePodRefusesSecondPod(t *testing.T) {
+func testReadWriteOncePodRefusesSecondPod(t *testing.T) {
 	s := newScenario(t, 5*time.Minute)
 	s.pvc("once", "berth", "32Mi", corev1.ReadWriteOncePod, false)
 	s.boundPV("once")
@@ -100,7 +100,7 @@ func TestReadWriteOncePodRefusesSecondPod(t *testing.T) {
 }
 
 // Scenario 3: a block-mode claim used raw by a pod.
-func TestBlockModePVC(t *testing.T) {
+func testBlockModePVC(t *testing.T) {
 	s := newScenario(t, 5*time.Minute)
 	s.pvc("raw", "berth", "32Mi", corev1.ReadWriteOnce, true)
 	s.boundPV("raw")
@@ -118,7 +118,7 @@ func TestBlockModePVC(t *testing.T) {
 // Scenario 4: online expansion of a mounted claim, seen inside the pod. xfs
 // grows online without CAP_SYS_RESOURCE, which ext4's resize needs and
 // this machine lacks.
-func TestOnlineExpansion(t *testing.T) {
+func testOnlineExpansion(t *testing.T) {
 	withXFSClass(t) // first, so that its removal comes after the namespace's
 	s := newScenario(t, 6*time.Minute)
 	s.pvc("grow", xfsClass, "320Mi", corev1.ReadWriteOnce, false)

@@ -17,7 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 )
 
-// TestTwoStorageClustersOneDeleted: a second StorageCluster with its own
+// testTwoStorageClustersOneDeleted: a second StorageCluster with its own
 // data dir works beside berth, served by the same node-wide agent, keeper,
 // CSI controller and CSIDriver. With a pod on a volume of each on one node,
 // both writing, deleting the second cluster (cleanup policy Detach)
@@ -25,7 +25,7 @@ import (
 // held by the keeper) keeps writing and reading; the keeper pods, the
 // CSIDriver and the agent stay. The second cluster's image lived in its own
 // data dir and goes when its claim does.
-func TestTwoStorageClustersOneDeleted(t *testing.T) {
+func testTwoStorageClustersOneDeleted(t *testing.T) {
 	s := newScenario(t, 12*time.Minute)
 	dir := filepath.Join(s.env.Vars["BERTH_E2E_DIR"], "berth-data-second")
 	if s.env.Vars["BERTH_E2E_DIR"] == "" {

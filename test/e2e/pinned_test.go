@@ -20,7 +20,7 @@ import (
 // and in the Volume's NodeAvailable condition. Node A back and the taint
 // lifted: the pod runs there with its data, the condition turns True, and
 // the old pod's hold on node A is gone.
-func TestLocalVolumeOnLostNode(t *testing.T) {
+func testLocalVolumeOnLostNode(t *testing.T) {
 	s := newScenario(t, 12*time.Minute)
 	nodes := s.env.Nodes()
 	if len(nodes) < 2 {

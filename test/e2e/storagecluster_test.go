@@ -14,9 +14,9 @@ import (
 
 // Scenario 7: deleting the StorageCluster cleans the node: the operator's
 // berth.io/cleanup finalizer holds it until the agent has force-detached
-// the cluster's volumes, even in use, and reported the node cleaned. The
-// file's name makes it run last; the cluster is recreated at the end.
-func TestStorageClusterDeletionCleansNode(t *testing.T) {
+// the cluster's volumes, even in use, and reported the node cleaned. It runs
+// near the end of the scenario list; the cluster is recreated at the end.
+func testStorageClusterDeletionCleansNode(t *testing.T) {
 	s := newScenario(t, 8*time.Minute)
 	s.pvc("held", "berth", "32Mi", corev1.ReadWriteOnce, false)
 	pv := s.boundPV("held")

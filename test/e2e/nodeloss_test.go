@@ -17,10 +17,10 @@ import (
 	"k8s.io/client-go/kubernetes"
 )
 
-// TestNodeLossAndReturn drives hack/cluster/node.sh on the last node: cut
+// testNodeLossAndReturn drives hack/cluster/node.sh on the last node: cut
 // off the hub, the node goes NotReady; restored, Ready again. Stopped, its
 // kubelet, containerd and pods' processes are gone; started, Ready again.
-func TestNodeLossAndReturn(t *testing.T) {
+func testNodeLossAndReturn(t *testing.T) {
 	env, cs := needCluster(t)
 	nodes := env.Nodes()
 	if len(nodes) < 2 {
