@@ -80,7 +80,7 @@ test: ## Run every test: unit, envtest (real kube-apiserver + etcd), root tests.
 
 .PHONY: sanity
 sanity: ## Run csi-sanity (mount + block) and the bad-request/crash tests against the real driver (root).
-	set -o pipefail; go test -count=1 -v ./test/sanity/ 2>&1 | grep -vE '^=== (RUN|PAUSE|CONT)'
+	set -o pipefail; KUBEBUILDER_ASSETS=$$(hack/kube-binaries.sh | tail -n 1) go test -count=1 -v ./test/sanity/ 2>&1 | grep -vE '^=== (RUN|PAUSE|CONT)'
 
 FUZZTIME ?= 60s
 

@@ -49,6 +49,7 @@ func agentClient(t *testing.T, node string) client.Client {
 // another node's records (and every write it has no business making) is
 // refused by the API server.
 func TestAgentWritesOnlyItsOwnNodesRecords(t *testing.T) {
+	suite.Require(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	out := helm(t, "template", "berth", chartDir, "--namespace", releaseNamespace, "--include-crds", "--set", "namespace.create=true")

@@ -8,7 +8,6 @@ import (
 	"context"
 	"errors"
 	"flag"
-	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -39,26 +38,12 @@ const (
 	chartDir         = "deploy/berth"
 )
 
-var env *testenv.Env
+var (
+	env   *testenv.Env
+	suite = &testenv.Suite{Setup: func(e *testenv.Env) error { env = e; return nil }}
+)
 
-func TestMain(m *testing.M) {
-	flag.Parse()
-	if testing.Short() {
-		fmt.Println("skipping chart tests in -short mode: they need a real kube-apiserver")
-		os.Exit(0)
-	}
-	os.Exit(run(m))
-}
-
-func run(m *testing.M) int {
-	var err error
-	if env, err = testenv.Start(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer func() { _ = env.Stop() }()
-	return m.Run()
-}
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, suite)) }
 
 // helmBinary returns the pinned helm that `make helm` builds into bin/.
 func helmBinary(t *testing.T) string {
@@ -95,6 +80,7 @@ func TestChartLint(t *testing.T) {
 // so RBAC is enforced) and wants the StorageCluster the chart made to get
 // its workloads and status.
 func TestChartInstallsAndOperatorWorks(t *testing.T) {
+	suite.Require(t)
 	out := helm(t, "template", "berth", chartDir, "--namespace", releaseNamespace, "--include-crds",
 		"--set", "namespace.create=true", "--set", "storageCluster.create=true",
 		"--set", "image.tag=test", "--set", "image.pullPolicy=Never")

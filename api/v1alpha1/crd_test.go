@@ -3,7 +3,6 @@ package v1alpha1_test
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"strings"
@@ -19,26 +18,12 @@ import (
 	"github.com/berth-io/berth/internal/testenv"
 )
 
-var env *testenv.Env
+var (
+	env   *testenv.Env
+	suite = &testenv.Suite{Setup: func(e *testenv.Env) error { env = e; return nil }}
+)
 
-func TestMain(m *testing.M) {
-	flag.Parse()
-	if testing.Short() {
-		fmt.Println("skipping CRD tests in -short mode: they need a real kube-apiserver")
-		os.Exit(0)
-	}
-	var err error
-	env, err = testenv.Start()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	if err := env.Stop(); err != nil {
-		fmt.Fprintln(os.Stderr, "stop envtest:", err)
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, suite)) }
 
 func ctx(t *testing.T) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -76,6 +61,7 @@ func mustRefuse(t *testing.T, obj client.Object, wants ...string) {
 func meta(name string) metav1.ObjectMeta { return metav1.ObjectMeta{Name: name} }
 
 func TestStorageClusterDefaultsRoundTrip(t *testing.T) {
+	suite.Require(t)
 	var got v1.StorageCluster
 	createAndRead(t, &v1.StorageCluster{ObjectMeta: meta("defaults")}, &got)
 	s := got.Spec
@@ -87,6 +73,7 @@ func TestStorageClusterDefaultsRoundTrip(t *testing.T) {
 }
 
 func TestStorageClusterMultus(t *testing.T) {
+	suite.Require(t)
 	var got v1.StorageCluster
 	createAndRead(t, &v1.StorageCluster{ObjectMeta: meta("multus"), Spec: v1.StorageClusterSpec{
 		Network:      v1.NetworkSpec{Provider: v1.NetworkProviderMultus, Selectors: &v1.NetworkSelectors{Public: "storage/public"}},
@@ -123,6 +110,7 @@ func TestStorageClusterMultus(t *testing.T) {
 // data dir (the agent and keeper mount it read-write from the host), and
 // the operator's and agent's check agrees with it on every case.
 func TestStorageClusterDataDir(t *testing.T) {
+	suite.Require(t)
 	ok := []string{"/var/lib/berth", "/srv/berth", "/data", "/var/lib/berth-e2e/berth-data", "/tmp/berth-test", "/mnt/disk1/berth", "/etcetera"}
 	bad := []string{"/", "/etc", "/etc/berth", "/usr", "/usr/local/berth", "/bin", "/sbin", "/lib", "/lib64/x", "/boot",
 		"/dev", "/dev/shm", "/proc", "/sys/fs", "/run", "/run/berth", "/var/run", "/root", "/root/data",
@@ -152,6 +140,7 @@ func volume(name string, mut func(*v1.VolumeSpec)) *v1.Volume {
 }
 
 func TestVolumeValidation(t *testing.T) {
+	suite.Require(t)
 	var got v1.Volume
 	createAndRead(t, volume("vol-ok", nil), &got)
 	if got.Spec.AccessMode != v1.ReadWriteOnce || got.Spec.VolumeMode != v1.VolumeModeFilesystem || got.Spec.Mounter != v1.MounterKernel {
@@ -176,6 +165,7 @@ func TestVolumeValidation(t *testing.T) {
 }
 
 func TestAttachmentValidation(t *testing.T) {
+	suite.Require(t)
 	var got v1.Attachment
 	createAndRead(t, &v1.Attachment{ObjectMeta: meta("pvc-1"), Spec: v1.AttachmentSpec{
 		AccessMode: v1.ReadWriteOnce,
@@ -199,6 +189,7 @@ func TestAttachmentValidation(t *testing.T) {
 }
 
 func TestNodeCleanupRoundTrip(t *testing.T) {
+	suite.Require(t)
 	var got v1.NodeCleanup
 	now := metav1.NewTime(time.Now().Truncate(time.Second))
 	createAndRead(t, &v1.NodeCleanup{ObjectMeta: meta("node-a"), Spec: v1.NodeCleanupSpec{Entries: []v1.StaleAttachment{
@@ -213,6 +204,7 @@ func TestNodeCleanupRoundTrip(t *testing.T) {
 }
 
 func TestShareManagerStates(t *testing.T) {
+	suite.Require(t)
 	sm := &v1.ShareManager{ObjectMeta: metav1.ObjectMeta{Name: "pvc-rwx", Namespace: "default"}, Spec: v1.ShareManagerSpec{Volume: "pvc-rwx", Image: "berth:dev"}}
 	var got v1.ShareManager
 	createAndRead(t, sm, &got)
@@ -241,6 +233,7 @@ var badPaths = map[string]string{
 }
 
 func TestAttachmentPaths(t *testing.T) {
+	suite.Require(t)
 	for name, p := range badPaths {
 		mustRefuse(t, &v1.Attachment{ObjectMeta: meta("pvc-path"), Spec: v1.AttachmentSpec{AccessMode: v1.ReadWriteOnce,
 			Attachments: []v1.AttachmentEntry{{Node: "node-a", Pod: "p", PodUID: "u1", MountDir: p}}}}, "spec.attachments[0].mountDir")
@@ -254,6 +247,7 @@ func TestAttachmentPaths(t *testing.T) {
 }
 
 func TestNodeCleanupPathsAndNames(t *testing.T) {
+	suite.Require(t)
 	now := metav1.NewTime(time.Now().Truncate(time.Second))
 	entry := func(volume, mountDir, staging string) *v1.NodeCleanup {
 		return &v1.NodeCleanup{ObjectMeta: meta("node-paths"), Spec: v1.NodeCleanupSpec{Entries: []v1.StaleAttachment{

@@ -2,7 +2,6 @@ package controller
 
 import (
 	"context"
-	"flag"
 	"os"
 	"strings"
 	"testing"
@@ -23,30 +22,18 @@ import (
 )
 
 var (
-	env  *testenv.Env
-	skip string
+	env *testenv.Env
+	// suite: the tests make loop devices (root).
+	suite = &testenv.Suite{Devices: []string{"/dev/loop-control"}, Setup: func(e *testenv.Env) error { env = e; return nil }}
 )
 
-func TestMain(m *testing.M) {
-	flag.Parse()
-	skip = testenv.NodeSkipReason("/dev/loop-control")
-	os.Exit(testenv.Main(m, skip, func() (err error) {
-		env, err = testenv.Start()
-		return err
-	}, func(bool) {
-		if env != nil {
-			_ = env.Stop()
-		}
-	}))
-}
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, suite)) }
 
 // TestDeletedVolumeWaitsUntilUnstaged: a Volume deleted while its node still
 // holds it (Attachment entry, then a loop device on the image) keeps its
 // image and finalizer, says why, and loses both once unstaged.
 func TestDeletedVolumeWaitsUntilUnstaged(t *testing.T) {
-	if skip != "" {
-		t.Skip(skip)
-	}
+	suite.Require(t)
 	ctx := context.Background()
 	const node = "reconcile-node"
 	images, err := backend.NewLocal(t.TempDir(), testr.New(t))

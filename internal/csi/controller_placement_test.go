@@ -22,9 +22,7 @@ import (
 // answers GetCapacity from the agents' CSIStorageCapacity objects in berth's
 // namespace; a node that is gone and objects elsewhere do not count.
 func TestPlacementByStorageCapacity(t *testing.T) {
-	if envSkip != "" {
-		t.Skip(envSkip)
-	}
+	suite.Require(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	const ns, other = "berth-placement", "elsewhere"

@@ -21,9 +21,7 @@ import (
 // from the snapshot, or, for one that lacks it, from its source volume.
 // Nothing is made for a refused restore.
 func TestRestoreChecksVolumeMode(t *testing.T) {
-	if envSkip != "" {
-		t.Skip(envSkip)
-	}
+	suite.Require(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	storageCluster(ctx, t, "c")

@@ -2,7 +2,6 @@ package csi
 
 import (
 	"context"
-	"flag"
 	"os"
 	"path/filepath"
 	"testing"
@@ -29,31 +28,19 @@ import (
 )
 
 var (
-	env     *testenv.Env
-	envSkip string
+	env *testenv.Env
+	// suite: the API server tests also mount (root).
+	suite = &testenv.Suite{Root: true, Setup: func(e *testenv.Env) error { env = e; return nil }}
 )
 
-func TestMain(m *testing.M) {
-	flag.Parse()
-	envSkip = testenv.NodeSkipReason()
-	os.Exit(testenv.Main(m, envSkip, func() (err error) {
-		env, err = testenv.Start()
-		return err
-	}, func(bool) {
-		if env != nil {
-			_ = env.Stop()
-		}
-	}))
-}
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, suite)) }
 
 // TestCreateSnapshotFailureLeavesNothing: on a node whose disk is too full
 // for the copy, CreateSnapshot answers ResourceExhausted and removes its
 // Snapshot object; a snapshot that fits is taken, and the same request again
 // returns the same snapshot.
 func TestCreateSnapshotFailureLeavesNothing(t *testing.T) {
-	if envSkip != "" {
-		t.Skip(envSkip)
-	}
+	suite.Require(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const node = "snap-node"

@@ -15,7 +15,7 @@ import (
 // BenchmarkAcquireRelease measures one uncontended stage-record acquire plus
 // its release (create, then delete of the Attachment) on the real API server.
 func BenchmarkAcquireRelease(b *testing.B) {
-	needEnv(b)
+	suite.Require(b)
 	f := fence.New(env.Client, &record.FakeRecorder{}, clock.RealClock{}, logr.Discard(), fence.Options{})
 	r := stageReq("vol-bench", "bench-node", v1.ReadWriteOnce)
 	ctx := ctxT(b)

@@ -83,7 +83,7 @@ func TestCleanerAfterRestart(t *testing.T) {
 }
 
 func TestCleanerKeepsFailedEntries(t *testing.T) {
-	needEnv(t)
+	suite.Require(t)
 	cleanupVolume(t, "vol-clf", "clf-a")
 	ok := v1.StaleAttachment{Volume: "vol-clf", MountDir: "/ok", Reason: v1.ReasonPodGone, FoundAt: metav1.Now()}
 	bad := v1.StaleAttachment{Volume: "vol-clf", MountDir: "/busy", Reason: v1.ReasonPodGone, FoundAt: metav1.Now()}
@@ -106,7 +106,7 @@ func TestCleanerKeepsFailedEntries(t *testing.T) {
 // outside the node's folders) can never be undone: it leaves the list, the
 // pass says why, and nothing is retried.
 func TestCleanerDropsRefusedEntries(t *testing.T) {
-	needEnv(t)
+	suite.Require(t)
 	cleanupVolume(t, "vol-clr", "clr-a")
 	ok := v1.StaleAttachment{Volume: "vol-clr", MountDir: "/ok", Reason: v1.ReasonPodGone, FoundAt: metav1.Now()}
 	bad := v1.StaleAttachment{Volume: "vol-clr", MountDir: "/etc", Reason: v1.ReasonPodGone, FoundAt: metav1.Now()}
@@ -128,7 +128,7 @@ func TestCleanerDropsRefusedEntries(t *testing.T) {
 // stuck on a dead device) is kept for the next pass after a bounded wait;
 // the other volumes' entries are still undone.
 func TestCleanerSkipsBusyVolume(t *testing.T) {
-	needEnv(t)
+	suite.Require(t)
 	cleanupVolume(t, "vol-clb", "clb-a")
 	cleanupVolume(t, "vol-clb-busy", "clb-a")
 	ok := v1.StaleAttachment{Volume: "vol-clb", MountDir: "/ok", Reason: v1.ReasonPodGone, FoundAt: metav1.Now()}

@@ -18,7 +18,7 @@ import (
 // Attachment, so the test first removes what other tests may have left.
 func newGC(t *testing.T) (*fence.GC, *prometheus.Registry) {
 	t.Helper()
-	needEnv(t)
+	suite.Require(t)
 	if err := env.Client.DeleteAllOf(ctxT(t), &v1.Attachment{}); err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +88,7 @@ func TestGCNodeGone(t *testing.T) {
 // marked at the first pass and deleted once the TTL has passed; the mark of
 // a node that came back is lifted and its list stays.
 func TestGCPrunesStaleListsOfGoneNodes(t *testing.T) {
-	needEnv(t)
+	suite.Require(t)
 	clk := clocktesting.NewFakeClock(time.Now())
 	g, err := fence.NewGC(env.Client, clk, testr.New(t), prometheus.NewRegistry(), fence.Options{StaleListTTL: time.Hour})
 	if err != nil {
@@ -170,7 +170,7 @@ func TestGCPodGone(t *testing.T) {
 // TestGCInterval: the smallest StorageCluster interval wins, 24h without
 // one; Start sweeps at once and again after each interval.
 func TestGCInterval(t *testing.T) {
-	needEnv(t)
+	suite.Require(t)
 	clk := clocktesting.NewFakeClock(time.Now())
 	reg := prometheus.NewRegistry()
 	g, err := fence.NewGC(env.Client, clk, testr.New(t), reg, fence.Options{})
@@ -202,7 +202,7 @@ func TestGCInterval(t *testing.T) {
 // wakes it (the operator's StorageCluster watch calls Wake), and it sweeps
 // on that interval without waiting the day out.
 func TestGCWakeAppliesNewInterval(t *testing.T) {
-	needEnv(t)
+	suite.Require(t)
 	if err := env.Client.DeleteAllOf(ctxT(t), &v1.StorageCluster{}); err != nil {
 		t.Fatal(err)
 	}

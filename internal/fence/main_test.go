@@ -2,8 +2,6 @@ package fence_test
 
 import (
 	"context"
-	"flag"
-	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -22,33 +20,16 @@ import (
 	"github.com/berth-io/berth/internal/testenv"
 )
 
-var env *testenv.Env
+var (
+	env   *testenv.Env
+	suite = &testenv.Suite{Setup: func(e *testenv.Env) error { env = e; return nil }}
+)
 
 func TestMain(m *testing.M) {
 	if os.Getenv(helperEnv) != "" {
 		os.Exit(helperMain()) // a contender process of the race test
 	}
-	flag.Parse()
-	skip := ""
-	if testing.Short() {
-		skip = "-short" // envtest tests skip themselves (needEnv)
-	}
-	os.Exit(testenv.Main(m, skip,
-		func() (err error) { env, err = testenv.Start(); return err },
-		func(bool) {
-			if env != nil {
-				if err := env.Stop(); err != nil {
-					fmt.Fprintln(os.Stderr, "stop envtest:", err)
-				}
-			}
-		}))
-}
-
-func needEnv(tb testing.TB) {
-	tb.Helper()
-	if env == nil {
-		tb.Skip("needs a real kube-apiserver (skipped in -short mode)")
-	}
+	os.Exit(testenv.Main(m, suite))
 }
 
 func ctxT(tb testing.TB) context.Context {
@@ -61,7 +42,7 @@ func ctxT(tb testing.TB) context.Context {
 // recorder the test may read (buffered, so that nothing blocks).
 func newFencer(t *testing.T) (*fence.Fencer, *record.FakeRecorder) {
 	t.Helper()
-	needEnv(t)
+	suite.Require(t)
 	rec := record.NewFakeRecorder(100)
 	return fence.New(env.Client, rec, clock.RealClock{}, testr.New(t), fence.Options{}), rec
 }

@@ -34,7 +34,7 @@ func wantSamples(t *testing.T, reg prometheus.Gatherer, want map[string]float64)
 // invalid request, a lock broken from a gone node and releases are counted
 // by result, each acquire timed.
 func TestFencerCountsDecisions(t *testing.T) {
-	needEnv(t)
+	suite.Require(t)
 	reg := prometheus.NewRegistry()
 	m, err := metrics.NewFence(reg)
 	if err != nil {
@@ -69,7 +69,7 @@ func TestFencerCountsDecisions(t *testing.T) {
 // TestCleanerCountsEntries: one pass over a stale list with an entry undone,
 // one failing and one refused is counted by result.
 func TestCleanerCountsEntries(t *testing.T) {
-	needEnv(t)
+	suite.Require(t)
 	reg := prometheus.NewRegistry()
 	m, err := metrics.NewCleanup(reg)
 	if err != nil {

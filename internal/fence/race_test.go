@@ -272,7 +272,7 @@ func distinct(xs []string) map[string]bool {
 }
 
 func TestRaceGoroutines(t *testing.T) {
-	needEnv(t)
+	suite.Require(t)
 	t.Parallel() // independent of the process race: own volumes
 	mkRaceNodes(t, "race-g")
 	var cs []contender
@@ -287,7 +287,7 @@ func TestRaceGoroutines(t *testing.T) {
 }
 
 func TestRaceProcesses(t *testing.T) {
-	needEnv(t)
+	suite.Require(t)
 	t.Parallel()
 	mkRaceNodes(t, "race-p")
 	kubeconfig, err := writeKubeconfig(env.Config, t.TempDir())

@@ -139,21 +139,3 @@ func NodeSkipReason(devices ...string) string {
 	}
 	return ""
 }
-
-// Main runs a package's tests around a shared fixture and returns the exit
-// code: with skip set the tests run (and skip themselves) without it;
-// otherwise start, the tests, then stop, told whether anything failed. stop
-// runs even when start failed half way.
-func Main(m *testing.M, skip string, start func() error, stop func(failed bool)) int {
-	if skip != "" {
-		return m.Run()
-	}
-	code := 1
-	if err := start(); err != nil {
-		fmt.Fprintln(os.Stderr, "start:", err)
-	} else {
-		code = m.Run()
-	}
-	stop(code != 0)
-	return code
-}

@@ -8,7 +8,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"net"
 	"os"
@@ -43,30 +42,26 @@ type fixture struct {
 	agentArgs  []string
 	agentLog   string
 	operator   *testenv.Process
-	skip       string
 	// The agent's and the operator's metrics and health endpoints.
 	agentMetrics, agentHealth, opMetrics, opHealth string
 }
 
-// fx is one agent process on one API server, shared by the tests here.
-var fx fixture
+var (
+	// fx is one agent process on one API server, shared by the tests here.
+	fx    fixture
+	suite = &testenv.Suite{Devices: []string{"/dev/loop-control"}, Setup: fx.start, Teardown: fx.stop}
+)
 
-func TestMain(m *testing.M) {
-	flag.Parse()
-	fx.skip = testenv.NodeSkipReason("/dev/loop-control")
-	os.Exit(testenv.Main(m, fx.skip, fx.start, fx.stop))
-}
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, suite)) }
 
-func (f *fixture) start() error {
+func (f *fixture) start(env *testenv.Env) error {
+	f.env = env
 	var err error
 	if f.dir, err = os.MkdirTemp("", "berth-flex-"); err != nil {
 		return err
 	}
 	berth, err := testenv.BuildBerth(f.dir)
 	if err != nil {
-		return err
-	}
-	if f.env, err = testenv.Start(); err != nil {
 		return err
 	}
 	kubeconfig := filepath.Join(f.dir, "kubeconfig")
@@ -140,7 +135,7 @@ func (f *fixture) waitReady() error {
 	}
 }
 
-func (f *fixture) stop(failed bool) {
+func (f *fixture) stop(failed bool) error {
 	f.stopAgent()
 	f.operator.Stop(syscall.SIGTERM, 30*time.Second)
 	if failed && f.agentLog != "" {
@@ -149,20 +144,16 @@ func (f *fixture) stop(failed bool) {
 			fmt.Fprintf(os.Stderr, "%s:\n%s\n", name, b)
 		}
 	}
-	if f.env != nil {
-		_ = f.env.Stop()
-	}
 	if f.dir != "" {
 		removeLeftovers(f.dir)
 		_ = os.RemoveAll(f.dir)
 	}
+	return nil
 }
 
 func setup(t *testing.T) *fixture {
 	t.Helper()
-	if fx.skip != "" {
-		t.Skip(fx.skip)
-	}
+	suite.Require(t)
 	return &fx
 }
 

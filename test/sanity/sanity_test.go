@@ -7,7 +7,6 @@ package sanity
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -60,44 +59,34 @@ type driver struct {
 	agentMetrics, agentHealth, ctrlMetrics, ctrlHealth string
 	cancel                                             context.CancelFunc
 	done                                               chan error
-	skipReason                                         string
 }
 
-var drv driver
+var (
+	drv   driver
+	suite = &testenv.Suite{Devices: []string{"/dev/loop-control"}, Setup: drv.start, Teardown: drv.teardown}
+)
 
-func TestMain(m *testing.M) {
-	flag.Parse()
-	drv.skipReason = testenv.NodeSkipReason("/dev/loop-control")
-	if drv.skipReason != "" {
-		os.Exit(m.Run())
-	}
-	if err := drv.start(); err != nil {
-		fmt.Fprintln(os.Stderr, "start driver:", err)
-		if drv.env != nil {
-			_ = drv.stop() // never leave an API server or etcd running
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, suite)) }
+
+// teardown stops the driver and checks that it left nothing behind.
+func (d *driver) teardown(bool) error {
+	err := d.stop()
+	if d.dataDir != "" {
+		if left := nothingLeft(d.dataDir); left != nil {
+			err = errors.Join(err, left)
+		} else {
+			fmt.Println("sanity: nothing left behind (no loop device, mount or image file)")
 		}
-		os.Exit(1)
 	}
-	code := m.Run()
-	if err := drv.stop(); err != nil {
-		fmt.Fprintln(os.Stderr, "stop driver:", err)
-		code = 1
+	if work != "" {
+		_ = os.RemoveAll(work)
 	}
-	if err := nothingLeft(drv.dataDir); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		code = 1
-	} else {
-		fmt.Println("sanity: nothing left behind (no loop device, mount or image file)")
-	}
-	_ = os.RemoveAll(work)
-	os.Exit(code)
+	return err
 }
 
-func (d *driver) start() error {
+func (d *driver) start(env *testenv.Env) error {
+	d.env = env
 	var err error
-	if d.env, err = testenv.Start(); err != nil {
-		return err
-	}
 	if work, err = os.MkdirTemp("", "berth-sanity-"); err != nil {
 		return err
 	}
@@ -159,15 +148,12 @@ func (d *driver) stop() error {
 			}
 		}
 	}
-	errs = append(errs, d.env.Stop())
 	return errors.Join(errs...)
 }
 
 func skipUnlessDriver(t *testing.T) {
 	t.Helper()
-	if drv.skipReason != "" {
-		t.Skip(drv.skipReason)
-	}
+	suite.Require(t)
 }
 
 func TestSanity(t *testing.T) {

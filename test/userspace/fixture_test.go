@@ -8,7 +8,6 @@ import (
 	"bufio"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -53,27 +52,23 @@ type fixture struct {
 	// set, picks the userspace data path for the whole run (make bench
 	// measures healing with passthrough on and off).
 	agentFlags []string
-	skip       string
 }
 
-var fx fixture
+var (
+	fx    fixture
+	suite = &testenv.Suite{Devices: []string{"/dev/loop-control", "/dev/fuse"}, Setup: fx.start, Teardown: fx.stop}
+)
 
-func TestMain(m *testing.M) {
-	flag.Parse()
-	fx.skip = testenv.NodeSkipReason("/dev/loop-control", "/dev/fuse")
-	os.Exit(testenv.Main(m, fx.skip, fx.start, fx.stop))
-}
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, suite)) }
 
-func (f *fixture) start() error {
+func (f *fixture) start(env *testenv.Env) error {
+	f.env = env
 	var err error
 	// Not under /tmp's test dirs: mounts below are removed explicitly.
 	if f.dir, err = os.MkdirTemp("", "berth-us-"); err != nil {
 		return err
 	}
 	if f.berth, err = testenv.BuildBerth(f.dir); err != nil {
-		return err
-	}
-	if f.env, err = testenv.Start(); err != nil {
 		return err
 	}
 	f.kubeconfig = filepath.Join(f.dir, "kubeconfig")
@@ -252,7 +247,7 @@ func (f *fixture) node(t *testing.T) csi.NodeClient {
 
 // stop removes everything, in order: mounts above loop devices, loop
 // devices, servers, keeper (its connections with it), API server, files.
-func (f *fixture) stop(failed bool) {
+func (f *fixture) stop(failed bool) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	f.stopAgent()
@@ -279,12 +274,10 @@ func (f *fixture) stop(failed bool) {
 	if f.dir != "" {
 		unmountUnder(f.dir, func(string) bool { return true })
 	}
-	if f.env != nil {
-		_ = f.env.Stop()
-	}
 	if f.dir != "" {
 		_ = os.RemoveAll(f.dir)
 	}
+	return nil
 }
 
 func tail(s string, n int) string {

@@ -25,9 +25,7 @@ import (
 
 func setup(t *testing.T) *fixture {
 	t.Helper()
-	if fx.skip != "" {
-		t.Skip(fx.skip)
-	}
+	suite.Require(t)
 	return &fx
 }
 

@@ -6,7 +6,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -33,31 +32,23 @@ func testOptions() testceph.Options {
 
 var (
 	cluster = testceph.New(testOptions())
-	skip    string
-)
-
-func TestMain(m *testing.M) {
-	flag.Parse()
-	skip = testceph.SkipReason(context.Background())
-	stopped := true
-	code := testenv.Main(m, skip,
-		func() error {
+	// suite is the test Ceph alone (no API server). Its Teardown runs
+	// also after a failed Up (up.sh may have started daemons); a daemon,
+	// port or file left behind fails the run.
+	suite = &testenv.Suite{
+		NoAPIServer: true,
+		Skip:        func() string { return testceph.SkipReason(context.Background()) },
+		Setup: func(*testenv.Env) error {
 			start := time.Now()
 			err := cluster.Up(context.Background())
 			fmt.Fprintf(os.Stderr, "ceph backend: test Ceph up in %s\n", time.Since(start).Round(100*time.Millisecond))
 			return err
 		},
-		func(bool) {
-			if err := cluster.Stop(context.Background()); err != nil {
-				fmt.Fprintln(os.Stderr, "stop test Ceph:", err)
-				stopped = false
-			}
-		})
-	if code == 0 && !stopped {
-		code = 1
+		Teardown: func(bool) error { return cluster.Stop(context.Background()) },
 	}
-	os.Exit(code)
-}
+)
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, suite)) }
 
 func ctxT(tb testing.TB) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -91,9 +82,7 @@ func config(t *testing.T) ceph.Config {
 
 func open(t *testing.T) *ceph.Backend {
 	t.Helper()
-	if skip != "" {
-		t.Skip(skip)
-	}
+	suite.Require(t)
 	b, err := ceph.New(ctxT(t), config(t), testr.New(t))
 	if err != nil {
 		t.Fatal(err)
@@ -345,9 +334,7 @@ func TestCapacity(t *testing.T) {
 // that says so, quickly; a ctx deadline shorter than the connect timeout
 // wins.
 func TestConnectErrors(t *testing.T) {
-	if skip != "" {
-		t.Skip(skip)
-	}
+	suite.Require(t)
 	other, err := exec.Command("ceph-authtool", "--gen-print-key").Output()
 	if err != nil {
 		t.Fatal(err)

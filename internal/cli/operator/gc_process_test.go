@@ -21,6 +21,11 @@ import (
 )
 
 // TestAttachmentGCRunsInOperatorProcess: a real `berth operator` process,
+// suite is the API server the operator process runs against.
+var suite = &testenv.Suite{}
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, suite)) }
+
 // started before any StorageCluster exists (as the chart installs it),
 // sweeps Attachments on the interval of a StorageCluster made afterwards:
 // an entry of a pod that does not exist on a live node and the stage record
@@ -29,19 +34,12 @@ import (
 // passes and the moved entries. (Today's operator waits out the default
 // day it read at start before it reads the cluster's interval.)
 func TestAttachmentGCRunsInOperatorProcess(t *testing.T) {
-	if testing.Short() {
-		t.Skip("-short: needs a real kube-apiserver and the berth binary")
-	}
+	env := suite.Require(t)
 	dir := t.TempDir()
 	berth, err := testenv.BuildBerth(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	env, err := testenv.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Stop() })
 	ctx := t.Context()
 	kubeconfig := filepath.Join(dir, "kubeconfig")
 	if err := env.WriteKubeconfig(kubeconfig); err != nil {

@@ -2,7 +2,6 @@ package pinned_test
 
 import (
 	"context"
-	"flag"
 	"os"
 	"strings"
 	"testing"
@@ -26,23 +25,12 @@ import (
 	"github.com/berth-io/berth/internal/testenv"
 )
 
-var env *testenv.Env
+var (
+	env   *testenv.Env
+	suite = &testenv.Suite{Setup: func(e *testenv.Env) error { env = e; return nil }}
+)
 
-func TestMain(m *testing.M) {
-	flag.Parse()
-	skip := ""
-	if testing.Short() {
-		skip = "-short: the pinned-volume tests need a real kube-apiserver"
-	}
-	os.Exit(testenv.Main(m, skip, func() (err error) {
-		env, err = testenv.Start()
-		return err
-	}, func(bool) {
-		if env != nil {
-			_ = env.Stop()
-		}
-	}))
-}
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, suite)) }
 
 // world is a local volume on node "lost-1" with its PV, claim and a pod that
 // waits for it on another node, in the real API server.
@@ -57,9 +45,7 @@ type world struct {
 }
 
 func newWorld(t *testing.T, suffix string, backend v1.Backend) *world {
-	if env == nil {
-		t.Skip("no API server (-short)")
-	}
+	suite.Require(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
 	cs, err := kubernetes.NewForConfig(env.Config)

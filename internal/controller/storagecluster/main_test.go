@@ -2,7 +2,6 @@ package storagecluster_test
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"os"
 	"testing"
@@ -26,8 +25,12 @@ import (
 const namespace = "berth-system"
 
 var (
-	env  *testenv.Env
-	opts = storagecluster.Options{
+	env *testenv.Env
+	// suite is the API server with the StorageCluster controller running.
+	suite = &testenv.Suite{Setup: startManager, Teardown: func(failed bool) error { return stopManager(failed) }}
+	// stopManager stops the controller and waits for it.
+	stopManager = func(bool) error { return nil }
+	opts        = storagecluster.Options{
 		Namespace:                namespace,
 		Image:                    "berth.local/berth:test",
 		ImagePullPolicy:          corev1.PullNever,
@@ -44,27 +47,14 @@ var (
 	}
 )
 
-func TestMain(m *testing.M) {
-	flag.Parse()
-	if testing.Short() {
-		fmt.Println("skipping StorageCluster tests in -short mode: they need a real kube-apiserver")
-		os.Exit(0)
-	}
-	os.Exit(run(m))
-}
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, suite)) }
 
-func run(m *testing.M) int {
-	var err error
-	if env, err = testenv.Start(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer func() { _ = env.Stop() }()
+func startManager(e *testenv.Env) error {
+	env = e
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	if err := env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		cancel()
+		return err
 	}
 	log := zap.New(zap.WriteTo(os.Stderr), zap.UseDevMode(true))
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
@@ -73,23 +63,25 @@ func run(m *testing.M) int {
 		Metrics: metricsserver.Options{BindAddress: "0"},
 	})
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		cancel()
+		return err
 	}
 	r := &storagecluster.Reconciler{Client: mgr.GetClient(), Options: opts, Log: log.WithName("storagecluster"), CleanupPoll: 200 * time.Millisecond,
 		Direct: env.Client, Recorder: mgr.GetEventRecorderFor("berth-operator")}
 	if err := r.SetupWithManager(mgr); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		cancel()
+		return err
 	}
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
-	code := m.Run()
-	cancel()
-	if err := <-done; err != nil {
-		fmt.Fprintln(os.Stderr, "manager:", err)
+	stopManager = func(bool) error {
+		cancel()
+		if err := <-done; err != nil {
+			return fmt.Errorf("manager: %w", err)
+		}
+		return nil
 	}
-	return code
+	return nil
 }
 
 func testCtx(t *testing.T) context.Context {

@@ -47,6 +47,7 @@ func attachedVolume(t *testing.T, name, cluster string, nodes ...string) {
 }
 
 func TestPendingCleanup(t *testing.T) {
+	suite.Require(t)
 	node(t, "pc-n1")
 	node(t, "pc-n2")
 	node(t, "pc-n3")
@@ -83,6 +84,7 @@ func TestPendingCleanup(t *testing.T) {
 }
 
 func TestStorageClusterDeletionDetachWaitsForNodes(t *testing.T) {
+	suite.Require(t)
 	node(t, "del-n1")
 	attachedVolume(t, "del-v1", "epsilon", "del-n1", "del-gone")
 	sc := newCluster(t, "epsilon", v1.StorageClusterSpec{})
@@ -109,6 +111,7 @@ func TestStorageClusterDeletionDetachWaitsForNodes(t *testing.T) {
 }
 
 func TestStorageClusterDeletionDetachNodeGone(t *testing.T) {
+	suite.Require(t)
 	create(t, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "dg-n1"}})
 	attachedVolume(t, "dg-v1", "zeta", "dg-n1")
 	sc := newCluster(t, "zeta", v1.StorageClusterSpec{})
@@ -130,6 +133,7 @@ func TestStorageClusterDeletionDetachNodeGone(t *testing.T) {
 // cluster goes, and an Event says so. Another cluster's volume on the same
 // node stays held.
 func TestStorageClusterDeletionDetachTimesOut(t *testing.T) {
+	suite.Require(t)
 	node(t, "to-n1")
 	attachedVolume(t, "to-v1", "theta", "to-n1")
 	attachedVolume(t, "to-other", "iota", "to-n1")
@@ -165,6 +169,7 @@ func TestStorageClusterDeletionDetachTimesOut(t *testing.T) {
 }
 
 func TestStorageClusterDeletionRetain(t *testing.T) {
+	suite.Require(t)
 	node(t, "ret-n1")
 	attachedVolume(t, "ret-v1", "eta", "ret-n1")
 	sc := newCluster(t, "eta", v1.StorageClusterSpec{CleanupPolicy: v1.CleanupRetain})

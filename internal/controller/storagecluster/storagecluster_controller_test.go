@@ -29,6 +29,7 @@ import (
 // and the CSIDriver are one node-wide set, owned by no StorageCluster; a
 // cluster's classes are its own.
 func TestNodeWideObjects(t *testing.T) {
+	suite.Require(t)
 	sc := newCluster(t, "alpha", v1.StorageClusterSpec{
 		DataDir: "/srv/berth",
 		Agent: v1.AgentSpec{
@@ -258,6 +259,7 @@ func checkControllerDeployment(t *testing.T, dep *appsv1.Deployment) {
 }
 
 func TestStorageClusterSpecChangeRollsOut(t *testing.T) {
+	suite.Require(t)
 	sc := newCluster(t, "beta", v1.StorageClusterSpec{})
 	agent := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "berth-agent", Namespace: namespace}}
 	eventually(t, "the agent serves beta's data dir, on every node", func(ctx context.Context) (bool, error) {
@@ -290,6 +292,7 @@ func TestStorageClusterSpecChangeRollsOut(t *testing.T) {
 }
 
 func TestStorageClusterDeletedObjectsComeBack(t *testing.T) {
+	suite.Require(t)
 	newCluster(t, "gamma", v1.StorageClusterSpec{})
 	objs := []client.Object{
 		&appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "berth-agent", Namespace: namespace}},
@@ -311,6 +314,7 @@ func TestStorageClusterDeletedObjectsComeBack(t *testing.T) {
 }
 
 func TestStorageClusterConditions(t *testing.T) {
+	suite.Require(t)
 	sc := newCluster(t, "delta", v1.StorageClusterSpec{})
 	agent := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "berth-agent", Namespace: namespace}}
 	keeper := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "berth-keeper", Namespace: namespace}}
@@ -442,6 +446,7 @@ func env1(c corev1.Container, name string) *corev1.EnvVar {
 // (rendering replaces whole specs, which would otherwise differ from the
 // server-defaulted objects on every pass).
 func TestReconcileWithoutChangeSendsNoUpdate(t *testing.T) {
+	suite.Require(t)
 	sc := newCluster(t, "quiet", v1.StorageClusterSpec{})
 	watching, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
 	if err != nil {
@@ -476,6 +481,7 @@ func TestReconcileWithoutChangeSendsNoUpdate(t *testing.T) {
 // a system folder (written before the CRD refused it) gets an InvalidSpec
 // condition, and nothing is deployed for it.
 func TestStorageClusterRefusesSystemDataDir(t *testing.T) {
+	suite.Require(t)
 	sc := newCluster(t, "sysdir", v1.StorageClusterSpec{})
 	watching, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
 	if err != nil {

@@ -44,6 +44,7 @@ func dataDirArgs(args []string) []string {
 // the agent, its classes go with it, and the keeper, CSI controller and
 // CSIDriver stay the very same objects.
 func TestTwoClustersShareTheNodeWideSet(t *testing.T) {
+	suite.Require(t)
 	newCluster(t, "one", v1.StorageClusterSpec{DataDir: "/srv/one", Agent: v1.AgentSpec{NodeSelector: map[string]string{"pool": "one"}}})
 	two := newCluster(t, "two", v1.StorageClusterSpec{DataDir: "/srv/two", CleanupPolicy: v1.CleanupRetain,
 		Agent: v1.AgentSpec{NodeSelector: map[string]string{"pool": "two"}}})
@@ -116,6 +117,7 @@ func TestTwoClustersShareTheNodeWideSet(t *testing.T) {
 // cluster's is refused (condition and Event), gets no classes, and its data
 // dir is not mounted by the agent; the other cluster is unaffected.
 func TestNestedDataDirRefused(t *testing.T) {
+	suite.Require(t)
 	outer := newCluster(t, "outer", v1.StorageClusterSpec{DataDir: "/srv/nest"})
 	eventually(t, "outer is served", func(ctx context.Context) (bool, error) {
 		args, err := agentArgs(ctx)
@@ -146,6 +148,7 @@ func TestNestedDataDirRefused(t *testing.T) {
 // class would get, made by someone else, is not adopted: it stays as it
 // was, and the cluster says why (Ready False, Event).
 func TestForeignStorageClassRefused(t *testing.T) {
+	suite.Require(t)
 	foreign := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "mine"}, Provisioner: "example.com/other",
 		Parameters: map[string]string{"x": "y"}}
 	if err := env.Client.Create(testCtx(t), foreign); err != nil {
@@ -177,6 +180,7 @@ func TestForeignStorageClassRefused(t *testing.T) {
 // stays mounted in the agent while Volumes of it remain (their images are
 // deleted, and userspace ones served, from there), and goes with the last.
 func TestGoneClusterDataDirKeptWhileVolumes(t *testing.T) {
+	suite.Require(t)
 	sc := newCluster(t, "leaving", v1.StorageClusterSpec{DataDir: "/srv/leaving", CleanupPolicy: v1.CleanupRetain})
 	eventually(t, "leaving is served", func(ctx context.Context) (bool, error) {
 		args, err := agentArgs(ctx)
@@ -217,6 +221,7 @@ func TestGoneClusterDataDirKeptWhileVolumes(t *testing.T) {
 // before the set was node-wide) loses that owner reference, so that
 // deleting the cluster keeps it.
 func TestAdoptsPerClusterObjects(t *testing.T) {
+	suite.Require(t)
 	sc := newCluster(t, "berth", v1.StorageClusterSpec{})
 	keeper := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "berth-keeper", Namespace: namespace}}
 	get(t, keeper)

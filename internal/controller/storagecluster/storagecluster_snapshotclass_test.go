@@ -57,6 +57,7 @@ spec:
 // that changes nothing leaves it alone; and a CRD removed under a running
 // operator does not fail its reconciles.
 func TestStorageClusterSnapshotClass(t *testing.T) {
+	suite.Require(t)
 	sc := newCluster(t, "snap", v1.StorageClusterSpec{})
 	get(t, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "snap-userspace"}})
 	// A reconciler with its own client, whose REST mapper sees the API come

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -18,39 +17,27 @@ import (
 
 var (
 	cluster = testceph.New(testceph.TestOptions())
-	skip    string
-)
-
-func TestMain(m *testing.M) {
-	flag.Parse()
-	skip = testceph.SkipReason(context.Background())
-	stopped := true
-	code := testenv.Main(m, skip,
-		func() error {
+	// suite is the test Ceph alone (no API server). Its Teardown runs
+	// also after a failed Up (up.sh may have started daemons); a daemon,
+	// port or file left behind fails the run.
+	suite = &testenv.Suite{
+		NoAPIServer: true,
+		Skip:        func() string { return testceph.SkipReason(context.Background()) },
+		Setup: func(*testenv.Env) error {
 			start := time.Now()
 			err := cluster.Up(context.Background())
 			fmt.Fprintf(os.Stderr, "testceph: test Ceph up in %s\n", time.Since(start).Round(100*time.Millisecond))
 			return err
 		},
-		func(bool) {
-			// Also after a failed Up: up.sh may have started daemons.
-			if err := cluster.Stop(context.Background()); err != nil {
-				fmt.Fprintln(os.Stderr, "stop test Ceph:", err)
-				stopped = false
-			}
-		})
-	// A daemon, port or file left behind fails the run.
-	if code == 0 && !stopped {
-		code = 1
+		Teardown: func(bool) error { return cluster.Stop(context.Background()) },
 	}
-	os.Exit(code)
-}
+)
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, suite)) }
 
 func needCeph(tb testing.TB) *testceph.Cluster {
 	tb.Helper()
-	if skip != "" {
-		tb.Skip(skip)
-	}
+	suite.Require(tb)
 	return cluster
 }
 
