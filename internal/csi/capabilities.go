@@ -90,5 +90,27 @@ func capabilitiesFit(vol *v1.Volume, caps []*csi.VolumeCapability) error {
 	if fsType != "" && vol.Spec.FSType != "" && fsType != vol.Spec.FSType {
 		return fmt.Errorf("volume has fs type %s, capabilities ask for %s", vol.Spec.FSType, fsType)
 	}
+	for _, c := range caps {
+		if m := c.GetAccessMode().GetMode(); !accessFits(vol.Spec.AccessMode, m) {
+			return fmt.Errorf("volume is %s, capabilities ask for %v", vol.Spec.AccessMode, m)
+		}
+	}
 	return nil
+}
+
+// accessFits tells whether a volume fenced as have serves a CSI access mode:
+// the same mode or a narrower one; ReadWriteMany serves every mode.
+func accessFits(have v1.AccessMode, asked csi.VolumeCapability_AccessMode_Mode) bool {
+	want, err := accessMode(asked)
+	switch {
+	case err != nil:
+		return false
+	case want == have, have == v1.ReadWriteMany:
+		return true
+	case have == v1.ReadWriteOnce:
+		return want == v1.ReadWriteOncePod
+	case have == v1.ReadOnlyMany:
+		return asked == csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY
+	}
+	return false
 }

@@ -3,7 +3,6 @@ package csi
 import (
 	"context"
 	"errors"
-	"path/filepath"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -164,8 +163,8 @@ func (s *Node) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeSta
 	if !validID(req.GetVolumeId()) {
 		return nil, status.Errorf(codes.NotFound, "volume %q not found", req.GetVolumeId())
 	}
-	if !filepath.IsAbs(req.GetVolumePath()) {
-		return nil, status.Errorf(codes.NotFound, "volume path %q not found", req.GetVolumePath())
+	if err := s.checkVolumePath(req.GetVolumeId(), req.GetVolumePath()); err != nil {
+		return nil, err
 	}
 	st, err := s.agent.Stats(ctx, req.GetVolumeId(), req.GetVolumePath())
 	if err != nil {
@@ -190,6 +189,9 @@ func (s *Node) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRe
 	}
 	if !validID(req.GetVolumeId()) {
 		return nil, status.Errorf(codes.NotFound, "volume %q not found", req.GetVolumeId())
+	}
+	if err := s.checkVolumePath(req.GetVolumeId(), req.GetVolumePath(), req.GetStagingTargetPath()); err != nil {
+		return nil, err
 	}
 	block := req.GetVolumeCapability().GetBlock() != nil
 	if req.GetVolumeCapability() != nil {
@@ -217,6 +219,23 @@ func (s *Node) checkArgs(id string, paths ...string) error {
 	for _, p := range paths {
 		if err := s.agent.Paths().Check(p); err != nil {
 			return status.Error(codes.InvalidArgument, err.Error())
+		}
+	}
+	return nil
+}
+
+// checkVolumePath refuses, before anything runs, a path outside kubelet's
+// volume folders for berth (statfs or a grow of any filesystem on the node
+// otherwise): no volume of berth's is there, the spec's NotFound, which is
+// also what csi-sanity expects of "some/path". An empty path passes (an
+// optional one left out).
+func (s *Node) checkVolumePath(id string, paths ...string) error {
+	for _, p := range paths {
+		if p == "" {
+			continue
+		}
+		if err := s.agent.Paths().Check(p); err != nil {
+			return status.Errorf(codes.NotFound, "volume %q is not at %q: %v", id, p, err)
 		}
 	}
 	return nil
