@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -27,19 +28,40 @@ const (
 	APIBurst = 100
 )
 
-// RestConfig loads a kubeconfig file when path (or $KUBECONFIG) is set,
-// else the in-cluster service account; requests time out after APITimeout
-// and are limited to APIQPS/APIBurst.
-func RestConfig(path string) (*rest.Config, error) {
-	cfg, err := loadRestConfig(path)
+// KubeFlags are the API server flags of every command that talks to one.
+type KubeFlags struct {
+	// Kubeconfig is the kubeconfig file; "": $KUBECONFIG, else in-cluster.
+	Kubeconfig string
+	// QPS and Burst are the client-side rate limit.
+	QPS   float64
+	Burst int
+}
+
+// Register adds --kubeconfig, --kube-api-qps and --kube-api-burst to fs,
+// with APIQPS and APIBurst as defaults.
+func (k *KubeFlags) Register(fs *flag.FlagSet) {
+	fs.StringVar(&k.Kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG or in-cluster)")
+	fs.Float64Var(&k.QPS, "kube-api-qps", APIQPS, "requests per second to the API server (client-side limit)")
+	fs.IntVar(&k.Burst, "kube-api-burst", APIBurst, "burst of requests to the API server above --kube-api-qps")
+}
+
+// RestConfig loads the kubeconfig file when one is named (flag or
+// $KUBECONFIG), else the in-cluster service account; requests time out
+// after APITimeout and are limited to QPS/Burst (APIQPS/APIBurst when 0).
+func (k KubeFlags) RestConfig() (*rest.Config, error) {
+	cfg, err := loadRestConfig(k.Kubeconfig)
 	if err != nil {
 		return nil, err
 	}
 	if cfg.Timeout == 0 {
 		cfg.Timeout = APITimeout
 	}
-	if cfg.QPS == 0 {
-		cfg.QPS, cfg.Burst = APIQPS, APIBurst
+	cfg.QPS, cfg.Burst = APIQPS, APIBurst
+	if k.QPS > 0 {
+		cfg.QPS = float32(k.QPS)
+	}
+	if k.Burst > 0 {
+		cfg.Burst = k.Burst
 	}
 	return cfg, nil
 }

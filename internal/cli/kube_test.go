@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"flag"
 	"os"
 	"path/filepath"
 	"testing"
@@ -19,11 +20,23 @@ current-context: x
 	if err := os.WriteFile(path, []byte(kc), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := RestConfig(path)
+	fs := flag.NewFlagSet("test", flag.ContinueOnError)
+	var k KubeFlags
+	k.Register(fs)
+	if err := fs.Parse([]string{"--kubeconfig", path}); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := k.RestConfig()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Timeout != APITimeout {
-		t.Errorf("rest config timeout = %s, want %s", cfg.Timeout, APITimeout)
+	if cfg.Timeout != APITimeout || cfg.QPS != APIQPS || cfg.Burst != APIBurst {
+		t.Errorf("rest config timeout %s, qps %v, burst %d; want %s, %d, %d", cfg.Timeout, cfg.QPS, cfg.Burst, APITimeout, APIQPS, APIBurst)
+	}
+	if err := fs.Parse([]string{"--kube-api-qps", "7", "--kube-api-burst", "9"}); err != nil {
+		t.Fatal(err)
+	}
+	if cfg, err = k.RestConfig(); err != nil || cfg.QPS != 7 || cfg.Burst != 9 {
+		t.Errorf("--kube-api-qps 7 --kube-api-burst 9: qps %v, burst %d, %v", cfg.QPS, cfg.Burst, err)
 	}
 }

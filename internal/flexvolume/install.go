@@ -7,6 +7,18 @@ import (
 	"path/filepath"
 )
 
+// SocketFile is the file beside the installed driver that names the agent
+// socket: the agent writes it when it installs the driver (kubelet passes
+// the driver no flags).
+const SocketFile = "agent-socket"
+
+// DefaultSocket is the agent socket when nothing else names it.
+const DefaultSocket = "/run/berth/agent.sock"
+
+// ReadyMessage starts the driver's init message when the agent answered;
+// the agent checks for it after installing the driver.
+const ReadyMessage = "agent ready"
+
 // Install copies binary into <pluginDir>/berth.io~berth/berth, where kubelet
 // looks for the driver, and writes extra files beside it (name → content).
 // Each file is written to a temporary name and renamed, so kubelet never

@@ -31,10 +31,10 @@ import (
 	"github.com/berth-io/berth/internal/backend"
 	"github.com/berth-io/berth/internal/blockdev"
 	"github.com/berth-io/berth/internal/cli"
-	flexcli "github.com/berth-io/berth/internal/cli/flexvolume"
 	"github.com/berth-io/berth/internal/controller"
 	"github.com/berth-io/berth/internal/csi"
 	"github.com/berth-io/berth/internal/fence"
+	"github.com/berth-io/berth/internal/flexvolume"
 	"github.com/berth-io/berth/internal/heal"
 	"github.com/berth-io/berth/internal/keeper"
 	"github.com/berth-io/berth/internal/metrics"
@@ -298,9 +298,9 @@ func Command() cli.Command {
 			fs := flag.NewFlagSet("berth agent", flag.ContinueOnError)
 			fs.SetOutput(stdio.Stderr)
 			var (
-				cfg        Config
-				kubeconfig string
-				verbosity  int
+				cfg       Config
+				kube      cli.KubeFlags
+				verbosity int
 			)
 			fs.StringVar(&cfg.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
 			fs.StringVar(&cfg.Namespace, "namespace", envOr("POD_NAMESPACE", "berth-system"), "berth's namespace, for this node's CSIStorageCapacity objects (default $POD_NAMESPACE or berth-system)")
@@ -308,7 +308,7 @@ func Command() cli.Command {
 			fs.StringVar(&cfg.RunDir, "run-dir", "/run/berth", "node-wide folder for the blockdev servers' mount points and the Flexvolume staging folders (the keeper must see it)")
 			fs.StringVar(&cfg.CSIEndpoint, "csi-endpoint", "unix:///var/lib/kubelet/plugins/berth.io/csi.sock", "CSI endpoint (unix socket)")
 			fs.StringVar(&cfg.KubeletDir, "kubelet-dir", "/var/lib/kubelet", "kubelet root: plugin registration, and the only folder (with the run dir's flex-staging) whose volume paths the agent mounts or unmounts; empty: do not register, accept no kubelet path")
-			fs.StringVar(&cfg.AgentSocket, "agent-socket", flexcli.DefaultSocket, "root-only agent socket for the Flexvolume driver")
+			fs.StringVar(&cfg.AgentSocket, "agent-socket", flexvolume.DefaultSocket, "root-only agent socket for the Flexvolume driver")
 			fs.StringVar(&cfg.VolumePluginDir, "volume-plugin-dir", "/usr/libexec/kubernetes/kubelet-plugins/volume/exec", "kubelet's Flexvolume folder to install the driver into; empty: do not install")
 			fs.StringVar(&cfg.HealthAddr, "health-addr", DefaultHealthAddr, "/healthz and /readyz listen address (the agent runs on the host network); 0 disables")
 			fs.DurationVar(&cfg.CapacityInterval, "capacity-interval", 30*time.Second, "how often free capacity is reported")
@@ -329,14 +329,14 @@ func Command() cli.Command {
 			fs.DurationVar(&cfg.ToolTimeouts.Mount, "mount-timeout", def.Mount, "how long mount or umount may take before it is killed")
 			fs.DurationVar(&cfg.LockWait, "background-lock-wait", nodeagent.DefaultLockWait, "how long healing and cleanup wait for a volume another operation holds before they retry it later")
 			fs.StringVar(&cfg.MetricsAddr, "metrics-addr", DefaultMetricsAddr, "Prometheus /metrics listen address (the agent runs on the host network); 0 disables")
-			fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG or in-cluster)")
+			kube.Register(fs)
 			fs.IntVar(&verbosity, "v", 0, "log verbosity")
 			if err := fs.Parse(args); err != nil {
 				return err
 			}
 			cfg.Log = cli.NewLogger(stdio.Stderr, verbosity, "agent")
 			var err error
-			if cfg.Rest, err = cli.RestConfig(kubeconfig); err != nil {
+			if cfg.Rest, err = kube.RestConfig(); err != nil {
 				return err
 			}
 			return cfg.Run(ctx)

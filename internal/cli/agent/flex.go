@@ -18,7 +18,6 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/berth-io/berth/internal/agent/socket"
-	flexcli "github.com/berth-io/berth/internal/cli/flexvolume"
 	"github.com/berth-io/berth/internal/flexvolume"
 )
 
@@ -113,7 +112,7 @@ func (f *flexRunnable) install() (string, error) {
 			return "", fmt.Errorf("find own binary: %w", err)
 		}
 	}
-	return flexvolume.Install(f.pluginDir, self, map[string]string{flexcli.SocketFile: f.socket + "\n"})
+	return flexvolume.Install(f.pluginDir, self, map[string]string{flexvolume.SocketFile: f.socket + "\n"})
 }
 
 // init runs the installed driver's init, which handshakes with the socket.
@@ -129,7 +128,7 @@ func (f *flexRunnable) init(ctx context.Context, driver string) error {
 	if err := json.Unmarshal(out, &res); err != nil {
 		return fmt.Errorf("installed driver %s init printed %q: %w", driver, out, err)
 	}
-	if res.Status != flexvolume.StatusSuccess || !strings.HasPrefix(res.Message, flexcli.ReadyMessage) {
+	if res.Status != flexvolume.StatusSuccess || !strings.HasPrefix(res.Message, flexvolume.ReadyMessage) {
 		return fmt.Errorf("installed driver %s init: %s: %s", driver, res.Status, res.Message)
 	}
 	f.log.Info("flexvolume driver installed", "path", driver, "init", res.Message)

@@ -138,9 +138,9 @@ func Command() cli.Command {
 			fs := flag.NewFlagSet("berth csi-controller", flag.ContinueOnError)
 			fs.SetOutput(stdio.Stderr)
 			var (
-				cfg        Config
-				kubeconfig string
-				verbosity  int
+				cfg       Config
+				kube      cli.KubeFlags
+				verbosity int
 			)
 			fs.StringVar(&cfg.Endpoint, "endpoint", "unix:///csi/csi.sock", "CSI endpoint (unix socket)")
 			ns := os.Getenv("POD_NAMESPACE")
@@ -151,14 +151,14 @@ func Command() cli.Command {
 			fs.DurationVar(&cfg.Wait, "agent-wait", 2*time.Minute, "how long a call waits for the node agent")
 			fs.StringVar(&cfg.MetricsAddr, "metrics-addr", DefaultMetricsAddr, "Prometheus /metrics listen address; 0 disables")
 			fs.StringVar(&cfg.HealthAddr, "health-addr", DefaultHealthAddr, "/healthz and /readyz listen address; 0 disables")
-			fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG or in-cluster)")
+			kube.Register(fs)
 			fs.IntVar(&verbosity, "v", 0, "log verbosity")
 			if err := fs.Parse(args); err != nil {
 				return err
 			}
 			cfg.Log = cli.NewLogger(stdio.Stderr, verbosity, "csi-controller")
 			var err error
-			if cfg.Rest, err = cli.RestConfig(kubeconfig); err != nil {
+			if cfg.Rest, err = kube.RestConfig(); err != nil {
 				return err
 			}
 			return cfg.Run(ctx)

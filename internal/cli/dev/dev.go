@@ -18,8 +18,19 @@ import (
 	"github.com/berth-io/berth/internal/cli"
 )
 
+// Actions of `berth dev`.
+const (
+	ActionUp   = "up"
+	ActionDown = "down"
+)
+
+// ErrAction means an action other than up or down.
+var ErrAction = errors.New("berth dev: want up or down")
+
 // Config is what `berth dev` needs.
 type Config struct {
+	// Action is ActionUp or ActionDown.
+	Action string
 	// Repo is the berth source tree holding hack/cluster.
 	Repo string
 	// BerthBinary is the static berth binary the berth image is built from.
@@ -39,6 +50,17 @@ type Config struct {
 	Out io.Writer
 	// Exec runs the scripts and kubectl.
 	Exec utilexec.Interface
+}
+
+// Run does c.Action.
+func (c Config) Run(ctx context.Context) error {
+	switch c.Action {
+	case ActionUp:
+		return c.up(ctx)
+	case ActionDown:
+		return c.down(ctx)
+	}
+	return fmt.Errorf("action %q: %w", c.Action, ErrAction)
 }
 
 // ErrNoRepo means Repo is not a berth source tree.
@@ -71,18 +93,17 @@ func Command() cli.Command {
 		Name:    "dev",
 		Summary: "bring up (up) or remove (down) a local Kubernetes (--nodes N) with berth (root)",
 		Main: func(ctx context.Context, args []string, stdio cli.IO) error {
-			if len(args) == 0 || (args[0] != "up" && args[0] != "down") {
+			if len(args) == 0 || (args[0] != ActionUp && args[0] != ActionDown) {
 				fmt.Fprintln(stdio.Stderr, "usage: berth dev up|down [flags]")
-				return errors.New("berth dev: want up or down")
+				return ErrAction
 			}
-			verb := args[0]
-			fs := flag.NewFlagSet("berth dev "+verb, flag.ContinueOnError)
+			fs := flag.NewFlagSet("berth dev "+args[0], flag.ContinueOnError)
 			fs.SetOutput(stdio.Stderr)
 			self, err := os.Executable()
 			if err != nil {
 				return fmt.Errorf("find own binary: %w", err)
 			}
-			cfg := Config{Out: stdio.Stdout, Exec: utilexec.New(), Tick: 5 * time.Second}
+			cfg := Config{Action: args[0], Out: stdio.Stdout, Exec: utilexec.New(), Tick: 5 * time.Second}
 			fs.StringVar(&cfg.Repo, "repo", ".", "berth source tree (holds hack/cluster)")
 			fs.StringVar(&cfg.WorkDir, "work-dir", envOr("BERTH_E2E_DIR", "/var/lib/berth-e2e"), "cluster folder (default $BERTH_E2E_DIR)")
 			fs.StringVar(&cfg.BerthBinary, "berth-binary", self, "static berth binary for the berth image")
@@ -95,10 +116,7 @@ func Command() cli.Command {
 			if cfg.Repo, err = filepath.Abs(cfg.Repo); err != nil {
 				return fmt.Errorf("--repo: %w", err)
 			}
-			if verb == "up" {
-				return cfg.Up(ctx)
-			}
-			return cfg.Down(ctx)
+			return cfg.Run(ctx)
 		},
 	}
 }

@@ -91,8 +91,11 @@ func TestLoadClusterEnvRequiresKeys(t *testing.T) {
 func TestCommandRejectsBadInput(t *testing.T) {
 	var out strings.Builder
 	stdio := cli.IO{Stdout: &out, Stderr: &out}
-	if err := Command().Main(context.Background(), []string{"sideways"}, stdio); err == nil {
-		t.Error("berth dev sideways succeeded")
+	if err := Command().Main(context.Background(), []string{"sideways"}, stdio); !errors.Is(err, ErrAction) {
+		t.Errorf("berth dev sideways: %v, want ErrAction", err)
+	}
+	if err := (Config{Action: "sideways"}).Run(context.Background()); !errors.Is(err, ErrAction) {
+		t.Errorf("Run of action sideways: %v, want ErrAction", err)
 	}
 	err := Command().Main(context.Background(), []string{"up", "--repo", t.TempDir()}, stdio)
 	if !errors.Is(err, ErrNoRepo) {

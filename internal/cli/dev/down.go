@@ -12,10 +12,10 @@ import (
 	"time"
 )
 
-// Down removes the demo, then berth, then the whole cluster, and checks that
+// down removes the demo, then berth, then the whole cluster, and checks that
 // nothing is left (hack/cluster/leftovers.sh). Consumer pods go before the
 // driver so that kubelet can still unmount their volumes.
-func (c Config) Down(ctx context.Context) error {
+func (c Config) down(ctx context.Context) error {
 	if err := c.check(); err != nil {
 		return err
 	}

@@ -17,9 +17,9 @@ const (
 	DemoText      = "hello from berth"
 )
 
-// Up brings up the cluster, installs berth, and (with Demo) runs a pod that
+// up brings up the cluster, installs berth, and (with Demo) runs a pod that
 // writes to a berth volume. Every step finds what a previous run made.
-func (c Config) Up(ctx context.Context) error {
+func (c Config) up(ctx context.Context) error {
 	if err := c.check(); err != nil {
 		return err
 	}

@@ -19,13 +19,6 @@ import (
 	flex "github.com/berth-io/berth/internal/flexvolume"
 )
 
-// SocketFile is the file beside the installed driver that names the agent socket; the
-// agent writes it when it installs the driver (kubelet passes no flags).
-const SocketFile = "agent-socket"
-
-// DefaultSocket is the agent socket when nothing else names it.
-const DefaultSocket = "/run/berth/agent.sock"
-
 // Config of one driver call.
 type Config struct {
 	Args    []string // command and its arguments, as kubelet passes them
@@ -97,14 +90,10 @@ func (c Config) init(ctx context.Context) flex.Result {
 	case !resp.OK:
 		res.Message = "agent refused the handshake: " + resp.Message
 	default:
-		res.Message = fmt.Sprintf("%s on node %s (protocol %d)", ReadyMessage, resp.Node, resp.Version)
+		res.Message = fmt.Sprintf("%s on node %s (protocol %d)", flex.ReadyMessage, resp.Node, resp.Version)
 	}
 	return res
 }
-
-// ReadyMessage starts init's message when the agent answered; the agent
-// checks for it after installing the driver.
-const ReadyMessage = "agent ready"
 
 // socketPath finds the agent socket: $BERTH_AGENT_SOCKET, the file the agent
 // wrote beside the driver, or the default.
@@ -112,12 +101,12 @@ func socketPath(self string) string {
 	if s := os.Getenv("BERTH_AGENT_SOCKET"); s != "" {
 		return s
 	}
-	if b, err := os.ReadFile(filepath.Join(filepath.Dir(self), SocketFile)); err == nil {
+	if b, err := os.ReadFile(filepath.Join(filepath.Dir(self), flex.SocketFile)); err == nil {
 		if s := strings.TrimSpace(string(b)); s != "" {
 			return s
 		}
 	}
-	return DefaultSocket
+	return flex.DefaultSocket
 }
 
 // Command is `berth flexvolume`; cmd/berth also runs it when started from a

@@ -165,12 +165,12 @@ func Command() cli.Command {
 			fs := flag.NewFlagSet("berth operator", flag.ContinueOnError)
 			fs.SetOutput(stdio.Stderr)
 			var (
-				cfg        Config
-				kubeconfig string
-				verbosity  int
+				cfg       Config
+				kube      cli.KubeFlags
+				verbosity int
 			)
 			Flags(fs, &cfg, os.Getenv)
-			fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG or in-cluster)")
+			kube.Register(fs)
 			fs.IntVar(&verbosity, "v", 0, "log verbosity")
 			if err := fs.Parse(args); err != nil {
 				return err
@@ -180,7 +180,7 @@ func Command() cli.Command {
 			}
 			cfg.Log = cli.NewLogger(stdio.Stderr, verbosity, "operator")
 			var err error
-			if cfg.Rest, err = cli.RestConfig(kubeconfig); err != nil {
+			if cfg.Rest, err = kube.RestConfig(); err != nil {
 				return err
 			}
 			return cfg.Run(ctx)
