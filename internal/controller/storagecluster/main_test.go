@@ -26,8 +26,10 @@ import (
 const namespace = "berth-system"
 
 var (
-	env  *testenv.Env
-	opts = storagecluster.Options{
+	env *testenv.Env
+	// afterTests run once every test is done (a test Ceph to stop).
+	afterTests []func()
+	opts       = storagecluster.Options{
 		Namespace:                namespace,
 		Image:                    "berth.local/berth:test",
 		ImagePullPolicy:          corev1.PullNever,
@@ -77,7 +79,7 @@ func run(m *testing.M) int {
 		return 1
 	}
 	r := &storagecluster.Reconciler{Client: mgr.GetClient(), Options: opts, Log: log.WithName("storagecluster"), CleanupPoll: 200 * time.Millisecond,
-		Direct: env.Client, Recorder: mgr.GetEventRecorderFor("berth-operator")}
+		Direct: env.Client, Recorder: mgr.GetEventRecorderFor("berth-operator"), CephConnectTimeout: cephConnectTimeout}
 	if err := r.SetupWithManager(mgr); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -85,6 +87,9 @@ func run(m *testing.M) int {
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
 	code := m.Run()
+	for _, f := range afterTests {
+		f()
+	}
 	cancel()
 	if err := <-done; err != nil {
 		fmt.Fprintln(os.Stderr, "manager:", err)

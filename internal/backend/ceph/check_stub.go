@@ -1,0 +1,13 @@
+//go:build !ceph
+
+package ceph
+
+import (
+	"context"
+
+	"github.com/go-logr/logr"
+)
+
+// Check reports that this binary cannot reach Ceph (see check.go for the
+// one built with the ceph tag).
+func Check(context.Context, Config, logr.Logger) error { return ErrNotBuilt }
