@@ -10,6 +10,15 @@ import (
 	"github.com/go-logr/logr"
 )
 
+// Open connects as cfg says (New); ctx bounds connecting.
+func Open(ctx context.Context, cfg Config, log logr.Logger) (Store, error) {
+	b, err := New(ctx, cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
 // Check connects as cfg says, opens the pool and asks an OSD for one of
 // berth's objects, then disconnects: whether volumes could be made, before
 // any is. Errors wrap ErrMonitorsUnreachable, ErrAuthentication or

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/backend"
 )
 
@@ -62,8 +63,11 @@ const legacyMonPort = "6789"
 // StorageCluster.spec.ceph.monitors has them) into a mon_host value. Port
 // 6789 without a prefix is msgr1, any other msgr2. Host names are resolved
 // here with lookup, so that librados gets addresses only and a name that
-// does not resolve is reported as such.
+// does not resolve is reported as such (nil lookup: the system resolver).
 func MonHost(ctx context.Context, monitors []string, lookup func(ctx context.Context, host string) ([]string, error)) (string, error) {
+	if lookup == nil {
+		lookup = net.DefaultResolver.LookupHost
+	}
 	var out []string
 	for _, m := range monitors {
 		proto, addr := "", m
@@ -94,4 +98,34 @@ func MonHost(ctx context.Context, monitors []string, lookup func(ctx context.Con
 		return "", errors.New("no monitors")
 	}
 	return strings.Join(out, ","), nil
+}
+
+// ConfigFor is the Config of a StorageCluster's spec.ceph with the client
+// of its Secret (userID, userKey): what the operator checks and the CSI
+// controller opens. Monitor host names are resolved with lookup (nil: the
+// system resolver).
+func ConfigFor(ctx context.Context, spec *v1.CephSpec, userID, userKey string, lookup func(ctx context.Context, host string) ([]string, error)) (Config, error) {
+	monitors := make([]string, len(spec.Monitors))
+	for i, m := range spec.Monitors {
+		monitors[i] = string(m)
+	}
+	features := make([]string, len(spec.ImageFeatures))
+	for i, f := range spec.ImageFeatures {
+		features[i] = string(f)
+	}
+	cfg := Config{
+		Pool: spec.Pool, DataPool: spec.DataPool,
+		// Ceph-CSI's userID is the id without "client."; be lenient.
+		Client: strings.TrimPrefix(userID, "client."), Key: userKey,
+		Features: features,
+	}
+	var err error
+	cfg.Monitors, err = MonHost(ctx, monitors, lookup)
+	return cfg, err
+}
+
+// Store is a connected ceph backend: backend.Store, and Close at shutdown.
+type Store interface {
+	backend.Store
+	Close()
 }

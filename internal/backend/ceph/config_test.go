@@ -3,8 +3,10 @@ package ceph_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
+	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/backend/ceph"
 )
 
@@ -37,5 +39,23 @@ func TestMonHost(t *testing.T) {
 		case tc.err != nil && !errors.Is(err, tc.err):
 			t.Errorf("MonHost(%q): %v, want %v", tc.in, err, tc.err)
 		}
+	}
+}
+
+func TestConfigFor(t *testing.T) {
+	spec := &v1.CephSpec{
+		Monitors: []v1.CephMonitor{"10.0.0.1:3300", "10.0.0.2:6789"}, Pool: "rbd", DataPool: "ec",
+		ImageFeatures: []v1.CephImageFeature{"layering", "exclusive-lock", "object-map"},
+	}
+	cfg, err := ceph.ConfigFor(context.Background(), spec, "client.berth", "SECRET", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Monitors != "[v2:10.0.0.1:3300],[v1:10.0.0.2:6789]" || cfg.Pool != "rbd" || cfg.DataPool != "ec" ||
+		cfg.Client != "berth" || cfg.Key != "SECRET" || len(cfg.Features) != 3 || cfg.Features[2] != "object-map" {
+		t.Errorf("config %+v", cfg)
+	}
+	if s := cfg.String(); strings.Contains(s, "SECRET") {
+		t.Errorf("String shows the key: %s", s)
 	}
 }

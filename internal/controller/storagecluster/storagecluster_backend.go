@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"strings"
 	"sync"
 	"time"
@@ -163,28 +162,9 @@ func (r *Reconciler) checkCeph(ctx context.Context, log logr.Logger, sc *v1.Stor
 
 // dialCeph runs the connection check; ctx bounds it.
 func (r *Reconciler) dialCeph(ctx context.Context, log logr.Logger, spec *v1.CephSpec, secret *corev1.Secret, timeout time.Duration) (metav1.Condition, time.Duration) {
-	monitors := make([]string, len(spec.Monitors))
-	for i, m := range spec.Monitors {
-		monitors[i] = string(m)
-	}
-	lookup := r.LookupHost
-	if lookup == nil {
-		lookup = net.DefaultResolver.LookupHost
-	}
-	features := make([]string, len(spec.ImageFeatures))
-	for i, f := range spec.ImageFeatures {
-		features[i] = string(f)
-	}
-	cfg := ceph.Config{
-		Pool: spec.Pool, DataPool: spec.DataPool,
-		// Ceph-CSI's userID is the id without "client."; be lenient.
-		Client:   strings.TrimPrefix(string(secret.Data[v1.CephSecretUserID]), "client."),
-		Key:      string(secret.Data[v1.CephSecretUserKey]),
-		Features: features, ConnectTimeout: timeout, OpTimeout: timeout,
-	}
-	monHost, err := ceph.MonHost(ctx, monitors, lookup)
+	cfg, err := ceph.ConfigFor(ctx, spec, string(secret.Data[v1.CephSecretUserID]), string(secret.Data[v1.CephSecretUserKey]), r.LookupHost)
 	if err == nil {
-		cfg.Monitors = monHost
+		cfg.ConnectTimeout, cfg.OpTimeout = timeout, timeout
 		check := r.CheckCeph
 		if check == nil {
 			check = ceph.Check
@@ -197,7 +177,7 @@ func (r *Reconciler) dialCeph(ctx context.Context, log logr.Logger, spec *v1.Cep
 	switch {
 	case err == nil:
 		cond.Status, cond.Reason = metav1.ConditionTrue, ReasonConnected
-		cond.Message = fmt.Sprintf("connected to %s as client.%s; pool %s is usable", strings.Join(monitors, ","), cfg.Client, spec.Pool)
+		cond.Message = fmt.Sprintf("connected to %s as client.%s; pool %s is usable", cfg.Monitors, cfg.Client, spec.Pool)
 		return cond, cephRecheckOK
 	case errors.Is(err, ceph.ErrNotBuilt):
 		cond.Reason = ReasonCephNotBuilt
