@@ -86,8 +86,11 @@ func MonHost(ctx context.Context, monitors []string, lookup func(ctx context.Con
 		}
 		ips := []string{host}
 		if net.ParseIP(host) == nil {
-			if ips, err = lookup(ctx, host); err != nil || len(ips) == 0 {
-				return "", fmt.Errorf("%w: monitor host %s does not resolve: %v", ErrMonitorsUnreachable, host, err)
+			if ips, err = lookup(ctx, host); err == nil && len(ips) == 0 {
+				err = errors.New("no address")
+			}
+			if err != nil {
+				return "", fmt.Errorf("%w: monitor host %s does not resolve: %w", ErrMonitorsUnreachable, host, err)
 			}
 		}
 		for _, ip := range ips {
