@@ -34,7 +34,7 @@ fi
 if ! hack/install-deps.sh librbd-dev librados-dev; then
 	echo "verify: cannot vet the ceph backend without librbd-dev and librados-dev" >&2
 	fail=1
-elif ! go vet -tags ceph,pacific ./internal/backend/ceph/...; then
+elif ! go vet -tags ceph,pacific ./internal/backend/ceph/... ./internal/controller/storagecluster/...; then
 	echo "verify: go vet -tags ceph,pacific failed" >&2
 	fail=1
 fi

@@ -41,12 +41,19 @@ const (
 )
 
 // StorageClusterSpec is the wanted state of one storage cluster.
+// +kubebuilder:validation:XValidation:rule="(has(self.backend) ? self.backend : 'local') != 'ceph' || has(self.ceph)",message="spec.ceph is required when backend is ceph"
+// +kubebuilder:validation:XValidation:rule="!has(self.ceph) || (has(self.backend) ? self.backend : 'local') == 'ceph'",message="spec.ceph is only allowed when backend is ceph"
 // +kubebuilder:validation:XValidation:rule="self.network.provider != 'multus' || (has(self.network.selectors) && (has(self.network.selectors.public) || has(self.network.selectors.cluster)))",message="network.provider multus needs at least one of network.selectors.public or network.selectors.cluster"
 type StorageClusterSpec struct {
 	// Backend stores the volumes.
 	// +kubebuilder:default=local
 	// +optional
 	Backend Backend `json:"backend,omitempty"`
+
+	// Ceph names the existing Ceph cluster, pool and cephx client that hold
+	// the volumes; required when backend is ceph, refused otherwise.
+	// +optional
+	Ceph *CephSpec `json:"ceph,omitempty"`
 
 	// DataDir is the folder on each node that holds local volume images: a
 	// clean absolute path, not / nor a system folder (ValidateDataDir).

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -17,30 +16,6 @@ import (
 
 	"github.com/berth-io/berth/internal/backend"
 )
-
-// Config names the Ceph cluster, pool and cephx client to store volumes in.
-type Config struct {
-	// Monitors: the mon_host value (comma-separated ADDR:PORT or [v2:...]).
-	Monitors string
-	// Pool holds the images and the name maps; DataPool, optional, the
-	// images' data (an erasure-coded pool, say).
-	Pool, DataPool string
-	// Client is the cephx id without "client."; Key its secret (never
-	// logged: String leaves it out).
-	Client, Key string
-	// Features of new images; empty: layering and exclusive-lock.
-	Features []string
-	// ConnectTimeout bounds connecting (client_mount_timeout); OpTimeout
-	// each monitor and OSD request, so that a call running past its
-	// caller's deadline ends too. Zero: 10 s and 30 s.
-	ConnectTimeout, OpTimeout time.Duration
-}
-
-// String describes the config without the key.
-func (c Config) String() string {
-	return fmt.Sprintf("monitors=%s pool=%s data-pool=%s client=%s features=%s",
-		c.Monitors, c.Pool, c.DataPool, c.Client, strings.Join(c.Features, ","))
-}
 
 // Backend stores volumes as RBD images. Per-ID serialisation is the
 // caller's job, as for backend.Local.
@@ -152,14 +127,14 @@ func (b *Backend) connect() (err error) {
 	}
 	ioctx, err := conn.OpenIOContext(b.cfg.Pool)
 	if err != nil {
-		return fmt.Errorf("open pool %s: %w", b.cfg.Pool, explain(err))
+		return fmt.Errorf("open pool %s: %w", b.cfg.Pool, poolError(err))
 	}
 	if b.cfg.DataPool != "" {
 		// Only to check it exists: librbd opens it itself.
 		dctx, err := conn.OpenIOContext(b.cfg.DataPool)
 		if err != nil {
 			ioctx.Destroy()
-			return fmt.Errorf("open data pool %s: %w", b.cfg.DataPool, explain(err))
+			return fmt.Errorf("open data pool %s: %w", b.cfg.DataPool, poolError(err))
 		}
 		dctx.Destroy()
 	}
@@ -215,13 +190,21 @@ func isNotFound(err error) bool { return errno(err) == syscall.ENOENT }
 func explain(err error) error {
 	switch errno(err) {
 	case syscall.EACCES, syscall.EPERM:
-		return fmt.Errorf("key refused or caps insufficient: %w", err)
+		return fmt.Errorf("%w: %w", ErrAuthentication, err)
 	case syscall.ETIMEDOUT:
-		return fmt.Errorf("monitors unreachable: %w", err)
+		return fmt.Errorf("%w: %w", ErrMonitorsUnreachable, err)
 	case syscall.ENOENT:
 		return fmt.Errorf("%w: %w", backend.ErrNotFound, err)
 	}
 	return err
+}
+
+// poolError marks a pool that does not exist.
+func poolError(err error) error {
+	if isNotFound(err) {
+		return fmt.Errorf("%w: %w", ErrPoolNotFound, err)
+	}
+	return explain(err)
 }
 
 func alignSize(size int64) (int64, error) {

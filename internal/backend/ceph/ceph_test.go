@@ -59,17 +59,11 @@ func ctxT(tb testing.TB) context.Context {
 // clientKey reads client.berth's secret from its keyring.
 func clientKey(t *testing.T) string {
 	t.Helper()
-	b, err := os.ReadFile(cluster.Keyring)
+	k, err := cluster.ClientKey()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if k, v, ok := strings.Cut(strings.TrimSpace(l), "="); ok && strings.TrimSpace(k) == "key" {
-			return strings.TrimSpace(v)
-		}
-	}
-	t.Fatalf("no key in %s", cluster.Keyring)
-	return ""
+	return k
 }
 
 func config(t *testing.T) ceph.Config {

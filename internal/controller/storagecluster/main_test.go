@@ -30,7 +30,9 @@ var (
 	suite = &testenv.Suite{Setup: startManager, Teardown: func(failed bool) error { return stopManager(failed) }}
 	// stopManager stops the controller and waits for it.
 	stopManager = func(bool) error { return nil }
-	opts        = storagecluster.Options{
+	// afterTests run once every test is done (a test Ceph to stop).
+	afterTests []func()
+	opts       = storagecluster.Options{
 		Namespace:                namespace,
 		Image:                    "berth.local/berth:test",
 		ImagePullPolicy:          corev1.PullNever,
@@ -67,7 +69,7 @@ func startManager(e *testenv.Env) error {
 		return err
 	}
 	r := &storagecluster.Reconciler{Client: mgr.GetClient(), Options: opts, Log: log.WithName("storagecluster"), CleanupPoll: 200 * time.Millisecond,
-		Direct: env.Client, Recorder: mgr.GetEventRecorderFor("berth-operator")}
+		Direct: env.Client, Recorder: mgr.GetEventRecorderFor("berth-operator"), CephConnectTimeout: cephConnectTimeout}
 	if err := r.SetupWithManager(mgr); err != nil {
 		cancel()
 		return err
@@ -75,6 +77,9 @@ func startManager(e *testenv.Env) error {
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
 	stopManager = func(bool) error {
+		for _, f := range afterTests {
+			f()
+		}
 		cancel()
 		if err := <-done; err != nil {
 			return fmt.Errorf("manager: %w", err)

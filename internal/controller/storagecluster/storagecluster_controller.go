@@ -105,6 +105,14 @@ type Reconciler struct {
 	Recorder record.EventRecorder
 	// Clock: the real one when nil.
 	Clock clock.Clock
+	// CheckCeph checks a ceph cluster's connection (nil: ceph.Check);
+	// LookupHost resolves monitor host names (nil: the system resolver);
+	// CephConnectTimeout bounds its steps (0: DefaultCephConnectTimeout).
+	CheckCeph          CephCheck
+	LookupHost         func(ctx context.Context, host string) ([]string, error)
+	CephConnectTimeout time.Duration
+
+	cephChecks cephChecks
 
 	// nodeWideMu serialises applying the node-wide set (at start and from
 	// reconciles).
@@ -208,13 +216,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if applyErr != nil {
 		log.Error(applyErr, "applying objects")
 	}
-	if err := r.writeStatus(ctx, sc, obs, applyErr); err != nil {
+	backendCond, recheck := r.backendCondition(ctx, log, sc)
+	if err := r.writeStatus(ctx, sc, obs, applyErr, backendCond); err != nil {
 		return ctrl.Result{}, err
 	}
 	if applyErr != nil {
 		return ctrl.Result{}, applyErr
 	}
-	return ctrl.Result{}, nil
+	return ctrl.Result{RequeueAfter: recheck}, nil
 }
 
 // reconcileDelete runs the cleanup rule and lets the cluster go once it holds.
@@ -251,6 +260,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, log logr.Logger, sc *v
 	if err := r.Client.Update(ctx, sc); err != nil && !apierrors.IsNotFound(err) {
 		return ctrl.Result{}, fmt.Errorf("remove finalizer: %w", err)
 	}
+	r.cephChecks.forget(sc.UID)
 	log.Info("cleanup done, finalizer removed", "policy", sc.Spec.CleanupPolicy)
 	return ctrl.Result{}, nil
 }

@@ -66,7 +66,7 @@ func (r *Reconciler) writeRefused(ctx context.Context, sc *v1.StorageCluster, wh
 }
 
 // writeStatus records what obs says, only when something changed.
-func (r *Reconciler) writeStatus(ctx context.Context, sc *v1.StorageCluster, obs observed, applyErr error) error {
+func (r *Reconciler) writeStatus(ctx context.Context, sc *v1.StorageCluster, obs observed, applyErr error, backend metav1.Condition) error {
 	before := sc.DeepCopy()
 	gen := sc.Generation
 	conds := []metav1.Condition{
@@ -74,6 +74,7 @@ func (r *Reconciler) writeStatus(ctx context.Context, sc *v1.StorageCluster, obs
 		daemonSetCondition(ConditionKeeperReady, "keeper", obs.keeper, false),
 		deploymentCondition(obs.controller),
 		{Type: ConditionDataDirServed, Status: metav1.ConditionTrue, Reason: ReasonReady, Message: "the node-wide agent mounts " + sc.Spec.DataDir},
+		backend,
 	}
 	ready := metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonReady, Message: "all components are ready"}
 	var notReady []string
@@ -86,6 +87,10 @@ func (r *Reconciler) writeStatus(ctx context.Context, sc *v1.StorageCluster, obs
 	switch {
 	case applyErr != nil:
 		ready = metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonApplyFailed, Message: applyErr.Error()}
+		phase = v1.StorageClusterError
+	case backend.Status != metav1.ConditionTrue:
+		// The backend's own reason says what to fix (a key, a pool, ...).
+		ready = metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionFalse, Reason: backend.Reason, Message: "backend: " + backend.Message}
 		phase = v1.StorageClusterError
 	case len(notReady) > 0:
 		ready = metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonNotReady, Message: "not ready: " + strings.Join(notReady, ", ")}

@@ -199,6 +199,21 @@ func (c *Cluster) script(ctx context.Context, timeout time.Duration, name string
 	return stdout.Bytes(), nil
 }
 
+// ClientKey reads the berth client's secret from its keyring (for a
+// Secret or a ceph.Config; never log it).
+func (c *Cluster) ClientKey() (string, error) {
+	b, err := os.ReadFile(c.Keyring)
+	if err != nil {
+		return "", err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(l), "="); ok && strings.TrimSpace(k) == "key" {
+			return strings.TrimSpace(v), nil
+		}
+	}
+	return "", fmt.Errorf("no key in %s", c.Keyring)
+}
+
 // readEnv reads up.sh's env file (KEY=VALUE lines).
 func (c *Cluster) readEnv(path string) error {
 	f, err := os.Open(path)

@@ -1,0 +1,134 @@
+package ceph
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/backend"
+)
+
+// This file and check_stub.go build without the ceph tag: the operator
+// turns a StorageCluster's spec.ceph into a Config and classifies Check's
+// errors whether or not the Ceph libraries are linked in.
+
+// Config names the Ceph cluster, pool and cephx client to store volumes in.
+type Config struct {
+	// Monitors: the mon_host value (comma-separated ADDR:PORT or [v2:...]).
+	Monitors string
+	// Pool holds the images and the name maps; DataPool, optional, the
+	// images' data (an erasure-coded pool, say).
+	Pool, DataPool string
+	// Client is the cephx id without "client."; Key its secret (never
+	// logged: String leaves it out).
+	Client, Key string
+	// Features of new images; empty: layering and exclusive-lock.
+	Features []string
+	// ConnectTimeout bounds connecting (client_mount_timeout); OpTimeout
+	// each monitor and OSD request, so that a call running past its
+	// caller's deadline ends too. Zero: 10 s and 30 s.
+	ConnectTimeout, OpTimeout time.Duration
+}
+
+// String describes the config without the key.
+func (c Config) String() string {
+	return fmt.Sprintf("monitors=%s pool=%s data-pool=%s client=%s features=%s",
+		c.Monitors, c.Pool, c.DataPool, c.Client, strings.Join(c.Features, ","))
+}
+
+// What a connection can fail on, for callers that report it (the
+// operator's BackendReady condition). Errors from New and Check wrap them.
+var (
+	// ErrMonitorsUnreachable: no monitor answered within the connect
+	// timeout, or a monitor's host name does not resolve.
+	ErrMonitorsUnreachable = errors.New("monitors unreachable")
+	// ErrAuthentication: the monitors refused the client's key, or its
+	// caps do not allow what berth does on the pool.
+	ErrAuthentication = errors.New("key refused or caps insufficient")
+	// ErrPoolNotFound: the pool (or data pool) does not exist; it is a
+	// backend.ErrNotFound too.
+	ErrPoolNotFound = fmt.Errorf("pool %w", backend.ErrNotFound)
+	// ErrNotBuilt: this berth binary was built without the ceph tag.
+	ErrNotBuilt = errors.New("berth built without the ceph backend (build tag ceph)")
+)
+
+// Ceph's monitor ports: the legacy protocol's (msgr1) and msgr2's default.
+const legacyMonPort = "6789"
+
+// MonHost turns monitor addresses ([v1:|v2:]HOST:PORT, as
+// StorageCluster.spec.ceph.monitors has them) into a mon_host value. Port
+// 6789 without a prefix is msgr1, any other msgr2. Host names are resolved
+// here with lookup, so that librados gets addresses only and a name that
+// does not resolve is reported as such (nil lookup: the system resolver).
+func MonHost(ctx context.Context, monitors []string, lookup func(ctx context.Context, host string) ([]string, error)) (string, error) {
+	if lookup == nil {
+		lookup = net.DefaultResolver.LookupHost
+	}
+	var out []string
+	for _, m := range monitors {
+		proto, addr := "", m
+		if p, rest, ok := strings.Cut(m, ":"); ok && (p == "v1" || p == "v2") {
+			proto, addr = p, rest
+		}
+		host, port, err := net.SplitHostPort(addr)
+		if err != nil || host == "" || port == "" {
+			return "", fmt.Errorf("monitor %q: want HOST:PORT", m)
+		}
+		if proto == "" {
+			proto = "v2"
+			if port == legacyMonPort {
+				proto = "v1"
+			}
+		}
+		ips := []string{host}
+		if net.ParseIP(host) == nil {
+			if ips, err = lookup(ctx, host); err == nil && len(ips) == 0 {
+				err = errors.New("no address")
+			}
+			if err != nil {
+				return "", fmt.Errorf("%w: monitor host %s does not resolve: %w", ErrMonitorsUnreachable, host, err)
+			}
+		}
+		for _, ip := range ips {
+			out = append(out, "["+proto+":"+net.JoinHostPort(ip, port)+"]")
+		}
+	}
+	if len(out) == 0 {
+		return "", errors.New("no monitors")
+	}
+	return strings.Join(out, ","), nil
+}
+
+// ConfigFor is the Config of a StorageCluster's spec.ceph with the client
+// of its Secret (userID, userKey): what the operator checks and the CSI
+// controller opens. Monitor host names are resolved with lookup (nil: the
+// system resolver).
+func ConfigFor(ctx context.Context, spec *v1.CephSpec, userID, userKey string, lookup func(ctx context.Context, host string) ([]string, error)) (Config, error) {
+	monitors := make([]string, len(spec.Monitors))
+	for i, m := range spec.Monitors {
+		monitors[i] = string(m)
+	}
+	features := make([]string, len(spec.ImageFeatures))
+	for i, f := range spec.ImageFeatures {
+		features[i] = string(f)
+	}
+	cfg := Config{
+		Pool: spec.Pool, DataPool: spec.DataPool,
+		// Ceph-CSI's userID is the id without "client."; be lenient.
+		Client: strings.TrimPrefix(userID, "client."), Key: userKey,
+		Features: features,
+	}
+	var err error
+	cfg.Monitors, err = MonHost(ctx, monitors, lookup)
+	return cfg, err
+}
+
+// Store is a connected ceph backend: backend.Store, and Close at shutdown.
+type Store interface {
+	backend.Store
+	Close()
+}

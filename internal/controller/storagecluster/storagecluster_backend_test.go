@@ -1,0 +1,105 @@
+package storagecluster_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/controller/storagecluster"
+)
+
+// cephConnectTimeout bounds each step of the operator's ceph checks here,
+// so that an unreachable monitor is reported within seconds.
+const cephConnectTimeout = 3 * time.Second
+
+// cephSecret makes a Secret in berth's namespace with data (nil: none).
+func cephSecret(t *testing.T, name string, data map[string]string) {
+	t.Helper()
+	s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}, StringData: data}
+	if err := env.Client.Create(testCtx(t), s); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), s) })
+}
+
+func cephClusterSpec(monitors []string, pool, secret string) v1.StorageClusterSpec {
+	spec := &v1.CephSpec{Pool: pool, SecretRef: v1.CephSecretReference{Name: secret, Namespace: namespace}}
+	for _, m := range monitors {
+		spec.Monitors = append(spec.Monitors, v1.CephMonitor(m))
+	}
+	return v1.StorageClusterSpec{Backend: v1.BackendCeph, DataDir: "/srv/berth", Ceph: spec}
+}
+
+// waitBackend waits for BackendReady's reason and returns the condition;
+// Ready must then name the backend's reason too, and an Event of that
+// reason must exist. None of them may show key.
+func waitBackend(t *testing.T, sc *v1.StorageCluster, status metav1.ConditionStatus, reason, key string) metav1.Condition {
+	t.Helper()
+	waitCondition(t, sc, storagecluster.ConditionBackendReady, status, reason)
+	c := *meta.FindStatusCondition(sc.Status.Conditions, storagecluster.ConditionBackendReady)
+	if status == metav1.ConditionFalse {
+		waitCondition(t, sc, v1.ConditionReady, metav1.ConditionFalse, reason)
+		if sc.Status.Phase != v1.StorageClusterError {
+			t.Errorf("phase %q, want Error", sc.Status.Phase)
+		}
+	}
+	var evs corev1.EventList
+	eventually(t, "a "+reason+" Event", func(ctx context.Context) (bool, error) {
+		err := env.Client.List(ctx, &evs, client.MatchingFields{"involvedObject.name": sc.Name, "reason": reason})
+		return len(evs.Items) > 0, err
+	})
+	if key != "" {
+		for _, e := range evs.Items {
+			if strings.Contains(e.Message, key) {
+				t.Errorf("Event %s shows the key", e.Name)
+			}
+		}
+		for _, c := range sc.Status.Conditions {
+			if strings.Contains(c.Message, key) {
+				t.Errorf("condition %s shows the key", c.Type)
+			}
+		}
+	}
+	return c
+}
+
+func TestBackendReadyLocal(t *testing.T) {
+	suite.Require(t)
+	sc := newCluster(t, "local-backend", v1.StorageClusterSpec{DataDir: "/srv/berth"})
+	waitCondition(t, sc, storagecluster.ConditionBackendReady, metav1.ConditionTrue, storagecluster.ReasonLocalBackend)
+}
+
+// A Secret that is missing or lacks a key is named before Ceph is dialled.
+func TestBackendReadySecretInvalid(t *testing.T) {
+	suite.Require(t)
+	sc := newCluster(t, "ceph-nosecret", cephClusterSpec([]string{"127.0.0.1:1"}, "rbd", "ceph-nosecret"))
+	c := waitBackend(t, sc, metav1.ConditionFalse, storagecluster.ReasonSecretInvalid, "")
+	if want := "Secret " + namespace + "/ceph-nosecret not found"; c.Message != want {
+		t.Errorf("message %q, want %q", c.Message, want)
+	}
+
+	cephSecret(t, "ceph-halfsecret", map[string]string{"userID": "berth", "userKey": ""})
+	sc = newCluster(t, "ceph-halfsecret", cephClusterSpec([]string{"127.0.0.1:1"}, "rbd", "ceph-halfsecret"))
+	c = waitBackend(t, sc, metav1.ConditionFalse, storagecluster.ReasonSecretInvalid, "")
+	if want := "Secret " + namespace + "/ceph-halfsecret lacks key userKey"; c.Message != want {
+		t.Errorf("message %q, want %q", c.Message, want)
+	}
+}
+
+// A monitor host name that does not resolve is MonitorsUnreachable, named.
+func TestBackendReadyMonitorDoesNotResolve(t *testing.T) {
+	suite.Require(t)
+	cephSecret(t, "ceph-noname", map[string]string{"userID": "berth", "userKey": "AQBfakefakefakefakefakefakefakefakefake=="})
+	sc := newCluster(t, "ceph-noname", cephClusterSpec([]string{"mon.invalid:3300"}, "rbd", "ceph-noname"))
+	c := waitBackend(t, sc, metav1.ConditionFalse, storagecluster.ReasonMonitorsUnreachable, "AQBfakefakefakefakefakefakefakefakefake==")
+	if !strings.Contains(c.Message, "monitor host mon.invalid does not resolve") {
+		t.Errorf("message %q", c.Message)
+	}
+}
