@@ -63,11 +63,23 @@ func TestStopNeverByKeeperPID(t *testing.T) {
 	k := &hostKeeper{vols: []keeper.Volume{{Name: "vol-1", Mountpoint: "/x", ServerPID: bystander.Process.Pid}}}
 	a := New("node-a", nil, fakeImages{path: "/images/vol-1.img"}, nil, nil, nil, NewVolumeLocks(), logr.Discard())
 	a.WithUserspace(UserspaceConfig{Root: t.TempDir(), Keeper: k, StopPID: blockdev.StopPID, StopTimeout: 2 * time.Second})
-	if err := os.WriteFile(a.usLog("vol-1"), nil, 0o600); err != nil {
+	// The layout of agents before records: the server log marks a FUSE
+	// volume; the upgraded agent must still find it and stop it.
+	if err := os.WriteFile(serverLog(a.us.Root, "vol-1"), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.stopUserspace(context.Background(), "vol-1"); err != nil {
+	d, err := a.device("vol-1")
+	if err != nil {
 		t.Fatal(err)
+	}
+	if _, ok := d.(fuseDevice); !ok {
+		t.Fatalf("volume of the old FUSE layout taken for %T", d)
+	}
+	if err := a.stopDevice(context.Background(), "vol-1", d); err != nil {
+		t.Fatal(err)
+	}
+	if _, found, err := a.records().load("vol-1"); err != nil || found {
+		t.Errorf("old FUSE marker left: %t, %v", found, err)
 	}
 	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
 	if n, _ := unix.Poll(fds, 200); n > 0 {
@@ -100,16 +112,19 @@ func TestStopOwnServerByHandle(t *testing.T) {
 		Start: func(context.Context, blockdev.Params) (Server, error) {
 			return stoppable{pid: 7, stopped: &stopped}, nil
 		}})
-	if _, err := a.startServer(context.Background(), blockdev.Params{Volume: "vol-1"}); err != nil {
+	if _, err := fuseOf(a).start(context.Background(), blockdev.Params{Volume: "vol-1"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.stopUserspace(context.Background(), "vol-1"); err != nil {
+	if err := a.stopDevice(context.Background(), "vol-1", fuseOf(a)); err != nil {
 		t.Fatal(err)
 	}
 	if stopped != 1 {
 		t.Errorf("own server stopped %d times by its handle, want 1", stopped)
 	}
-	if _, err := os.Stat(a.usLog("vol-1")); !os.IsNotExist(err) {
-		t.Errorf("record of vol-1 left: %v", err)
+	if _, err := os.Stat(serverLog(a.us.Root, "vol-1")); !os.IsNotExist(err) {
+		t.Errorf("server log of vol-1 left: %v", err)
 	}
 }
+
+// fuseOf is the agent's FUSE device.
+func fuseOf(a *Agent) fuseDevice { return a.transports()[TransportFUSE].(fuseDevice) }
