@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-io/berth/internal/blockdev"
@@ -40,9 +43,47 @@ func (f fuseDevice) Attach(ctx context.Context, r attachRequest) (attachment, er
 	if err := f.ensureServer(ctx, r.Volume, r.Image); err != nil {
 		return attachment{NewConnection: !held}, err
 	}
+	if err := f.checkVisible(ctx, r.Volume); err != nil {
+		return attachment{NewConnection: !held}, err
+	}
 	att, err := attachLoop(ctx, f.loop, f.backing(r.Volume), r.ReadOnly)
 	att.NewConnection = !held
 	return att, err
+}
+
+// checkVisible refuses a keeper whose mounts this agent cannot see: one
+// in another mount namespace (a pod without mount propagation), or with
+// the run dir on another host folder. The keeper mounts the connection in
+// its own namespace, and the loop device would find no disk.img here.
+func (f fuseDevice) checkVisible(ctx context.Context, volume string) error {
+	mp := f.mountpoint(volume)
+	mounted, err := f.cfg.FUSEMounted(mp)
+	if err != nil {
+		return fmt.Errorf("volume %s: check the FUSE mount at %s: %w", volume, mp, err)
+	}
+	if mounted {
+		return nil
+	}
+	keeperMP := mp
+	if rec, found, err := f.server(ctx, volume); err == nil && found {
+		keeperMP = rec.Mountpoint
+	}
+	return fmt.Errorf("volume %s: the keeper at %s mounted the volume's FUSE connection at %s as it sees it, "+
+		"but this agent sees no FUSE mount at %s, so %s does not exist here: the keeper runs in another mount namespace "+
+		"or sees another folder as the run dir. Run the keeper and the agent with the same --run-dir on the same host folder, "+
+		"shared between them (in Kubernetes: a hostPath volume with mountPropagation Bidirectional in both pods), "+
+		"then stage again: %w", volume, f.cfg.KeeperSocket, keeperMP, mp, f.backing(volume), ErrKeeperNotShared)
+}
+
+// hostFUSEMounted tells from this process's mount table (never a stat,
+// which a FUSE mount would answer through its server) whether a FUSE
+// filesystem is mounted at mountpoint.
+func hostFUSEMounted(mountpoint string) (bool, error) {
+	ms, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(mountpoint))
+	if err != nil {
+		return false, fmt.Errorf("read mountinfo: %w", err)
+	}
+	return slices.ContainsFunc(ms, func(m *mountinfo.Info) bool { return strings.HasPrefix(m.FSType, "fuse") }), nil
 }
 
 func (f fuseDevice) Find(ctx context.Context, volume string) (string, error) {

@@ -2,8 +2,11 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -11,6 +14,7 @@ import (
 	"github.com/go-logr/logr"
 	"golang.org/x/sys/unix"
 
+	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/blockdev"
 	"github.com/berth-io/berth/internal/keeper"
 )
@@ -128,3 +132,44 @@ func TestStopOwnServerByHandle(t *testing.T) {
 
 // fuseOf is the agent's FUSE device.
 func fuseOf(a *Agent) fuseDevice { return a.transports()[TransportFUSE].(fuseDevice) }
+
+// TestFakeStageRefusesKeeperOutOfSight: the keeper mounts the volume's FUSE
+// connection where this agent cannot see it (another mount namespace).
+// The stage is refused with an error naming the keeper's socket, the
+// paths and the fix, and leaves nothing behind: the real keeper in another
+// mount namespace is in test/userspace (TestKeeperInOtherMountNamespace).
+func TestFakeStageRefusesKeeperOutOfSight(t *testing.T) {
+	e := newStageEnvOf(t, false, func(v *v1.Volume) { v.Spec.Mounter = v1.MounterUserspace })
+	k := &hostKeeper{}
+	stopped := 0
+	root := t.TempDir()
+	e.agent.WithUserspace(UserspaceConfig{Root: root, Binary: "/usr/bin/berth", KeeperSocket: "/run/berth/keeper.sock", Keeper: k,
+		Start: func(_ context.Context, p blockdev.Params) (Server, error) {
+			k.mu.Lock()
+			defer k.mu.Unlock()
+			k.vols = append(k.vols, keeper.Volume{Name: p.Volume, Mountpoint: p.Mountpoint, ServerPID: 77})
+			return stoppable{pid: 7, stopped: &stopped}, nil
+		},
+		FUSEMounted: func(string) (bool, error) { return false, nil },
+	})
+	err := e.stage(t)
+	if !errors.Is(err, ErrKeeperNotShared) || !errors.Is(err, ErrUnsupported) {
+		t.Fatalf("stage with the keeper's mount out of sight: %v, want ErrKeeperNotShared (ErrUnsupported)", err)
+	}
+	for _, want := range []string{"/run/berth/keeper.sock", filepath.Join(root, "vol-a"), filepath.Join(root, "vol-a", blockdev.FileName),
+		"--run-dir", "mountPropagation Bidirectional"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("refusal %q does not name %q", err, want)
+		}
+	}
+	e.leftNothing(t, "a keeper out of sight")
+	if stopped != 1 || len(k.closes) != 1 || len(k.vols) != 0 {
+		t.Errorf("server stopped %d times, keeper closes %v, held %v; want the server and connection gone", stopped, k.closes, k.vols)
+	}
+	if _, found, err := e.agent.records().load("vol-a"); err != nil || found {
+		t.Errorf("record left: %t, %v", found, err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(root, "vol-a*")); len(left) != 0 {
+		t.Errorf("files left: %v", left)
+	}
+}

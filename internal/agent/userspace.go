@@ -83,7 +83,10 @@ type UserspaceConfig struct {
 	Start      func(ctx context.Context, p blockdev.Params) (Server, error)
 	StopPID    func(pid int, timeout time.Duration, still func() bool) error
 	CheckMount func(mountpoint string) error
-	Workers    int
+	// FUSEMounted tells whether this agent sees a FUSE mount at a
+	// volume's mountpoint (nil: this process's mount table).
+	FUSEMounted func(mountpoint string) (bool, error)
+	Workers     int
 	// Passthrough lets the kernel do data I/O on the image (kernel 6.9+;
 	// the server falls back to serving it when the kernel does not offer it).
 	Passthrough bool
@@ -107,6 +110,9 @@ func (a *Agent) WithUserspace(c UserspaceConfig) *Agent {
 	if c.StopTimeout == 0 {
 		c.StopTimeout = 10 * time.Second
 	}
+	if c.FUSEMounted == nil {
+		c.FUSEMounted = hostFUSEMounted
+	}
 	a.us = &c
 	return a
 }
@@ -119,6 +125,11 @@ var ErrKeeperDown = errors.New("berth keeper is not running")
 // keeper no longer holds its FUSE connection, or the kernel no longer has
 // its nbd device), so the volume's I/O fails until it is staged anew.
 var ErrConnectionLost = errors.New("the volume's kernel connection is lost")
+
+// ErrKeeperNotShared means that the keeper mounts volumes' FUSE connections
+// where this agent cannot see them, so that no userspace volume can be
+// staged over FUSE on this node until the two share the run dir.
+var ErrKeeperNotShared = fmt.Errorf("the keeper's mounts are not visible to this agent: userspace volumes over %s are %w on this node", TransportFUSE, ErrUnsupported)
 
 // userspace is what the transports with blockdev servers share: their
 // settings, the servers this agent process started, and the records.
