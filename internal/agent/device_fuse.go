@@ -75,15 +75,26 @@ func (f fuseDevice) checkVisible(ctx context.Context, volume string) error {
 		"then stage again: %w", volume, f.cfg.KeeperSocket, keeperMP, mp, f.backing(volume), ErrKeeperNotShared)
 }
 
-// hostFUSEMounted tells from this process's mount table (never a stat,
-// which a FUSE mount would answer through its server) whether a FUSE
+// hostFUSEMounted tells from this process's mount table whether a FUSE
 // filesystem is mounted at mountpoint.
 func hostFUSEMounted(mountpoint string) (bool, error) {
-	ms, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(mountpoint))
+	return mountedAt(mountpoint, func(fsType string) bool { return strings.HasPrefix(fsType, "fuse") })
+}
+
+// mountedAt tells whether a filesystem whose type fsType accepts is
+// mounted at mountpoint. The mount table holds resolved paths, so the
+// parent's symlinks (a run dir under /var/run) are resolved first; never
+// mountpoint itself, which a FUSE mount would answer through its server.
+func mountedAt(mountpoint string, fsType func(string) bool) (bool, error) {
+	dir, err := filepath.EvalSymlinks(filepath.Dir(mountpoint))
+	if err != nil {
+		return false, err
+	}
+	ms, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(filepath.Join(dir, filepath.Base(mountpoint))))
 	if err != nil {
 		return false, fmt.Errorf("read mountinfo: %w", err)
 	}
-	return slices.ContainsFunc(ms, func(m *mountinfo.Info) bool { return strings.HasPrefix(m.FSType, "fuse") }), nil
+	return slices.ContainsFunc(ms, func(m *mountinfo.Info) bool { return fsType(m.FSType) }), nil
 }
 
 func (f fuseDevice) Find(ctx context.Context, volume string) (string, error) {
