@@ -18,6 +18,11 @@ import (
 	"github.com/berth-io/berth/internal/mount"
 )
 
+// ErrKeeperNotShared means that the keeper mounts volumes' FUSE connections
+// where this agent cannot see them, so that no userspace volume can be
+// staged over FUSE on this node until the two share the run dir.
+var ErrKeeperNotShared = fmt.Errorf("the keeper's mounts are not visible to this agent: userspace volumes over %s are %w on this node", TransportFUSE, ErrUnsupported)
+
 // fuseDevice is a loop device on <root>/<volume>/disk.img, a file a
 // blockdev server serves over a FUSE connection that the keeper holds, so
 // that the connection outlives agent and server restarts.

@@ -12,11 +12,11 @@ import (
 // when the run dir is named through a symlink (/var/run/berth for
 // /run/berth), and finds none where nothing is mounted.
 func TestRootMountedAtThroughSymlink(t *testing.T) {
+	dir := t.TempDir()
+	target, link := filepath.Join(dir, "real"), filepath.Join(dir, "link")
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: mounts a tmpfs")
 	}
-	dir := t.TempDir()
-	target, link := filepath.Join(dir, "real"), filepath.Join(dir, "link")
 	mp := filepath.Join(target, "vol-1")
 	if err := os.MkdirAll(mp, 0o700); err != nil {
 		t.Fatal(err)

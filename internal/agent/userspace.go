@@ -126,11 +126,6 @@ var ErrKeeperDown = errors.New("berth keeper is not running")
 // its nbd device), so the volume's I/O fails until it is staged anew.
 var ErrConnectionLost = errors.New("the volume's kernel connection is lost")
 
-// ErrKeeperNotShared means that the keeper mounts volumes' FUSE connections
-// where this agent cannot see them, so that no userspace volume can be
-// staged over FUSE on this node until the two share the run dir.
-var ErrKeeperNotShared = fmt.Errorf("the keeper's mounts are not visible to this agent: userspace volumes over %s are %w on this node", TransportFUSE, ErrUnsupported)
-
 // userspace is what the transports with blockdev servers share: their
 // settings, the servers this agent process started, and the records.
 type userspace struct {

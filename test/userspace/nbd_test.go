@@ -149,12 +149,7 @@ func (f *fixture) nbdHeals(t *testing.T) {
 		if err := f.startAgent("--userspace-transport", "nbd", "--nbd-dead-conn-timeout", "60s"); err != nil {
 			t.Fatal(err)
 		}
-		for w.lastOK.Load() < killed.UnixNano() {
-			if time.Since(killed) > 30*time.Second {
-				t.Fatalf("no write finished within 30s (errors: %v)", w.Errors())
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		w.waitWrite(t, killed, 30*time.Second)
 	}
 	if err := w.Stop(30 * time.Second); err != nil {
 		t.Errorf("writer: %v", err)

@@ -1,7 +1,6 @@
 package userspace
 
 import (
-	"context"
 	"os"
 	"path/filepath"
 	"testing"
@@ -20,21 +19,9 @@ func TestUpgradeFromMarkers(t *testing.T) {
 	f := setup(t)
 	nc := f.node(t)
 	waitCSI(t, nc)
-	ctx := context.Background()
 	m := f.userspaceVolume(t, nc, "old-layout")
-	w, err := newWriter(filepath.Join(m.target, "data"), 11)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go w.run()
-	if err := f.killAll(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if f.agent == nil {
-			_ = f.startAgent()
-		}
-	})
+	w := startWriter(t, m, 11)
+	f.crash(t)
 	root := filepath.Join(f.dir, "run", "blockdev")
 	if err := os.Remove(filepath.Join(root, "_volumes", m.name+".json")); err != nil {
 		t.Fatalf("this agent's record of %s: %v", m.name, err)
@@ -47,12 +34,7 @@ func TestUpgradeFromMarkers(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitCSI(t, nc)
-	for w.lastOK.Load() < restarted.UnixNano() {
-		if time.Since(restarted) > 60*time.Second {
-			t.Fatalf("no write finished within 60s of the restart (errors: %v)", w.Errors())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	w.waitWrite(t, restarted, 60*time.Second) // healed through the old record
 	if err := w.Stop(30 * time.Second); err != nil {
 		t.Errorf("writer: %v", err)
 	}
