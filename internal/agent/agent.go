@@ -207,7 +207,7 @@ func (a *Agent) imagePath(ctx context.Context, id string) (string, error) {
 	return img.Path, nil
 }
 
-// Expand grows the loop device to the image's new size and then the
+// Expand grows the volume's device to the image's new size and then the
 // filesystem mounted at path (none for block volumes). It returns the size.
 func (a *Agent) Expand(ctx context.Context, volumeID, path string, block bool) (int64, error) {
 	unlock, err := a.lock(volumeID)
@@ -222,24 +222,13 @@ func (a *Agent) Expand(ctx context.Context, volumeID, path string, block bool) (
 		}
 		return 0, err
 	}
-	if a.isNBD(volumeID) {
-		// The kernel sets an nbd device's size at connect only.
-		return 0, fmt.Errorf("volume %s is served over nbd, whose size the kernel fixes at connect: "+
-			"online expansion is %w; the new size applies when the volume is staged again", volumeID, ErrUnsupported)
-	}
-	backing, err := a.backingFile(ctx, volumeID)
+	d, err := a.device(volumeID)
 	if err != nil {
 		return 0, err
 	}
-	dev, found, err := a.loop.Find(ctx, backing)
+	dev, err := d.Expand(ctx, volumeID)
 	if err != nil {
-		return 0, fmt.Errorf("find loop device of %s: %w", backing, err)
-	}
-	if !found {
-		return 0, fmt.Errorf("volume %s: %w", volumeID, ErrNotStaged)
-	}
-	if err := a.loop.Refresh(ctx, dev); err != nil {
-		return 0, fmt.Errorf("refresh %s: %w", dev, err)
+		return 0, err
 	}
 	if !block {
 		if err := a.mounts.Expand(ctx, dev, path); err != nil {
@@ -265,13 +254,15 @@ func (a *Agent) Stats(ctx context.Context, volumeID, path string) (mount.Stats, 
 	return a.mounts.Stats(ctx, path)
 }
 
-// Condition tells whether the volume at path is healthy; for a userspace
-// volume also whether its keeper, connection and server are.
+// Condition tells whether the volume at path is healthy, and its device
+// (for a userspace volume: its keeper, connection and server).
 func (a *Agent) Condition(ctx context.Context, volumeID, path string) (abnormal bool, msg string) {
-	if a.isUserspace(volumeID) {
-		if abnormal, msg := a.usCondition(ctx, volumeID); abnormal {
-			return abnormal, msg
-		}
+	d, err := a.device(volumeID)
+	if err != nil {
+		return true, err.Error()
+	}
+	if abnormal, msg := d.Condition(ctx, volumeID); abnormal {
+		return abnormal, msg
 	}
 	return a.mounts.Condition(ctx, path)
 }

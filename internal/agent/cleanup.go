@@ -59,10 +59,14 @@ func (a *Agent) forceUnstage(ctx context.Context, volume, staging string) error 
 	if err != nil {
 		return fmt.Errorf("staged device at %s: %w", staging, err)
 	}
-	if err := a.prepareUnstage(ctx, volume); err != nil {
+	d, err := a.device(volume)
+	if err != nil {
 		return err
 	}
-	dev, err := a.attachedDevice(ctx, volume)
+	if err := a.prepareUnstage(ctx, volume, d); err != nil {
+		return err
+	}
+	dev, err := d.Find(ctx, volume)
 	if err != nil {
 		return err
 	}
@@ -89,10 +93,12 @@ func (a *Agent) forceUnstage(ctx context.Context, volume, staging string) error 
 	if _, err := a.mounts.Unstage(ctx, staging); err != nil {
 		return fmt.Errorf("remove staging %s: %w", staging, err)
 	}
-	if err := a.detach(ctx, volume, dev); err != nil {
-		return err
+	if dev != "" {
+		if err := d.Detach(ctx, volume, dev); err != nil {
+			return err
+		}
 	}
-	if err := a.stopUserspace(ctx, volume); err != nil {
+	if err := a.stopDevice(ctx, volume, d); err != nil {
 		return err
 	}
 	a.log.Info("force unstaged", "volume", volume, "stagingPath", staging, "device", dev)

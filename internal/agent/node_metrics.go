@@ -12,9 +12,6 @@ import (
 	"github.com/berth-io/berth/internal/metrics"
 )
 
-// TransportLoop labels volumes of the kernel mounter in metrics.
-const TransportLoop = "loop"
-
 // errNoKeeper: this agent serves no userspace volumes.
 var errNoKeeper = errors.New("no keeper: userspace volumes not enabled")
 
@@ -45,11 +42,7 @@ func (n NodeMetrics) VolumeCounts(ctx context.Context) ([]metrics.VolumeCount, e
 		if state == "" {
 			state = string(v1.VolumePending)
 		}
-		transport := TransportLoop
-		if vol.Spec.Mounter == v1.MounterUserspace {
-			transport = string(n.Agent.transport(vol.Name))
-		}
-		counts[key{state, transport}]++
+		counts[key{state, string(n.Agent.stagedTransport(vol))}]++
 	}
 	out := make([]metrics.VolumeCount, 0, len(counts))
 	for k, c := range counts {

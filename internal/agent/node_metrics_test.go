@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"os"
 	"slices"
 	"testing"
 
@@ -40,7 +39,7 @@ func TestNodeMetricsCounts(t *testing.T) {
 	a := New("node-a", c, nil, nil, nil, nil, NewVolumeLocks(), logr.Discard())
 	k := &hostKeeper{vols: []keeper.Volume{{Name: "u-1"}, {Name: "u-2"}}}
 	a.WithUserspace(UserspaceConfig{Root: t.TempDir(), Keeper: k, Transport: TransportFUSE})
-	if err := os.WriteFile(a.nbdRecord("u-nbd"), nil, 0o600); err != nil {
+	if err := a.records().save("u-nbd", volumeRecord{Transport: TransportNBD}); err != nil {
 		t.Fatal(err)
 	}
 	n := NodeMetrics{Agent: a, Volumes: c}

@@ -2,12 +2,9 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"path/filepath"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
-	"github.com/berth-io/berth/internal/blockdev"
 	"github.com/berth-io/berth/internal/fence"
 	"github.com/berth-io/berth/internal/mount"
 )
@@ -38,8 +35,6 @@ func (a *Agent) Stage(ctx context.Context, r StageRequest) error {
 
 // stage is Stage for a caller that holds the volume lock.
 func (a *Agent) stage(ctx context.Context, r StageRequest) (err error) {
-	log := a.log.WithValues("volume", r.VolumeID, "stagingPath", r.StagingPath)
-
 	vol, err := a.volume(ctx, r.VolumeID)
 	if err != nil {
 		return err
@@ -48,16 +43,22 @@ func (a *Agent) stage(ctx context.Context, r StageRequest) (err error) {
 	if err != nil {
 		return err
 	}
-	userspace := vol.Spec.Mounter == v1.MounterUserspace
-	if userspace && a.us == nil {
-		return fmt.Errorf("volume %s: mounter userspace: %w on this agent", r.VolumeID, ErrUnsupported)
+	// The transport is chosen once: a volume staged here keeps its own.
+	rec, staged, err := a.records().load(r.VolumeID)
+	if err != nil {
+		return err
 	}
-	overNBD := userspace && a.stageTransport(r.VolumeID, sc) == TransportNBD
-	if overNBD {
-		// Refused before anything is made: the hold, a server, a record.
-		if ok, reason := a.us.NBD.Available(); !ok {
-			return nbdUnavailable(r.VolumeID, reason)
-		}
+	transport := rec.Transport
+	if !staged {
+		transport = a.chooseTransport(vol, sc)
+	}
+	d, err := a.deviceFor(r.VolumeID, transport)
+	if err != nil {
+		return err
+	}
+	// Refused before anything is made: a hold, a server, a record.
+	if err := d.Check(r.VolumeID); err != nil {
+		return err
 	}
 	if r.Block != (vol.Spec.VolumeMode == v1.VolumeModeBlock) {
 		return fmt.Errorf("volume %s is %s, the request asks otherwise: %w", r.VolumeID, vol.Spec.VolumeMode, mount.ErrInvalid)
@@ -79,36 +80,16 @@ func (a *Agent) stage(ctx context.Context, r StageRequest) (err error) {
 	if err := a.fence.Acquire(ctx, claim); err != nil {
 		return fmt.Errorf("fence volume %s: %w", r.VolumeID, err)
 	}
-	// attached and fresh say what existed before this call, so that a failed
-	// retry of a stage never undoes the stage that succeeded before.
-	backing, attached, fresh := image, true, false
-	// madeDev is the loop device this call attached: detaching it needs no
-	// look-up by backing file, which would wait on a dead userspace server.
-	var madeDev string
+	// att and recorded say what this call made, so that a failed retry of
+	// a stage never undoes the stage that succeeded before.
+	var att attachment
+	var recorded bool
 	defer func() {
 		if err == nil || stagedDev != "" {
 			return
 		}
 		// Leave nothing half made: a failed stage is as if it never ran.
-		if !attached {
-			dev, found, ferr := madeDev, madeDev != "", error(nil)
-			if !found {
-				dev, found, ferr = a.loop.Find(context.WithoutCancel(ctx), backing)
-			}
-			if ferr == nil && found {
-				if derr := a.loop.Detach(context.WithoutCancel(ctx), dev); derr != nil {
-					log.Error(derr, "detach after failed stage", "device", dev)
-				}
-			}
-		}
-		if fresh {
-			if serr := a.stopUserspace(context.WithoutCancel(ctx), r.VolumeID); serr != nil {
-				log.Error(serr, "stop blockdev server after failed stage")
-			}
-		}
-		if rerr := a.fence.Release(context.WithoutCancel(ctx), r.VolumeID, a.node, r.StagingPath); rerr != nil {
-			log.Error(rerr, "release fence after failed stage")
-		}
+		a.undoStage(context.WithoutCancel(ctx), r, d, att, recorded)
 	}()
 	// Checked again now that the hold is written: a cluster cleanup that
 	// listed this node's holds before it did saw the deletion before this
@@ -116,44 +97,45 @@ func (a *Agent) stage(ctx context.Context, r StageRequest) (err error) {
 	if _, err := a.clusterLive(ctx, vol); err != nil {
 		return err
 	}
-	if overNBD {
-		_, had, err := a.us.NBD.Device(r.VolumeID)
-		if err != nil {
-			return fmt.Errorf("find nbd device of %s: %w", r.VolumeID, err)
-		}
-		fresh = !had
-		if _, err := a.nbdEnsureServer(ctx, r.VolumeID, image); err != nil {
-			return err
-		}
-		dev, err := a.nbdDevice(r.VolumeID)
-		if err != nil {
-			return err
-		}
-		return a.stageDevice(ctx, r, vol, dev)
+	if recorded, err = a.records().create(r.VolumeID, transport); err != nil {
+		return err
 	}
-	if userspace {
-		_, held, err := a.server(ctx, r.VolumeID)
-		if err != nil {
-			return err
+	if att, err = d.Attach(ctx, attachRequest{Volume: r.VolumeID, Image: image, ReadOnly: r.ReadOnly}); err != nil {
+		return err
+	}
+	return a.stageDevice(ctx, r, vol, att.Device)
+}
+
+// undoStage undoes what a failed stage made: the device it attached (by
+// the path Attach returned, which needs no look-up that would wait on a
+// dead userspace server), the servers and connection it made, the record
+// and the hold.
+func (a *Agent) undoStage(ctx context.Context, r StageRequest, d device, att attachment, recorded bool) {
+	log := a.log.WithValues("volume", r.VolumeID, "stagingPath", r.StagingPath)
+	if att.NewDevice {
+		dev, err := att.Device, error(nil)
+		if dev == "" {
+			dev, err = d.Find(ctx, r.VolumeID)
 		}
-		fresh = !held
-		if err := a.ensureServer(ctx, r.VolumeID, image); err != nil {
-			return err
+		if err == nil && dev != "" {
+			if err := d.Detach(ctx, r.VolumeID, dev); err != nil {
+				log.Error(err, "detach after failed stage", "device", dev)
+			}
 		}
-		backing = filepath.Join(a.usMountpoint(r.VolumeID), blockdev.FileName)
 	}
-	_, attached, err = a.loop.Find(ctx, backing)
-	if err != nil {
-		return fmt.Errorf("find loop device of %s: %w", backing, err)
+	switch {
+	case att.NewConnection:
+		if err := a.stopDevice(ctx, r.VolumeID, d); err != nil {
+			log.Error(err, "stop blockdev server after failed stage")
+		}
+	case recorded:
+		if err := a.records().remove(r.VolumeID); err != nil {
+			log.Error(err, "remove record after failed stage")
+		}
 	}
-	dev, err := a.loop.Attach(ctx, backing, r.ReadOnly)
-	if err != nil {
-		return fmt.Errorf("attach %s: %w", backing, err)
+	if err := a.fence.Release(ctx, r.VolumeID, a.node, r.StagingPath); err != nil {
+		log.Error(err, "release fence after failed stage")
 	}
-	if !attached {
-		madeDev = dev
-	}
-	return a.stageDevice(ctx, r, vol, dev)
 }
 
 // stageDevice formats (when blank) and mounts the volume's block device at
@@ -206,7 +188,11 @@ func (a *Agent) Unstage(ctx context.Context, volumeID, stagingPath string) error
 
 // unstage is Unstage for a caller that holds the volume lock.
 func (a *Agent) unstage(ctx context.Context, volumeID, stagingPath string) error {
-	if err := a.prepareUnstage(ctx, volumeID); err != nil {
+	d, err := a.device(volumeID)
+	if err != nil {
+		return fmt.Errorf("unstage %s: %w", volumeID, err)
+	}
+	if err := a.prepareUnstage(ctx, volumeID, d); err != nil {
 		return fmt.Errorf("unstage %s: %w", volumeID, err)
 	}
 	dev, err := a.mounts.Unstage(ctx, stagingPath)
@@ -216,15 +202,17 @@ func (a *Agent) unstage(ctx context.Context, volumeID, stagingPath string) error
 	}
 	if dev == "" {
 		// Nothing mounted: a retry after a crash between unmount and detach
-		// finds the loop device by its backing file.
-		if dev, err = a.attachedDevice(ctx, volumeID); err != nil {
+		// finds the device by the volume.
+		if dev, err = d.Find(ctx, volumeID); err != nil {
 			return err
 		}
 	}
-	if err := a.detach(ctx, volumeID, dev); err != nil {
-		return err
+	if dev != "" {
+		if err := d.Detach(ctx, volumeID, dev); err != nil {
+			return err
+		}
 	}
-	if err := a.stopUserspace(ctx, volumeID); err != nil {
+	if err := a.stopDevice(ctx, volumeID, d); err != nil {
 		return fmt.Errorf("unstage %s: %w", volumeID, err)
 	}
 	if err := a.fence.Release(ctx, volumeID, a.node, stagingPath); err != nil {
@@ -237,42 +225,12 @@ func (a *Agent) unstage(ctx context.Context, volumeID, stagingPath string) error
 	return nil
 }
 
-// detach detaches the volume's loop device, if it has one: an nbd device
-// goes with its server (stopUserspace).
-func (a *Agent) detach(ctx context.Context, volumeID, dev string) error {
-	if dev == "" || a.isNBD(volumeID) {
-		return nil
-	}
-	if err := a.loop.Detach(ctx, dev); err != nil {
-		return fmt.Errorf("detach %s: %w", dev, err)
-	}
-	return nil
-}
-
-// attachedDevice returns the volume's block device on this node: the loop
-// device on its backing file or its nbd device; "" when none is (or the
-// image is gone).
+// attachedDevice returns the volume's block device on this node; "" when
+// none is (or the image is gone).
 func (a *Agent) attachedDevice(ctx context.Context, volumeID string) (string, error) {
-	if a.isNBD(volumeID) {
-		dev, found, err := a.us.NBD.Device(volumeID)
-		if err != nil || !found {
-			return "", err
-		}
-		return dev, nil
-	}
-	image, err := a.backingFile(ctx, volumeID)
-	if errors.Is(err, ErrVolumeNotFound) {
-		return "", nil
-	}
+	d, err := a.device(volumeID)
 	if err != nil {
 		return "", err
 	}
-	dev, found, err := a.loop.Find(ctx, image)
-	if err != nil {
-		return "", fmt.Errorf("find loop device of %s: %w", image, err)
-	}
-	if !found {
-		return "", nil
-	}
-	return dev, nil
+	return d.Find(ctx, volumeID)
 }

@@ -174,7 +174,8 @@ func leftovers(t *testing.T, f *fixture, kc *keeper.Client, name, staging string
 			left = append(left, "mount "+p)
 		}
 	}
-	for _, p := range []string{mp + ".log", mp} {
+	record := filepath.Join(f.dir, "run", "blockdev", "_volumes", name+".json")
+	for _, p := range []string{mp + ".log", mp, record} {
 		if _, err := os.Lstat(p); err == nil {
 			left = append(left, "file "+p)
 		}

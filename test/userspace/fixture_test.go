@@ -178,6 +178,20 @@ func (f *fixture) killAll(ctx context.Context) error {
 	return nil
 }
 
+// crash SIGKILLs the agent and every blockdev server (killAll); cleanup
+// starts the agent again when the test leaves it down.
+func (f *fixture) crash(t *testing.T) {
+	t.Helper()
+	if err := f.killAll(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if f.agent == nil {
+			_ = f.startAgent()
+		}
+	})
+}
+
 // stopAgent asks the agent to exit (SIGTERM) and kills it after 10s.
 func (f *fixture) stopAgent() {
 	if f.agent == nil {

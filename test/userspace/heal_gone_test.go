@@ -3,7 +3,6 @@ package userspace
 import (
 	"context"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -34,20 +33,8 @@ func TestHealSkipsDeletedVolume(t *testing.T) {
 	// Nothing will ever serve the gone volume again: its connection is
 	// closed so that its unstage (at cleanup) gets I/O errors, not a hang.
 	t.Cleanup(func() { _ = keeper.NewClient(f.keeperSock).Close(ctx, gone.name) })
-	w, err := newWriter(filepath.Join(kept.target, "data"), 7)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go w.run()
-
-	if err := f.killAll(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if f.agent == nil {
-			_ = f.startAgent()
-		}
-	})
+	w := startWriter(t, kept, 7)
+	f.crash(t)
 	vol := &v1.Volume{}
 	if err := f.env.Client.Get(ctx, client.ObjectKey{Name: gone.name}, vol); err != nil {
 		t.Fatal(err)
@@ -73,12 +60,7 @@ func TestHealSkipsDeletedVolume(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitCSI(t, nc)
-	for w.lastOK.Load() < restarted.UnixNano() {
-		if time.Since(restarted) > 60*time.Second {
-			t.Fatalf("the kept volume's writer made no progress within 60s of the restart (errors: %v)", w.Errors())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	w.waitWrite(t, restarted, 60*time.Second) // the kept volume is healed
 	// Several heal passes (one every 2s here) after the first.
 	time.Sleep(5 * time.Second)
 	select {

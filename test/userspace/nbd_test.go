@@ -2,9 +2,9 @@ package userspace
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -96,8 +96,10 @@ func (f *fixture) nbdRefused(t *testing.T, reason string) {
 		t.Logf("refused: %v", err)
 	}
 	// Nothing made: no server record, no mount, no hold on the volume.
-	if m, _ := filepath.Glob(filepath.Join(f.dir, "run", "blockdev", name+"*")); len(m) != 0 {
-		t.Errorf("records left: %v", m)
+	for _, pattern := range []string{name + "*", filepath.Join("_volumes", name+".json")} {
+		if m, _ := filepath.Glob(filepath.Join(f.dir, "run", "blockdev", pattern)); len(m) != 0 {
+			t.Errorf("records left: %v", m)
+		}
 	}
 	if points, _ := mountsUnder(staging); len(points) != 0 {
 		t.Errorf("mounts left: %v", points)
@@ -127,14 +129,18 @@ func (f *fixture) nbdHeals(t *testing.T) {
 	go w.run()
 	for range 3 {
 		time.Sleep(500 * time.Millisecond)
-		b, err := os.ReadFile(filepath.Join(f.dir, "run", "blockdev", m.name+".nbd"))
+		b, err := os.ReadFile(filepath.Join(f.dir, "run", "blockdev", "_volumes", m.name+".json"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-		if err != nil {
-			t.Fatalf("nbd record %q: %v", b, err)
+		var rec struct {
+			Transport string `json:"transport"`
+			ServerPID int    `json:"serverPID"`
 		}
+		if err := json.Unmarshal(b, &rec); err != nil || rec.Transport != "nbd" || rec.ServerPID == 0 {
+			t.Fatalf("volume record %q: %v; want transport nbd with the server's pid", b, err)
+		}
+		pid := rec.ServerPID
 		f.killAgent()
 		if err := killWait(pid); err != nil {
 			t.Fatal(err)
@@ -143,12 +149,7 @@ func (f *fixture) nbdHeals(t *testing.T) {
 		if err := f.startAgent("--userspace-transport", "nbd", "--nbd-dead-conn-timeout", "60s"); err != nil {
 			t.Fatal(err)
 		}
-		for w.lastOK.Load() < killed.UnixNano() {
-			if time.Since(killed) > 30*time.Second {
-				t.Fatalf("no write finished within 30s (errors: %v)", w.Errors())
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		w.waitWrite(t, killed, 30*time.Second)
 	}
 	if err := w.Stop(30 * time.Second); err != nil {
 		t.Errorf("writer: %v", err)

@@ -109,6 +109,11 @@ func (f *fixture) leftovers(t *testing.T, volume, image string) []string {
 	for _, pid := range blockdevServers(volume) {
 		out = append(out, "blockdev server "+pid)
 	}
+	for _, p := range []string{filepath.Join(f.dir, "run", "blockdev", "_volumes", volume+".json"), filepath.Join(f.dir, "run", "blockdev", volume+".log")} {
+		if _, err := os.Lstat(p); err == nil {
+			out = append(out, "file "+p)
+		}
+	}
 	att := &v1.Attachment{}
 	if err := f.env.Client.Get(context.Background(), client.ObjectKey{Name: volume}, att); !apierrors.IsNotFound(err) {
 		out = append(out, fmt.Sprintf("Attachment entries %+v (%v)", att.Spec.Attachments, err))

@@ -7,8 +7,10 @@ import (
 	"hash/crc32"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"testing"
 	"time"
 	"unsafe"
 
@@ -175,4 +177,27 @@ func (w *writer) Stop(timeout time.Duration) error {
 		}
 	}
 	return errors.Join(w.Errors()...)
+}
+
+// startWriter starts a verifying writer on a file in m; seed picks its data.
+func startWriter(t *testing.T, m mounted, seed uint64) *writer {
+	t.Helper()
+	w, err := newWriter(filepath.Join(m.target, "data"), seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go w.run()
+	return w
+}
+
+// waitWrite waits until a write finished after since; it fails the test
+// when none did within limit.
+func (w *writer) waitWrite(t *testing.T, since time.Time, limit time.Duration) {
+	t.Helper()
+	for w.lastOK.Load() < since.UnixNano() {
+		if time.Since(since) > limit {
+			t.Fatalf("no write finished within %s (errors: %v)", limit, w.Errors())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

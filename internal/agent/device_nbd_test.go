@@ -141,64 +141,64 @@ func TestNBDServerFoundByRecordOrProcessTable(t *testing.T) {
 	}
 	for _, record := range []string{"", "999\n", "100\n", "garbage"} {
 		// A missing, stale, foreign or broken record: the table scan finds it.
-		if err := os.WriteFile(a.nbdRecord("vol-1"), []byte(record), 0o600); err != nil {
+		if err := os.WriteFile(a.records().legacyNBD("vol-1"), []byte(record), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		if pid, found, err := a.nbdServer("vol-1"); err != nil || !found || pid != 200 {
+		if pid, found, err := nbdOf(a).server("vol-1"); err != nil || !found || pid != 200 {
 			t.Errorf("record %q: nbdServer = %d, %t, %v; want 200", record, pid, found, err)
 		}
 	}
 	procs.kill(200)
-	if pid, found, err := a.nbdServer("vol-1"); err != nil || found {
+	if pid, found, err := nbdOf(a).server("vol-1"); err != nil || found {
 		t.Errorf("after kill: nbdServer = %d, %t, %v; want none", pid, found, err)
 	}
 }
 
 func TestNBDServerLifecycle(t *testing.T) {
 	a, procs, nbd := nbdAgent(t)
-	if _, err := a.nbdEnsureServer(context.Background(), "vol-1", "/images/vol-1.img"); err != nil {
+	if _, err := nbdOf(a).ensureServer(context.Background(), "vol-1", "/images/vol-1.img"); err != nil {
 		t.Fatal(err)
 	}
 	if len(procs.started) != 1 || procs.started[0].Transport != "nbd" || procs.started[0].DeadConnTimeout != time.Minute {
 		t.Fatalf("started %+v, want one nbd server with the dead-connection timeout", procs.started)
 	}
-	if dev, err := a.nbdDevice("vol-1"); err != nil || dev != "/dev/nbd0" {
+	if dev, err := nbdOf(a).device("vol-1"); err != nil || dev != "/dev/nbd0" {
 		t.Fatalf("nbdDevice = %q, %v", dev, err)
 	}
 	// A staged volume keeps its transport whatever the agent is set to now.
 	a.us.Transport = TransportFUSE
-	if !a.isUserspace("vol-1") || !a.isNBD("vol-1") || a.transport("vol-1") != TransportNBD {
-		t.Fatal("staged nbd volume not recorded as such")
+	if rec, found, err := a.records().load("vol-1"); err != nil || !found || rec.Transport != TransportNBD || rec.ServerPID != 1001 {
+		t.Fatalf("staged nbd volume recorded as %+v, %t, %v; want nbd with its server's pid", rec, found, err)
 	}
-	if _, err := a.nbdEnsureServer(context.Background(), "vol-1", "/images/vol-1.img"); err != nil || len(procs.started) != 1 {
+	if _, err := nbdOf(a).ensureServer(context.Background(), "vol-1", "/images/vol-1.img"); err != nil || len(procs.started) != 1 {
 		t.Fatalf("second ensure: %v, %d starts; want no new server", err, len(procs.started))
 	}
-	if abnormal, msg := a.usCondition(context.Background(), "vol-1"); abnormal {
+	if abnormal, msg := nbdOf(a).Condition(context.Background(), "vol-1"); abnormal {
 		t.Fatalf("healthy volume abnormal: %s", msg)
 	}
-	if err := a.stopUserspace(context.Background(), "vol-1"); err != nil {
+	if err := a.stopDevice(context.Background(), "vol-1", nbdOf(a)); err != nil {
 		t.Fatal(err)
 	}
 	// A retry after a crash half way finds nothing more to do.
-	if err := a.nbdStop("vol-1"); err != nil {
+	if err := nbdOf(a).Stop(context.Background(), "vol-1"); err != nil {
 		t.Fatal(err)
 	}
 	if nbd.disconnects != 2 || len(procs.stopped) != 1 || procs.stopped[0] != 1001 {
 		t.Errorf("disconnects %d, stopped %v; want the device disconnected and server 1001 stopped once", nbd.disconnects, procs.stopped)
 	}
-	if a.isUserspace("vol-1") || a.isNBD("vol-1") {
-		t.Error("records left after stop")
+	if _, found, err := a.records().load("vol-1"); err != nil || found {
+		t.Errorf("record left after stop: %t, %v", found, err)
 	}
 }
 
 func TestNBDUnavailableRefusesAndMakesNothing(t *testing.T) {
 	a, procs, nbd := nbdAgent(t)
 	nbd.unavailable = "/sys/module/nbd does not exist (modprobe nbd)"
-	_, err := a.nbdEnsureServer(context.Background(), "vol-1", "/images/vol-1.img")
+	_, err := nbdOf(a).ensureServer(context.Background(), "vol-1", "/images/vol-1.img")
 	if !errors.Is(err, ErrNBDUnavailable) || !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "modprobe nbd") {
 		t.Fatalf("err = %v, want ErrNBDUnavailable (ErrUnsupported) with the reason", err)
 	}
-	if len(procs.started) != 0 || a.isUserspace("vol-1") {
+	if _, found, _ := a.records().load("vol-1"); len(procs.started) != 0 || found {
 		t.Error("a refused volume left a server or a record")
 	}
 }
@@ -216,14 +216,14 @@ func userspaceVolume() *v1.Volume {
 func TestNBDHeal(t *testing.T) {
 	ctx := context.Background()
 	a, procs, nbd := nbdAgent(t, userspaceVolume())
-	if _, err := a.nbdEnsureServer(ctx, "vol-1", "/images/vol-1.img"); err != nil {
+	if _, err := nbdOf(a).ensureServer(ctx, "vol-1", "/images/vol-1.img"); err != nil {
 		t.Fatal(err)
 	}
 	if _, res, err := a.Heal(ctx, "vol-1"); err != nil || res != HealServing {
 		t.Fatalf("live server: Heal = %s, %v; want serving", res, err)
 	}
 	procs.kill(1001) // the agent's restart took the server with it
-	if abnormal, msg := a.usCondition(ctx, "vol-1"); !abnormal || !strings.Contains(msg, "healer") {
+	if abnormal, msg := nbdOf(a).Condition(ctx, "vol-1"); !abnormal || !strings.Contains(msg, "healer") {
 		t.Errorf("no server: condition %t %q, want abnormal naming the healer", abnormal, msg)
 	}
 	if _, res, err := a.Heal(ctx, "vol-1"); err != nil || res != HealRestarted {
@@ -243,17 +243,17 @@ func TestNBDHeal(t *testing.T) {
 	if len(procs.started) != 2 {
 		t.Errorf("Heal started a server for a device the kernel dropped")
 	}
-	if abnormal, msg := a.usCondition(ctx, "vol-1"); !abnormal || !strings.Contains(msg, "staged anew") {
+	if abnormal, msg := nbdOf(a).Condition(ctx, "vol-1"); !abnormal || !strings.Contains(msg, "staged anew") {
 		t.Errorf("device gone: condition %t %q, want abnormal telling to restage", abnormal, msg)
 	}
-	if err := a.prepareUnstage(ctx, "vol-1"); err != nil || len(procs.started) != 2 {
+	if err := a.prepareUnstage(ctx, "vol-1", nbdOf(a)); err != nil || len(procs.started) != 2 {
 		t.Errorf("prepareUnstage of a dropped device: %v, %d starts; want nothing started", err, len(procs.started))
 	}
 }
 
 func TestNBDExpandRefused(t *testing.T) {
 	a, _, _ := nbdAgent(t)
-	if _, err := a.nbdEnsureServer(context.Background(), "vol-1", "/images/vol-1.img"); err != nil {
+	if _, err := nbdOf(a).ensureServer(context.Background(), "vol-1", "/images/vol-1.img"); err != nil {
 		t.Fatal(err)
 	}
 	_, err := a.Expand(context.Background(), "vol-1", t.TempDir(), false)
@@ -263,14 +263,61 @@ func TestNBDExpandRefused(t *testing.T) {
 	if dev, err := a.attachedDevice(context.Background(), "vol-1"); err != nil || dev != "/dev/nbd0" {
 		t.Errorf("attachedDevice = %q, %v; want the nbd device", dev, err)
 	}
-	if err := a.detach(context.Background(), "vol-1", "/dev/nbd0"); err != nil {
+	if err := nbdOf(a).Detach(context.Background(), "vol-1", "/dev/nbd0"); err != nil {
 		t.Errorf("detach of an nbd device must be a no-op (it goes with its server): %v", err)
+	}
+}
+
+// TestNBDOldLayout: a volume an agent before records staged over nbd (its
+// marker <volume>.nbd holding the server's pid, and the server log) is
+// found, healed (the record then takes this agent's version) and stopped
+// by the upgraded agent.
+func TestNBDOldLayout(t *testing.T) {
+	ctx := context.Background()
+	a, procs, nbd := nbdAgent(t, userspaceVolume())
+	procs.add(900, "berth", "blockdev", "--volume", "vol-1", "--transport", "nbd")
+	nbd.devs["vol-1"] = "/dev/nbd3"
+	for name, content := range map[string]string{"vol-1.nbd": "900\n", "vol-1.log": "old server log\n"} {
+		if err := os.MkdirAll(a.us.Root, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(a.us.Root, name), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a.us.Transport = TransportFUSE // the agent's setting of the day does not matter
+	if _, res, err := a.Heal(ctx, "vol-1"); err != nil || res != HealServing {
+		t.Fatalf("old server alive: Heal = %s, %v; want serving", res, err)
+	}
+	if dev, err := a.attachedDevice(ctx, "vol-1"); err != nil || dev != "/dev/nbd3" {
+		t.Fatalf("attachedDevice = %q, %v; want the old nbd device", dev, err)
+	}
+	procs.kill(900)
+	if _, res, err := a.Heal(ctx, "vol-1"); err != nil || res != HealRestarted {
+		t.Fatalf("old server gone: Heal = %s, %v; want restarted", res, err)
+	}
+	rec, found, err := a.records().load("vol-1")
+	if err != nil || !found || rec != (volumeRecord{Version: recordVersion, Transport: TransportNBD, ServerPID: 1001}) {
+		t.Errorf("record after heal: %+v, %t, %v; want this version's, with the new server", rec, found, err)
+	}
+	if _, err := os.Stat(filepath.Join(a.us.Root, "vol-1.nbd")); !os.IsNotExist(err) {
+		t.Errorf("old marker left beside the new record: %v", err)
+	}
+	d, err := a.device("vol-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.stopDevice(ctx, "vol-1", d); err != nil {
+		t.Fatal(err)
+	}
+	if _, found, err := a.records().load("vol-1"); err != nil || found || len(nbd.devs) != 0 {
+		t.Errorf("after stop: record %t (%v), devices %v; want none", found, err, nbd.devs)
 	}
 }
 
 // TestStageTransportPerCluster: the agent serves every StorageCluster, so a
 // new userspace volume gets its cluster's transport (the agent's own when
-// the cluster names none or has no object); a staged one keeps its own.
+// the cluster names none or has no object); a kernel volume a loop device.
 func TestStageTransportPerCluster(t *testing.T) {
 	a := &Agent{us: &UserspaceConfig{Root: t.TempDir(), Transport: TransportFUSE}}
 	nbdCluster := &v1.StorageCluster{Spec: v1.StorageClusterSpec{Agent: v1.AgentSpec{UserspaceTransport: v1.TransportNBD}}}
@@ -278,15 +325,16 @@ func TestStageTransportPerCluster(t *testing.T) {
 		sc   *v1.StorageCluster
 		want Transport
 	}{{nil, TransportFUSE}, {&v1.StorageCluster{}, TransportFUSE}, {nbdCluster, TransportNBD}} {
-		if got := a.stageTransport("new", tc.sc); got != tc.want {
-			t.Errorf("stageTransport(new, %+v) = %s, want %s", tc.sc, got, tc.want)
+		if got := a.chooseTransport(userspaceVolume(), tc.sc); got != tc.want {
+			t.Errorf("chooseTransport(userspace, %+v) = %s, want %s", tc.sc, got, tc.want)
 		}
 	}
-	// Staged over FUSE (its server log exists): stays FUSE.
-	if err := os.WriteFile(a.usLog("staged"), nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if got := a.stageTransport("staged", nbdCluster); got != TransportFUSE {
-		t.Errorf("staged FUSE volume in an nbd cluster: %s, want fuse", got)
+	kernel := userspaceVolume()
+	kernel.Spec.Mounter = v1.MounterKernel
+	if got := a.chooseTransport(kernel, nbdCluster); got != TransportLoop {
+		t.Errorf("kernel volume in an nbd cluster: %s, want loop", got)
 	}
 }
+
+// nbdOf is the agent's nbd device.
+func nbdOf(a *Agent) nbdDevice { return a.transports()[TransportNBD].(nbdDevice) }

@@ -2,8 +2,11 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -11,6 +14,7 @@ import (
 	"github.com/go-logr/logr"
 	"golang.org/x/sys/unix"
 
+	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/blockdev"
 	"github.com/berth-io/berth/internal/keeper"
 )
@@ -63,11 +67,23 @@ func TestStopNeverByKeeperPID(t *testing.T) {
 	k := &hostKeeper{vols: []keeper.Volume{{Name: "vol-1", Mountpoint: "/x", ServerPID: bystander.Process.Pid}}}
 	a := New("node-a", nil, fakeImages{path: "/images/vol-1.img"}, nil, nil, nil, NewVolumeLocks(), logr.Discard())
 	a.WithUserspace(UserspaceConfig{Root: t.TempDir(), Keeper: k, StopPID: blockdev.StopPID, StopTimeout: 2 * time.Second})
-	if err := os.WriteFile(a.usLog("vol-1"), nil, 0o600); err != nil {
+	// The layout of agents before records: the server log marks a FUSE
+	// volume; the upgraded agent must still find it and stop it.
+	if err := os.WriteFile(serverLog(a.us.Root, "vol-1"), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.stopUserspace(context.Background(), "vol-1"); err != nil {
+	d, err := a.device("vol-1")
+	if err != nil {
 		t.Fatal(err)
+	}
+	if _, ok := d.(fuseDevice); !ok {
+		t.Fatalf("volume of the old FUSE layout taken for %T", d)
+	}
+	if err := a.stopDevice(context.Background(), "vol-1", d); err != nil {
+		t.Fatal(err)
+	}
+	if _, found, err := a.records().load("vol-1"); err != nil || found {
+		t.Errorf("old FUSE marker left: %t, %v", found, err)
 	}
 	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
 	if n, _ := unix.Poll(fds, 200); n > 0 {
@@ -100,16 +116,60 @@ func TestStopOwnServerByHandle(t *testing.T) {
 		Start: func(context.Context, blockdev.Params) (Server, error) {
 			return stoppable{pid: 7, stopped: &stopped}, nil
 		}})
-	if _, err := a.startServer(context.Background(), blockdev.Params{Volume: "vol-1"}); err != nil {
+	if _, err := fuseOf(a).start(context.Background(), blockdev.Params{Volume: "vol-1"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.stopUserspace(context.Background(), "vol-1"); err != nil {
+	if err := a.stopDevice(context.Background(), "vol-1", fuseOf(a)); err != nil {
 		t.Fatal(err)
 	}
 	if stopped != 1 {
 		t.Errorf("own server stopped %d times by its handle, want 1", stopped)
 	}
-	if _, err := os.Stat(a.usLog("vol-1")); !os.IsNotExist(err) {
-		t.Errorf("record of vol-1 left: %v", err)
+	if _, err := os.Stat(serverLog(a.us.Root, "vol-1")); !os.IsNotExist(err) {
+		t.Errorf("server log of vol-1 left: %v", err)
+	}
+}
+
+// fuseOf is the agent's FUSE device.
+func fuseOf(a *Agent) fuseDevice { return a.transports()[TransportFUSE].(fuseDevice) }
+
+// TestFakeStageRefusesKeeperOutOfSight: the keeper mounts the volume's FUSE
+// connection where this agent cannot see it (another mount namespace).
+// The stage is refused with an error naming the keeper's socket, the
+// paths and the fix, and leaves nothing behind: the real keeper in another
+// mount namespace is in test/userspace (TestKeeperInOtherMountNamespace).
+func TestFakeStageRefusesKeeperOutOfSight(t *testing.T) {
+	e := newStageEnvOf(t, false, func(v *v1.Volume) { v.Spec.Mounter = v1.MounterUserspace })
+	k := &hostKeeper{}
+	stopped := 0
+	root := t.TempDir()
+	e.agent.WithUserspace(UserspaceConfig{Root: root, Binary: "/usr/bin/berth", KeeperSocket: "/run/berth/keeper.sock", Keeper: k,
+		Start: func(_ context.Context, p blockdev.Params) (Server, error) {
+			k.mu.Lock()
+			defer k.mu.Unlock()
+			k.vols = append(k.vols, keeper.Volume{Name: p.Volume, Mountpoint: p.Mountpoint, ServerPID: 77})
+			return stoppable{pid: 7, stopped: &stopped}, nil
+		},
+		FUSEMounted: func(string) (bool, error) { return false, nil },
+	})
+	err := e.stage(t)
+	if !errors.Is(err, ErrKeeperNotShared) || !errors.Is(err, ErrUnsupported) {
+		t.Fatalf("stage with the keeper's mount out of sight: %v, want ErrKeeperNotShared (ErrUnsupported)", err)
+	}
+	for _, want := range []string{"/run/berth/keeper.sock", filepath.Join(root, "vol-a"), filepath.Join(root, "vol-a", blockdev.FileName),
+		"--run-dir", "mountPropagation Bidirectional"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("refusal %q does not name %q", err, want)
+		}
+	}
+	e.leftNothing(t, "a keeper out of sight")
+	if stopped != 1 || len(k.closes) != 1 || len(k.vols) != 0 {
+		t.Errorf("server stopped %d times, keeper closes %v, held %v; want the server and connection gone", stopped, k.closes, k.vols)
+	}
+	if _, found, err := e.agent.records().load("vol-a"); err != nil || found {
+		t.Errorf("record left: %t, %v", found, err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(root, "vol-a*")); len(left) != 0 {
+		t.Errorf("files left: %v", left)
 	}
 }

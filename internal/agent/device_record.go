@@ -1,0 +1,157 @@
+package agent
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/berth-io/berth/internal/atomicfile"
+)
+
+// volumeRecord is what the agent keeps of a volume staged on this node: how
+// its device reaches the kernel. It is one JSON file per volume,
+// <userspace root>/_volumes/<volume>.json, for example
+//
+//	{"version":1,"transport":"nbd","serverPID":4242}
+//
+// written (atomically) before a stage makes anything and removed after an
+// unstage undid everything, so the transport of a staged volume never
+// depends on the agent's settings of the day.
+type volumeRecord struct {
+	Version   int       `json:"version"`
+	Transport Transport `json:"transport"`
+	// ServerPID is the volume's nbd server in this agent's PID namespace:
+	// a hint, the server is recognised by its command line.
+	ServerPID int `json:"serverPID,omitempty"`
+}
+
+// recordVersion is the version this agent writes. Version 0 is the layout
+// of agents before records (see load); an upgraded agent must find, heal
+// and unstage the volumes they staged.
+const recordVersion = 1
+
+// recordsDir holds the records beside the volumes' mountpoints and server
+// logs; '_' is in no volume name, so it never meets one of those.
+const recordsDir = "_volumes"
+
+// records are the agent's volume records under dir ("" when the agent
+// serves no userspace volumes: every volume is then on a loop device, and
+// nothing is written).
+type records struct{ dir string }
+
+func (a *Agent) records() records {
+	if a.us == nil {
+		return records{}
+	}
+	return records{dir: a.us.Root}
+}
+
+func (r records) path(volume string) string {
+	return filepath.Join(r.dir, recordsDir, volume+".json")
+}
+
+// serverLog is the log of a volume's blockdev servers under root. Before
+// records (version 0) it also marked a volume staged over FUSE.
+func serverLog(root, volume string) string { return filepath.Join(root, volume+".log") }
+
+// legacyNBD is the version 0 marker of a volume staged over nbd; it held
+// the server's pid.
+func (r records) legacyNBD(volume string) string { return filepath.Join(r.dir, volume+".nbd") }
+
+// load returns the volume's record; found false (and transport loop) when
+// it has none.
+func (r records) load(volume string) (rec volumeRecord, found bool, err error) {
+	none := volumeRecord{Version: recordVersion, Transport: TransportLoop}
+	if r.dir == "" {
+		return none, false, nil
+	}
+	b, err := os.ReadFile(r.path(volume))
+	switch {
+	case err == nil:
+		if err := json.Unmarshal(b, &rec); err != nil {
+			return none, false, fmt.Errorf("record of volume %s (%s): %w", volume, r.path(volume), err)
+		}
+		if rec.Version > recordVersion || rec.Transport == "" {
+			return none, false, fmt.Errorf("record of volume %s (%s) is version %d with transport %q; this agent reads version %d and older: %w",
+				volume, r.path(volume), rec.Version, rec.Transport, recordVersion, ErrUnsupported)
+		}
+		return rec, true, nil
+	case !errors.Is(err, os.ErrNotExist):
+		return none, false, fmt.Errorf("record of volume %s: %w", volume, err)
+	}
+	return r.loadLegacy(volume)
+}
+
+// loadLegacy reads the markers of version 0: <volume>.nbd (nbd, its
+// content the server's pid) or else the server log <volume>.log (FUSE).
+func (r records) loadLegacy(volume string) (volumeRecord, bool, error) {
+	none := volumeRecord{Version: recordVersion, Transport: TransportLoop}
+	b, err := os.ReadFile(r.legacyNBD(volume))
+	if err == nil {
+		pid, _ := strconv.Atoi(strings.TrimSpace(string(b))) // empty: written before the server started
+		return volumeRecord{Version: 0, Transport: TransportNBD, ServerPID: pid}, true, nil
+	}
+	if !errors.Is(err, os.ErrNotExist) {
+		return none, false, fmt.Errorf("nbd marker of volume %s: %w", volume, err)
+	}
+	if _, err := os.Stat(serverLog(r.dir, volume)); err == nil {
+		return volumeRecord{Version: 0, Transport: TransportFUSE}, true, nil
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return none, false, fmt.Errorf("server log of volume %s: %w", volume, err)
+	}
+	return none, false, nil
+}
+
+// save writes the volume's record in this agent's version; a version 0
+// marker it replaces goes.
+func (r records) save(volume string, rec volumeRecord) error {
+	if r.dir == "" {
+		return nil
+	}
+	rec.Version = recordVersion
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Join(r.dir, recordsDir), 0o700); err != nil {
+		return fmt.Errorf("record of volume %s: %w", volume, err)
+	}
+	if err := atomicfile.Write(r.path(volume), append(b, '\n'), 0o600); err != nil {
+		return fmt.Errorf("record of volume %s: %w", volume, err)
+	}
+	if err := atomicfile.Remove(r.legacyNBD(volume)); err != nil {
+		return fmt.Errorf("nbd marker of volume %s: %w", volume, err)
+	}
+	return nil
+}
+
+// create records transport t for a volume that has no record; made tells
+// whether it wrote one.
+func (r records) create(volume string, t Transport) (made bool, err error) {
+	if r.dir == "" {
+		return false, nil
+	}
+	if _, found, err := r.load(volume); err != nil || found {
+		return false, err
+	}
+	return true, r.save(volume, volumeRecord{Transport: t})
+}
+
+// remove drops the volume's record, of either version, and the server log,
+// which marked a FUSE volume in version 0: a log left behind would make a
+// volume unstaged since look staged. Idempotent.
+func (r records) remove(volume string) error {
+	if r.dir == "" {
+		return nil
+	}
+	for _, p := range []string{r.legacyNBD(volume), serverLog(r.dir, volume), r.path(volume)} {
+		if err := atomicfile.Remove(p); err != nil {
+			return fmt.Errorf("remove record of volume %s: %w", volume, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,82 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+)
+
+// HealResult says what Heal found or did.
+type HealResult string
+
+const (
+	// HealSkipped means not a userspace volume staged here, or its objects are gone.
+	HealSkipped HealResult = "skipped"
+	// HealServing means that a server was already running.
+	HealServing HealResult = "serving"
+	// HealRestarted means that a new server took the connection over from the keeper.
+	HealRestarted HealResult = "restarted"
+	// HealBusy means that another operation held the volume: try again later.
+	HealBusy HealResult = "busy"
+)
+
+// Heal restarts the blockdev server of a staged userspace volume whose
+// server is gone (after an agent restart or a server crash): the new server
+// takes the kernel connection over, and I/O that waited goes on. It waits
+// a bounded time for the volume lock, shared with stage and unstage
+// (ErrBusy when it stays held: the healer retries later). It returns the
+// Volume (nil when gone), ErrKeeperDown or ErrConnectionLost when the
+// volume cannot be healed, ErrVolumeNotFound (with HealSkipped) when a
+// staged userspace volume's Volume object or image is gone.
+func (a *Agent) Heal(ctx context.Context, volumeID string) (*v1.Volume, HealResult, error) {
+	d, err := a.device(volumeID)
+	if err != nil {
+		return nil, HealSkipped, err
+	}
+	// The common case, a live server, needs no lock: periodic passes then
+	// never make a CSI call on the volume wait or fail as busy.
+	if res, ok := d.Serving(ctx, volumeID); ok {
+		return nil, res, nil
+	}
+	unlock, err := a.lockBackground(ctx, volumeID)
+	if err != nil {
+		return nil, HealBusy, err
+	}
+	defer unlock()
+	// Read again under the lock: an unstage may have ended meanwhile.
+	if d, err = a.device(volumeID); err != nil {
+		return nil, HealSkipped, err
+	}
+	vol, err := a.volume(ctx, volumeID)
+	if err != nil && !errors.Is(err, ErrVolumeNotFound) {
+		return nil, HealSkipped, err
+	}
+	image := func(ctx context.Context) (string, error) {
+		if vol == nil {
+			return "", fmt.Errorf("volume %s is staged in userspace on this node, but its Volume object is gone, "+
+				"so no blockdev server can be started for it: its I/O waits until it is unstaged: %w", volumeID, err)
+		}
+		image, err := a.imagePath(ctx, volumeID)
+		if errors.Is(err, ErrVolumeNotFound) {
+			return "", fmt.Errorf("volume %s is staged in userspace on this node, but its image is gone, "+
+				"so no blockdev server can be started for it: its I/O waits until it is unstaged: %w", volumeID, err)
+		}
+		return image, err
+	}
+	res, err := d.Heal(ctx, volumeID, image)
+	return vol, res, err
+}
+
+// prepareUnstage readies a volume for unmount and detach: a server must
+// run, or flushing the file system would wait for one. With the keeper
+// down or the connection gone, I/O fails fast: there is nothing to wait
+// for, so that is no reason to stop.
+func (a *Agent) prepareUnstage(ctx context.Context, volume string, d device) error {
+	_, err := d.Heal(ctx, volume, func(ctx context.Context) (string, error) { return a.imagePath(ctx, volume) })
+	if errors.Is(err, ErrKeeperDown) || errors.Is(err, ErrConnectionLost) {
+		return nil
+	}
+	return err
+}
