@@ -14,6 +14,7 @@ import (
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/atomicfile"
 	"github.com/berth-io/berth/internal/blockdev"
+	"github.com/berth-io/berth/internal/blockdev/launch"
 	"github.com/berth-io/berth/internal/keeper"
 )
 
@@ -26,7 +27,7 @@ type Keeper interface {
 	Stop(ctx context.Context, volume string) error
 }
 
-// Server is a started blockdev server process (blockdev.Process).
+// Server is a started blockdev server process (launch.Process).
 type Server interface {
 	// PID is the server's pid in this process's PID namespace (for logs).
 	PID() int
@@ -61,9 +62,9 @@ func (s *servers) take(volume string) Server {
 	return p
 }
 
-// StartServer adapts blockdev.Start to UserspaceConfig.Start.
-func StartServer(ctx context.Context, p blockdev.Params) (Server, error) {
-	proc, err := blockdev.Start(ctx, p)
+// StartServer adapts launch.Start to UserspaceConfig.Start.
+func StartServer(ctx context.Context, p launch.Params) (Server, error) {
+	proc, err := launch.Start(ctx, p)
 	if err != nil {
 		return nil, err
 	}
@@ -79,10 +80,10 @@ type UserspaceConfig struct {
 	Binary       string
 	KeeperSocket string
 	Keeper       Keeper
-	// Start runs a server (blockdev.Start); StopPID stops an nbd server
-	// this agent found in its own /proc (blockdev.StopPID); CheckMount
+	// Start runs a server (launch.Start); StopPID stops an nbd server
+	// this agent found in its own /proc (launch.StopPID); CheckMount
 	// checks a live connection.
-	Start      func(ctx context.Context, p blockdev.Params) (Server, error)
+	Start      func(ctx context.Context, p launch.Params) (Server, error)
 	StopPID    func(pid int, timeout time.Duration, still func() bool) error
 	CheckMount func(mountpoint string) error
 	Workers    int
@@ -184,7 +185,7 @@ func (a *Agent) ensureServer(ctx context.Context, volume, image string) error {
 	if rec.ServerPID != 0 {
 		return nil
 	}
-	_, err = a.startServer(ctx, blockdev.Params{
+	_, err = a.startServer(ctx, launch.Params{
 		KeeperSocket: a.us.KeeperSocket, Volume: volume, Image: image,
 		Mountpoint: a.usMountpoint(volume), Passthrough: a.us.Passthrough,
 	})
@@ -193,7 +194,7 @@ func (a *Agent) ensureServer(ctx context.Context, volume, image string) error {
 
 // startServer starts a blockdev server for p.Volume (either transport)
 // with its output appended to the volume's server log.
-func (a *Agent) startServer(ctx context.Context, p blockdev.Params) (Server, error) {
+func (a *Agent) startServer(ctx context.Context, p launch.Params) (Server, error) {
 	if err := os.MkdirAll(a.us.Root, 0o700); err != nil {
 		return nil, fmt.Errorf("userspace root: %w", err)
 	}

@@ -13,7 +13,7 @@ import (
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/atomicfile"
-	"github.com/berth-io/berth/internal/blockdev"
+	"github.com/berth-io/berth/internal/blockdev/launch"
 )
 
 // Transport is how a userspace volume's server reaches the kernel.
@@ -156,7 +156,7 @@ func (a *Agent) nbdEnsureServer(ctx context.Context, volume, image string) (star
 	if err := atomicfile.Write(a.nbdRecord(volume), nil, 0o600); err != nil {
 		return false, fmt.Errorf("nbd record of %s: %w", volume, err)
 	}
-	proc, err := a.startServer(ctx, blockdev.Params{
+	proc, err := a.startServer(ctx, launch.Params{
 		Node: a.node, Volume: volume, Image: image, Transport: string(TransportNBD), DeadConnTimeout: a.us.DeadConnTimeout,
 	})
 	if err != nil {

@@ -11,7 +11,7 @@ import (
 	"github.com/go-logr/logr"
 	"golang.org/x/sys/unix"
 
-	"github.com/berth-io/berth/internal/blockdev"
+	"github.com/berth-io/berth/internal/blockdev/launch"
 	"github.com/berth-io/berth/internal/keeper"
 )
 
@@ -62,7 +62,7 @@ func TestStopNeverByKeeperPID(t *testing.T) {
 
 	k := &hostKeeper{vols: []keeper.Volume{{Name: "vol-1", Mountpoint: "/x", ServerPID: bystander.Process.Pid}}}
 	a := New("node-a", nil, fakeImages{path: "/images/vol-1.img"}, nil, nil, nil, NewVolumeLocks(), logr.Discard())
-	a.WithUserspace(UserspaceConfig{Root: t.TempDir(), Keeper: k, StopPID: blockdev.StopPID, StopTimeout: 2 * time.Second})
+	a.WithUserspace(UserspaceConfig{Root: t.TempDir(), Keeper: k, StopPID: launch.StopPID, StopTimeout: 2 * time.Second})
 	if err := os.WriteFile(a.usLog("vol-1"), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -97,10 +97,10 @@ func TestStopOwnServerByHandle(t *testing.T) {
 	stopped := 0
 	a := New("node-a", nil, fakeImages{path: "/images/vol-1.img"}, nil, nil, nil, NewVolumeLocks(), logr.Discard())
 	a.WithUserspace(UserspaceConfig{Root: t.TempDir(), Keeper: k, StopTimeout: time.Second,
-		Start: func(context.Context, blockdev.Params) (Server, error) {
+		Start: func(context.Context, launch.Params) (Server, error) {
 			return stoppable{pid: 7, stopped: &stopped}, nil
 		}})
-	if _, err := a.startServer(context.Background(), blockdev.Params{Volume: "vol-1"}); err != nil {
+	if _, err := a.startServer(context.Background(), launch.Params{Volume: "vol-1"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := a.stopUserspace(context.Background(), "vol-1"); err != nil {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/berth-io/berth/internal/blockdev/imagefile"
 	"github.com/berth-io/berth/internal/keeper"
 )
 
@@ -67,7 +68,7 @@ func Run(ctx context.Context, c RunConfig) error {
 	if err != nil {
 		return err
 	}
-	img, err := OpenImage(c.Image, c.Direct)
+	img, err := imagefile.Open(c.Image, c.Direct)
 	if err != nil {
 		return err
 	}
