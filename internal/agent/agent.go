@@ -22,6 +22,7 @@ import (
 	"github.com/berth-io/berth/internal/fence"
 	"github.com/berth-io/berth/internal/mount"
 	"github.com/berth-io/berth/internal/nodepath"
+	"github.com/berth-io/berth/internal/volid"
 )
 
 // Images finds a volume's backend image on this node, and keeps on it the
@@ -104,9 +105,9 @@ func (a *Agent) checkPaths(paths ...string) error {
 	return nil
 }
 
-// checkVolumeName applies the one volume name rule.
+// checkVolumeName applies the one volume ID rule.
 func checkVolumeName(name string) error {
-	if err := v1.ValidateVolumeName(name); err != nil {
+	if err := volid.Valid(name); err != nil {
 		return fmt.Errorf("%w: %w", err, ErrInvalid)
 	}
 	return nil

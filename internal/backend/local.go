@@ -8,13 +8,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 
 	"github.com/go-logr/logr"
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-io/berth/internal/atomicfile"
+	"github.com/berth-io/berth/internal/volid"
 )
 
 // Sentinel errors; callers decide with errors.Is. Returned errors wrap them
@@ -54,10 +54,7 @@ const (
 	// xattrSource records where an image's content came from, so that a
 	// retried create with another source is told apart from a true retry.
 	xattrSource = "user.berth.source"
-	maxIDLen    = 128
 )
-
-var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
 
 // NewLocal opens (creating if needed) a data dir and removes temp files a
 // crash left behind.
@@ -112,10 +109,11 @@ func probeXattr(dir string) error {
 	return unix.Fsetxattr(int(f.Fd()), xattrSource, []byte("probe"), 0)
 }
 
-// ValidateID rejects IDs that could escape the data dir or are unwieldy.
+// ValidateID applies the one volume ID rule (internal/volid), which also
+// keeps an ID from escaping the data dir.
 func ValidateID(id string) error {
-	if len(id) == 0 || len(id) > maxIDLen || !idPattern.MatchString(id) || strings.Contains(id, "..") {
-		return fmt.Errorf("id %q (want 1-%d of [A-Za-z0-9._-], no '..'): %w", id, maxIDLen, ErrInvalid)
+	if err := volid.Valid(id); err != nil {
+		return fmt.Errorf("%w: %w", err, ErrInvalid)
 	}
 	return nil
 }

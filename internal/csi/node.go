@@ -208,10 +208,10 @@ func (s *Node) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRe
 	return &csi.NodeExpandVolumeResponse{CapacityBytes: size}, nil
 }
 
-// checkArgs refuses a volume ID that breaks the volume name rule (no such
+// checkArgs refuses a volume ID that breaks the volume ID rule (no such
 // volume can exist) and a path outside kubelet's volume folders for berth.
 func (s *Node) checkArgs(id string, paths ...string) error {
-	if v1.ValidateVolumeName(id) != nil {
+	if !validID(id) {
 		return status.Errorf(codes.NotFound, "volume %q not found", id)
 	}
 	for _, p := range paths {

@@ -10,7 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"regexp"
+
+	"github.com/berth-io/berth/internal/volid"
 )
 
 // Request operations. One request and one reply per connection, each a single
@@ -83,8 +84,6 @@ type Volume struct {
 // maxMessage bounds a request or reply.
 const maxMessage = 64 << 10
 
-var volumeName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$`)
-
 func (r request) validate() error {
 	switch r.Op {
 	case OpList, OpPing:
@@ -93,8 +92,8 @@ func (r request) validate() error {
 	default:
 		return fmt.Errorf("%w: unknown op %q", ErrInvalid, r.Op)
 	}
-	if !volumeName.MatchString(r.Volume) {
-		return fmt.Errorf("%w: volume name %q", ErrInvalid, r.Volume)
+	if err := volid.Valid(r.Volume); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	if r.Op == OpOpen && (!filepath.IsAbs(r.Mountpoint) || filepath.Clean(r.Mountpoint) != r.Mountpoint) {
 		return fmt.Errorf("%w: mountpoint %q must be a clean absolute path", ErrInvalid, r.Mountpoint)

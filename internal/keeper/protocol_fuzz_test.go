@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+
+	"github.com/berth-io/berth/internal/volid"
 )
 
 // fuzzKernel hands out fd numbers without opening anything, so that any
@@ -138,7 +140,7 @@ func FuzzKeeperRequests(f *testing.F) {
 			// Invariants of what is held.
 			seen := map[string]string{}
 			for name, h := range s.vols {
-				if !volumeName.MatchString(name) {
+				if volid.Valid(name) != nil {
 					t.Fatalf("holds invalid volume name %q", name)
 				}
 				if !filepath.IsAbs(h.mountpoint) || filepath.Clean(h.mountpoint) != h.mountpoint {
