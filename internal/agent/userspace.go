@@ -16,6 +16,7 @@ import (
 	"github.com/berth-io/berth/internal/blockdev"
 	"github.com/berth-io/berth/internal/blockdev/launch"
 	"github.com/berth-io/berth/internal/keeper"
+	"github.com/berth-io/berth/internal/volerr"
 )
 
 // Keeper is the part of the keeper client (internal/keeper) the agent uses.
@@ -269,7 +270,7 @@ func (a *Agent) stopServer(ctx context.Context, volume string, live bool) error 
 		return nil
 	}
 	if err := a.us.Keeper.Stop(ctx, volume); err != nil {
-		if errors.Is(err, keeper.ErrInvalid) {
+		if errors.Is(err, volerr.ErrInvalid) {
 			return fmt.Errorf("stop blockdev server of %s: the keeper predates the stop request; restart the keeper pod: %w", volume, err)
 		}
 		return fmt.Errorf("stop blockdev server of %s: %w", volume, err)

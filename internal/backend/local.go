@@ -14,17 +14,17 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-io/berth/internal/atomicfile"
+	"github.com/berth-io/berth/internal/volerr"
 	"github.com/berth-io/berth/internal/volid"
 )
 
-// Sentinel errors; callers decide with errors.Is. Returned errors wrap them
-// with detail.
+// Sentinel errors, each of one volerr kind; callers decide with errors.Is.
+// Returned errors wrap them with detail. A bad argument is volerr.ErrInvalid.
 var (
-	ErrNotFound = errors.New("not found")
+	ErrNotFound = volerr.New(volerr.ErrNotFound, "not found")
 	// ErrExists: the ID is taken by an image of another size or source.
-	ErrExists  = errors.New("already exists with other parameters")
-	ErrNoSpace = errors.New("not enough space")
-	ErrInvalid = errors.New("invalid argument")
+	ErrExists  = volerr.New(volerr.ErrExists, "already exists with other parameters")
+	ErrNoSpace = volerr.New(volerr.ErrNoSpace, "not enough space")
 )
 
 // Image is a volume's backing file.
@@ -60,7 +60,7 @@ const (
 // crash left behind.
 func NewLocal(dir string, log logr.Logger) (*Local, error) {
 	if dir == "" {
-		return nil, fmt.Errorf("data dir: %w", ErrInvalid)
+		return nil, fmt.Errorf("data dir: %w", volerr.ErrInvalid)
 	}
 	l := &Local{
 		dir:     dir,
@@ -112,15 +112,12 @@ func probeXattr(dir string) error {
 // ValidateID applies the one volume ID rule (internal/volid), which also
 // keeps an ID from escaping the data dir.
 func ValidateID(id string) error {
-	if err := volid.Valid(id); err != nil {
-		return fmt.Errorf("%w: %w", err, ErrInvalid)
-	}
-	return nil
+	return volid.Valid(id)
 }
 
 func alignSize(size int64) (int64, error) {
 	if size <= 0 {
-		return 0, fmt.Errorf("size %d: %w", size, ErrInvalid)
+		return 0, fmt.Errorf("size %d: %w", size, volerr.ErrInvalid)
 	}
 	return (size + imageAlign - 1) / imageAlign * imageAlign, nil
 }
@@ -183,7 +180,7 @@ func (l *Local) create(ctx context.Context, id string, size int64, source string
 		}
 		srcSize = fi.Size()
 		if size < srcSize {
-			return Image{}, fmt.Errorf("size %d smaller than source %s (%d): %w", size, source, srcSize, ErrInvalid)
+			return Image{}, fmt.Errorf("size %d smaller than source %s (%d): %w", size, source, srcSize, volerr.ErrInvalid)
 		}
 	}
 	if err := l.checkSpace(size); err != nil {
@@ -378,7 +375,7 @@ func (l *Local) Delete(_ context.Context, id string) error {
 }
 
 // Expand grows a volume to at least size. Asking the current size again is a
-// no-op; asking less is ErrInvalid. The caller refreshes any loop device.
+// no-op; asking less is volerr.ErrInvalid. The caller refreshes any loop device.
 func (l *Local) Expand(ctx context.Context, id string, size int64) (Image, error) {
 	img, err := l.Get(ctx, id)
 	if err != nil {
@@ -392,7 +389,7 @@ func (l *Local) Expand(ctx context.Context, id string, size int64) (Image, error
 	case size == img.Size:
 		return img, nil
 	case size < img.Size:
-		return Image{}, fmt.Errorf("shrink %s from %d to %d: %w", id, img.Size, size, ErrInvalid)
+		return Image{}, fmt.Errorf("shrink %s from %d to %d: %w", id, img.Size, size, volerr.ErrInvalid)
 	}
 	if err := l.checkSpace(size - img.Size); err != nil {
 		return Image{}, err

@@ -59,6 +59,7 @@ func openConn(ctx context.Context, c RunConfig) (*keeper.Conn, error) {
 
 // Run serves until ctx ends or the connection is unmounted.
 func Run(ctx context.Context, c RunConfig) error {
+	log := c.Log.WithValues("volume", c.Volume)
 	conn, err := openConn(ctx, c)
 	if err != nil {
 		return fmt.Errorf("take connection of %s from keeper: %w", c.Volume, err)
@@ -73,7 +74,6 @@ func Run(ctx context.Context, c RunConfig) error {
 		return err
 	}
 	defer func() { _ = img.Close() }()
-	log := c.Log.WithValues("volume", c.Volume)
 	srv, err := NewServer(Config{
 		Dev:   int(conn.File.Fd()),
 		Image: img,

@@ -3,13 +3,11 @@
 package volid
 
 import (
-	"errors"
 	"fmt"
 	"regexp"
-)
 
-// ErrInvalid marks an ID that breaks the rule.
-var ErrInvalid = errors.New("invalid volume ID")
+	"github.com/berth-io/berth/internal/volerr"
+)
 
 // The rule is a DNS-1123 subdomain of at most 128 characters: every ID is
 // also a Volume/Attachment object name, an image file name under the data
@@ -25,11 +23,11 @@ const (
 
 var pattern = regexp.MustCompile(Pattern)
 
-// Valid returns nil for a valid ID, else an error wrapping ErrInvalid.
+// Valid returns nil for a valid ID, else an error wrapping volerr.ErrInvalid.
 func Valid(id string) error {
 	if len(id) == 0 || len(id) > MaxLength || !pattern.MatchString(id) {
 		return fmt.Errorf("volume ID %q: want 1-%d lowercase letters, digits, '-' and '.' (a DNS-1123 subdomain): %w",
-			id, MaxLength, ErrInvalid)
+			id, MaxLength, volerr.ErrInvalid)
 	}
 	return nil
 }
