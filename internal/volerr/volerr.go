@@ -39,8 +39,10 @@ var (
 )
 
 // Kinds lists every kind, for tables that must cover them all.
-var Kinds = []error{ErrInvalid, ErrNotFound, ErrExists, ErrWrongNode, ErrInUse, ErrPrecondition,
-	ErrNotReady, ErrUnavailable, ErrBusy, ErrDenied, ErrNoSpace}
+func Kinds() []error {
+	return []error{ErrInvalid, ErrNotFound, ErrExists, ErrWrongNode, ErrInUse, ErrPrecondition,
+		ErrNotReady, ErrUnavailable, ErrBusy, ErrDenied, ErrNoSpace}
+}
 
 // New returns a package's own sentinel of a kind: its text is msg, it is
 // itself for errors.Is, and it is kind too.
@@ -56,7 +58,7 @@ func (s *sentinel) Unwrap() error { return s.kind }
 
 // KindOf returns the kind of err (the first of Kinds it matches), or nil.
 func KindOf(err error) error {
-	for _, k := range Kinds {
+	for _, k := range Kinds() {
 		if errors.Is(err, k) {
 			return k
 		}

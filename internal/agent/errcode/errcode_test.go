@@ -14,19 +14,19 @@ import (
 // TestEveryKindHasOneRow: a new kind without a row would be Internal.
 func TestEveryKindHasOneRow(t *testing.T) {
 	seen := map[error]int{}
-	for _, r := range Table {
+	for _, r := range Table() {
 		seen[r.Kind]++
 		if r.Why == "" {
 			t.Errorf("%v: no reason given for %v", r.Kind, r.Code)
 		}
 	}
-	for _, k := range volerr.Kinds {
+	for _, k := range volerr.Kinds() {
 		if seen[k] != 1 {
 			t.Errorf("kind %q has %d rows, want 1", k, seen[k])
 		}
 	}
-	if len(Table) != len(volerr.Kinds) {
-		t.Errorf("%d rows for %d kinds", len(Table), len(volerr.Kinds))
+	if len(Table()) != len(volerr.Kinds()) {
+		t.Errorf("%d rows for %d kinds", len(Table()), len(volerr.Kinds()))
 	}
 }
 
@@ -60,7 +60,7 @@ func TestCode(t *testing.T) {
 
 // TestKindRoundTrip: a code read back gives a kind of that code.
 func TestKindRoundTrip(t *testing.T) {
-	for _, r := range Table {
+	for _, r := range Table() {
 		k := Kind(r.Code)
 		if Code(k) != r.Code {
 			t.Errorf("Kind(%v) = %v, which is %v", r.Code, k, Code(k))

@@ -47,7 +47,7 @@ func TestSocketAnswersLikeCSI(t *testing.T) {
 			t.Errorf("%v: socket %s, table %v, want %v", tc.err, got, errcode.Code(tc.err), tc.want)
 		}
 	}
-	for _, k := range volerr.Kinds {
+	for _, k := range volerr.Kinds() {
 		if codeOf(k) != errcode.Code(k).String() {
 			t.Errorf("%v: socket %s, table %v", k, codeOf(k), errcode.Code(k))
 		}
