@@ -16,6 +16,7 @@ import (
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/testenv"
+	"github.com/berth-io/berth/internal/volid"
 )
 
 var (
@@ -263,13 +264,13 @@ func TestNodeCleanupPathsAndNames(t *testing.T) {
 	}
 	for _, vol := range []string{"../pvc-1", "pvc/1", "PVC-1", "pvc-1.", ".pvc", "a..b", strings.Repeat("a", 129)} {
 		mustRefuse(t, entry(vol, good, ""), "spec.entries[0].volume")
-		if err := v1.ValidateVolumeName(vol); err == nil {
-			t.Errorf("ValidateVolumeName(%q) accepted what the CRD refuses", vol)
+		if err := volid.Valid(vol); err == nil {
+			t.Errorf("volid.Valid(%q) accepted what the CRD refuses", vol)
 		}
 	}
 	var got v1.NodeCleanup
 	createAndRead(t, entry(strings.Repeat("a", 128), good, "/var/lib/kubelet/plugins/kubernetes.io/csi/berth.io/h/globalmount"), &got)
-	if err := v1.ValidateVolumeName(got.Spec.Entries[0].Volume); err != nil {
-		t.Errorf("the CRD accepted what ValidateVolumeName refuses: %v", err)
+	if err := volid.Valid(got.Spec.Entries[0].Volume); err != nil {
+		t.Errorf("the CRD accepted what volid.Valid refuses: %v", err)
 	}
 }

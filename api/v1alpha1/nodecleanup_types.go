@@ -30,7 +30,7 @@ type NodeCleanupSpec struct {
 
 // StaleAttachment is an attachment entry taken away from its node.
 type StaleAttachment struct {
-	// Volume whose Attachment held the entry: a volume name (ValidateVolumeName).
+	// Volume whose Attachment held the entry: a volume ID (the rule of internal/volid).
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=128
 	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`

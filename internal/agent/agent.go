@@ -22,6 +22,8 @@ import (
 	"github.com/berth-io/berth/internal/fence"
 	"github.com/berth-io/berth/internal/mount"
 	"github.com/berth-io/berth/internal/nodepath"
+	"github.com/berth-io/berth/internal/volerr"
+	"github.com/berth-io/berth/internal/volid"
 )
 
 // Images finds a volume's backend image on this node, and keeps on it the
@@ -98,18 +100,15 @@ func (a *Agent) Paths() nodepath.Rule { return a.paths }
 func (a *Agent) checkPaths(paths ...string) error {
 	for _, p := range paths {
 		if err := a.paths.Check(p); err != nil {
-			return fmt.Errorf("%w: %w", err, ErrInvalid)
+			return fmt.Errorf("%w: %w", err, volerr.ErrInvalid)
 		}
 	}
 	return nil
 }
 
-// checkVolumeName applies the one volume name rule.
+// checkVolumeName applies the one volume ID rule.
 func checkVolumeName(name string) error {
-	if err := v1.ValidateVolumeName(name); err != nil {
-		return fmt.Errorf("%w: %w", err, ErrInvalid)
-	}
-	return nil
+	return volid.Valid(name)
 }
 
 // Node is the node this agent serves.

@@ -12,6 +12,7 @@ import (
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/fence"
 	"github.com/berth-io/berth/internal/mount"
+	"github.com/berth-io/berth/internal/volerr"
 )
 
 // Undo undoes one stale attachment entry on this node (fence.Undoer): a
@@ -41,13 +42,18 @@ func (a *Agent) Undo(ctx context.Context, s v1.StaleAttachment) error {
 	if staging == "" {
 		staging = s.MountDir
 	}
-	if err := a.forceUnstage(ctx, s.Volume, staging); errors.Is(err, ErrInvalid) {
+	if err := a.forceUnstage(ctx, s.Volume, staging); errors.Is(err, errForeignDevice) {
 		return fmt.Errorf("%w: %w", err, fence.ErrRefused) // another device there: never ours to undo
 	} else if err != nil {
 		return err
 	}
 	return nil
 }
+
+// errForeignDevice: a staging path holds another device than the volume's.
+// Its own sentinel, so that an invalid argument from deeper down (the keeper,
+// mount) never makes the cleaner drop an entry undone.
+var errForeignDevice = volerr.New(volerr.ErrInvalid, "not the volume's device")
 
 // forceUnstage removes every mount of the volume's device and detaches it,
 // even while pods use it. The caller holds the volume lock. Only the
@@ -72,7 +78,7 @@ func (a *Agent) forceUnstage(ctx context.Context, volume, staging string) error 
 	}
 	if staged != "" && staged != dev {
 		if dev != "" {
-			return fmt.Errorf("%s holds %s, which is not volume %s's device (%s): %w", staging, staged, volume, dev, ErrInvalid)
+			return fmt.Errorf("%s holds %s, which is not volume %s's device (%s): %w", staging, staged, volume, dev, errForeignDevice)
 		}
 		// The volume's device is unknown (its image is gone): take off only
 		// what is mounted at the staging path, never every mount of a

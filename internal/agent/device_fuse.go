@@ -14,8 +14,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-io/berth/internal/blockdev"
+	"github.com/berth-io/berth/internal/blockdev/launch"
 	"github.com/berth-io/berth/internal/keeper"
 	"github.com/berth-io/berth/internal/mount"
+	"github.com/berth-io/berth/internal/volerr"
 )
 
 // ErrKeeperNotShared means that the keeper mounts volumes' FUSE connections
@@ -225,7 +227,7 @@ func (f fuseDevice) ensureServer(ctx context.Context, volume, image string) erro
 }
 
 func (f fuseDevice) startServer(ctx context.Context, volume, image string) error {
-	_, err := f.start(ctx, blockdev.Params{
+	_, err := f.start(ctx, launch.Params{
 		KeeperSocket: f.cfg.KeeperSocket, Volume: volume, Image: image,
 		Mountpoint: f.mountpoint(volume), Passthrough: f.cfg.Passthrough,
 	})
@@ -246,7 +248,7 @@ func (f fuseDevice) stopServer(ctx context.Context, volume string, live bool) er
 		return nil
 	}
 	if err := f.cfg.Keeper.Stop(ctx, volume); err != nil {
-		if errors.Is(err, keeper.ErrInvalid) {
+		if errors.Is(err, volerr.ErrInvalid) {
 			return fmt.Errorf("stop blockdev server of %s: the keeper predates the stop request; restart the keeper pod: %w", volume, err)
 		}
 		return fmt.Errorf("stop blockdev server of %s: %w", volume, err)

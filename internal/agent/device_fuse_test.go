@@ -16,6 +16,7 @@ import (
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/blockdev"
+	"github.com/berth-io/berth/internal/blockdev/launch"
 	"github.com/berth-io/berth/internal/keeper"
 )
 
@@ -66,7 +67,7 @@ func TestStopNeverByKeeperPID(t *testing.T) {
 
 	k := &hostKeeper{vols: []keeper.Volume{{Name: "vol-1", Mountpoint: "/x", ServerPID: bystander.Process.Pid}}}
 	a := New("node-a", nil, fakeImages{path: "/images/vol-1.img"}, nil, nil, nil, NewVolumeLocks(), logr.Discard())
-	a.WithUserspace(UserspaceConfig{Root: t.TempDir(), Keeper: k, StopPID: blockdev.StopPID, StopTimeout: 2 * time.Second})
+	a.WithUserspace(UserspaceConfig{Root: t.TempDir(), Keeper: k, StopPID: launch.StopPID, StopTimeout: 2 * time.Second})
 	// The layout of agents before records: the server log marks a FUSE
 	// volume; the upgraded agent must still find it and stop it.
 	if err := os.WriteFile(serverLog(a.us.Root, "vol-1"), nil, 0o600); err != nil {
@@ -113,10 +114,10 @@ func TestStopOwnServerByHandle(t *testing.T) {
 	stopped := 0
 	a := New("node-a", nil, fakeImages{path: "/images/vol-1.img"}, nil, nil, nil, NewVolumeLocks(), logr.Discard())
 	a.WithUserspace(UserspaceConfig{Root: t.TempDir(), Keeper: k, StopTimeout: time.Second,
-		Start: func(context.Context, blockdev.Params) (Server, error) {
+		Start: func(context.Context, launch.Params) (Server, error) {
 			return stoppable{pid: 7, stopped: &stopped}, nil
 		}})
-	if _, err := fuseOf(a).start(context.Background(), blockdev.Params{Volume: "vol-1"}); err != nil {
+	if _, err := fuseOf(a).start(context.Background(), launch.Params{Volume: "vol-1"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := a.stopDevice(context.Background(), "vol-1", fuseOf(a)); err != nil {
@@ -144,7 +145,7 @@ func TestFakeStageRefusesKeeperOutOfSight(t *testing.T) {
 	stopped := 0
 	root := t.TempDir()
 	e.agent.WithUserspace(UserspaceConfig{Root: root, Binary: "/usr/bin/berth", KeeperSocket: "/run/berth/keeper.sock", Keeper: k,
-		Start: func(_ context.Context, p blockdev.Params) (Server, error) {
+		Start: func(_ context.Context, p launch.Params) (Server, error) {
 			k.mu.Lock()
 			defer k.mu.Unlock()
 			k.vols = append(k.vols, keeper.Volume{Name: p.Volume, Mountpoint: p.Mountpoint, ServerPID: 77})

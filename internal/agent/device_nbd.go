@@ -10,7 +10,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/berth-io/berth/internal/blockdev"
+	"github.com/berth-io/berth/internal/blockdev/launch"
 )
 
 // NBD is the kernel nbd driver as the agent needs it (internal/nbd).
@@ -206,7 +206,7 @@ func (n nbdDevice) startServer(ctx context.Context, volume, image string) error 
 	if err := n.Check(volume); err != nil {
 		return err
 	}
-	proc, err := n.start(ctx, blockdev.Params{
+	proc, err := n.start(ctx, launch.Params{
 		Node: n.node, Volume: volume, Image: image, Transport: string(TransportNBD), DeadConnTimeout: n.cfg.DeadConnTimeout,
 	})
 	if err != nil {

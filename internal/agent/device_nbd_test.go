@@ -16,7 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
-	"github.com/berth-io/berth/internal/blockdev"
+	"github.com/berth-io/berth/internal/blockdev/launch"
 	"github.com/berth-io/berth/internal/scheme"
 )
 
@@ -55,7 +55,7 @@ type fakeProcs struct {
 	root    string
 	nbd     *fakeNBD
 	next    int
-	started []blockdev.Params
+	started []launch.Params
 	stopped []int
 }
 
@@ -81,7 +81,7 @@ func (p *fakeProcs) add(pid int, args ...string) {
 func (p *fakeProcs) kill(pid int) { _ = os.RemoveAll(filepath.Join(p.root, strconv.Itoa(pid))) }
 
 // start is what the real server does: connect (or reconnect) the device.
-func (p *fakeProcs) start(_ context.Context, bp blockdev.Params) (Server, error) {
+func (p *fakeProcs) start(_ context.Context, bp launch.Params) (Server, error) {
 	p.next++
 	pid := 1000 + p.next
 	p.started = append(p.started, bp)

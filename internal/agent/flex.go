@@ -9,6 +9,7 @@ import (
 	"github.com/berth-io/berth/internal/fence"
 	"github.com/berth-io/berth/internal/flexvolume"
 	"github.com/berth-io/berth/internal/mount"
+	"github.com/berth-io/berth/internal/volerr"
 )
 
 // Holdings lists what this node holds (the Attachments' entries).
@@ -46,7 +47,7 @@ func (a *Agent) FlexMount(ctx context.Context, r flexvolume.MountRequest) error 
 	}
 	dir, err := a.paths.FlexMountDir(r.MountDir, flexvolume.Dir)
 	if err != nil {
-		return fmt.Errorf("flexvolume mount dir: %w: %w", err, ErrInvalid)
+		return fmt.Errorf("flexvolume mount dir: %w: %w", err, volerr.ErrInvalid)
 	}
 	pod, err := a.flexPod(ctx, r, dir)
 	if err != nil {
@@ -93,7 +94,7 @@ func (a *Agent) FlexUnmount(ctx context.Context, mountDir string) error {
 		return fmt.Errorf("flexvolume: %w on this agent", ErrUnsupported)
 	}
 	if _, err := a.paths.FlexMountDir(mountDir, flexvolume.Dir); err != nil {
-		return fmt.Errorf("flexvolume mount dir: %w: %w", err, ErrInvalid)
+		return fmt.Errorf("flexvolume mount dir: %w: %w", err, volerr.ErrInvalid)
 	}
 	holds, err := a.flex.Holdings.ListForNode(ctx, a.node)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/fence"
 	"github.com/berth-io/berth/internal/mount"
+	"github.com/berth-io/berth/internal/volerr"
 )
 
 // Pod identifies the pod a publish is for; empty when unknown.
@@ -43,7 +44,7 @@ func (a *Agent) publish(ctx context.Context, r PublishRequest) (err error) {
 		return err
 	}
 	if r.Block != (vol.Spec.VolumeMode == v1.VolumeModeBlock) {
-		return fmt.Errorf("volume %s is %s, the request asks otherwise: %w", r.VolumeID, vol.Spec.VolumeMode, mount.ErrInvalid)
+		return fmt.Errorf("volume %s is %s, the request asks otherwise: %w", r.VolumeID, vol.Spec.VolumeMode, volerr.ErrInvalid)
 	}
 	dev, block, err := a.mounts.StagedDevice(ctx, r.StagingPath)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/fence"
 	"github.com/berth-io/berth/internal/mount"
+	"github.com/berth-io/berth/internal/volerr"
 )
 
 // StageRequest stages a volume on this node.
@@ -61,7 +62,7 @@ func (a *Agent) stage(ctx context.Context, r StageRequest) (err error) {
 		return err
 	}
 	if r.Block != (vol.Spec.VolumeMode == v1.VolumeModeBlock) {
-		return fmt.Errorf("volume %s is %s, the request asks otherwise: %w", r.VolumeID, vol.Spec.VolumeMode, mount.ErrInvalid)
+		return fmt.Errorf("volume %s is %s, the request asks otherwise: %w", r.VolumeID, vol.Spec.VolumeMode, volerr.ErrInvalid)
 	}
 	image, err := a.imagePath(ctx, r.VolumeID)
 	if err != nil {

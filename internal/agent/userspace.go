@@ -10,7 +10,7 @@ import (
 
 	"github.com/go-logr/logr"
 
-	"github.com/berth-io/berth/internal/blockdev"
+	"github.com/berth-io/berth/internal/blockdev/launch"
 	"github.com/berth-io/berth/internal/keeper"
 )
 
@@ -23,7 +23,7 @@ type Keeper interface {
 	Stop(ctx context.Context, volume string) error
 }
 
-// Server is a started blockdev server process (blockdev.Process).
+// Server is a started blockdev server process (launch.Process).
 type Server interface {
 	// PID is the server's pid in this process's PID namespace (for logs).
 	PID() int
@@ -58,9 +58,9 @@ func (s *servers) take(volume string) Server {
 	return p
 }
 
-// StartServer adapts blockdev.Start to UserspaceConfig.Start.
-func StartServer(ctx context.Context, p blockdev.Params) (Server, error) {
-	proc, err := blockdev.Start(ctx, p)
+// StartServer adapts launch.Start to UserspaceConfig.Start.
+func StartServer(ctx context.Context, p launch.Params) (Server, error) {
+	proc, err := launch.Start(ctx, p)
 	if err != nil {
 		return nil, err
 	}
@@ -77,10 +77,10 @@ type UserspaceConfig struct {
 	Binary       string
 	KeeperSocket string
 	Keeper       Keeper
-	// Start runs a server (blockdev.Start); StopPID stops an nbd server
-	// this agent found in its own /proc (blockdev.StopPID); CheckMount
+	// Start runs a server (launch.Start); StopPID stops an nbd server
+	// this agent found in its own /proc (launch.StopPID); CheckMount
 	// checks a live connection.
-	Start      func(ctx context.Context, p blockdev.Params) (Server, error)
+	Start      func(ctx context.Context, p launch.Params) (Server, error)
 	StopPID    func(pid int, timeout time.Duration, still func() bool) error
 	CheckMount func(mountpoint string) error
 	// FUSEMounted tells whether this agent sees a FUSE mount at a
@@ -138,7 +138,7 @@ type userspace struct {
 
 // start starts a blockdev server for p.Volume (either transport) with its
 // output appended to the volume's server log.
-func (u userspace) start(ctx context.Context, p blockdev.Params) (Server, error) {
+func (u userspace) start(ctx context.Context, p launch.Params) (Server, error) {
 	if err := os.MkdirAll(u.cfg.Root, 0o700); err != nil {
 		return nil, fmt.Errorf("userspace root: %w", err)
 	}

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/berth-io/berth/internal/volerr"
 )
 
 // xattrFormatted marks an image that holds a filesystem. It is an xattr on
@@ -33,7 +35,7 @@ func (l *Local) RecordFormat(ctx context.Context, id, fsType string, at time.Tim
 		return err
 	}
 	if fsType == "" {
-		return fmt.Errorf("record format of %s: fs type missing: %w", id, ErrInvalid)
+		return fmt.Errorf("record format of %s: fs type missing: %w", id, volerr.ErrInvalid)
 	}
 	b, err := json.Marshal(FormatRecord{FSType: fsType, Time: at.UTC().Truncate(time.Second)})
 	if err != nil {

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/berth-io/berth/internal/volerr"
 )
 
 func TestFormatRecord(t *testing.T) {
@@ -50,8 +52,8 @@ func TestFormatRecord(t *testing.T) {
 	if _, found, err := l.Format(ctx, "vol"); err != nil || !found {
 		t.Errorf("garbled record: found %v, %v; want found", found, err)
 	}
-	if err := l.RecordFormat(ctx, "vol", "", first); !errors.Is(err, ErrInvalid) {
-		t.Errorf("empty fs type: %v, want ErrInvalid", err)
+	if err := l.RecordFormat(ctx, "vol", "", first); !errors.Is(err, volerr.ErrInvalid) {
+		t.Errorf("empty fs type: %v, want volerr.ErrInvalid", err)
 	}
 	if _, _, err := l.Format(ctx, "missing"); !errors.Is(err, ErrNotFound) {
 		t.Errorf("missing volume: %v, want ErrNotFound", err)

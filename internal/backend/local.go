@@ -8,23 +8,23 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 
 	"github.com/go-logr/logr"
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-io/berth/internal/atomicfile"
+	"github.com/berth-io/berth/internal/volerr"
+	"github.com/berth-io/berth/internal/volid"
 )
 
-// Sentinel errors; callers decide with errors.Is. Returned errors wrap them
-// with detail.
+// Sentinel errors, each of one volerr kind; callers decide with errors.Is.
+// Returned errors wrap them with detail. A bad argument is volerr.ErrInvalid.
 var (
-	ErrNotFound = errors.New("not found")
+	ErrNotFound = volerr.New(volerr.ErrNotFound, "not found")
 	// ErrExists: the ID is taken by an image of another size or source.
-	ErrExists  = errors.New("already exists with other parameters")
-	ErrNoSpace = errors.New("not enough space")
-	ErrInvalid = errors.New("invalid argument")
+	ErrExists  = volerr.New(volerr.ErrExists, "already exists with other parameters")
+	ErrNoSpace = volerr.New(volerr.ErrNoSpace, "not enough space")
 )
 
 // Image is a volume's backing file.
@@ -54,16 +54,13 @@ const (
 	// xattrSource records where an image's content came from, so that a
 	// retried create with another source is told apart from a true retry.
 	xattrSource = "user.berth.source"
-	maxIDLen    = 128
 )
-
-var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
 
 // NewLocal opens (creating if needed) a data dir and removes temp files a
 // crash left behind.
 func NewLocal(dir string, log logr.Logger) (*Local, error) {
 	if dir == "" {
-		return nil, fmt.Errorf("data dir: %w", ErrInvalid)
+		return nil, fmt.Errorf("data dir: %w", volerr.ErrInvalid)
 	}
 	l := &Local{
 		dir:     dir,
@@ -112,17 +109,15 @@ func probeXattr(dir string) error {
 	return unix.Fsetxattr(int(f.Fd()), xattrSource, []byte("probe"), 0)
 }
 
-// ValidateID rejects IDs that could escape the data dir or are unwieldy.
+// ValidateID applies the one volume ID rule (internal/volid), which also
+// keeps an ID from escaping the data dir.
 func ValidateID(id string) error {
-	if len(id) == 0 || len(id) > maxIDLen || !idPattern.MatchString(id) || strings.Contains(id, "..") {
-		return fmt.Errorf("id %q (want 1-%d of [A-Za-z0-9._-], no '..'): %w", id, maxIDLen, ErrInvalid)
-	}
-	return nil
+	return volid.Valid(id)
 }
 
 func alignSize(size int64) (int64, error) {
 	if size <= 0 {
-		return 0, fmt.Errorf("size %d: %w", size, ErrInvalid)
+		return 0, fmt.Errorf("size %d: %w", size, volerr.ErrInvalid)
 	}
 	return (size + imageAlign - 1) / imageAlign * imageAlign, nil
 }
@@ -185,7 +180,7 @@ func (l *Local) create(ctx context.Context, id string, size int64, source string
 		}
 		srcSize = fi.Size()
 		if size < srcSize {
-			return Image{}, fmt.Errorf("size %d smaller than source %s (%d): %w", size, source, srcSize, ErrInvalid)
+			return Image{}, fmt.Errorf("size %d smaller than source %s (%d): %w", size, source, srcSize, volerr.ErrInvalid)
 		}
 	}
 	if err := l.checkSpace(size); err != nil {
@@ -380,7 +375,7 @@ func (l *Local) Delete(_ context.Context, id string) error {
 }
 
 // Expand grows a volume to at least size. Asking the current size again is a
-// no-op; asking less is ErrInvalid. The caller refreshes any loop device.
+// no-op; asking less is volerr.ErrInvalid. The caller refreshes any loop device.
 func (l *Local) Expand(ctx context.Context, id string, size int64) (Image, error) {
 	img, err := l.Get(ctx, id)
 	if err != nil {
@@ -394,7 +389,7 @@ func (l *Local) Expand(ctx context.Context, id string, size int64) (Image, error
 	case size == img.Size:
 		return img, nil
 	case size < img.Size:
-		return Image{}, fmt.Errorf("shrink %s from %d to %d: %w", id, img.Size, size, ErrInvalid)
+		return Image{}, fmt.Errorf("shrink %s from %d to %d: %w", id, img.Size, size, volerr.ErrInvalid)
 	}
 	if err := l.checkSpace(size - img.Size); err != nil {
 		return Image{}, err

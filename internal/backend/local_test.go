@@ -12,6 +12,8 @@ import (
 
 	"github.com/go-logr/logr/testr"
 	"golang.org/x/sys/unix"
+
+	"github.com/berth-io/berth/internal/volerr"
 )
 
 const mib = 1 << 20
@@ -60,8 +62,8 @@ func TestCreateRejects(t *testing.T) {
 	ctx := context.Background()
 	l, dir := newLocal(t)
 	for _, id := range []string{"", "a/b", "..", "a..b", ".hidden", "-x", "a b", string(make([]byte, 129))} {
-		if _, err := l.Create(ctx, id, mib); !errors.Is(err, ErrInvalid) {
-			t.Errorf("id %q: want ErrInvalid, got %v", id, err)
+		if _, err := l.Create(ctx, id, mib); !errors.Is(err, volerr.ErrInvalid) {
+			t.Errorf("id %q: want volerr.ErrInvalid, got %v", id, err)
 		}
 	}
 	long := bytes.Repeat([]byte("a"), 128)
@@ -69,8 +71,8 @@ func TestCreateRejects(t *testing.T) {
 		t.Errorf("128-char id refused: %v", err)
 	}
 	for _, size := range []int64{0, -1} {
-		if _, err := l.Create(ctx, "v", size); !errors.Is(err, ErrInvalid) {
-			t.Errorf("size %d: want ErrInvalid, got %v", size, err)
+		if _, err := l.Create(ctx, "v", size); !errors.Is(err, volerr.ErrInvalid) {
+			t.Errorf("size %d: want volerr.ErrInvalid, got %v", size, err)
 		}
 	}
 	free, err := l.Capacity(ctx)
@@ -127,8 +129,8 @@ func TestExpand(t *testing.T) {
 	if img, err = l.Expand(ctx, "v", 128*mib); err != nil || img.Size != 128*mib {
 		t.Fatalf("same: %v %+v", err, img)
 	}
-	if _, err := l.Expand(ctx, "v", 64*mib); !errors.Is(err, ErrInvalid) {
-		t.Fatalf("shrink: want ErrInvalid, got %v", err)
+	if _, err := l.Expand(ctx, "v", 64*mib); !errors.Is(err, volerr.ErrInvalid) {
+		t.Fatalf("shrink: want volerr.ErrInvalid, got %v", err)
 	}
 	if got, _ := l.Get(ctx, "v"); got.Size != 128*mib {
 		t.Fatalf("after refused shrink: %d", got.Size)
@@ -225,8 +227,8 @@ func TestSnapshotCloneRestore(t *testing.T) {
 	if _, err := l.Create(ctx, "clone", 64*mib); !errors.Is(err, ErrExists) {
 		t.Fatalf("clone id reused as blank: want ErrExists, got %v", err)
 	}
-	if _, err := l.CreateFromVolume(ctx, "small", "src", mib); !errors.Is(err, ErrInvalid) {
-		t.Fatalf("smaller than source: want ErrInvalid, got %v", err)
+	if _, err := l.CreateFromVolume(ctx, "small", "src", mib); !errors.Is(err, volerr.ErrInvalid) {
+		t.Fatalf("smaller than source: want volerr.ErrInvalid, got %v", err)
 	}
 	if _, err := l.CreateFromSnapshot(ctx, "x", "nosnap", mib); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("missing snapshot: want ErrNotFound, got %v", err)

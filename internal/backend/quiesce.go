@@ -2,14 +2,15 @@ package backend
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
+
+	"github.com/berth-io/berth/internal/volerr"
 )
 
 // ErrSourceInUse: a volume cannot be copied consistently now (it is staged
 // without a filesystem to freeze, and the data dir cannot reflink).
-var ErrSourceInUse = errors.New("source volume is in use and cannot be copied consistently")
+var ErrSourceInUse = volerr.New(volerr.ErrInUse, "source volume is in use and cannot be copied consistently")
 
 // Quiescer holds a volume's image still while it is copied into a snapshot
 // or a clone. The agent is one: it takes the volume's lock and freezes the

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+
+	"github.com/berth-io/berth/internal/volerr"
 )
 
 // ErrNoDataDir: the volume's StorageCluster keeps its images in a data dir
@@ -122,7 +124,7 @@ func (s *Set) CreateFromSnapshot(ctx context.Context, id, snapshotID string, siz
 	}
 	if _, err := l.GetSnapshot(ctx, snapshotID); errors.Is(err, ErrNotFound) {
 		if _, ferr := s.findSnapshot(ctx, snapshotID); ferr == nil {
-			return Image{}, fmt.Errorf("%w: snapshot %s belongs to another StorageCluster's data dir than volume %s", ErrInvalid, snapshotID, id)
+			return Image{}, fmt.Errorf("%w: snapshot %s belongs to another StorageCluster's data dir than volume %s", volerr.ErrInvalid, snapshotID, id)
 		}
 	}
 	return l.CreateFromSnapshot(ctx, id, snapshotID, size)
@@ -136,7 +138,7 @@ func (s *Set) CreateFromVolume(ctx context.Context, id, sourceID string, size in
 	}
 	if _, err := l.Get(ctx, sourceID); errors.Is(err, ErrNotFound) {
 		if _, ferr := s.findVolume(ctx, sourceID); ferr == nil {
-			return Image{}, fmt.Errorf("%w: volume %s belongs to another StorageCluster's data dir than volume %s", ErrInvalid, sourceID, id)
+			return Image{}, fmt.Errorf("%w: volume %s belongs to another StorageCluster's data dir than volume %s", volerr.ErrInvalid, sourceID, id)
 		}
 	}
 	return l.CreateFromVolume(ctx, id, sourceID, size)

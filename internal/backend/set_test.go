@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/go-logr/logr/testr"
+
+	"github.com/berth-io/berth/internal/volerr"
 )
 
 // TestSetPicksTheClusterDataDir: a new image goes to its cluster's data
@@ -49,8 +51,8 @@ func TestSetPicksTheClusterDataDir(t *testing.T) {
 	if _, err := s.Create(ctx, "vol-unknown", 1<<20); err == nil {
 		t.Error("create of a volume with no cluster succeeded with two data dirs")
 	}
-	if _, err := s.CreateFromVolume(ctx, "clone-b", "vol-a", 1<<20); !errors.Is(err, ErrInvalid) {
-		t.Errorf("clone across data dirs: %v, want ErrInvalid", err)
+	if _, err := s.CreateFromVolume(ctx, "clone-b", "vol-a", 1<<20); !errors.Is(err, volerr.ErrInvalid) {
+		t.Errorf("clone across data dirs: %v, want volerr.ErrInvalid", err)
 	}
 	if _, err := s.CreateSnapshot(ctx, "snap-a", "vol-a"); err != nil {
 		t.Fatal(err)
@@ -58,8 +60,8 @@ func TestSetPicksTheClusterDataDir(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(a, "snapshots", "snap-a.img")); err != nil {
 		t.Errorf("snapshot not beside its source: %v", err)
 	}
-	if _, err := s.CreateFromSnapshot(ctx, "clone-b", "snap-a", 1<<20); !errors.Is(err, ErrInvalid) {
-		t.Errorf("restore across data dirs: %v, want ErrInvalid", err)
+	if _, err := s.CreateFromSnapshot(ctx, "clone-b", "snap-a", 1<<20); !errors.Is(err, volerr.ErrInvalid) {
+		t.Errorf("restore across data dirs: %v, want volerr.ErrInvalid", err)
 	}
 	if _, err := s.Expand(ctx, "vol-b", 2<<20); err != nil {
 		t.Error(err)

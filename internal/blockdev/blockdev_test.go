@@ -17,6 +17,7 @@ import (
 	"github.com/moby/sys/mountinfo"
 
 	"github.com/berth-io/berth/internal/blockdev"
+	"github.com/berth-io/berth/internal/blockdev/launch"
 	"github.com/berth-io/berth/internal/keeper"
 )
 
@@ -209,7 +210,7 @@ func TestSecondServerRefused(t *testing.T) {
 	first := r.startServer()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	second, err := blockdev.Start(ctx, blockdev.Params{Binary: berthBinary(t), KeeperSocket: r.socket,
+	second, err := launch.Start(ctx, launch.Params{Binary: berthBinary(t), KeeperSocket: r.socket,
 		Volume: r.volume, Image: r.image, Mountpoint: r.mountpoint, Stderr: r.log})
 	if err == nil {
 		_ = second.Kill()
@@ -231,7 +232,7 @@ func TestStopPID(t *testing.T) {
 	p := r.startServer()
 	// A pid that no longer names the server (the check fails once the
 	// pidfd is open) is left alone.
-	if err := blockdev.StopPID(p.PID(), time.Second, func() bool { return false }); err != nil {
+	if err := launch.StopPID(p.PID(), time.Second, func() bool { return false }); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -239,7 +240,7 @@ func TestStopPID(t *testing.T) {
 		t.Fatal("StopPID signalled a process its check refused")
 	case <-time.After(200 * time.Millisecond):
 	}
-	if err := blockdev.StopPID(p.PID(), 5*time.Second, func() bool { return true }); err != nil {
+	if err := launch.StopPID(p.PID(), 5*time.Second, func() bool { return true }); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -247,7 +248,7 @@ func TestStopPID(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("server still running after StopPID")
 	}
-	if err := blockdev.StopPID(p.PID(), time.Second, nil); err != nil {
+	if err := launch.StopPID(p.PID(), time.Second, nil); err != nil {
 		t.Fatalf("StopPID of a gone process: %v", err)
 	}
 	// The connection outlives the server: the next one takes over.

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-io/berth/internal/blockdev"
+	"github.com/berth-io/berth/internal/blockdev/launch"
 	"github.com/berth-io/berth/internal/keeper"
 )
 
@@ -95,7 +96,7 @@ type rig struct {
 	// passthrough starts servers in FUSE passthrough mode.
 	passthrough bool
 	mu          sync.Mutex
-	server      *blockdev.Process
+	server      *launch.Process
 }
 
 type syncBuffer struct {
@@ -159,11 +160,11 @@ func newRig(t *testing.T, size int64) *rig {
 }
 
 // startServer starts a server and waits until it serves.
-func (r *rig) startServer() *blockdev.Process {
+func (r *rig) startServer() *launch.Process {
 	r.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	p, err := blockdev.Start(ctx, blockdev.Params{
+	p, err := launch.Start(ctx, launch.Params{
 		Binary: berthBinary(r.t), KeeperSocket: r.socket, Volume: r.volume,
 		Image: r.image, Mountpoint: r.mountpoint, Stderr: r.log, Passthrough: r.passthrough,
 	})

@@ -5,6 +5,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/berth-io/berth/internal/blockdev/imagefile"
 )
 
 // backingOpen is FUSE_DEV_IOC_BACKING_OPEN: _IOW(229, 1, struct
@@ -19,8 +21,8 @@ type backingMap struct {
 
 // registerBacking hands the image to the kernel for passthrough and returns
 // its id on this connection.
-func registerBacking(dev int, img *Image) (int32, error) {
-	m := backingMap{fd: int32(img.buffered.Fd())}
+func registerBacking(dev int, img *imagefile.Image) (int32, error) {
+	m := backingMap{fd: int32(img.Fd())}
 	id, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(dev), backingOpen, uintptr(unsafe.Pointer(&m)))
 	if errno != 0 {
 		return 0, fmt.Errorf("register image for passthrough: %w", errno)

@@ -9,12 +9,14 @@ import (
 
 	"github.com/go-logr/logr"
 	"golang.org/x/sys/unix"
+
+	"github.com/berth-io/berth/internal/blockdev/imagefile"
 )
 
 // fuseBench is a server on a real image whose replies go to a socket pair
 // instead of /dev/fuse, so that any request bytes can be handed to it.
 type fuseBench struct {
-	img   *Image
+	img   *imagefile.Image
 	path  string
 	b     *buffers
 	dev   int // the server's end
@@ -36,7 +38,7 @@ func newFuseBench(f *testing.F) *fuseBench {
 	if err := os.WriteFile(path, nil, 0o600); err != nil {
 		f.Fatal(err)
 	}
-	img, err := OpenImage(path, false)
+	img, err := imagefile.Open(path, false)
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -180,7 +182,7 @@ func checkReply(t *testing.T, fb *fuseBench, s *Server, h inHeader, body, r []by
 	case opRead:
 		off, size := int64(le.Uint64(body[8:])), int(le.Uint32(body[16:]))
 		want := make([]byte, min(size, maxWrite))
-		m, _ := unix.Pread(int(fb.img.buffered.Fd()), want, off)
+		m, _ := unix.Pread(int(fb.img.Fd()), want, off)
 		if !bytes.Equal(payload, want[:max(m, 0)]) {
 			t.Fatalf("READ %d+%d: %d bytes that are not the image's", off, size, len(payload))
 		}
@@ -190,7 +192,7 @@ func checkReply(t *testing.T, fb *fuseBench, s *Server, h inHeader, body, r []by
 			t.Fatalf("WRITE of %d answered %x", size, payload)
 		}
 		got := make([]byte, size)
-		if m, _ := unix.Pread(int(fb.img.buffered.Fd()), got, off); m != size || !bytes.Equal(got, body[writeInSize:writeInSize+size]) {
+		if m, _ := unix.Pread(int(fb.img.Fd()), got, off); m != size || !bytes.Equal(got, body[writeInSize:writeInSize+size]) {
 			t.Fatalf("WRITE %d+%d: image holds other data", off, size)
 		}
 		if fb.img.Size() < off+int64(size) {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/go-logr/logr"
 
+	"github.com/berth-io/berth/internal/blockdev/imagefile"
 	"github.com/berth-io/berth/internal/keeper"
 )
 
@@ -58,6 +59,7 @@ func openConn(ctx context.Context, c RunConfig) (*keeper.Conn, error) {
 
 // Run serves until ctx ends or the connection is unmounted.
 func Run(ctx context.Context, c RunConfig) error {
+	log := c.Log.WithValues("volume", c.Volume)
 	conn, err := openConn(ctx, c)
 	if err != nil {
 		return fmt.Errorf("take connection of %s from keeper: %w", c.Volume, err)
@@ -67,12 +69,11 @@ func Run(ctx context.Context, c RunConfig) error {
 	if err != nil {
 		return err
 	}
-	img, err := OpenImage(c.Image, c.Direct)
+	img, err := imagefile.Open(c.Image, c.Direct)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = img.Close() }()
-	log := c.Log.WithValues("volume", c.Volume)
 	srv, err := NewServer(Config{
 		Dev:   int(conn.File.Fd()),
 		Image: img,

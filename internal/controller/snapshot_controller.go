@@ -16,6 +16,7 @@ import (
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/backend"
+	"github.com/berth-io/berth/internal/volerr"
 )
 
 // SnapshotReconciler runs in the agent: it takes and removes the snapshots
@@ -60,7 +61,7 @@ func (r *SnapshotReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 	orig := snap.DeepCopy()
 	taken, err := r.Backend.CreateSnapshot(ctx, snap.Name, snap.Spec.SourceVolume)
 	switch {
-	case errors.Is(err, backend.ErrNotFound), errors.Is(err, backend.ErrExists), errors.Is(err, backend.ErrNoSpace), errors.Is(err, backend.ErrInvalid),
+	case errors.Is(err, backend.ErrNotFound), errors.Is(err, backend.ErrExists), errors.Is(err, backend.ErrNoSpace), errors.Is(err, volerr.ErrInvalid),
 		errors.Is(err, backend.ErrSourceInUse):
 		snap.Status.Message = err.Error()
 		cond := metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionFalse, Reason: backendReason(err), Message: err.Error()}

@@ -22,6 +22,7 @@ import (
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/backend"
 	"github.com/berth-io/berth/internal/mount"
+	"github.com/berth-io/berth/internal/volerr"
 )
 
 // Backend is what the node-side reconcilers need of a volume backend.
@@ -127,7 +128,7 @@ func (r *VolumeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 
 	img, err := r.ensureImage(ctx, vol)
 	if err != nil {
-		if errors.Is(err, backend.ErrNoSpace) || errors.Is(err, backend.ErrInvalid) || errors.Is(err, backend.ErrExists) || errors.Is(err, backend.ErrNotFound) ||
+		if errors.Is(err, backend.ErrNoSpace) || errors.Is(err, volerr.ErrInvalid) || errors.Is(err, backend.ErrExists) || errors.Is(err, backend.ErrNotFound) ||
 			errors.Is(err, backend.ErrSourceInUse) {
 			// Retrying does not help until something changes: say why and wait.
 			log.Info("cannot make image", "reason", err.Error())

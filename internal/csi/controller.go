@@ -19,6 +19,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/agent/errcode"
+	"github.com/berth-io/berth/internal/volerr"
 )
 
 const (
@@ -183,14 +185,19 @@ func (s *Controller) removeFailed(ctx context.Context, obj client.Object, conds 
 	if err := s.c.Delete(ctx, obj); err != nil && !apierrors.IsNotFound(err) {
 		s.log.Error(err, "remove what a failed create made", "name", obj.GetName())
 	}
-	code := codes.Internal
+	// The agent's error is gone by now; its condition's reason says the kind.
+	var kind error
 	if c := meta.FindStatusCondition(conds, v1.ConditionReady); c != nil {
 		switch c.Reason {
 		case reasonNoSpace:
-			code = codes.ResourceExhausted
+			kind = volerr.ErrNoSpace
 		case reasonSourceInUse:
-			code = codes.FailedPrecondition
+			kind = volerr.ErrInUse
 		}
+	}
+	code := codes.Internal
+	if kind != nil {
+		code = errcode.Code(kind)
 	}
 	return status.Errorf(code, format, args...)
 }

@@ -2,7 +2,6 @@ package csi
 
 import (
 	"context"
-	"errors"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -10,9 +9,7 @@ import (
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/agent"
-	"github.com/berth-io/berth/internal/backend"
-	"github.com/berth-io/berth/internal/fence"
-	"github.com/berth-io/berth/internal/mount"
+	"github.com/berth-io/berth/internal/agent/errcode"
 )
 
 // Pod information kubelet passes in the volume context (podInfoOnMount).
@@ -210,10 +207,10 @@ func (s *Node) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRe
 	return &csi.NodeExpandVolumeResponse{CapacityBytes: size}, nil
 }
 
-// checkArgs refuses a volume ID that breaks the volume name rule (no such
+// checkArgs refuses a volume ID that breaks the volume ID rule (no such
 // volume can exist) and a path outside kubelet's volume folders for berth.
 func (s *Node) checkArgs(id string, paths ...string) error {
-	if v1.ValidateVolumeName(id) != nil {
+	if !validID(id) {
 		return status.Errorf(codes.NotFound, "volume %q not found", id)
 	}
 	for _, p := range paths {
@@ -249,32 +246,8 @@ func readOnlyMode(c *csi.VolumeCapability) bool {
 	return false
 }
 
-// toStatus maps the agent's errors to the codes the CSI spec names.
+// toStatus maps the agent's errors to the codes the CSI spec names, by the
+// table the agent socket answers with too.
 func toStatus(err error) error {
-	var conflict *fence.ConflictError
-	switch {
-	case errors.Is(err, agent.ErrBusy):
-		return status.Error(codes.Aborted, err.Error())
-	case errors.Is(err, agent.ErrVolumeNotFound), errors.Is(err, backend.ErrNotFound), errors.Is(err, mount.ErrNotFound):
-		return status.Error(codes.NotFound, err.Error())
-	case errors.As(err, &conflict), errors.Is(err, mount.ErrInUse), errors.Is(err, agent.ErrNotStaged), errors.Is(err, agent.ErrWrongNode),
-		errors.Is(err, agent.ErrClusterDeleting):
-		return status.Error(codes.FailedPrecondition, err.Error())
-	case errors.Is(err, mount.ErrExists):
-		// Staged or published already, but not as this request asks.
-		return status.Error(codes.AlreadyExists, err.Error())
-	case errors.Is(err, mount.ErrInvalid), errors.Is(err, fence.ErrInvalid), errors.Is(err, backend.ErrInvalid), errors.Is(err, agent.ErrInvalid):
-		return status.Error(codes.InvalidArgument, err.Error())
-	case errors.Is(err, fence.ErrTooManyRetries):
-		return status.Error(codes.Aborted, err.Error())
-	case errors.Is(err, agent.ErrUnsupported), errors.Is(err, mount.ErrHoldsData):
-		// ErrHoldsData: a volume that may hold data shows no filesystem;
-		// a person must look before anything writes to it.
-		return status.Error(codes.FailedPrecondition, err.Error())
-	case errors.Is(err, context.DeadlineExceeded):
-		return status.Error(codes.DeadlineExceeded, err.Error())
-	case errors.Is(err, context.Canceled):
-		return status.Error(codes.Canceled, err.Error())
-	}
-	return status.Error(codes.Internal, err.Error())
+	return status.Error(errcode.Code(err), err.Error())
 }

@@ -15,6 +15,7 @@ import (
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/metrics"
+	"github.com/berth-io/berth/internal/volid"
 )
 
 // Undoer undoes one stale entry on this node: unmount the pod directory or
@@ -149,7 +150,7 @@ func (cl *Cleaner) runOnce(ctx context.Context) (CleanResult, error) {
 
 // process undoes one entry unless it is held again; dropped tells which.
 func (cl *Cleaner) process(ctx context.Context, s v1.StaleAttachment) (dropped bool, err error) {
-	if err := v1.ValidateVolumeName(s.Volume); err != nil {
+	if err := volid.Valid(s.Volume); err != nil {
 		return false, fmt.Errorf("stale entry: %w: %w", err, ErrRefused)
 	}
 	lockCtx, cancel := context.WithTimeout(ctx, cl.opts.LockWait)

@@ -5,11 +5,8 @@ import (
 	"fmt"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/volerr"
 )
-
-// ErrInvalid marks a request that can never succeed as asked (missing
-// fields, a read-write request on a ReadOnlyMany volume). Nothing was changed.
-var ErrInvalid = errors.New("invalid fence request")
 
 // ErrRefused marks a stale entry the node's Undoer will never undo (a path
 // outside the node's volume folders, a malformed volume name): the Cleaner
@@ -18,11 +15,13 @@ var ErrRefused = errors.New("stale entry refused")
 
 // ErrTooManyRetries marks an operation that kept losing optimistic-concurrency
 // races; the caller may try again later.
-var ErrTooManyRetries = errors.New("fence: too many conflicting updates")
+var ErrTooManyRetries = volerr.New(volerr.ErrBusy, "fence: too many conflicting updates")
 
 // ConflictError says the volume is held by someone the access mode excludes
-// and whose hold could not be broken. The CSI layer maps it to
-// FailedPrecondition.
+// and whose hold could not be broken. It is volerr.ErrInUse (CSI:
+// FailedPrecondition). A request that can never succeed as asked (missing
+// fields, a read-write request on a ReadOnlyMany volume) is
+// volerr.ErrInvalid; nothing was changed.
 type ConflictError struct {
 	// Volume is the contested volume.
 	Volume string
@@ -33,6 +32,9 @@ type ConflictError struct {
 	// Reason says which rule refused the request.
 	Reason string
 }
+
+// Unwrap makes a ConflictError match volerr.ErrInUse.
+func (e *ConflictError) Unwrap() error { return volerr.ErrInUse }
 
 func (e *ConflictError) Error() string {
 	return fmt.Sprintf("volume %s (%s) is held by %s: %s", e.Volume, e.Mode, Describe(e.Holder), e.Reason)

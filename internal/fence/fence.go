@@ -27,6 +27,7 @@ import (
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/metrics"
+	"github.com/berth-io/berth/internal/volerr"
 )
 
 // Options tune the optimistic-concurrency retries.
@@ -116,7 +117,7 @@ func acquireResult(err error) string {
 		return metrics.AcquireGranted
 	case IsConflict(err):
 		return metrics.AcquireConflict
-	case errors.Is(err, ErrInvalid):
+	case errors.Is(err, volerr.ErrInvalid):
 		return metrics.AcquireInvalid
 	}
 	return metrics.AcquireError
@@ -184,7 +185,7 @@ func (f *Fencer) Release(ctx context.Context, volume, node, mountDir string) err
 
 func (f *Fencer) release(ctx context.Context, volume, node, mountDir string) error {
 	if volume == "" || node == "" || mountDir == "" {
-		return fmt.Errorf("%w: release needs volume, node and mountDir (got %q, %q, %q)", ErrInvalid, volume, node, mountDir)
+		return fmt.Errorf("%w: release needs volume, node and mountDir (got %q, %q, %q)", volerr.ErrInvalid, volume, node, mountDir)
 	}
 	return retry(ctx, f.clk, f.opts, "release "+volume, func() (bool, error) {
 		var att v1.Attachment

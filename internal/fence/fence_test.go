@@ -10,6 +10,7 @@ import (
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/fence"
+	"github.com/berth-io/berth/internal/volerr"
 )
 
 // mustConflict wants a *ConflictError naming the holder's pod and node.
@@ -104,8 +105,8 @@ func TestManyModes(t *testing.T) {
 		}
 	}
 	rw := podReq("vol-rox", "many-a", fakePod("many-rw"), v1.ReadOnlyMany)
-	if err := f.Acquire(ctxT(t), rw); !errors.Is(err, fence.ErrInvalid) {
-		t.Fatalf("read-write on ReadOnlyMany: got %v, want ErrInvalid", err)
+	if err := f.Acquire(ctxT(t), rw); !errors.Is(err, volerr.ErrInvalid) {
+		t.Fatalf("read-write on ReadOnlyMany: got %v, want volerr.ErrInvalid", err)
 	}
 	// A request under another mode is refused while holders remain.
 	mustConflict(t, f.Acquire(ctxT(t), stageReq("vol-rwx", "many-a", v1.ReadWriteOnce)), "many-a", "many-p0")
@@ -149,12 +150,12 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{Volume: "vol-bad", Node: "n", MountDir: "/m", AccessMode: v1.ReadWriteOnce, Pod: "p"},
 	}
 	for _, r := range bad {
-		if err := f.Acquire(ctxT(t), r); !errors.Is(err, fence.ErrInvalid) {
-			t.Errorf("Acquire(%+v) = %v, want ErrInvalid", r, err)
+		if err := f.Acquire(ctxT(t), r); !errors.Is(err, volerr.ErrInvalid) {
+			t.Errorf("Acquire(%+v) = %v, want volerr.ErrInvalid", r, err)
 		}
 	}
-	if err := f.Release(ctxT(t), "vol-bad", "", "/m"); !errors.Is(err, fence.ErrInvalid) {
-		t.Errorf("Release without node = %v, want ErrInvalid", err)
+	if err := f.Release(ctxT(t), "vol-bad", "", "/m"); !errors.Is(err, volerr.ErrInvalid) {
+		t.Errorf("Release without node = %v, want volerr.ErrInvalid", err)
 	}
 	if err := env.Client.Get(ctxT(t), client.ObjectKey{Name: "vol-bad"}, getAttachmentShell()); !apierrors.IsNotFound(err) {
 		t.Fatalf("bad input created an attachment: %v", err)

@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/volerr"
 )
 
 // Request asks to hold a volume on a node. A node's stage record leaves the
@@ -44,15 +45,15 @@ func (r *Request) entry() v1.AttachmentEntry {
 func (r *Request) validate() error {
 	switch {
 	case r.Volume == "":
-		return fmt.Errorf("%w: volume is empty", ErrInvalid)
+		return fmt.Errorf("%w: volume is empty", volerr.ErrInvalid)
 	case r.Node == "":
-		return fmt.Errorf("%w: volume %s: node is empty", ErrInvalid, r.Volume)
+		return fmt.Errorf("%w: volume %s: node is empty", volerr.ErrInvalid, r.Volume)
 	case r.MountDir == "":
-		return fmt.Errorf("%w: volume %s: mountDir is empty", ErrInvalid, r.Volume)
+		return fmt.Errorf("%w: volume %s: mountDir is empty", volerr.ErrInvalid, r.Volume)
 	}
 	if pods := r.PodNamespace != "" || r.Pod != "" || r.PodUID != ""; pods && (r.PodNamespace == "" || r.Pod == "" || r.PodUID == "") {
 		return fmt.Errorf("%w: volume %s: pod namespace, name and uid must be all set or all empty (got %q/%q uid %q)",
-			ErrInvalid, r.Volume, r.PodNamespace, r.Pod, r.PodUID)
+			volerr.ErrInvalid, r.Volume, r.PodNamespace, r.Pod, r.PodUID)
 	}
 	switch r.AccessMode {
 	case v1.ReadWriteOncePod, v1.ReadWriteOnce, v1.ReadWriteMany:
@@ -62,10 +63,10 @@ func (r *Request) validate() error {
 			r.ReadOnly = true
 		}
 		if !r.ReadOnly {
-			return fmt.Errorf("%w: volume %s is %s: a read-write mount is refused", ErrInvalid, r.Volume, r.AccessMode)
+			return fmt.Errorf("%w: volume %s is %s: a read-write mount is refused", volerr.ErrInvalid, r.Volume, r.AccessMode)
 		}
 	default:
-		return fmt.Errorf("%w: volume %s: unknown access mode %q", ErrInvalid, r.Volume, r.AccessMode)
+		return fmt.Errorf("%w: volume %s: unknown access mode %q", volerr.ErrInvalid, r.Volume, r.AccessMode)
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/volerr"
 )
 
 func stage(node string) v1.AttachmentEntry {
@@ -60,8 +61,8 @@ func TestValidate(t *testing.T) {
 	}
 	r = reqFor(pod("a", "p"), v1.ReadOnlyMany)
 	r.ReadOnly = false
-	if err := r.validate(); !errors.Is(err, ErrInvalid) {
-		t.Fatalf("read-write pod on ReadOnlyMany: %v, want ErrInvalid", err)
+	if err := r.validate(); !errors.Is(err, volerr.ErrInvalid) {
+		t.Fatalf("read-write pod on ReadOnlyMany: %v, want volerr.ErrInvalid", err)
 	}
 }
 

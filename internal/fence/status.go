@@ -9,6 +9,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/volerr"
 )
 
 // Staged says where a volume is staged on one node, for the Attachment's
@@ -26,7 +27,7 @@ type Staged struct {
 // held: nothing to report.
 func (f *Fencer) ReportStaged(ctx context.Context, volume string, s Staged) error {
 	if volume == "" || s.Node == "" {
-		return fmt.Errorf("%w: report needs volume and node (got %q, %q)", ErrInvalid, volume, s.Node)
+		return fmt.Errorf("%w: report needs volume and node (got %q, %q)", volerr.ErrInvalid, volume, s.Node)
 	}
 	return retry(ctx, f.clk, f.opts, "report staged "+volume, func() (bool, error) {
 		var att v1.Attachment

@@ -6,10 +6,11 @@ package flexvolume
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"path/filepath"
 	"unicode/utf8"
+
+	"github.com/berth-io/berth/internal/volerr"
 )
 
 // Driver is the Flexvolume driver name: kubelet runs it from
@@ -71,7 +72,7 @@ type MountRequest struct {
 }
 
 // ErrUsage marks malformed driver arguments.
-var ErrUsage = errors.New("flexvolume usage")
+var ErrUsage = volerr.New(volerr.ErrInvalid, "flexvolume usage")
 
 // ParseMount parses the arguments of the mount call.
 func ParseMount(args []string) (MountRequest, error) {

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/berth-io/berth/internal/volerr"
 )
 
 // Client talks to a keeper.
@@ -57,7 +59,7 @@ func (c *Client) Get(ctx context.Context, volume string) (*Conn, error) {
 // SaveInit stores the INIT settings a server negotiated.
 func (c *Client) SaveInit(ctx context.Context, volume string, settings []byte) error {
 	if !json.Valid(settings) {
-		return fmt.Errorf("%w: settings must be JSON", ErrInvalid)
+		return fmt.Errorf("%w: settings must be JSON", volerr.ErrInvalid)
 	}
 	_, _, err := c.call(ctx, request{Op: OpSaveInit, Volume: volume, Settings: settings})
 	return err

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-io/berth/internal/rootsock"
+	"github.com/berth-io/berth/internal/volerr"
 )
 
 // Service holds the connections. Requests on one volume are served one at
@@ -106,7 +107,7 @@ func (s *Service) serveConn(c *net.UnixConn) {
 	}
 	var req request
 	if err := json.Unmarshal(buf[:n], &req); err != nil {
-		_ = send(c, errorResponse(fmt.Errorf("%w: %w", ErrInvalid, err)), -1)
+		_ = send(c, errorResponse(fmt.Errorf("%w: %w", volerr.ErrInvalid, err)), -1)
 		return
 	}
 	if err := req.validate(); err != nil {
@@ -231,7 +232,7 @@ func (s *Service) handle(req request, pid int32) (response, int) {
 		}
 		return response{}, -1
 	}
-	return errorResponse(fmt.Errorf("%w: op %q", ErrInvalid, req.Op)), -1
+	return errorResponse(fmt.Errorf("%w: op %q", volerr.ErrInvalid, req.Op)), -1
 }
 
 func (s *Service) lookup(volume string) (*held, bool) {

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-io/berth/internal/keeper"
+	"github.com/berth-io/berth/internal/volerr"
 )
 
 // fakeKernel hands out pipe fds instead of /dev/fuse and records mounts: the
@@ -193,10 +194,10 @@ func TestRefusals(t *testing.T) {
 		{"other mountpoint", func() error { _, err := c.Open(ctx, "vol1", "/mnt/other"); return err }, keeper.ErrConflict},
 		{"mountpoint of another volume", func() error { _, err := c.Open(ctx, "vol2", "/mnt/vol1"); return err }, keeper.ErrConflict},
 		{"stale mount", func() error { _, err := c.Open(ctx, "vol3", "/mnt/stale"); return err }, keeper.ErrConflict},
-		{"relative mountpoint", func() error { _, err := c.Open(ctx, "vol4", "mnt"); return err }, keeper.ErrInvalid},
-		{"bad name", func() error { _, err := c.Open(ctx, "../x", "/mnt/x"); return err }, keeper.ErrInvalid},
+		{"relative mountpoint", func() error { _, err := c.Open(ctx, "vol4", "mnt"); return err }, volerr.ErrInvalid},
+		{"bad name", func() error { _, err := c.Open(ctx, "../x", "/mnt/x"); return err }, volerr.ErrInvalid},
 		{"save unknown", func() error { return c.SaveInit(ctx, "nope", []byte(`{}`)) }, keeper.ErrNotFound},
-		{"save non-JSON", func() error { return c.SaveInit(ctx, "vol1", []byte(`{`)) }, keeper.ErrInvalid},
+		{"save non-JSON", func() error { return c.SaveInit(ctx, "vol1", []byte(`{`)) }, volerr.ErrInvalid},
 	} {
 		if err := tc.call(); !errors.Is(err, tc.want) {
 			t.Errorf("%s: err = %v, want %v", tc.name, err, tc.want)

@@ -10,7 +10,9 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"regexp"
+
+	"github.com/berth-io/berth/internal/volerr"
+	"github.com/berth-io/berth/internal/volid"
 )
 
 // Request operations. One request and one reply per connection, each a single
@@ -28,7 +30,11 @@ const (
 	OpStop = "stop"
 )
 
-// Error codes in replies, mapped to the sentinel errors below.
+// Error codes in replies, mapped to the sentinel errors below (and
+// volerr.ErrInvalid for a malformed request; nothing changed). ErrNotFound
+// and ErrConflict are of no volerr kind on purpose: they speak of the
+// keeper's table, not of whether the volume exists, and must not reach CSI
+// as NotFound or AlreadyExists.
 const (
 	codeNotFound = "not-found"
 	codeInvalid  = "invalid"
@@ -40,8 +46,6 @@ const (
 var (
 	// ErrNotFound means the keeper holds no connection for the volume.
 	ErrNotFound = errors.New("keeper holds no connection for the volume")
-	// ErrInvalid means the request was malformed; nothing changed.
-	ErrInvalid = errors.New("invalid keeper request")
 	// ErrConflict means the volume is held with another mountpoint, or the
 	// mountpoint is already mounted by something the keeper does not hold
 	// (e.g. a dead connection left by a previous keeper).
@@ -51,9 +55,9 @@ var (
 	ErrServed = fmt.Errorf("%w: connection served by another live process", ErrConflict)
 	// ErrBusy means the keeper is at its client limit, or another operation
 	// on the volume did not end in time; retry later.
-	ErrBusy = errors.New("keeper busy")
+	ErrBusy = volerr.New(volerr.ErrBusy, "keeper busy")
 	// ErrUnavailable means the keeper cannot be reached.
-	ErrUnavailable = errors.New("keeper unavailable")
+	ErrUnavailable = volerr.New(volerr.ErrUnavailable, "keeper unavailable")
 )
 
 type request struct {
@@ -83,24 +87,22 @@ type Volume struct {
 // maxMessage bounds a request or reply.
 const maxMessage = 64 << 10
 
-var volumeName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$`)
-
 func (r request) validate() error {
 	switch r.Op {
 	case OpList, OpPing:
 		return nil
 	case OpOpen, OpGet, OpSaveInit, OpClose, OpStop:
 	default:
-		return fmt.Errorf("%w: unknown op %q", ErrInvalid, r.Op)
+		return fmt.Errorf("%w: unknown op %q", volerr.ErrInvalid, r.Op)
 	}
-	if !volumeName.MatchString(r.Volume) {
-		return fmt.Errorf("%w: volume name %q", ErrInvalid, r.Volume)
+	if err := volid.Valid(r.Volume); err != nil {
+		return err
 	}
 	if r.Op == OpOpen && (!filepath.IsAbs(r.Mountpoint) || filepath.Clean(r.Mountpoint) != r.Mountpoint) {
-		return fmt.Errorf("%w: mountpoint %q must be a clean absolute path", ErrInvalid, r.Mountpoint)
+		return fmt.Errorf("%w: mountpoint %q must be a clean absolute path", volerr.ErrInvalid, r.Mountpoint)
 	}
 	if r.Op == OpSaveInit && (len(r.Settings) == 0 || !json.Valid(r.Settings)) {
-		return fmt.Errorf("%w: settings must be JSON", ErrInvalid)
+		return fmt.Errorf("%w: settings must be JSON", volerr.ErrInvalid)
 	}
 	return nil
 }
@@ -112,7 +114,7 @@ func errorResponse(err error) response {
 		code = codeNotFound
 	case errors.Is(err, ErrServed):
 		code = codeServed
-	case errors.Is(err, ErrInvalid):
+	case errors.Is(err, volerr.ErrInvalid):
 		code = codeInvalid
 	case errors.Is(err, ErrBusy):
 		code = codeBusy
@@ -130,7 +132,7 @@ func (r response) err() error {
 	case codeNotFound:
 		return fmt.Errorf("%w (%s)", ErrNotFound, r.Error)
 	case codeInvalid:
-		return fmt.Errorf("%w (%s)", ErrInvalid, r.Error)
+		return fmt.Errorf("%w (%s)", volerr.ErrInvalid, r.Error)
 	case codeConflict:
 		return fmt.Errorf("%w (%s)", ErrConflict, r.Error)
 	case codeServed:

@@ -9,6 +9,9 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+
+	"github.com/berth-io/berth/internal/volerr"
+	"github.com/berth-io/berth/internal/volid"
 )
 
 // fuzzKernel hands out fd numbers without opening anything, so that any
@@ -112,7 +115,7 @@ func FuzzKeeperRequests(f *testing.F) {
 				if fd >= 0 {
 					t.Fatalf("%s: an fd passed with error %v", req.Op, err)
 				}
-				if errors.Is(err, ErrInvalid) && (k.calls != calls || len(s.vols) != before) {
+				if errors.Is(err, volerr.ErrInvalid) && (k.calls != calls || len(s.vols) != before) {
 					t.Fatalf("%s: an invalid request changed state", req.Op)
 				}
 			} else {
@@ -138,7 +141,7 @@ func FuzzKeeperRequests(f *testing.F) {
 			// Invariants of what is held.
 			seen := map[string]string{}
 			for name, h := range s.vols {
-				if !volumeName.MatchString(name) {
+				if volid.Valid(name) != nil {
 					t.Fatalf("holds invalid volume name %q", name)
 				}
 				if !filepath.IsAbs(h.mountpoint) || filepath.Clean(h.mountpoint) != h.mountpoint {
@@ -163,7 +166,7 @@ func FuzzKeeperRequests(f *testing.F) {
 // reply message): any error code maps to one sentinel, and the keeper's own
 // error replies keep theirs.
 func FuzzKeeperReply(f *testing.F) {
-	for _, err := range []error{ErrNotFound, ErrInvalid, ErrConflict, ErrServed, errors.New("mount fuse at /m: permission denied")} {
+	for _, err := range []error{ErrNotFound, volerr.ErrInvalid, ErrConflict, ErrServed, errors.New("mount fuse at /m: permission denied")} {
 		b, _ := json.Marshal(errorResponse(err))
 		f.Add(b)
 	}
@@ -185,7 +188,7 @@ func FuzzKeeperReply(f *testing.F) {
 			return
 		}
 		n := 0
-		for _, s := range []error{ErrNotFound, ErrInvalid, ErrServed} {
+		for _, s := range []error{ErrNotFound, volerr.ErrInvalid, ErrServed} {
 			if errors.Is(err, s) {
 				n++
 			}

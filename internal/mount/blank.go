@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/berth-io/berth/internal/volerr"
 )
 
 // blankRegion is how much of each end of a device must read as zeros.
@@ -111,7 +113,7 @@ func deviceEndsZero(dev string) error {
 		return fmt.Errorf("size of %s: %w", dev, err)
 	}
 	if size == 0 {
-		return fmt.Errorf("%s has size 0: %w", dev, ErrInvalid)
+		return fmt.Errorf("%s has size 0: %w", dev, volerr.ErrInvalid)
 	}
 	buf := make([]byte, min(size, blankRegion))
 	for _, off := range []int64{0, size - int64(len(buf))} {

@@ -12,6 +12,8 @@ import (
 	mountutils "k8s.io/mount-utils"
 	"k8s.io/utils/exec"
 	testingexec "k8s.io/utils/exec/testing"
+
+	"github.com/berth-io/berth/internal/volerr"
 )
 
 // fakeEnv is a Manager over mount-utils' FakeMounter with a mountinfo view
@@ -131,15 +133,15 @@ func TestFakeStageRejectsBadInput(t *testing.T) {
 		{Device: "", StagingPath: f.path("s")},
 		{Device: "/dev/loop7", StagingPath: f.path("s"), FSType: "ntfs"},
 	} {
-		if err := f.mgr.Stage(t.Context(), r); !isErr(err, ErrInvalid) {
-			t.Errorf("%+v: want ErrInvalid, got %v", r, err)
+		if err := f.mgr.Stage(t.Context(), r); !isErr(err, volerr.ErrInvalid) {
+			t.Errorf("%+v: want volerr.ErrInvalid, got %v", r, err)
 		}
 	}
 	file := f.path("file")
 	_ = os.WriteFile(file, nil, 0o600)
 	f.exec.CommandScript = unformatted(t)[:1]
-	if err := f.mgr.Stage(t.Context(), StageRequest{Device: "/dev/loop7", StagingPath: file}); !isErr(err, ErrInvalid) {
-		t.Errorf("file as staging dir: want ErrInvalid, got %v", err)
+	if err := f.mgr.Stage(t.Context(), StageRequest{Device: "/dev/loop7", StagingPath: file}); !isErr(err, volerr.ErrInvalid) {
+		t.Errorf("file as staging dir: want volerr.ErrInvalid, got %v", err)
 	}
 	if f.mounts() != 0 || f.exec.CommandCalls != 0 {
 		t.Fatalf("bad input changed things: %d mounts, %d commands", f.mounts(), f.exec.CommandCalls)
@@ -155,11 +157,11 @@ func TestFakePublishWrongTargetType(t *testing.T) {
 	file, dir := f.path("file"), f.path("dir")
 	_ = os.WriteFile(file, []byte("keep"), 0o600)
 	_ = os.Mkdir(dir, 0o700)
-	if err := f.mgr.Publish(t.Context(), PublishRequest{StagingPath: staging, TargetPath: file}); !isErr(err, ErrInvalid) {
-		t.Fatalf("file for filesystem: want ErrInvalid, got %v", err)
+	if err := f.mgr.Publish(t.Context(), PublishRequest{StagingPath: staging, TargetPath: file}); !isErr(err, volerr.ErrInvalid) {
+		t.Fatalf("file for filesystem: want volerr.ErrInvalid, got %v", err)
 	}
-	if err := f.mgr.Publish(t.Context(), PublishRequest{TargetPath: dir, Device: "/dev/loop7", Block: true}); !isErr(err, ErrInvalid) {
-		t.Fatalf("dir for block: want ErrInvalid, got %v", err)
+	if err := f.mgr.Publish(t.Context(), PublishRequest{TargetPath: dir, Device: "/dev/loop7", Block: true}); !isErr(err, volerr.ErrInvalid) {
+		t.Fatalf("dir for block: want volerr.ErrInvalid, got %v", err)
 	}
 	if got, _ := os.ReadFile(file); string(got) != "keep" || f.mounts() != 1 {
 		t.Fatalf("refused publish changed things: %q, %d mounts", got, f.mounts())

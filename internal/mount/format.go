@@ -7,12 +7,14 @@ import (
 	"strings"
 
 	"k8s.io/utils/exec"
+
+	"github.com/berth-io/berth/internal/volerr"
 )
 
 // ErrHoldsData: stage refused to format a device that shows no filesystem
 // but may hold data (the volume was formatted before, is a copy, or its
 // content is not blank).
-var ErrHoldsData = errors.New("refusing to format: the volume may hold data")
+var ErrHoldsData = volerr.New(volerr.ErrPrecondition, "refusing to format: the volume may hold data")
 
 // FormatPolicy tells Stage whether a device on which blkid finds nothing
 // may be formatted.

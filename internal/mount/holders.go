@@ -31,7 +31,8 @@ func (h Holder) String() string {
 
 // HeldOpenError refuses an unstage because processes hold the device open:
 // unmounting under them would leave them on a detached file system. It is
-// ErrInUse for errors.Is, so callers that only know "in use" keep working.
+// ErrInUse (and so volerr.ErrInUse) for errors.Is, so callers that only know
+// "in use" keep working.
 type HeldOpenError struct {
 	Device  string
 	Holders []Holder
@@ -45,8 +46,8 @@ func (e *HeldOpenError) Error() string {
 	return fmt.Sprintf("device %s is held open by %s", e.Device, strings.Join(hs, ", "))
 }
 
-// Is makes a HeldOpenError match ErrInUse.
-func (e *HeldOpenError) Is(target error) bool { return target == ErrInUse }
+// Unwrap makes a HeldOpenError match ErrInUse.
+func (e *HeldOpenError) Unwrap() error { return ErrInUse }
 
 // describeHolder reads the command and pod of pid below procRoot; a process
 // that went away meanwhile is named by its pid alone.

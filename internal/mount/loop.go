@@ -10,6 +10,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"k8s.io/utils/exec"
+
+	"github.com/berth-io/berth/internal/volerr"
 )
 
 // Loop manages loop devices over image files.
@@ -46,7 +48,7 @@ func (l *losetup) run(ctx context.Context, args ...string) (string, error) {
 // to the same file still finds the device.
 func (l *losetup) find(ctx context.Context, backingFile string) (dev string, readOnly, found bool, err error) {
 	if backingFile == "" {
-		return "", false, false, fmt.Errorf("empty backing file: %w", ErrInvalid)
+		return "", false, false, fmt.Errorf("empty backing file: %w", volerr.ErrInvalid)
 	}
 	out, err := l.run(ctx, "--list", "--noheadings", "--output", "NAME,RO", "--associated", backingFile)
 	if err != nil {
@@ -127,7 +129,7 @@ func (l *losetup) Attach(ctx context.Context, backingFile string, readOnly bool)
 
 func (l *losetup) Detach(ctx context.Context, dev string) error {
 	if dev == "" {
-		return fmt.Errorf("empty device: %w", ErrInvalid)
+		return fmt.Errorf("empty device: %w", volerr.ErrInvalid)
 	}
 	out, err := l.run(ctx, "--detach", dev)
 	// losetup reports a free device as ENXIO and a missing node as ENOENT;
@@ -140,7 +142,7 @@ func (l *losetup) Detach(ctx context.Context, dev string) error {
 
 func (l *losetup) Refresh(ctx context.Context, dev string) error {
 	if dev == "" {
-		return fmt.Errorf("empty device: %w", ErrInvalid)
+		return fmt.Errorf("empty device: %w", volerr.ErrInvalid)
 	}
 	if err := syncBackingSize(dev); err != nil {
 		return err

@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	testingexec "k8s.io/utils/exec/testing"
+
+	"github.com/berth-io/berth/internal/volerr"
 )
 
 func isErr(err, target error) bool { return errors.Is(err, target) }
@@ -52,7 +54,7 @@ func TestLoopDetachIdempotent(t *testing.T) {
 	if err := l.Detach(t.Context(), "/dev/loop3"); err == nil {
 		t.Fatal("real failure hidden")
 	}
-	if err := l.Detach(t.Context(), ""); !isErr(err, ErrInvalid) {
+	if err := l.Detach(t.Context(), ""); !isErr(err, volerr.ErrInvalid) {
 		t.Fatalf("empty: %v", err)
 	}
 }

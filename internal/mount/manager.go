@@ -4,23 +4,24 @@ package mount
 
 import (
 	"context"
-	"errors"
 
 	"github.com/go-logr/logr"
 	mountutils "k8s.io/mount-utils"
 	"k8s.io/utils/exec"
+
+	"github.com/berth-io/berth/internal/volerr"
 )
 
-// Sentinel errors; returned errors wrap them with detail.
+// Sentinel errors, each of one volerr kind; returned errors wrap them with
+// detail. A malformed request is volerr.ErrInvalid itself.
 var (
 	// ErrInUse: unstage refused while bind mounts or open handles remain.
-	ErrInUse    = errors.New("in use")
-	ErrNotFound = errors.New("not found")
-	ErrInvalid  = errors.New("invalid argument")
+	ErrInUse    = volerr.New(volerr.ErrInUse, "in use")
+	ErrNotFound = volerr.New(volerr.ErrNotFound, "not found")
 	// ErrExists: the path already holds another device or mode.
-	ErrExists = errors.New("already exists with other parameters")
+	ErrExists = volerr.New(volerr.ErrExists, "already exists with other parameters")
 	// ErrNotStaged: publish before stage.
-	ErrNotStaged = errors.New("not staged")
+	ErrNotStaged = volerr.New(volerr.ErrPrecondition, "not staged")
 )
 
 // StageRequest mounts Device at StagingPath (or, for Block, binds the device

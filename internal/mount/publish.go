@@ -10,11 +10,13 @@ import (
 
 	"golang.org/x/sys/unix"
 	mountutils "k8s.io/mount-utils"
+
+	"github.com/berth-io/berth/internal/volerr"
 )
 
 // Publish binds a staged volume onto TargetPath: the staging dir onto a
 // directory, or (Block) the device node onto a file. A TargetPath of the
-// wrong type is ErrInvalid and nothing changes. Published again with the
+// wrong type is volerr.ErrInvalid and nothing changes. Published again with the
 // same parameters is success.
 func (m *Manager) Publish(ctx context.Context, r PublishRequest) error {
 	if err := absPath("target path", r.TargetPath); err != nil {
@@ -28,7 +30,7 @@ func (m *Manager) Publish(ctx context.Context, r PublishRequest) error {
 	}
 	target, staging := canonical(r.TargetPath), canonical(r.StagingPath)
 	if fi, err := os.Stat(target); err == nil && !fi.IsDir() {
-		return fmt.Errorf("target %s exists and is not a directory: %w", target, ErrInvalid)
+		return fmt.Errorf("target %s exists and is not a directory: %w", target, volerr.ErrInvalid)
 	}
 	mis, err := m.mountInfo()
 	if err != nil {
@@ -81,7 +83,7 @@ func (m *Manager) checkPublished(mis []mountutils.MountInfo, target string, want
 func (m *Manager) publishBlock(r PublishRequest) error {
 	target := canonical(r.TargetPath)
 	if fi, err := os.Stat(target); err == nil && fi.IsDir() {
-		return fmt.Errorf("target %s exists and is a directory: %w", target, ErrInvalid)
+		return fmt.Errorf("target %s exists and is a directory: %w", target, volerr.ErrInvalid)
 	}
 	mis, err := m.mountInfo()
 	if err != nil {

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/berth-io/berth/internal/volerr"
 )
 
 // holdOpen starts a process that keeps dev open (as its stdin) until the
@@ -92,8 +94,8 @@ func TestRootFilesystemLifecycle(t *testing.T) {
 			if err := os.WriteFile(file, []byte("keep"), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			if err := e.mgr.Publish(e.ctx, PublishRequest{StagingPath: staging, TargetPath: file}); !errors.Is(err, ErrInvalid) {
-				t.Fatalf("file target: want ErrInvalid, got %v", err)
+			if err := e.mgr.Publish(e.ctx, PublishRequest{StagingPath: staging, TargetPath: file}); !errors.Is(err, volerr.ErrInvalid) {
+				t.Fatalf("file target: want volerr.ErrInvalid, got %v", err)
 			}
 			if got, _ := os.ReadFile(file); string(got) != "keep" {
 				t.Fatalf("file target changed: %q", got)
@@ -156,8 +158,8 @@ func TestRootBlock(t *testing.T) {
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.mgr.Publish(e.ctx, PublishRequest{StagingPath: staging, TargetPath: dir, Device: dev, Block: true}); !errors.Is(err, ErrInvalid) {
-		t.Fatalf("dir target for block: want ErrInvalid, got %v", err)
+	if err := e.mgr.Publish(e.ctx, PublishRequest{StagingPath: staging, TargetPath: dir, Device: dev, Block: true}); !errors.Is(err, volerr.ErrInvalid) {
+		t.Fatalf("dir target for block: want volerr.ErrInvalid, got %v", err)
 	}
 	target := e.path("pod/dev")
 	pub := PublishRequest{VolumeID: "b", StagingPath: staging, TargetPath: target, Block: true}

@@ -10,6 +10,8 @@ import (
 
 	"golang.org/x/sys/unix"
 	mountutils "k8s.io/mount-utils"
+
+	"github.com/berth-io/berth/internal/volerr"
 )
 
 // BlockStageFile is where a block volume's device node is bound inside the
@@ -21,7 +23,7 @@ var fsTypes = map[string]bool{"ext4": true, "xfs": true, "ext3": true}
 
 func absPath(name, p string) error {
 	if p == "" || !filepath.IsAbs(p) {
-		return fmt.Errorf("%s %q must be an absolute path: %w", name, p, ErrInvalid)
+		return fmt.Errorf("%s %q must be an absolute path: %w", name, p, volerr.ErrInvalid)
 	}
 	return nil
 }
@@ -44,7 +46,7 @@ func (m *Manager) Stage(ctx context.Context, r StageRequest) error {
 		r.FSType = "ext4"
 	}
 	if !fsTypes[r.FSType] {
-		return fmt.Errorf("fs type %q: %w", r.FSType, ErrInvalid)
+		return fmt.Errorf("fs type %q: %w", r.FSType, volerr.ErrInvalid)
 	}
 	staging := canonical(r.StagingPath)
 	mis, err := m.mountInfo()
@@ -130,7 +132,7 @@ func (m *Manager) stageBlock(r StageRequest) error {
 // mkdirTarget makes dir, refusing a non-directory in its place.
 func mkdirTarget(dir string) error {
 	if fi, err := os.Stat(dir); err == nil && !fi.IsDir() {
-		return fmt.Errorf("%s exists and is not a directory: %w", dir, ErrInvalid)
+		return fmt.Errorf("%s exists and is not a directory: %w", dir, volerr.ErrInvalid)
 	}
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return fmt.Errorf("mkdir %s: %w", dir, err)
@@ -142,7 +144,7 @@ func mkdirTarget(dir string) error {
 // removes only a file it created.
 func bindDevice(mounter mountutils.Interface, dev, file string, readOnly bool) error {
 	if fi, err := os.Stat(file); err == nil && fi.IsDir() {
-		return fmt.Errorf("%s exists and is a directory: %w", file, ErrInvalid)
+		return fmt.Errorf("%s exists and is a directory: %w", file, volerr.ErrInvalid)
 	}
 	if err := os.MkdirAll(filepath.Dir(file), 0o750); err != nil {
 		return fmt.Errorf("mkdir %s: %w", filepath.Dir(file), err)

@@ -13,7 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Backend is what Serve serves; *blockdev.Image satisfies it.
+// Backend is what Serve serves; *imagefile.Image satisfies it.
 type Backend interface {
 	ReadAt(p []byte, off int64) (int, error)
 	WriteAt(p []byte, off int64) (int, error)

@@ -16,11 +16,11 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/berth-io/berth/internal/blockdev"
+	"github.com/berth-io/berth/internal/blockdev/imagefile"
 )
 
 // newImage makes a real image file of size bytes and opens it.
-func newImage(t testing.TB, size int64, direct bool) (*blockdev.Image, string) {
+func newImage(t testing.TB, size int64, direct bool) (*imagefile.Image, string) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "disk.img")
 	if err := os.WriteFile(path, nil, 0o600); err != nil {
@@ -29,7 +29,7 @@ func newImage(t testing.TB, size int64, direct bool) (*blockdev.Image, string) {
 	if err := os.Truncate(path, size); err != nil {
 		t.Fatal(err)
 	}
-	img, err := blockdev.OpenImage(path, direct)
+	img, err := imagefile.Open(path, direct)
 	if err != nil {
 		t.Fatal(err)
 	}

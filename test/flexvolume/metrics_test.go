@@ -50,7 +50,7 @@ func TestMetricsCountFlexvolumeCalls(t *testing.T) {
 		return testenv.Series("berth_flexvolume_requests_total", "operation", op, "code", code)
 	}
 	delta(req("mount", "OK"), 1)
-	delta(req("mount", "Conflict"), 1)
+	delta(req("mount", "FailedPrecondition"), 1)
 	delta(req("unmount", "OK"), 1)
 	delta(testenv.Series("berth_flexvolume_request_duration_seconds_count", "operation", "mount"), 2)
 	delta(testenv.Series("berth_flexvolume_request_duration_seconds_count", "operation", "unmount"), 1)

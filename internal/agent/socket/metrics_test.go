@@ -64,12 +64,12 @@ func TestSocketCountsRequests(t *testing.T) {
 		return testenv.Series("berth_flexvolume_requests_total", "operation", op, "code", code)
 	}
 	for s, n := range map[string]float64{
-		series("handshake", "OK"):       1,
-		series("mount", "OK"):           1,
-		series("mount", CodeBusy):       1,
-		series("mount", CodeInvalid):    1,
-		series("unmount", CodeNotFound): 1,
-		series("unknown", CodeInvalid):  1,
+		series("handshake", "OK"):      1,
+		series("mount", "OK"):          1,
+		series("mount", CodeBusy):      1,
+		series("mount", CodeInvalid):   1,
+		series("unmount", "NotFound"):  1,
+		series("unknown", CodeInvalid): 1,
 		testenv.Series("berth_flexvolume_request_duration_seconds_count", "operation", "mount"): 3,
 	} {
 		if got[s] != n {

@@ -15,11 +15,9 @@ import (
 
 	"github.com/go-logr/logr"
 
-	"github.com/berth-io/berth/internal/agent"
-	"github.com/berth-io/berth/internal/fence"
+	"github.com/berth-io/berth/internal/agent/errcode"
 	"github.com/berth-io/berth/internal/flexvolume"
 	"github.com/berth-io/berth/internal/metrics"
-	"github.com/berth-io/berth/internal/mount"
 	"github.com/berth-io/berth/internal/rootsock"
 )
 
@@ -208,22 +206,8 @@ func (s *Server) serveVolume(ctx context.Context, log logr.Logger, req *Request)
 	return Response{OK: true}
 }
 
-func codeOf(err error) string {
-	var conflict *fence.ConflictError
-	switch {
-	case errors.Is(err, agent.ErrBusy):
-		return CodeBusy
-	case errors.As(err, &conflict), errors.Is(err, mount.ErrInUse), errors.Is(err, mount.ErrExists), errors.Is(err, agent.ErrClusterDeleting):
-		return CodeConflict
-	case errors.Is(err, agent.ErrNotOwned), errors.Is(err, agent.ErrIdentity):
-		return CodeDenied
-	case errors.Is(err, agent.ErrVolumeNotFound), errors.Is(err, agent.ErrWrongNode):
-		return CodeNotFound
-	case errors.Is(err, mount.ErrInvalid), errors.Is(err, fence.ErrInvalid), errors.Is(err, flexvolume.ErrUsage), errors.Is(err, agent.ErrInvalid):
-		return CodeInvalid
-	}
-	return CodeInternal
-}
+// codeOf is err's code by the table CSI answers with too.
+func codeOf(err error) string { return errcode.Code(err).String() }
 
 func fail(code, msg string) Response { return Response{Code: code, Message: msg} }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/berth-io/berth/internal/backend"
+	"github.com/berth-io/berth/internal/volerr"
 )
 
 // Backend stores volumes as RBD images. Per-ID serialisation is the
@@ -43,7 +44,10 @@ const (
 
 // ErrHasSnapshots is returned when deleting a volume that has snapshots:
 // its RBD snapshots live on its image.
-var ErrHasSnapshots = errors.New("volume has snapshots")
+//
+// It is a failed precondition (the CSI spec's code for a volume with
+// snapshots that cannot be deleted on its own), not an internal error.
+var ErrHasSnapshots = volerr.New(volerr.ErrPrecondition, "volume has snapshots")
 
 // New connects as cfg.Client and opens cfg.Pool; ctx bounds the whole of it.
 // Unreachable monitors, a refused key and a missing pool each give an error
@@ -51,11 +55,11 @@ var ErrHasSnapshots = errors.New("volume has snapshots")
 func New(ctx context.Context, cfg Config, log logr.Logger) (*Backend, error) {
 	switch {
 	case cfg.Monitors == "":
-		return nil, fmt.Errorf("ceph: no monitors: %w", backend.ErrInvalid)
+		return nil, fmt.Errorf("ceph: no monitors: %w", volerr.ErrInvalid)
 	case cfg.Pool == "":
-		return nil, fmt.Errorf("ceph: no pool: %w", backend.ErrInvalid)
+		return nil, fmt.Errorf("ceph: no pool: %w", volerr.ErrInvalid)
 	case cfg.Client == "" || cfg.Key == "":
-		return nil, fmt.Errorf("ceph: client name and key are required: %w", backend.ErrInvalid)
+		return nil, fmt.Errorf("ceph: client name and key are required: %w", volerr.ErrInvalid)
 	}
 	if cfg.ConnectTimeout <= 0 {
 		cfg.ConnectTimeout = 10 * time.Second
@@ -71,7 +75,7 @@ func New(ctx context.Context, cfg Config, log logr.Logger) (*Backend, error) {
 	fs := rbd.FeatureSetFromNames(names)
 	features := uint64(fs)
 	if len(fs.Names()) != len(names) {
-		return nil, fmt.Errorf("ceph: image features %v: unknown name: %w", names, backend.ErrInvalid)
+		return nil, fmt.Errorf("ceph: image features %v: unknown name: %w", names, volerr.ErrInvalid)
 	}
 	b := &Backend{cfg: cfg, features: features, log: log.WithValues("pool", cfg.Pool)}
 	done := make(chan error, 1)
@@ -209,7 +213,7 @@ func poolError(err error) error {
 
 func alignSize(size int64) (int64, error) {
 	if size <= 0 {
-		return 0, fmt.Errorf("size %d: %w", size, backend.ErrInvalid)
+		return 0, fmt.Errorf("size %d: %w", size, volerr.ErrInvalid)
 	}
 	return (size + imageAlign - 1) / imageAlign * imageAlign, nil
 }

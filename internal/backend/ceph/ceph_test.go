@@ -17,11 +17,14 @@ import (
 	"time"
 
 	"github.com/go-logr/logr/testr"
+	"google.golang.org/grpc/codes"
 
+	"github.com/berth-io/berth/internal/agent/errcode"
 	"github.com/berth-io/berth/internal/backend"
 	"github.com/berth-io/berth/internal/backend/ceph"
 	"github.com/berth-io/berth/internal/testenv"
 	"github.com/berth-io/berth/internal/testenv/testceph"
+	"github.com/berth-io/berth/internal/volerr"
 )
 
 // testOptions: this binary's own test Ceph (folder and ports), so that it
@@ -156,7 +159,7 @@ func TestVolumeLifecycle(t *testing.T) {
 	_, err = b.Get(ctx, "nope")
 	wantErr(t, err, backend.ErrNotFound)
 	_, err = b.Create(ctx, "../x", 1<<20)
-	wantErr(t, err, backend.ErrInvalid)
+	wantErr(t, err, volerr.ErrInvalid)
 
 	grown, err := b.Expand(ctx, "vol-a", 32<<20)
 	if err != nil || grown.Size != 32<<20 {
@@ -169,7 +172,7 @@ func TestVolumeLifecycle(t *testing.T) {
 		t.Fatalf("expand to the same size: %+v, %v", same, err)
 	}
 	_, err = b.Expand(ctx, "vol-a", 1<<20)
-	wantErr(t, err, backend.ErrInvalid)
+	wantErr(t, err, volerr.ErrInvalid)
 	_, err = b.Expand(ctx, "nope", 1<<20)
 	wantErr(t, err, backend.ErrNotFound)
 
@@ -243,7 +246,7 @@ func TestSnapshotsAndClones(t *testing.T) {
 	_, err = b.CreateFromVolume(ctx, "from-snap", "src", 16<<20)
 	wantErr(t, err, backend.ErrExists)
 	_, err = b.CreateFromSnapshot(ctx, "too-small", "snap-1", 4<<20)
-	wantErr(t, err, backend.ErrInvalid)
+	wantErr(t, err, volerr.ErrInvalid)
 	_, err = b.CreateFromSnapshot(ctx, "no-snap", "missing", 16<<20)
 	wantErr(t, err, backend.ErrNotFound)
 
@@ -263,6 +266,9 @@ func TestSnapshotsAndClones(t *testing.T) {
 
 	err = b.Delete(ctx, "src")
 	wantErr(t, err, ceph.ErrHasSnapshots)
+	if c := errcode.Code(err); c != codes.FailedPrecondition {
+		t.Errorf("a volume with snapshots answers %v at CSI, want FailedPrecondition", c)
+	}
 	for _, id := range []string{"snap-1", "snap-1"} {
 		if err := b.DeleteSnapshot(ctx, id); err != nil {
 			t.Fatal(err)
@@ -347,7 +353,7 @@ func TestConnectErrors(t *testing.T) {
 		{"missing data pool", func(c *ceph.Config) { c.DataPool = "no-such-pool" }, time.Minute, "open data pool no-such-pool", backend.ErrNotFound, 10 * time.Second},
 		{"wrong monitors", func(c *ceph.Config) { c.Monitors = "127.0.0.1:1"; c.ConnectTimeout = 2 * time.Second }, time.Minute, "monitors unreachable", nil, 10 * time.Second},
 		{"ctx deadline", func(c *ceph.Config) { c.Monitors = "127.0.0.1:1"; c.ConnectTimeout = time.Minute }, 500 * time.Millisecond, "connect to ceph", context.DeadlineExceeded, 2 * time.Second},
-		{"bad feature", func(c *ceph.Config) { c.Features = []string{"layering", "nonsense"} }, time.Minute, "unknown name", backend.ErrInvalid, time.Second},
+		{"bad feature", func(c *ceph.Config) { c.Features = []string{"layering", "nonsense"} }, time.Minute, "unknown name", volerr.ErrInvalid, time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := config(t)

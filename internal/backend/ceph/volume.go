@@ -12,6 +12,7 @@ import (
 	"github.com/ceph/go-ceph/rbd"
 
 	"github.com/berth-io/berth/internal/backend"
+	"github.com/berth-io/berth/internal/volerr"
 )
 
 const (
@@ -91,7 +92,7 @@ func (b *Backend) create(ctx context.Context, id string, size int64, source stri
 		return backend.Image{}, err
 	}
 	if size < srcSize {
-		return backend.Image{}, fmt.Errorf("size %d smaller than source %s (%d): %w", size, source, srcSize, backend.ErrInvalid)
+		return backend.Image{}, fmt.Errorf("size %d smaller than source %s (%d): %w", size, source, srcSize, volerr.ErrInvalid)
 	}
 	name := imageName(id)
 	var img backend.Image
@@ -320,7 +321,7 @@ func (b *Backend) Expand(ctx context.Context, id string, size int64) (backend.Im
 	case size == img.Size:
 		return img, nil
 	case size < img.Size:
-		return backend.Image{}, fmt.Errorf("shrink %s from %d to %d: %w", id, img.Size, size, backend.ErrInvalid)
+		return backend.Image{}, fmt.Errorf("shrink %s from %d to %d: %w", id, img.Size, size, volerr.ErrInvalid)
 	}
 	name := strings.TrimPrefix(img.Path, b.cfg.Pool+"/")
 	err = do(ctx, "", func() error {

@@ -30,6 +30,7 @@ import (
 	"github.com/berth-io/berth/internal/agent/socket"
 	"github.com/berth-io/berth/internal/backend"
 	"github.com/berth-io/berth/internal/blockdev"
+	"github.com/berth-io/berth/internal/blockdev/launch"
 	"github.com/berth-io/berth/internal/cli"
 	"github.com/berth-io/berth/internal/controller"
 	"github.com/berth-io/berth/internal/csi"
@@ -366,7 +367,7 @@ func (c Config) addUserspace(mgr manager.Manager, a *nodeagent.Agent, holdings h
 	}
 	a.WithUserspace(nodeagent.UserspaceConfig{
 		Root: filepath.Join(c.RunDir, "blockdev"), Binary: bin, KeeperSocket: c.KeeperSocket,
-		Keeper: keeper.NewClient(c.KeeperSocket), Start: nodeagent.StartServer, StopPID: blockdev.StopPID,
+		Keeper: keeper.NewClient(c.KeeperSocket), Start: nodeagent.StartServer, StopPID: launch.StopPID,
 		CheckMount: blockdev.CheckMount, Workers: c.BlockdevWorkers, Passthrough: c.BlockdevPassthrough,
 		Transport: transport, NBD: nbdDevs, DeadConnTimeout: c.NBDDeadConnTimeout,
 	})

@@ -18,6 +18,7 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/berth-io/berth/internal/blockdev"
+	"github.com/berth-io/berth/internal/blockdev/launch"
 	"github.com/berth-io/berth/internal/cli"
 	"github.com/berth-io/berth/internal/keeper"
 	"github.com/berth-io/berth/internal/nbd"
@@ -25,7 +26,7 @@ import (
 
 // Config is the server's flags.
 type Config struct {
-	// Transport is blockdev.TransportFUSE ("" too) or blockdev.TransportNBD.
+	// Transport is launch.TransportFUSE ("" too) or launch.TransportNBD.
 	Transport    string
 	KeeperSocket string
 	// Node names this node in the nbd device's identifier.
@@ -54,9 +55,9 @@ type Config struct {
 func flagTransport(name string) string {
 	switch name {
 	case "keeper-socket", "mountpoint", "passthrough":
-		return blockdev.TransportFUSE
+		return launch.TransportFUSE
 	case "dead-conn-timeout", "connections", "node":
-		return blockdev.TransportNBD
+		return launch.TransportNBD
 	}
 	return ""
 }
@@ -64,9 +65,9 @@ func flagTransport(name string) string {
 // checkFlags refuses an unknown transport and flags of the other transport.
 func checkFlags(transport string, set map[string]bool) error {
 	switch transport {
-	case blockdev.TransportFUSE, blockdev.TransportNBD:
+	case launch.TransportFUSE, launch.TransportNBD:
 	default:
-		return fmt.Errorf("--transport %q: want %s or %s", transport, blockdev.TransportFUSE, blockdev.TransportNBD)
+		return fmt.Errorf("--transport %q: want %s or %s", transport, launch.TransportFUSE, launch.TransportNBD)
 	}
 	var wrong []string
 	for name := range set {
@@ -85,7 +86,7 @@ func checkFlags(transport string, set map[string]bool) error {
 // the device is disconnected (nbd).
 func (c Config) Run(ctx context.Context) error {
 	if c.Transport == "" {
-		c.Transport = blockdev.TransportFUSE
+		c.Transport = launch.TransportFUSE
 	}
 	if err := checkFlags(c.Transport, nil); err != nil {
 		return err
@@ -104,7 +105,7 @@ func (c Config) Run(ctx context.Context) error {
 			_ = ready.Close()
 		}
 	}
-	if c.Transport == blockdev.TransportNBD {
+	if c.Transport == launch.TransportNBD {
 		return c.runNBD(ctx, say)
 	}
 	if c.KeeperSocket == "" || c.Mountpoint == "" {
@@ -159,7 +160,7 @@ func Command() cli.Command {
 			fs := flag.NewFlagSet("berth blockdev", flag.ContinueOnError)
 			fs.SetOutput(stdio.Stderr)
 			cfg := Config{Log: logr.FromSlogHandler(slog.NewTextHandler(stdio.Stderr, nil))}
-			fs.StringVar(&cfg.Transport, "transport", blockdev.TransportFUSE, "fuse (FUSE file + loop, via the keeper) or nbd (the kernel's nbd driver)")
+			fs.StringVar(&cfg.Transport, "transport", launch.TransportFUSE, "fuse (FUSE file + loop, via the keeper) or nbd (the kernel's nbd driver)")
 			fs.StringVar(&cfg.KeeperSocket, "keeper-socket", "/run/berth/keeper.sock", "the keeper's socket (fuse)")
 			fs.StringVar(&cfg.Volume, "volume", "", "volume id (the keeper's key; the nbd backend identifier)")
 			fs.StringVar(&cfg.Image, "image", "", "backing image file")

@@ -73,7 +73,7 @@ func (c Config) result(ctx context.Context) flex.Result {
 		return flex.Result{Status: flex.StatusFailure, Message: "agent not reachable: " + err.Error()}
 	}
 	if !resp.OK {
-		return flex.Result{Status: flex.StatusFailure, Message: fmt.Sprintf("%s: %s", resp.Code, resp.Message)}
+		return flex.Result{Status: flex.StatusFailure, Message: resp.Err().Error()}
 	}
 	return flex.Result{Status: flex.StatusSuccess}
 }

@@ -1,4 +1,4 @@
-package blockdev
+package launch
 
 import (
 	"slices"

@@ -1,4 +1,6 @@
-package blockdev
+// Package imagefile is a volume's backing image file as the userspace block
+// device servers (FUSE and nbd) read and write it.
+package imagefile
 
 import (
 	"errors"
@@ -19,8 +21,8 @@ type Image struct {
 	size     atomic.Int64
 }
 
-// OpenImage opens an existing image read-write.
-func OpenImage(path string, direct bool) (*Image, error) {
+// Open opens an existing image read-write.
+func Open(path string, direct bool) (*Image, error) {
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open image: %w", err)
@@ -65,6 +67,10 @@ func (i *Image) Restat() (int64, error) {
 	i.grow(st.Size)
 	return i.size.Load(), nil
 }
+
+// Fd is the buffered handle's descriptor: FUSE passthrough hands it to the
+// kernel, which then does the data I/O itself.
+func (i *Image) Fd() uintptr { return i.buffered.Fd() }
 
 // Direct says whether aligned I/O bypasses the page cache.
 func (i *Image) Direct() bool { return i.direct != nil }

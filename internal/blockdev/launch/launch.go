@@ -1,4 +1,6 @@
-package blockdev
+// Package launch starts and stops `berth blockdev` server processes: the
+// agent's side of a userspace volume's server.
+package launch
 
 import (
 	"bufio"
