@@ -96,7 +96,7 @@ in_ci() {
 if [ "${CI:-}" = true ] && [ "$(id -u)" -eq 0 ]; then
 	make --no-print-directory -s build
 	if [ "${BERTH_E2E:-1}" != 0 ]; then
-		need=$((900 + $(cold 2400 "$kube/kubelet" "$kube/kube-proxy" "$cache/csi-sidecars/csi-resizer-v1.14.0") +
+		need=$((1000 + $(cold 2400 "$kube/kubelet" "$kube/kube-proxy" "$cache/csi-sidecars/csi-resizer-v1.14.0") +
 			$(cold 300 "$cache/csi-sidecars/snapshot-controller-v8.3.0") + $(cold 300 "$cache/coredns/coredns-v1.12.4")))
 		in_ci "the e2e scenarios (two nodes)" "$need" hack/e2e.sh
 	fi
