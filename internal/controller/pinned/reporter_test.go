@@ -59,7 +59,13 @@ func newWorld(t *testing.T, suffix string, backend v1.Backend) *world {
 			t.Fatal(err)
 		}
 	}
-	sc := &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "sc-" + suffix}, Spec: v1.StorageClusterSpec{Backend: backend}}
+	spec := v1.StorageClusterSpec{Backend: backend}
+	if backend == v1.BackendCeph {
+		// The API requires a ceph cluster's connection; nothing dials it here.
+		spec.Ceph = &v1.CephSpec{Monitors: []v1.CephMonitor{"127.0.0.1:3300"}, Pool: "rbd",
+			SecretRef: v1.CephSecretReference{Name: "ceph", Namespace: "berth-system"}}
+	}
+	sc := &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "sc-" + suffix}, Spec: spec}
 	must(w.c.Create(ctx, sc))
 	w.node = &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "lost-" + suffix}}
 	must(w.c.Create(ctx, w.node))
