@@ -12,7 +12,6 @@ import (
 	"github.com/go-logr/logr/testr"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -26,12 +25,7 @@ func TestCephClassRefusedWithoutCephBuild(t *testing.T) {
 	suite.Require(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "ceph-stub", Namespace: "default"},
-		StringData: map[string]string{v1.CephSecretUserID: "berth", v1.CephSecretUserKey: "AQBfake=="}}
-	if err := env.Client.Create(ctx, secret); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), secret) })
+	secret := cephSecret(ctx, t, "ceph-stub", "berth", "AQBfake==")
 	sc := &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "ceph-stub"}, Spec: v1.StorageClusterSpec{
 		Backend: v1.BackendCeph, DataDir: "/srv/berth",
 		Ceph: &v1.CephSpec{Monitors: []v1.CephMonitor{"127.0.0.1:3300"}, Pool: "rbd",

@@ -15,7 +15,6 @@ import (
 	"github.com/go-logr/logr/testr"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -40,12 +39,7 @@ func cephStorageCluster(ctx context.Context, t *testing.T, c *testceph.Cluster, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
-		StringData: map[string]string{v1.CephSecretUserID: c.Client, v1.CephSecretUserKey: key}}
-	if err := env.Client.Create(ctx, secret); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), secret) })
+	cephSecret(ctx, t, name, c.Client, key)
 	sc := &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1.StorageClusterSpec{
 		Backend: v1.BackendCeph, DataDir: "/srv/berth",
 		Ceph: &v1.CephSpec{Monitors: []v1.CephMonitor{v1.CephMonitor(monitors)}, Pool: c.Pool,
