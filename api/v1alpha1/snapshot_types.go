@@ -12,8 +12,8 @@ type SnapshotSpec struct {
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="sourceVolume is immutable"
 	SourceVolume string `json:"sourceVolume"`
 
-	// Node holds the source volume and so the snapshot.
-	// +kubebuilder:validation:MinLength=1
+	// Node holds the source volume and so the snapshot; empty for a
+	// snapshot in Ceph, which no node holds.
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="node is immutable"
 	Node string `json:"node"`
 

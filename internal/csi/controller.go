@@ -46,6 +46,10 @@ type ControllerConfig struct {
 	Wait time.Duration
 	// Poll is how often the controller looks at the object it waits for.
 	Poll time.Duration
+	// OpenCeph connects to a ceph StorageCluster's Ceph (nil: ceph.Open);
+	// LookupHost resolves monitor host names (nil: the system resolver).
+	OpenCeph   OpenCeph
+	LookupHost func(ctx context.Context, host string) ([]string, error)
 }
 
 // Controller is the CSI Controller service. It records the wanted volume in
@@ -53,15 +57,20 @@ type ControllerConfig struct {
 // that a restart of either side loses nothing.
 type Controller struct {
 	csi.UnimplementedControllerServer
-	c   client.Client
-	cfg ControllerConfig
-	log logr.Logger
+	c    client.Client
+	cfg  ControllerConfig
+	log  logr.Logger
+	ceph *cephStores
+	busy busyIDs
 }
 
 // The CSI controller's RBAC (generated into config/rbac/csi-controller).
 // +kubebuilder:rbac:groups=berth.io,resources=volumes,verbs=get;list;watch;create;update;delete
 // +kubebuilder:rbac:groups=berth.io,resources=snapshots,verbs=get;list;watch;create;delete
 // +kubebuilder:rbac:groups=berth.io,resources=storageclusters,verbs=get
+// +kubebuilder:rbac:groups=berth.io,resources=volumes/status;snapshots/status,verbs=update
+// +kubebuilder:rbac:groups=berth.io,resources=snapshots,verbs=update
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list
 // +kubebuilder:rbac:groups=storage.k8s.io,namespace=berth-system,resources=csistoragecapacities,verbs=get;list
 
@@ -73,7 +82,8 @@ func NewController(c client.Client, cfg ControllerConfig, log logr.Logger) *Cont
 	if cfg.Poll == 0 {
 		cfg.Poll = 50 * time.Millisecond
 	}
-	return &Controller{c: c, cfg: cfg, log: log}
+	stores := &cephStores{open: cfg.OpenCeph, lookup: cfg.LookupHost, log: log.WithName("ceph")}
+	return &Controller{c: c, cfg: cfg, log: log, ceph: stores}
 }
 
 // ControllerGetCapabilities implements csi.ControllerServer.
@@ -109,10 +119,11 @@ func (s *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	cluster, err := s.storageCluster(ctx, req.GetParameters())
+	sc, err := s.storageCluster(ctx, req.GetParameters())
 	if err != nil {
 		return nil, err
 	}
+	cluster := sc.Name
 	if fsType == "" {
 		fsType = paramFS
 	}
@@ -134,6 +145,9 @@ func (s *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 		return nil, err
 	}
 	spec.Size = *resource.NewQuantity(size, resource.BinarySI)
+	if sc.Spec.Backend == v1.BackendCeph {
+		return s.createCephVolume(ctx, req, spec, size)
+	}
 
 	name := objectName("vol", req.GetName())
 	vol := &v1.Volume{}
@@ -233,22 +247,22 @@ func parseParameters(params map[string]string) (v1.Mounter, string, error) {
 // storageCluster returns the StorageCluster a new volume belongs to: the
 // class names it (one CSI controller serves every cluster). A cluster that
 // does not exist or is being deleted gets no new volume.
-func (s *Controller) storageCluster(ctx context.Context, params map[string]string) (string, error) {
+func (s *Controller) storageCluster(ctx context.Context, params map[string]string) (*v1.StorageCluster, error) {
 	name := params[v1.ParamStorageCluster]
 	if name == "" {
-		return "", status.Errorf(codes.InvalidArgument, "StorageClass parameter %s missing: it names the StorageCluster the volume belongs to", v1.ParamStorageCluster)
+		return nil, status.Errorf(codes.InvalidArgument, "StorageClass parameter %s missing: it names the StorageCluster the volume belongs to", v1.ParamStorageCluster)
 	}
 	sc := &v1.StorageCluster{}
 	err := s.c.Get(ctx, client.ObjectKey{Name: name}, sc)
 	switch {
 	case apierrors.IsNotFound(err):
-		return "", status.Errorf(codes.InvalidArgument, "StorageClass parameter %s: StorageCluster %q does not exist", v1.ParamStorageCluster, name)
+		return nil, status.Errorf(codes.InvalidArgument, "StorageClass parameter %s: StorageCluster %q does not exist", v1.ParamStorageCluster, name)
 	case err != nil:
-		return "", status.Errorf(codes.Unavailable, "get StorageCluster %s: %v", name, err)
+		return nil, status.Errorf(codes.Unavailable, "get StorageCluster %s: %v", name, err)
 	case !sc.DeletionTimestamp.IsZero():
-		return "", status.Errorf(codes.FailedPrecondition, "StorageCluster %s is being deleted: no new volumes", name)
+		return nil, status.Errorf(codes.FailedPrecondition, "StorageCluster %s is being deleted: no new volumes", name)
 	}
-	return name, nil
+	return sc, nil
 }
 
 func requestedSize(r *csi.CapacityRange) (int64, error) {
@@ -309,7 +323,15 @@ func (s *Controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequ
 	if !validID(id) {
 		return &csi.DeleteVolumeResponse{}, nil // no such volume can exist
 	}
-	vol := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: id}}
+	vol := &v1.Volume{}
+	switch err := s.c.Get(ctx, client.ObjectKey{Name: id}, vol); {
+	case apierrors.IsNotFound(err):
+		return &csi.DeleteVolumeResponse{}, nil
+	case err != nil:
+		return nil, status.Errorf(codes.Unavailable, "get Volume %s: %v", id, err)
+	case inCeph(vol.Spec.Node):
+		return s.deleteCephVolume(ctx, vol)
+	}
 	if err := s.c.Delete(ctx, vol); err != nil {
 		if apierrors.IsNotFound(err) {
 			return &csi.DeleteVolumeResponse{}, nil
@@ -409,6 +431,9 @@ func (s *Controller) ControllerExpandVolume(ctx context.Context, req *csi.Contro
 	if err != nil {
 		return nil, err
 	}
+	if inCeph(vol.Spec.Node) {
+		return s.expandCephVolume(ctx, vol, size)
+	}
 	if vol.Spec.Size.Value() < size {
 		vol.Spec.Size = *resource.NewQuantity(size, resource.BinarySI)
 		if err := s.c.Update(ctx, vol); err != nil {
@@ -450,16 +475,18 @@ func csiVolume(v *v1.Volume, src *csi.VolumeContentSource) *csi.Volume {
 	if v.Status.Capacity != nil {
 		capacity = v.Status.Capacity.Value()
 	}
-	return &csi.Volume{
-		VolumeId:           v.Name,
-		CapacityBytes:      capacity,
-		ContentSource:      src,
-		AccessibleTopology: []*csi.Topology{{Segments: map[string]string{v1.TopologyNodeKey: v.Spec.Node}}},
-		VolumeContext: map[string]string{
-			ParamMounter: string(v.Spec.Mounter),
-			"node":       v.Spec.Node,
-		},
+	out := &csi.Volume{
+		VolumeId:      v.Name,
+		CapacityBytes: capacity,
+		ContentSource: src,
+		VolumeContext: map[string]string{ParamMounter: string(v.Spec.Mounter)},
 	}
+	// A volume in Ceph has no node: every node reaches it.
+	if !inCeph(v.Spec.Node) {
+		out.AccessibleTopology = []*csi.Topology{{Segments: map[string]string{v1.TopologyNodeKey: v.Spec.Node}}}
+		out.VolumeContext["node"] = v.Spec.Node
+	}
+	return out
 }
 
 func volumeCondition(v *v1.Volume) *csi.VolumeCondition {

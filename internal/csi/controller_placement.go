@@ -123,6 +123,14 @@ func (s *Controller) GetCapacity(ctx context.Context, req *csi.GetCapacityReques
 	if _, _, err := parseParameters(req.GetParameters()); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
+	// A ceph cluster's capacity is its pool's; anything else (no such
+	// cluster too) is answered from the nodes, as before clusters had backends.
+	if name := req.GetParameters()[v1.ParamStorageCluster]; name != "" {
+		sc := &v1.StorageCluster{}
+		if err := s.c.Get(ctx, client.ObjectKey{Name: name}, sc); err == nil && sc.Spec.Backend == v1.BackendCeph {
+			return s.cephCapacity(ctx, sc)
+		}
+	}
 	if n := req.GetAccessibleTopology().GetSegments()[v1.TopologyNodeKey]; n != "" {
 		free, _, err := s.nodeCapacity(ctx, n)
 		if err != nil {

@@ -110,6 +110,9 @@ func (s *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 		if err != nil {
 			return nil, err
 		}
+		if inCeph(vol.Spec.Node) {
+			return s.createCephSnapshot(ctx, req, vol, nil)
+		}
 		snap = &v1.Snapshot{
 			ObjectMeta: metav1.ObjectMeta{
 				Name:        name,
@@ -128,6 +131,12 @@ func (s *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 		return nil, status.Errorf(codes.Aborted, "snapshot %q is being removed after a failed attempt; retry", req.GetName())
 	case snap.Spec.SourceVolume != req.GetSourceVolumeId():
 		return nil, status.Errorf(codes.AlreadyExists, "snapshot %q exists for volume %s", req.GetName(), snap.Spec.SourceVolume)
+	case inCeph(snap.Spec.Node) && !snap.Status.ReadyToUse:
+		vol, err := s.getVolume(ctx, snap.Spec.SourceVolume)
+		if err != nil {
+			return nil, err
+		}
+		return s.createCephSnapshot(ctx, req, vol, snap)
 	}
 
 	snap, err = s.waitSnapshot(ctx, name, func(snap *v1.Snapshot) bool {
@@ -157,7 +166,15 @@ func (s *Controller) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshot
 	if !validID(id) {
 		return &csi.DeleteSnapshotResponse{}, nil
 	}
-	snap := &v1.Snapshot{ObjectMeta: metav1.ObjectMeta{Name: id}}
+	snap := &v1.Snapshot{}
+	switch err := s.c.Get(ctx, client.ObjectKey{Name: id}, snap); {
+	case apierrors.IsNotFound(err):
+		return &csi.DeleteSnapshotResponse{}, nil
+	case err != nil:
+		return nil, status.Errorf(codes.Unavailable, "get Snapshot %s: %v", id, err)
+	case inCeph(snap.Spec.Node):
+		return s.deleteCephSnapshot(ctx, snap)
+	}
 	if err := s.c.Delete(ctx, snap); err != nil {
 		if apierrors.IsNotFound(err) {
 			return &csi.DeleteSnapshotResponse{}, nil

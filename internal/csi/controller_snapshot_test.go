@@ -30,7 +30,15 @@ import (
 var (
 	env *testenv.Env
 	// suite: the API server tests also mount (root).
-	suite = &testenv.Suite{Root: true, Setup: func(e *testenv.Env) error { env = e; return nil }}
+	suite = &testenv.Suite{Root: true, Setup: func(e *testenv.Env) error { env = e; return nil },
+		Teardown: func(bool) error {
+			for _, f := range afterTests {
+				f()
+			}
+			return nil
+		}}
+	// afterTests run once every test is done (a test Ceph to stop).
+	afterTests []func()
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m, suite)) }

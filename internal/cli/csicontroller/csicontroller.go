@@ -82,9 +82,11 @@ func (c Config) Run(ctx context.Context) error {
 		closeAll(ml, hl)
 		return err
 	}
+	ctrl := csi.NewController(kc, csi.ControllerConfig{Namespace: c.Namespace, Wait: c.Wait}, c.Log.WithName("controller"))
+	defer ctrl.Close()
 	srv := csi.NewServer(c.Log, ops, csi.Services{
 		Identity:   csi.NewIdentity(v1.DriverName, version.Get().Version, true, nil),
-		Controller: csi.NewController(kc, csi.ControllerConfig{Namespace: c.Namespace, Wait: c.Wait}, c.Log.WithName("controller")),
+		Controller: ctrl,
 	})
 	c.Log.Info("serving CSI controller", "endpoint", c.Endpoint,
 		"metrics", c.MetricsAddr, "health", c.HealthAddr)

@@ -3,12 +3,8 @@
 package storagecluster_test
 
 import (
-	"context"
-	"fmt"
-	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,38 +17,11 @@ import (
 // The operator tests' own test Ceph (folder and ports apart from the
 // backend's and testceph's), started by the first test that needs it and
 // stopped after the last test.
-var (
-	cephOnce    sync.Once
-	cephCluster *testceph.Cluster
-	cephSkip    string
-	cephErr     error
-)
+var cephLazy = &testceph.Lazy{Name: "storagecluster", Options: testceph.Options{Dir: "/var/lib/berth-ceph-operator-test", Addr: "127.0.0.1",
+	MonPort: 3312, PortMin: 7100, PortMax: 7199},
+	AtEnd: func(stop func()) { afterTests = append(afterTests, stop) }}
 
-func testCeph(t *testing.T) *testceph.Cluster {
-	t.Helper()
-	cephOnce.Do(func() {
-		if cephSkip = testceph.SkipReason(context.Background()); cephSkip != "" {
-			return
-		}
-		cephCluster = testceph.New(testceph.Options{Dir: "/var/lib/berth-ceph-operator-test", Addr: "127.0.0.1",
-			MonPort: 3312, PortMin: 7100, PortMax: 7199})
-		afterTests = append(afterTests, func() {
-			if err := cephCluster.Stop(context.Background()); err != nil {
-				fmt.Fprintln(os.Stderr, "stop test Ceph:", err)
-			}
-		})
-		start := time.Now()
-		cephErr = cephCluster.Up(context.Background())
-		fmt.Fprintf(os.Stderr, "storagecluster: test Ceph up in %s\n", time.Since(start).Round(100*time.Millisecond))
-	})
-	if cephSkip != "" {
-		t.Skip(cephSkip)
-	}
-	if cephErr != nil {
-		t.Fatal(cephErr)
-	}
-	return cephCluster
-}
+func testCeph(t *testing.T) *testceph.Cluster { t.Helper(); return cephLazy.Get(t) }
 
 // Each wrong part of a ceph config is named on BackendReady (and Ready, and
 // an Event) within a bounded time; the right config connects.

@@ -1,0 +1,91 @@
+package csi
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/testr"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/backend/ceph"
+)
+
+// cephSecret makes a ceph client's Secret in namespace default, gone when
+// the test ends.
+func cephSecret(ctx context.Context, t *testing.T, name, client, key string) *corev1.Secret {
+	t.Helper()
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
+		StringData: map[string]string{v1.CephSecretUserID: client, v1.CephSecretUserKey: key}}
+	if err := env.Client.Create(ctx, secret); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), secret) })
+	return secret
+}
+
+// countedStore is a ceph.Store that only counts its Close calls (the real
+// connection path is TestCephUnreachableOnRealCeph's).
+type countedStore struct {
+	ceph.Store
+	closed int
+}
+
+func (c *countedStore) Close() { c.closed++ }
+
+// A changed Secret replaces a cluster's connection; the old one is closed
+// once the last call using it is done, and not before.
+func TestCephConnectionReplacedWhenSecretChanges(t *testing.T) {
+	suite.Require(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	secret := cephSecret(ctx, t, "ceph-conns", "berth", "AQBkey1==")
+	sc := &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "ceph-conns", Generation: 1}, Spec: v1.StorageClusterSpec{
+		Backend: v1.BackendCeph, Ceph: &v1.CephSpec{Monitors: []v1.CephMonitor{"127.0.0.1:3300"}, Pool: "rbd",
+			SecretRef: v1.CephSecretReference{Name: secret.Name, Namespace: "default"}}}}
+	var opened []*countedStore
+	p := &cephStores{log: testr.New(t), open: func(context.Context, ceph.Config, logr.Logger) (ceph.Store, error) {
+		s := &countedStore{}
+		opened = append(opened, s)
+		return s, nil
+	}}
+	_, release1, err := p.get(ctx, env.Client, sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, release2, err := p.get(ctx, env.Client, sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(opened) != 1 {
+		t.Fatalf("opened %d connections for one cluster, want 1", len(opened))
+	}
+	secret.StringData = map[string]string{v1.CephSecretUserKey: "AQBkey2=="}
+	if err := env.Client.Update(ctx, secret); err != nil {
+		t.Fatal(err)
+	}
+	_, release3, err := p.get(ctx, env.Client, sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(opened) != 2 || opened[0].closed != 0 {
+		t.Fatalf("after the Secret changed: %d opened, old closed %d times; want 2, 0 (in use)", len(opened), opened[0].closed)
+	}
+	release1()
+	release1() // a second release is a no-op
+	if opened[0].closed != 0 {
+		t.Error("closed while a call still uses it")
+	}
+	release2()
+	if opened[0].closed != 1 || opened[1].closed != 0 {
+		t.Errorf("closed %d / %d times, want 1 / 0", opened[0].closed, opened[1].closed)
+	}
+	release3()
+	p.close()
+	if opened[1].closed != 1 {
+		t.Errorf("shutdown closed the current connection %d times, want 1", opened[1].closed)
+	}
+}
