@@ -29,12 +29,7 @@ type PublishRequest struct {
 // Publish fences the volume for the pod (ReadWriteOncePod is decided here)
 // and bind-mounts the staged volume (or its device) at the target path.
 func (a *Agent) Publish(ctx context.Context, r PublishRequest) error {
-	unlock, err := a.lock(r.VolumeID)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	return a.publish(ctx, r)
+	return a.withLock(r.VolumeID, func() error { return a.publish(ctx, r) })
 }
 
 // publish is Publish for a caller that holds the volume lock.
@@ -83,12 +78,7 @@ func (a *Agent) publish(ctx context.Context, r PublishRequest) (err error) {
 
 // Unpublish unmounts the target path and drops the pod's record.
 func (a *Agent) Unpublish(ctx context.Context, volumeID, targetPath string) error {
-	unlock, err := a.lock(volumeID)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	return a.unpublish(ctx, volumeID, targetPath)
+	return a.withLock(volumeID, func() error { return a.unpublish(ctx, volumeID, targetPath) })
 }
 
 // unpublish is Unpublish for a caller that holds the volume lock.

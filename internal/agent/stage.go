@@ -26,12 +26,18 @@ type StageRequest struct {
 // the staging path. A retry after a crash between steps reuses the loop
 // device and mount that exist. On failure, what this call made is undone.
 func (a *Agent) Stage(ctx context.Context, r StageRequest) error {
-	unlock, err := a.lock(r.VolumeID)
+	return a.withLock(r.VolumeID, func() error { return a.stage(ctx, r) })
+}
+
+// withLock runs fn holding the lock of volume: the CSI entry points (Stage,
+// Unstage, Publish, Unpublish) each run their locked counterpart this way.
+func (a *Agent) withLock(volume string, fn func() error) error {
+	unlock, err := a.lock(volume)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	return a.stage(ctx, r)
+	return fn()
 }
 
 // stage is Stage for a caller that holds the volume lock.
@@ -179,12 +185,7 @@ func (a *Agent) stageDevice(ctx context.Context, r StageRequest, vol *v1.Volume,
 // open; then it unmounts, detaches the loop device and drops this node's
 // stage record.
 func (a *Agent) Unstage(ctx context.Context, volumeID, stagingPath string) error {
-	unlock, err := a.lock(volumeID)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	return a.unstage(ctx, volumeID, stagingPath)
+	return a.withLock(volumeID, func() error { return a.unstage(ctx, volumeID, stagingPath) })
 }
 
 // unstage is Unstage for a caller that holds the volume lock.

@@ -307,18 +307,28 @@ func growFile(path string, size int64) error {
 
 // Get returns a volume's image.
 func (l *Local) Get(_ context.Context, id string) (Image, error) {
-	if err := ValidateID(id); err != nil {
+	p, fi, err := statImage("volume", id, l.volumePath)
+	if err != nil {
 		return Image{}, err
 	}
-	p := l.volumePath(id)
+	return Image{ID: id, Path: p, Size: fi.Size()}, nil
+}
+
+// statImage checks id and stats its image file at path(id): ErrNotFound when
+// there is none. kind ("volume", "snapshot") names it in errors.
+func statImage(kind, id string, path func(id string) string) (string, os.FileInfo, error) {
+	if err := ValidateID(id); err != nil {
+		return "", nil, err
+	}
+	p := path(id)
 	fi, err := os.Stat(p)
 	if errors.Is(err, os.ErrNotExist) {
-		return Image{}, fmt.Errorf("volume %s: %w", id, ErrNotFound)
+		return "", nil, fmt.Errorf("%s %s: %w", kind, id, ErrNotFound)
 	}
 	if err != nil {
-		return Image{}, fmt.Errorf("stat volume %s: %w", id, err)
+		return "", nil, fmt.Errorf("stat %s %s: %w", kind, id, err)
 	}
-	return Image{ID: id, Path: p, Size: fi.Size()}, nil
+	return p, fi, nil
 }
 
 // List returns all volumes, in name order.
@@ -364,13 +374,19 @@ func listIDs(dir string) ([]string, error) {
 
 // Delete removes a volume; a missing one is not an error.
 func (l *Local) Delete(_ context.Context, id string) error {
+	return l.removeImage("volume", id, l.volumePath)
+}
+
+// removeImage checks id and removes its image file at path(id); a missing
+// one is not an error. kind ("volume", "snapshot") names it in errors.
+func (l *Local) removeImage(kind, id string, path func(id string) string) error {
 	if err := ValidateID(id); err != nil {
 		return err
 	}
-	if err := os.Remove(l.volumePath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("delete volume %s: %w", id, err)
+	if err := os.Remove(path(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("delete %s %s: %w", kind, id, err)
 	}
-	l.log.Info("deleted volume", "id", id)
+	l.log.Info("deleted "+kind, "id", id)
 	return nil
 }
 

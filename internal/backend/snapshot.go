@@ -80,16 +80,9 @@ func (l *Local) CreateSnapshot(ctx context.Context, snapID, sourceID string) (Sn
 
 // GetSnapshot returns a snapshot; ErrNotFound when missing.
 func (l *Local) GetSnapshot(_ context.Context, id string) (Snapshot, error) {
-	if err := ValidateID(id); err != nil {
-		return Snapshot{}, err
-	}
-	p := l.snapshotPath(id)
-	fi, err := os.Stat(p)
-	if errors.Is(err, os.ErrNotExist) {
-		return Snapshot{}, fmt.Errorf("snapshot %s: %w", id, ErrNotFound)
-	}
+	p, fi, err := statImage("snapshot", id, l.snapshotPath)
 	if err != nil {
-		return Snapshot{}, fmt.Errorf("stat snapshot %s: %w", id, err)
+		return Snapshot{}, err
 	}
 	src, err := readSource(p)
 	if err != nil {
@@ -113,12 +106,5 @@ func (l *Local) ListSnapshots(ctx context.Context) ([]Snapshot, error) {
 
 // DeleteSnapshot removes a snapshot; a missing one is not an error.
 func (l *Local) DeleteSnapshot(_ context.Context, id string) error {
-	if err := ValidateID(id); err != nil {
-		return err
-	}
-	if err := os.Remove(l.snapshotPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("delete snapshot %s: %w", id, err)
-	}
-	l.log.Info("deleted snapshot", "id", id)
-	return nil
+	return l.removeImage("snapshot", id, l.snapshotPath)
 }

@@ -57,17 +57,16 @@ func (s *Node) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRequ
 
 // NodeStageVolume implements csi.NodeServer.
 func (s *Node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
-	switch {
-	case req.GetVolumeId() == "":
-		return nil, status.Error(codes.InvalidArgument, "volume ID missing")
-	case req.GetStagingTargetPath() == "":
-		return nil, status.Error(codes.InvalidArgument, "staging target path missing")
-	case req.GetVolumeCapability() == nil:
-		return nil, status.Error(codes.InvalidArgument, "volume capability missing")
+	if err := required(
+		text("volume ID", req.GetVolumeId()),
+		text("staging target path", req.GetStagingTargetPath()),
+		arg{name: "volume capability", absent: req.GetVolumeCapability() == nil},
+	); err != nil {
+		return nil, err
 	}
-	_, volMode, fsType, err := checkCapabilities([]*csi.VolumeCapability{req.GetVolumeCapability()})
+	volMode, fsType, err := checkCapability(req.GetVolumeCapability())
 	if err != nil {
-		return nil, status.Error(codes.InvalidArgument, err.Error())
+		return nil, err
 	}
 	if err := s.checkArgs(req.GetVolumeId(), req.GetStagingTargetPath()); err != nil {
 		return nil, err
@@ -85,36 +84,27 @@ func (s *Node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequ
 
 // NodeUnstageVolume implements csi.NodeServer.
 func (s *Node) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
-	switch {
-	case req.GetVolumeId() == "":
-		return nil, status.Error(codes.InvalidArgument, "volume ID missing")
-	case req.GetStagingTargetPath() == "":
-		return nil, status.Error(codes.InvalidArgument, "staging target path missing")
-	}
-	if err := s.checkArgs(req.GetVolumeId(), req.GetStagingTargetPath()); err != nil {
+	if err := s.undo(ctx, req.GetVolumeId(), text("staging target path", req.GetStagingTargetPath()), s.agent.Unstage); err != nil {
 		return nil, err
-	}
-	if err := s.agent.Unstage(ctx, req.GetVolumeId(), req.GetStagingTargetPath()); err != nil {
-		return nil, toStatus(err)
 	}
 	return &csi.NodeUnstageVolumeResponse{}, nil
 }
 
 // NodePublishVolume implements csi.NodeServer.
 func (s *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
-	switch {
-	case req.GetVolumeId() == "":
-		return nil, status.Error(codes.InvalidArgument, "volume ID missing")
-	case req.GetTargetPath() == "":
-		return nil, status.Error(codes.InvalidArgument, "target path missing")
-	case req.GetVolumeCapability() == nil:
-		return nil, status.Error(codes.InvalidArgument, "volume capability missing")
-	case req.GetStagingTargetPath() == "":
-		return nil, status.Error(codes.InvalidArgument, "staging target path missing: berth stages volumes first (STAGE_UNSTAGE_VOLUME)")
+	staging := text("staging target path", req.GetStagingTargetPath())
+	staging.hint = ": berth stages volumes first (STAGE_UNSTAGE_VOLUME)"
+	if err := required(
+		text("volume ID", req.GetVolumeId()),
+		text("target path", req.GetTargetPath()),
+		arg{name: "volume capability", absent: req.GetVolumeCapability() == nil},
+		staging,
+	); err != nil {
+		return nil, err
 	}
-	_, volMode, _, err := checkCapabilities([]*csi.VolumeCapability{req.GetVolumeCapability()})
+	volMode, _, err := checkCapability(req.GetVolumeCapability())
 	if err != nil {
-		return nil, status.Error(codes.InvalidArgument, err.Error())
+		return nil, err
 	}
 	if err := s.checkArgs(req.GetVolumeId(), req.GetStagingTargetPath(), req.GetTargetPath()); err != nil {
 		return nil, err
@@ -134,33 +124,15 @@ func (s *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 
 // NodeUnpublishVolume implements csi.NodeServer.
 func (s *Node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
-	switch {
-	case req.GetVolumeId() == "":
-		return nil, status.Error(codes.InvalidArgument, "volume ID missing")
-	case req.GetTargetPath() == "":
-		return nil, status.Error(codes.InvalidArgument, "target path missing")
-	}
-	if err := s.checkArgs(req.GetVolumeId(), req.GetTargetPath()); err != nil {
+	if err := s.undo(ctx, req.GetVolumeId(), text("target path", req.GetTargetPath()), s.agent.Unpublish); err != nil {
 		return nil, err
-	}
-	if err := s.agent.Unpublish(ctx, req.GetVolumeId(), req.GetTargetPath()); err != nil {
-		return nil, toStatus(err)
 	}
 	return &csi.NodeUnpublishVolumeResponse{}, nil
 }
 
 // NodeGetVolumeStats implements csi.NodeServer.
 func (s *Node) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
-	switch {
-	case req.GetVolumeId() == "":
-		return nil, status.Error(codes.InvalidArgument, "volume ID missing")
-	case req.GetVolumePath() == "":
-		return nil, status.Error(codes.InvalidArgument, "volume path missing")
-	}
-	if !validID(req.GetVolumeId()) {
-		return nil, status.Errorf(codes.NotFound, "volume %q not found", req.GetVolumeId())
-	}
-	if err := s.checkVolumePath(req.GetVolumeId(), req.GetVolumePath()); err != nil {
+	if err := s.checkVolume(req.GetVolumeId(), req.GetVolumePath()); err != nil {
 		return nil, err
 	}
 	st, err := s.agent.Stats(ctx, req.GetVolumeId(), req.GetVolumePath())
@@ -178,22 +150,13 @@ func (s *Node) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeSta
 
 // NodeExpandVolume implements csi.NodeServer.
 func (s *Node) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
-	switch {
-	case req.GetVolumeId() == "":
-		return nil, status.Error(codes.InvalidArgument, "volume ID missing")
-	case req.GetVolumePath() == "":
-		return nil, status.Error(codes.InvalidArgument, "volume path missing")
-	}
-	if !validID(req.GetVolumeId()) {
-		return nil, status.Errorf(codes.NotFound, "volume %q not found", req.GetVolumeId())
-	}
-	if err := s.checkVolumePath(req.GetVolumeId(), req.GetVolumePath(), req.GetStagingTargetPath()); err != nil {
+	if err := s.checkVolume(req.GetVolumeId(), req.GetVolumePath(), req.GetStagingTargetPath()); err != nil {
 		return nil, err
 	}
 	block := req.GetVolumeCapability().GetBlock() != nil
 	if req.GetVolumeCapability() != nil {
-		if _, _, _, err := checkCapabilities([]*csi.VolumeCapability{req.GetVolumeCapability()}); err != nil {
-			return nil, status.Error(codes.InvalidArgument, err.Error())
+		if _, _, err := checkCapability(req.GetVolumeCapability()); err != nil {
+			return nil, err
 		}
 	}
 	path := req.GetVolumePath()
@@ -207,16 +170,86 @@ func (s *Node) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRe
 	return &csi.NodeExpandVolumeResponse{CapacityBytes: size}, nil
 }
 
+// arg is one argument a request must carry: its name for the error, and
+// whether the request left it out.
+type arg struct {
+	name   string
+	value  string // a text argument's value
+	absent bool
+	hint   string // added to the error, after "missing"
+}
+
+// text is a string argument, left out when empty.
+func text(name, value string) arg { return arg{name: name, value: value, absent: value == ""} }
+
+// required refuses with InvalidArgument the first argument left out, in the
+// order given: the order each RPC has always checked them in.
+func required(args ...arg) error {
+	for _, a := range args {
+		if a.absent {
+			return status.Error(codes.InvalidArgument, a.name+" missing"+a.hint)
+		}
+	}
+	return nil
+}
+
+// checkCapability checks the one capability a node RPC carries, refusing an
+// unsupported one with InvalidArgument.
+func checkCapability(c *csi.VolumeCapability) (v1.VolumeMode, string, error) {
+	_, volMode, fsType, err := checkCapabilities([]*csi.VolumeCapability{c})
+	if err != nil {
+		return "", "", status.Error(codes.InvalidArgument, err.Error())
+	}
+	return volMode, fsType, nil
+}
+
+// undo is unstage and unpublish: both take a volume ID and one path, check
+// them alike, and hand them to the agent (op).
+func (s *Node) undo(ctx context.Context, id string, path arg, op func(ctx context.Context, id, path string) error) error {
+	if err := required(text("volume ID", id), path); err != nil {
+		return err
+	}
+	p := path.value
+	if err := s.checkArgs(id, p); err != nil {
+		return err
+	}
+	if err := op(ctx, id, p); err != nil {
+		return toStatus(err)
+	}
+	return nil
+}
+
 // checkArgs refuses a volume ID that breaks the volume ID rule (no such
 // volume can exist) and a path outside kubelet's volume folders for berth.
 func (s *Node) checkArgs(id string, paths ...string) error {
-	if !validID(id) {
-		return status.Errorf(codes.NotFound, "volume %q not found", id)
+	if err := knownID(id); err != nil {
+		return err
 	}
 	for _, p := range paths {
 		if err := s.agent.Paths().Check(p); err != nil {
 			return status.Error(codes.InvalidArgument, err.Error())
 		}
+	}
+	return nil
+}
+
+// checkVolume checks the arguments of stats and expand: a volume ID and a
+// volume path, both required, and optional further paths.
+func (s *Node) checkVolume(id, volumePath string, more ...string) error {
+	if err := required(text("volume ID", id), text("volume path", volumePath)); err != nil {
+		return err
+	}
+	if err := knownID(id); err != nil {
+		return err
+	}
+	return s.checkVolumePath(id, append([]string{volumePath}, more...)...)
+}
+
+// knownID refuses, as NotFound, a volume ID that breaks the volume ID rule:
+// no such volume can exist.
+func knownID(id string) error {
+	if !validID(id) {
+		return status.Errorf(codes.NotFound, "volume %q not found", id)
 	}
 	return nil
 }

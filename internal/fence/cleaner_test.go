@@ -83,42 +83,39 @@ func TestCleanerAfterRestart(t *testing.T) {
 }
 
 func TestCleanerKeepsFailedEntries(t *testing.T) {
-	suite.Require(t)
-	cleanupVolume(t, "vol-clf", "clf-a")
-	ok := v1.StaleAttachment{Volume: "vol-clf", MountDir: "/ok", Reason: v1.ReasonPodGone, FoundAt: metav1.Now()}
-	bad := v1.StaleAttachment{Volume: "vol-clf", MountDir: "/busy", Reason: v1.ReasonPodGone, FoundAt: metav1.Now()}
-	addStaleEntry(t, "clf-a", ok, bad)
-	u := &recordingUndoer{fail: map[string]bool{"/busy": true}}
-	cl := fence.NewCleaner(env.Client, "clf-a", u, clocktesting.NewFakeClock(time.Now()), testr.New(t), fence.CleanerOptions{})
-	res, err := cl.RunOnce(ctxT(t))
-	if err != nil || res != (fence.CleanResult{Undone: 1, Failed: 1}) {
-		t.Fatalf("RunOnce = %+v, %v", res, err)
-	}
-	nc := getCleanup(t, "clf-a")
-	c := meta.FindStatusCondition(nc.Status.Conditions, v1.ConditionReady)
+	nc, c := passWithBadEntry(t, "vol-clf", "clf-a", "/busy",
+		&recordingUndoer{fail: map[string]bool{"/busy": true}}, fence.CleanResult{Undone: 1, Failed: 1})
 	if len(nc.Spec.Entries) != 1 || nc.Spec.Entries[0].MountDir != "/busy" || nc.Status.Pending != 1 ||
 		c == nil || c.Status != metav1.ConditionFalse || c.Reason != "UndoFailed" {
 		t.Fatalf("after a failed undo: entries %v, status %+v", nc.Spec.Entries, nc.Status)
 	}
 }
 
+// passWithBadEntry puts two stale entries of volume on node's list, one at
+// /ok and one at bad, runs one cleaner pass with u, checks its result is
+// want, and returns the list and its Ready condition after the pass.
+func passWithBadEntry(t *testing.T, volume, node, bad string, u *recordingUndoer, want fence.CleanResult) (*v1.NodeCleanup, *metav1.Condition) {
+	t.Helper()
+	suite.Require(t)
+	cleanupVolume(t, volume, node)
+	addStaleEntry(t, node,
+		v1.StaleAttachment{Volume: volume, MountDir: "/ok", Reason: v1.ReasonPodGone, FoundAt: metav1.Now()},
+		v1.StaleAttachment{Volume: volume, MountDir: bad, Reason: v1.ReasonPodGone, FoundAt: metav1.Now()})
+	cl := fence.NewCleaner(env.Client, node, u, clocktesting.NewFakeClock(time.Now()), testr.New(t), fence.CleanerOptions{})
+	res, err := cl.RunOnce(ctxT(t))
+	if err != nil || res != want {
+		t.Fatalf("RunOnce = %+v, %v", res, err)
+	}
+	nc := getCleanup(t, node)
+	return nc, meta.FindStatusCondition(nc.Status.Conditions, v1.ConditionReady)
+}
+
 // TestCleanerDropsRefusedEntries: an entry the Undoer refuses (a path
 // outside the node's folders) can never be undone: it leaves the list, the
 // pass says why, and nothing is retried.
 func TestCleanerDropsRefusedEntries(t *testing.T) {
-	suite.Require(t)
-	cleanupVolume(t, "vol-clr", "clr-a")
-	ok := v1.StaleAttachment{Volume: "vol-clr", MountDir: "/ok", Reason: v1.ReasonPodGone, FoundAt: metav1.Now()}
-	bad := v1.StaleAttachment{Volume: "vol-clr", MountDir: "/etc", Reason: v1.ReasonPodGone, FoundAt: metav1.Now()}
-	addStaleEntry(t, "clr-a", ok, bad)
-	u := &recordingUndoer{refuse: map[string]bool{"/etc": true}}
-	cl := fence.NewCleaner(env.Client, "clr-a", u, clocktesting.NewFakeClock(time.Now()), testr.New(t), fence.CleanerOptions{})
-	res, err := cl.RunOnce(ctxT(t))
-	if err != nil || res != (fence.CleanResult{Undone: 1, Refused: 1}) {
-		t.Fatalf("RunOnce = %+v, %v", res, err)
-	}
-	nc := getCleanup(t, "clr-a")
-	c := meta.FindStatusCondition(nc.Status.Conditions, v1.ConditionReady)
+	nc, c := passWithBadEntry(t, "vol-clr", "clr-a", "/etc",
+		&recordingUndoer{refuse: map[string]bool{"/etc": true}}, fence.CleanResult{Undone: 1, Refused: 1})
 	if len(nc.Spec.Entries) != 0 || c == nil || c.Status != metav1.ConditionFalse || !strings.Contains(c.Message, "/etc") {
 		t.Fatalf("after a refused entry: entries %v, status %+v", nc.Spec.Entries, nc.Status)
 	}

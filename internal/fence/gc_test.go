@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
@@ -22,8 +23,14 @@ func newGC(t *testing.T) (*fence.GC, *prometheus.Registry) {
 	if err := env.Client.DeleteAllOf(ctxT(t), &v1.Attachment{}); err != nil {
 		t.Fatal(err)
 	}
+	return gcOn(t, clocktesting.NewFakeClock(time.Now()), fence.Options{})
+}
+
+// gcOn is a GC on clk with opts, its metrics on a registry of its own.
+func gcOn(t *testing.T, clk clock.Clock, opts fence.Options) (*fence.GC, *prometheus.Registry) {
+	t.Helper()
 	reg := prometheus.NewRegistry()
-	g, err := fence.NewGC(env.Client, clocktesting.NewFakeClock(time.Now()), testr.New(t), reg, fence.Options{})
+	g, err := fence.NewGC(env.Client, clk, testr.New(t), reg, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,10 +97,7 @@ func TestGCNodeGone(t *testing.T) {
 func TestGCPrunesStaleListsOfGoneNodes(t *testing.T) {
 	suite.Require(t)
 	clk := clocktesting.NewFakeClock(time.Now())
-	g, err := fence.NewGC(env.Client, clk, testr.New(t), prometheus.NewRegistry(), fence.Options{StaleListTTL: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
+	g, _ := gcOn(t, clk, fence.Options{StaleListTTL: time.Hour})
 	ctx := ctxT(t)
 	entry := v1.StaleAttachment{Volume: "vol-x", MountDir: "/var/lib/kubelet/plugins/berth.io/pv/x/globalmount",
 		Reason: v1.ReasonNodeGone, FoundAt: metav1.Now()}
@@ -172,11 +176,7 @@ func TestGCPodGone(t *testing.T) {
 func TestGCInterval(t *testing.T) {
 	suite.Require(t)
 	clk := clocktesting.NewFakeClock(time.Now())
-	reg := prometheus.NewRegistry()
-	g, err := fence.NewGC(env.Client, clk, testr.New(t), reg, fence.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	g, reg := gcOn(t, clk, fence.Options{})
 	if iv, err := g.Interval(ctxT(t)); err != nil || iv != fence.DefaultGCInterval {
 		t.Fatalf("Interval without clusters = %v, %v", iv, err)
 	}
@@ -207,11 +207,7 @@ func TestGCWakeAppliesNewInterval(t *testing.T) {
 		t.Fatal(err)
 	}
 	clk := clocktesting.NewFakeClock(time.Now())
-	reg := prometheus.NewRegistry()
-	g, err := fence.NewGC(env.Client, clk, testr.New(t), reg, fence.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	g, reg := gcOn(t, clk, fence.Options{})
 	background(t, g.Start)
 	waitFor(t, "first sweep, then the wait of a day", clk.HasWaiters)
 	create(t, &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "gc-woken"},

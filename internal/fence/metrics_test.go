@@ -17,6 +17,17 @@ import (
 	"github.com/berth-io/berth/internal/testenv"
 )
 
+// onRegistry makes a metric set with newSet on a registry of its own.
+func onRegistry[M any](t *testing.T, newSet func(prometheus.Registerer) (M, error)) (M, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	m, err := newSet(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, reg
+}
+
 func wantSamples(t *testing.T, reg prometheus.Gatherer, want map[string]float64) {
 	t.Helper()
 	got, err := testenv.Gathered(reg)
@@ -35,11 +46,7 @@ func wantSamples(t *testing.T, reg prometheus.Gatherer, want map[string]float64)
 // by result, each acquire timed.
 func TestFencerCountsDecisions(t *testing.T) {
 	suite.Require(t)
-	reg := prometheus.NewRegistry()
-	m, err := metrics.NewFence(reg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, reg := onRegistry(t, metrics.NewFence)
 	f := fence.New(env.Client, record.NewFakeRecorder(100), clock.RealClock{}, testr.New(t), fence.Options{Metrics: m})
 	mkNode(t, "fm-a")
 	mkNode(t, "fm-b")
@@ -70,11 +77,7 @@ func TestFencerCountsDecisions(t *testing.T) {
 // one failing and one refused is counted by result.
 func TestCleanerCountsEntries(t *testing.T) {
 	suite.Require(t)
-	reg := prometheus.NewRegistry()
-	m, err := metrics.NewCleanup(reg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, reg := onRegistry(t, metrics.NewCleanup)
 	cleanupVolume(t, "vol-clm", "clm-a")
 	addStaleEntry(t, "clm-a",
 		v1.StaleAttachment{Volume: "vol-clm", MountDir: "/ok", Reason: v1.ReasonPodGone, FoundAt: metav1.Now()},

@@ -130,6 +130,14 @@ func (s *Service) serveConn(c *net.UnixConn) {
 	}
 }
 
+// unmark drops key from m (busy or pending) holding mu: the end of an
+// operation's mark.
+func unmark[V any](mu *sync.Mutex, m map[string]V, key string) {
+	mu.Lock()
+	defer mu.Unlock()
+	delete(m, key)
+}
+
 // lockVolume waits until no other operation runs on volume, or ctx ends
 // (ErrBusy).
 func (s *Service) lockVolume(ctx context.Context, volume string) (func(), error) {
@@ -141,9 +149,7 @@ func (s *Service) lockVolume(ctx context.Context, volume string) (func(), error)
 			s.busy[volume] = done
 			s.mu.Unlock()
 			return func() {
-				s.mu.Lock()
-				delete(s.busy, volume)
-				s.mu.Unlock()
+				unmark(&s.mu, s.busy, volume)
 				close(done)
 			}, nil
 		}
@@ -271,11 +277,7 @@ func (s *Service) open(volume, mountpoint string) (*held, error) {
 	}
 	s.pending[mountpoint] = volume
 	s.mu.Unlock()
-	defer func() {
-		s.mu.Lock()
-		delete(s.pending, mountpoint)
-		s.mu.Unlock()
-	}()
+	defer unmark(&s.mu, s.pending, mountpoint)
 	mounted, err := s.kernel.Mounted(mountpoint)
 	if err != nil {
 		return nil, err

@@ -39,10 +39,7 @@ func NewFence(reg prometheus.Registerer) (*Fence, error) {
 		breaks: newCounterVec("fence", "lock_breaks_total",
 			"Holds of another node taken over and put on its stale list, by reason.", "reason"),
 	}
-	if err := register(reg, "fence", f.acquires, f.duration, f.releases, f.breaks); err != nil {
-		return nil, err
-	}
-	return f, nil
+	return registered(f, reg, "fence", f.acquires, f.duration, f.releases, f.breaks)
 }
 
 // Acquired records one acquire decision (an Acquire* result).
@@ -96,10 +93,7 @@ func NewGC(reg prometheus.Registerer) (*GC, error) {
 		dropped: newCounter("attachment_gc", "entries_dropped_total", "Attachment entries the GC removed without a stale-list record."),
 		pruned:  newCounter("attachment_gc", "stale_lists_pruned_total", "Stale lists the GC deleted because their node was gone longer than the TTL."),
 	}
-	if err := register(reg, "attachment GC", g.runs, g.duration, g.scanned, g.moved, g.dropped, g.pruned); err != nil {
-		return nil, err
-	}
-	return g, nil
+	return registered(g, reg, "attachment GC", g.runs, g.duration, g.scanned, g.moved, g.dropped, g.pruned)
 }
 
 // Run records one pass.
@@ -154,10 +148,7 @@ func NewCleanup(reg prometheus.Registerer) (*Cleanup, error) {
 		entries: newCounterVec("stale", "entries_total",
 			"Stale-attachment entries processed, by result: undone, dropped (held again), failed (kept for the next pass), refused.", "result"),
 	}
-	if err := register(reg, "stale-list", c.passes, c.entries); err != nil {
-		return nil, err
-	}
-	return c, nil
+	return registered(c, reg, "stale-list", c.passes, c.entries)
 }
 
 // Pass records one pass and its entries.

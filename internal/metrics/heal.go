@@ -32,10 +32,7 @@ func NewHeal(reg prometheus.Registerer) (*Heal, error) {
 		duration: newHistogramVec("heal", "duration_seconds",
 			"Time to check and heal one volume, by result.", "result"),
 	}
-	if err := register(reg, "heal", h.passes, h.volumes, h.duration); err != nil {
-		return nil, err
-	}
-	return h, nil
+	return registered(h, reg, "heal", h.passes, h.volumes, h.duration)
 }
 
 // Pass records one pass; err is the listing's.

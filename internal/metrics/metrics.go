@@ -43,6 +43,15 @@ func register(reg prometheus.Registerer, group string, cs ...prometheus.Collecto
 	return nil
 }
 
+// registered registers the collectors of a metric set m and returns m: every
+// New* constructor ends this way.
+func registered[T any](m *T, reg prometheus.Registerer, group string, cs ...prometheus.Collector) (*T, error) {
+	if err := register(reg, group, cs...); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
 // IsAlreadyRegistered tells whether err says the metrics exist already on
 // the registerer (a second component of the same kind in one process).
 func IsAlreadyRegistered(err error) bool {

@@ -52,10 +52,7 @@ func NewNode(reg prometheus.Registerer, src NodeSource, log logr.Logger) (*Node,
 		keeperConns: prometheus.NewDesc(namespace+"_keeper_connections",
 			"FUSE connections of userspace volumes the keeper holds.", nil, nil),
 	}
-	if err := register(reg, "node", n); err != nil {
-		return nil, err
-	}
-	return n, nil
+	return registered(n, reg, "node", n)
 }
 
 // Describe implements prometheus.Collector.

@@ -35,10 +35,7 @@ func NewOps(reg prometheus.Registerer, boundary string) (*Ops, error) {
 		duration: newHistogramVec(boundary, "request_duration_seconds",
 			"Time to answer a request, by operation.", "operation"),
 	}
-	if err := register(reg, boundary, o.requests, o.duration); err != nil {
-		return nil, err
-	}
-	return o, nil
+	return registered(o, reg, boundary, o.requests, o.duration)
 }
 
 // Observe records one answered request.

@@ -14,12 +14,8 @@ import (
 func TestRootXFSCloneStagesBesideSource(t *testing.T) {
 	e := newRootEnv(t)
 	src := e.image(t, "source", 320*mib)
-	srcDev := e.attach(t, src)
-	srcStaging := e.path("source-staging")
-	srcReq := StageRequest{VolumeID: "source", Device: srcDev, StagingPath: srcStaging, FSType: "xfs", Format: FormatPolicy{Image: src}}
-	if err := e.mgr.Stage(e.ctx, srcReq); err != nil {
-		t.Fatalf("stage the source: %v", err)
-	}
+	srcReq := e.stage(t, src, StageRequest{VolumeID: "source", StagingPath: e.path("source-staging"), FSType: "xfs", Format: FormatPolicy{Image: src}})
+	srcDev, srcStaging := srcReq.Device, srcReq.StagingPath
 	if err := os.WriteFile(filepath.Join(srcStaging, "hello"), []byte("world"), 0o644); err != nil {
 		t.Fatal(err)
 	}

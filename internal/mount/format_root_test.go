@@ -17,12 +17,8 @@ import (
 func TestRootRecordedVolumeNeverFormatted(t *testing.T) {
 	e := newRootEnv(t)
 	img := e.image(t, "vol", 64*mib)
-	dev := e.attach(t, img)
-	staging := e.path("staging")
-	req := StageRequest{VolumeID: "v", Device: dev, StagingPath: staging, Format: FormatPolicy{Image: img}}
-	if err := e.mgr.Stage(e.ctx, req); err != nil {
-		t.Fatalf("stage a blank volume: %v", err)
-	}
+	req := e.stage(t, img, StageRequest{VolumeID: "v", Format: FormatPolicy{Image: img}})
+	dev, staging := req.Device, req.StagingPath
 	want := bytes.Repeat([]byte("berth keeps this "), 1000)
 	if err := os.WriteFile(filepath.Join(staging, "data"), want, 0o644); err != nil {
 		t.Fatal(err)

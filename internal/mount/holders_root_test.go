@@ -13,11 +13,8 @@ import (
 // HeldOpenError naming its pid and command, and leaves the mount in place.
 func TestRootUnstageHeldOpenNamesHolder(t *testing.T) {
 	e := newRootEnv(t)
-	dev := e.attach(t, e.image(t, "vol", 64*mib))
-	staging := e.path("staging")
-	if err := e.mgr.Stage(e.ctx, StageRequest{VolumeID: "v", Device: dev, StagingPath: staging, FSType: "ext4"}); err != nil {
-		t.Fatal(err)
-	}
+	req := e.stage(t, e.image(t, "vol", 64*mib), StageRequest{VolumeID: "v", FSType: "ext4"})
+	dev, staging := req.Device, req.StagingPath
 	holder := holdOpen(t, dev)
 	_, err := e.mgr.Unstage(e.ctx, staging)
 	var held *HeldOpenError

@@ -112,6 +112,31 @@ func (e *rootEnv) attach(t testing.TB, img string) string {
 	return dev
 }
 
+// stage attaches img and stages it as req says, at e.path("staging") unless
+// req names a staging path; it returns req with the device and path set.
+func (e *rootEnv) stage(t testing.TB, img string, req StageRequest) StageRequest {
+	t.Helper()
+	req.Device = e.attach(t, img)
+	if req.StagingPath == "" {
+		req.StagingPath = e.path("staging")
+	}
+	if err := e.mgr.Stage(e.ctx, req); err != nil {
+		t.Fatalf("stage %s: %v", img, err)
+	}
+	return req
+}
+
+// grow makes img size bytes and has its loop device dev see the new size.
+func (e *rootEnv) grow(t testing.TB, img, dev string, size int64) {
+	t.Helper()
+	if err := os.Truncate(img, size); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.loop.Refresh(e.ctx, dev); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // loopsFor counts loop devices over img, as losetup -j sees them.
 func loopsFor(t *testing.T, img string) int {
 	t.Helper()

@@ -207,32 +207,33 @@ func TestRootBlock(t *testing.T) {
 	}
 }
 
+// growCase is a filesystem and the sizes a growth test takes it between
+// (xfs wants 300 MiB at the least).
+type growCase struct {
+	fs       string
+	from, to int64
+}
+
+// growCases are the growths TestRootExpandOnline and TestRootGrowAtStage run.
+func growCases() []growCase {
+	return []growCase{{"ext4", 64 * mib, 128 * mib}, {"xfs", 320 * mib, 512 * mib}}
+}
+
 func TestRootExpandOnline(t *testing.T) {
-	for _, tc := range []struct {
-		fs       string
-		from, to int64
-	}{{"ext4", 64 * mib, 128 * mib}, {"xfs", 320 * mib, 512 * mib}} {
+	for _, tc := range growCases() {
 		t.Run(tc.fs, func(t *testing.T) {
 			e := newRootEnv(t)
 			if tc.fs == "ext4" && !hasCapSysResource(t) {
 				t.Skip("ext4 online resize needs CAP_SYS_RESOURCE (EXT4_IOC_RESIZE_FS gives EPERM without it); this process lacks it")
 			}
 			img := e.image(t, "vol", tc.from)
-			dev := e.attach(t, img)
-			staging := e.path("staging")
-			if err := e.mgr.Stage(e.ctx, StageRequest{Device: dev, StagingPath: staging, FSType: tc.fs}); err != nil {
-				t.Fatal(err)
-			}
+			req := e.stage(t, img, StageRequest{FSType: tc.fs})
+			dev, staging := req.Device, req.StagingPath
 			before, err := e.mgr.Stats(e.ctx, staging)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := os.Truncate(img, tc.to); err != nil {
-				t.Fatal(err)
-			}
-			if err := e.loop.Refresh(e.ctx, dev); err != nil {
-				t.Fatal(err)
-			}
+			e.grow(t, img, dev, tc.to)
 			for range 2 { // a retry finds nothing to do
 				if err := e.mgr.Expand(e.ctx, dev, staging); err != nil {
 					t.Fatal(err)
@@ -273,11 +274,8 @@ func TestRootCrashRetry(t *testing.T) {
 
 func TestRootConditionLoopDetached(t *testing.T) {
 	e := newRootEnv(t)
-	dev := e.attach(t, e.image(t, "blk", 64*mib))
-	staging := e.path("staging")
-	if err := e.mgr.Stage(e.ctx, StageRequest{Device: dev, StagingPath: staging, Block: true}); err != nil {
-		t.Fatal(err)
-	}
+	req := e.stage(t, e.image(t, "blk", 64*mib), StageRequest{Block: true})
+	dev, staging := req.Device, req.StagingPath
 	if abnormal, msg := e.mgr.Condition(e.ctx, staging); abnormal {
 		t.Fatalf("healthy block staging abnormal: %s", msg)
 	}
@@ -292,19 +290,12 @@ func TestRootConditionLoopDetached(t *testing.T) {
 // A volume grown while unstaged is the new size once staged again, with no
 // capability needed (ext4 grows before the mount, xfs right after it).
 func TestRootGrowAtStage(t *testing.T) {
-	for _, tc := range []struct {
-		fs       string
-		from, to int64
-	}{{"ext4", 64 * mib, 128 * mib}, {"xfs", 320 * mib, 512 * mib}} {
+	for _, tc := range growCases() {
 		t.Run(tc.fs, func(t *testing.T) {
 			e := newRootEnv(t)
 			img := e.image(t, "vol", tc.from)
-			dev := e.attach(t, img)
-			staging := e.path("staging")
-			req := StageRequest{VolumeID: "v", Device: dev, StagingPath: staging, FSType: tc.fs}
-			if err := e.mgr.Stage(e.ctx, req); err != nil {
-				t.Fatal(err)
-			}
+			req := e.stage(t, img, StageRequest{VolumeID: "v", FSType: tc.fs})
+			dev, staging := req.Device, req.StagingPath
 			if err := os.WriteFile(filepath.Join(staging, "keep"), []byte("data"), 0o644); err != nil {
 				t.Fatal(err)
 			}
@@ -315,12 +306,7 @@ func TestRootGrowAtStage(t *testing.T) {
 			if _, err := e.mgr.Unstage(e.ctx, staging); err != nil {
 				t.Fatal(err)
 			}
-			if err := os.Truncate(img, tc.to); err != nil {
-				t.Fatal(err)
-			}
-			if err := e.loop.Refresh(e.ctx, dev); err != nil {
-				t.Fatal(err)
-			}
+			e.grow(t, img, dev, tc.to)
 			req.Format = FormatPolicy{Never: true, Why: "the volume was formatted before"}
 			if err := e.mgr.Stage(e.ctx, req); err != nil {
 				t.Fatal(err)
@@ -348,18 +334,9 @@ func TestRootExpandWithoutCapabilityGrowsAtStage(t *testing.T) {
 		t.Skip("this process has CAP_SYS_RESOURCE: ext4 grows online here (TestRootExpandOnline)")
 	}
 	img := e.image(t, "vol", 64*mib)
-	dev := e.attach(t, img)
-	staging := e.path("staging")
-	req := StageRequest{VolumeID: "v", Device: dev, StagingPath: staging, FSType: "ext4"}
-	if err := e.mgr.Stage(e.ctx, req); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(img, 128*mib); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.loop.Refresh(e.ctx, dev); err != nil {
-		t.Fatal(err)
-	}
+	req := e.stage(t, img, StageRequest{VolumeID: "v", FSType: "ext4"})
+	dev, staging := req.Device, req.StagingPath
+	e.grow(t, img, dev, 128*mib)
 	if err := e.mgr.Expand(e.ctx, dev, staging); !errors.Is(err, ErrGrowsAtStage) {
 		t.Fatalf("online ext4 growth without the capability: want ErrGrowsAtStage, got %v", err)
 	}

@@ -35,14 +35,8 @@ func TestDevicesFindAndDisconnect(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The kernel's disconnect ends the server.
-	select {
-	case err := <-r.done:
-		r.done <- err // for startRun's cleanup
-		if err != nil {
-			t.Fatalf("Run after disconnect: %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("server still running after its device was disconnected")
+	if err := r.ended(t, "server still running after its device was disconnected"); err != nil {
+		t.Fatalf("Run after disconnect: %v", err)
 	}
 	if _, found, err := devs.Device("vol-1"); err != nil || found {
 		t.Fatalf("after disconnect: found %t, %v", found, err)

@@ -70,31 +70,33 @@ func decode(t *testing.T, b []byte) decoded {
 	return d
 }
 
-func (d decoded) u64(t *testing.T, typ uint16) uint64 {
+// value returns attribute typ's payload; the test fails when it is missing
+// or valid refuses it (it is not what).
+func (d decoded) value(t *testing.T, typ uint16, what string, valid func([]byte) bool) []byte {
 	t.Helper()
 	a, ok := d.attrs[typ]
-	if !ok || len(a.Value) != 8 {
-		t.Fatalf("attribute %d: missing or not a u64 (%v)", typ, a.Value)
+	if !ok || !valid(a.Value) {
+		t.Fatalf("attribute %d: missing or not %s (%q)", typ, what, a.Value)
 	}
-	return nl.NativeEndian().Uint64(a.Value)
+	return a.Value
+}
+
+func (d decoded) u64(t *testing.T, typ uint16) uint64 {
+	t.Helper()
+	v := d.value(t, typ, "a u64", func(v []byte) bool { return len(v) == 8 })
+	return nl.NativeEndian().Uint64(v)
 }
 
 func (d decoded) u32(t *testing.T, typ uint16) uint32 {
 	t.Helper()
-	a, ok := d.attrs[typ]
-	if !ok || len(a.Value) != 4 {
-		t.Fatalf("attribute %d: missing or not a u32 (%v)", typ, a.Value)
-	}
-	return nl.NativeEndian().Uint32(a.Value)
+	v := d.value(t, typ, "a u32", func(v []byte) bool { return len(v) == 4 })
+	return nl.NativeEndian().Uint32(v)
 }
 
 func (d decoded) str(t *testing.T, typ uint16) string {
 	t.Helper()
-	a, ok := d.attrs[typ]
-	if !ok || len(a.Value) == 0 || a.Value[len(a.Value)-1] != 0 {
-		t.Fatalf("attribute %d: missing or not NUL-terminated (%q)", typ, a.Value)
-	}
-	return string(a.Value[:len(a.Value)-1])
+	v := d.value(t, typ, "NUL-terminated", func(v []byte) bool { return len(v) > 0 && v[len(v)-1] == 0 })
+	return string(v[:len(v)-1])
 }
 
 // sockFDs decodes NBD_ATTR_SOCKETS -> NBD_SOCK_ITEM -> NBD_SOCK_FD.

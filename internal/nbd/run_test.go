@@ -166,14 +166,32 @@ func (r *running) waitReady(t *testing.T) string {
 func (r *running) stop(t *testing.T) error {
 	t.Helper()
 	r.cancel()
+	return r.ended(t, "Run did not return after its context ended")
+}
+
+// ended waits for Run to end and returns its error, left on done for
+// startRun's cleanup; the test fails with stuck when Run goes on.
+func (r *running) ended(t *testing.T, stuck string) error {
+	t.Helper()
 	select {
 	case err := <-r.done:
 		r.done <- err
 		return err
 	case <-time.After(10 * time.Second):
-		t.Fatal("Run did not return after its context ended")
+		t.Fatal(stuck)
 	}
 	return nil
+}
+
+// serving starts one Run of a 1 MiB image on a fake kernel and returns them
+// and the device once it serves.
+func serving(t *testing.T) (*fakeKernel, *running, *fakeDev) {
+	t.Helper()
+	k := newFakeKernelDriver(t)
+	_, image := newImage(t, 1<<20, false)
+	r := startRun(t, k, image, nil)
+	r.waitReady(t)
+	return k, r, k.dev(0)
 }
 
 func TestRunConnectReconnectDisconnect(t *testing.T) {
@@ -225,28 +243,16 @@ func TestRunConnectReconnectDisconnect(t *testing.T) {
 
 	// A third server while the second is alive gets no connection.
 	third := startRun(t, k, image, func(c *RunConfig) { c.ReconnectWait = 300 * time.Millisecond })
-	select {
-	case err := <-third.done:
-		third.done <- err
-		if err == nil || !strings.Contains(err.Error(), "no dead connection") {
-			t.Fatalf("third server: %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("third server did not give up")
+	if err := third.ended(t, "third server did not give up"); err == nil || !strings.Contains(err.Error(), "no dead connection") {
+		t.Fatalf("third server: %v", err)
 	}
 
 	// Disconnect: the kernel sends DISC, the server ends cleanly.
 	if err := k.Disconnect(0); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-second.done:
-		second.done <- err
-		if err != nil {
-			t.Fatalf("Run after disconnect: %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Run did not end after disconnect")
+	if err := second.ended(t, "Run did not end after disconnect"); err != nil {
+		t.Fatalf("Run after disconnect: %v", err)
 	}
 }
 
@@ -254,11 +260,7 @@ func TestRunConnectReconnectDisconnect(t *testing.T) {
 // (several connections, nbd_xmit_timeout) and keeps the device: Run hands
 // it a fresh socket for the dead slot and goes on serving.
 func TestRunReplacesConnectionTheKernelDropped(t *testing.T) {
-	k := newFakeKernelDriver(t)
-	_, image := newImage(t, 1<<20, false)
-	r := startRun(t, k, image, nil)
-	r.waitReady(t)
-	d := k.dev(0)
+	k, r, d := serving(t)
 	dropped := d.conns[1]
 	_ = dropped.conn.Close()
 	deadline := time.Now().Add(10 * time.Second)
@@ -289,25 +291,15 @@ func TestRunReplacesConnectionTheKernelDropped(t *testing.T) {
 // Every connection lost and the device gone (nothing to reconnect to) ends
 // Run with ErrDisconnected, so that a supervisor sees it.
 func TestRunAllConnectionsLost(t *testing.T) {
-	k := newFakeKernelDriver(t)
-	_, image := newImage(t, 1<<20, false)
-	r := startRun(t, k, image, nil)
-	r.waitReady(t)
-	d := k.dev(0)
+	k, r, d := serving(t)
 	k.mu.Lock()
 	delete(k.devs, 0)
 	k.mu.Unlock()
 	for _, c := range d.conns {
 		_ = c.conn.Close()
 	}
-	select {
-	case err := <-r.done:
-		r.done <- err
-		if !errors.Is(err, ErrDisconnected) {
-			t.Fatalf("Run: %v, want ErrDisconnected", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Run did not end")
+	if err := r.ended(t, "Run did not end"); !errors.Is(err, ErrDisconnected) {
+		t.Fatalf("Run: %v, want ErrDisconnected", err)
 	}
 }
 

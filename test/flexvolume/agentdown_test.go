@@ -35,14 +35,7 @@ func TestDriverWithAgentDownChangesNothing(t *testing.T) {
 	want(t, "mount of pod A while the agent runs", res, flex.StatusSuccess)
 	before := entries(t, f, "down-shared")
 
-	f.signalAgent(syscall.SIGKILL)
-	agentRunning := false
-	t.Cleanup(func() {
-		if !agentRunning {
-			_ = f.startAgent()
-			_ = f.waitReady()
-		}
-	})
+	agentBack := f.agentDown(t, syscall.SIGKILL)
 
 	res, _ = f.run(t, "init")
 	want(t, "init with the agent down", res, flex.StatusSuccess)
@@ -77,13 +70,7 @@ func TestDriverWithAgentDownChangesNothing(t *testing.T) {
 		t.Errorf("Attachment of the unstaged volume made with the agent down: %+v", now)
 	}
 
-	if err := f.startAgent(); err != nil {
-		t.Fatal(err)
-	}
-	agentRunning = true
-	if err := f.waitReady(); err != nil {
-		t.Fatal(err)
-	}
+	agentBack()
 	res, _ = f.run(t, "init")
 	want(t, "init with the agent back", res, flex.StatusSuccess)
 	if !strings.HasPrefix(res.Message, "agent ready") {

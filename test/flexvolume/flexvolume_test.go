@@ -119,6 +119,31 @@ func (f *fixture) signalAgent(sig syscall.Signal) {
 	f.agent = nil
 }
 
+// agentDown stops the agent with sig (signalAgent) and returns agentBack,
+// which starts it again and waits until it is ready; a test that does not
+// call agentBack has its cleanup start the agent for the next test.
+func (f *fixture) agentDown(t *testing.T, sig syscall.Signal) (agentBack func()) {
+	t.Helper()
+	f.signalAgent(sig)
+	running := false
+	t.Cleanup(func() {
+		if !running {
+			_ = f.startAgent()
+			_ = f.waitReady()
+		}
+	})
+	return func() {
+		t.Helper()
+		if err := f.startAgent(); err != nil {
+			t.Fatal(err)
+		}
+		running = true
+		if err := f.waitReady(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // waitReady waits until the installed driver's init reaches the agent.
 func (f *fixture) waitReady() error {
 	deadline := time.Now().Add(60 * time.Second)

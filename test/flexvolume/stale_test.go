@@ -3,6 +3,7 @@ package flexvolume
 import (
 	"context"
 	"path/filepath"
+	"syscall"
 	"testing"
 
 	"github.com/go-logr/logr"
@@ -32,14 +33,7 @@ func TestStaleListAfterRestart(t *testing.T) {
 	res, _ := f.run(t, "mount", dir, options(t, "pod-e", uid, "stale-a"))
 	want(t, "mount", res, flex.StatusSuccess)
 
-	f.stopAgent()
-	agentRunning := false
-	t.Cleanup(func() {
-		if !agentRunning {
-			_ = f.startAgent()
-			_ = f.waitReady()
-		}
-	})
+	agentBack := f.agentDown(t, syscall.SIGTERM)
 	if !mounted(t, dir) || loops(t, image) != 1 {
 		t.Fatal("stopping the agent should leave the volume mounted")
 	}
@@ -65,13 +59,7 @@ func TestStaleListAfterRestart(t *testing.T) {
 
 	// The node comes back; its agent starts and works through the list.
 	setTaint(t, f, false)
-	if err := f.startAgent(); err != nil {
-		t.Fatal(err)
-	}
-	agentRunning = true
-	if err := f.waitReady(); err != nil {
-		t.Fatal(err)
-	}
+	agentBack()
 	waitFor(t, "the stale list to be worked through", func() bool {
 		return f.env.Client.Get(ctx, client.ObjectKey{Name: node}, nc) == nil && len(nc.Spec.Entries) == 0
 	})

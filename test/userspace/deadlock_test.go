@@ -15,8 +15,6 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
@@ -47,18 +45,13 @@ func TestServerKilledDuringMkfs(t *testing.T) {
 		}
 	})
 	nc := f.node(t)
-	waitCSI(t, nc)
 	other := f.userspaceVolume(t, nc, "dl-other")
 	ctx := context.Background()
 	kc := keeper.NewClient(f.keeperSock)
 
 	// Big, so that mkfs runs long enough to be caught.
 	const name = "dl-victim"
-	vol := &v1.Volume{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{v1.NodeLabel: node}},
-		Spec: v1.VolumeSpec{StorageCluster: "c1", Size: resource.MustParse("16Gi"), AccessMode: v1.ReadWriteOnce,
-			FSType: "ext4", Node: node, Mounter: v1.MounterUserspace},
-	}
+	vol := volumeObject(name, "ext4", "16Gi", v1.MounterUserspace)
 	if err := f.env.Client.Create(ctx, vol); err != nil {
 		t.Fatal(err)
 	}
@@ -191,19 +184,6 @@ func leftovers(t *testing.T, f *fixture, kc *keeper.Client, name, staging string
 		t.Fatal(err)
 	}
 	return left
-}
-
-func waitAvailable(t *testing.T, f *fixture, vol *v1.Volume) {
-	t.Helper()
-	for i := 0; ; i++ {
-		if err := f.env.Client.Get(context.Background(), client.ObjectKeyFromObject(vol), vol); err == nil && vol.Status.State == v1.VolumeAvailable {
-			return
-		}
-		if i == 300 {
-			t.Fatalf("volume %s not made by the agent: %+v", vol.Name, vol.Status)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }
 
 // stoppingMkfs writes a folder holding a wrapper named tool that, once

@@ -22,7 +22,6 @@ import (
 func TestExpandOnline(t *testing.T) {
 	f := setup(t)
 	nc := f.node(t)
-	waitCSI(t, nc)
 	m := f.userspaceVolumeFS(t, nc, "expand", "xfs", "320Mi") // mkfs.xfs wants 300 MB
 	ctx := context.Background()
 

@@ -21,7 +21,6 @@ import (
 func TestServerCrash(t *testing.T) {
 	f := setup(t)
 	nc := f.node(t)
-	waitCSI(t, nc)
 	m := f.userspaceVolume(t, nc, "crash")
 	w, err := newWriter(filepath.Join(m.target, "data"), 99)
 	if err != nil {
@@ -102,7 +101,6 @@ func (f *fixture) scrape(t *testing.T) testenv.Samples {
 func TestKeeperDown(t *testing.T) {
 	f := setup(t)
 	nc := f.node(t)
-	waitCSI(t, nc)
 	m := f.userspaceVolume(t, nc, "keeper-down")
 	ctx := context.Background()
 	stats := func() *csi.VolumeCondition {

@@ -249,6 +249,8 @@ func killWait(pid int) error {
 	return nil
 }
 
+// node is a client of the agent's CSI node service, returned once the
+// service answers.
 func (f *fixture) node(t *testing.T) csi.NodeClient {
 	t.Helper()
 	c, err := grpc.NewClient("unix://"+f.csiSock, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -256,7 +258,9 @@ func (f *fixture) node(t *testing.T) csi.NodeClient {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Close() })
-	return csi.NewNodeClient(c)
+	nc := csi.NewNodeClient(c)
+	waitCSI(t, nc)
+	return nc
 }
 
 // stop removes everything, in order: mounts above loop devices, loop

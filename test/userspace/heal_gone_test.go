@@ -26,7 +26,6 @@ import (
 func TestHealSkipsDeletedVolume(t *testing.T) {
 	f := setup(t)
 	nc := f.node(t)
-	waitCSI(t, nc)
 	ctx := context.Background()
 	kept := f.userspaceVolume(t, nc, "heal-kept")
 	gone := f.userspaceVolume(t, nc, "heal-gone")

@@ -62,7 +62,6 @@ func TestKeeperInOtherMountNamespace(t *testing.T) {
 		t.Fatal(err)
 	}
 	nc := f.node(t)
-	waitCSI(t, nc)
 
 	const name = "keeper-ns"
 	vol := f.newVolume(t, name, "ext4", "64Mi", v1.MounterUserspace)

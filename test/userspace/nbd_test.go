@@ -13,8 +13,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
@@ -36,7 +34,6 @@ func (f *fixture) withNBDAgent(t *testing.T) csi.NodeClient {
 		}
 	})
 	nc := f.node(t)
-	waitCSI(t, nc)
 	return nc
 }
 
@@ -62,24 +59,12 @@ func (f *fixture) nbdRefused(t *testing.T, reason string) {
 	nc := f.withNBDAgent(t)
 	ctx := context.Background()
 	name := "nbd-refused"
-	vol := &v1.Volume{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{v1.NodeLabel: node}},
-		Spec: v1.VolumeSpec{StorageCluster: "c1", Size: resource.MustParse("64Mi"), AccessMode: v1.ReadWriteOnce,
-			FSType: "ext4", Node: node, Mounter: v1.MounterUserspace},
-	}
+	vol := volumeObject(name, "ext4", "64Mi", v1.MounterUserspace)
 	if err := f.env.Client.Create(ctx, vol); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = f.env.Client.Delete(ctx, vol) })
-	for i := 0; ; i++ {
-		if err := f.env.Client.Get(ctx, client.ObjectKeyFromObject(vol), vol); err == nil && vol.Status.State == v1.VolumeAvailable {
-			break
-		}
-		if i == 300 {
-			t.Fatalf("volume %s not made by the agent: %+v", name, vol.Status)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitAvailable(t, f, vol)
 	staging := f.stagingPath(name)
 	if err := os.MkdirAll(staging, 0o750); err != nil {
 		t.Fatal(err)

@@ -28,7 +28,6 @@ import (
 func TestStageRollbackLeavesNothing(t *testing.T) {
 	f := setup(t)
 	nc := f.node(t)
-	waitCSI(t, nc)
 	for _, mounter := range []v1.Mounter{v1.MounterKernel, v1.MounterUserspace} {
 		for _, tc := range []struct {
 			failing, fsType string

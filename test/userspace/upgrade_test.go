@@ -18,7 +18,6 @@ import (
 func TestUpgradeFromMarkers(t *testing.T) {
 	f := setup(t)
 	nc := f.node(t)
-	waitCSI(t, nc)
 	m := f.userspaceVolume(t, nc, "old-layout")
 	w := startWriter(t, m, 11)
 	f.crash(t)

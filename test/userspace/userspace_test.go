@@ -98,11 +98,7 @@ func (f *fixture) userspaceVolumeFS(t *testing.T, nc csi.NodeClient, name, fsTyp
 func (f *fixture) newVolume(t *testing.T, name, fsType, size string, mounter v1.Mounter) *v1.Volume {
 	t.Helper()
 	ctx := context.Background()
-	vol := &v1.Volume{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{v1.NodeLabel: node}},
-		Spec: v1.VolumeSpec{StorageCluster: "c1", Size: resource.MustParse(size), AccessMode: v1.ReadWriteOnce,
-			FSType: fsType, Node: node, Mounter: mounter},
-	}
+	vol := volumeObject(name, fsType, size, mounter)
 	if err := f.env.Client.Create(ctx, vol); err != nil {
 		t.Fatal(err)
 	}
@@ -116,12 +112,30 @@ func (f *fixture) newVolume(t *testing.T, name, fsType, size string, mounter v1.
 		}
 		t.Errorf("volume %s not deleted by the agent", name)
 	})
+	waitAvailable(t, f, vol)
+	return vol
+}
+
+// volumeObject is a ReadWriteOnce Volume of this node in cluster c1, not
+// yet made.
+func volumeObject(name, fsType, size string, mounter v1.Mounter) *v1.Volume {
+	return &v1.Volume{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{v1.NodeLabel: node}},
+		Spec: v1.VolumeSpec{StorageCluster: "c1", Size: resource.MustParse(size), AccessMode: v1.ReadWriteOnce,
+			FSType: fsType, Node: node, Mounter: mounter},
+	}
+}
+
+// waitAvailable waits until the agent made vol's image (its state
+// Available), for 30 s at the most.
+func waitAvailable(t *testing.T, f *fixture, vol *v1.Volume) {
+	t.Helper()
 	for i := 0; ; i++ {
-		if err := f.env.Client.Get(ctx, client.ObjectKeyFromObject(vol), vol); err == nil && vol.Status.State == v1.VolumeAvailable {
-			return vol
+		if err := f.env.Client.Get(context.Background(), client.ObjectKeyFromObject(vol), vol); err == nil && vol.Status.State == v1.VolumeAvailable {
+			return
 		}
 		if i == 300 {
-			t.Fatalf("volume %s not made by the agent: %+v", name, vol.Status)
+			t.Fatalf("volume %s not made by the agent: %+v", vol.Name, vol.Status)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -189,7 +203,6 @@ func TestHealUnderWriters(t *testing.T) {
 	cycles := envInt("BERTH_HEAL_CYCLES", 50)
 	nvol := envInt("BERTH_HEAL_VOLUMES", 5)
 	nc := f.node(t)
-	waitCSI(t, nc)
 	vols := make([]mounted, nvol)
 	writers := make([]*writer, nvol)
 	for i := range vols {
