@@ -21,7 +21,8 @@ import (
 
 // CapacityReporter publishes the backend's free bytes as one
 // CSIStorageCapacity per berth StorageClass for this node, in berth's
-// namespace: the scheduler reads them (CSIDriver storageCapacity) to place
+// namespace (none for a class of a ceph StorageCluster, whose capacity is the
+// pool's): the scheduler reads them (CSIDriver storageCapacity) to place
 // pods with WaitForFirstConsumer volumes, and the CSI controller to place new
 // volumes and answer GetCapacity. The agent writes no Node: the admission
 // policy lets it write only the capacities of its own node.
@@ -41,6 +42,7 @@ type CapacityReporter struct {
 }
 
 // +kubebuilder:rbac:groups=storage.k8s.io,resources=storageclasses,verbs=get;list;watch
+// +kubebuilder:rbac:groups=berth.io,resources=storageclusters,verbs=get
 // +kubebuilder:rbac:groups=storage.k8s.io,namespace=berth-system,resources=csistoragecapacities,verbs=get;create;update
 
 // Start reports now and then every Interval until ctx ends (manager.Runnable).
@@ -97,6 +99,17 @@ func (r *CapacityReporter) report(ctx context.Context) (int, error) {
 			if cluster == "" {
 				continue
 			}
+			pool, err := r.pooled(ctx, cluster)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if pool {
+				// The pool's free bytes are the CSI controller's (GetCapacity),
+				// not this node's: a node-local capacity would let the
+				// scheduler place ceph volumes by a disk they never use.
+				continue
+			}
 			free, err := r.Free(ctx, cluster)
 			if errors.Is(err, backend.ErrNoDataDir) {
 				r.Log.V(1).Info("no capacity for a class whose cluster this agent does not serve", "class", cls.Name, "storageCluster", cluster, "reason", err.Error())
@@ -114,6 +127,20 @@ func (r *CapacityReporter) report(ctx context.Context) (int, error) {
 		}
 	}
 	return published, errors.Join(errs...)
+}
+
+// pooled tells whether a StorageCluster keeps its volumes in a Ceph pool. A
+// cluster with no object yet is not: Free decides for it as before.
+func (r *CapacityReporter) pooled(ctx context.Context, cluster string) (bool, error) {
+	var sc v1.StorageCluster
+	err := r.Client.Get(ctx, client.ObjectKey{Name: cluster}, &sc)
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("get StorageCluster %s: %w", cluster, err)
+	}
+	return sc.Spec.Backend == v1.BackendCeph, nil
 }
 
 // publish writes the class's capacity object of this node, creating it.

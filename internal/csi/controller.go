@@ -144,6 +144,9 @@ func (s *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	if err := s.resolveSource(ctx, req.GetVolumeContentSource(), &spec, &size, req.GetCapacityRange()); err != nil {
 		return nil, err
 	}
+	if err := checkFSSize(fsType, size); err != nil {
+		return nil, status.Error(codes.OutOfRange, err.Error())
+	}
 	spec.Size = *resource.NewQuantity(size, resource.BinarySI)
 	if sc.Spec.Backend == v1.BackendCeph {
 		return s.createCephVolume(ctx, req, spec, size)
@@ -285,6 +288,19 @@ func requestedSize(r *csi.CapacityRange) (int64, error) {
 		size = limit // the limit is not 1 MiB aligned: honour it exactly
 	}
 	return size, nil
+}
+
+// minXFSSize is the smallest filesystem mkfs.xfs makes (xfsprogs 5.19 and
+// later refuse 299 MiB): a smaller xfs volume would be provisioned and then
+// fail at every stage.
+const minXFSSize = 300 << 20
+
+// checkFSSize refuses a volume too small for its fs type ("" for block).
+func checkFSSize(fsType string, size int64) error {
+	if fsType == "xfs" && size < minXFSSize {
+		return fmt.Errorf("fsType xfs needs at least 300 MiB (mkfs.xfs makes no smaller filesystem), asked %d bytes", size)
+	}
+	return nil
 }
 
 // sameVolume tells whether an existing volume answers a repeated request.

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -181,6 +182,15 @@ func TestControllerRefusesBadRequests(t *testing.T) {
 		{"CreateVolume/required over limit", create(func(r *csi.CreateVolumeRequest) {
 			r.CapacityRange = &csi.CapacityRange{RequiredBytes: 2 << 30, LimitBytes: 1 << 30}
 		}), codes.OutOfRange},
+		{"CreateVolume/xfs capability under 300 MiB", create(func(r *csi.CreateVolumeRequest) {
+			r.VolumeCapabilities = []*csi.VolumeCapability{capability(rwo, false, "xfs")}
+			r.CapacityRange = &csi.CapacityRange{RequiredBytes: 299 << 20}
+		}), codes.OutOfRange},
+		{"CreateVolume/xfs parameter under 300 MiB", create(func(r *csi.CreateVolumeRequest) {
+			r.VolumeCapabilities = []*csi.VolumeCapability{capability(rwo, false, "")}
+			r.Parameters = map[string]string{v1.ParamStorageCluster: "c", ParamFSType: "xfs"}
+			r.CapacityRange = &csi.CapacityRange{RequiredBytes: 100 << 20}
+		}), codes.OutOfRange},
 		{"CreateVolume/unknown snapshot source", create(func(r *csi.CreateVolumeRequest) {
 			r.VolumeContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: "snap-none"}}}
 		}), codes.NotFound},
@@ -245,6 +255,51 @@ func TestControllerRefusesBadRequests(t *testing.T) {
 	}
 	before := objectVersions(t, c)
 	runBadRequests(t, cases, func(t *testing.T) { sameVersions(t, before, objectVersions(t, c)) })
+}
+
+// TestCreateVolumeXFSMinimum: an xfs filesystem volume under 300 MiB, the
+// fs type from the capability or the class parameter, is refused before
+// anything is made; block volumes and ext4 ones of that size, and xfs of
+// 300 MiB, pass the size check (here they fail later: no node has space).
+func TestCreateVolumeXFSMinimum(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		block   bool
+		capFS   string
+		paramFS string
+		size    int64
+		refused bool
+	}{
+		{name: "xfs capability 299 MiB", capFS: "xfs", size: 299 << 20, refused: true},
+		{name: "xfs parameter 1 MiB", paramFS: "xfs", size: 1 << 20, refused: true},
+		{name: "xfs capability over ext4 parameter", capFS: "xfs", paramFS: "ext4", size: 100 << 20, refused: true},
+		{name: "xfs 300 MiB", capFS: "xfs", size: 300 << 20},
+		{name: "ext4 100 MiB", capFS: "ext4", size: 100 << 20},
+		{name: "default fs 100 MiB", size: 100 << 20},
+		{name: "block with xfs parameter 100 MiB", block: true, paramFS: "xfs", size: 100 << 20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, c := newRequestController(t)
+			params := map[string]string{v1.ParamStorageCluster: "c"}
+			if tc.paramFS != "" {
+				params[ParamFSType] = tc.paramFS
+			}
+			before := objectVersions(t, c)
+			_, err := s.CreateVolume(t.Context(), &csi.CreateVolumeRequest{Name: "pvc-new", Parameters: params,
+				VolumeCapabilities: []*csi.VolumeCapability{capability(rwo, tc.block, tc.capFS)},
+				CapacityRange:      &csi.CapacityRange{RequiredBytes: tc.size}})
+			refused := status.Code(err) == codes.OutOfRange
+			if refused != tc.refused {
+				t.Fatalf("CreateVolume: %v; want OutOfRange: %v", err, tc.refused)
+			}
+			if msg := status.Convert(err).Message(); refused && (!strings.Contains(msg, "xfs") || !strings.Contains(msg, "300 MiB")) {
+				t.Errorf("message %q names neither fsType xfs nor the 300 MiB minimum", msg)
+			}
+			if refused {
+				sameVersions(t, before, objectVersions(t, c))
+			}
+		})
+	}
 }
 
 // TestValidateVolumeCapabilitiesRefusesOtherModes: capabilities a volume
