@@ -29,6 +29,7 @@ require (
 require github.com/vishvananda/netns v0.0.5 // indirect
 
 require (
+	github.com/aurorasolar/go-nfs-client v1.0.0
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/containerd/stargz-snapshotter/estargz v0.16.3 // indirect
@@ -90,3 +91,5 @@ require (
 	sigs.k8s.io/structured-merge-diff/v6 v6.3.0 // indirect
 	sigs.k8s.io/yaml v1.6.0
 )
+
+replace github.com/aurorasolar/go-nfs-client => github.com/Cyberax/go-nfs-client v1.0.0

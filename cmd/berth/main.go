@@ -22,6 +22,8 @@ import (
 	"github.com/berth-io/berth/internal/cli/flexvolume"
 	"github.com/berth-io/berth/internal/cli/keeper"
 	"github.com/berth-io/berth/internal/cli/operator"
+	"github.com/berth-io/berth/internal/cli/share"
+	"github.com/berth-io/berth/internal/cli/sharemanager"
 	"github.com/berth-io/berth/internal/cli/version"
 )
 
@@ -34,6 +36,8 @@ func commands() []cli.Command {
 		flexvolume.Command(),
 		keeper.Command(),
 		blockdev.Command(),
+		sharemanager.Command(),
+		share.Command(),
 		dev.Command(),
 		version.Command(),
 	}

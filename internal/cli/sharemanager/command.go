@@ -1,0 +1,71 @@
+package sharemanager
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/berth-io/berth/internal/cli"
+	"github.com/berth-io/berth/internal/share"
+)
+
+// Command is `berth share-manager`.
+func Command() cli.Command {
+	return cli.Command{
+		Name:    "share-manager",
+		Summary: "serve one RWX volume over NFS (nfs-ganesha), renewing its lease",
+		Main: func(ctx context.Context, args []string, stdio cli.IO) error {
+			cfg, err := parse(args, stdio)
+			if err != nil {
+				return err
+			}
+			return cfg.Run(ctx)
+		},
+	}
+}
+
+func parse(args []string, stdio cli.IO) (Config, error) {
+	fs := flag.NewFlagSet("berth share-manager", flag.ContinueOnError)
+	fs.SetOutput(stdio.Stderr)
+	var cfg Config
+	var minors string
+	var verbosity int
+	fs.StringVar(&cfg.Volume, "volume", "", "volume name; the export is /<volume>")
+	fs.StringVar(&cfg.Device, "device", "", "the volume's block device")
+	fs.StringVar(&cfg.MountPath, "mount-path", "/export", "where the device is mounted (and formatted first when blank)")
+	fs.StringVar(&cfg.FSType, "fs-type", "ext4", "filesystem of the volume")
+	fs.StringVar(&cfg.StateDir, "state-dir", "/run/berth/share", "ganesha's config, pid file, log and the ready file")
+	fs.StringVar(&cfg.RecoveryDir, "recovery-dir", "", "NFSv4 client recovery records; must outlive the pod (default: "+RecoveryDirName+" on the volume)")
+	fs.StringVar(&cfg.BindAddr, "bind-address", "0.0.0.0", "address ganesha listens on")
+	fs.IntVar(&cfg.Port, "port", 2049, "port ganesha listens on")
+	fs.DurationVar(&cfg.LeaseLifetime, "nfs-lease", share.DefaultLeaseLifetime, "NFSv4 lease lifetime (whole seconds)")
+	fs.DurationVar(&cfg.GracePeriod, "nfs-grace", share.DefaultGracePeriod, "NFSv4 grace period after a restart (whole seconds)")
+	fs.StringVar(&minors, "nfs-minor-versions", "1,2", "NFSv4 minor versions served (0 only for clients without sessions)")
+	fs.BoolVar(&cfg.SyncWrites, "sync-writes", true, "make every write stable before answering (ganesha NFS_Commit)")
+	fs.DurationVar(&cfg.DeviceTimeout, "device-timeout", 2*time.Minute, "how long to wait for --device")
+	fs.DurationVar(&cfg.CheckInterval, "check-interval", 5*time.Second, "time between device and export checks")
+	fs.StringVar(&cfg.Lease.Namespace, "lease-namespace", "", "namespace of the coordination.k8s.io Lease")
+	fs.StringVar(&cfg.Lease.Name, "lease-name", "", "Lease renewed while serving (none: no lease)")
+	fs.StringVar(&cfg.Lease.Holder, "lease-holder", "", "holder identity in the Lease (the pod name)")
+	fs.DurationVar(&cfg.Lease.Duration, "lease-duration", 15*time.Second, "Lease duration")
+	fs.IntVar(&verbosity, "v", 0, "log verbosity")
+	cfg.Kube.Register(fs)
+	if err := fs.Parse(args); err != nil {
+		return Config{}, err
+	}
+	if fs.NArg() > 0 {
+		return Config{}, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	for _, s := range strings.Split(minors, ",") {
+		v, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil {
+			return Config{}, fmt.Errorf("--nfs-minor-versions %q: %w", minors, err)
+		}
+		cfg.MinorVersions = append(cfg.MinorVersions, v)
+	}
+	cfg.Log = cli.NewLogger(stdio.Stderr, verbosity, "share-manager")
+	return cfg, nil
+}

@@ -1,0 +1,212 @@
+// Package sharemanager is the `berth share-manager` command: one per RWX
+// volume. It waits for the volume's device, mounts it, serves it over NFS
+// with nfs-ganesha, renews its Lease, and exits non-zero on any failure so
+// that the controller starts a new one.
+package sharemanager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/clock"
+	"k8s.io/utils/exec"
+
+	"github.com/berth-io/berth/internal/cli"
+	"github.com/berth-io/berth/internal/mount"
+	"github.com/berth-io/berth/internal/share"
+	"github.com/berth-io/berth/internal/share/nfsclient"
+)
+
+// RecoveryDirName is the folder on the volume that keeps ganesha's client
+// records, so that a new share manager, on any node, lets the clients of
+// the old one reclaim their state.
+const RecoveryDirName = ".berth-nfs-recovery"
+
+// Config is the share manager's flags.
+type Config struct {
+	// Volume names the volume; the export is /<Volume>.
+	Volume string
+	// Device is the volume's block device; MountPath where it is mounted
+	// (formatted as FSType first when blank).
+	Device, MountPath, FSType string
+	// StateDir keeps ganesha's config, pid file and log.
+	StateDir string
+	// RecoveryDir is the recovery backend's root ("": on the volume).
+	RecoveryDir string
+	BindAddr    string
+	Port        int
+	// LeaseLifetime, GracePeriod and MinorVersions are the NFSv4 ones.
+	LeaseLifetime, GracePeriod time.Duration
+	MinorVersions              []int
+	SyncWrites                 bool
+	// DeviceTimeout bounds the wait for the device.
+	DeviceTimeout time.Duration
+	CheckInterval time.Duration
+	// Lease is renewed while serving; no name: no lease (outside Kubernetes).
+	Lease share.LeaseConfig
+	Kube  cli.KubeFlags
+	Log   logr.Logger
+
+	// Seams; nil: the real ones.
+	Exec    share.Exec
+	Clock   clock.WithTicker
+	Mounter *mount.Manager
+	Leases  kubernetes.Interface
+}
+
+// ReadyFile is the file a readiness probe tests: present while serving.
+func (c Config) ReadyFile() string { return filepath.Join(c.StateDir, "ready") }
+
+func (c Config) export() share.ExportConfig {
+	rec := c.RecoveryDir
+	if rec == "" {
+		rec = filepath.Join(c.MountPath, RecoveryDirName)
+	}
+	return share.ExportConfig{
+		Path: filepath.Clean(c.MountPath), Pseudo: "/" + c.Volume,
+		BindAddr: c.BindAddr, Port: c.Port, RecoveryRoot: rec,
+		LeaseLifetime: c.LeaseLifetime, GracePeriod: c.GracePeriod,
+		MinorVersions: c.MinorVersions, SyncWrites: c.SyncWrites,
+	}
+}
+
+func (c Config) validate() error {
+	var errs []error
+	if c.Volume == "" || strings.ContainsAny(c.Volume, "/\"; \n") {
+		errs = append(errs, fmt.Errorf("--volume %q: a volume name", c.Volume))
+	}
+	for flag, p := range map[string]string{"--device": c.Device, "--mount-path": c.MountPath, "--state-dir": c.StateDir} {
+		if !filepath.IsAbs(p) {
+			errs = append(errs, fmt.Errorf("%s %q: an absolute path", flag, p))
+		}
+	}
+	if _, err := c.export().Render(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// Run serves until ctx ends (SIGTERM: stops ganesha, unmounts, releases
+// the lease, returns nil) or something fails (same cleanup, returns the
+// reason).
+func (c Config) Run(ctx context.Context) (err error) {
+	if err := c.validate(); err != nil {
+		return err
+	}
+	if c.Exec == nil {
+		c.Exec = share.OSExec{}
+	}
+	if c.Clock == nil {
+		c.Clock = clock.RealClock{}
+	}
+	if c.Mounter == nil {
+		c.Mounter = mount.NewManager(mount.NewMounter(), exec.New(), c.Log.WithName("mount"))
+	}
+	defer func() {
+		if err != nil {
+			c.Log.Error(err, "share manager failed")
+		}
+	}()
+	_ = os.Remove(c.ReadyFile())
+	if err := c.waitDevice(ctx); err != nil {
+		return err
+	}
+	lease, err := c.lease()
+	if err != nil {
+		return err
+	}
+	if lease != nil {
+		if err := lease.Acquire(ctx); err != nil {
+			return err
+		}
+		defer func() {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+			defer cancel()
+			if err := lease.Release(rctx); err != nil {
+				c.Log.Info("could not release the lease; it lapses instead", "err", err.Error())
+			}
+		}()
+	}
+	if err := c.Mounter.Stage(ctx, mount.StageRequest{VolumeID: c.Volume, Device: c.Device, StagingPath: c.MountPath, FSType: c.FSType}); err != nil {
+		return fmt.Errorf("mount %s: %w", c.Device, err)
+	}
+	defer c.unmount(ctx)
+	return c.serve(ctx, lease)
+}
+
+// cleanupTimeout bounds each step of the cleanup after ctx ended.
+const cleanupTimeout = 30 * time.Second
+
+func (c Config) serve(ctx context.Context, lease *share.Lease) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	ep := c.export()
+	probe := nfsclient.New(nfsclient.Endpoint{Addr: ep.LocalEndpoint(), Export: ep.Pseudo},
+		nfsclient.Options{OpTimeout: 5 * time.Second, MachineName: "berth-share-manager-check"}, c.Clock, c.Log.WithName("check"))
+	defer probe.Close()
+	srv := share.NewServer(share.ServerConfig{Export: ep, Dir: c.StateDir, CheckInterval: c.CheckInterval}, c.Exec, c.Clock,
+		share.Checks{Device: share.DeviceCheck(c.Device, c.MountPath, "/proc/self/mountinfo"), Export: probe.Check}, c.Log.WithName("server"))
+	leaseDone := make(chan error, 1)
+	if lease != nil {
+		go func() {
+			err := lease.Renew(ctx)
+			if err != nil {
+				cancel(err)
+			}
+			leaseDone <- err
+		}()
+	} else {
+		leaseDone <- nil
+	}
+	err := srv.Run(ctx, func() {
+		if err := os.WriteFile(c.ReadyFile(), []byte(ep.Pseudo+"\n"), 0o644); err != nil {
+			c.Log.Info("could not write the ready file", "err", err.Error())
+		}
+		c.Log.Info("serving", "export", ep.Pseudo, "endpoint", ep.Endpoint(), "device", c.Device)
+	})
+	_ = os.Remove(c.ReadyFile())
+	cancel(nil)
+	lerr := <-leaseDone
+	if err == nil && lerr != nil {
+		err = lerr
+	}
+	if err == nil && context.Cause(ctx) != nil && !errors.Is(context.Cause(ctx), context.Canceled) {
+		err = context.Cause(ctx)
+	}
+	return err
+}
+
+func (c Config) unmount(ctx context.Context) {
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	if _, err := c.Mounter.Unstage(uctx, c.MountPath); err != nil {
+		c.Log.Error(err, "unmount failed", "path", c.MountPath)
+		return
+	}
+	c.Log.Info("unmounted", "path", c.MountPath)
+}
+
+func (c Config) lease() (*share.Lease, error) {
+	if c.Lease.Name == "" {
+		c.Log.Info("no --lease-name: renewing no lease")
+		return nil, nil
+	}
+	cs := c.Leases
+	if cs == nil {
+		rc, err := c.Kube.RestConfig()
+		if err != nil {
+			return nil, err
+		}
+		if cs, err = kubernetes.NewForConfig(rc); err != nil {
+			return nil, err
+		}
+	}
+	return share.NewLease(c.Lease, cs.CoordinationV1(), c.Clock, c.Log.WithName("lease"))
+}

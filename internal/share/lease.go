@@ -1,0 +1,212 @@
+package share
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/go-logr/logr"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	coordclient "k8s.io/client-go/kubernetes/typed/coordination/v1"
+	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
+)
+
+// LeaseConfig names the coordination.k8s.io Lease a share manager renews:
+// the controller reads a lapsed lease as a dead share manager.
+type LeaseConfig struct {
+	Namespace, Name, Holder string
+	// Duration is the lease's length; RenewInterval the time between
+	// renewals (default Duration/3); APITimeout bounds one request.
+	Duration, RenewInterval, APITimeout time.Duration
+}
+
+func (c LeaseConfig) withDefaults() LeaseConfig {
+	if c.Duration == 0 {
+		c.Duration = 15 * time.Second
+	}
+	if c.RenewInterval == 0 {
+		c.RenewInterval = c.Duration / 3
+	}
+	if c.APITimeout == 0 {
+		c.APITimeout = 5 * time.Second
+	}
+	return c
+}
+
+// ErrLeaseLost: the lease could not be renewed within its duration, or
+// another holder took it. The share manager stops serving.
+var ErrLeaseLost = errors.New("share lease lost")
+
+// Lease holds one Lease.
+type Lease struct {
+	cfg    LeaseConfig
+	leases coordclient.LeasesGetter
+	clk    clock.WithTicker
+	log    logr.Logger
+}
+
+// NewLease returns a holder of cfg's Lease through c.
+func NewLease(cfg LeaseConfig, c coordclient.LeasesGetter, clk clock.WithTicker, log logr.Logger) (*Lease, error) {
+	cfg = cfg.withDefaults()
+	if cfg.Namespace == "" || cfg.Name == "" || cfg.Holder == "" {
+		return nil, errors.New("lease needs a namespace, a name and a holder")
+	}
+	if cfg.RenewInterval >= cfg.Duration {
+		return nil, fmt.Errorf("lease renew interval %s must be shorter than its duration %s", cfg.RenewInterval, cfg.Duration)
+	}
+	return &Lease{cfg: cfg, leases: c, clk: clk, log: log.WithValues("lease", cfg.Namespace+"/"+cfg.Name)}, nil
+}
+
+// Acquire takes the Lease: creates it, renews it when this holder has it,
+// takes it over once another holder has not renewed it for Duration (as
+// this process saw it: no trust in other nodes' clocks), and otherwise
+// waits until ctx ends.
+func (l *Lease) Acquire(ctx context.Context) error {
+	var seenVersion string
+	var seenAt time.Time
+	tick := l.clk.NewTicker(l.cfg.RenewInterval)
+	defer tick.Stop()
+	for {
+		done, err := l.tryAcquire(ctx, &seenVersion, &seenAt)
+		if done {
+			return nil
+		}
+		if err != nil {
+			l.log.Info("acquiring the lease", "err", err.Error())
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("acquire lease %s/%s: %w", l.cfg.Namespace, l.cfg.Name, ctx.Err())
+		case <-tick.C():
+		}
+	}
+}
+
+func (l *Lease) tryAcquire(ctx context.Context, seenVersion *string, seenAt *time.Time) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.APITimeout)
+	defer cancel()
+	cur, err := l.leases.Leases(l.cfg.Namespace).Get(ctx, l.cfg.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		now := metav1.NewMicroTime(l.clk.Now())
+		_, err = l.leases.Leases(l.cfg.Namespace).Create(ctx, &coordinationv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{Namespace: l.cfg.Namespace, Name: l.cfg.Name},
+			Spec: coordinationv1.LeaseSpec{
+				HolderIdentity:       ptr.To(l.cfg.Holder),
+				LeaseDurationSeconds: ptr.To(l.durationSeconds()),
+				AcquireTime:          &now,
+				RenewTime:            &now,
+			},
+		}, metav1.CreateOptions{})
+		if err == nil {
+			l.log.Info("lease created", "holder", l.cfg.Holder)
+		}
+		return err == nil, err
+	}
+	if err != nil {
+		return false, err
+	}
+	holder := ptr.Deref(cur.Spec.HolderIdentity, "")
+	if holder != "" && holder != l.cfg.Holder {
+		if cur.ResourceVersion != *seenVersion {
+			*seenVersion, *seenAt = cur.ResourceVersion, l.clk.Now()
+			l.log.Info("lease held by another holder; waiting for it to lapse", "holder", holder, "duration", l.cfg.Duration.String())
+			return false, nil
+		}
+		if l.clk.Since(*seenAt) < l.cfg.Duration {
+			return false, nil
+		}
+		l.log.Info("taking over a lapsed lease", "from", holder)
+	}
+	now := metav1.NewMicroTime(l.clk.Now())
+	if holder != l.cfg.Holder {
+		cur.Spec.AcquireTime = &now
+		cur.Spec.LeaseTransitions = ptr.To(ptr.Deref(cur.Spec.LeaseTransitions, 0) + 1)
+	}
+	cur.Spec.HolderIdentity = ptr.To(l.cfg.Holder)
+	cur.Spec.LeaseDurationSeconds = ptr.To(l.durationSeconds())
+	cur.Spec.RenewTime = &now
+	if _, err := l.leases.Leases(l.cfg.Namespace).Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+		return false, err
+	}
+	l.log.Info("lease acquired", "holder", l.cfg.Holder)
+	return true, nil
+}
+
+func (l *Lease) durationSeconds() int32 {
+	return int32((l.cfg.Duration + time.Second - 1) / time.Second)
+}
+
+// Renew renews the lease every RenewInterval until ctx ends (nil) or the
+// lease is lost (ErrLeaseLost): renewals failed for Duration, or another
+// holder has it now.
+func (l *Lease) Renew(ctx context.Context) error {
+	tick := l.clk.NewTicker(l.cfg.RenewInterval)
+	defer tick.Stop()
+	lastRenew := l.clk.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C():
+		}
+		err := l.renew(ctx)
+		switch {
+		case err == nil:
+			lastRenew = l.clk.Now()
+		case errors.Is(err, ErrLeaseLost):
+			return err
+		case ctx.Err() != nil:
+			return nil
+		case l.clk.Since(lastRenew) >= l.cfg.Duration:
+			return fmt.Errorf("%w: not renewed for %s: %w", ErrLeaseLost, l.clk.Since(lastRenew).Round(time.Millisecond), err)
+		default:
+			l.log.Info("lease renewal failed; retrying", "err", err.Error(), "sinceRenewal", l.clk.Since(lastRenew).String())
+		}
+	}
+}
+
+func (l *Lease) renew(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.APITimeout)
+	defer cancel()
+	cur, err := l.leases.Leases(l.cfg.Namespace).Get(ctx, l.cfg.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return fmt.Errorf("%w: the lease was deleted", ErrLeaseLost)
+	}
+	if err != nil {
+		return err
+	}
+	if h := ptr.Deref(cur.Spec.HolderIdentity, ""); h != l.cfg.Holder {
+		return fmt.Errorf("%w: held by %q now", ErrLeaseLost, h)
+	}
+	now := metav1.NewMicroTime(l.clk.Now())
+	cur.Spec.RenewTime = &now
+	_, err = l.leases.Leases(l.cfg.Namespace).Update(ctx, cur, metav1.UpdateOptions{})
+	return err
+}
+
+// Release clears the holder when this process still holds the lease, so
+// that the controller sees a clean stop at once instead of a lapse.
+func (l *Lease) Release(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.APITimeout)
+	defer cancel()
+	cur, err := l.leases.Leases(l.cfg.Namespace).Get(ctx, l.cfg.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if ptr.Deref(cur.Spec.HolderIdentity, "") != l.cfg.Holder {
+		return nil
+	}
+	cur.Spec.HolderIdentity = nil
+	if _, err := l.leases.Leases(l.cfg.Namespace).Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+		return err
+	}
+	l.log.Info("lease released")
+	return nil
+}

@@ -1,0 +1,250 @@
+package share
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/utils/clock"
+)
+
+// Check is one health check; it must return when ctx ends.
+type Check func(ctx context.Context) error
+
+// ServerConfig is one ganesha server over one mounted volume.
+type ServerConfig struct {
+	Export ExportConfig
+	// Dir holds the config, pid file and log (a per-pod emptyDir).
+	Dir string
+	// Ganesha is the ganesha.nfsd binary (default "ganesha.nfsd").
+	Ganesha string
+	// StartTimeout bounds the start: pid file written and export answering.
+	StartTimeout time.Duration
+	// CheckInterval is the time between health checks after the start,
+	// CheckTimeout bounds one check; FailureThreshold checks in a row
+	// must fail before the server gives up.
+	CheckInterval, CheckTimeout time.Duration
+	FailureThreshold            int
+	// StopTimeout is how long ganesha gets after SIGTERM before SIGKILL.
+	StopTimeout time.Duration
+}
+
+func (c ServerConfig) withDefaults() ServerConfig {
+	if c.Ganesha == "" {
+		c.Ganesha = "ganesha.nfsd"
+	}
+	if c.StartTimeout == 0 {
+		c.StartTimeout = 30 * time.Second
+	}
+	if c.CheckInterval == 0 {
+		c.CheckInterval = 5 * time.Second
+	}
+	if c.CheckTimeout == 0 {
+		c.CheckTimeout = 5 * time.Second
+	}
+	if c.FailureThreshold == 0 {
+		c.FailureThreshold = 3
+	}
+	if c.StopTimeout == 0 {
+		c.StopTimeout = 10 * time.Second
+	}
+	return c
+}
+
+// Paths of the files the server keeps in Dir.
+func (c ServerConfig) ConfigFile() string { return filepath.Join(c.Dir, "ganesha.conf") }
+func (c ServerConfig) PidFile() string    { return filepath.Join(c.Dir, "ganesha.pid") }
+func (c ServerConfig) LogFile() string    { return filepath.Join(c.Dir, "ganesha.log") }
+
+// Checks are what the server watches besides its child.
+type Checks struct {
+	// Device fails when the volume's device or mount is gone or broken.
+	Device Check
+	// Export fails when the export does not answer an NFS client.
+	Export Check
+}
+
+// Server runs ganesha as a child and watches it.
+type Server struct {
+	cfg    ServerConfig
+	exec   Exec
+	clk    clock.WithTicker
+	checks Checks
+	log    logr.Logger
+}
+
+// NewServer returns a server that starts ganesha through e and times its
+// checks on clk.
+func NewServer(cfg ServerConfig, e Exec, clk clock.WithTicker, checks Checks, log logr.Logger) *Server {
+	return &Server{cfg: cfg.withDefaults(), exec: e, clk: clk, checks: checks, log: log}
+}
+
+// ErrFailed marks a server that stopped serving on its own: ganesha exited
+// or a check kept failing. The share manager then exits non-zero.
+var ErrFailed = errors.New("share server failed")
+
+// Run writes the config, starts ganesha, calls ready once the pid file
+// exists and the export answers, and watches until ctx ends (then stops
+// ganesha and returns nil) or something fails (then returns an error
+// wrapping ErrFailed, with ganesha stopped).
+func (s *Server) Run(ctx context.Context, ready func()) error {
+	conf, err := s.cfg.Export.Render()
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(s.cfg.Dir, 0o700); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(s.cfg.Export.RecoveryRoot, 0o700); err != nil {
+		return fmt.Errorf("recovery root: %w", err)
+	}
+	if err := os.WriteFile(s.cfg.ConfigFile(), []byte(conf), 0o600); err != nil {
+		return err
+	}
+	s.killStale()
+	if err := os.Remove(s.cfg.PidFile()); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	out, err := os.OpenFile(filepath.Join(s.cfg.Dir, "ganesha.out"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = out.Close() }()
+	args := []string{"-F", "-f", s.cfg.ConfigFile(), "-L", s.cfg.LogFile(), "-p", s.cfg.PidFile()}
+	proc, err := s.exec.Start(s.cfg.Ganesha, args, out)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrFailed, err)
+	}
+	// exited is closed when ganesha has ended, with waitErr set before.
+	exited := make(chan struct{})
+	var waitErr error
+	go func() { waitErr = proc.Wait(); close(exited) }()
+	s.log.Info("ganesha started", "pid", proc.Pid(), "config", s.cfg.ConfigFile(), "endpoint", s.cfg.Export.Endpoint())
+
+	err = s.watch(ctx, exited, func() error { return waitErr }, ready)
+	s.stop(proc, exited)
+	return err
+}
+
+// watch waits for readiness, then checks periodically.
+func (s *Server) watch(ctx context.Context, exited <-chan struct{}, waitErr func() error, ready func()) error {
+	start := s.clk.Now()
+	tick := s.clk.NewTicker(startPoll)
+	defer func() { tick.Stop() }()
+	isReady, failures := false, 0
+	var lastErr error
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-exited:
+			return s.exitedErr(waitErr())
+		case <-tick.C():
+		}
+		if !isReady {
+			err := s.readiness(ctx)
+			switch {
+			case err == nil:
+				isReady = true
+				s.log.Info("share ready", "after", s.clk.Since(start).String())
+				ready()
+				tick.Stop()
+				tick = s.clk.NewTicker(s.cfg.CheckInterval)
+			case ctx.Err() != nil:
+				return nil
+			case s.clk.Since(start) > s.cfg.StartTimeout:
+				return fmt.Errorf("%w: not ready within %s: %w", ErrFailed, s.cfg.StartTimeout, err)
+			default:
+				s.log.V(1).Info("not ready yet", "reason", err.Error())
+			}
+			continue
+		}
+		err := s.health(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err == nil {
+			if failures > 0 {
+				s.log.Info("share healthy again", "failedChecks", failures, "lastError", lastErr.Error())
+			}
+			failures = 0
+			continue
+		}
+		failures++
+		lastErr = err
+		s.log.Info("share check failed", "failures", failures, "threshold", s.cfg.FailureThreshold, "err", err.Error())
+		if failures >= s.cfg.FailureThreshold {
+			return fmt.Errorf("%w: %d checks in a row failed, last: %w", ErrFailed, failures, err)
+		}
+	}
+}
+
+// startPoll is how often readiness is tried during the start; ganesha is
+// up in well under a second.
+const startPoll = 100 * time.Millisecond
+
+func (s *Server) exitedErr(err error) error {
+	if err == nil {
+		err = errors.New("exit status 0")
+	}
+	return fmt.Errorf("%w: ganesha exited: %w (log: %s)", ErrFailed, err, s.cfg.LogFile())
+}
+
+func (s *Server) readiness(ctx context.Context) error {
+	if _, err := os.Stat(s.cfg.PidFile()); err != nil {
+		return fmt.Errorf("no pid file yet: %w", err)
+	}
+	return s.run(ctx, "export", s.checks.Export)
+}
+
+func (s *Server) health(ctx context.Context) error {
+	if err := s.run(ctx, "device", s.checks.Device); err != nil {
+		return err
+	}
+	return s.run(ctx, "export", s.checks.Export)
+}
+
+// run runs one check under CheckTimeout; a check stuck in a system call
+// that ignores ctx is abandoned at the deadline.
+func (s *Server) run(ctx context.Context, name string, c Check) error {
+	if c == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.CheckTimeout)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- c(ctx) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			return fmt.Errorf("%s check: %w", name, err)
+		}
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("%s check: no answer within %s", name, s.cfg.CheckTimeout)
+	}
+}
+
+// stop sends SIGTERM, then SIGKILL after StopTimeout, and waits.
+func (s *Server) stop(proc Process, exited <-chan struct{}) {
+	select {
+	case <-exited:
+		return
+	default:
+	}
+	_ = proc.Signal(syscall.SIGTERM)
+	select {
+	case <-exited:
+		s.log.Info("ganesha stopped", "pid", proc.Pid())
+		return
+	case <-s.clk.After(s.cfg.StopTimeout):
+	}
+	s.log.Info("ganesha ignored SIGTERM, killing it", "pid", proc.Pid(), "after", s.cfg.StopTimeout.String())
+	_ = proc.Signal(syscall.SIGKILL)
+	<-exited
+}
