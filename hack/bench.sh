@@ -16,6 +16,10 @@
 #     kernel and the userspace mounter, on a BENCH_NODES (default 2) node
 #     e2e cluster (hack/e2e.sh; test/e2e TestBenchPVCToRunning). BENCH_PVC=0
 #     leaves it out.
+#  4. RWX failover: kill -> first acknowledged client write, p50/p99 over
+#     BERTH_SHARE_FAILOVERS (default 20) SIGKILLs of ganesha or the share
+#     manager (internal/cli/sharemanager TestFailoverLosesNoAcknowledgedWrite;
+#     target <= 10 s for a killed server).
 # Env: BENCH_SECONDS (fio seconds per run, default 10), BENCH_SIZE (default 1G),
 #      BENCH_ROUNDS (alternating runs per side, median reported, default 3),
 #      BERTH_BLOCKDEV_PASSTHROUGH (default true), BERTH_HEAL_CYCLES.
@@ -25,7 +29,7 @@ cd "$(dirname "$0")/.."
 export PATH="/usr/local/go/bin:$PATH"
 
 out=$(mktemp)
-trap 'rm -f "$out" "$out.heal" "$out.pvc" "$out.scale"' EXIT
+trap 'rm -f "$out" "$out.heal" "$out.pvc" "$out.scale" "$out.share"' EXIT
 
 echo "== userspace / kernel loop device (fio direct=1, passthrough=${BERTH_BLOCKDEV_PASSTHROUGH:-true})"
 BERTH_BLOCKDEV_PASSTHROUGH=${BERTH_BLOCKDEV_PASSTHROUGH:-true} \
@@ -67,6 +71,12 @@ if [ "${BENCH_HEAL_SCALE:-1}" != 0 ]; then
 	done
 fi
 
+echo
+echo "== RWX failover (${BERTH_SHARE_FAILOVERS:-20} SIGKILLs of ganesha or the share manager under a writing NFSv4 client)"
+BERTH_SHARE_FAILOVERS=${BERTH_SHARE_FAILOVERS:-20} go test -count=1 -v -timeout 30m \
+	-run 'TestFailoverLosesNoAcknowledgedWrite$' ./internal/cli/sharemanager/ 2>&1 | tee "$out.share" && share_rc=0 || share_rc=$?
+share=$(grep '^SHARE_FAILOVER_RESULT' "$out.share" || true)
+
 pvc_rc=0
 : >"$out.pvc"
 if [ "${BENCH_PVC:-1}" != 0 ]; then
@@ -101,10 +111,18 @@ awk '{
 	printf "%-34s %10s   target %-8s %s\n", "heal at scale p99 (pt=" v["passthrough"] ")", d, "<= 1s", ms <= 1000 ? "met" : "MISSED"
 	printf "%-34s %10s   (%s volumes x %s cycles, max %s, writer errors %s)\n", "heal at scale p50 (pt=" v["passthrough"] ")", v["p50"], v["volumes"], v["cycles"], v["max"], v["errors"]
 }' "$out.scale"
+echo "$share" | awk 'NF {
+	for (i = 2; i <= NF; i++) { split($i, p, "="); v[p[1]] = p[2] }
+	d = v["p99"]; ms = d ~ /ms$/ ? d + 0 : (d ~ /s$/ ? d * 1000 : d)
+	printf "%-34s %10s   target %-8s %s\n", "RWX failover kill->write p99", d, "<= 10s", ms <= 10000 ? "met" : "MISSED"
+	printf "%-34s %10s   (%s failovers, max %s, %s files read back, lost %s)\n", "RWX failover kill->write p50", v["p50"], v["failovers"], v["max"], v["files"], v["lost"]
+}'
+[ "$share_rc" -eq 0 ] || echo "RWX failover test FAILED (exit $share_rc): its figures do not count" >&2
 grep '^PVC_RUNNING_RESULT' "$out.pvc" | awk '{
 	for (i = 2; i <= NF; i++) { split($i, p, "="); v[p[1]] = p[2] }
 	printf "%-34s %10s   p99 %s (%s PVCs, %s nodes)\n", "PVC -> Running p50 (" v["class"] ")", v["p50"], v["p99"], v["pvcs"], v["nodes"]
 }' || true
 [ "$pvc_rc" -eq 0 ] || echo "PVC bench FAILED (exit $pvc_rc): its figures do not count" >&2
 [ "$heal_rc" -eq 0 ] || { echo "heal test FAILED (exit $heal_rc): its figures above do not count" >&2; exit "$heal_rc"; }
+[ "$share_rc" -eq 0 ] || exit "$share_rc"
 exit "$pvc_rc"

@@ -7,8 +7,9 @@ set -euo pipefail
 pkgs=("$@")
 if [ ${#pkgs[@]} -eq 0 ]; then
 	# mkfs/resize for ext4 and xfs, losetup/mount/blockdev, fio for verifying
-	# writers and benchmarks.
-	pkgs=(e2fsprogs xfsprogs util-linux mount fio)
+	# writers and benchmarks, nfs-ganesha with its VFS FSAL for the RWX share
+	# manager's root tests.
+	pkgs=(e2fsprogs xfsprogs util-linux mount fio nfs-ganesha nfs-ganesha-vfs)
 fi
 
 missing=()

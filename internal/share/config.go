@@ -20,12 +20,14 @@ import (
 const PluginsDir = "/usr/lib/x86_64-linux-gnu/ganesha"
 
 // Fast-failover defaults. A restarted server with recorded clients refuses
-// new state for Grace_Period; the lease bounds how long a dead client's
-// state blocks others. Ganesha's defaults (60 s / 90 s) make a failover
-// last minutes.
+// new state for Grace_Period (NFSv4.1 clients that all reclaim end it
+// sooner). The grace must be at least the lease: an idle client learns of
+// the restart only at its next renewal, and must still reclaim in time.
+// Ganesha's defaults (60 s / 90 s) make a failover last minutes; 5 s / 5 s
+// costs a renewal every few seconds per client.
 const (
-	DefaultLeaseLifetime = 10 * time.Second
-	DefaultGracePeriod   = 10 * time.Second
+	DefaultLeaseLifetime = 5 * time.Second
+	DefaultGracePeriod   = 5 * time.Second
 )
 
 // ExportConfig describes the one export a share manager serves.
@@ -125,6 +127,9 @@ func (c ExportConfig) validate() error {
 	}
 	if s := c.GracePeriod.Seconds(); s < 1 || s > 180 || c.GracePeriod%time.Second != 0 {
 		errs = append(errs, fmt.Errorf("grace period %s: whole seconds from 1 s to 180 s", c.GracePeriod))
+	}
+	if c.GracePeriod < c.LeaseLifetime {
+		errs = append(errs, fmt.Errorf("grace period %s is shorter than the lease %s: idle clients would miss it", c.GracePeriod, c.LeaseLifetime))
 	}
 	for _, v := range c.MinorVersions {
 		if v < 0 || v > 2 {

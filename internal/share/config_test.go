@@ -18,8 +18,8 @@ func TestRenderHasWhatFailoverNeeds(t *testing.T) {
 	}
 	for _, want := range []string{
 		"Minor_Versions = 1, 2;",
-		"Lease_Lifetime = 10;",
-		"Grace_Period = 10;",
+		"Lease_Lifetime = 5;",
+		"Grace_Period = 5;",
 		"RecoveryBackend = fs;",
 		`RecoveryRoot = "/export/.rec";`,
 		`Plugins_Dir = "/usr/lib/x86_64-linux-gnu/ganesha";`,
@@ -60,6 +60,7 @@ func TestRenderRefusesBadInput(t *testing.T) {
 		"lease too long":      func(c *ExportConfig) { c.LeaseLifetime = 121 * time.Second },
 		"grace not seconds":   func(c *ExportConfig) { c.GracePeriod = 1500 * time.Millisecond },
 		"minor version three": func(c *ExportConfig) { c.MinorVersions = []int{3} },
+		"grace below lease":   func(c *ExportConfig) { c.LeaseLifetime, c.GracePeriod = 20*time.Second, 10*time.Second },
 	} {
 		t.Run(name, func(t *testing.T) {
 			c := validExport()

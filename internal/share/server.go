@@ -209,13 +209,13 @@ func (s *Server) health(ctx context.Context) error {
 	return s.run(ctx, "export", s.checks.Export)
 }
 
-// run runs one check under CheckTimeout; a check stuck in a system call
-// that ignores ctx is abandoned at the deadline.
+// run runs one check under CheckTimeout (on the server's clock); a check
+// stuck in a system call that ignores ctx is abandoned at the deadline.
 func (s *Server) run(ctx context.Context, name string, c Check) error {
 	if c == nil {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.CheckTimeout)
+	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- c(ctx) }()
@@ -226,6 +226,8 @@ func (s *Server) run(ctx context.Context, name string, c Check) error {
 		}
 		return nil
 	case <-ctx.Done():
+		return fmt.Errorf("%s check: %w", name, ctx.Err())
+	case <-s.clk.After(s.cfg.CheckTimeout):
 		return fmt.Errorf("%s check: no answer within %s", name, s.cfg.CheckTimeout)
 	}
 }

@@ -20,16 +20,28 @@ func (s *Server) killStale() {
 	if err != nil || pid <= 1 {
 		return
 	}
-	comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
-	if err != nil || !strings.HasPrefix(strings.TrimSpace(string(comm)), "ganesha") {
+	if !liveGanesha(pid) {
 		return
 	}
 	s.log.Info("killing a ganesha left from an earlier start", "pid", pid)
 	_ = syscall.Kill(pid, syscall.SIGKILL)
-	for i := 0; i < 50; i++ {
-		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err != nil {
-			return
-		}
+	for i := 0; i < 50 && liveGanesha(pid); i++ {
 		s.clk.Sleep(20 * time.Millisecond)
 	}
+}
+
+// liveGanesha tells whether pid is a ganesha that has not ended. A zombie
+// (dead, not yet reaped: its parent died too) holds no port or file.
+func liveGanesha(pid int) bool {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// pid (comm) state ...; comm may hold spaces and parentheses.
+	open, end := strings.IndexByte(string(stat), '('), strings.LastIndexByte(string(stat), ')')
+	if open < 0 || end < open || end+3 > len(stat) {
+		return false
+	}
+	comm, state := string(stat[open+1:end]), stat[end+2]
+	return strings.HasPrefix(comm, "ganesha") && state != 'Z' && state != 'X'
 }

@@ -57,3 +57,12 @@ func (p *Process) Stop(sig syscall.Signal, grace time.Duration) {
 		<-p.done
 	}
 }
+
+// ExitCode is the exit status of an ended process; -1 while it runs or
+// when a signal ended it.
+func (p *Process) ExitCode() int {
+	if !p.Exited() {
+		return -1
+	}
+	return p.cmd.ProcessState.ExitCode()
+}

@@ -148,11 +148,10 @@ func (c Config) serve(ctx context.Context, lease *share.Lease) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	ep := c.export()
-	probe := nfsclient.New(nfsclient.Endpoint{Addr: ep.LocalEndpoint(), Export: ep.Pseudo},
-		nfsclient.Options{OpTimeout: 5 * time.Second, MachineName: "berth-share-manager-check"}, c.Clock, c.Log.WithName("check"))
-	defer probe.Close()
+	check, closeCheck := c.exportCheck(ep)
+	defer closeCheck()
 	srv := share.NewServer(share.ServerConfig{Export: ep, Dir: c.StateDir, CheckInterval: c.CheckInterval}, c.Exec, c.Clock,
-		share.Checks{Device: share.DeviceCheck(c.Device, c.MountPath, "/proc/self/mountinfo"), Export: probe.Check}, c.Log.WithName("server"))
+		share.Checks{Device: share.DeviceCheck(c.Device, c.MountPath, "/proc/self/mountinfo"), Export: check}, c.Log.WithName("server"))
 	leaseDone := make(chan error, 1)
 	if lease != nil {
 		go func() {
@@ -181,6 +180,31 @@ func (c Config) serve(ctx context.Context, lease *share.Lease) error {
 		err = context.Cause(ctx)
 	}
 	return err
+}
+
+// exportCheck asks the local ganesha for the export with sessions (the
+// lowest minor version from 4.1 on that it serves), or through the NFSv4.0
+// client when it serves 4.0 only.
+func (c Config) exportCheck(ep share.ExportConfig) (share.Check, func()) {
+	const machine = "berth-share-manager-check"
+	addr := ep.LocalEndpoint()
+	minor := uint32(1)
+	if len(ep.MinorVersions) > 0 {
+		minor = 0
+		for _, v := range ep.MinorVersions {
+			if v > 0 && (minor == 0 || uint32(v) < minor) {
+				minor = uint32(v)
+			}
+		}
+	}
+	if minor > 0 {
+		return func(ctx context.Context) error {
+			return nfsclient.CheckExport41(ctx, addr, ep.Pseudo, minor, machine)
+		}, func() {}
+	}
+	cl := nfsclient.New(nfsclient.Endpoint{Addr: addr, Export: ep.Pseudo},
+		nfsclient.Options{OpTimeout: 5 * time.Second, MachineName: machine}, c.Clock, c.Log.WithName("check"))
+	return cl.Check, cl.Close
 }
 
 func (c Config) unmount(ctx context.Context) {

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/aurorasolar/go-nfs-client/nfs4"
@@ -61,7 +62,15 @@ type Client struct {
 	mu   sync.Mutex
 	conn net.Conn
 	nfs  *nfs4.NfsClient
+	// connects counts the connections made; read without mu, which an
+	// operation holds through all its retries.
+	connects atomic.Uint64
 }
+
+// Connects is how many connections the client has made so far: a caller
+// that saw a server die knows that an answer came from its successor when
+// the count has grown since.
+func (c *Client) Connects() uint64 { return c.connects.Load() }
 
 // New returns a client of ep; it connects at the first operation.
 func New(ep Endpoint, opts Options, clk clock.Clock, log logr.Logger) *Client {
@@ -221,6 +230,7 @@ func (c *Client) connect(ctx context.Context) error {
 		return fmt.Errorf("connect to %s: %w", c.ep.Addr, err)
 	}
 	c.conn, c.nfs = conn, n
+	c.connects.Add(1)
 	return nil
 }
 

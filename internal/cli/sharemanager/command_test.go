@@ -1,0 +1,52 @@
+package sharemanager
+
+import (
+	"io"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berth-io/berth/internal/cli"
+)
+
+func TestParseDefaultsAreFastFailoverOnNFSv41(t *testing.T) {
+	cfg, err := parse([]string{"--volume", "pv1", "--device", "/dev/loop7"}, cli.IO{Stderr: io.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(cfg.MinorVersions, []int{1, 2}) || !cfg.SyncWrites || cfg.GracePeriod != 5*time.Second || cfg.LeaseLifetime != 5*time.Second {
+		t.Errorf("defaults: minor %v sync %v grace %s lease %s", cfg.MinorVersions, cfg.SyncWrites, cfg.GracePeriod, cfg.LeaseLifetime)
+	}
+	if err := cfg.validate(); err != nil {
+		t.Errorf("validate: %v", err)
+	}
+	ep := cfg.export()
+	if ep.Pseudo != "/pv1" || ep.RecoveryRoot != "/export/"+RecoveryDirName {
+		t.Errorf("export %+v", ep)
+	}
+}
+
+func TestValidateRefusesBadInput(t *testing.T) {
+	for name, args := range map[string][]string{
+		"no volume":          {"--device", "/dev/loop7"},
+		"volume with slash":  {"--volume", "a/b", "--device", "/dev/loop7"},
+		"relative device":    {"--volume", "pv1", "--device", "loop7"},
+		"grace below lease":  {"--volume", "pv1", "--device", "/dev/loop7", "--nfs-lease", "20s", "--nfs-grace", "10s"},
+		"minor version 3":    {"--volume", "pv1", "--device", "/dev/loop7", "--nfs-minor-versions", "1,3"},
+		"relative state dir": {"--volume", "pv1", "--device", "/dev/loop7", "--state-dir", "state"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			cfg, err := parse(args, cli.IO{Stderr: io.Discard})
+			if err == nil {
+				err = cfg.validate()
+			}
+			if err == nil {
+				t.Fatal("accepted")
+			}
+		})
+	}
+	if _, err := parse([]string{"--nfs-minor-versions", "one"}, cli.IO{Stderr: io.Discard}); err == nil || !strings.Contains(err.Error(), "minor") {
+		t.Errorf("parse of a bad minor version list = %v", err)
+	}
+}

@@ -1,0 +1,130 @@
+package share_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr/testr"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
+
+	"github.com/berth-io/berth/internal/share"
+	"github.com/berth-io/berth/internal/testenv"
+)
+
+var suite = &testenv.Suite{}
+
+func TestMain(m *testing.M) { os.Exit(testenv.Main(m, suite)) }
+
+func leases(t *testing.T) *kubernetes.Clientset {
+	env := suite.Require(t)
+	cs, err := kubernetes.NewForConfig(env.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs
+}
+
+func newLease(t *testing.T, cs *kubernetes.Clientset, name, holder string, d time.Duration) *share.Lease {
+	t.Helper()
+	l, err := share.NewLease(share.LeaseConfig{Namespace: "default", Name: name, Holder: holder, Duration: d},
+		cs.CoordinationV1(), clock.RealClock{}, testr.New(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func getLease(t *testing.T, cs *kubernetes.Clientset, name string) *coordinationv1.Lease {
+	t.Helper()
+	l, err := cs.CoordinationV1().Leases("default").Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// A share manager creates its Lease, renews it while it runs and clears
+// the holder when it stops cleanly.
+func TestLeaseRenewedThenReleased(t *testing.T) {
+	cs := leases(t)
+	ctx := context.Background()
+	l := newLease(t, cs, "share-renew", "pod-a", 3*time.Second)
+	if err := l.Acquire(ctx); err != nil {
+		t.Fatal(err)
+	}
+	first := getLease(t, cs, "share-renew")
+	if h := ptr.Deref(first.Spec.HolderIdentity, ""); h != "pod-a" {
+		t.Fatalf("holder %q", h)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 2500*time.Millisecond)
+	defer cancel()
+	if err := l.Renew(rctx); err != nil {
+		t.Fatalf("Renew = %v", err)
+	}
+	renewed := getLease(t, cs, "share-renew")
+	if !renewed.Spec.RenewTime.After(first.Spec.RenewTime.Time) {
+		t.Errorf("renew time %v not after %v", renewed.Spec.RenewTime, first.Spec.RenewTime)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if h := getLease(t, cs, "share-renew").Spec.HolderIdentity; h != nil {
+		t.Errorf("holder %q after release", *h)
+	}
+}
+
+// A new share manager waits for the old one's lease to lapse, then takes
+// it over; the old one, renewing again, learns it lost the lease.
+func TestLeaseTakenOverOnlyAfterLapse(t *testing.T) {
+	cs := leases(t)
+	ctx := context.Background()
+	old := newLease(t, cs, "share-takeover", "pod-old", 2*time.Second)
+	if err := old.Acquire(ctx); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	next := newLease(t, cs, "share-takeover", "pod-new", 2*time.Second)
+	if err := next.Acquire(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if waited := time.Since(start); waited < 2*time.Second {
+		t.Errorf("took the lease over after %s, before it lapsed (2s)", waited)
+	}
+	got := getLease(t, cs, "share-takeover")
+	if h := ptr.Deref(got.Spec.HolderIdentity, ""); h != "pod-new" || ptr.Deref(got.Spec.LeaseTransitions, 0) != 1 {
+		t.Errorf("holder %q transitions %d", h, ptr.Deref(got.Spec.LeaseTransitions, 0))
+	}
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := old.Renew(rctx); !errors.Is(err, share.ErrLeaseLost) {
+		t.Errorf("old holder's Renew = %v, want ErrLeaseLost", err)
+	}
+	// Releasing a lease another holds changes nothing.
+	if err := old.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if h := ptr.Deref(getLease(t, cs, "share-takeover").Spec.HolderIdentity, ""); h != "pod-new" {
+		t.Errorf("holder %q after the old holder's release", h)
+	}
+}
+
+// The same holder (a restarted share manager process in the same pod)
+// takes its own lease back at once.
+func TestLeaseSameHolderReacquiresAtOnce(t *testing.T) {
+	cs := leases(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := newLease(t, cs, "share-same", "pod-a", 10*time.Second).Acquire(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := newLease(t, cs, "share-same", "pod-a", 10*time.Second).Acquire(ctx); err != nil {
+		t.Fatalf("same holder waited: %v", err)
+	}
+}

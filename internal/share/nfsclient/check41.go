@@ -1,0 +1,282 @@
+package nfsclient
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"time"
+)
+
+// CheckExport41 asks an NFSv4.1 (or .2) server whether export answers:
+// EXCHANGE_ID, CREATE_SESSION, then SEQUENCE + PUTROOTFH + LOOKUP of each
+// component, then DESTROY_SESSION and DESTROY_CLIENTID. The wrapped
+// library speaks NFSv4.0 only, which a server serving 4.1+ refuses; this
+// is the share manager's readiness and health check there. It opens no
+// file, so the server records no client for recovery.
+func CheckExport41(ctx context.Context, addr, export string, minor uint32, machine string) error {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = conn.Close() }()
+	if deadline, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(deadline)
+	}
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	s := &session41{conn: conn, minor: minor, cred: authSys(machine)}
+
+	owner := make([]byte, 16)
+	_, _ = rand.Read(owner)
+	var verifier [8]byte
+	_, _ = rand.Read(verifier[:])
+	var e xdrEnc
+	e.u32(opExchangeID)
+	e.fixed(verifier[:])
+	e.opaque([]byte(fmt.Sprintf("berth-check-%x", owner)))
+	e.u32(0) // flags
+	e.u32(0) // SP4_NONE
+	e.u32(0) // no implementation id
+	res, err := s.compound(e.b.Bytes(), 1)
+	if err != nil {
+		return fmt.Errorf("EXCHANGE_ID: %w", err)
+	}
+	clientID, seq := res.u64(), res.u32()
+	if res.err != nil {
+		return res.err
+	}
+
+	e = xdrEnc{}
+	e.u32(opCreateSession)
+	e.u64(clientID)
+	e.u32(seq)
+	e.u32(0)      // flags: no back channel
+	for range 2 { // fore and back channel attributes
+		for _, v := range []uint32{0, 1 << 20, 1 << 20, 4096, 16, 1} {
+			e.u32(v)
+		}
+		e.u32(0) // no RDMA
+	}
+	e.u32(0x40000000) // callback program, unused
+	e.u32(1)          // one callback security: AUTH_NONE
+	e.u32(0)
+	res, err = s.compound(e.b.Bytes(), 1)
+	if err != nil {
+		return fmt.Errorf("CREATE_SESSION: %w", err)
+	}
+	sessionID := res.fixed(16)
+	if res.err != nil {
+		return res.err
+	}
+	defer s.destroy(sessionID, clientID)
+
+	e = xdrEnc{}
+	e.u32(opSequence)
+	e.fixed(sessionID)
+	e.u32(1) // sequence id
+	e.u32(0) // slot
+	e.u32(0) // highest slot
+	e.u32(0) // do not cache
+	e.u32(opPutRootFH)
+	ops := 2
+	for _, c := range strings.Split(strings.Trim(export, "/"), "/") {
+		if c == "" {
+			continue
+		}
+		e.u32(opLookup)
+		e.opaque([]byte(c))
+		ops++
+	}
+	if _, err := s.compound(e.b.Bytes(), ops); err != nil {
+		return fmt.Errorf("look up %s: %w", export, err)
+	}
+	return nil
+}
+
+// NFSv4 operations and RPC constants (RFC 5661, RFC 5531).
+const (
+	opLookup          = 15
+	opPutRootFH       = 24
+	opExchangeID      = 42
+	opCreateSession   = 43
+	opDestroySession  = 44
+	opSequence        = 53
+	opDestroyClientID = 57
+
+	nfsProgram  = 100003
+	nfsVersion  = 4
+	procCompund = 1
+	authSysFlav = 1
+)
+
+// ErrNFSStatus is a compound that the server answered with an error.
+type ErrNFSStatus struct{ Status uint32 }
+
+func (e ErrNFSStatus) Error() string { return fmt.Sprintf("NFS status %d", e.Status) }
+
+type session41 struct {
+	conn  net.Conn
+	minor uint32
+	cred  []byte
+	xid   uint32
+}
+
+// destroy ends the session and the client ID, so the server forgets the
+// check at once instead of after a lease.
+func (s *session41) destroy(sessionID []byte, clientID uint64) {
+	var e xdrEnc
+	e.u32(opDestroySession)
+	e.fixed(sessionID)
+	_, _ = s.compound(e.b.Bytes(), 1)
+	e = xdrEnc{}
+	e.u32(opDestroyClientID)
+	e.u64(clientID)
+	_, _ = s.compound(e.b.Bytes(), 1)
+}
+
+// compound sends one COMPOUND of nops operations and returns a decoder
+// positioned at the first operation's result body, or the error status.
+func (s *session41) compound(ops []byte, nops int) (*xdrDec, error) {
+	s.xid++
+	var e xdrEnc
+	e.u32(s.xid)
+	e.u32(0) // CALL
+	e.u32(2) // RPC version
+	e.u32(nfsProgram)
+	e.u32(nfsVersion)
+	e.u32(procCompund)
+	e.u32(authSysFlav)
+	e.opaque(s.cred)
+	e.u32(0) // verifier AUTH_NONE
+	e.u32(0)
+	e.opaque(nil) // tag
+	e.u32(s.minor)
+	e.u32(uint32(nops))
+	e.b.Write(ops)
+	if err := writeRecord(s.conn, e.b.Bytes()); err != nil {
+		return nil, err
+	}
+	reply, err := readRecord(s.conn)
+	if err != nil {
+		return nil, err
+	}
+	d := &xdrDec{b: reply}
+	if xid := d.u32(); xid != s.xid {
+		return nil, fmt.Errorf("reply to xid %d, sent %d", xid, s.xid)
+	}
+	if mtype, stat := d.u32(), d.u32(); mtype != 1 || stat != 0 {
+		return nil, fmt.Errorf("RPC call denied (type %d, status %d)", mtype, stat)
+	}
+	d.u32()    // verifier flavor
+	d.opaque() // verifier body
+	if accept := d.u32(); accept != 0 {
+		return nil, fmt.Errorf("RPC call not accepted: status %d", accept)
+	}
+	status := d.u32()
+	d.opaque() // tag
+	d.u32()    // results
+	d.u32()    // first operation
+	if first := d.u32(); d.err == nil && status == 0 && first != 0 {
+		status = first
+	}
+	if d.err != nil {
+		return nil, d.err
+	}
+	if status != 0 {
+		return nil, ErrNFSStatus{Status: status}
+	}
+	return d, nil
+}
+
+func authSys(machine string) []byte {
+	if len(machine) > 255 {
+		machine = machine[:255]
+	}
+	var e xdrEnc
+	e.u32(uint32(time.Now().Unix()))
+	e.opaque([]byte(machine))
+	e.u32(0) // uid root
+	e.u32(0) // gid root
+	e.u32(0) // no more groups
+	return e.b.Bytes()
+}
+
+// writeRecord sends msg as one RPC record (RFC 5531 record marking).
+func writeRecord(w io.Writer, msg []byte) error {
+	buf := make([]byte, 4+len(msg))
+	binary.BigEndian.PutUint32(buf, 0x80000000|uint32(len(msg)))
+	copy(buf[4:], msg)
+	_, err := w.Write(buf)
+	return err
+}
+
+// readRecord reads one RPC record of one or more fragments.
+func readRecord(r io.Reader) ([]byte, error) {
+	var out []byte
+	for {
+		var hdr [4]byte
+		if _, err := io.ReadFull(r, hdr[:]); err != nil {
+			return nil, err
+		}
+		h := binary.BigEndian.Uint32(hdr[:])
+		n := h & 0x7fffffff
+		if len(out)+int(n) > 4<<20 {
+			return nil, errors.New("RPC reply larger than 4 MiB")
+		}
+		frag := make([]byte, n)
+		if _, err := io.ReadFull(r, frag); err != nil {
+			return nil, err
+		}
+		out = append(out, frag...)
+		if h&0x80000000 != 0 {
+			return out, nil
+		}
+	}
+}
+
+type xdrEnc struct{ b bytes.Buffer }
+
+func (e *xdrEnc) u32(v uint32) { _ = binary.Write(&e.b, binary.BigEndian, v) }
+func (e *xdrEnc) u64(v uint64) { _ = binary.Write(&e.b, binary.BigEndian, v) }
+func (e *xdrEnc) fixed(p []byte) {
+	e.b.Write(p)
+	e.b.Write(make([]byte, (4-len(p)%4)%4))
+}
+func (e *xdrEnc) opaque(p []byte) {
+	e.u32(uint32(len(p)))
+	e.fixed(p)
+}
+
+// xdrDec reads XDR; the first short read sets err and every later read
+// returns zeros.
+type xdrDec struct {
+	b   []byte
+	err error
+}
+
+func (d *xdrDec) take(n int) []byte {
+	if d.err != nil || n > len(d.b) || n < 0 {
+		if d.err == nil {
+			d.err = errors.New("short NFS reply")
+		}
+		return make([]byte, max(n, 0))
+	}
+	p := d.b[:n]
+	d.b = d.b[n:]
+	return p
+}
+func (d *xdrDec) u32() uint32 { return binary.BigEndian.Uint32(d.take(4)) }
+func (d *xdrDec) u64() uint64 { return binary.BigEndian.Uint64(d.take(8)) }
+func (d *xdrDec) fixed(n int) []byte {
+	p := d.take(n)
+	d.take((4 - n%4) % 4)
+	return p
+}
+func (d *xdrDec) opaque() []byte { return d.fixed(int(d.u32())) }
