@@ -108,8 +108,11 @@ func buildBerth(t testing.TB) string {
 	return binPath
 }
 
+// suite is the API server of the lease test; the failover test needs none.
+var suite = &testenv.Suite{Root: true}
+
 func TestMain(m *testing.M) {
-	code := m.Run()
+	code := testenv.Main(m, suite)
 	if binDir != "" {
 		_ = os.RemoveAll(binDir)
 	}
@@ -118,18 +121,19 @@ func TestMain(m *testing.M) {
 
 // start runs a share manager the way its pod does, and waits until it is
 // ready (its ready file appears) or fails.
-func (e *shareEnv) start(t testing.TB) *testenv.Process {
+func (e *shareEnv) start(t testing.TB, extra ...string) *testenv.Process {
 	t.Helper()
 	// A killed share manager leaves its ready file behind (a pod's
 	// readiness probe would see it too until the new one removes it).
 	if err := os.Remove(filepath.Join(e.stateDir(), "ready")); err != nil && !errors.Is(err, os.ErrNotExist) {
 		t.Fatal(err)
 	}
-	p, err := testenv.StartProcess(filepath.Join(e.dir, "share-manager.log"), e.bin, "share-manager",
+	args := append([]string{e.bin, "share-manager",
 		"--volume", e.volume, "--device", e.dev, "--mount-path", e.mountPath(), "--state-dir", e.stateDir(),
 		"--bind-address", "127.0.0.1", "--port", strconv.Itoa(e.port),
 		// The only userspace NFSv4 client at hand speaks NFSv4.0 only.
-		"--nfs-minor-versions", "0,1,2", "--check-interval", "1s")
+		"--nfs-minor-versions", "0,1,2", "--check-interval", "1s"}, extra...)
+	p, err := testenv.StartProcess(filepath.Join(e.dir, "share-manager.log"), args...)
 	if err != nil {
 		t.Fatal(err)
 	}
