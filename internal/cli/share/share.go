@@ -1,6 +1,7 @@
 // Package share is the `berth share` command: operator tools for RWX
 // shares. `berth share probe nfs://host:port/export` writes a file through
-// the export with a userspace NFSv4 client, reads it back and compares.
+// the export with a userspace NFSv4 client, makes it durable (COMMIT),
+// reads it back and compares.
 package share
 
 import (
@@ -28,25 +29,29 @@ type ProbeConfig struct {
 	Size int
 	// Timeout bounds the whole probe, retries through a failover included.
 	Timeout time.Duration
-	Clock   clock.Clock
-	Log     logr.Logger
+	// MinorVersion is the NFSv4 minor version spoken (0, 1 or 2).
+	MinorVersion int
+	Clock        clock.Clock
+	Log          logr.Logger
 }
 
 // ProbeResult is what a probe measured.
 type ProbeResult struct {
-	File        string
-	Bytes       int
-	Write, Read time.Duration
-	SHA256      string
+	File   string
+	Bytes  int
+	Took   time.Duration
+	SHA256 string
 }
 
 // ErrMismatch: the file read back differs from the one written.
 var ErrMismatch = errors.New("read back differs from what was written")
 
-// Run writes a file of random bytes, reads it back, compares and removes
-// it. The share manager exports with stable writes (--sync-writes), so a
-// write that was answered is on the volume's disk: the client library has
-// no COMMIT of its own.
+// Run writes a file of random bytes, makes it durable, reads it back,
+// compares and removes it, retrying through a server failover. Over
+// NFSv4.1+ (MinorVersion >= 1) it writes unstable and sends COMMIT, the NFS
+// fsync; over NFSv4.0 the client library has no COMMIT, and the write is
+// durable because the share manager exports with stable writes
+// (--sync-writes).
 func (c ProbeConfig) Run(ctx context.Context) (ProbeResult, error) {
 	if c.Clock == nil {
 		c.Clock = clock.RealClock{}
@@ -57,28 +62,49 @@ func (c ProbeConfig) Run(ctx context.Context) (ProbeResult, error) {
 	_, _ = rand.Read(data)
 	sum := sha256.Sum256(data)
 	res := ProbeResult{File: ".berth-probe-" + hex.EncodeToString(sum[:6]), Bytes: c.Size, SHA256: hex.EncodeToString(sum[:])}
-	cl := nfsclient.New(c.Endpoint, nfsclient.Options{}, c.Clock, c.Log)
-	defer cl.Close()
 	start := c.Clock.Now()
-	if err := cl.WriteFile(ctx, res.File, data); err != nil {
-		return res, err
-	}
-	res.Write = c.Clock.Since(start)
-	start = c.Clock.Now()
-	got, err := cl.ReadFile(ctx, res.File)
+	got, err := c.roundTrip(ctx, res.File, data)
+	res.Took = c.Clock.Since(start)
 	if err != nil {
 		return res, err
 	}
-	res.Read = c.Clock.Since(start)
 	if !bytes.Equal(got, data) {
 		g := sha256.Sum256(got)
 		return res, fmt.Errorf("%s: %w: wrote %d bytes sha256 %s, read %d bytes sha256 %s",
 			res.File, ErrMismatch, len(data), res.SHA256, len(got), hex.EncodeToString(g[:]))
 	}
-	if err := cl.Remove(ctx, res.File); err != nil {
-		return res, err
+	return res, c.remove(ctx, res.File)
+}
+
+const probeMachine = "berth-share-probe"
+
+func (c ProbeConfig) roundTrip(ctx context.Context, name string, data []byte) ([]byte, error) {
+	if c.MinorVersion == 0 {
+		cl := nfsclient.New(c.Endpoint, nfsclient.Options{MachineName: probeMachine}, c.Clock, c.Log)
+		defer cl.Close()
+		if err := cl.WriteFile(ctx, name, data); err != nil {
+			return nil, err
+		}
+		return cl.ReadFile(ctx, name)
 	}
-	return res, nil
+	var got []byte
+	err := nfsclient.Retry41(ctx, c.Clock, func(ctx context.Context) error {
+		var err error
+		got, err = nfsclient.WriteCommitRead41(ctx, c.Endpoint, name, data, uint32(c.MinorVersion), probeMachine)
+		return err
+	})
+	return got, err
+}
+
+func (c ProbeConfig) remove(ctx context.Context, name string) error {
+	if c.MinorVersion == 0 {
+		cl := nfsclient.New(c.Endpoint, nfsclient.Options{MachineName: probeMachine}, c.Clock, c.Log)
+		defer cl.Close()
+		return cl.Remove(ctx, name)
+	}
+	return nfsclient.Retry41(ctx, c.Clock, func(ctx context.Context) error {
+		return nfsclient.Remove41(ctx, c.Endpoint, name, uint32(c.MinorVersion), probeMachine)
+	})
 }
 
 // Command is `berth share`.
@@ -97,6 +123,7 @@ func Command() cli.Command {
 			var verbosity int
 			fs.IntVar(&cfg.Size, "size", 1<<20, "bytes to write")
 			fs.DurationVar(&cfg.Timeout, "timeout", time.Minute, "give up after this long (retries through a failover included)")
+			fs.IntVar(&cfg.MinorVersion, "nfs-minor-version", 1, "NFSv4 minor version: 1 or 2 (COMMIT over a session), 0 (stable writes, no COMMIT)")
 			fs.IntVar(&verbosity, "v", 0, "log verbosity")
 			if err := fs.Parse(args[1:]); err != nil {
 				return err
@@ -111,14 +138,17 @@ func Command() cli.Command {
 			if cfg.Size < 1 {
 				return fmt.Errorf("--size %d: at least 1", cfg.Size)
 			}
+			if cfg.MinorVersion < 0 || cfg.MinorVersion > 2 {
+				return fmt.Errorf("--nfs-minor-version %d: 0, 1 or 2", cfg.MinorVersion)
+			}
 			cfg.Endpoint = ep
 			cfg.Log = cli.NewLogger(stdio.Stderr, verbosity, "share-probe")
 			res, err := cfg.Run(ctx)
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(stdio.Stdout, "ok %s: wrote %d bytes in %s, read back in %s, sha256 %s\n",
-				ep, res.Bytes, res.Write.Round(time.Microsecond), res.Read.Round(time.Microsecond), res.SHA256)
+			fmt.Fprintf(stdio.Stdout, "ok %s: wrote, committed and read back %d bytes in %s, sha256 %s\n",
+				ep, res.Bytes, res.Took.Round(time.Microsecond), res.SHA256)
 			return nil
 		},
 	}

@@ -14,33 +14,68 @@ import (
 )
 
 // CheckExport41 asks an NFSv4.1 (or .2) server whether export answers:
-// EXCHANGE_ID, CREATE_SESSION, then SEQUENCE + PUTROOTFH + LOOKUP of each
+// EXCHANGE_ID, CREATE_SESSION, SEQUENCE + PUTROOTFH + LOOKUP of each
 // component, then DESTROY_SESSION and DESTROY_CLIENTID. The wrapped
 // library speaks NFSv4.0 only, which a server serving 4.1+ refuses; this
 // is the share manager's readiness and health check there. It opens no
 // file, so the server records no client for recovery.
 func CheckExport41(ctx context.Context, addr, export string, minor uint32, machine string) error {
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "tcp", addr)
+	s, err := dial41(ctx, addr, minor, machine)
 	if err != nil {
 		return err
 	}
-	defer func() { _ = conn.Close() }()
+	defer s.close()
+	var e xdrEnc
+	nops := lookupOps(&e, export, 0)
+	if _, err := s.seq(e.b.Bytes(), nops); err != nil {
+		return fmt.Errorf("look up %s: %w", export, err)
+	}
+	return nil
+}
+
+// lookupOps appends PUTROOTFH and a LOOKUP per component of p except the
+// last skip ones, and returns how many operations it wrote.
+func lookupOps(e *xdrEnc, p string, skip int) int {
+	e.u32(opPutRootFH)
+	n := 1
+	comps := strings.FieldsFunc(p, func(r rune) bool { return r == '/' })
+	for _, c := range comps[:len(comps)-skip] {
+		e.u32(opLookup)
+		e.opaque([]byte(c))
+		n++
+	}
+	return n
+}
+
+// dial41 connects and opens a session: EXCHANGE_ID, CREATE_SESSION.
+func dial41(ctx context.Context, addr string, minor uint32, machine string) (*session41, error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
 	if deadline, ok := ctx.Deadline(); ok {
 		_ = conn.SetDeadline(deadline)
 	}
-	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
 	s := &session41{conn: conn, minor: minor, cred: authSys(machine)}
+	s.stop = context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
+	if err := s.open(machine); err != nil {
+		s.stop()
+		_ = conn.Close()
+		return nil, err
+	}
+	return s, nil
+}
 
-	owner := make([]byte, 16)
+func (s *session41) open(machine string) error {
+	owner := make([]byte, 8)
 	_, _ = rand.Read(owner)
 	var verifier [8]byte
 	_, _ = rand.Read(verifier[:])
 	var e xdrEnc
 	e.u32(opExchangeID)
 	e.fixed(verifier[:])
-	e.opaque([]byte(fmt.Sprintf("berth-check-%x", owner)))
+	e.opaque([]byte(fmt.Sprintf("berth-%s-%x", machine, owner)))
 	e.u32(0) // flags
 	e.u32(0) // SP4_NONE
 	e.u32(0) // no implementation id
@@ -48,14 +83,14 @@ func CheckExport41(ctx context.Context, addr, export string, minor uint32, machi
 	if err != nil {
 		return fmt.Errorf("EXCHANGE_ID: %w", err)
 	}
-	clientID, seq := res.u64(), res.u32()
+	s.clientID = res.u64()
+	seq := res.u32()
 	if res.err != nil {
 		return res.err
 	}
-
 	e = xdrEnc{}
 	e.u32(opCreateSession)
-	e.u64(clientID)
+	e.u64(s.clientID)
 	e.u32(seq)
 	e.u32(0)      // flags: no back channel
 	for range 2 { // fore and back channel attributes
@@ -69,35 +104,40 @@ func CheckExport41(ctx context.Context, addr, export string, minor uint32, machi
 	e.u32(0)
 	res, err = s.compound(e.b.Bytes(), 1)
 	if err != nil {
+		s.destroyClient()
 		return fmt.Errorf("CREATE_SESSION: %w", err)
 	}
-	sessionID := res.fixed(16)
+	copy(s.sessionID[:], res.fixed(16))
 	if res.err != nil {
 		return res.err
 	}
-	defer s.destroy(sessionID, clientID)
+	s.haveSession = true
+	return nil
+}
 
-	e = xdrEnc{}
+// seq sends SEQUENCE followed by ops (nops operations) and returns the
+// decoder at the second operation's result (after SEQUENCE's).
+func (s *session41) seq(ops []byte, nops int) (*xdrDec, error) {
+	s.slotSeq++
+	var e xdrEnc
 	e.u32(opSequence)
-	e.fixed(sessionID)
-	e.u32(1) // sequence id
+	e.fixed(s.sessionID[:])
+	e.u32(s.slotSeq)
 	e.u32(0) // slot
 	e.u32(0) // highest slot
 	e.u32(0) // do not cache
-	e.u32(opPutRootFH)
-	ops := 2
-	for _, c := range strings.Split(strings.Trim(export, "/"), "/") {
-		if c == "" {
-			continue
-		}
-		e.u32(opLookup)
-		e.opaque([]byte(c))
-		ops++
+	e.b.Write(ops)
+	d, err := s.compound(e.b.Bytes(), nops+1)
+	if err != nil {
+		return nil, err
 	}
-	if _, err := s.compound(e.b.Bytes(), ops); err != nil {
-		return fmt.Errorf("look up %s: %w", export, err)
-	}
-	return nil
+	d.fixed(16) // session
+	d.u32()
+	d.u32()
+	d.u32()
+	d.u32()
+	d.u32() // sequence, slot, highest, target highest, flags
+	return d, d.err
 }
 
 // NFSv4 operations and RPC constants (RFC 5661, RFC 5531).
@@ -122,22 +162,35 @@ type ErrNFSStatus struct{ Status uint32 }
 func (e ErrNFSStatus) Error() string { return fmt.Sprintf("NFS status %d", e.Status) }
 
 type session41 struct {
-	conn  net.Conn
-	minor uint32
-	cred  []byte
-	xid   uint32
+	conn        net.Conn
+	stop        func() bool
+	minor       uint32
+	cred        []byte
+	xid         uint32
+	clientID    uint64
+	sessionID   [16]byte
+	haveSession bool
+	slotSeq     uint32
 }
 
-// destroy ends the session and the client ID, so the server forgets the
-// check at once instead of after a lease.
-func (s *session41) destroy(sessionID []byte, clientID uint64) {
+// close ends the session and the client ID, so the server forgets this
+// client at once instead of after a lease, and closes the connection.
+func (s *session41) close() {
+	if s.haveSession {
+		var e xdrEnc
+		e.u32(opDestroySession)
+		e.fixed(s.sessionID[:])
+		_, _ = s.compound(e.b.Bytes(), 1)
+	}
+	s.destroyClient()
+	s.stop()
+	_ = s.conn.Close()
+}
+
+func (s *session41) destroyClient() {
 	var e xdrEnc
-	e.u32(opDestroySession)
-	e.fixed(sessionID)
-	_, _ = s.compound(e.b.Bytes(), 1)
-	e = xdrEnc{}
 	e.u32(opDestroyClientID)
-	e.u64(clientID)
+	e.u64(s.clientID)
 	_, _ = s.compound(e.b.Bytes(), 1)
 }
 
