@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -110,6 +112,9 @@ func (s *Server) Run(ctx context.Context, ready func()) error {
 	if err := os.Remove(s.cfg.PidFile()); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
+	if err := s.waitPortFree(ctx); err != nil {
+		return err
+	}
 	out, err := os.OpenFile(filepath.Join(s.cfg.Dir, "ganesha.out"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
@@ -180,6 +185,29 @@ func (s *Server) watch(ctx context.Context, exited <-chan struct{}, waitErr func
 		s.log.Info("share check failed", "failures", failures, "threshold", s.cfg.FailureThreshold, "err", err.Error())
 		if failures >= s.cfg.FailureThreshold {
 			return fmt.Errorf("%w: %d checks in a row failed, last: %w", ErrFailed, failures, err)
+		}
+	}
+}
+
+// waitPortFree waits, up to StartTimeout, until ganesha's address can be
+// bound: a killed ganesha's threads may still hold its socket for a moment
+// after it shows as a zombie, and ganesha exits when it cannot bind.
+func (s *Server) waitPortFree(ctx context.Context) error {
+	addr := net.JoinHostPort(s.cfg.Export.withDefaults().BindAddr, strconv.Itoa(s.cfg.Export.withDefaults().Port))
+	start := s.clk.Now()
+	for {
+		l, err := net.Listen("tcp", addr)
+		if err == nil {
+			_ = l.Close()
+			return nil
+		}
+		if s.clk.Since(start) > s.cfg.StartTimeout {
+			return fmt.Errorf("%w: %s still in use after %s: %w", ErrFailed, addr, s.cfg.StartTimeout, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.clk.After(startPoll / 4):
 		}
 	}
 }

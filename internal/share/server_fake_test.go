@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -88,8 +89,14 @@ func runFake(t *testing.T, ctx context.Context, e *fakeExec, checks Checks, read
 		}
 	}()
 	dir := t.TempDir()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	_ = l.Close()
 	cfg := ServerConfig{
-		Export:           ExportConfig{Path: "/export", Pseudo: "/pv1", RecoveryRoot: filepath.Join(dir, "rec")},
+		Export:           ExportConfig{Path: "/export", Pseudo: "/pv1", RecoveryRoot: filepath.Join(dir, "rec"), BindAddr: "127.0.0.1", Port: port},
 		Dir:              filepath.Join(dir, "state"),
 		FailureThreshold: 2,
 	}

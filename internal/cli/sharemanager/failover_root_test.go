@@ -1,6 +1,7 @@
 package sharemanager_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -15,10 +16,12 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/testr"
 	"k8s.io/utils/clock"
 
@@ -185,7 +188,34 @@ type writer struct {
 	err  error
 }
 
-func (w *writer) run(ctx context.Context, c *nfsclient.Client) {
+// fileClient writes one whole file, retrying until it is durable, and
+// counts the connections it made.
+type fileClient interface {
+	WriteFile(ctx context.Context, name string, data []byte) error
+	Connects() uint64
+}
+
+// v41Client writes each file over a new NFSv4.1 session: unstable WRITEs,
+// COMMIT, read back and compare; every attempt is a new connection.
+type v41Client struct {
+	ep       nfsclient.Endpoint
+	attempts atomic.Uint64
+}
+
+func (c *v41Client) Connects() uint64 { return c.attempts.Load() }
+
+func (c *v41Client) WriteFile(ctx context.Context, name string, data []byte) error {
+	return nfsclient.Retry41(ctx, clock.RealClock{}, func(ctx context.Context) error {
+		c.attempts.Add(1)
+		got, err := nfsclient.WriteCommitRead41(ctx, c.ep, name, data, 1, "failover-test")
+		if err == nil && !bytes.Equal(got, data) {
+			return fmt.Errorf("%s read back differs right after COMMIT", name)
+		}
+		return err
+	})
+}
+
+func (w *writer) run(ctx context.Context, c fileClient) {
 	for i := 0; ctx.Err() == nil; i++ {
 		data := make([]byte, 1+mrand.IntN(256<<10))
 		_, _ = rand.Read(data)
@@ -247,19 +277,35 @@ func failovers(t testing.TB) int {
 
 // TestFailoverLosesNoAcknowledgedWrite is the RWX acceptance test on a
 // real device, a real ext4 and a real ganesha: a userspace NFSv4 client
-// writes files while ganesha (even rounds) or the whole share manager (odd
+// writes files while ganesha (odd rounds) or the whole share manager (even
 // rounds) is SIGKILLed; the test, standing in for the controller, starts a
 // new share manager, and the client resumes on its own. At the end every
-// acknowledged file must read back with its checksum. The kill -> first
+// acknowledged file must read back with its checksum. Two clients: the
+// NFSv4.0 library (durable through the export's stable writes) and berth's
+// NFSv4.1 sessions (unstable WRITE + COMMIT). The kill -> first
 // acknowledged write figures are printed as SHARE_FAILOVER_RESULT, never
 // asserted.
 func TestFailoverLosesNoAcknowledgedWrite(t *testing.T) {
+	t.Run("nfs4.0-stable-writes", func(t *testing.T) {
+		testFailover(t, "4.0", func(e *shareEnv, log logr.Logger) (fileClient, func()) {
+			c := nfsclient.New(e.endpoint(), nfsclient.Options{OpTimeout: 3 * time.Second, MaxRetryInterval: 100 * time.Millisecond},
+				clock.RealClock{}, log.WithName("client"))
+			return c, c.Close
+		})
+	})
+	t.Run("nfs4.1-commit", func(t *testing.T) {
+		testFailover(t, "4.1", func(e *shareEnv, _ logr.Logger) (fileClient, func()) {
+			return &v41Client{ep: e.endpoint()}, func() {}
+		})
+	})
+}
+
+func testFailover(t *testing.T, proto string, newClient func(*shareEnv, logr.Logger) (fileClient, func())) {
 	e := newShareEnv(t)
 	sm := e.start(t)
 	log := testr.NewWithOptions(t, testr.Options{Verbosity: 0})
-	client := nfsclient.New(e.endpoint(), nfsclient.Options{OpTimeout: 3 * time.Second, MaxRetryInterval: 100 * time.Millisecond},
-		clock.RealClock{}, log.WithName("client"))
-	defer client.Close()
+	client, closeClient := newClient(e, log)
+	defer closeClient()
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &writer{}
 	var wg sync.WaitGroup
@@ -343,10 +389,10 @@ func TestFailoverLosesNoAcknowledgedWrite(t *testing.T) {
 		t.Errorf("fsck after %d failovers: %v\n%s", n, err, out)
 	}
 	for what, ds := range byKill {
-		t.Logf("SHARE_FAILOVER_RESULT kill=%s failovers=%d p50=%s p99=%s max=%s", what, len(ds), pct(ds, 50), pct(ds, 99), pct(ds, 100))
+		t.Logf("SHARE_FAILOVER_RESULT nfs=%s kill=%s failovers=%d p50=%s p99=%s max=%s", proto, what, len(ds), pct(ds, 50), pct(ds, 99), pct(ds, 100))
 	}
-	fmt.Printf("SHARE_FAILOVER_RESULT kill=any failovers=%d p50=%s p99=%s max=%s files=%d bytes=%d lost=0\n",
-		len(all), pct(all, 50), pct(all, 99), pct(all, 100), len(acks), bytesRead)
+	fmt.Printf("SHARE_FAILOVER_RESULT nfs=%s kill=any failovers=%d p50=%s p99=%s max=%s files=%d bytes=%d lost=0\n",
+		proto, len(all), pct(all, 50), pct(all, 99), pct(all, 100), len(acks), bytesRead)
 }
 
 // pct is the p-th percentile (nearest rank) of ds.
