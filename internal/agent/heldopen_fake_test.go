@@ -27,7 +27,7 @@ func TestReportHeldOpen(t *testing.T) {
 	pv := &corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: "pvc-1"}, Spec: corev1.PersistentVolumeSpec{
 		PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{Driver: "berth.io", VolumeHandle: "pvc-1"}}}}
 	rec := record.NewFakeRecorder(10)
-	a := (&Agent{node: "n1", api: fake.NewClientBuilder().WithScheme(s).WithObjects(vol, pv).Build(), log: testr.New(t)}).WithEvents(rec)
+	a := newTestAgent(t, Config{Node: "n1", API: fake.NewClientBuilder().WithScheme(s).WithObjects(vol, pv).Build(), Log: testr.New(t), Events: rec})
 
 	a.reportHeldOpen(t.Context(), "pvc-1", fmt.Errorf("unstage: %w", mount.ErrInUse))
 	held := &mount.HeldOpenError{Device: "/dev/loop3", Holders: []mount.Holder{{PID: 4242, Command: "sleep", PodUID: "u-1"}}}

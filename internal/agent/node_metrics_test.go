@@ -5,7 +5,6 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/go-logr/logr"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
@@ -36,9 +35,8 @@ func TestNodeMetricsCounts(t *testing.T) {
 		vol("u-new", "node-a", v1.MounterUserspace, v1.VolumeAvailable),
 		vol("other", "node-b", v1.MounterKernel, v1.VolumeAvailable),
 	).Build()
-	a := New("node-a", c, nil, nil, nil, nil, NewVolumeLocks(), logr.Discard())
 	k := &hostKeeper{vols: []keeper.Volume{{Name: "u-1"}, {Name: "u-2"}}}
-	a.WithUserspace(UserspaceConfig{Root: t.TempDir(), Keeper: k, Transport: TransportFUSE})
+	a := newTestAgent(t, Config{API: c, Userspace: &UserspaceConfig{Root: t.TempDir(), Keeper: k, Transport: TransportFUSE}})
 	if err := a.records().save("u-nbd", volumeRecord{Transport: TransportNBD}); err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +57,7 @@ func TestNodeMetricsCounts(t *testing.T) {
 	if conns, err := n.KeeperConnections(context.Background()); err != nil || conns != 2 {
 		t.Errorf("KeeperConnections = %d, %v; want 2", conns, err)
 	}
-	noUserspace := NodeMetrics{Agent: New("node-a", c, nil, nil, nil, nil, NewVolumeLocks(), logr.Discard()), Volumes: c}
+	noUserspace := NodeMetrics{Agent: newTestAgent(t, Config{API: c}), Volumes: c}
 	if _, err := noUserspace.KeeperConnections(context.Background()); err == nil {
 		t.Error("an agent without a keeper reported keeper connections")
 	}

@@ -118,7 +118,10 @@ func (failingMounter) MountSensitive(string, string, string, []string, []string)
 }
 
 type stageEnv struct {
-	agent   *Agent
+	agent *Agent
+	// cfg made agent: a test that needs more of the agent changes it
+	// and makes the agent again.
+	cfg     Config
 	images  fakeImages
 	loop    *fakeLoop
 	fence   *fakeFence
@@ -169,9 +172,9 @@ func newStageEnvOf(t *testing.T, failMount bool, edit func(*v1.Volume), script .
 		m = failingMounter{e.mounter}
 	}
 	e.api = fake.NewClientBuilder().WithScheme(s).WithObjects(vol).WithStatusSubresource(vol).Build()
-	e.agent = New("node-a", e.api, e.images, e.loop,
-		mount.NewManager(m, e.exec, testr.New(t)), e.fence, NewVolumeLocks(), testr.New(t)).
-		WithVolumeStatus(e.api, clocktesting.NewFakePassiveClock(time.Date(2026, 11, 23, 2, 0, 0, 0, time.UTC)))
+	e.cfg = Config{API: e.api, Images: e.images, Loop: e.loop, Mounts: mount.NewManager(m, e.exec, testr.New(t)),
+		Fence: e.fence, Log: testr.New(t), Status: e.api, Clock: clocktesting.NewFakePassiveClock(time.Date(2026, 11, 23, 2, 0, 0, 0, time.UTC))}
+	e.agent = newTestAgent(t, e.cfg)
 	return e
 }
 

@@ -191,16 +191,25 @@ func (c Config) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("--kubelet-dir, --run-dir: %w", err)
 	}
-	a := nodeagent.New(c.NodeName, mgr.GetAPIReader(), images, mount.NewLoop(exec),
-		mount.NewManager(mount.NewMounter(), exec, c.Log.WithName("mount")), fencer, nodeagent.NewVolumeLocks(), c.Log.WithName("agent")).
-		WithFlex(nodeagent.FlexConfig{StagingRoot: flexStaging, Holdings: fencer}).
-		WithVolumeStatus(direct, clock.RealClock{}).
-		WithLockWait(c.LockWait).
-		WithPaths(paths).
-		WithEvents(mgr.GetEventRecorderFor("berth-agent"))
+	us, err := c.userspace()
+	if err != nil {
+		return err
+	}
+	a, err := nodeagent.New(nodeagent.Config{
+		Node: c.NodeName, API: mgr.GetAPIReader(), Images: images, Loop: mount.NewLoop(exec),
+		Mounts: mount.NewManager(mount.NewMounter(), exec, c.Log.WithName("mount")), Fence: fencer,
+		Log: c.Log.WithName("agent"), LockWait: c.LockWait, Paths: paths,
+		Flex:   nodeagent.FlexConfig{StagingRoot: flexStaging, Holdings: fencer},
+		Status: direct, Clock: clock.RealClock{}, Events: mgr.GetEventRecorderFor("berth-agent"),
+		Userspace: us,
+	})
+	if err != nil {
+		return err
+	}
 	// Snapshots and clones hold their source still through the agent.
 	images.WithQuiescer(a)
-	if err := c.addUserspace(mgr, a, fencer, m.heal); err != nil {
+	if err := mgr.Add(&heal.Healer{Node: c.NodeName, Holdings: fencer, Volumes: a,
+		Recorder: mgr.GetEventRecorderFor("berth-agent"), Log: c.Log.WithName("heal"), Interval: c.HealInterval, Metrics: m.heal}); err != nil {
 		return err
 	}
 	// The node gauges read the cache of this node's Volumes at scrape time.
@@ -345,19 +354,21 @@ func Command() cli.Command {
 	}
 }
 
-// addUserspace enables the userspace mounter and its healer.
-func (c Config) addUserspace(mgr manager.Manager, a *nodeagent.Agent, holdings heal.Holdings, m *metrics.Heal) error {
+// userspace is the agent's userspace mounter: blockdev servers of this
+// executable (or --blockdev-binary), the keeper, and nbd where the kernel
+// has it.
+func (c Config) userspace() (*nodeagent.UserspaceConfig, error) {
 	bin := c.BlockdevBinary
 	if bin == "" {
 		self, err := os.Executable()
 		if err != nil {
-			return fmt.Errorf("blockdev binary: %w", err)
+			return nil, fmt.Errorf("blockdev binary: %w", err)
 		}
 		bin = self
 	}
 	transport, err := nodeagent.ParseTransport(c.UserspaceTransport)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	nbdDevs := nbd.NewDevices(nbd.NewNetlink(), "/sys", c.NodeName)
 	if ok, reason := nbdDevs.Available(); transport == nodeagent.TransportNBD && !ok {
@@ -365,12 +376,10 @@ func (c Config) addUserspace(mgr manager.Manager, a *nodeagent.Agent, holdings h
 		// staging a new one says why it cannot.
 		c.Log.Error(nodeagent.ErrNBDUnavailable, "userspace transport nbd set, but this node cannot serve it", "reason", reason)
 	}
-	a.WithUserspace(nodeagent.UserspaceConfig{
+	return &nodeagent.UserspaceConfig{
 		Root: filepath.Join(c.RunDir, "blockdev"), Binary: bin, KeeperSocket: c.KeeperSocket,
 		Keeper: keeper.NewClient(c.KeeperSocket), Start: nodeagent.StartServer, StopPID: launch.StopPID,
 		CheckMount: blockdev.CheckMount, Workers: c.BlockdevWorkers, Passthrough: c.BlockdevPassthrough,
 		Transport: transport, NBD: nbdDevs, DeadConnTimeout: c.NBDDeadConnTimeout,
-	})
-	return mgr.Add(&heal.Healer{Node: c.NodeName, Holdings: holdings, Volumes: a,
-		Recorder: mgr.GetEventRecorderFor("berth-agent"), Log: c.Log.WithName("heal"), Interval: c.HealInterval, Metrics: m})
+	}, nil
 }
