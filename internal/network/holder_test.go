@@ -22,7 +22,9 @@ func TestHolderPublishesAndWithdraws(t *testing.T) {
 	h.Interval = 5 * time.Millisecond
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- h.Run(ctx, Record{PodUID: "pod-a", PodNamespace: "berth", PodName: "holder-x", Interface: "net1"}) }()
+	go func() {
+		done <- h.Run(ctx, Record{PodUID: "pod-a", PodNamespace: "berth", PodName: "holder-x", Interface: "net1"})
+	}()
 	time.Sleep(30 * time.Millisecond)
 	if recs, _ := dir.List(); len(recs) != 0 {
 		t.Fatalf("record published before the interface exists: %v", recs)
