@@ -55,6 +55,9 @@ type Records interface {
 	List() ([]Record, error)
 }
 
+// DefaultDir is the holders' folder on each node.
+const DefaultDir = "/var/lib/berth/network/holders"
+
 // Dir keeps one record file per holder in a folder shared by the holders
 // and the mover of a node (a hostPath).
 type Dir string

@@ -68,6 +68,9 @@ func OpenStack(ns netns.NsHandle) (*NetlinkStack, error) {
 	return &NetlinkStack{h: h}, nil
 }
 
+// OpenOwnStack opens rtnetlink in the calling thread's namespace.
+func OpenOwnStack() (*NetlinkStack, error) { return OpenStack(netns.None()) }
+
 // Close closes the netlink socket, the stack's hold on its namespace.
 func (s *NetlinkStack) Close() { s.h.Close() }
 
