@@ -189,20 +189,28 @@ type holder struct {
 
 const holderEnvDir, holderEnvUID = "BERTH_TEST_HOLDER_DIR", "BERTH_TEST_HOLDER_UID"
 
-// TestHolderProcess is the holder process of the root tests, not a test.
-func TestHolderProcess(t *testing.T) {
-	dir := os.Getenv(holderEnvDir)
+// childProcess begins a helper process of the root tests: it skips the
+// test unless env names the holders' folder, stops on SIGTERM, and opens
+// rtnetlink in the process's namespace.
+func childProcess(t *testing.T, env, what string) (context.Context, Dir, *NetlinkStack) {
+	dir := os.Getenv(env)
 	if dir == "" {
-		t.Skip("the holder process of the root tests")
+		t.Skip(what + " of the root tests, not a test")
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
-	defer stop()
-	st, err := OpenStack(netns.None())
+	t.Cleanup(stop)
+	st, err := OpenOwnStack()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer st.Close()
-	h := NewHolder(st, SelfNSID, Dir(dir), testr.New(t))
+	t.Cleanup(st.Close)
+	return ctx, Dir(dir), st
+}
+
+// TestHolderProcess is the holder process of the root tests.
+func TestHolderProcess(t *testing.T) {
+	ctx, dir, st := childProcess(t, holderEnvDir, "the holder process")
+	h := NewHolder(st, SelfNSID, dir, testr.New(t))
 	h.Interval = 20 * time.Millisecond
 	if err := h.Run(ctx, Record{PodUID: os.Getenv(holderEnvUID), Interface: holderIfc}); err != nil {
 		t.Fatal(err)
