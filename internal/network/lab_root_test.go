@@ -17,6 +17,7 @@ import (
 	"github.com/go-logr/logr/testr"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // The root tests build their own small network, never touching the host's:
@@ -167,6 +168,16 @@ func (l *lab) configure(t *testing.T, h *netlink.Handle, name, ip string, route 
 	if err := h.AddrAdd(link, addr); err != nil {
 		t.Fatalf("address %s on %s: %v", ip, name, err)
 	}
+	// An IPv6 address too: going down flushes it, so restoring an original
+	// must add it back.
+	v6, err := netlink.ParseAddr(ipv6Of(ip) + "/64")
+	if err != nil {
+		t.Fatal(err)
+	}
+	v6.Flags = unix.IFA_F_NODAD
+	if err := h.AddrAdd(link, v6); err != nil {
+		t.Fatalf("address %s on %s: %v", v6, name, err)
+	}
 	if err := h.LinkSetUp(link); err != nil {
 		t.Fatal(err)
 	}
@@ -176,6 +187,11 @@ func (l *lab) configure(t *testing.T, h *netlink.Handle, name, ip string, route 
 			t.Fatalf("route on %s: %v", name, err)
 		}
 	}
+}
+
+// ipv6Of is the test's IPv6 address beside an IPv4 one: fd00:77::<last byte>.
+func ipv6Of(ip string) string {
+	return fmt.Sprintf("fd00:77::%x", net.ParseIP(ip).To4()[3])
 }
 
 // holder is a holder process in a namespace of its own.

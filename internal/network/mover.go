@@ -25,11 +25,15 @@ type Mover struct {
 	// this process copied: going down flushes an original's IPv4 routes and
 	// IPv6 addresses, and a copy lacks its default routes.
 	configs map[string]ipConfig
+	// known is the records of the last round: a holder that withdrew its
+	// record (it is stopping) may still have its namespace, and gets its
+	// original back.
+	known map[string]Record
 }
 
 // NewMover returns a mover that makes copies in host.
 func NewMover(host Stack, nss Namespaces, recs Records, log logr.Logger) *Mover {
-	return &Mover{host: host, nss: nss, recs: recs, log: log, configs: map[string]ipConfig{}}
+	return &Mover{host: host, nss: nss, recs: recs, log: log, configs: map[string]ipConfig{}, known: map[string]Record{}}
 }
 
 // Run makes and removes copies until ctx ends, then removes every copy and
@@ -97,7 +101,7 @@ func (m *Mover) Sync() error {
 		rec, ok := byUID[uid]
 		if !ok {
 			m.log.Info("removing the copy of a holder that withdrew its record", "copy", c.Name, "holder", uid)
-			errs = append(errs, m.remove(c, nil))
+			errs = append(errs, m.removeRestoring(c, m.known[uid]))
 			continue
 		}
 		hs, err := m.nss.Open(rec)
@@ -132,6 +136,10 @@ func (m *Mover) Sync() error {
 		if _, todo := byUID[rec.PodUID]; todo {
 			errs = append(errs, m.copy(rec))
 		}
+	}
+	m.known = make(map[string]Record, len(r.recs))
+	for _, rec := range r.recs {
+		m.known[rec.PodUID] = rec
 	}
 	return errors.Join(errs...)
 }
@@ -261,23 +269,34 @@ func (m *Mover) RemoveAll() error {
 	}
 	errs := []error{listErr}
 	for uid, c := range r.copies {
-		var hs Stack
-		if rec, ok := r.byUID[uid]; ok {
-			if hs, err = m.nss.Open(rec); err != nil {
-				hs = nil
-				if !errors.Is(err, ErrHolderGone) {
-					errs = append(errs, err)
-				}
-			}
+		rec, ok := r.byUID[uid]
+		if !ok {
+			rec = m.known[uid]
 		}
-		if err := m.remove(c, hs); err != nil {
-			errs = append(errs, err)
-		} else {
-			m.log.Info("removed copy", "copy", c.Name, "holder", uid, "originalRestored", hs != nil)
-		}
-		if hs != nil {
-			hs.Close()
-		}
+		errs = append(errs, m.removeRestoring(c, rec))
 	}
 	return errors.Join(errs...)
+}
+
+// removeRestoring removes a copy and, if rec's namespace still lives (a
+// zero rec has none), gives the holder its original back.
+func (m *Mover) removeRestoring(c Link, rec Record) error {
+	var hs Stack
+	var openErr error
+	if rec.PodUID != "" {
+		if hs, openErr = m.nss.Open(rec); openErr != nil {
+			hs = nil
+			if errors.Is(openErr, ErrHolderGone) {
+				openErr = nil
+			}
+		}
+	}
+	if hs != nil {
+		defer hs.Close()
+	}
+	if err := m.remove(c, hs); err != nil {
+		return errors.Join(openErr, err)
+	}
+	m.log.Info("removed copy", "copy", c.Name, "holder", rec.PodUID, "originalRestored", hs != nil)
+	return openErr
 }

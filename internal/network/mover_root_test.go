@@ -65,6 +65,19 @@ func checkConfig(t *testing.T, h *netlink.Handle, link netlink.Link, ip string, 
 	if len(addrs) != 1 || addrs[0].IPNet.String() != ip+"/24" {
 		t.Errorf("%s has addresses %v, want %s/24", link.Attrs().Name, addrs, ip)
 	}
+	v6, err := h.AddrList(link, netlink.FAMILY_V6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var global []string
+	for _, a := range v6 {
+		if !a.IP.IsLinkLocalUnicast() {
+			global = append(global, a.IPNet.String())
+		}
+	}
+	if len(global) != 1 || global[0] != ipv6Of(ip)+"/64" {
+		t.Errorf("%s has IPv6 addresses %v, want %s/64", link.Attrs().Name, global, ipv6Of(ip))
+	}
 	routes, err := h.RouteList(link, netlink.FAMILY_V4)
 	if err != nil {
 		t.Fatal(err)

@@ -198,3 +198,38 @@ func TestOwnedCopy(t *testing.T) {
 		t.Errorf("copy name %q: %d characters, want 15", n, len(n))
 	}
 }
+
+// recordList is a holder folder whose records a test changes between rounds.
+type recordList struct{ recs []Record }
+
+func (r *recordList) List() ([]Record, error) { return r.recs, nil }
+
+// TestMoverRestoresAHolderThatWithdrew: a holder that withdraws its record
+// (stopping) loses its copy; its namespace still lives, so its original
+// comes back whole; a restarted holder is then copied with its whole
+// configuration again.
+func TestMoverRestoresAHolderThatWithdrew(t *testing.T) {
+	host, holder, rec := fakeNode(t)
+	recs := &recordList{recs: []Record{rec}}
+	m := NewMover(host, fakeNamespaces{"pod-a": holder}, recs, testr.New(t))
+	if err := m.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	recs.recs = nil
+	if err := m.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if host.links[CopyName("pod-a")] != nil {
+		t.Fatal("copy kept after its holder withdrew")
+	}
+	if orig := holder.links["net1"]; !orig.Up || len(orig.routes) != 2 {
+		t.Errorf("original after withdrawal: up=%v routes %v; want it whole", orig.Up, orig.routes)
+	}
+	recs.recs = []Record{rec}
+	if err := m.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if c := host.links[CopyName("pod-a")]; c == nil || len(c.routes) != 1 || len(c.addrs) != 2 {
+		t.Errorf("copy of the returned holder: %+v", c)
+	}
+}
