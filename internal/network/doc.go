@@ -24,5 +24,17 @@
 // the host). A namespace no process is in is gone, and so is its holder;
 // comparing the identity, never a PID alone, keeps a reused PID from
 // pointing at another pod. The holder needs no host PID, no mount rights and
-// no API access: it stays tiny.
+// no API access: it stays tiny. The netns mode finds a namespace the same
+// way (ProcNamespaces.Handle), so its process needs host PID too.
+//
+// What a copy carries: the original's addresses (IPv6 link-local ones are
+// made by the kernel from the MAC) and its routes, except the kernel's
+// prefix routes and default routes (the host keeps its own default route).
+// A route the host has already, through another holder's copy on the same
+// network, is left to that copy. A copy is made in steps (create down with
+// addresses, original down, copy up, routes, alias "copied"); any failure
+// removes the copy and restores the original, and a copy a killed mover
+// left "copying" is removed by the next one. Going down flushes an
+// original's IPv4 routes and IPv6 addresses, so the mover restores an
+// original from what it read before (or from the copy, after a restart).
 package network
