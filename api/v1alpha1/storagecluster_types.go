@@ -116,6 +116,7 @@ type AgentSpec struct {
 }
 
 // NetworkSpec selects the networks storage traffic uses.
+// +kubebuilder:validation:XValidation:rule="!has(self.selectors) || self.provider == 'multus'",message="network.selectors is only allowed with provider multus"
 type NetworkSpec struct {
 	// Provider is host (default) or multus.
 	// +kubebuilder:default=host
@@ -129,13 +130,19 @@ type NetworkSpec struct {
 
 // NetworkSelectors name the multus networks for client and replication traffic.
 type NetworkSelectors struct {
-	// Public carries client traffic.
-	// +kubebuilder:validation:MinLength=1
+	// Public carries client traffic: the agents to the Ceph daemons, NFS
+	// between workloads and share managers. A NetworkAttachmentDefinition,
+	// "namespace/name".
+	// +kubebuilder:validation:MaxLength=317
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?/[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$') && self.size() - self.indexOf('/') - 1 <= 253",message="must be the namespace/name of a NetworkAttachmentDefinition"
 	// +optional
 	Public string `json:"public,omitempty"`
 
-	// Cluster carries replication traffic; it defaults to Public.
-	// +kubebuilder:validation:MinLength=1
+	// Cluster carries replication traffic between backend daemons that use
+	// one; it defaults to Public. A NetworkAttachmentDefinition,
+	// "namespace/name".
+	// +kubebuilder:validation:MaxLength=317
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?/[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$') && self.size() - self.indexOf('/') - 1 <= 253",message="must be the namespace/name of a NetworkAttachmentDefinition"
 	// +optional
 	Cluster string `json:"cluster,omitempty"`
 }

@@ -30,3 +30,19 @@ type Command struct {
 	// Main parses args (without the command name) and runs the command.
 	Main func(ctx context.Context, args []string, stdio IO) error
 }
+
+// Runner is a command's parsed configuration.
+type Runner interface {
+	Run(ctx context.Context) error
+}
+
+// ParseThenRun is a Main for a command whose flags parse into a Runner.
+func ParseThenRun[R Runner](parse func(args []string, stdio IO) (R, error)) func(context.Context, []string, IO) error {
+	return func(ctx context.Context, args []string, stdio IO) error {
+		r, err := parse(args, stdio)
+		if err != nil {
+			return err
+		}
+		return r.Run(ctx)
+	}
+}
