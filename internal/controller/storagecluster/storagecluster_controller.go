@@ -137,7 +137,7 @@ type Reconciler struct {
 // The VolumeSnapshotClasses, where the snapshot API is served; the CRDs'
 // metadata tell when it is installed.
 // +kubebuilder:rbac:groups=snapshot.storage.k8s.io,resources=volumesnapshotclasses,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups=apiextensions.k8s.io,resources=customresourcedefinitions,verbs=list;watch
+// +kubebuilder:rbac:groups=apiextensions.k8s.io,resources=customresourcedefinitions,verbs=get;list;watch
 
 // SetupWithManager registers the reconciler and applies the node-wide set
 // at start. Owns() brings back a cluster's classes that someone deletes;
@@ -208,7 +208,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		r.event(sc, corev1.EventTypeWarning, ReasonDataDirOverlap, why.Error())
 		return ctrl.Result{}, r.writeRefused(ctx, sc, why)
 	}
-	clusterErr := r.applyCluster(ctx, sc)
+	snapshotPending, clusterErr := r.applyCluster(ctx, sc)
 	if errors.Is(clusterErr, ErrForeign) {
 		r.event(sc, corev1.EventTypeWarning, ReasonForeignObject, clusterErr.Error())
 	}
@@ -222,6 +222,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	if applyErr != nil {
 		return ctrl.Result{}, applyErr
+	}
+	if snapshotPending && (recheck == 0 || recheck > snapshotAPIRetry) {
+		recheck = snapshotAPIRetry
 	}
 	return ctrl.Result{RequeueAfter: recheck}, nil
 }
