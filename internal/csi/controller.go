@@ -354,14 +354,11 @@ func (s *Controller) deleteObject(ctx context.Context, kind, id string, obj clie
 	if id == "" {
 		return status.Errorf(codes.InvalidArgument, "%s ID missing", strings.ToLower(kind))
 	}
-	if !validID(id) {
-		return nil // no such object can exist
-	}
-	switch err := s.c.Get(ctx, client.ObjectKey{Name: id}, obj); {
-	case apierrors.IsNotFound(err):
-		return nil
+	switch _, err := getObject(ctx, s, kind, id, obj); {
+	case status.Code(err) == codes.NotFound:
+		return nil // gone, or never made: an ID berth does not make
 	case err != nil:
-		return status.Errorf(codes.Unavailable, "get %s %s: %v", kind, id, err)
+		return err
 	case inCeph(node()):
 		return deleteCeph(ctx)
 	}
@@ -487,17 +484,23 @@ func (s *Controller) ControllerExpandVolume(ctx context.Context, req *csi.Contro
 }
 
 func (s *Controller) getVolume(ctx context.Context, id string) (*v1.Volume, error) {
+	return getObject(ctx, s, "Volume", id, &v1.Volume{})
+}
+
+// getObject reads into obj the Volume or Snapshot (kind) named id: NotFound
+// for an ID berth never makes too, Unavailable when the API server fails.
+func getObject[T client.Object](ctx context.Context, s *Controller, kind, id string, obj T) (T, error) {
+	var none T
 	if !validID(id) {
-		return nil, status.Errorf(codes.NotFound, "volume %q not found", id)
+		return none, status.Errorf(codes.NotFound, "%s %q not found", strings.ToLower(kind), id)
 	}
-	vol := &v1.Volume{}
-	if err := s.c.Get(ctx, client.ObjectKey{Name: id}, vol); err != nil {
+	if err := s.c.Get(ctx, client.ObjectKey{Name: id}, obj); err != nil {
 		if apierrors.IsNotFound(err) {
-			return nil, status.Errorf(codes.NotFound, "volume %q not found", id)
+			return none, status.Errorf(codes.NotFound, "%s %q not found", strings.ToLower(kind), id)
 		}
-		return nil, status.Errorf(codes.Unavailable, "get Volume %s: %v", id, err)
+		return none, status.Errorf(codes.Unavailable, "get %s %s: %v", kind, id, err)
 	}
-	return vol, nil
+	return obj, nil
 }
 
 func csiVolume(v *v1.Volume, src *csi.VolumeContentSource) *csi.Volume {

@@ -207,17 +207,7 @@ func (s *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 }
 
 func (s *Controller) getSnapshot(ctx context.Context, id string) (*v1.Snapshot, error) {
-	if !validID(id) {
-		return nil, status.Errorf(codes.NotFound, "snapshot %q not found", id)
-	}
-	snap := &v1.Snapshot{}
-	if err := s.c.Get(ctx, client.ObjectKey{Name: id}, snap); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil, status.Errorf(codes.NotFound, "snapshot %q not found", id)
-		}
-		return nil, status.Errorf(codes.Unavailable, "get Snapshot %s: %v", id, err)
-	}
-	return snap, nil
+	return getObject(ctx, s, "Snapshot", id, &v1.Snapshot{})
 }
 
 func csiSnapshot(s *v1.Snapshot) *csi.Snapshot {
