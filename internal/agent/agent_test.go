@@ -10,6 +10,7 @@ import (
 	"github.com/go-logr/logr"
 	mountutils "k8s.io/mount-utils"
 	testingexec "k8s.io/utils/exec/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/berth-io/berth/internal/blockdev/launch"
@@ -25,11 +26,7 @@ func newTestAgent(t *testing.T, c Config) *Agent {
 		c.Node = "node-a"
 	}
 	if c.API == nil {
-		s, err := scheme.New()
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.API = fake.NewClientBuilder().WithScheme(s).Build()
+		c.API = fakeAPI(t).Build()
 	}
 	if c.Images == nil {
 		c.Images = fakeImages{}
@@ -56,6 +53,17 @@ func newTestAgent(t *testing.T, c Config) *Agent {
 		t.Fatal(err)
 	}
 	return a
+}
+
+// fakeAPI is a fake API server client builder that knows berth's types and
+// holds objs.
+func fakeAPI(t *testing.T, objs ...client.Object) *fake.ClientBuilder {
+	t.Helper()
+	s, err := scheme.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fake.NewClientBuilder().WithScheme(s).WithObjects(objs...)
 }
 
 func TestNewRefusesBadConfig(t *testing.T) {

@@ -6,12 +6,10 @@ import (
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/keeper"
 	"github.com/berth-io/berth/internal/metrics"
-	"github.com/berth-io/berth/internal/scheme"
 )
 
 // TestNodeMetricsCounts: this node's Volumes are counted by state and
@@ -19,15 +17,11 @@ import (
 // recorded at stage, else the one new stages get), other nodes' are not;
 // the keeper's held connections are its List.
 func TestNodeMetricsCounts(t *testing.T) {
-	s, err := scheme.New()
-	if err != nil {
-		t.Fatal(err)
-	}
 	vol := func(name, node string, mounter v1.Mounter, state v1.VolumeState) *v1.Volume {
 		return &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{v1.NodeLabel: node}},
 			Spec: v1.VolumeSpec{Node: node, Mounter: mounter}, Status: v1.VolumeStatus{State: state}}
 	}
-	c := fake.NewClientBuilder().WithScheme(s).WithObjects(
+	c := fakeAPI(t,
 		vol("k1", "node-a", v1.MounterKernel, v1.VolumeAvailable),
 		vol("k2", "node-a", "", v1.VolumeAvailable),
 		vol("k3", "node-a", v1.MounterKernel, ""),

@@ -119,6 +119,15 @@ func get(t *testing.T, obj client.Object) {
 	})
 }
 
+// gone waits until obj is deleted (its finalizers done).
+func gone(t *testing.T, obj client.Object) {
+	t.Helper()
+	eventually(t, fmt.Sprintf("%T %s gone", obj, obj.GetName()), func(ctx context.Context) (bool, error) {
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(obj), obj)
+		return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
+	})
+}
+
 // newCluster creates a StorageCluster and, at the end of the test, deletes it
 // with its own objects (envtest runs no garbage collector); the node-wide
 // set stays, as it does in a real cluster.
