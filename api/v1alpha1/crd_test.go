@@ -143,6 +143,35 @@ func TestStorageClusterNetworkSelectors(t *testing.T) {
 	}}, "network.selectors is only allowed with provider multus")
 }
 
+// TestStorageClusterMultusMode: the mover is off unless chosen (netns is
+// the default), the mode is netns or mover, and spec.network.multus goes
+// with provider multus only.
+func TestStorageClusterMultusMode(t *testing.T) {
+	suite.Require(t)
+	multus := func(name string, m *v1.MultusSpec) *v1.StorageCluster {
+		return &v1.StorageCluster{ObjectMeta: meta(name), Spec: v1.StorageClusterSpec{
+			Network: v1.NetworkSpec{Provider: v1.NetworkProviderMultus, Selectors: &v1.NetworkSelectors{Public: "storage/public"}, Multus: m},
+		}}
+	}
+	var got v1.StorageCluster
+	createAndRead(t, multus("mode-unset", nil), &got)
+	if got.Spec.Network.MultusMode() != v1.MultusModeNetns {
+		t.Errorf("mode unset: MultusMode() = %q, want netns", got.Spec.Network.MultusMode())
+	}
+	createAndRead(t, multus("mode-empty", &v1.MultusSpec{}), &got)
+	if got.Spec.Network.Multus == nil || got.Spec.Network.Multus.Mode != v1.MultusModeNetns {
+		t.Errorf("mode defaulted to %+v, want netns", got.Spec.Network.Multus)
+	}
+	createAndRead(t, multus("mode-mover", &v1.MultusSpec{Mode: v1.MultusModeMover, HolderImage: "registry.example/berth:v1"}), &got)
+	if got.Spec.Network.MultusMode() != v1.MultusModeMover || got.Spec.Network.Multus.HolderImage != "registry.example/berth:v1" {
+		t.Errorf("mover: %+v", got.Spec.Network.Multus)
+	}
+	mustRefuse(t, multus("mode-bad", &v1.MultusSpec{Mode: "move"}), "spec.network.multus.mode", `"netns", "mover"`)
+	mustRefuse(t, &v1.StorageCluster{ObjectMeta: meta("mode-host"), Spec: v1.StorageClusterSpec{
+		Network: v1.NetworkSpec{Provider: v1.NetworkProviderHost, Multus: &v1.MultusSpec{Mode: v1.MultusModeMover}},
+	}}, "network.multus is only allowed with provider multus")
+}
+
 // TestStorageClusterDataDir: the CRD refuses / and system folders as the
 // data dir (the agent and keeper mount it read-write from the host), and
 // the operator's and agent's check agrees with it on every case.
