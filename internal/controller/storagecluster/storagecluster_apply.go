@@ -25,6 +25,9 @@ var ErrForeign = errors.New("exists and was not made by this StorageCluster")
 type observed struct {
 	agent, keeper *appsv1.DaemonSet
 	controller    *appsv1.Deployment
+	// mover is node-wide (no ResourceVersion: none runs); holder is the
+	// cluster's own.
+	mover, holder *appsv1.DaemonSet
 }
 
 // applyCluster creates or updates the objects of one cluster: its

@@ -111,6 +111,9 @@ type Reconciler struct {
 	CheckCeph          CephCheck
 	LookupHost         func(ctx context.Context, host string) ([]string, error)
 	CephConnectTimeout time.Duration
+	// NetworkRecheck is how often a multus cluster's networks are read
+	// again (0: DefaultNetworkRecheck).
+	NetworkRecheck time.Duration
 
 	cephChecks cephChecks
 
@@ -163,6 +166,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 			DeleteFunc: func(event.DeleteEvent) bool { return true },
 		})).
 		Owns(&storagev1.StorageClass{}).
+		Owns(&appsv1.DaemonSet{}). // the holders
 		Named("storagecluster")
 	if err := mgr.Add(manager.RunnableFunc(r.startNodeWide)); err != nil {
 		return err
@@ -209,6 +213,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, r.writeRefused(ctx, sc, why)
 	}
 	snapshotPending, clusterErr := r.applyCluster(ctx, sc)
+	var holderErr error
+	obs.holder, holderErr = r.applyHolder(ctx, sc)
+	clusterErr = errors.Join(clusterErr, holderErr)
 	if errors.Is(clusterErr, ErrForeign) {
 		r.event(sc, corev1.EventTypeWarning, ReasonForeignObject, clusterErr.Error())
 	}
@@ -217,16 +224,26 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		log.Error(applyErr, "applying objects")
 	}
 	backendCond, recheck := r.backendCondition(ctx, log, sc)
-	if err := r.writeStatus(ctx, sc, obs, applyErr, backendCond); err != nil {
+	netCond, netRecheck := r.networkCondition(ctx, sc)
+	if err := r.writeStatus(ctx, sc, obs, applyErr, backendCond, netCond); err != nil {
 		return ctrl.Result{}, err
 	}
 	if applyErr != nil {
 		return ctrl.Result{}, applyErr
 	}
-	if snapshotPending && (recheck == 0 || recheck > snapshotAPIRetry) {
-		recheck = snapshotAPIRetry
+	recheck = sooner(recheck, netRecheck)
+	if snapshotPending {
+		recheck = sooner(recheck, snapshotAPIRetry)
 	}
 	return ctrl.Result{RequeueAfter: recheck}, nil
+}
+
+// sooner returns the shorter of two recheck delays, where 0 means none.
+func sooner(a, b time.Duration) time.Duration {
+	if a == 0 || (b > 0 && b < a) {
+		return b
+	}
+	return a
 }
 
 // reconcileDelete runs the cleanup rule and lets the cluster go once it holds.
