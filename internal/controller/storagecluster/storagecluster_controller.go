@@ -1,10 +1,12 @@
 // Package storagecluster is the operator's StorageCluster reconciler. It
 // deploys one node-wide set for every cluster (the agent and keeper
 // DaemonSets, the CSI controller Deployment, their Services and the
-// CSIDriver, owned by no cluster: deleting one never removes them), and per
-// cluster its StorageClasses and (where the snapshot API is served) its
-// VolumeSnapshotClass; it keeps them as specified, reports readiness per
-// cluster, and runs a cluster's cleanup rule on deletion.
+// CSIDriver, owned by no cluster: deleting one never removes them; the
+// multus mover while any cluster asks for it), and per cluster its
+// StorageClasses, (where the snapshot API is served) its
+// VolumeSnapshotClass and (multus) its holder DaemonSet; it keeps them as
+// specified, reports readiness per cluster, checks its networks, and runs
+// a cluster's cleanup rule on deletion.
 //
 // It lives in its own package so that controller-gen can generate the
 // operator's RBAC from its markers alone (the node-side reconcilers in
