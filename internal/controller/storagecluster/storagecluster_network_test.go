@@ -34,9 +34,11 @@ func installNADCRD(t *testing.T) {
 	if err := yaml.Unmarshal(data, &crd.Object); err != nil {
 		t.Fatal(err)
 	}
-	if err := env.Client.Create(testCtx(t), crd); err != nil {
-		t.Fatalf("install the NetworkAttachmentDefinition CRD: %v", err)
-	}
+	// The last test's CRD may still be going away.
+	eventually(t, "the NetworkAttachmentDefinition CRD installs", func(ctx context.Context) (bool, error) {
+		err := env.Client.Create(ctx, crd.DeepCopy())
+		return err == nil, client.IgnoreAlreadyExists(err)
+	})
 	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), crd) })
 }
 
