@@ -13,6 +13,7 @@ require (
 	github.com/onsi/gomega v1.36.1
 	github.com/prometheus/client_golang v1.22.0
 	github.com/vishvananda/netlink v1.3.1
+	github.com/vishvananda/netns v0.0.5
 	go.uber.org/zap v1.27.0
 	golang.org/x/sys v0.33.0
 	google.golang.org/grpc v1.72.1
@@ -25,8 +26,6 @@ require (
 	k8s.io/utils v0.0.0-20260707023825-cf1189d6abe3
 	sigs.k8s.io/controller-runtime v0.22.5
 )
-
-require github.com/vishvananda/netns v0.0.5 // indirect
 
 require (
 	github.com/aurorasolar/go-nfs-client v1.0.0

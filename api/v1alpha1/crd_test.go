@@ -107,6 +107,71 @@ func TestStorageClusterMultus(t *testing.T) {
 	}}, "spec.agent.userspaceTransport")
 }
 
+// TestStorageClusterNetworkSelectors: multus selectors name
+// NetworkAttachmentDefinitions as namespace/name, and only with multus.
+func TestStorageClusterNetworkSelectors(t *testing.T) {
+	suite.Require(t)
+	multus := func(name string, sel v1.NetworkSelectors) *v1.StorageCluster {
+		return &v1.StorageCluster{ObjectMeta: meta(name), Spec: v1.StorageClusterSpec{
+			Network: v1.NetworkSpec{Provider: v1.NetworkProviderMultus, Selectors: &sel},
+		}}
+	}
+	var got v1.StorageCluster
+	createAndRead(t, multus("net-both", v1.NetworkSelectors{Public: "storage/public", Cluster: "ceph-net/replication.v2"}), &got)
+	if got.Spec.Network.Selectors.ClusterNetwork() != "ceph-net/replication.v2" {
+		t.Errorf("cluster network = %q, want the one given", got.Spec.Network.Selectors.ClusterNetwork())
+	}
+	createAndRead(t, multus("net-cluster-only", v1.NetworkSelectors{Cluster: "storage/replication"}), &got)
+
+	const want = "must be the namespace/name of a NetworkAttachmentDefinition"
+	for i, bad := range []string{
+		"public", "/public", "storage/", "storage/a/b", "Storage/public", "storage/Public",
+		"-storage/public", "storage/public-", strings.Repeat("n", 64) + "/public",
+		"storage/" + strings.Repeat("n", 254), "storage /public",
+	} {
+		mustRefuse(t, multus(fmt.Sprintf("net-bad-public-%d", i), v1.NetworkSelectors{Public: bad}), "spec.network.selectors.public", want)
+		mustRefuse(t, multus(fmt.Sprintf("net-bad-cluster-%d", i), v1.NetworkSelectors{Public: "storage/public", Cluster: bad}), "spec.network.selectors.cluster", want)
+	}
+	createAndRead(t, multus("net-longest", v1.NetworkSelectors{Public: strings.Repeat("n", 63) + "/" + strings.Repeat("a", 253)}), &got)
+
+	mustRefuse(t, &v1.StorageCluster{ObjectMeta: meta("net-host-selectors"), Spec: v1.StorageClusterSpec{
+		Network: v1.NetworkSpec{Provider: v1.NetworkProviderHost, Selectors: &v1.NetworkSelectors{Public: "storage/public"}},
+	}}, "network.selectors is only allowed with provider multus")
+	// No provider: the default, host, takes no selectors either.
+	mustRefuse(t, &v1.StorageCluster{ObjectMeta: meta("net-default-selectors"), Spec: v1.StorageClusterSpec{
+		Network: v1.NetworkSpec{Selectors: &v1.NetworkSelectors{Public: "storage/public"}},
+	}}, "network.selectors is only allowed with provider multus")
+}
+
+// TestStorageClusterMultusMode: the mover is off unless chosen (netns is
+// the default), the mode is netns or mover, and spec.network.multus goes
+// with provider multus only.
+func TestStorageClusterMultusMode(t *testing.T) {
+	suite.Require(t)
+	multus := func(name string, m *v1.MultusSpec) *v1.StorageCluster {
+		return &v1.StorageCluster{ObjectMeta: meta(name), Spec: v1.StorageClusterSpec{
+			Network: v1.NetworkSpec{Provider: v1.NetworkProviderMultus, Selectors: &v1.NetworkSelectors{Public: "storage/public"}, Multus: m},
+		}}
+	}
+	var got v1.StorageCluster
+	createAndRead(t, multus("mode-unset", nil), &got)
+	if got.Spec.Network.MultusMode() != v1.MultusModeNetns {
+		t.Errorf("mode unset: MultusMode() = %q, want netns", got.Spec.Network.MultusMode())
+	}
+	createAndRead(t, multus("mode-empty", &v1.MultusSpec{}), &got)
+	if got.Spec.Network.Multus == nil || got.Spec.Network.Multus.Mode != v1.MultusModeNetns {
+		t.Errorf("mode defaulted to %+v, want netns", got.Spec.Network.Multus)
+	}
+	createAndRead(t, multus("mode-mover", &v1.MultusSpec{Mode: v1.MultusModeMover, HolderImage: "registry.example/berth:v1"}), &got)
+	if got.Spec.Network.MultusMode() != v1.MultusModeMover || got.Spec.Network.Multus.HolderImage != "registry.example/berth:v1" {
+		t.Errorf("mover: %+v", got.Spec.Network.Multus)
+	}
+	mustRefuse(t, multus("mode-bad", &v1.MultusSpec{Mode: "move"}), "spec.network.multus.mode", `"netns", "mover"`)
+	mustRefuse(t, &v1.StorageCluster{ObjectMeta: meta("mode-host"), Spec: v1.StorageClusterSpec{
+		Network: v1.NetworkSpec{Provider: v1.NetworkProviderHost, Multus: &v1.MultusSpec{Mode: v1.MultusModeMover}},
+	}}, "network.multus is only allowed with provider multus")
+}
+
 // TestStorageClusterDataDir: the CRD refuses / and system folders as the
 // data dir (the agent and keeper mount it read-write from the host), and
 // the operator's and agent's check agrees with it on every case.

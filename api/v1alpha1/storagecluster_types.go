@@ -115,7 +115,23 @@ type AgentSpec struct {
 	UserspaceTransport UserspaceTransport `json:"userspaceTransport,omitempty"`
 }
 
+// MultusMode is how host-network processes (the agents) use the public
+// network that the holder pods keep.
+// +kubebuilder:validation:Enum=netns;mover
+type MultusMode string
+
+const (
+	// MultusModeNetns: the agent runs its storage network operations inside
+	// the holder's network namespace; no interface moves (the default).
+	MultusModeNetns MultusMode = "netns"
+	// MultusModeMover: a privileged mover DaemonSet disables each holder's
+	// interface and copies it into the host network namespace.
+	MultusModeMover MultusMode = "mover"
+)
+
 // NetworkSpec selects the networks storage traffic uses.
+// +kubebuilder:validation:XValidation:rule="!has(self.selectors) || self.provider == 'multus'",message="network.selectors is only allowed with provider multus"
+// +kubebuilder:validation:XValidation:rule="!has(self.multus) || self.provider == 'multus'",message="network.multus is only allowed with provider multus"
 type NetworkSpec struct {
 	// Provider is host (default) or multus.
 	// +kubebuilder:default=host
@@ -125,17 +141,53 @@ type NetworkSpec struct {
 	// Selectors name the multus NetworkAttachmentDefinitions ("namespace/name").
 	// +optional
 	Selectors *NetworkSelectors `json:"selectors,omitempty"`
+
+	// Multus sets how the holder pods keep the public network; only with
+	// provider multus. Unset: the netns mode, the holder runs berth's image.
+	// +optional
+	Multus *MultusSpec `json:"multus,omitempty"`
+}
+
+// MultusSpec sets the holder and how the agents use its interface.
+type MultusSpec struct {
+	// Mode is netns (default: the agents work inside the holders' network
+	// namespaces) or mover (a privileged DaemonSet copies each holder's
+	// interface into the host network namespace; off unless chosen). A
+	// change reaches a node when its holder pods are deleted (OnDelete).
+	// +kubebuilder:default=netns
+	// +optional
+	Mode MultusMode `json:"mode,omitempty"`
+
+	// HolderImage overrides the holder pods' image (default: the operator's
+	// berth image). It must provide `berth holder`.
+	// +kubebuilder:validation:MaxLength=1024
+	// +optional
+	HolderImage string `json:"holderImage,omitempty"`
+}
+
+// MultusMode returns the mode in effect: Multus.Mode, netns when unset.
+func (n NetworkSpec) MultusMode() MultusMode {
+	if n.Multus == nil || n.Multus.Mode == "" {
+		return MultusModeNetns
+	}
+	return n.Multus.Mode
 }
 
 // NetworkSelectors name the multus networks for client and replication traffic.
 type NetworkSelectors struct {
-	// Public carries client traffic.
-	// +kubebuilder:validation:MinLength=1
+	// Public carries client traffic: the agents to the Ceph daemons, NFS
+	// between workloads and share managers. A NetworkAttachmentDefinition,
+	// "namespace/name".
+	// +kubebuilder:validation:MaxLength=317
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?/[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$') && self.size() - self.indexOf('/') - 1 <= 253",message="must be the namespace/name of a NetworkAttachmentDefinition"
 	// +optional
 	Public string `json:"public,omitempty"`
 
-	// Cluster carries replication traffic; it defaults to Public.
-	// +kubebuilder:validation:MinLength=1
+	// Cluster carries replication traffic between backend daemons that use
+	// one; it defaults to Public. A NetworkAttachmentDefinition,
+	// "namespace/name".
+	// +kubebuilder:validation:MaxLength=317
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?/[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$') && self.size() - self.indexOf('/') - 1 <= 253",message="must be the namespace/name of a NetworkAttachmentDefinition"
 	// +optional
 	Cluster string `json:"cluster,omitempty"`
 }

@@ -20,7 +20,9 @@ import (
 	"github.com/berth-io/berth/internal/cli/csicontroller"
 	"github.com/berth-io/berth/internal/cli/dev"
 	"github.com/berth-io/berth/internal/cli/flexvolume"
+	"github.com/berth-io/berth/internal/cli/holder"
 	"github.com/berth-io/berth/internal/cli/keeper"
+	"github.com/berth-io/berth/internal/cli/mover"
 	"github.com/berth-io/berth/internal/cli/operator"
 	"github.com/berth-io/berth/internal/cli/share"
 	"github.com/berth-io/berth/internal/cli/sharemanager"
@@ -38,6 +40,8 @@ func commands() []cli.Command {
 		blockdev.Command(),
 		sharemanager.Command(),
 		share.Command(),
+		holder.Command(),
+		mover.Command(),
 		dev.Command(),
 		version.Command(),
 	}

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -56,7 +57,7 @@ type Agent struct {
 	flex   FlexConfig
 	us     *UserspaceConfig
 	procs  servers
-	// status and clock record formats in Volume status (WithVolumeStatus).
+	// status and clock record formats in Volume status (Config.Status).
 	status client.StatusClient
 	clock  clock.PassiveClock
 	// lockWait bounds how long background work (healing, cleanup) waits
@@ -65,32 +66,110 @@ type Agent struct {
 	// paths says which paths from kubelet and API objects the agent may
 	// mount, unmount or remove; the zero Rule refuses every one.
 	paths nodepath.Rule
-	// events tells on Volumes and PVs why an unstage waits (WithEvents).
+	// events tells on Volumes and PVs why an unstage waits (Config.Events).
 	events record.EventRecorder
 }
 
 // DefaultLockWait is how long background work waits for a busy volume.
 const DefaultLockWait = 10 * time.Second
 
-// New returns the agent of node. api reads Volume objects (uncached, so that
-// a volume made a moment ago is found).
-func New(node string, api client.Reader, images Images, loop mount.Loop, mounts *mount.Manager, f Fencer, locks *VolumeLocks, log logr.Logger) *Agent {
-	return &Agent{node: node, api: api, images: images, loop: loop, mounts: mounts, fence: f, locks: locks, log: log,
-		lockWait: DefaultLockWait}
+// Config is everything an agent works with. Node, API, Images, Loop, Mounts
+// and Fence are required; the rest is optional and says what its zero value
+// leaves out.
+type Config struct {
+	// Node is the node this agent serves: it stages only volumes of this
+	// node and holds Attachment entries in its name.
+	Node string
+	// API reads Volume and StorageCluster objects, uncached, so that a
+	// volume made a moment ago is found.
+	API client.Reader
+	// Images finds a volume's backend image and its format record.
+	Images Images
+	// Loop attaches image files as loop devices (the kernel mounter, and
+	// the FUSE transport's file).
+	Loop mount.Loop
+	// Mounts formats, mounts and unmounts staging and publish paths.
+	Mounts *mount.Manager
+	// Fence records and checks who holds a volume (internal/fence).
+	Fence Fencer
+	// Locks are the per-volume locks; pass the healer's or cleaner's
+	// locks to share them (nil: new ones, see Agent.Locks).
+	Locks *VolumeLocks
+	// Log is the agent's logger (zero: discard).
+	Log logr.Logger
+	// LockWait bounds how long background work (healing, cleanup) waits
+	// for a busy volume before it retries later, so that one stuck
+	// volume never stops the others (0: DefaultLockWait).
+	LockWait time.Duration
+	// Paths says which kubelet and API paths the agent may mount, unmount
+	// or remove; the zero Rule refuses every path (fail closed).
+	Paths nodepath.Rule
+	// Flex enables the Flexvolume operations (zero: refused).
+	Flex FlexConfig
+	// Status lets the agent record in a Volume's status that it holds a
+	// filesystem (status.formatted), a second record beside the image's
+	// (nil: only the image keeps it).
+	Status client.StatusClient
+	// Clock stamps those records (nil: the real clock).
+	Clock clock.PassiveClock
+	// Events tells on the Volume and its PV why an unstage waits, since
+	// kubelet shows only its own words (nil: logged and returned only).
+	Events record.EventRecorder
+	// Userspace enables volumes with mounter userspace (nil: refused).
+	Userspace *UserspaceConfig
 }
 
-// WithLockWait sets how long background work waits for a busy volume.
-func (a *Agent) WithLockWait(d time.Duration) *Agent {
-	if d > 0 {
-		a.lockWait = d
+// ErrConfig means that New was given an unusable Config.
+var ErrConfig = errors.New("agent config")
+
+// New returns the agent that c describes, or an error naming every field
+// that is missing or wrong.
+func New(c Config) (*Agent, error) {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrConfig}, args...)...))
 	}
-	return a
-}
-
-// WithPaths sets the node's folders that paths must lie in.
-func (a *Agent) WithPaths(r nodepath.Rule) *Agent {
-	a.paths = r
-	return a
+	if c.Node == "" {
+		bad("Node is empty: the agent must know its node to fence")
+	}
+	for _, f := range []struct {
+		name    string
+		missing bool
+	}{{"API", c.API == nil}, {"Images", c.Images == nil}, {"Loop", c.Loop == nil}, {"Mounts", c.Mounts == nil}, {"Fence", c.Fence == nil}} {
+		if f.missing {
+			bad("%s is nil (required)", f.name)
+		}
+	}
+	if c.LockWait < 0 {
+		bad("LockWait %v is negative", c.LockWait)
+	}
+	if c.Flex.StagingRoot != "" && !filepath.IsAbs(c.Flex.StagingRoot) {
+		bad("Flex.StagingRoot %q is not an absolute path", c.Flex.StagingRoot)
+	}
+	if (c.Flex.StagingRoot == "") != (c.Flex.Holdings == nil) {
+		bad("Flex needs both StagingRoot and Holdings, or neither")
+	}
+	var us *UserspaceConfig
+	if c.Userspace != nil {
+		u, err := c.Userspace.withDefaults()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%w: Userspace: %w", ErrConfig, err))
+		}
+		us = &u
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	a := &Agent{node: c.Node, api: c.API, images: c.Images, loop: c.Loop, mounts: c.Mounts, fence: c.Fence,
+		locks: c.Locks, log: c.Log, lockWait: c.LockWait, paths: c.Paths, flex: c.Flex,
+		status: c.Status, clock: c.Clock, events: c.Events, us: us}
+	if a.locks == nil {
+		a.locks = NewVolumeLocks()
+	}
+	if a.lockWait == 0 {
+		a.lockWait = DefaultLockWait
+	}
+	return a, nil
 }
 
 // Paths is the rule for paths arriving at the agent (CSI, Flexvolume, API objects).

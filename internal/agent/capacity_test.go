@@ -8,10 +8,8 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
-	"github.com/berth-io/berth/internal/scheme"
 )
 
 // TestCapacitySkipsCephClusters: a class of a local StorageCluster gets this
@@ -20,10 +18,6 @@ import (
 // Free is not asked. The real path with the agent's RBAC and admission
 // policy is deploy's TestAgentWritesOnlyItsOwnNodesRecords.
 func TestCapacitySkipsCephClusters(t *testing.T) {
-	s, err := scheme.New()
-	if err != nil {
-		t.Fatal(err)
-	}
 	class := func(name, cluster string) *storagev1.StorageClass {
 		return &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Provisioner: v1.DriverName,
 			Parameters: map[string]string{v1.ParamStorageCluster: cluster}}
@@ -32,7 +26,7 @@ func TestCapacitySkipsCephClusters(t *testing.T) {
 		return &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: name},
 			Spec: v1.StorageClusterSpec{Backend: b, DataDir: "/var/lib/berth"}}
 	}
-	c := fake.NewClientBuilder().WithScheme(s).WithObjects(
+	c := fakeAPI(t,
 		class("disk", "local"), class("pool", "rbd"),
 		cluster("local", v1.BackendLocal), cluster("rbd", v1.BackendCeph),
 	).Build()

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
 	"golang.org/x/sys/unix"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
@@ -66,8 +65,8 @@ func TestStopNeverByKeeperPID(t *testing.T) {
 	defer unix.Close(fd)
 
 	k := &hostKeeper{vols: []keeper.Volume{{Name: "vol-1", Mountpoint: "/x", ServerPID: bystander.Process.Pid}}}
-	a := New("node-a", nil, fakeImages{path: "/images/vol-1.img"}, nil, nil, nil, NewVolumeLocks(), logr.Discard())
-	a.WithUserspace(UserspaceConfig{Root: t.TempDir(), Keeper: k, StopPID: launch.StopPID, StopTimeout: 2 * time.Second})
+	a := newTestAgent(t, Config{Images: fakeImages{path: "/images/vol-1.img"},
+		Userspace: &UserspaceConfig{Root: t.TempDir(), Keeper: k, StopPID: launch.StopPID, StopTimeout: 2 * time.Second}})
 	// The layout of agents before records: the server log marks a FUSE
 	// volume; the upgraded agent must still find it and stop it.
 	if err := os.WriteFile(serverLog(a.us.Root, "vol-1"), nil, 0o600); err != nil {
@@ -112,11 +111,11 @@ func (s stoppable) Stop(time.Duration) error {
 func TestStopOwnServerByHandle(t *testing.T) {
 	k := &hostKeeper{vols: []keeper.Volume{{Name: "vol-1", Mountpoint: "/x", ServerPID: 1 << 22}}}
 	stopped := 0
-	a := New("node-a", nil, fakeImages{path: "/images/vol-1.img"}, nil, nil, nil, NewVolumeLocks(), logr.Discard())
-	a.WithUserspace(UserspaceConfig{Root: t.TempDir(), Keeper: k, StopTimeout: time.Second,
-		Start: func(context.Context, launch.Params) (Server, error) {
-			return stoppable{pid: 7, stopped: &stopped}, nil
-		}})
+	a := newTestAgent(t, Config{Images: fakeImages{path: "/images/vol-1.img"},
+		Userspace: &UserspaceConfig{Root: t.TempDir(), Keeper: k, StopTimeout: time.Second,
+			Start: func(context.Context, launch.Params) (Server, error) {
+				return stoppable{pid: 7, stopped: &stopped}, nil
+			}}})
 	if _, err := fuseOf(a).start(context.Background(), launch.Params{Volume: "vol-1"}); err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +143,7 @@ func TestFakeStageRefusesKeeperOutOfSight(t *testing.T) {
 	k := &hostKeeper{}
 	stopped := 0
 	root := t.TempDir()
-	e.agent.WithUserspace(UserspaceConfig{Root: root, Binary: "/usr/bin/berth", KeeperSocket: "/run/berth/keeper.sock", Keeper: k,
+	e.cfg.Userspace = &UserspaceConfig{Root: root, Binary: "/usr/bin/berth", KeeperSocket: "/run/berth/keeper.sock", Keeper: k,
 		Start: func(_ context.Context, p launch.Params) (Server, error) {
 			k.mu.Lock()
 			defer k.mu.Unlock()
@@ -152,7 +151,8 @@ func TestFakeStageRefusesKeeperOutOfSight(t *testing.T) {
 			return stoppable{pid: 7, stopped: &stopped}, nil
 		},
 		FUSEMounted: func(string) (bool, error) { return false, nil },
-	})
+	}
+	e.agent = newTestAgent(t, e.cfg)
 	err := e.stage(t)
 	if !errors.Is(err, ErrKeeperNotShared) || !errors.Is(err, ErrUnsupported) {
 		t.Fatalf("stage with the keeper's mount out of sight: %v, want ErrKeeperNotShared (ErrUnsupported)", err)

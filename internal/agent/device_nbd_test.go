@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
@@ -112,11 +111,10 @@ func nbdAgent(t *testing.T, objs ...*v1.Volume) (*Agent, *fakeProcs, *fakeNBD) {
 	}
 	nbd := &fakeNBD{devs: map[string]string{}}
 	procs := &fakeProcs{t: t, root: t.TempDir(), nbd: nbd}
-	a := New("node-a", b.Build(), fakeImages{path: "/images/vol-1.img"}, nil, nil, nil, NewVolumeLocks(), logr.Discard())
-	a.WithUserspace(UserspaceConfig{
-		Root: t.TempDir(), Binary: "/usr/bin/berth", Transport: TransportNBD, NBD: nbd,
+	a := newTestAgent(t, Config{API: b.Build(), Images: fakeImages{path: "/images/vol-1.img"}, Userspace: &UserspaceConfig{
+		Root: t.TempDir(), Binary: "/usr/bin/berth", Keeper: &hostKeeper{}, Transport: TransportNBD, NBD: nbd,
 		Start: procs.start, StopPID: procs.stop, ProcRoot: procs.root, DeadConnTimeout: time.Minute,
-	})
+	}})
 	return a, procs, nbd
 }
 

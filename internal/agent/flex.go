@@ -25,12 +25,6 @@ type FlexConfig struct {
 	Holdings    Holdings
 }
 
-// WithFlex enables the Flexvolume operations.
-func (a *Agent) WithFlex(c FlexConfig) *Agent {
-	a.flex = c
-	return a
-}
-
 func (a *Agent) flexStaging(volume string) string {
 	return filepath.Join(a.flex.StagingRoot, volume)
 }

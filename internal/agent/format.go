@@ -6,7 +6,6 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
@@ -14,14 +13,6 @@ import (
 )
 
 // +kubebuilder:rbac:groups=berth.io,resources=volumes/status,verbs=patch
-
-// WithVolumeStatus lets the agent record in a Volume's status that it holds
-// a filesystem (status.formatted). Without it only the image keeps the
-// record.
-func (a *Agent) WithVolumeStatus(w client.StatusClient, c clock.PassiveClock) *Agent {
-	a.status, a.clock = w, c
-	return a
-}
 
 func (a *Agent) now() metav1.Time {
 	if a.clock == nil {

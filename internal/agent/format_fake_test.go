@@ -43,14 +43,7 @@ func TestFakeStageNeverFormatsRecordedOrCopied(t *testing.T) {
 			if name == "image records a format" {
 				*e.images.formatted = backend.FormatRecord{FSType: "ext4", Time: time.Now()}
 			}
-			err := e.stage(t)
-			if !errors.Is(err, mount.ErrHoldsData) {
-				t.Fatalf("stage: %v, want ErrHoldsData", err)
-			}
-			if e.exec.CommandCalls != 1 {
-				t.Errorf("%d commands ran, want only blkid", e.exec.CommandCalls)
-			}
-			e.leftNothing(t, "refused format")
+			e.refused(t, mount.ErrHoldsData, 1) // blkid only
 		})
 	}
 }
@@ -58,44 +51,26 @@ func TestFakeStageNeverFormatsRecordedOrCopied(t *testing.T) {
 // TestFakeStageProbeFailureIsNotBlank: a probe that fails, or a device that
 // cannot be read or holds data blkid does not name, fails stage: no mkfs.
 func TestFakeStageProbeFailureIsNotBlank(t *testing.T) {
-	t.Run("blkid fails", func(t *testing.T) {
-		e := newStageEnv(t, false, probeFails, nothingFound, command("mkfs.ext4", nil))
-		if err := e.stage(t); err == nil {
-			t.Fatal("stage succeeded with blkid failing")
-		}
-		if e.exec.CommandCalls != 1 {
-			t.Errorf("%d commands ran, want only blkid", e.exec.CommandCalls)
-		}
-		e.leftNothing(t, "failed probe")
-	})
-	t.Run("device unreadable", func(t *testing.T) {
-		e := newStageEnv(t, false, nothingFound, nothingFound, command("mkfs.ext4", nil))
-		e.loop.dev = t.TempDir() // a read gives EISDIR
-		if err := e.stage(t); err == nil || errors.Is(err, mount.ErrHoldsData) {
-			t.Fatalf("stage: %v, want a read error", err)
-		}
-		if e.exec.CommandCalls != 1 {
-			t.Errorf("%d commands ran, want only blkid", e.exec.CommandCalls)
-		}
-		e.leftNothing(t, "unreadable device")
-	})
-	t.Run("image holds data", func(t *testing.T) {
-		e := newStageEnv(t, false, nothingFound, nothingFound, command("mkfs.ext4", nil))
-		writeAt(t, e.images.path, 3<<20, "a user's file")
-		if err := e.stage(t); !errors.Is(err, mount.ErrHoldsData) {
-			t.Fatalf("stage: %v, want ErrHoldsData", err)
-		}
-		if e.exec.CommandCalls != 1 {
-			t.Errorf("%d commands ran, want only blkid", e.exec.CommandCalls)
-		}
-	})
-	t.Run("device end holds data", func(t *testing.T) {
-		e := newStageEnv(t, false, nothingFound, nothingFound, command("mkfs.ext4", nil))
-		writeAt(t, e.loop.dev, 4<<20-512, "md 1.0 superblock")
-		if err := e.stage(t); !errors.Is(err, mount.ErrHoldsData) {
-			t.Fatalf("stage: %v, want ErrHoldsData", err)
-		}
-	})
+	for _, c := range []struct {
+		name  string
+		probe testingexec.FakeCommandAction
+		edit  func(t *testing.T, e *stageEnv)
+		// want is the error (nil: any but ErrHoldsData).
+		want error
+	}{
+		{"blkid fails", probeFails, func(*testing.T, *stageEnv) {}, nil},
+		{"device unreadable", nothingFound, func(t *testing.T, e *stageEnv) { e.loop.dev = t.TempDir() }, nil}, // a read gives EISDIR
+		{"image holds data", nothingFound, func(t *testing.T, e *stageEnv) { writeAt(t, e.images.path, 3<<20, "a user's file") }, mount.ErrHoldsData},
+		{"device end holds data", nothingFound, func(t *testing.T, e *stageEnv) { writeAt(t, e.loop.dev, 4<<20-512, "md 1.0 superblock") }, mount.ErrHoldsData},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newStageEnv(t, false, c.probe, nothingFound, command("mkfs.ext4", nil))
+			c.edit(t, e)
+			if err := e.refused(t, c.want, 1); c.want == nil && errors.Is(err, mount.ErrHoldsData) { // blkid only
+				t.Errorf("stage: %v, want a probe or read error", err)
+			}
+		})
+	}
 }
 
 // TestFakeStageRecordsFormat: a stage that made a filesystem records it on

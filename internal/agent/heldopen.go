@@ -6,7 +6,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/tools/record"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/mount"
@@ -15,13 +14,6 @@ import (
 // ReasonDeviceHeldOpen is the Warning Event reason when unstage is refused
 // because a process on the node holds the volume's device open.
 const ReasonDeviceHeldOpen = "DeviceHeldOpen"
-
-// WithEvents lets the agent tell on the Volume and its PV why an unstage
-// waits; without it the refusal is only logged and returned.
-func (a *Agent) WithEvents(rec record.EventRecorder) *Agent {
-	a.events = rec
-	return a
-}
 
 // reportHeldOpen emits DeviceHeldOpen when err is a HeldOpenError: kubelet
 // retries the unstage and shows only its own words, so an operator looking

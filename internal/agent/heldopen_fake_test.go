@@ -9,25 +9,19 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/record"
-	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/mount"
-	"github.com/berth-io/berth/internal/scheme"
 )
 
 // A refused unstage for a held-open device is told on the Volume and on
 // the PV whose handle is the volume; other refusals emit nothing.
 func TestReportHeldOpen(t *testing.T) {
-	s, err := scheme.New()
-	if err != nil {
-		t.Fatal(err)
-	}
 	vol := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "pvc-1"}}
 	pv := &corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: "pvc-1"}, Spec: corev1.PersistentVolumeSpec{
 		PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{Driver: "berth.io", VolumeHandle: "pvc-1"}}}}
 	rec := record.NewFakeRecorder(10)
-	a := (&Agent{node: "n1", api: fake.NewClientBuilder().WithScheme(s).WithObjects(vol, pv).Build(), log: testr.New(t)}).WithEvents(rec)
+	a := newTestAgent(t, Config{Node: "n1", API: fakeAPI(t, vol, pv).Build(), Log: testr.New(t), Events: rec})
 
 	a.reportHeldOpen(t.Context(), "pvc-1", fmt.Errorf("unstage: %w", mount.ErrInUse))
 	held := &mount.HeldOpenError{Device: "/dev/loop3", Holders: []mount.Holder{{PID: 4242, Command: "sleep", PodUID: "u-1"}}}

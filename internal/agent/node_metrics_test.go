@@ -5,14 +5,11 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/go-logr/logr"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/keeper"
 	"github.com/berth-io/berth/internal/metrics"
-	"github.com/berth-io/berth/internal/scheme"
 )
 
 // TestNodeMetricsCounts: this node's Volumes are counted by state and
@@ -20,15 +17,11 @@ import (
 // recorded at stage, else the one new stages get), other nodes' are not;
 // the keeper's held connections are its List.
 func TestNodeMetricsCounts(t *testing.T) {
-	s, err := scheme.New()
-	if err != nil {
-		t.Fatal(err)
-	}
 	vol := func(name, node string, mounter v1.Mounter, state v1.VolumeState) *v1.Volume {
 		return &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{v1.NodeLabel: node}},
 			Spec: v1.VolumeSpec{Node: node, Mounter: mounter}, Status: v1.VolumeStatus{State: state}}
 	}
-	c := fake.NewClientBuilder().WithScheme(s).WithObjects(
+	c := fakeAPI(t,
 		vol("k1", "node-a", v1.MounterKernel, v1.VolumeAvailable),
 		vol("k2", "node-a", "", v1.VolumeAvailable),
 		vol("k3", "node-a", v1.MounterKernel, ""),
@@ -36,9 +29,8 @@ func TestNodeMetricsCounts(t *testing.T) {
 		vol("u-new", "node-a", v1.MounterUserspace, v1.VolumeAvailable),
 		vol("other", "node-b", v1.MounterKernel, v1.VolumeAvailable),
 	).Build()
-	a := New("node-a", c, nil, nil, nil, nil, NewVolumeLocks(), logr.Discard())
 	k := &hostKeeper{vols: []keeper.Volume{{Name: "u-1"}, {Name: "u-2"}}}
-	a.WithUserspace(UserspaceConfig{Root: t.TempDir(), Keeper: k, Transport: TransportFUSE})
+	a := newTestAgent(t, Config{API: c, Userspace: &UserspaceConfig{Root: t.TempDir(), Keeper: k, Transport: TransportFUSE}})
 	if err := a.records().save("u-nbd", volumeRecord{Transport: TransportNBD}); err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +51,7 @@ func TestNodeMetricsCounts(t *testing.T) {
 	if conns, err := n.KeeperConnections(context.Background()); err != nil || conns != 2 {
 		t.Errorf("KeeperConnections = %d, %v; want 2", conns, err)
 	}
-	noUserspace := NodeMetrics{Agent: New("node-a", c, nil, nil, nil, nil, NewVolumeLocks(), logr.Discard()), Volumes: c}
+	noUserspace := NodeMetrics{Agent: newTestAgent(t, Config{API: c}), Volumes: c}
 	if _, err := noUserspace.KeeperConnections(context.Background()); err == nil {
 		t.Error("an agent without a keeper reported keeper connections")
 	}

@@ -44,7 +44,7 @@ func newQuiesceEnv(t *testing.T) *quiesceEnv {
 		t.Skipf("local backend: %v", err)
 	}
 	e := &quiesceEnv{images: images, loop: mount.NewLoop(exec.New()), mounts: mount.NewManager(mount.NewMounter(), exec.New(), log)}
-	a := New("node-a", nil, images, e.loop, e.mounts, nil, NewVolumeLocks(), log)
+	a := newTestAgent(t, Config{Images: images, Loop: e.loop, Mounts: e.mounts, Log: log})
 	e.agent = a
 	images.WithQuiescer(a)
 	img, err := images.Create(t.Context(), "vol", 64<<20)

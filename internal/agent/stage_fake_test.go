@@ -18,13 +18,11 @@ import (
 	"k8s.io/utils/exec"
 	testingexec "k8s.io/utils/exec/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/backend"
 	"github.com/berth-io/berth/internal/fence"
 	"github.com/berth-io/berth/internal/mount"
-	"github.com/berth-io/berth/internal/scheme"
 )
 
 // Unit tests of Stage's rollback with fakes (mount-utils' FakeMounter, a
@@ -118,7 +116,10 @@ func (failingMounter) MountSensitive(string, string, string, []string, []string)
 }
 
 type stageEnv struct {
-	agent   *Agent
+	agent *Agent
+	// cfg made agent: a test that needs more of the agent changes it
+	// and makes the agent again.
+	cfg     Config
 	images  fakeImages
 	loop    *fakeLoop
 	fence   *fakeFence
@@ -136,10 +137,6 @@ func newStageEnv(t *testing.T, failMount bool, script ...testingexec.FakeCommand
 // and the loop device are sparse files of zeros: a blank volume.
 func newStageEnvOf(t *testing.T, failMount bool, edit func(*v1.Volume), script ...testingexec.FakeCommandAction) *stageEnv {
 	t.Helper()
-	s, err := scheme.New()
-	if err != nil {
-		t.Fatal(err)
-	}
 	vol := &v1.Volume{
 		ObjectMeta: metav1.ObjectMeta{Name: "vol-a"},
 		Spec: v1.VolumeSpec{StorageCluster: "c", Size: resource.MustParse("64Mi"), AccessMode: v1.ReadWriteOnce,
@@ -168,10 +165,10 @@ func newStageEnvOf(t *testing.T, failMount bool, edit func(*v1.Volume), script .
 	if failMount {
 		m = failingMounter{e.mounter}
 	}
-	e.api = fake.NewClientBuilder().WithScheme(s).WithObjects(vol).WithStatusSubresource(vol).Build()
-	e.agent = New("node-a", e.api, e.images, e.loop,
-		mount.NewManager(m, e.exec, testr.New(t)), e.fence, NewVolumeLocks(), testr.New(t)).
-		WithVolumeStatus(e.api, clocktesting.NewFakePassiveClock(time.Date(2026, 11, 23, 2, 0, 0, 0, time.UTC)))
+	e.api = fakeAPI(t, vol).WithStatusSubresource(vol).Build()
+	e.cfg = Config{API: e.api, Images: e.images, Loop: e.loop, Mounts: mount.NewManager(m, e.exec, testr.New(t)),
+		Fence: e.fence, Log: testr.New(t), Status: e.api, Clock: clocktesting.NewFakePassiveClock(time.Date(2026, 11, 23, 2, 0, 0, 0, time.UTC))}
+	e.agent = newTestAgent(t, e.cfg)
 	return e
 }
 
@@ -189,6 +186,21 @@ func (e *stageEnv) leftNothing(t *testing.T, what string) {
 	}
 }
 
+// refused stages and wants it refused (with want, when not nil), after
+// only the given number of commands (-1: any), leaving nothing behind.
+func (e *stageEnv) refused(t *testing.T, want error, commands int) error {
+	t.Helper()
+	err := e.stage(t)
+	if err == nil || (want != nil && !errors.Is(err, want)) {
+		t.Fatalf("stage: %v, want refused (%v)", err, want)
+	}
+	if commands >= 0 && e.exec.CommandCalls != commands {
+		t.Errorf("%d commands ran, want %d", e.exec.CommandCalls, commands)
+	}
+	e.leftNothing(t, "a refused stage")
+	return err
+}
+
 func command(name string, err error) testingexec.FakeCommandAction {
 	return func(c string, args ...string) exec.Cmd {
 		if c != name {
@@ -204,35 +216,25 @@ func command(name string, err error) testingexec.FakeCommandAction {
 func TestFakeStageRollback(t *testing.T) {
 	blank := command("blkid", &testingexec.FakeExitError{Status: 2})
 	// Stage's own probe, then mount-utils', then mkfs.
-
-	t.Run("mkfs fails", func(t *testing.T) {
-		e := newStageEnv(t, false, blank, blank, command("mkfs.ext4", &testingexec.FakeExitError{Status: 1}))
-		if err := e.stage(t); err == nil {
-			t.Fatal("stage succeeded with mkfs failing")
-		}
-		if e.exec.CommandCalls != 3 {
-			t.Errorf("%d commands, want blkid twice and mkfs", e.exec.CommandCalls)
-		}
-		e.leftNothing(t, "failed mkfs")
-	})
-	t.Run("mount fails", func(t *testing.T) {
-		e := newStageEnv(t, true, blank, blank, command("mkfs.ext4", nil))
-		if err := e.stage(t); err == nil {
-			t.Fatal("stage succeeded with mount failing")
-		}
-		e.leftNothing(t, "failed mount")
-	})
-	t.Run("fence refuses", func(t *testing.T) {
-		e := newStageEnv(t, false)
-		e.fence.acquireErr = &fence.ConflictError{}
-		if err := e.stage(t); err == nil {
-			t.Fatal("stage succeeded with the fence refusing")
-		}
-		if e.exec.CommandCalls != 0 {
-			t.Errorf("%d commands ran after the fence refused", e.exec.CommandCalls)
-		}
-		e.leftNothing(t, "refused fence")
-	})
+	for _, c := range []struct {
+		name      string
+		failMount bool
+		script    []testingexec.FakeCommandAction
+		edit      func(*stageEnv)
+		commands  int // -1: any
+	}{
+		{"mkfs fails", false, []testingexec.FakeCommandAction{blank, blank, command("mkfs.ext4", &testingexec.FakeExitError{Status: 1})}, nil, 3},
+		{"mount fails", true, []testingexec.FakeCommandAction{blank, blank, command("mkfs.ext4", nil)}, nil, -1},
+		{"fence refuses", false, nil, func(e *stageEnv) { e.fence.acquireErr = &fence.ConflictError{} }, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newStageEnv(t, c.failMount, c.script...)
+			if c.edit != nil {
+				c.edit(e)
+			}
+			e.refused(t, nil, c.commands)
+		})
+	}
 	t.Run("success keeps all", func(t *testing.T) {
 		e := newStageEnv(t, false, blank, blank, command("mkfs.ext4", nil))
 		if err := e.stage(t); err != nil {
@@ -258,14 +260,10 @@ func TestFakeStageOnOtherNodeNamesHolder(t *testing.T) {
 	if err := e.api.Create(t.Context(), att); err != nil {
 		t.Fatal(err)
 	}
-	err := e.stage(t)
-	if !errors.Is(err, ErrWrongNode) {
-		t.Fatalf("stage on node-a of node-b's volume: %v, want ErrWrongNode", err)
-	}
+	err := e.refused(t, ErrWrongNode, -1)
 	for _, want := range []string{"node-b", "pod shop/db-0 (uid u-1) on node node-b"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("refusal %q does not name %q", err, want)
 		}
 	}
-	e.leftNothing(t, "a refused stage")
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -68,33 +69,43 @@ func StartServer(ctx context.Context, p launch.Params) (Server, error) {
 }
 
 // UserspaceConfig enables volumes with mounter userspace: a berth blockdev
-// server per volume serves <Root>/<volume>/disk.img through FUSE, and a loop
-// device on that file is the volume's block device.
+// server per volume serves the volume's image to the kernel, through FUSE
+// (<Root>/<volume>/disk.img, with a loop device on it) or nbd.
 type UserspaceConfig struct {
 	// Root holds one FUSE mountpoint and one server log per volume, and
-	// the volumes' records (device_record.go).
-	Root         string
-	Binary       string
+	// the volumes' records (device_record.go). Required, absolute; the
+	// keeper must see it at the same path.
+	Root string
+	// Binary is the berth executable that runs the servers.
+	Binary string
+	// KeeperSocket is the keeper's socket, named in errors that tell
+	// how to fix a keeper this agent cannot reach or see.
 	KeeperSocket string
-	Keeper       Keeper
-	// Start runs a server (launch.Start); StopPID stops an nbd server
-	// this agent found in its own /proc (launch.StopPID); CheckMount
-	// checks a live connection.
+	// Keeper holds the FUSE connections across server restarts (required).
+	Keeper Keeper
+	// Start runs a server (launch.Start through StartServer; required);
+	// StopPID stops an nbd server this agent found in its own /proc
+	// (launch.StopPID); CheckMount checks a live connection.
 	Start      func(ctx context.Context, p launch.Params) (Server, error)
 	StopPID    func(pid int, timeout time.Duration, still func() bool) error
 	CheckMount func(mountpoint string) error
 	// FUSEMounted tells whether this agent sees a FUSE mount at a
 	// volume's mountpoint (nil: this process's mount table).
 	FUSEMounted func(mountpoint string) (bool, error)
-	Workers     int
+	// Workers is the request workers per server (0: the server's default).
+	Workers int
 	// Passthrough lets the kernel do data I/O on the image (kernel 6.9+;
 	// the server falls back to serving it when the kernel does not offer it).
 	Passthrough bool
+	// StopTimeout is how long a server gets to exit before it is killed
+	// (0: 10s).
 	StopTimeout time.Duration
 	// Transport serves new userspace volumes over FUSE + loop (default) or
 	// nbd; a staged volume keeps the transport it was staged with.
 	Transport Transport
-	// NBD is the kernel nbd driver (Transport nbd).
+	// NBD is the kernel nbd driver; required with Transport nbd (nil
+	// otherwise: staging over nbd, which a StorageCluster may ask for,
+	// is refused as unavailable).
 	NBD NBD
 	// DeadConnTimeout is how long the kernel queues an nbd device's I/O
 	// while no server is connected; then I/O fails until a server
@@ -105,17 +116,47 @@ type UserspaceConfig struct {
 	ProcRoot string
 }
 
-// WithUserspace enables the userspace mounter.
-func (a *Agent) WithUserspace(c UserspaceConfig) *Agent {
+// withDefaults checks c and fills in what its zero values mean.
+func (c UserspaceConfig) withDefaults() (UserspaceConfig, error) {
+	var errs []error
+	if !filepath.IsAbs(c.Root) {
+		errs = append(errs, fmt.Errorf("Root %q is not an absolute path", c.Root))
+	}
+	if c.Keeper == nil {
+		errs = append(errs, errors.New("Keeper is nil (required)"))
+	}
+	if c.Start == nil {
+		errs = append(errs, errors.New("Start is nil (required)"))
+	}
+	if c.Transport != "" {
+		if _, err := ParseTransport(string(c.Transport)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if c.Transport == TransportNBD && c.NBD == nil {
+		errs = append(errs, errors.New("Transport nbd needs NBD"))
+	}
+	if c.Workers < 0 || c.StopTimeout < 0 || c.DeadConnTimeout < 0 {
+		errs = append(errs, fmt.Errorf("negative Workers %d, StopTimeout %v or DeadConnTimeout %v", c.Workers, c.StopTimeout, c.DeadConnTimeout))
+	}
 	if c.StopTimeout == 0 {
 		c.StopTimeout = 10 * time.Second
 	}
 	if c.FUSEMounted == nil {
 		c.FUSEMounted = hostFUSEMounted
 	}
-	a.us = &c
-	return a
+	if c.NBD == nil {
+		c.NBD = noNBD{}
+	}
+	return c, errors.Join(errs...)
 }
+
+// noNBD is the nbd driver of an agent given none.
+type noNBD struct{}
+
+func (noNBD) Available() (bool, string)           { return false, "the agent was started without an nbd driver" }
+func (noNBD) Device(string) (string, bool, error) { return "", false, nil }
+func (noNBD) Disconnect(string) error             { return nil }
 
 // ErrKeeperDown means that the keeper does not answer, so userspace volumes of this
 // node have lost (or cannot get) their FUSE connection.

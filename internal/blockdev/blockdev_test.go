@@ -19,6 +19,7 @@ import (
 	"github.com/berth-io/berth/internal/blockdev"
 	"github.com/berth-io/berth/internal/blockdev/launch"
 	"github.com/berth-io/berth/internal/keeper"
+	"github.com/berth-io/berth/internal/testenv"
 )
 
 // TestServeExt4 serves an image, puts a loop device and ext4 on disk.img and
@@ -117,7 +118,7 @@ func testTakeover(t *testing.T, passthrough bool) {
 	}
 	r := newRig(t, 512<<20)
 	r.passthrough = passthrough
-	logStart := len(kernelLog(t))
+	logStart := len(testenv.KernelLog(t))
 	r.startServer()
 	r.attachAndMount()
 

@@ -18,6 +18,7 @@ import (
 	"github.com/berth-io/berth/internal/blockdev"
 	"github.com/berth-io/berth/internal/blockdev/launch"
 	"github.com/berth-io/berth/internal/keeper"
+	"github.com/berth-io/berth/internal/testenv"
 )
 
 // binary is the berth binary, built once per test run.
@@ -256,23 +257,11 @@ func mountOptions(path string) string {
 	return ""
 }
 
-// kernelLog returns the kernel log lines (dmesg), for checking that a test
-// caused no I/O error on its devices.
-func kernelLog(t *testing.T) []string {
-	t.Helper()
-	out, err := exec.Command("dmesg").Output()
-	if err != nil {
-		t.Logf("dmesg: %v (kernel log not checked)", err)
-		return nil
-	}
-	return strings.Split(strings.TrimSpace(string(out)), "\n")
-}
-
 // kernelErrors returns the lines after the first skip lines of the kernel
 // log that report errors on dev (e.g. "loop3") or its ext4.
 func kernelErrors(t *testing.T, skip int, dev string) []string {
 	t.Helper()
-	lines := kernelLog(t)
+	lines := testenv.KernelLog(t)
 	var bad []string
 	for i := skip; i < len(lines); i++ {
 		l := lines[i]

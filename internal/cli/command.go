@@ -6,7 +6,12 @@ package cli
 import (
 	"context"
 	"errors"
+	"flag"
+	"fmt"
 	"io"
+
+	"github.com/go-logr/logr"
+	"k8s.io/client-go/rest"
 )
 
 // ErrReported marks a failure the command has already told its caller in
@@ -29,4 +34,64 @@ type Command struct {
 	Summary string
 	// Main parses args (without the command name) and runs the command.
 	Main func(ctx context.Context, args []string, stdio IO) error
+}
+
+// Runner is a command's parsed configuration.
+type Runner interface {
+	Run(ctx context.Context) error
+}
+
+// ParseThenRun is a Main for a command whose flags parse into a Runner.
+func ParseThenRun[R Runner](parse func(args []string, stdio IO) (R, error)) func(context.Context, []string, IO) error {
+	return func(ctx context.Context, args []string, stdio IO) error {
+		r, err := parse(args, stdio)
+		if err != nil {
+			return err
+		}
+		return r.Run(ctx)
+	}
+}
+
+// FlagCommand is a command whose arguments are flags only. flags defines
+// them on fs (named "berth <name>", reporting to stderr) and returns what
+// runs once they are parsed; a stray argument is refused, not ignored.
+func FlagCommand(name, summary string, flags func(fs *flag.FlagSet, stdio IO) func(ctx context.Context) error) Command {
+	return Command{Name: name, Summary: summary, Main: func(ctx context.Context, args []string, stdio IO) error {
+		fs := flag.NewFlagSet("berth "+name, flag.ContinueOnError)
+		fs.SetOutput(stdio.Stderr)
+		run := flags(fs, stdio)
+		if err := fs.Parse(args); err != nil {
+			return err
+		}
+		if fs.NArg() > 0 {
+			return fmt.Errorf("unexpected arguments: %v", fs.Args())
+		}
+		return run(ctx)
+	}}
+}
+
+// KubeRun runs a command that talks to the API server, with its logger
+// (named after the command, at the -v verbosity) and the API server's
+// config from the kube flags.
+type KubeRun func(ctx context.Context, log logr.Logger, rest *rest.Config) error
+
+// KubeCommand is a FlagCommand that talks to the API server: besides the
+// flags that flags defines it takes the KubeFlags and -v.
+func KubeCommand(name, summary string, flags func(fs *flag.FlagSet) KubeRun) Command {
+	return FlagCommand(name, summary, func(fs *flag.FlagSet, stdio IO) func(context.Context) error {
+		var (
+			kube      KubeFlags
+			verbosity int
+		)
+		run := flags(fs)
+		kube.Register(fs)
+		fs.IntVar(&verbosity, "v", 0, "log verbosity")
+		return func(ctx context.Context) error {
+			cfg, err := kube.RestConfig()
+			if err != nil {
+				return err
+			}
+			return run(ctx, NewLogger(stdio.Stderr, verbosity, name), cfg)
+		}
+	})
 }

@@ -332,32 +332,43 @@ func sameSource(a, b *v1.VolumeSource) bool {
 // DeleteVolume implements csi.ControllerServer. It returns once the agent
 // removed the image.
 func (s *Controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
-	id := req.GetVolumeId()
-	if id == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume ID missing")
-	}
-	if !validID(id) {
-		return &csi.DeleteVolumeResponse{}, nil // no such volume can exist
-	}
 	vol := &v1.Volume{}
-	switch err := s.c.Get(ctx, client.ObjectKey{Name: id}, vol); {
-	case apierrors.IsNotFound(err):
-		return &csi.DeleteVolumeResponse{}, nil
-	case err != nil:
-		return nil, status.Errorf(codes.Unavailable, "get Volume %s: %v", id, err)
-	case inCeph(vol.Spec.Node):
-		return s.deleteCephVolume(ctx, vol)
-	}
-	if err := s.c.Delete(ctx, vol); err != nil {
-		if apierrors.IsNotFound(err) {
-			return &csi.DeleteVolumeResponse{}, nil
-		}
-		return nil, status.Errorf(codes.Internal, "delete Volume %s: %v", id, err)
-	}
-	if err := s.waitGone(ctx, vol); err != nil {
+	err := s.deleteObject(ctx, "Volume", req.GetVolumeId(), vol, func() string { return vol.Spec.Node },
+		func(ctx context.Context) error { return s.deleteCephVolume(ctx, vol) })
+	return answer(&csi.DeleteVolumeResponse{}, err)
+}
+
+// answer is resp, or no response but err.
+func answer[T any](resp *T, err error) (*T, error) {
+	if err != nil {
 		return nil, err
 	}
-	return &csi.DeleteVolumeResponse{}, nil
+	return resp, nil
+}
+
+// deleteObject deletes the Volume or Snapshot obj named id as CSI wants it,
+// idempotent (an ID berth never makes, or an object already gone, is
+// deleted), and returns once the agent removed its image; a ceph one (node
+// says where it lives, once read) goes through deleteCeph instead.
+func (s *Controller) deleteObject(ctx context.Context, kind, id string, obj client.Object, node func() string, deleteCeph func(context.Context) error) error {
+	if id == "" {
+		return status.Errorf(codes.InvalidArgument, "%s ID missing", strings.ToLower(kind))
+	}
+	switch _, err := getObject(ctx, s, kind, id, obj); {
+	case status.Code(err) == codes.NotFound:
+		return nil // gone, or never made: an ID berth does not make
+	case err != nil:
+		return err
+	case inCeph(node()):
+		return deleteCeph(ctx)
+	}
+	if err := s.c.Delete(ctx, obj); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return status.Errorf(codes.Internal, "delete %s %s: %v", kind, id, err)
+	}
+	return s.waitGone(ctx, obj)
 }
 
 // ValidateVolumeCapabilities implements csi.ControllerServer.
@@ -473,17 +484,23 @@ func (s *Controller) ControllerExpandVolume(ctx context.Context, req *csi.Contro
 }
 
 func (s *Controller) getVolume(ctx context.Context, id string) (*v1.Volume, error) {
+	return getObject(ctx, s, "Volume", id, &v1.Volume{})
+}
+
+// getObject reads into obj the Volume or Snapshot (kind) named id: NotFound
+// for an ID berth never makes too, Unavailable when the API server fails.
+func getObject[T client.Object](ctx context.Context, s *Controller, kind, id string, obj T) (T, error) {
+	var none T
 	if !validID(id) {
-		return nil, status.Errorf(codes.NotFound, "volume %q not found", id)
+		return none, status.Errorf(codes.NotFound, "%s %q not found", strings.ToLower(kind), id)
 	}
-	vol := &v1.Volume{}
-	if err := s.c.Get(ctx, client.ObjectKey{Name: id}, vol); err != nil {
+	if err := s.c.Get(ctx, client.ObjectKey{Name: id}, obj); err != nil {
 		if apierrors.IsNotFound(err) {
-			return nil, status.Errorf(codes.NotFound, "volume %q not found", id)
+			return none, status.Errorf(codes.NotFound, "%s %q not found", strings.ToLower(kind), id)
 		}
-		return nil, status.Errorf(codes.Unavailable, "get Volume %s: %v", id, err)
+		return none, status.Errorf(codes.Unavailable, "get %s %s: %v", kind, id, err)
 	}
-	return vol, nil
+	return obj, nil
 }
 
 func csiVolume(v *v1.Volume, src *csi.VolumeContentSource) *csi.Volume {

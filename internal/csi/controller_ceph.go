@@ -181,20 +181,20 @@ func (s *Controller) forget(ctx context.Context, obj client.Object) error {
 }
 
 // deleteCephVolume removes the image, then the Volume.
-func (s *Controller) deleteCephVolume(ctx context.Context, vol *v1.Volume) (*csi.DeleteVolumeResponse, error) {
+func (s *Controller) deleteCephVolume(ctx context.Context, vol *v1.Volume) error {
 	store, done, err := s.cephCall(ctx, vol.Name, vol.Spec.StorageCluster)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer done()
 	if err := store.Delete(ctx, vol.Name); err != nil {
-		return nil, cephStatus("delete RBD image of volume "+vol.Name, err, "")
+		return cephStatus("delete RBD image of volume "+vol.Name, err, "")
 	}
 	if err := s.forget(ctx, vol); err != nil {
-		return nil, status.Errorf(codes.Internal, "remove Volume %s: %v", vol.Name, err)
+		return status.Errorf(codes.Internal, "remove Volume %s: %v", vol.Name, err)
 	}
 	s.log.Info("deleted ceph volume", "volume", vol.Name)
-	return &csi.DeleteVolumeResponse{}, nil
+	return nil
 }
 
 // expandCephVolume grows the image; the node grows the filesystem.
@@ -274,23 +274,23 @@ func (s *Controller) createCephSnapshot(ctx context.Context, req *csi.CreateSnap
 }
 
 // deleteCephSnapshot removes the RBD snapshot, then the Snapshot.
-func (s *Controller) deleteCephSnapshot(ctx context.Context, snap *v1.Snapshot) (*csi.DeleteSnapshotResponse, error) {
+func (s *Controller) deleteCephSnapshot(ctx context.Context, snap *v1.Snapshot) error {
 	cluster := snap.Annotations[annotationCephCluster]
 	if cluster == "" {
-		return nil, status.Errorf(codes.Internal, "ceph snapshot %s lacks annotation %s", snap.Name, annotationCephCluster)
+		return status.Errorf(codes.Internal, "ceph snapshot %s lacks annotation %s", snap.Name, annotationCephCluster)
 	}
 	store, done, err := s.cephCall(ctx, snap.Name, cluster)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer done()
 	if err := store.DeleteSnapshot(ctx, snap.Name); err != nil {
-		return nil, cephStatus("delete RBD snapshot "+snap.Name, err, "")
+		return cephStatus("delete RBD snapshot "+snap.Name, err, "")
 	}
 	if err := s.forget(ctx, snap); err != nil {
-		return nil, status.Errorf(codes.Internal, "remove Snapshot %s: %v", snap.Name, err)
+		return status.Errorf(codes.Internal, "remove Snapshot %s: %v", snap.Name, err)
 	}
-	return &csi.DeleteSnapshotResponse{}, nil
+	return nil
 }
 
 // cephCapacity is what the cluster's pool can still take; every node

@@ -20,10 +20,7 @@ func cephSecret(ctx context.Context, t *testing.T, name, client, key string) *co
 	t.Helper()
 	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
 		StringData: map[string]string{v1.CephSecretUserID: client, v1.CephSecretUserKey: key}}
-	if err := env.Client.Create(ctx, secret); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), secret) })
+	create(ctx, t, secret)
 	return secret
 }
 
@@ -39,9 +36,7 @@ func (c *countedStore) Close() { c.closed++ }
 // A changed Secret replaces a cluster's connection; the old one is closed
 // once the last call using it is done, and not before.
 func TestCephConnectionReplacedWhenSecretChanges(t *testing.T) {
-	suite.Require(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := apiCtx(t, time.Minute)
 	secret := cephSecret(ctx, t, "ceph-conns", "berth", "AQBkey1==")
 	sc := &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "ceph-conns", Generation: 1}, Spec: v1.StorageClusterSpec{
 		Backend: v1.BackendCeph, Ceph: &v1.CephSpec{Monitors: []v1.CephMonitor{"127.0.0.1:3300"}, Pool: "rbd",

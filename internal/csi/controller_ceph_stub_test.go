@@ -3,7 +3,6 @@
 package csi
 
 import (
-	"context"
 	"strings"
 	"testing"
 	"time"
@@ -22,19 +21,14 @@ import (
 // Built without the ceph tag, berth refuses a ceph class's volumes and
 // capacity with FailedPrecondition naming the build tag, and records nothing.
 func TestCephClassRefusedWithoutCephBuild(t *testing.T) {
-	suite.Require(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := apiCtx(t, time.Minute)
 	secret := cephSecret(ctx, t, "ceph-stub", "berth", "AQBfake==")
 	sc := &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "ceph-stub"}, Spec: v1.StorageClusterSpec{
 		Backend: v1.BackendCeph, DataDir: "/srv/berth",
 		Ceph: &v1.CephSpec{Monitors: []v1.CephMonitor{"127.0.0.1:3300"}, Pool: "rbd",
 			SecretRef: v1.CephSecretReference{Name: secret.Name, Namespace: "default"}},
 	}}
-	if err := env.Client.Create(ctx, sc); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), sc) })
+	create(ctx, t, sc)
 
 	s := NewController(env.Client, ControllerConfig{}, testr.New(t))
 	defer s.Close()

@@ -41,9 +41,7 @@ func storageCluster(ctx context.Context, t *testing.T, name string, finalizers .
 // is being deleted, and a clone across clusters are refused, and nothing is
 // made.
 func TestCreateVolumeNamesItsCluster(t *testing.T) {
-	suite.Require(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := apiCtx(t, time.Minute)
 	storageCluster(ctx, t, "live")
 	doomed := storageCluster(ctx, t, "doomed", "test.berth.io/hold")
 	if err := env.Client.Delete(ctx, doomed); err != nil {
@@ -54,10 +52,7 @@ func TestCreateVolumeNamesItsCluster(t *testing.T) {
 		Spec: v1.VolumeSpec{StorageCluster: "other", Size: resource.MustParse("4Mi"), AccessMode: v1.ReadWriteOnce,
 			VolumeMode: v1.VolumeModeFilesystem, Node: "n"},
 	}
-	if err := env.Client.Create(ctx, src); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), src) })
+	create(ctx, t, src)
 
 	s := NewController(env.Client, ControllerConfig{Wait: 2 * time.Second}, testr.New(t))
 	fsCap := &csi.VolumeCapability{

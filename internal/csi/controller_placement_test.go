@@ -1,7 +1,6 @@
 package csi
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -13,7 +12,6 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 )
@@ -22,24 +20,15 @@ import (
 // answers GetCapacity from the agents' CSIStorageCapacity objects in berth's
 // namespace; a node that is gone and objects elsewhere do not count.
 func TestPlacementByStorageCapacity(t *testing.T) {
-	suite.Require(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := apiCtx(t, time.Minute)
 	const ns, other = "berth-placement", "elsewhere"
-	create := func(obj client.Object) {
-		t.Helper()
-		if err := env.Client.Create(ctx, obj); err != nil {
-			t.Fatalf("create %T %s: %v", obj, obj.GetName(), err)
-		}
-		t.Cleanup(func() { _ = env.Client.Delete(context.Background(), obj) })
-	}
-	create(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
-	create(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: other}})
+	create(ctx, t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	create(ctx, t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: other}})
 	for _, n := range []string{"place-1", "place-2"} {
-		create(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}})
+		create(ctx, t, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}})
 	}
 	capacity := func(namespace, name, node string, gib int64) {
-		create(&storagev1.CSIStorageCapacity{
+		create(ctx, t, &storagev1.CSIStorageCapacity{
 			ObjectMeta:       metav1.ObjectMeta{Name: name, Namespace: namespace, Labels: map[string]string{v1.NodeLabel: node}},
 			NodeTopology:     &metav1.LabelSelector{MatchLabels: map[string]string{v1.TopologyNodeKey: node}},
 			StorageClassName: "berth", Capacity: resource.NewQuantity(gib<<30, resource.BinarySI),

@@ -21,19 +21,14 @@ import (
 // from the snapshot, or, for one that lacks it, from its source volume.
 // Nothing is made for a refused restore.
 func TestRestoreChecksVolumeMode(t *testing.T) {
-	suite.Require(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := apiCtx(t, time.Minute)
 	storageCluster(ctx, t, "c")
 	src := &v1.Volume{
 		ObjectMeta: metav1.ObjectMeta{Name: "restore-src-block"},
 		Spec: v1.VolumeSpec{StorageCluster: "c", Size: resource.MustParse("4Mi"), AccessMode: v1.ReadWriteOnce,
 			VolumeMode: v1.VolumeModeBlock, Node: "restore-node"},
 	}
-	if err := env.Client.Create(ctx, src); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), src) })
+	create(ctx, t, src)
 	readySnapshot(ctx, t, "restore-snap-block", src.Name, v1.VolumeModeBlock)
 	readySnapshot(ctx, t, "restore-snap-old", src.Name, "") // taken before the mode was recorded
 
@@ -68,10 +63,7 @@ func readySnapshot(ctx context.Context, t *testing.T, name, source string, mode 
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec:       v1.SnapshotSpec{SourceVolume: source, Node: "restore-node", VolumeMode: mode},
 	}
-	if err := env.Client.Create(ctx, snap); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), snap) })
+	create(ctx, t, snap)
 	snap.Status = v1.SnapshotStatus{ReadyToUse: true, Size: resource.NewQuantity(4<<20, resource.BinarySI)}
 	if err := env.Client.Status().Update(ctx, snap); err != nil {
 		t.Fatal(err)

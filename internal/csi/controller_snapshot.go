@@ -159,32 +159,10 @@ func (s *Controller) failedSnapshot(ctx context.Context, snap *v1.Snapshot) erro
 
 // DeleteSnapshot implements csi.ControllerServer.
 func (s *Controller) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequest) (*csi.DeleteSnapshotResponse, error) {
-	id := req.GetSnapshotId()
-	if id == "" {
-		return nil, status.Error(codes.InvalidArgument, "snapshot ID missing")
-	}
-	if !validID(id) {
-		return &csi.DeleteSnapshotResponse{}, nil
-	}
 	snap := &v1.Snapshot{}
-	switch err := s.c.Get(ctx, client.ObjectKey{Name: id}, snap); {
-	case apierrors.IsNotFound(err):
-		return &csi.DeleteSnapshotResponse{}, nil
-	case err != nil:
-		return nil, status.Errorf(codes.Unavailable, "get Snapshot %s: %v", id, err)
-	case inCeph(snap.Spec.Node):
-		return s.deleteCephSnapshot(ctx, snap)
-	}
-	if err := s.c.Delete(ctx, snap); err != nil {
-		if apierrors.IsNotFound(err) {
-			return &csi.DeleteSnapshotResponse{}, nil
-		}
-		return nil, status.Errorf(codes.Internal, "delete Snapshot %s: %v", id, err)
-	}
-	if err := s.waitGone(ctx, snap); err != nil {
-		return nil, err
-	}
-	return &csi.DeleteSnapshotResponse{}, nil
+	err := s.deleteObject(ctx, "Snapshot", req.GetSnapshotId(), snap, func() string { return snap.Spec.Node },
+		func(ctx context.Context) error { return s.deleteCephSnapshot(ctx, snap) })
+	return answer(&csi.DeleteSnapshotResponse{}, err)
 }
 
 // ListSnapshots implements csi.ControllerServer.
@@ -229,17 +207,7 @@ func (s *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 }
 
 func (s *Controller) getSnapshot(ctx context.Context, id string) (*v1.Snapshot, error) {
-	if !validID(id) {
-		return nil, status.Errorf(codes.NotFound, "snapshot %q not found", id)
-	}
-	snap := &v1.Snapshot{}
-	if err := s.c.Get(ctx, client.ObjectKey{Name: id}, snap); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil, status.Errorf(codes.NotFound, "snapshot %q not found", id)
-		}
-		return nil, status.Errorf(codes.Unavailable, "get Snapshot %s: %v", id, err)
-	}
-	return snap, nil
+	return getObject(ctx, s, "Snapshot", id, &v1.Snapshot{})
 }
 
 func csiSnapshot(s *v1.Snapshot) *csi.Snapshot {

@@ -48,9 +48,7 @@ func TestMain(m *testing.M) { os.Exit(testenv.Main(m, suite)) }
 // Snapshot object; a snapshot that fits is taken, and the same request again
 // returns the same snapshot.
 func TestCreateSnapshotFailureLeavesNothing(t *testing.T) {
-	suite.Require(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+	ctx := apiCtx(t, 2*time.Minute)
 	const node = "snap-node"
 	// A small tmpfs is a disk that fills for real.
 	dir := t.TempDir()

@@ -31,34 +31,31 @@ const rewatchEvery = time.Second
 
 // waitVolume waits until done says so of the Volume.
 func (s *Controller) waitVolume(ctx context.Context, name string, done func(*v1.Volume) bool) (*v1.Volume, error) {
-	o, err := s.waitObject(ctx, &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: name}}, func(o client.Object) bool {
-		v, ok := o.(*v1.Volume)
-		return !ok || done(v) // gone: nothing more to wait for
-	})
-	if err != nil {
-		return nil, waitError("volume "+name, err)
-	}
-	vol, ok := o.(*v1.Volume)
-	if !ok {
-		return nil, waitError("volume "+name, apierrors.NewNotFound(v1.GroupVersion.WithResource("volumes").GroupResource(), name))
-	}
-	return vol, nil
+	return waitFor(ctx, s, &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: name}}, "volume", "volumes", done)
 }
 
 // waitSnapshot waits until done says so of the Snapshot.
 func (s *Controller) waitSnapshot(ctx context.Context, name string, done func(*v1.Snapshot) bool) (*v1.Snapshot, error) {
-	o, err := s.waitObject(ctx, &v1.Snapshot{ObjectMeta: metav1.ObjectMeta{Name: name}}, func(o client.Object) bool {
-		v, ok := o.(*v1.Snapshot)
-		return !ok || done(v)
+	return waitFor(ctx, s, &v1.Snapshot{ObjectMeta: metav1.ObjectMeta{Name: name}}, "snapshot", "snapshots", done)
+}
+
+// waitFor waits until done says so of obj, a berth object of the given kind
+// and resource; one that is deleted meanwhile ends the wait as NotFound.
+func waitFor[T client.Object](ctx context.Context, s *Controller, obj T, kind, resource string, done func(T) bool) (T, error) {
+	var none T
+	name := obj.GetName()
+	o, err := s.waitObject(ctx, obj, func(o client.Object) bool {
+		v, ok := o.(T)
+		return !ok || done(v) // gone: nothing more to wait for
 	})
 	if err != nil {
-		return nil, waitError("snapshot "+name, err)
+		return none, waitError(kind+" "+name, err)
 	}
-	snap, ok := o.(*v1.Snapshot)
+	v, ok := o.(T)
 	if !ok {
-		return nil, waitError("snapshot "+name, apierrors.NewNotFound(v1.GroupVersion.WithResource("snapshots").GroupResource(), name))
+		return none, waitError(kind+" "+name, apierrors.NewNotFound(v1.GroupVersion.WithResource(resource).GroupResource(), name))
 	}
-	return snap, nil
+	return v, nil
 }
 
 // waitGone waits until obj no longer exists.

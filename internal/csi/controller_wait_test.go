@@ -1,7 +1,6 @@
 package csi
 
 import (
-	"context"
 	"net/http"
 	"strings"
 	"sync"
@@ -52,9 +51,7 @@ func (f roundTripper) RoundTrip(r *http.Request) (*http.Response, error) { retur
 // the agent returns as soon as the Volume changes, and meanwhile reads it
 // once and watches it: no GET every 50 ms.
 func TestWaitVolumeWatches(t *testing.T) {
-	suite.Require(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	ctx := apiCtx(t, time.Minute)
 	log := &requestLog{}
 	cfg := rest.CopyConfig(env.Config)
 	cfg.WrapTransport = log.wrap
@@ -69,10 +66,7 @@ func TestWaitVolumeWatches(t *testing.T) {
 		Spec: v1.VolumeSpec{StorageCluster: "c", Size: resource.MustParse("1Mi"), AccessMode: v1.ReadWriteOnce,
 			FSType: "ext4", Node: "wait-node"},
 	}
-	if err := env.Client.Create(ctx, vol); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), vol) })
+	create(ctx, t, vol)
 
 	type result struct {
 		vol *v1.Volume

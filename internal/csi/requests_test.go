@@ -442,8 +442,11 @@ func newNodeFixture(t *testing.T) *nodeFixture {
 			Spec: v1.VolumeSpec{StorageCluster: "c", Size: resource.MustParse("64Mi"), AccessMode: v1.ReadWriteOnce,
 				VolumeMode: v1.VolumeModeFilesystem, FSType: "ext4", Node: "node-a"},
 		}).Build()
-	a := agent.New("node-a", f.api, oneImage{path: filepath.Join(root, "vol-a.img")}, f.loop,
-		mount.NewManager(f.mounter, f.exec, testr.New(t)), f.fence, agent.NewVolumeLocks(), testr.New(t)).WithPaths(rule)
+	a, err := agent.New(agent.Config{Node: "node-a", API: f.api, Images: oneImage{path: filepath.Join(root, "vol-a.img")}, Loop: f.loop,
+		Mounts: mount.NewManager(f.mounter, f.exec, testr.New(t)), Fence: f.fence, Log: testr.New(t), Paths: rule})
+	if err != nil {
+		t.Fatal(err)
+	}
 	f.node = NewNode(a, 0)
 	return f
 }

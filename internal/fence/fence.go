@@ -201,15 +201,22 @@ func (f *Fencer) release(ctx context.Context, volume, node, mountDir string) err
 		if len(kept) == len(att.Spec.Attachments) && len(kept) > 0 {
 			return true, nil
 		}
-		if len(kept) == 0 {
-			return deleteIfUnchanged(ctx, f.c, &att)
-		}
-		setEntries(&att, kept)
-		if err := f.c.Update(ctx, &att); err != nil {
-			return !raced(err), fmt.Errorf("update attachment %s: %w", volume, err)
-		}
-		return true, nil
+		return keepEntries(ctx, f.c, &att, kept)
 	})
+}
+
+// keepEntries leaves att with only the kept entries: it updates att, or,
+// with none left, deletes it if nobody wrote it since it was read. done
+// false means a lost race: read again and retry.
+func keepEntries(ctx context.Context, c client.Client, att *v1.Attachment, kept []v1.AttachmentEntry) (done bool, err error) {
+	if len(kept) == 0 {
+		return deleteIfUnchanged(ctx, c, att)
+	}
+	setEntries(att, kept)
+	if err := c.Update(ctx, att); err != nil {
+		return !raced(err), fmt.Errorf("update attachment %s: %w", att.Name, err)
+	}
+	return true, nil
 }
 
 // deleteIfUnchanged deletes obj only if nobody wrote it since it was read,

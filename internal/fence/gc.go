@@ -265,15 +265,11 @@ func (g *GC) sweep(ctx context.Context, w *gcWorld, volume string) (moved, dropp
 				return true, err
 			}
 		}
-		if len(kept) == 0 {
-			return deleteIfUnchanged(ctx, g.c, &att)
+		done, err := keepEntries(ctx, g.c, &att, kept)
+		if done && err == nil {
+			g.log.Info("attachment GC", "volume", volume, "moved", moved, "dropped", dropped, "left", len(kept))
 		}
-		setEntries(&att, kept)
-		if err := g.c.Update(ctx, &att); err != nil {
-			return !raced(err), fmt.Errorf("update attachment %s: %w", volume, err)
-		}
-		g.log.Info("attachment GC", "volume", volume, "moved", moved, "dropped", dropped)
-		return true, nil
+		return done, err
 	})
 	return moved, dropped, err
 }

@@ -114,14 +114,7 @@ func EvictNode(ctx context.Context, c client.Client, clk clock.Clock, opts Optio
 			return true, err
 		}
 		moved = len(stale)
-		if len(kept) == 0 {
-			return deleteIfUnchanged(ctx, c, &att)
-		}
-		setEntries(&att, kept)
-		if err := c.Update(ctx, &att); err != nil {
-			return !raced(err), fmt.Errorf("update attachment %s: %w", volume, err)
-		}
-		return true, nil
+		return keepEntries(ctx, c, &att, kept)
 	})
 	return moved, err
 }

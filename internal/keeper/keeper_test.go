@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-io/berth/internal/keeper"
+	"github.com/berth-io/berth/internal/testenv"
 	"github.com/berth-io/berth/internal/volerr"
 )
 
@@ -90,15 +91,7 @@ func startKeeper(t *testing.T, k keeper.Kernel) *keeper.Client {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- keeper.New(k, logr.Discard()).Serve(ctx, l) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
+	ctx := testenv.Serve(t, "Serve", func(ctx context.Context) error { return keeper.New(k, logr.Discard()).Serve(ctx, l) })
 	st, err := os.Stat(sock)
 	if err != nil || st.Mode().Perm() != 0o600 {
 		t.Fatalf("socket mode = %v, %v; want 0600", st.Mode(), err)

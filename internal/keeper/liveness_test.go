@@ -34,15 +34,7 @@ func serveService(t *testing.T, svc *keeper.Service) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- svc.Serve(ctx, l) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
+	testenv.Serve(t, "Serve", func(ctx context.Context) error { return svc.Serve(ctx, l) })
 	return sock
 }
 

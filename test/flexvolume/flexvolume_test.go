@@ -220,7 +220,6 @@ func (f *fixture) volume(t *testing.T, cluster, name string, mode v1.AccessMode)
 // its image path.
 func (f *fixture) volumeOf(t *testing.T, cluster, name string, mode v1.AccessMode, ns string) string {
 	t.Helper()
-	ctx := context.Background()
 	labels := map[string]string{v1.NodeLabel: node}
 	if ns != "" {
 		labels[v1.NamespaceLabel] = ns
@@ -229,27 +228,8 @@ func (f *fixture) volumeOf(t *testing.T, cluster, name string, mode v1.AccessMod
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
 		Spec:       v1.VolumeSpec{StorageCluster: cluster, Size: resource.MustParse("64Mi"), AccessMode: mode, FSType: "ext4", Node: node},
 	}
-	if err := f.env.Client.Create(ctx, vol); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = f.env.Client.Delete(ctx, vol)
-		for i := 0; i < 100; i++ {
-			if err := f.env.Client.Get(ctx, client.ObjectKeyFromObject(vol), vol); apierrors.IsNotFound(err) {
-				return
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		t.Errorf("volume %s not deleted by the agent", name)
-	})
-	for i := 0; i < 300; i++ {
-		if err := f.env.Client.Get(ctx, client.ObjectKeyFromObject(vol), vol); err == nil && vol.Status.State == v1.VolumeAvailable {
-			return vol.Status.Path
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatalf("volume %s not made by the agent: %+v", name, vol.Status)
-	return ""
+	f.env.AgentVolume(t, vol)
+	return vol.Status.Path
 }
 
 func (f *fixture) podDir(uid, volume string) string {

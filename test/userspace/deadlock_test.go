@@ -64,7 +64,7 @@ func TestServerKilledDuringMkfs(t *testing.T) {
 		})
 		_ = f.env.Client.Delete(ctx, vol)
 	})
-	waitAvailable(t, f, vol)
+	f.env.WaitVolumeAvailable(t, vol)
 	if err := os.MkdirAll(staging, 0o750); err != nil {
 		t.Fatal(err)
 	}

@@ -2,7 +2,6 @@ package userspace
 
 import (
 	"context"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -22,11 +21,7 @@ func TestServerCrash(t *testing.T) {
 	f := setup(t)
 	nc := f.node(t)
 	m := f.userspaceVolume(t, nc, "crash")
-	w, err := newWriter(filepath.Join(m.target, "data"), 99)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go w.run()
+	w := startWriter(t, m, 99)
 	ctx := context.Background()
 	before := f.scrape(t)
 	for i := 0; i < 3; i++ {

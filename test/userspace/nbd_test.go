@@ -64,7 +64,7 @@ func (f *fixture) nbdRefused(t *testing.T, reason string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = f.env.Client.Delete(ctx, vol) })
-	waitAvailable(t, f, vol)
+	f.env.WaitVolumeAvailable(t, vol)
 	staging := f.stagingPath(name)
 	if err := os.MkdirAll(staging, 0o750); err != nil {
 		t.Fatal(err)
@@ -107,11 +107,7 @@ func (f *fixture) nbdHeals(t *testing.T) {
 	if dev := mountSource(m.staging); !strings.HasPrefix(dev, "/dev/nbd") {
 		t.Fatalf("staged on %q, want an nbd device", dev)
 	}
-	w, err := newWriter(filepath.Join(m.target, "data"), 7)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go w.run()
+	w := startWriter(t, m, 7)
 	for range 3 {
 		time.Sleep(500 * time.Millisecond)
 		b, err := os.ReadFile(filepath.Join(f.dir, "run", "blockdev", "_volumes", m.name+".json"))

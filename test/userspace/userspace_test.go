@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -15,12 +14,11 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/testenv"
 )
 
 func setup(t *testing.T) *fixture {
@@ -97,22 +95,8 @@ func (f *fixture) userspaceVolumeFS(t *testing.T, nc csi.NodeClient, name, fsTyp
 // returns the Volume as made (status.path is its image).
 func (f *fixture) newVolume(t *testing.T, name, fsType, size string, mounter v1.Mounter) *v1.Volume {
 	t.Helper()
-	ctx := context.Background()
 	vol := volumeObject(name, fsType, size, mounter)
-	if err := f.env.Client.Create(ctx, vol); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = f.env.Client.Delete(ctx, vol)
-		for i := 0; i < 100; i++ {
-			if err := f.env.Client.Get(ctx, client.ObjectKeyFromObject(vol), vol); apierrors.IsNotFound(err) {
-				return
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		t.Errorf("volume %s not deleted by the agent", name)
-	})
-	waitAvailable(t, f, vol)
+	f.env.AgentVolume(t, vol)
 	return vol
 }
 
@@ -123,21 +107,6 @@ func volumeObject(name, fsType, size string, mounter v1.Mounter) *v1.Volume {
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{v1.NodeLabel: node}},
 		Spec: v1.VolumeSpec{StorageCluster: "c1", Size: resource.MustParse(size), AccessMode: v1.ReadWriteOnce,
 			FSType: fsType, Node: node, Mounter: mounter},
-	}
-}
-
-// waitAvailable waits until the agent made vol's image (its state
-// Available), for 30 s at the most.
-func waitAvailable(t *testing.T, f *fixture, vol *v1.Volume) {
-	t.Helper()
-	for i := 0; ; i++ {
-		if err := f.env.Client.Get(context.Background(), client.ObjectKeyFromObject(vol), vol); err == nil && vol.Status.State == v1.VolumeAvailable {
-			return
-		}
-		if i == 300 {
-			t.Fatalf("volume %s not made by the agent: %+v", vol.Name, vol.Status)
-		}
-		time.Sleep(100 * time.Millisecond)
 	}
 }
 
@@ -208,14 +177,10 @@ func TestHealUnderWriters(t *testing.T) {
 	for i := range vols {
 		vols[i] = f.userspaceVolume(t, nc, fmt.Sprintf("heal-%d", i))
 	}
-	klogStart := len(kernelLog(t))
+	klogStart := len(testenv.KernelLog(t))
 	for i, m := range vols {
-		w, err := newWriter(filepath.Join(m.target, "data"), uint64(i+1))
-		if err != nil {
-			t.Fatal(err)
-		}
+		w := startWriter(t, m, uint64(i+1))
 		writers[i] = w
-		go w.run()
 		t.Cleanup(func() {
 			if w.stop != nil {
 				select {
@@ -268,7 +233,7 @@ func TestHealUnderWriters(t *testing.T) {
 		verified += w.verified.Load()
 	}
 	devs := checkReadWrite(t, vols)
-	for _, l := range kernelLog(t)[min(klogStart, len(kernelLog(t))):] {
+	for _, l := range testenv.KernelLog(t)[min(klogStart, len(testenv.KernelLog(t))):] {
 		for _, d := range devs {
 			if strings.Contains(l, d+":") || strings.Contains(l, d+")") || strings.Contains(l, d+",") || strings.Contains(l, d+" ") {
 				if strings.Contains(l, "error") || strings.Contains(l, "read-only") {
@@ -297,17 +262,6 @@ func countErrors(ws []*writer) int {
 		n += len(w.Errors())
 	}
 	return n
-}
-
-// kernelLog returns the kernel log lines (dmesg).
-func kernelLog(t *testing.T) []string {
-	t.Helper()
-	out, err := exec.Command("dmesg").Output()
-	if err != nil {
-		t.Logf("dmesg: %v (kernel log not checked)", err)
-		return nil
-	}
-	return strings.Split(strings.TrimSpace(string(out)), "\n")
 }
 
 // checkReadWrite fails when a volume's file system was remounted read-only

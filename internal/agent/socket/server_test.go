@@ -38,15 +38,7 @@ func start(t *testing.T, s *Server) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Serve(ctx, l) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
+	testenv.Serve(t, "Serve", func(ctx context.Context) error { return s.Serve(ctx, l) })
 	return path
 }
 

@@ -35,20 +35,7 @@ func testOptions() testceph.Options {
 
 var (
 	cluster = testceph.New(testOptions())
-	// suite is the test Ceph alone (no API server). Its Teardown runs
-	// also after a failed Up (up.sh may have started daemons); a daemon,
-	// port or file left behind fails the run.
-	suite = &testenv.Suite{
-		NoAPIServer: true,
-		Skip:        func() string { return testceph.SkipReason(context.Background()) },
-		Setup: func(*testenv.Env) error {
-			start := time.Now()
-			err := cluster.Up(context.Background())
-			fmt.Fprintf(os.Stderr, "ceph backend: test Ceph up in %s\n", time.Since(start).Round(100*time.Millisecond))
-			return err
-		},
-		Teardown: func(bool) error { return cluster.Stop(context.Background()) },
-	}
+	suite   = cluster.Suite("ceph backend")
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m, suite)) }

@@ -191,16 +191,25 @@ func (c Config) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("--kubelet-dir, --run-dir: %w", err)
 	}
-	a := nodeagent.New(c.NodeName, mgr.GetAPIReader(), images, mount.NewLoop(exec),
-		mount.NewManager(mount.NewMounter(), exec, c.Log.WithName("mount")), fencer, nodeagent.NewVolumeLocks(), c.Log.WithName("agent")).
-		WithFlex(nodeagent.FlexConfig{StagingRoot: flexStaging, Holdings: fencer}).
-		WithVolumeStatus(direct, clock.RealClock{}).
-		WithLockWait(c.LockWait).
-		WithPaths(paths).
-		WithEvents(mgr.GetEventRecorderFor("berth-agent"))
+	us, err := c.userspace()
+	if err != nil {
+		return err
+	}
+	a, err := nodeagent.New(nodeagent.Config{
+		Node: c.NodeName, API: mgr.GetAPIReader(), Images: images, Loop: mount.NewLoop(exec),
+		Mounts: mount.NewManager(mount.NewMounter(), exec, c.Log.WithName("mount")), Fence: fencer,
+		Log: c.Log.WithName("agent"), LockWait: c.LockWait, Paths: paths,
+		Flex:   nodeagent.FlexConfig{StagingRoot: flexStaging, Holdings: fencer},
+		Status: direct, Clock: clock.RealClock{}, Events: mgr.GetEventRecorderFor("berth-agent"),
+		Userspace: us,
+	})
+	if err != nil {
+		return err
+	}
 	// Snapshots and clones hold their source still through the agent.
 	images.WithQuiescer(a)
-	if err := c.addUserspace(mgr, a, fencer, m.heal); err != nil {
+	if err := mgr.Add(&heal.Healer{Node: c.NodeName, Holdings: fencer, Volumes: a,
+		Recorder: mgr.GetEventRecorderFor("berth-agent"), Log: c.Log.WithName("heal"), Interval: c.HealInterval, Metrics: m.heal}); err != nil {
 		return err
 	}
 	// The node gauges read the cache of this node's Volumes at scrape time.
@@ -292,72 +301,57 @@ func socketPath(endpoint string) string {
 
 // Command is `berth agent`.
 func Command() cli.Command {
-	return cli.Command{
-		Name:    "agent",
-		Summary: "run the node agent (CSI node service, volume images, kubelet registration)",
-		Main: func(ctx context.Context, args []string, stdio cli.IO) error {
-			fs := flag.NewFlagSet("berth agent", flag.ContinueOnError)
-			fs.SetOutput(stdio.Stderr)
-			var (
-				cfg       Config
-				kube      cli.KubeFlags
-				verbosity int
-			)
-			fs.StringVar(&cfg.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
-			fs.StringVar(&cfg.Namespace, "namespace", envOr("POD_NAMESPACE", "berth-system"), "berth's namespace, for this node's CSIStorageCapacity objects (default $POD_NAMESPACE or berth-system)")
-			fs.Var(&dataDirs{&cfg.DataDirs}, "data-dir", "a StorageCluster's data dir (its local volume images); repeat for each cluster this agent serves")
-			fs.StringVar(&cfg.RunDir, "run-dir", "/run/berth", "node-wide folder for the blockdev servers' mount points and the Flexvolume staging folders (the keeper must see it)")
-			fs.StringVar(&cfg.CSIEndpoint, "csi-endpoint", "unix:///var/lib/kubelet/plugins/berth.io/csi.sock", "CSI endpoint (unix socket)")
-			fs.StringVar(&cfg.KubeletDir, "kubelet-dir", "/var/lib/kubelet", "kubelet root: plugin registration, and the only folder (with the run dir's flex-staging) whose volume paths the agent mounts or unmounts; empty: do not register, accept no kubelet path")
-			fs.StringVar(&cfg.AgentSocket, "agent-socket", flexvolume.DefaultSocket, "root-only agent socket for the Flexvolume driver")
-			fs.StringVar(&cfg.VolumePluginDir, "volume-plugin-dir", "/usr/libexec/kubernetes/kubelet-plugins/volume/exec", "kubelet's Flexvolume folder to install the driver into; empty: do not install")
-			fs.StringVar(&cfg.HealthAddr, "health-addr", DefaultHealthAddr, "/healthz and /readyz listen address (the agent runs on the host network); 0 disables")
-			fs.DurationVar(&cfg.CapacityInterval, "capacity-interval", 30*time.Second, "how often free capacity is reported")
-			fs.DurationVar(&cfg.StaleInterval, "stale-interval", 5*time.Minute, "how often this node's stale-attachment list is processed (also at start)")
-			fs.StringVar(&cfg.KeeperSocket, "keeper-socket", "/run/berth/keeper.sock", "socket of the berth keeper (userspace volumes)")
-			fs.StringVar(&cfg.BlockdevBinary, "blockdev-binary", "", "berth binary that runs blockdev servers (default: this executable)")
-			fs.BoolVar(&cfg.BlockdevPassthrough, "blockdev-passthrough", true, "let the kernel do data I/O of userspace volumes (FUSE passthrough, kernel 6.9+; ignored where the kernel lacks it)")
-			fs.IntVar(&cfg.BlockdevWorkers, "blockdev-workers", 0, "request workers per blockdev server (0: the server's default)")
-			fs.StringVar(&cfg.UserspaceTransport, "userspace-transport", "fuse", "how newly staged userspace volumes reach the kernel: fuse (keeper + loop) or nbd (needs the nbd module)")
-			fs.DurationVar(&cfg.NBDDeadConnTimeout, "nbd-dead-conn-timeout", nbd.DefaultDeadConnTimeout, "how long the kernel keeps an nbd device and queues its I/O while no server is connected")
-			fs.DurationVar(&cfg.HealInterval, "heal-interval", 30*time.Second, "how often staged userspace volumes are checked and healed after the check at start; 0: only at start")
-			def := mount.DefaultTimeouts()
-			fs.DurationVar(&cfg.ToolTimeouts.Probe, "probe-timeout", def.Probe, "how long blkid may take before it is killed and the operation fails")
-			fs.DurationVar(&cfg.ToolTimeouts.Format, "format-timeout", def.Format, "how long mkfs may take before it is killed and the stage fails")
-			fs.DurationVar(&cfg.ToolTimeouts.Check, "fsck-timeout", def.Check, "how long fsck may take before it is killed and the stage fails")
-			fs.DurationVar(&cfg.ToolTimeouts.Resize, "resize-timeout", def.Resize, "how long a filesystem resize may take before it is killed")
-			fs.DurationVar(&cfg.ToolTimeouts.Loop, "losetup-timeout", def.Loop, "how long losetup may take before it is killed")
-			fs.DurationVar(&cfg.ToolTimeouts.Mount, "mount-timeout", def.Mount, "how long mount or umount may take before it is killed")
-			fs.DurationVar(&cfg.LockWait, "background-lock-wait", nodeagent.DefaultLockWait, "how long healing and cleanup wait for a volume another operation holds before they retry it later")
-			fs.StringVar(&cfg.MetricsAddr, "metrics-addr", DefaultMetricsAddr, "Prometheus /metrics listen address (the agent runs on the host network); 0 disables")
-			kube.Register(fs)
-			fs.IntVar(&verbosity, "v", 0, "log verbosity")
-			if err := fs.Parse(args); err != nil {
-				return err
-			}
-			cfg.Log = cli.NewLogger(stdio.Stderr, verbosity, "agent")
-			var err error
-			if cfg.Rest, err = kube.RestConfig(); err != nil {
-				return err
-			}
+	return cli.KubeCommand("agent", "run the node agent (CSI node service, volume images, kubelet registration)", func(fs *flag.FlagSet) cli.KubeRun {
+		var cfg Config
+		fs.StringVar(&cfg.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
+		fs.StringVar(&cfg.Namespace, "namespace", envOr("POD_NAMESPACE", "berth-system"), "berth's namespace, for this node's CSIStorageCapacity objects (default $POD_NAMESPACE or berth-system)")
+		fs.Var(&dataDirs{&cfg.DataDirs}, "data-dir", "a StorageCluster's data dir (its local volume images); repeat for each cluster this agent serves")
+		fs.StringVar(&cfg.RunDir, "run-dir", "/run/berth", "node-wide folder for the blockdev servers' mount points and the Flexvolume staging folders (the keeper must see it)")
+		fs.StringVar(&cfg.CSIEndpoint, "csi-endpoint", "unix:///var/lib/kubelet/plugins/berth.io/csi.sock", "CSI endpoint (unix socket)")
+		fs.StringVar(&cfg.KubeletDir, "kubelet-dir", "/var/lib/kubelet", "kubelet root: plugin registration, and the only folder (with the run dir's flex-staging) whose volume paths the agent mounts or unmounts; empty: do not register, accept no kubelet path")
+		fs.StringVar(&cfg.AgentSocket, "agent-socket", flexvolume.DefaultSocket, "root-only agent socket for the Flexvolume driver")
+		fs.StringVar(&cfg.VolumePluginDir, "volume-plugin-dir", "/usr/libexec/kubernetes/kubelet-plugins/volume/exec", "kubelet's Flexvolume folder to install the driver into; empty: do not install")
+		fs.StringVar(&cfg.HealthAddr, "health-addr", DefaultHealthAddr, "/healthz and /readyz listen address (the agent runs on the host network); 0 disables")
+		fs.DurationVar(&cfg.CapacityInterval, "capacity-interval", 30*time.Second, "how often free capacity is reported")
+		fs.DurationVar(&cfg.StaleInterval, "stale-interval", 5*time.Minute, "how often this node's stale-attachment list is processed (also at start)")
+		fs.StringVar(&cfg.KeeperSocket, "keeper-socket", "/run/berth/keeper.sock", "socket of the berth keeper (userspace volumes)")
+		fs.StringVar(&cfg.BlockdevBinary, "blockdev-binary", "", "berth binary that runs blockdev servers (default: this executable)")
+		fs.BoolVar(&cfg.BlockdevPassthrough, "blockdev-passthrough", true, "let the kernel do data I/O of userspace volumes (FUSE passthrough, kernel 6.9+; ignored where the kernel lacks it)")
+		fs.IntVar(&cfg.BlockdevWorkers, "blockdev-workers", 0, "request workers per blockdev server (0: the server's default)")
+		fs.StringVar(&cfg.UserspaceTransport, "userspace-transport", "fuse", "how newly staged userspace volumes reach the kernel: fuse (keeper + loop) or nbd (needs the nbd module)")
+		fs.DurationVar(&cfg.NBDDeadConnTimeout, "nbd-dead-conn-timeout", nbd.DefaultDeadConnTimeout, "how long the kernel keeps an nbd device and queues its I/O while no server is connected")
+		fs.DurationVar(&cfg.HealInterval, "heal-interval", 30*time.Second, "how often staged userspace volumes are checked and healed after the check at start; 0: only at start")
+		def := mount.DefaultTimeouts()
+		fs.DurationVar(&cfg.ToolTimeouts.Probe, "probe-timeout", def.Probe, "how long blkid may take before it is killed and the operation fails")
+		fs.DurationVar(&cfg.ToolTimeouts.Format, "format-timeout", def.Format, "how long mkfs may take before it is killed and the stage fails")
+		fs.DurationVar(&cfg.ToolTimeouts.Check, "fsck-timeout", def.Check, "how long fsck may take before it is killed and the stage fails")
+		fs.DurationVar(&cfg.ToolTimeouts.Resize, "resize-timeout", def.Resize, "how long a filesystem resize may take before it is killed")
+		fs.DurationVar(&cfg.ToolTimeouts.Loop, "losetup-timeout", def.Loop, "how long losetup may take before it is killed")
+		fs.DurationVar(&cfg.ToolTimeouts.Mount, "mount-timeout", def.Mount, "how long mount or umount may take before it is killed")
+		fs.DurationVar(&cfg.LockWait, "background-lock-wait", nodeagent.DefaultLockWait, "how long healing and cleanup wait for a volume another operation holds before they retry it later")
+		fs.StringVar(&cfg.MetricsAddr, "metrics-addr", DefaultMetricsAddr, "Prometheus /metrics listen address (the agent runs on the host network); 0 disables")
+		return func(ctx context.Context, log logr.Logger, rest *rest.Config) error {
+			cfg.Log, cfg.Rest = log, rest
 			return cfg.Run(ctx)
-		},
-	}
+		}
+	})
 }
 
-// addUserspace enables the userspace mounter and its healer.
-func (c Config) addUserspace(mgr manager.Manager, a *nodeagent.Agent, holdings heal.Holdings, m *metrics.Heal) error {
+// userspace is the agent's userspace mounter: blockdev servers of this
+// executable (or --blockdev-binary), the keeper, and nbd where the kernel
+// has it.
+func (c Config) userspace() (*nodeagent.UserspaceConfig, error) {
 	bin := c.BlockdevBinary
 	if bin == "" {
 		self, err := os.Executable()
 		if err != nil {
-			return fmt.Errorf("blockdev binary: %w", err)
+			return nil, fmt.Errorf("blockdev binary: %w", err)
 		}
 		bin = self
 	}
 	transport, err := nodeagent.ParseTransport(c.UserspaceTransport)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	nbdDevs := nbd.NewDevices(nbd.NewNetlink(), "/sys", c.NodeName)
 	if ok, reason := nbdDevs.Available(); transport == nodeagent.TransportNBD && !ok {
@@ -365,12 +359,10 @@ func (c Config) addUserspace(mgr manager.Manager, a *nodeagent.Agent, holdings h
 		// staging a new one says why it cannot.
 		c.Log.Error(nodeagent.ErrNBDUnavailable, "userspace transport nbd set, but this node cannot serve it", "reason", reason)
 	}
-	a.WithUserspace(nodeagent.UserspaceConfig{
+	return &nodeagent.UserspaceConfig{
 		Root: filepath.Join(c.RunDir, "blockdev"), Binary: bin, KeeperSocket: c.KeeperSocket,
 		Keeper: keeper.NewClient(c.KeeperSocket), Start: nodeagent.StartServer, StopPID: launch.StopPID,
 		CheckMount: blockdev.CheckMount, Workers: c.BlockdevWorkers, Passthrough: c.BlockdevPassthrough,
 		Transport: transport, NBD: nbdDevs, DeadConnTimeout: c.NBDDeadConnTimeout,
-	})
-	return mgr.Add(&heal.Healer{Node: c.NodeName, Holdings: holdings, Volumes: a,
-		Recorder: mgr.GetEventRecorderFor("berth-agent"), Log: c.Log.WithName("heal"), Interval: c.HealInterval, Metrics: m})
+	}, nil
 }

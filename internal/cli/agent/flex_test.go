@@ -14,6 +14,7 @@ import (
 
 	"github.com/berth-io/berth/internal/agent/socket"
 	"github.com/berth-io/berth/internal/flexvolume"
+	"github.com/berth-io/berth/internal/testenv"
 )
 
 type noOps struct{}
@@ -43,15 +44,7 @@ func TestFlexInstallFailureDegradesOnlyFlexvolume(t *testing.T) {
 		pluginDir: filepath.Join(blocker, "exec"), binary: "/bin/true", log: testr.New(t), events: events, node: "n1",
 		retry: 20 * time.Millisecond, maxRetry: 50 * time.Millisecond,
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- f.Start(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Start: %v", err)
-		}
-	}()
+	ctx := testenv.Serve(t, "Start", f.Start)
 
 	poll := func(what string, cond func() bool) {
 		t.Helper()

@@ -153,34 +153,27 @@ func (c Config) runNBD(ctx context.Context, say func(string)) error {
 
 // Command is `berth blockdev`.
 func Command() cli.Command {
-	return cli.Command{
-		Name:    "blockdev",
-		Summary: "serve a volume image as a block device (FUSE file for a loop device, or nbd)",
-		Main: func(ctx context.Context, args []string, stdio cli.IO) error {
-			fs := flag.NewFlagSet("berth blockdev", flag.ContinueOnError)
-			fs.SetOutput(stdio.Stderr)
-			cfg := Config{Log: logr.FromSlogHandler(slog.NewTextHandler(stdio.Stderr, nil))}
-			fs.StringVar(&cfg.Transport, "transport", launch.TransportFUSE, "fuse (FUSE file + loop, via the keeper) or nbd (the kernel's nbd driver)")
-			fs.StringVar(&cfg.KeeperSocket, "keeper-socket", "/run/berth/keeper.sock", "the keeper's socket (fuse)")
-			fs.StringVar(&cfg.Volume, "volume", "", "volume id (the keeper's key; the nbd backend identifier)")
-			fs.StringVar(&cfg.Image, "image", "", "backing image file")
-			fs.StringVar(&cfg.Node, "node", "", "this node's name, part of the nbd device's identifier so that nodes sharing a kernel never take each other's device (nbd)")
-			fs.StringVar(&cfg.Mountpoint, "mountpoint", "", "where the keeper mounts the FUSE file system (holds disk.img) (fuse)")
-			fs.IntVar(&cfg.Workers, "workers", 0, "request goroutines, per connection for nbd (0: default)")
-			fs.BoolVar(&cfg.Direct, "direct", true, "O_DIRECT for aligned I/O on the image")
-			fs.BoolVar(&cfg.Passthrough, "passthrough", false, "let the kernel read and write the image itself (FUSE passthrough, 6.9+) (fuse)")
-			fs.DurationVar(&cfg.DeadConnTimeout, "dead-conn-timeout", nbd.DefaultDeadConnTimeout, "how long the kernel queues I/O while no server is connected, before failing it until one reconnects (nbd)")
-			fs.IntVar(&cfg.Connections, "connections", nbd.DefaultConnections, "sockets of a new nbd device (nbd)")
-			fs.IntVar(&cfg.ReadyFD, "ready-fd", 0, "fd to write \"ready\" (fuse) or \"ready <device>\" (nbd) to once serving")
-			if err := fs.Parse(args); err != nil {
-				return err
-			}
+	return cli.FlagCommand("blockdev", "serve a volume image as a block device (FUSE file for a loop device, or nbd)", func(fs *flag.FlagSet, stdio cli.IO) func(context.Context) error {
+		cfg := Config{Log: logr.FromSlogHandler(slog.NewTextHandler(stdio.Stderr, nil))}
+		fs.StringVar(&cfg.Transport, "transport", launch.TransportFUSE, "fuse (FUSE file + loop, via the keeper) or nbd (the kernel's nbd driver)")
+		fs.StringVar(&cfg.KeeperSocket, "keeper-socket", "/run/berth/keeper.sock", "the keeper's socket (fuse)")
+		fs.StringVar(&cfg.Volume, "volume", "", "volume id (the keeper's key; the nbd backend identifier)")
+		fs.StringVar(&cfg.Image, "image", "", "backing image file")
+		fs.StringVar(&cfg.Node, "node", "", "this node's name, part of the nbd device's identifier so that nodes sharing a kernel never take each other's device (nbd)")
+		fs.StringVar(&cfg.Mountpoint, "mountpoint", "", "where the keeper mounts the FUSE file system (holds disk.img) (fuse)")
+		fs.IntVar(&cfg.Workers, "workers", 0, "request goroutines, per connection for nbd (0: default)")
+		fs.BoolVar(&cfg.Direct, "direct", true, "O_DIRECT for aligned I/O on the image")
+		fs.BoolVar(&cfg.Passthrough, "passthrough", false, "let the kernel read and write the image itself (FUSE passthrough, 6.9+) (fuse)")
+		fs.DurationVar(&cfg.DeadConnTimeout, "dead-conn-timeout", nbd.DefaultDeadConnTimeout, "how long the kernel queues I/O while no server is connected, before failing it until one reconnects (nbd)")
+		fs.IntVar(&cfg.Connections, "connections", nbd.DefaultConnections, "sockets of a new nbd device (nbd)")
+		fs.IntVar(&cfg.ReadyFD, "ready-fd", 0, "fd to write \"ready\" (fuse) or \"ready <device>\" (nbd) to once serving")
+		return func(ctx context.Context) error {
 			set := map[string]bool{}
 			fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 			if err := checkFlags(cfg.Transport, set); err != nil {
 				return err
 			}
 			return cfg.Run(ctx)
-		},
-	}
+		}
+	})
 }

@@ -133,37 +133,20 @@ func closeAll(ls ...net.Listener) {
 
 // Command is `berth csi-controller`.
 func Command() cli.Command {
-	return cli.Command{
-		Name:    "csi-controller",
-		Summary: "serve the CSI Identity and Controller services",
-		Main: func(ctx context.Context, args []string, stdio cli.IO) error {
-			fs := flag.NewFlagSet("berth csi-controller", flag.ContinueOnError)
-			fs.SetOutput(stdio.Stderr)
-			var (
-				cfg       Config
-				kube      cli.KubeFlags
-				verbosity int
-			)
-			fs.StringVar(&cfg.Endpoint, "endpoint", "unix:///csi/csi.sock", "CSI endpoint (unix socket)")
-			ns := os.Getenv("POD_NAMESPACE")
-			if ns == "" {
-				ns = "berth-system"
-			}
-			fs.StringVar(&cfg.Namespace, "namespace", ns, "berth's namespace, where agents publish CSIStorageCapacity objects (default $POD_NAMESPACE or berth-system)")
-			fs.DurationVar(&cfg.Wait, "agent-wait", 2*time.Minute, "how long a call waits for the node agent")
-			fs.StringVar(&cfg.MetricsAddr, "metrics-addr", DefaultMetricsAddr, "Prometheus /metrics listen address; 0 disables")
-			fs.StringVar(&cfg.HealthAddr, "health-addr", DefaultHealthAddr, "/healthz and /readyz listen address; 0 disables")
-			kube.Register(fs)
-			fs.IntVar(&verbosity, "v", 0, "log verbosity")
-			if err := fs.Parse(args); err != nil {
-				return err
-			}
-			cfg.Log = cli.NewLogger(stdio.Stderr, verbosity, "csi-controller")
-			var err error
-			if cfg.Rest, err = kube.RestConfig(); err != nil {
-				return err
-			}
+	return cli.KubeCommand("csi-controller", "serve the CSI Identity and Controller services", func(fs *flag.FlagSet) cli.KubeRun {
+		var cfg Config
+		fs.StringVar(&cfg.Endpoint, "endpoint", "unix:///csi/csi.sock", "CSI endpoint (unix socket)")
+		ns := os.Getenv("POD_NAMESPACE")
+		if ns == "" {
+			ns = "berth-system"
+		}
+		fs.StringVar(&cfg.Namespace, "namespace", ns, "berth's namespace, where agents publish CSIStorageCapacity objects (default $POD_NAMESPACE or berth-system)")
+		fs.DurationVar(&cfg.Wait, "agent-wait", 2*time.Minute, "how long a call waits for the node agent")
+		fs.StringVar(&cfg.MetricsAddr, "metrics-addr", DefaultMetricsAddr, "Prometheus /metrics listen address; 0 disables")
+		fs.StringVar(&cfg.HealthAddr, "health-addr", DefaultHealthAddr, "/healthz and /readyz listen address; 0 disables")
+		return func(ctx context.Context, log logr.Logger, rest *rest.Config) error {
+			cfg.Log, cfg.Rest = log, rest
 			return cfg.Run(ctx)
-		},
-	}
+		}
+	})
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/berth-io/berth/internal/agent/socket"
 	flex "github.com/berth-io/berth/internal/flexvolume"
+	"github.com/berth-io/berth/internal/testenv"
 )
 
 // agentOps records what reached the agent through its real socket.
@@ -61,13 +62,7 @@ func FuzzDriverCall(f *testing.F) {
 		f.Fatal(err)
 	}
 	ops := &agentOps{}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- socket.NewServer(ops, logr.Discard()).Serve(ctx, l) }()
-	f.Cleanup(func() {
-		cancel()
-		<-done
-	})
+	testenv.Serve(f, "agent socket", func(ctx context.Context) error { return socket.NewServer(ops, logr.Discard()).Serve(ctx, l) })
 
 	dir := "/var/lib/kubelet/pods/0b5e7c2a-1111/volumes/berth.io~berth/pv-1"
 	opts := `{"kubernetes.io/fsType":"ext4","kubernetes.io/pod.name":"web-0","kubernetes.io/pod.namespace":"default","kubernetes.io/pod.uid":"0b5e7c2a-1111","kubernetes.io/pvOrVolumeName":"pv-1","kubernetes.io/readwrite":"rw","kubernetes.io/serviceAccount.name":"default"}`

@@ -58,19 +58,10 @@ func (c Config) Run(ctx context.Context) error {
 
 // Command is `berth keeper`.
 func Command() cli.Command {
-	return cli.Command{
-		Name:    "keeper",
-		Summary: "hold userspace volumes' FUSE connections across server restarts",
-		Main: func(ctx context.Context, args []string, stdio cli.IO) error {
-			fs := flag.NewFlagSet("berth keeper", flag.ContinueOnError)
-			fs.SetOutput(stdio.Stderr)
-			cfg := Config{Log: logr.FromSlogHandler(slog.NewTextHandler(stdio.Stderr, nil))}
-			fs.StringVar(&cfg.Socket, "socket", "/run/berth/keeper.sock", "root-only Unix socket")
-			fs.BoolVar(&cfg.Ping, "ping", false, "ask the keeper serving --socket whether it answers, then exit (readiness probe)")
-			if err := fs.Parse(args); err != nil {
-				return err
-			}
-			return cfg.Run(ctx)
-		},
-	}
+	return cli.FlagCommand("keeper", "hold userspace volumes' FUSE connections across server restarts", func(fs *flag.FlagSet, stdio cli.IO) func(context.Context) error {
+		cfg := Config{Log: logr.FromSlogHandler(slog.NewTextHandler(stdio.Stderr, nil))}
+		fs.StringVar(&cfg.Socket, "socket", "/run/berth/keeper.sock", "root-only Unix socket")
+		fs.BoolVar(&cfg.Ping, "ping", false, "ask the keeper serving --socket whether it answers, then exit (readiness probe)")
+		return func(ctx context.Context) error { return cfg.Run(ctx) }
+	})
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/berth-io/berth/internal/cli"
+	"github.com/berth-io/berth/internal/testenv"
 )
 
 // TestPingIsTheReadinessProbe runs a real keeper and the probe command the
@@ -21,15 +22,7 @@ func TestPingIsTheReadinessProbe(t *testing.T) {
 		t.Skip("the keeper admits only root peers; run as root")
 	}
 	sock := filepath.Join(t.TempDir(), "keeper.sock")
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- Config{Socket: sock, Log: logr.Discard()}.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("keeper: %v", err)
-		}
-	})
+	testenv.Serve(t, "keeper", Config{Socket: sock, Log: logr.Discard()}.Run)
 	probe := func(socket string) error {
 		var stderr strings.Builder
 		return Command().Main(context.Background(), []string{"--socket=" + socket, "--ping"}, cli.IO{Stderr: &stderr})

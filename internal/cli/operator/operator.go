@@ -158,34 +158,14 @@ func Flags(fs *flag.FlagSet, cfg *Config, env func(string) string) {
 
 // Command is `berth operator`.
 func Command() cli.Command {
-	return cli.Command{
-		Name:    "operator",
-		Summary: "reconcile StorageClusters into agents, keepers, the CSI controller and classes",
-		Main: func(ctx context.Context, args []string, stdio cli.IO) error {
-			fs := flag.NewFlagSet("berth operator", flag.ContinueOnError)
-			fs.SetOutput(stdio.Stderr)
-			var (
-				cfg       Config
-				kube      cli.KubeFlags
-				verbosity int
-			)
-			Flags(fs, &cfg, os.Getenv)
-			kube.Register(fs)
-			fs.IntVar(&verbosity, "v", 0, "log verbosity")
-			if err := fs.Parse(args); err != nil {
-				return err
-			}
-			if fs.NArg() > 0 {
-				return fmt.Errorf("unexpected arguments: %v", fs.Args())
-			}
-			cfg.Log = cli.NewLogger(stdio.Stderr, verbosity, "operator")
-			var err error
-			if cfg.Rest, err = kube.RestConfig(); err != nil {
-				return err
-			}
+	return cli.KubeCommand("operator", "reconcile StorageClusters into agents, keepers, the CSI controller and classes", func(fs *flag.FlagSet) cli.KubeRun {
+		var cfg Config
+		Flags(fs, &cfg, os.Getenv)
+		return func(ctx context.Context, log logr.Logger, rest *rest.Config) error {
+			cfg.Log, cfg.Rest = log, rest
 			return cfg.Run(ctx)
-		},
-	}
+		}
+	})
 }
 
 // The attachment GC scans every Attachment each

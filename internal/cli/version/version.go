@@ -30,18 +30,9 @@ func (c Config) Run(context.Context) error {
 
 // Command is `berth version`.
 func Command() cli.Command {
-	return cli.Command{
-		Name:    "version",
-		Summary: "print version, commit and Go version",
-		Main: func(ctx context.Context, args []string, stdio cli.IO) error {
-			fs := flag.NewFlagSet("berth version", flag.ContinueOnError)
-			fs.SetOutput(stdio.Stderr)
-			cfg := Config{Out: stdio.Stdout}
-			fs.BoolVar(&cfg.JSON, "json", false, "print JSON")
-			if err := fs.Parse(args); err != nil {
-				return err
-			}
-			return cfg.Run(ctx)
-		},
-	}
+	return cli.FlagCommand("version", "print version, commit and Go version", func(fs *flag.FlagSet, stdio cli.IO) func(context.Context) error {
+		cfg := Config{Out: stdio.Stdout}
+		fs.BoolVar(&cfg.JSON, "json", false, "print JSON")
+		return func(ctx context.Context) error { return cfg.Run(ctx) }
+	})
 }

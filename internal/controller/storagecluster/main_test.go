@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -69,7 +70,8 @@ func startManager(e *testenv.Env) error {
 		return err
 	}
 	r := &storagecluster.Reconciler{Client: mgr.GetClient(), Options: opts, Log: log.WithName("storagecluster"), CleanupPoll: 200 * time.Millisecond,
-		Direct: env.Client, Recorder: mgr.GetEventRecorderFor("berth-operator"), CephConnectTimeout: cephConnectTimeout}
+		Direct: env.Client, Recorder: mgr.GetEventRecorderFor("berth-operator"), CephConnectTimeout: cephConnectTimeout,
+		NetworkRecheck: 300 * time.Millisecond}
 	if err := r.SetupWithManager(mgr); err != nil {
 		cancel()
 		return err
@@ -119,6 +121,15 @@ func get(t *testing.T, obj client.Object) {
 	})
 }
 
+// gone waits until obj is deleted (its finalizers done).
+func gone(t *testing.T, obj client.Object) {
+	t.Helper()
+	eventually(t, fmt.Sprintf("%T %s gone", obj, obj.GetName()), func(ctx context.Context) (bool, error) {
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(obj), obj)
+		return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
+	})
+}
+
 // newCluster creates a StorageCluster and, at the end of the test, deletes it
 // with its own objects (envtest runs no garbage collector); the node-wide
 // set stays, as it does in a real cluster.
@@ -143,6 +154,7 @@ func removeCluster(t *testing.T, name string) {
 	owned := []client.Object{
 		&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: storagecluster.StorageClassName(name, v1.MounterKernel)}},
 		&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: storagecluster.StorageClassName(name, v1.MounterUserspace)}},
+		&appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: storagecluster.HolderName(name), Namespace: namespace}},
 	}
 	// A reconcile in flight may recreate an object once: delete until all
 	// are gone, so that the next test finds none controlled by this cluster.

@@ -25,24 +25,28 @@ var ErrForeign = errors.New("exists and was not made by this StorageCluster")
 type observed struct {
 	agent, keeper *appsv1.DaemonSet
 	controller    *appsv1.Deployment
+	// mover is node-wide (no ResourceVersion: none runs); holder is the
+	// cluster's own.
+	mover, holder *appsv1.DaemonSet
 }
 
 // applyCluster creates or updates the objects of one cluster: its
 // StorageClasses and VolumeSnapshotClass. It keeps going after an error so
-// that one conflicting object does not hold back the others.
-func (r *Reconciler) applyCluster(ctx context.Context, sc *v1.StorageCluster) error {
+// that one conflicting object does not hold back the others. snapshotPending
+// says that the snapshot API is installed but not served yet.
+func (r *Reconciler) applyCluster(ctx context.Context, sc *v1.StorageCluster) (snapshotPending bool, _ error) {
 	var errs []error
 	first, err := r.firstCluster(ctx, sc)
 	if err != nil {
-		return err
+		return false, err
 	}
 	for _, m := range []v1.Mounter{v1.MounterKernel, v1.MounterUserspace} {
 		cls := &storagev1.StorageClass{}
 		cls.Name = StorageClassName(sc.Name, m)
 		errs = append(errs, r.ensure(ctx, sc, cls, func() { r.storageClass(sc, cls, m, first) }))
 	}
-	errs = append(errs, r.ensureSnapshotClass(ctx, sc, first))
-	return errors.Join(errs...)
+	snapshotPending, err = r.ensureSnapshotClass(ctx, sc, first)
+	return snapshotPending, errors.Join(append(errs, err)...)
 }
 
 // firstCluster tells whether sc is the oldest StorageCluster not being

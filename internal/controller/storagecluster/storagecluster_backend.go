@@ -10,7 +10,6 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -105,13 +104,7 @@ func (r *Reconciler) backendCondition(ctx context.Context, log logr.Logger, sc *
 	}
 	cond, recheck := r.checkCeph(ctx, log, sc)
 	cond.Type = ConditionBackendReady
-	if prev := meta.FindStatusCondition(sc.Status.Conditions, ConditionBackendReady); prev == nil || prev.Reason != cond.Reason || prev.Message != cond.Message {
-		typ := corev1.EventTypeWarning
-		if cond.Status == metav1.ConditionTrue {
-			typ = corev1.EventTypeNormal
-		}
-		r.event(sc, typ, cond.Reason, cond.Message)
-	}
+	r.conditionEvent(sc, cond, cond.Status != metav1.ConditionTrue)
 	return cond, recheck
 }
 

@@ -104,10 +104,7 @@ func TestStorageClusterDeletionDetachWaitsForNodes(t *testing.T) {
 	if err := env.Client.Status().Patch(testCtx(t), sc, patch); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "StorageCluster gone", func(ctx context.Context) (bool, error) {
-		err := env.Client.Get(ctx, client.ObjectKeyFromObject(sc), sc)
-		return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
-	})
+	gone(t, sc)
 }
 
 func TestStorageClusterDeletionDetachNodeGone(t *testing.T) {
@@ -121,10 +118,7 @@ func TestStorageClusterDeletionDetachNodeGone(t *testing.T) {
 	if err := env.Client.Delete(testCtx(t), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "dg-n1"}}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "StorageCluster gone", func(ctx context.Context) (bool, error) {
-		err := env.Client.Get(ctx, client.ObjectKeyFromObject(sc), sc)
-		return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
-	})
+	gone(t, sc)
 }
 
 // TestStorageClusterDeletionDetachTimesOut: a node whose agent never reports
@@ -143,10 +137,7 @@ func TestStorageClusterDeletionDetachTimesOut(t *testing.T) {
 	sc := newCluster(t, "theta", v1.StorageClusterSpec{CleanupTimeout: &metav1.Duration{Duration: 2 * time.Second}})
 	deleteOnceFinalized(t, sc)
 	waitCondition(t, sc, v1.ConditionReady, metav1.ConditionFalse, storagecluster.ReasonDeleting)
-	eventually(t, "StorageCluster gone after the timeout", func(ctx context.Context) (bool, error) {
-		err := env.Client.Get(ctx, client.ObjectKeyFromObject(sc), sc)
-		return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
-	})
+	gone(t, sc)
 	nc := &v1.NodeCleanup{}
 	if err := env.Client.Get(testCtx(t), client.ObjectKey{Name: "to-n1"}, nc); err != nil {
 		t.Fatalf("stale list of to-n1: %v", err)
@@ -174,10 +165,7 @@ func TestStorageClusterDeletionRetain(t *testing.T) {
 	attachedVolume(t, "ret-v1", "eta", "ret-n1")
 	sc := newCluster(t, "eta", v1.StorageClusterSpec{CleanupPolicy: v1.CleanupRetain})
 	deleteOnceFinalized(t, sc)
-	eventually(t, "StorageCluster gone at once", func(ctx context.Context) (bool, error) {
-		err := env.Client.Get(ctx, client.ObjectKeyFromObject(sc), sc)
-		return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
-	})
+	gone(t, sc)
 }
 
 // deleteOnceFinalized deletes sc once the operator has put its finalizer on.

@@ -1,10 +1,12 @@
 // Package storagecluster is the operator's StorageCluster reconciler. It
 // deploys one node-wide set for every cluster (the agent and keeper
 // DaemonSets, the CSI controller Deployment, their Services and the
-// CSIDriver, owned by no cluster: deleting one never removes them), and per
-// cluster its StorageClasses and (where the snapshot API is served) its
-// VolumeSnapshotClass; it keeps them as specified, reports readiness per
-// cluster, and runs a cluster's cleanup rule on deletion.
+// CSIDriver, owned by no cluster: deleting one never removes them; the
+// multus mover while any cluster asks for it), and per cluster its
+// StorageClasses, (where the snapshot API is served) its
+// VolumeSnapshotClass and (multus) its holder DaemonSet; it keeps them as
+// specified, reports readiness per cluster, checks its networks, and runs
+// a cluster's cleanup rule on deletion.
 //
 // It lives in its own package so that controller-gen can generate the
 // operator's RBAC from its markers alone (the node-side reconcilers in
@@ -111,6 +113,9 @@ type Reconciler struct {
 	CheckCeph          CephCheck
 	LookupHost         func(ctx context.Context, host string) ([]string, error)
 	CephConnectTimeout time.Duration
+	// NetworkRecheck is how often a multus cluster's networks are read
+	// again (0: DefaultNetworkRecheck).
+	NetworkRecheck time.Duration
 
 	cephChecks cephChecks
 
@@ -137,7 +142,7 @@ type Reconciler struct {
 // The VolumeSnapshotClasses, where the snapshot API is served; the CRDs'
 // metadata tell when it is installed.
 // +kubebuilder:rbac:groups=snapshot.storage.k8s.io,resources=volumesnapshotclasses,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups=apiextensions.k8s.io,resources=customresourcedefinitions,verbs=list;watch
+// +kubebuilder:rbac:groups=apiextensions.k8s.io,resources=customresourcedefinitions,verbs=get;list;watch
 
 // SetupWithManager registers the reconciler and applies the node-wide set
 // at start. Owns() brings back a cluster's classes that someone deletes;
@@ -163,6 +168,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 			DeleteFunc: func(event.DeleteEvent) bool { return true },
 		})).
 		Owns(&storagev1.StorageClass{}).
+		Owns(&appsv1.DaemonSet{}). // the holders
 		Named("storagecluster")
 	if err := mgr.Add(manager.RunnableFunc(r.startNodeWide)); err != nil {
 		return err
@@ -208,7 +214,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		r.event(sc, corev1.EventTypeWarning, ReasonDataDirOverlap, why.Error())
 		return ctrl.Result{}, r.writeRefused(ctx, sc, why)
 	}
-	clusterErr := r.applyCluster(ctx, sc)
+	snapshotPending, clusterErr := r.applyCluster(ctx, sc)
+	var holderErr error
+	obs.holder, holderErr = r.applyHolder(ctx, sc)
+	clusterErr = errors.Join(clusterErr, holderErr)
 	if errors.Is(clusterErr, ErrForeign) {
 		r.event(sc, corev1.EventTypeWarning, ReasonForeignObject, clusterErr.Error())
 	}
@@ -217,13 +226,26 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		log.Error(applyErr, "applying objects")
 	}
 	backendCond, recheck := r.backendCondition(ctx, log, sc)
-	if err := r.writeStatus(ctx, sc, obs, applyErr, backendCond); err != nil {
+	netCond, netRecheck := r.networkCondition(ctx, sc)
+	if err := r.writeStatus(ctx, sc, obs, applyErr, backendCond, netCond); err != nil {
 		return ctrl.Result{}, err
 	}
 	if applyErr != nil {
 		return ctrl.Result{}, applyErr
 	}
+	recheck = sooner(recheck, netRecheck)
+	if snapshotPending {
+		recheck = sooner(recheck, snapshotAPIRetry)
+	}
 	return ctrl.Result{RequeueAfter: recheck}, nil
+}
+
+// sooner returns the shorter of two recheck delays, where 0 means none.
+func sooner(a, b time.Duration) time.Duration {
+	if a == 0 || (b > 0 && b < a) {
+		return b
+	}
+	return a
 }
 
 // reconcileDelete runs the cleanup rule and lets the cluster go once it holds.

@@ -57,6 +57,8 @@ type nodeWidePlan struct {
 	// (nil: every node); tolerations are every cluster's.
 	nodeTerms   []corev1.NodeSelectorTerm
 	tolerations []corev1.Toleration
+	// mover: some served cluster's holders are in the mover mode.
+	mover bool
 }
 
 // dataDirs returns the served data dirs, sorted (a deterministic template).
@@ -113,6 +115,9 @@ func planNodeWide(clusters []v1.StorageCluster, kept map[string]string, withVolu
 			continue
 		}
 		p.dirs[sc.Name] = sc.Spec.DataDir
+		if wantsHolder(sc) && sc.Spec.Network.MultusMode() == v1.MultusModeMover {
+			p.mover = true
+		}
 		if len(sc.Spec.Agent.NodeSelector) == 0 {
 			everywhere = true
 		} else if t := selectorTerm(sc.Spec.Agent.NodeSelector); !slices.ContainsFunc(p.nodeTerms, func(o corev1.NodeSelectorTerm) bool {
@@ -178,6 +183,7 @@ func (r *Reconciler) applyNodeWide(ctx context.Context) (observed, nodeWidePlan,
 		agent:      &appsv1.DaemonSet{ObjectMeta: r.meta(componentAgent)},
 		keeper:     &appsv1.DaemonSet{ObjectMeta: r.meta(componentKeeper)},
 		controller: &appsv1.Deployment{ObjectMeta: r.meta(componentController)},
+		mover:      &appsv1.DaemonSet{ObjectMeta: r.meta(componentMover)},
 	}
 	var list v1.StorageClusterList
 	if err := r.Client.List(ctx, &list); err != nil {
@@ -208,6 +214,7 @@ func (r *Reconciler) applyNodeWide(ctx context.Context) (observed, nodeWidePlan,
 	errs = append(errs, r.ensureNodeWide(ctx, obs.agent, func() { r.agentDaemonSet(plan, obs.agent) }))
 	errs = append(errs, r.ensureNodeWide(ctx, obs.keeper, func() { r.keeperDaemonSet(plan, obs.keeper) }))
 	errs = append(errs, r.ensureNodeWide(ctx, obs.controller, func() { r.controllerDeployment(obs.controller) }))
+	errs = append(errs, r.applyMover(ctx, plan, obs.mover))
 	for _, component := range []string{componentAgent, componentController} {
 		port := int32(AgentMetricsPort)
 		if component == componentController {

@@ -92,10 +92,7 @@ func TestTwoClustersShareTheNodeWideSet(t *testing.T) {
 	if err := env.Client.Delete(testCtx(t), two); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "two is gone", func(ctx context.Context) (bool, error) {
-		err := env.Client.Get(ctx, client.ObjectKeyFromObject(two), two)
-		return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
-	})
+	gone(t, two)
 	eventually(t, "the agent serves one's data dir only, placed for one", func(ctx context.Context) (bool, error) {
 		err := env.Client.Get(ctx, client.ObjectKeyFromObject(agent), agent)
 		d := dataDirArgs(agent.Spec.Template.Spec.Containers[0].Args)
@@ -195,10 +192,7 @@ func TestGoneClusterDataDirKeptWhileVolumes(t *testing.T) {
 	if err := env.Client.Delete(testCtx(t), sc); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "leaving is gone", func(ctx context.Context) (bool, error) {
-		err := env.Client.Get(ctx, client.ObjectKeyFromObject(sc), sc)
-		return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
-	})
+	gone(t, sc)
 	// Another cluster's reconcile re-applies the set: the data dir stays.
 	newCluster(t, "staying", v1.StorageClusterSpec{DataDir: "/srv/staying"})
 	eventually(t, "staying is served", func(ctx context.Context) (bool, error) {

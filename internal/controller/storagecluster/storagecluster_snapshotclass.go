@@ -2,6 +2,7 @@ package storagecluster
 
 import (
 	"context"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -30,6 +31,7 @@ var (
 	// snapshotClassCRD is the CRD whose arrival (or return) makes every
 	// StorageCluster reconcile, so that its class appears then.
 	snapshotClassCRD = "volumesnapshotclasses.snapshot.storage.k8s.io"
+	crdGVK           = schema.GroupVersionKind{Group: "apiextensions.k8s.io", Version: "v1", Kind: "CustomResourceDefinition"}
 )
 
 const defaultSnapshotClassAnnotation = "snapshot.storage.kubernetes.io/is-default-class"
@@ -58,21 +60,43 @@ func snapshotClass(sc *v1.StorageCluster, cls *unstructured.Unstructured, first 
 	cls.Object["deletionPolicy"] = "Delete"
 }
 
+// snapshotAPIRetry is how soon a cluster is reconciled again when the
+// VolumeSnapshotClass CRD is installed but the API server's discovery does
+// not serve it yet: no further CRD event comes to bring it back.
+const snapshotAPIRetry = 2 * time.Second
+
 // ensureSnapshotClass makes the VolumeSnapshotClass where the snapshot API
 // is served; without it there is nothing to do (the CRD watch comes back
-// when it is installed).
-func (r *Reconciler) ensureSnapshotClass(ctx context.Context, sc *v1.StorageCluster, first bool) error {
+// when it is installed). pending says that the CRD is there but its API is
+// not served yet: the caller reconciles again soon.
+func (r *Reconciler) ensureSnapshotClass(ctx context.Context, sc *v1.StorageCluster, first bool) (pending bool, err error) {
 	cls := &unstructured.Unstructured{}
 	cls.SetGroupVersionKind(snapshotClassGVK)
 	cls.SetName(SnapshotClassName(sc.Name))
-	err := r.ensure(ctx, sc, cls, func() { snapshotClass(sc, cls, first) })
+	err = r.ensure(ctx, sc, cls, func() { snapshotClass(sc, cls, first) })
 	// NotFound on a create: the CRD went away after the client's REST
 	// mapper cached it (the create's URL itself is unknown).
 	if meta.IsNoMatchError(err) || apierrors.IsNotFound(err) {
+		if r.snapshotCRDInstalled(ctx) {
+			r.Log.V(1).Info("VolumeSnapshotClass CRD installed, its API not served yet: trying again", "storageCluster", sc.Name, "after", snapshotAPIRetry)
+			return true, nil
+		}
 		r.Log.V(1).Info("no VolumeSnapshot API in this cluster: no VolumeSnapshotClass", "storageCluster", sc.Name)
-		return nil
+		return false, nil
 	}
-	return err
+	return false, err
+}
+
+// snapshotCRDInstalled tells whether the VolumeSnapshotClass CRD exists and
+// is not being deleted (read errors count as "no": the CRD watch still
+// brings the cluster back).
+func (r *Reconciler) snapshotCRDInstalled(ctx context.Context) bool {
+	crd := &metav1.PartialObjectMetadata{}
+	crd.SetGroupVersionKind(crdGVK)
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: snapshotClassCRD}, crd); err != nil {
+		return false
+	}
+	return crd.DeletionTimestamp.IsZero()
 }
 
 // watchSnapshotClasses makes b reconcile every StorageCluster when the
@@ -81,7 +105,7 @@ func (r *Reconciler) ensureSnapshotClass(ctx context.Context, sc *v1.StorageClus
 // kind that is not served would keep the controller from starting.)
 func (r *Reconciler) watchSnapshotClasses(b *builder.Builder, mapper meta.RESTMapper) *builder.Builder {
 	crd := &metav1.PartialObjectMetadata{}
-	crd.SetGroupVersionKind(schema.GroupVersionKind{Group: "apiextensions.k8s.io", Version: "v1", Kind: "CustomResourceDefinition"})
+	crd.SetGroupVersionKind(crdGVK)
 	b = b.WatchesMetadata(crd, handler.EnqueueRequestsFromMapFunc(r.allClusters),
 		builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool { return o.GetName() == snapshotClassCRD })))
 	if _, err := mapper.RESTMapping(snapshotClassGVK.GroupKind(), snapshotClassGVK.Version); err == nil {

@@ -6,7 +6,6 @@ import (
 
 	"github.com/go-logr/logr"
 	storagev1 "k8s.io/api/storage/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -117,10 +116,7 @@ func TestStorageClusterSnapshotClass(t *testing.T) {
 	if err := env.Client.Delete(testCtx(t), crd); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the CRD is gone", func(ctx context.Context) (bool, error) {
-		err := env.Client.Get(ctx, client.ObjectKeyFromObject(crd), crd)
-		return apierrors.IsNotFound(err), client.IgnoreNotFound(err)
-	})
+	gone(t, crd)
 	eventually(t, "a reconcile after the CRD went succeeds", func(ctx context.Context) (bool, error) {
 		_, err := r.Reconcile(ctx, req)
 		return err == nil, err

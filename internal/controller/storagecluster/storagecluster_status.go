@@ -20,6 +20,10 @@ const (
 	ConditionAgentReady      = "AgentReady"
 	ConditionKeeperReady     = "KeeperReady"
 	ConditionControllerReady = "ControllerReady"
+	// ConditionHolderReady and ConditionMoverReady are there while the
+	// cluster has a holder (multus with a public network), and the mover mode.
+	ConditionHolderReady = "HolderReady"
+	ConditionMoverReady  = "MoverReady"
 )
 
 // Condition reasons.
@@ -66,7 +70,7 @@ func (r *Reconciler) writeRefused(ctx context.Context, sc *v1.StorageCluster, wh
 }
 
 // writeStatus records what obs says, only when something changed.
-func (r *Reconciler) writeStatus(ctx context.Context, sc *v1.StorageCluster, obs observed, applyErr error, backend metav1.Condition) error {
+func (r *Reconciler) writeStatus(ctx context.Context, sc *v1.StorageCluster, obs observed, applyErr error, backend, network metav1.Condition) error {
 	before := sc.DeepCopy()
 	gen := sc.Generation
 	conds := []metav1.Condition{
@@ -75,7 +79,9 @@ func (r *Reconciler) writeStatus(ctx context.Context, sc *v1.StorageCluster, obs
 		deploymentCondition(obs.controller),
 		{Type: ConditionDataDirServed, Status: metav1.ConditionTrue, Reason: ReasonReady, Message: "the node-wide agent mounts " + sc.Spec.DataDir},
 		backend,
+		network,
 	}
+	conds = append(conds, multusConditions(sc, obs)...)
 	ready := metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonReady, Message: "all components are ready"}
 	var notReady []string
 	for _, c := range conds {
@@ -92,6 +98,9 @@ func (r *Reconciler) writeStatus(ctx context.Context, sc *v1.StorageCluster, obs
 		// The backend's own reason says what to fix (a key, a pool, ...).
 		ready = metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionFalse, Reason: backend.Reason, Message: "backend: " + backend.Message}
 		phase = v1.StorageClusterError
+	case network.Status != metav1.ConditionTrue:
+		ready = metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionFalse, Reason: network.Reason, Message: "network: " + network.Message}
+		phase = v1.StorageClusterError
 	case len(notReady) > 0:
 		ready = metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonNotReady, Message: "not ready: " + strings.Join(notReady, ", ")}
 		phase = v1.StorageClusterProgressing
@@ -103,6 +112,23 @@ func (r *Reconciler) writeStatus(ctx context.Context, sc *v1.StorageCluster, obs
 	sc.Status.Phase = phase
 	sc.Status.ObservedGeneration = gen
 	return r.patchStatus(ctx, before, sc)
+}
+
+// multusConditions are the holder's and mover's readiness where sc has
+// them; a condition sc no longer has leaves its status.
+func multusConditions(sc *v1.StorageCluster, obs observed) []metav1.Condition {
+	var conds []metav1.Condition
+	if wantsHolder(sc) {
+		conds = append(conds, daemonSetCondition(ConditionHolderReady, "holder", obs.holder, false))
+	} else {
+		meta.RemoveStatusCondition(&sc.Status.Conditions, ConditionHolderReady)
+	}
+	if wantsHolder(sc) && sc.Spec.Network.MultusMode() == v1.MultusModeMover {
+		conds = append(conds, daemonSetCondition(ConditionMoverReady, "mover", obs.mover, false))
+	} else {
+		meta.RemoveStatusCondition(&sc.Status.Conditions, ConditionMoverReady)
+	}
+	return conds
 }
 
 // writeDeleting marks a deleting cluster and names the nodes it waits for.

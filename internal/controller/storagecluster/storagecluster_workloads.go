@@ -159,26 +159,32 @@ func (r *Reconciler) keeperDaemonSet(plan nodeWidePlan, ds *appsv1.DaemonSet) {
 		{Name: "fuse", MountPath: "/dev/fuse"},
 		{Name: "run-berth", MountPath: runDir, MountPropagation: bidi},
 	}
-	ds.Spec = appsv1.DaemonSetSpec{
-		Selector:       &metav1.LabelSelector{MatchLabels: selectorLabels(NodeWide, componentKeeper)},
+	ds.Spec = onDeleteDaemonSet(NodeWide, componentKeeper, nil, corev1.PodSpec{
+		// The keeper never talks to the API server.
+		AutomountServiceAccountToken: ptr.To(false),
+		// The keeper watches its clients (servers the agent starts in
+		// the agent's pod) by pid: SO_PEERCRED gives 0 for a peer in
+		// a pid namespace the keeper cannot see.
+		HostPID:     true,
+		Affinity:    placement(plan),
+		Tolerations: plan.tolerations,
+		Containers:  []corev1.Container{c},
+		Volumes: []corev1.Volume{
+			hostPathVolume("fuse", "/dev/fuse", corev1.HostPathCharDev),
+			hostPathVolume("run-berth", runDir, corev1.HostPathDirectoryOrCreate),
+		},
+	})
+}
+
+// onDeleteDaemonSet is the spec of a component's DaemonSet whose pods are
+// replaced only when someone deletes them, with annotations on each pod.
+func onDeleteDaemonSet(instance, component string, annotations map[string]string, pod corev1.PodSpec) appsv1.DaemonSetSpec {
+	return appsv1.DaemonSetSpec{
+		Selector:       &metav1.LabelSelector{MatchLabels: selectorLabels(instance, component)},
 		UpdateStrategy: appsv1.DaemonSetUpdateStrategy{Type: appsv1.OnDeleteDaemonSetStrategyType},
 		Template: corev1.PodTemplateSpec{
-			ObjectMeta: metav1.ObjectMeta{Labels: objectLabels(NodeWide, componentKeeper)},
-			Spec: corev1.PodSpec{
-				// The keeper never talks to the API server.
-				AutomountServiceAccountToken: ptr.To(false),
-				// The keeper watches its clients (servers the agent starts in
-				// the agent's pod) by pid: SO_PEERCRED gives 0 for a peer in
-				// a pid namespace the keeper cannot see.
-				HostPID:     true,
-				Affinity:    placement(plan),
-				Tolerations: plan.tolerations,
-				Containers:  []corev1.Container{c},
-				Volumes: []corev1.Volume{
-					hostPathVolume("fuse", "/dev/fuse", corev1.HostPathCharDev),
-					hostPathVolume("run-berth", runDir, corev1.HostPathDirectoryOrCreate),
-				},
-			},
+			ObjectMeta: metav1.ObjectMeta{Labels: objectLabels(instance, component), Annotations: annotations},
+			Spec:       pod,
 		},
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"os"
 	"sync"
 	"testing"
-	"time"
 )
 
 // Lazy is a test Ceph started by the first test that asks for it, for
@@ -38,9 +37,7 @@ func (l *Lazy) Get(t testing.TB) *Cluster {
 				fmt.Fprintln(os.Stderr, "stop test Ceph:", err)
 			}
 		})
-		start := time.Now()
-		l.err = l.c.Up(context.Background())
-		fmt.Fprintf(os.Stderr, "%s: test Ceph up in %s\n", l.Name, time.Since(start).Round(100*time.Millisecond))
+		l.err = l.c.upTimed(l.Name)
 	})
 	if l.skip != "" {
 		t.Skip(l.skip)

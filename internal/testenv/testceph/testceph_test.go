@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,20 +16,7 @@ import (
 
 var (
 	cluster = testceph.New(testceph.TestOptions())
-	// suite is the test Ceph alone (no API server). Its Teardown runs
-	// also after a failed Up (up.sh may have started daemons); a daemon,
-	// port or file left behind fails the run.
-	suite = &testenv.Suite{
-		NoAPIServer: true,
-		Skip:        func() string { return testceph.SkipReason(context.Background()) },
-		Setup: func(*testenv.Env) error {
-			start := time.Now()
-			err := cluster.Up(context.Background())
-			fmt.Fprintf(os.Stderr, "testceph: test Ceph up in %s\n", time.Since(start).Round(100*time.Millisecond))
-			return err
-		},
-		Teardown: func(bool) error { return cluster.Stop(context.Background()) },
-	}
+	suite   = cluster.Suite("testceph")
 )
 
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m, suite)) }

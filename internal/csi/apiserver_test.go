@@ -1,0 +1,29 @@
+package csi
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// apiCtx needs the test API server and returns a context that ends with
+// the test, or after d.
+func apiCtx(t *testing.T, d time.Duration) context.Context {
+	t.Helper()
+	suite.Require(t)
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// create makes obj on the test API server and deletes it when the test
+// ends.
+func create(ctx context.Context, t *testing.T, obj client.Object) {
+	t.Helper()
+	if err := env.Client.Create(ctx, obj); err != nil {
+		t.Fatalf("create %T %s: %v", obj, obj.GetName(), err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), obj) })
+}
