@@ -92,7 +92,9 @@ func (f *fixture) leftovers(t *testing.T, volume, image string) []string {
 	backing, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
 	for _, b := range backing {
 		file, err := os.ReadFile(b)
-		if s := strings.TrimSpace(string(file)); err == nil && (s == image || strings.Contains(s, "/"+volume+"/")) {
+		// Only this fixture's files: another test run on the machine may
+		// use the same volume names.
+		if s := strings.TrimSpace(string(file)); err == nil && (s == image || strings.HasPrefix(s, f.dir+"/") && strings.Contains(s, "/"+volume+"/")) {
 			out = append(out, "loop device "+filepath.Base(filepath.Dir(filepath.Dir(b)))+" on "+s)
 		}
 	}
@@ -105,7 +107,7 @@ func (f *fixture) leftovers(t *testing.T, volume, image string) []string {
 			out = append(out, fmt.Sprintf("the keeper's FUSE connection %+v", v))
 		}
 	}
-	for _, pid := range blockdevServers(volume) {
+	for _, pid := range blockdevServers(volume, f.dir) {
 		out = append(out, "blockdev server "+pid)
 	}
 	for _, p := range []string{filepath.Join(f.dir, "run", "blockdev", "_volumes", volume+".json"), filepath.Join(f.dir, "run", "blockdev", volume+".log")} {
@@ -120,8 +122,9 @@ func (f *fixture) leftovers(t *testing.T, volume, image string) []string {
 	return out
 }
 
-// blockdevServers lists the pids of `berth blockdev --volume <volume>`.
-func blockdevServers(volume string) []string {
+// blockdevServers lists the pids of `berth blockdev --volume <volume>`
+// whose mountpoint lies under dir (this fixture's, not another run's).
+func blockdevServers(volume, dir string) []string {
 	cmdlines, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	var pids []string
 	for _, c := range cmdlines {
@@ -130,7 +133,8 @@ func blockdevServers(volume string) []string {
 			continue
 		}
 		args := strings.Split(string(bytes.TrimRight(b, "\x00")), "\x00")
-		if i := slices.Index(args, "--volume"); slices.Contains(args, "blockdev") && i >= 0 && i+1 < len(args) && args[i+1] == volume {
+		if i := slices.Index(args, "--volume"); slices.Contains(args, "blockdev") && i >= 0 && i+1 < len(args) && args[i+1] == volume &&
+			slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, dir+"/") }) {
 			pids = append(pids, filepath.Base(filepath.Dir(c)))
 		}
 	}
