@@ -9,7 +9,7 @@ import (
 
 	"github.com/go-logr/logr"
 
-	"github.com/berth-io/berth/internal/blockdev/imagefile"
+	"github.com/berth-io/berth/internal/blockdev/backing"
 )
 
 // RunConfig is one server process's work.
@@ -85,7 +85,7 @@ func Run(ctx context.Context, c RunConfig) error {
 	if err := c.defaults(); err != nil {
 		return err
 	}
-	img, err := imagefile.Open(c.Image, c.Direct)
+	img, err := backing.Open(c.Image, c.Direct)
 	if err != nil {
 		return err
 	}
