@@ -76,6 +76,13 @@ func Run(ctx context.Context, c RunConfig) error {
 	if err != nil {
 		return err
 	}
+	if t, ok := img.(backing.TakerOver); ok && saved != nil {
+		// A takeover: the previous server is gone, its hold on the image
+		// must not make the first write wait.
+		if err := t.TakeOver(); err != nil {
+			log.Error(err, "previous server's hold on the image not freed; the first write waits until it lapses")
+		}
+	}
 	// The kernel can do I/O itself only on an image with a descriptor.
 	_, hasFd := img.(backing.Descriptor)
 	srv, err := NewServer(Config{

@@ -43,6 +43,12 @@ type Descriptor interface {
 	Fd() uintptr
 }
 
+// TakerOver is an Image that a previous server's client may still hold
+// (an RBD image's exclusive lock): TakeOver frees it from that dead server.
+type TakerOver interface {
+	TakeOver() error
+}
+
 // Open opens the image spec names: rbdimage.Spec's form for an RBD image,
 // else the path of an image file.
 func Open(spec string, direct bool) (Image, error) {

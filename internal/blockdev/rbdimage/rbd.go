@@ -125,6 +125,24 @@ func (i *Image) Close() error {
 	return nil
 }
 
+// TakeOver breaks the image's exclusive lock, which a server that died
+// left: otherwise the first write waits until the dead client's watch
+// lapses (30 s). Call it only when that server is known gone (the keeper
+// handed its connection on); librbd blocklists the owner's client as it
+// breaks the lock, so a writer still alive could not go on anyway.
+func (i *Image) TakeOver() error {
+	owners, err := i.img.LockGetOwners()
+	if err != nil {
+		return fmt.Errorf("owners of the RBD image's lock: %w", err)
+	}
+	for _, o := range owners {
+		if err := i.img.LockBreak(o.Mode, o.Owner); err != nil && !errors.Is(err, rbd.ErrNotFound) {
+			return fmt.Errorf("break the RBD image's lock held by %s: %w", o.Owner, err)
+		}
+	}
+	return nil
+}
+
 // Size is the last known size.
 func (i *Image) Size() int64 { return i.size.Load() }
 
