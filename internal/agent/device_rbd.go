@@ -46,6 +46,22 @@ type rbdDevice struct {
 	lookup func(ctx context.Context, host string) ([]string, error)
 }
 
+// refuseCephFlex refuses a Flexvolume mount of a ceph volume before
+// anything is made: kubelet hands stage secrets, the cephx key, to CSI
+// drivers only.
+func (a *Agent) refuseCephFlex(ctx context.Context, volume string) error {
+	vol, err := a.volume(ctx, volume)
+	if err != nil {
+		return err
+	}
+	sc, err := a.clusterLive(ctx, vol)
+	if err != nil || sc == nil || sc.Spec.Backend != v1.BackendCeph {
+		return err
+	}
+	return fmt.Errorf("volume %s is in ceph StorageCluster %s, whose cephx key kubelet hands to CSI drivers only, never to a "+
+		"Flexvolume driver: mount it through berth's CSI driver (a PVC of the cluster's StorageClass): %w", volume, sc.Name, ErrUnsupported)
+}
+
 // cephTransport is how a ceph volume reaches the kernel: through librbd in
 // a blockdev server (mounter userspace), else through krbd.
 func cephTransport(vol *v1.Volume) Transport {

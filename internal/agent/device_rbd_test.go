@@ -217,3 +217,17 @@ func TestRBDFailedAttachLeavesNoKey(t *testing.T) {
 		}
 	}
 }
+
+// The Flexvolume driver gets no secrets: a ceph volume is refused by name
+// before anything is made; a local one passes.
+func TestFlexRefusesCephVolumes(t *testing.T) {
+	e := cephStageEnv(t, v1.MounterUserspace)
+	err := e.agent.refuseCephFlex(t.Context(), "vol-a")
+	if errcode.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "Flexvolume") || !strings.Contains(err.Error(), "CSI") {
+		t.Fatalf("refuseCephFlex = %v (%s)", err, errcode.Code(err))
+	}
+	local := newStageEnv(t, false)
+	if err := local.agent.refuseCephFlex(t.Context(), "vol-a"); err != nil {
+		t.Fatalf("local volume refused: %v", err)
+	}
+}
