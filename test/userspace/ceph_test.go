@@ -291,3 +291,66 @@ func TestCephWrongKeyOnRealCeph(t *testing.T) {
 	f.cephLeftNothing(t, name)
 	f.noKeyAnywhere(t, string(key))
 }
+
+// cephMounted stages and publishes a new userspace ceph volume of mib MiB
+// (ext4); cleanup unpublishes and unstages it.
+func (f *fixture) cephMounted(t *testing.T, nc csi.NodeClient, c *testceph.Cluster, name string, mib int) mounted {
+	t.Helper()
+	_, m, secrets := f.userspaceCephVolume(t.Context(), t, c, name, mib)
+	if err := stageCeph(nc, m, "ext4", secrets); err != nil {
+		t.Fatalf("stage %s: %v", name, err)
+	}
+	t.Cleanup(func() { f.unstage(t, nc, m) })
+	if err := retryBusy(func() error {
+		_, err := nc.NodePublishVolume(t.Context(), &csi.NodePublishVolumeRequest{VolumeId: name, StagingTargetPath: m.staging,
+			TargetPath: m.target, VolumeCapability: mountCap()})
+		return err
+	}); err != nil {
+		t.Fatalf("publish %s: %v", name, err)
+	}
+	return m
+}
+
+// The healer's acceptance test on Ceph-backed userspace volumes: verifying
+// writers, BERTH_HEAL_CYCLES (default 50) times the agent and every server
+// SIGKILLed and the agent started again, and meanwhile one OSD killed (a
+// third of the way) and started again (two thirds): no writer error, no
+// read-only remount, every block what was last written.
+func TestCephHealUnderWritersOnRealCeph(t *testing.T) {
+	f, c, nc := cephSetup(t)
+	cycles := envInt("BERTH_HEAL_CYCLES", 50)
+	vols := make([]mounted, envInt("BERTH_HEAL_VOLUMES", 2))
+	for i := range vols {
+		vols[i] = f.cephMounted(t, nc, c, fmt.Sprintf("ceph-heal-%d", i), 64)
+	}
+	osdDown := false
+	t.Cleanup(func() {
+		if osdDown {
+			_ = c.StartOSD(context.Background(), 0)
+		}
+	})
+	r := f.healUnderWriters(t, vols, cycles, func(cycle int) {
+		switch cycle {
+		case cycles / 3:
+			if err := c.KillOSD(t.Context(), 0); err != nil {
+				t.Fatalf("kill OSD 0: %v", err)
+			}
+			osdDown = true
+			t.Logf("cycle %d: OSD 0 killed", cycle)
+		case 2 * cycles / 3:
+			if err := c.StartOSD(t.Context(), 0); err != nil {
+				t.Fatalf("start OSD 0: %v", err)
+			}
+			osdDown = false
+			t.Logf("cycle %d: OSD 0 started again", cycle)
+		}
+	})
+	if len(r.samples) > 0 {
+		t.Logf("ceph heal: cycles=%d volumes=%d samples=%d p50=%s p99=%s max=%s writes=%d verified=%d errors=%d",
+			cycles, len(vols), len(r.samples), r.pct(0.5).Round(time.Millisecond), r.pct(0.99).Round(time.Millisecond),
+			r.pct(1).Round(time.Millisecond), r.writes, r.verified, r.errors)
+	}
+	if err := c.WaitHealthy(t.Context()); err != nil {
+		t.Errorf("Ceph not healthy again: %v", err)
+	}
+}
