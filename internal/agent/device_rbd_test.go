@@ -16,6 +16,7 @@ import (
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/agent/errcode"
 	"github.com/berth-io/berth/internal/backend"
+	"github.com/berth-io/berth/internal/blockdev/launch"
 	"github.com/berth-io/berth/internal/blockdev/rbdimage"
 	"github.com/berth-io/berth/internal/volerr"
 )
@@ -42,12 +43,14 @@ func cephStageEnv(t *testing.T, m v1.Mounter) *stageEnv {
 		v.Spec.Node, v.Spec.Mounter = "", m
 		v.Status.Path = "rbd/berth-vol-a"
 	})
-	// The ceph volume has no local image.
-	e.agent.images = missingImages{}
 	if err := e.api.Create(t.Context(), cephCluster()); err != nil {
 		t.Fatal(err)
 	}
-	e.agent.WithUserspace(UserspaceConfig{Root: t.TempDir(), Keeper: &hostKeeper{}})
+	// The ceph volume has no local image.
+	e.cfg.Images = missingImages{}
+	e.cfg.Userspace = &UserspaceConfig{Root: t.TempDir(), Keeper: &hostKeeper{},
+		Start: func(context.Context, launch.Params) (Server, error) { return nil, errors.New("no server in this test") }}
+	e.agent = newTestAgent(t, e.cfg)
 	return e
 }
 
