@@ -234,3 +234,53 @@ func TestFlexRefusesCephVolumes(t *testing.T) {
 		t.Fatalf("local volume refused: %v", err)
 	}
 }
+
+// An RBD image over nbd: the server gets the access file's spec, the
+// record stays rbd (via nbd) with the server's pid, a heal starts the same
+// server again, and unstage takes device, server, key file and record.
+func TestRBDOverNBD(t *testing.T) {
+	ctx := t.Context()
+	a, procs, nbd := nbdAgent(t)
+	d := a.transports()[TransportRBD].(rbdDevice)
+	if _, err := a.records().create("vol-1", TransportRBD); err != nil {
+		t.Fatal(err)
+	}
+	att, err := d.Attach(ctx, attachRequest{Volume: "vol-1", Image: "rbd/berth-vol-1", Cluster: cephCluster(),
+		Secrets: map[string]string{"userID": "berth", "userKey": testKey}})
+	if err != nil || att.Device != "/dev/nbd0" || !att.NewConnection {
+		t.Fatalf("Attach = %+v, %v", att, err)
+	}
+	spec := rbdimage.Spec(d.accessPath("vol-1"))
+	if len(procs.started) != 1 || procs.started[0].Image != spec || procs.started[0].Transport != "nbd" {
+		t.Fatalf("started %+v, want one nbd server of %s", procs.started, spec)
+	}
+	wantRecord := func(pid int) {
+		t.Helper()
+		if rec, _, err := a.records().load("vol-1"); err != nil || rec.Transport != TransportRBD || rec.Via != TransportNBD || rec.ServerPID != pid {
+			t.Fatalf("record %+v, %v; want rbd via nbd, server %d", rec, err, pid)
+		}
+	}
+	wantRecord(1001)
+	if dd, err := a.device("vol-1"); err != nil {
+		t.Fatal(err)
+	} else if _, ok := dd.(rbdDevice); !ok {
+		t.Fatalf("staged volume's device is %T", dd)
+	}
+	procs.kill(1001)
+	if res, err := d.Heal(ctx, "vol-1", func(context.Context) (string, error) { return "rbd/berth-vol-1", nil }); err != nil || res != HealRestarted {
+		t.Fatalf("Heal = %s, %v", res, err)
+	}
+	if len(procs.started) != 2 || procs.started[1].Image != spec {
+		t.Fatalf("healed with %+v", procs.started)
+	}
+	wantRecord(1002)
+	if err := a.stopDevice(ctx, "vol-1", d); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(d.accessPath("vol-1")); nbd.disconnects != 1 || !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("after stop: %d disconnects, key file %v", nbd.disconnects, err)
+	}
+	if _, found, _ := a.records().load("vol-1"); found {
+		t.Error("record left after stop")
+	}
+}
