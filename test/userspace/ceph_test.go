@@ -194,8 +194,8 @@ func (f *fixture) noKeyAnywhere(t *testing.T, key string) {
 // path: a blockdev server serves the RBD image through librbd over FUSE +
 // loop, its key reaches it only through a 0600 file. The agent and the
 // server are SIGKILLed; the healer starts a server that takes the
-// connection over, and every checksum holds; the volume grows online;
-// unstage leaves nothing.
+// connection over, and every checksum holds; then the server alone; the
+// volume grows online; unstage leaves nothing.
 func TestCephUserspaceOnRealCeph(t *testing.T) {
 	f, c, nc := cephSetup(t)
 	ctx := t.Context()
@@ -233,16 +233,28 @@ func TestCephUserspaceOnRealCeph(t *testing.T) {
 	f.waitServer(t, name, dead, 60*time.Second)
 	t.Logf("agent and server killed; the healer started a server in %s", time.Since(start).Round(time.Millisecond))
 	verifyFiles(t, sums)
-	// A write takes the image's exclusive lock from the dead server's
-	// client (once its watch lapsed): a stall, never an error.
+	// A write takes the image's exclusive lock, which the new server broke
+	// (else the dead client's would hold it until its watch lapsed).
 	start = time.Now()
 	after := writeFiles(t, m.target, "after", 2)
 	t.Logf("first writes after the heal took %s", time.Since(start).Round(time.Millisecond))
 	verifyFiles(t, after)
+
+	// The server alone dies, the agent lives: its periodic pass heals.
+	dead = f.waitServer(t, name, 0, time.Second)
+	if err := killWait(dead); err != nil {
+		t.Fatal(err)
+	}
+	f.waitServer(t, name, dead, 30*time.Second)
+	for p, sum := range writeFiles(t, m.target, "again", 1) {
+		after[p] = sum
+	}
+	verifyFiles(t, sums)
+	verifyFiles(t, after)
 	f.noKeyAnywhere(t, secrets["userKey"])
 
 	// Online expansion: the controller grows the image, the node the
-	// loop device (the server reads the new size from librbd) and ext4.
+	// loop device (the server reads the new size from librbd) and xfs.
 	before := devSize(t, dev)
 	const want = 512 << 20
 	if out, err := c.RBD(ctx, "resize", "--no-progress", "--size", "512M", vol.Status.Path); err != nil {
