@@ -131,6 +131,9 @@ func (r rbdDevice) Attach(ctx context.Context, req attachRequest) (attachment, e
 		return attachment{}, fmt.Errorf("volume %s: %w", req.Volume, err)
 	}
 	att, err := in.Attach(ctx, attachRequest{Volume: req.Volume, Image: rbdimage.Spec(path), ReadOnly: req.ReadOnly})
+	if err != nil {
+		err = serverCause(err)
+	}
 	if err != nil && madeAccess && !att.NewConnection {
 		// Nothing else of this call stays to be undone (Stop would).
 		if rerr := atomicfile.Remove(path); rerr != nil {
@@ -138,6 +141,19 @@ func (r rbdDevice) Attach(ctx context.Context, req attachRequest) (attachment, e
 		}
 	}
 	return att, err
+}
+
+// serverCause gives a server's failure to reach Ceph its kind: a refused
+// key is the caller's to fix (FailedPrecondition), unreachable monitors
+// may come back (Unavailable).
+func serverCause(err error) error {
+	switch rbdimage.Cause(err.Error()) {
+	case rbdimage.ErrRefused:
+		return fmt.Errorf("%w: %w", err, volerr.ErrPrecondition)
+	case rbdimage.ErrUnreachable:
+		return fmt.Errorf("%w: %w", err, volerr.ErrUnavailable)
+	}
+	return err
 }
 
 // access is what the volume's server needs: monitors from the

@@ -200,12 +200,12 @@ func TestRBDAccessFile(t *testing.T) {
 // A failed attach that made no connection takes its access file back;
 // the key is in no error.
 func TestRBDFailedAttachLeavesNoKey(t *testing.T) {
-	fuse := &innerDevice{failWith: errors.New("blockdev server for vol-a: server failed: the monitors refused the key")}
+	fuse := &innerDevice{failWith: errors.New("blockdev server for vol-a: server failed: " + rbdimage.ErrRefused.Error())}
 	d, root := rbdOf(t, fuse)
 	_, err := d.Attach(t.Context(), attachRequest{Volume: "vol-a", Image: "rbd/berth-vol-a", Cluster: cephCluster(),
 		Secrets: map[string]string{"userID": "berth", "userKey": testKey}})
-	if err == nil || strings.Contains(err.Error(), testKey) {
-		t.Fatalf("Attach: %v", err)
+	if errcode.Code(err) != codes.FailedPrecondition || strings.Contains(err.Error(), testKey) {
+		t.Fatalf("Attach with a refused key: %v (%s), want FailedPrecondition", err, errcode.Code(err))
 	}
 	if _, err := os.Stat(filepath.Join(root, cephAccessDir, "vol-a.json")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("access file left: %v", err)

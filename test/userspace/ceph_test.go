@@ -19,6 +19,8 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -294,8 +296,8 @@ func TestCephWrongKeyOnRealCeph(t *testing.T) {
 		t.Fatal("stage with a wrong key succeeded")
 	}
 	t.Logf("refused in %s: %v", time.Since(start).Round(time.Millisecond), err)
-	if !strings.Contains(err.Error(), "refused the key") {
-		t.Errorf("error %q does not say the key was refused", err)
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "refused the key") {
+		t.Errorf("error %v: want FailedPrecondition saying the key was refused", err)
 	}
 	if strings.Contains(err.Error(), string(key)) {
 		t.Error("the error shows the key")

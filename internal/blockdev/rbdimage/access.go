@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/berth-io/berth/internal/atomicfile"
 )
@@ -22,6 +23,27 @@ func Spec(path string) string { return Prefix + path }
 
 // ErrNotBuilt: this berth binary was built without the ceph tag.
 var ErrNotBuilt = errors.New("berth built without the ceph backend (build tag ceph): it cannot serve RBD images")
+
+// Why a server cannot open its image, as its error says: a server is
+// another process, so the agent tells them by their words (Cause).
+var (
+	// ErrRefused: the monitors refused the key, or its caps do not cover
+	// the pool.
+	ErrRefused = errors.New("the monitors refused the key, or its caps do not cover the pool")
+	// ErrUnreachable: no monitor answered in time.
+	ErrUnreachable = errors.New("no monitor answered in time")
+)
+
+// Cause is ErrRefused or ErrUnreachable when msg, a server's error, names
+// one; nil otherwise.
+func Cause(msg string) error {
+	for _, e := range []error{ErrRefused, ErrUnreachable} {
+		if strings.Contains(msg, e.Error()) {
+			return e
+		}
+	}
+	return nil
+}
 
 // Access is what a server needs to open one RBD image: the monitors
 // (mon_host form), the cephx client (id without "client.") and its key,

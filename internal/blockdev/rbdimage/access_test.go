@@ -36,3 +36,15 @@ func TestAccessFile(t *testing.T) {
 		t.Errorf("Read of a missing file: %v", err)
 	}
 }
+
+func TestCause(t *testing.T) {
+	for msg, want := range map[string]error{
+		"server failed: connect to ceph monitors [v2:1.2.3.4:3300] as client.berth: " + ErrRefused.Error() + ": rados: ret=-13": ErrRefused,
+		"connect: " + ErrUnreachable.Error() + " (10s): rados: ret=-110":                                                        ErrUnreachable,
+		"server exited before it was ready":                                                                                     nil,
+	} {
+		if got := Cause(msg); got != want {
+			t.Errorf("Cause(%q) = %v, want %v", msg, got, want)
+		}
+	}
+}

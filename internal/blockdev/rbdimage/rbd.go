@@ -99,9 +99,9 @@ func explain(err error) error {
 	}
 	switch syscall.Errno(max(ce.ErrorCode(), -ce.ErrorCode())) {
 	case syscall.EACCES, syscall.EPERM:
-		return fmt.Errorf("the monitors refused the key, or its caps do not cover the pool: %w", err)
+		return fmt.Errorf("%w: %w", ErrRefused, err)
 	case syscall.ETIMEDOUT:
-		return fmt.Errorf("no monitor answered within %ss: %w", connectTimeout, err)
+		return fmt.Errorf("%w (%ss): %w", ErrUnreachable, connectTimeout, err)
 	case syscall.ENOENT:
 		return fmt.Errorf("not found: %w", err)
 	}
