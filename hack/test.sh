@@ -38,10 +38,11 @@ if [ "$(id -u)" -eq 0 ] && [ "${BERTH_CEPH:-1}" != 0 ]; then
 		go test -tags ceph,pacific -p 1 -count=1 -timeout 15m -v "$@" ./internal/backend/ceph/... 2>&1 | tee -a "$log" | grep -vE '^=== (RUN|PAUSE|CONT)'
 		r=${PIPESTATUS[0]}
 		[ "$r" -eq 0 ] || rc=$r
-		# The operator's connection check (BackendReady) and the CSI
-		# controller's ceph volumes, each package on its own test Ceph; their
-		# other tests ran untagged above.
-		go test -tags ceph,pacific -p 1 -count=1 -timeout 15m -v -run OnRealCeph "$@" ./internal/controller/storagecluster/ ./internal/csi/ 2>&1 | tee -a "$log" | grep -vE '^=== (RUN|PAUSE|CONT)'
+		# The operator's connection check (BackendReady), the CSI
+		# controller's ceph volumes and the node side (userspace ceph volumes
+		# through the agent, librbd, FUSE and the healer), each package on its
+		# own test Ceph; their other tests ran untagged above.
+		go test -tags ceph,pacific -p 1 -count=1 -timeout 15m -v -run OnRealCeph "$@" ./internal/controller/storagecluster/ ./internal/csi/ ./test/userspace/ 2>&1 | tee -a "$log" | grep -vE '^=== (RUN|PAUSE|CONT)'
 		r=${PIPESTATUS[0]}
 		set -e
 		[ "$r" -eq 0 ] || rc=$r

@@ -275,7 +275,7 @@ func (a *Agent) clusterLive(ctx context.Context, vol *v1.Volume) (*v1.StorageClu
 }
 
 func (a *Agent) imagePath(ctx context.Context, id string) (string, error) {
-	img, err := a.images.Get(ctx, id)
+	img, err := a.volumeImages().Get(ctx, id)
 	if err != nil {
 		if errors.Is(err, backend.ErrNotFound) {
 			return "", fmt.Errorf("image of volume %s: %w", id, ErrVolumeNotFound)
@@ -293,7 +293,7 @@ func (a *Agent) Expand(ctx context.Context, volumeID, path string, block bool) (
 		return 0, err
 	}
 	defer unlock()
-	img, err := a.images.Get(ctx, volumeID)
+	img, err := a.volumeImages().Get(ctx, volumeID)
 	if err != nil {
 		if errors.Is(err, backend.ErrNotFound) {
 			return 0, fmt.Errorf("volume %s: %w", volumeID, ErrVolumeNotFound)
@@ -323,7 +323,7 @@ func (a *Agent) Expand(ctx context.Context, volumeID, path string, block bool) (
 
 // Stats reports usage of a published or staged path.
 func (a *Agent) Stats(ctx context.Context, volumeID, path string) (mount.Stats, error) {
-	if _, err := a.images.Get(ctx, volumeID); err != nil {
+	if _, err := a.volumeImages().Get(ctx, volumeID); err != nil {
 		if errors.Is(err, backend.ErrNotFound) {
 			return mount.Stats{}, fmt.Errorf("volume %s: %w", volumeID, ErrVolumeNotFound)
 		}

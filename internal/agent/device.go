@@ -77,6 +77,10 @@ type attachRequest struct {
 	Volume   string
 	Image    string
 	ReadOnly bool
+	// Cluster is the volume's StorageCluster (nil when it has no object);
+	// Secrets the stage request's (a ceph volume's cephx client).
+	Cluster *v1.StorageCluster
+	Secrets map[string]string
 }
 
 // attachment is what one Attach call made.
@@ -96,23 +100,33 @@ type attachment struct {
 func (a *Agent) transports() map[Transport]device {
 	t := map[Transport]device{
 		TransportLoop: loopDevice{loop: a.loop, image: a.imagePath},
+		TransportKRBD: krbdDevice{},
 	}
 	if a.us != nil {
 		us := userspace{cfg: a.us, procs: &a.procs, records: a.records(), node: a.node, log: a.log}
 		t[TransportFUSE] = fuseDevice{userspace: us, loop: a.loop}
 		t[TransportNBD] = nbdDevice{userspace: us}
+		t[TransportRBD] = rbdDevice{userspace: us, fuse: t[TransportFUSE], nbd: t[TransportNBD], via: a.userspaceTransport}
 	}
 	return t
 }
 
 // chooseTransport is how a new stage of vol reaches the kernel: a kernel
-// volume through a loop device; a userspace one as its StorageCluster says
-// (the agent serves every cluster, each with its own choice), else as the
-// agent is set to.
+// volume through a loop device (krbd for ceph); a userspace one as its
+// StorageCluster says (the agent serves every cluster, each with its own
+// choice), else as the agent is set to (through librbd for ceph).
 func (a *Agent) chooseTransport(vol *v1.Volume, sc *v1.StorageCluster) Transport {
+	if sc != nil && sc.Spec.Backend == v1.BackendCeph {
+		return cephTransport(vol)
+	}
 	if vol.Spec.Mounter != v1.MounterUserspace {
 		return TransportLoop
 	}
+	return a.userspaceTransport(sc)
+}
+
+// userspaceTransport is how sc's new userspace volumes reach the kernel.
+func (a *Agent) userspaceTransport(sc *v1.StorageCluster) Transport {
 	if sc != nil && sc.Spec.Agent.UserspaceTransport != "" {
 		return Transport(sc.Spec.Agent.UserspaceTransport)
 	}

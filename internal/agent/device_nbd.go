@@ -212,7 +212,13 @@ func (n nbdDevice) startServer(ctx context.Context, volume, image string) error 
 	if err != nil {
 		return err
 	}
-	if err := n.records.save(volume, volumeRecord{Transport: TransportNBD, ServerPID: proc.PID()}); err != nil {
+	rec := volumeRecord{Transport: TransportNBD, ServerPID: proc.PID()}
+	if cur, found, err := n.records.load(volume); err == nil && found && cur.Transport == TransportRBD {
+		// An RBD image over nbd stays one.
+		cur.ServerPID = proc.PID()
+		rec = cur
+	}
+	if err := n.records.save(volume, rec); err != nil {
 		// The server is found by its command line all the same.
 		n.log.Error(err, "record nbd server pid", "volume", volume, "pid", proc.PID())
 	}

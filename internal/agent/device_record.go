@@ -27,6 +27,8 @@ type volumeRecord struct {
 	// ServerPID is the volume's nbd server in this agent's PID namespace:
 	// a hint, the server is recognised by its command line.
 	ServerPID int `json:"serverPID,omitempty"`
+	// Via is the userspace transport (fuse or nbd) under transport rbd.
+	Via Transport `json:"via,omitempty"`
 }
 
 // recordVersion is the version this agent writes. Version 0 is the layout

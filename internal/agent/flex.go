@@ -59,6 +59,9 @@ func (a *Agent) FlexMount(ctx context.Context, r flexvolume.MountRequest) error 
 	if err := a.checkFlexOwner(ctx, r); err != nil {
 		return err
 	}
+	if err := a.refuseCephFlex(ctx, r.Volume); err != nil {
+		return err
+	}
 	staging := a.flexStaging(r.Volume)
 	stagedBefore, _, err := a.mounts.StagedDevice(ctx, staging)
 	if err != nil {

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -26,12 +27,16 @@ func (a *Agent) now() metav1.Time {
 // status) or when the volume is a copy, whose content is its source's;
 // otherwise only if its image reads as zeros (mount checks that).
 func (a *Agent) formatPolicy(ctx context.Context, vol *v1.Volume) (mount.FormatPolicy, error) {
-	img, err := a.images.Get(ctx, vol.Name)
+	img, err := a.volumeImages().Get(ctx, vol.Name)
 	if err != nil {
 		return mount.FormatPolicy{}, fmt.Errorf("image of volume %s: %w", vol.Name, err)
 	}
-	p := mount.FormatPolicy{Image: img.Path}
-	rec, found, err := a.images.Format(ctx, vol.Name)
+	p := mount.FormatPolicy{}
+	if filepath.IsAbs(img.Path) {
+		// A local image's file; an RBD image (POOL/IMAGE) has none.
+		p.Image = img.Path
+	}
+	rec, found, err := a.volumeImages().Format(ctx, vol.Name)
 	if err != nil {
 		return mount.FormatPolicy{}, fmt.Errorf("format record of volume %s: %w", vol.Name, err)
 	}
@@ -55,7 +60,7 @@ func (a *Agent) formatPolicy(ctx context.Context, vol *v1.Volume) (mount.FormatP
 // kept: the first time is the one that counts.
 func (a *Agent) recordFormat(ctx context.Context, vol *v1.Volume, fsType string) error {
 	at := a.now()
-	if err := a.images.RecordFormat(ctx, vol.Name, fsType, at.Time); err != nil {
+	if err := a.volumeImages().RecordFormat(ctx, vol.Name, fsType, at.Time); err != nil {
 		return fmt.Errorf("record format of volume %s: %w", vol.Name, err)
 	}
 	if a.status == nil || vol.Status.Formatted != nil {

@@ -19,6 +19,9 @@ type StageRequest struct {
 	MountFlags []string
 	Block      bool
 	ReadOnly   bool
+	// Secrets are the stage secrets (kubelet's NodeStageVolume): a ceph
+	// volume's cephx client. Never logged.
+	Secrets map[string]string
 }
 
 // Stage fences the volume for this node, attaches its image as a block
@@ -107,7 +110,7 @@ func (a *Agent) stage(ctx context.Context, r StageRequest) (err error) {
 	if recorded, err = a.records().create(r.VolumeID, transport); err != nil {
 		return err
 	}
-	if att, err = d.Attach(ctx, attachRequest{Volume: r.VolumeID, Image: image, ReadOnly: r.ReadOnly}); err != nil {
+	if att, err = d.Attach(ctx, attachRequest{Volume: r.VolumeID, Image: image, ReadOnly: r.ReadOnly, Cluster: sc, Secrets: r.Secrets}); err != nil {
 		return err
 	}
 	return a.stageDevice(ctx, r, vol, att.Device)

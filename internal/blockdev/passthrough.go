@@ -1,12 +1,13 @@
 package blockdev
 
 import (
+	"errors"
 	"fmt"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/berth-io/berth/internal/blockdev/imagefile"
+	"github.com/berth-io/berth/internal/blockdev/backing"
 )
 
 // backingOpen is FUSE_DEV_IOC_BACKING_OPEN: _IOW(229, 1, struct
@@ -21,7 +22,7 @@ type backingMap struct {
 
 // registerBacking hands the image to the kernel for passthrough and returns
 // its id on this connection.
-func registerBacking(dev int, img *imagefile.Image) (int32, error) {
+func registerBacking(dev int, img backing.Descriptor) (int32, error) {
 	m := backingMap{fd: int32(img.Fd())}
 	id, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(dev), backingOpen, uintptr(unsafe.Pointer(&m)))
 	if errno != 0 {
@@ -37,7 +38,11 @@ func (s *Server) ensureBacking() error {
 	if cur == nil || !cur.Passthrough() || cur.BackingID > 0 {
 		return nil
 	}
-	id, err := registerBacking(s.cfg.Dev, s.cfg.Image)
+	img, ok := s.cfg.Image.(backing.Descriptor)
+	if !ok {
+		return errors.New("passthrough negotiated for an image without a file descriptor")
+	}
+	id, err := registerBacking(s.cfg.Dev, img)
 	if err != nil {
 		return err
 	}

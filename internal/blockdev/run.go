@@ -8,7 +8,7 @@ import (
 
 	"github.com/go-logr/logr"
 
-	"github.com/berth-io/berth/internal/blockdev/imagefile"
+	"github.com/berth-io/berth/internal/blockdev/backing"
 	"github.com/berth-io/berth/internal/keeper"
 )
 
@@ -60,6 +60,13 @@ func openConn(ctx context.Context, c RunConfig) (*keeper.Conn, error) {
 // Run serves until ctx ends or the connection is unmounted.
 func Run(ctx context.Context, c RunConfig) error {
 	log := c.Log.WithValues("volume", c.Volume)
+	// The image first: one that cannot be opened (a refused Ceph key) makes
+	// the keeper mount nothing.
+	img, err := backing.Open(c.Image, c.Direct)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = img.Close() }()
 	conn, err := openConn(ctx, c)
 	if err != nil {
 		return fmt.Errorf("take connection of %s from keeper: %w", c.Volume, err)
@@ -69,11 +76,15 @@ func Run(ctx context.Context, c RunConfig) error {
 	if err != nil {
 		return err
 	}
-	img, err := imagefile.Open(c.Image, c.Direct)
-	if err != nil {
-		return err
+	if t, ok := img.(backing.TakerOver); ok && saved != nil {
+		// A takeover: the previous server is gone, its hold on the image
+		// must not make the first write wait.
+		if err := t.TakeOver(); err != nil {
+			log.Error(err, "previous server's hold on the image not freed; the first write waits until it lapses")
+		}
 	}
-	defer func() { _ = img.Close() }()
+	// The kernel can do I/O itself only on an image with a descriptor.
+	_, hasFd := img.(backing.Descriptor)
 	srv, err := NewServer(Config{
 		Dev:   int(conn.File.Fd()),
 		Image: img,
@@ -89,7 +100,7 @@ func Run(ctx context.Context, c RunConfig) error {
 			return nil
 		},
 		Workers:     c.Workers,
-		Passthrough: c.Passthrough,
+		Passthrough: c.Passthrough && hasFd,
 		Log:         log,
 	})
 	if err != nil {

@@ -17,7 +17,7 @@ import (
 	"github.com/go-logr/logr"
 	"golang.org/x/sys/unix"
 
-	"github.com/berth-io/berth/internal/blockdev/imagefile"
+	"github.com/berth-io/berth/internal/blockdev/backing"
 )
 
 // ErrUnmounted means the kernel ended the connection (unmount or abort).
@@ -28,7 +28,7 @@ type Config struct {
 	// Dev is the /dev/fuse fd of a mounted connection (from the keeper).
 	Dev int
 	// Image is the backing image, opened read-write by the caller.
-	Image *imagefile.Image
+	Image backing.Image
 	// Saved are the settings of the connection's first INIT; nil on a
 	// fresh connection, whose INIT this server answers.
 	Saved *Settings

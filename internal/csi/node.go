@@ -74,7 +74,7 @@ func (s *Node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequ
 	err = s.agent.Stage(ctx, agent.StageRequest{
 		VolumeID: req.GetVolumeId(), StagingPath: req.GetStagingTargetPath(), FSType: fsType,
 		MountFlags: req.GetVolumeCapability().GetMount().GetMountFlags(), Block: volMode == v1.VolumeModeBlock,
-		ReadOnly: readOnlyMode(req.GetVolumeCapability()),
+		ReadOnly: readOnlyMode(req.GetVolumeCapability()), Secrets: req.GetSecrets(),
 	})
 	if err != nil {
 		return nil, toStatus(err)

@@ -9,7 +9,7 @@ import (
 
 	"github.com/go-logr/logr"
 
-	"github.com/berth-io/berth/internal/blockdev/imagefile"
+	"github.com/berth-io/berth/internal/blockdev/backing"
 )
 
 // RunConfig is one server process's work.
@@ -85,16 +85,23 @@ func Run(ctx context.Context, c RunConfig) error {
 	if err := c.defaults(); err != nil {
 		return err
 	}
-	img, err := imagefile.Open(c.Image, c.Direct)
+	img, err := backing.Open(c.Image, c.Direct)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = img.Close() }()
 	log := c.Log.WithValues("volume", c.Volume)
 
-	index, conns, err := attach(ctx, c, img.Size(), log)
+	index, conns, reconnected, err := attach(ctx, c, img.Size(), log)
 	if err != nil {
 		return err
+	}
+	if t, ok := img.(backing.TakerOver); ok && reconnected {
+		// The device's previous server is gone (its connections were dead):
+		// its hold on the image must not make the first write wait.
+		if err := t.TakeOver(); err != nil {
+			log.Error(err, "previous server's hold on the image not freed; the first write waits until it lapses")
+		}
 	}
 	defer func() {
 		for _, f := range conns {
@@ -113,27 +120,28 @@ func Run(ctx context.Context, c RunConfig) error {
 	return serveAll(ctx, conns, redial, img, c.Workers, log)
 }
 
-// attach finds or makes the device and returns our ends of its sockets.
-func attach(ctx context.Context, c RunConfig, size int64, log logr.Logger) (int, []*os.File, error) {
+// attach finds or makes the device and returns our ends of its sockets;
+// reconnected tells that the device existed (a previous server's).
+func attach(ctx context.Context, c RunConfig, size int64, log logr.Logger) (index int, conns []*os.File, reconnected bool, err error) {
 	id := BackendID(c.Node, c.Volume)
 	index, found, err := FindByBackend(c.Sysfs, id)
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, false, err
 	}
 	if found {
 		connected, err := c.Kernel.Status(index)
 		if err != nil {
-			return 0, nil, err
+			return 0, nil, false, err
 		}
 		if connected {
 			log.Info("reconnecting", "device", DevicePath(index))
 			conns, err := reconnect(ctx, c, index)
-			return index, conns, err
+			return index, conns, true, err
 		}
 	}
 	pairs, err := newPairs(c.Connections)
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, false, err
 	}
 	index, err = c.Kernel.Connect(ConnectParams{
 		Index: -1, Size: size, Socks: pairs.kernel(),
@@ -142,9 +150,9 @@ func attach(ctx context.Context, c RunConfig, size int64, log logr.Logger) (int,
 	pairs.closeKernel()
 	if err != nil {
 		pairs.closeOurs()
-		return 0, nil, fmt.Errorf("connect nbd device for %s: %w", c.Volume, err)
+		return 0, nil, false, fmt.Errorf("connect nbd device for %s: %w", c.Volume, err)
 	}
-	return index, pairs.ours(), nil
+	return index, pairs.ours(), false, nil
 }
 
 // reconnect hands fresh sockets to the device. The kernel takes one per dead

@@ -11,16 +11,12 @@ import (
 
 	"github.com/go-logr/logr"
 	"golang.org/x/sys/unix"
+
+	"github.com/berth-io/berth/internal/blockdev/backing"
 )
 
-// Backend is what Serve serves; *imagefile.Image satisfies it.
-type Backend interface {
-	ReadAt(p []byte, off int64) (int, error)
-	WriteAt(p []byte, off int64) (int, error)
-	Sync() error
-	Fallocate(mode uint32, off, length int64) error
-	Size() int64
-}
+// Backend is what Serve serves: an image's content.
+type Backend = backing.Data
 
 // ErrDisconnected wraps Serve's error when the peer closed the connection.
 var ErrDisconnected = errors.New("nbd: connection closed by peer")

@@ -35,6 +35,14 @@ func TestExpandOnline(t *testing.T) {
 	if _, err := images.Expand(ctx, m.name, want); err != nil {
 		t.Fatalf("grow image: %v", err)
 	}
+	expandXFS(t, nc, m, dev, before, want)
+}
+
+// expandXFS expands m (xfs on dev, before bytes), whose image grew to want
+// bytes, through the agent: the loop device and the filesystem must grow.
+func expandXFS(t *testing.T, nc csi.NodeClient, m mounted, dev string, before, want int64) {
+	t.Helper()
+	ctx := context.Background()
 	if err := retryBusy(func() error {
 		_, err := nc.NodeExpandVolume(ctx, &csi.NodeExpandVolumeRequest{VolumeId: m.name, VolumePath: m.target,
 			StagingTargetPath: m.staging, VolumeCapability: mountCapFS("xfs"),

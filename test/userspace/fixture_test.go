@@ -52,6 +52,8 @@ type fixture struct {
 	// set, picks the userspace data path for the whole run (make bench
 	// measures healing with passthrough on and off).
 	agentFlags []string
+	// atEnd run once every test is done (a test Ceph to stop).
+	atEnd []func()
 }
 
 var (
@@ -68,7 +70,7 @@ func (f *fixture) start(env *testenv.Env) error {
 	if f.dir, err = os.MkdirTemp("", "berth-us-"); err != nil {
 		return err
 	}
-	if f.berth, err = testenv.BuildBerth(f.dir); err != nil {
+	if f.berth, err = buildBerth(f.dir); err != nil {
 		return err
 	}
 	f.kubeconfig = filepath.Join(f.dir, "kubeconfig")
@@ -294,6 +296,9 @@ func (f *fixture) stop(failed bool) error {
 	}
 	if f.dir != "" {
 		_ = os.RemoveAll(f.dir)
+	}
+	for _, end := range f.atEnd {
+		end()
 	}
 	return nil
 }

@@ -173,10 +173,41 @@ func TestHealUnderWriters(t *testing.T) {
 	nvol := envInt("BERTH_HEAL_VOLUMES", 5)
 	nc := f.node(t)
 	vols := make([]mounted, nvol)
-	writers := make([]*writer, nvol)
 	for i := range vols {
 		vols[i] = f.userspaceVolume(t, nc, fmt.Sprintf("heal-%d", i))
 	}
+	r := f.healUnderWriters(t, vols, cycles, nil)
+	if len(r.samples) > 0 {
+		// One line for hack/bench.sh to pick up.
+		passthrough := os.Getenv("BERTH_BLOCKDEV_PASSTHROUGH")
+		if passthrough == "" {
+			passthrough = "default"
+		}
+		fmt.Printf("HEAL_RESULT cycles=%d volumes=%d passthrough=%s samples=%d p50=%s p99=%s max=%s writes=%d verified=%d errors=%d\n",
+			cycles, nvol, passthrough, len(r.samples), r.pct(0.5).Round(time.Millisecond), r.pct(0.99).Round(time.Millisecond),
+			r.pct(1).Round(time.Millisecond), r.writes, r.verified, r.errors)
+	}
+}
+
+// healed is what healUnderWriters saw: each volume's time from the agent's
+// start to its first write, sorted; writes and verified reads; errors.
+type healed struct {
+	samples                  []time.Duration
+	writes, verified, errors int64
+}
+
+// pct is the p-th fraction of the samples (there is at least one).
+func (h healed) pct(p float64) time.Duration {
+	return h.samples[int(p*float64(len(h.samples)-1)+0.5)]
+}
+
+// healUnderWriters runs a verifying writer on each of vols and, cycles
+// times, SIGKILLs the agent and every blockdev server and starts the agent
+// again; during, when set, runs before each cycle's kill. It fails the test
+// on any writer error, read-only or I/O error in the kernel log.
+func (f *fixture) healUnderWriters(t *testing.T, vols []mounted, cycles int, during func(cycle int)) healed {
+	t.Helper()
+	writers := make([]*writer, len(vols))
 	klogStart := len(testenv.KernelLog(t))
 	for i, m := range vols {
 		w := startWriter(t, m, uint64(i+1))
@@ -193,6 +224,9 @@ func TestHealUnderWriters(t *testing.T) {
 	}
 	var samples []time.Duration
 	for c := 0; c < cycles; c++ {
+		if during != nil {
+			during(c)
+		}
 		time.Sleep(300 * time.Millisecond)
 		for i, w := range writers {
 			if errs := w.Errors(); len(errs) > 0 {
@@ -242,18 +276,8 @@ func TestHealUnderWriters(t *testing.T) {
 			}
 		}
 	}
-	if len(samples) > 0 {
-		slices.Sort(samples)
-		pct := func(p float64) time.Duration { return samples[int(p*float64(len(samples)-1)+0.5)] }
-		// One line for hack/bench.sh to pick up.
-		passthrough := os.Getenv("BERTH_BLOCKDEV_PASSTHROUGH")
-		if passthrough == "" {
-			passthrough = "default"
-		}
-		fmt.Printf("HEAL_RESULT cycles=%d volumes=%d passthrough=%s samples=%d p50=%s p99=%s max=%s writes=%d verified=%d errors=%d\n",
-			cycles, nvol, passthrough, len(samples), pct(0.5).Round(time.Millisecond), pct(0.99).Round(time.Millisecond),
-			samples[len(samples)-1].Round(time.Millisecond), total, verified, countErrors(writers))
-	}
+	slices.Sort(samples)
+	return healed{samples: samples, writes: total, verified: verified, errors: int64(countErrors(writers))}
 }
 
 func countErrors(ws []*writer) int {

@@ -87,9 +87,27 @@ func (p Params) args() ([]string, error) {
 	return nil, fmt.Errorf("blockdev: unknown transport %q (want %s or %s)", p.Transport, TransportFUSE, TransportNBD)
 }
 
+// errorPrefix starts the line a server writes instead of "ready" when it
+// fails before it serves.
+const errorPrefix = "error "
+
+// ErrorLine is the line a server that failed before it was ready writes
+// on its ready fd: the reason on one line.
+func ErrorLine(err error) string {
+	return errorPrefix + strings.Join(strings.Fields(err.Error()), " ")
+}
+
+// errServer is a server's own reason for failing to start.
+type errServer struct{ msg string }
+
+func (e errServer) Error() string { return e.msg }
+
 // parseReady reads the server's ready line: "ready" (fuse) or
-// "ready <device>" (nbd).
+// "ready <device>" (nbd), or the server's reason for failing.
 func parseReady(line string) (device string, err error) {
+	if msg, ok := strings.CutPrefix(line, errorPrefix); ok {
+		return "", errServer{msg: strings.TrimSpace(msg)}
+	}
 	rest, ok := strings.CutPrefix(line, "ready")
 	if !ok || !strings.HasSuffix(rest, "\n") {
 		return "", fmt.Errorf("unexpected message %q", line)
@@ -151,6 +169,11 @@ func Start(ctx context.Context, p Params) (*Process, error) {
 			proc.device, err = parseReady(line)
 			if err == nil {
 				ready <- nil
+				return
+			}
+			var own errServer
+			if errors.As(err, &own) {
+				ready <- fmt.Errorf("server failed: %w", err)
 				return
 			}
 		}

@@ -1,6 +1,7 @@
 package launch
 
 import (
+	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -55,5 +56,16 @@ func TestParseReady(t *testing.T) {
 		if _, err := parseReady(bad); err == nil {
 			t.Fatalf("%q accepted", bad)
 		}
+	}
+}
+
+func TestErrorLine(t *testing.T) {
+	line := ErrorLine(errors.New("connect to ceph:\n key refused")) + "\n"
+	if line != "error connect to ceph: key refused\n" {
+		t.Fatalf("line %q", line)
+	}
+	_, err := parseReady(line)
+	if err == nil || err.Error() != "connect to ceph: key refused" {
+		t.Fatalf("parsed %v", err)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -99,12 +100,26 @@ func (c Config) Run(ctx context.Context) error {
 		ready = os.NewFile(uintptr(c.ReadyFD), "ready")
 		defer func() { _ = ready.Close() }()
 	}
+	var once sync.Once
 	say := func(line string) {
-		if ready != nil {
-			_, _ = fmt.Fprintln(ready, line)
-			_ = ready.Close()
-		}
+		once.Do(func() {
+			if ready != nil {
+				_, _ = fmt.Fprintln(ready, line)
+				_ = ready.Close()
+			}
+		})
 	}
+	err := c.serve(ctx, say)
+	if err != nil {
+		// The agent waiting for "ready" gets the reason, not only an exit
+		// status (a refused Ceph key, say).
+		say(launch.ErrorLine(err))
+	}
+	return err
+}
+
+// serve runs the server of c's transport; say tells the agent it is ready.
+func (c Config) serve(ctx context.Context, say func(string)) error {
 	if c.Transport == launch.TransportNBD {
 		return c.runNBD(ctx, say)
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -101,5 +102,21 @@ func TestBackendReadyMonitorDoesNotResolve(t *testing.T) {
 	c := waitBackend(t, sc, metav1.ConditionFalse, storagecluster.ReasonMonitorsUnreachable, "AQBfakefakefakefakefakefakefakefakefake==")
 	if !strings.Contains(c.Message, "monitor host mon.invalid does not resolve") {
 		t.Errorf("message %q", c.Message)
+	}
+}
+
+// A ceph cluster's classes name its Secret for NodeStageVolume: kubelet
+// hands the cephx key to the agent, which has no access to Secrets.
+func TestCephClassesNameNodeStageSecret(t *testing.T) {
+	suite.Require(t)
+	cephSecret(t, "ceph-classes", map[string]string{"userID": "berth", "userKey": "AQBfakefakefakefakefakefakefakefakefake=="})
+	sc := newCluster(t, "ceph-classes", cephClusterSpec([]string{"127.0.0.1:1"}, "rbd", "ceph-classes"))
+	for _, m := range []v1.Mounter{v1.MounterKernel, v1.MounterUserspace} {
+		cls := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: storagecluster.StorageClassName(sc.Name, m)}}
+		get(t, cls)
+		if cls.Parameters["csi.storage.k8s.io/node-stage-secret-name"] != "ceph-classes" ||
+			cls.Parameters["csi.storage.k8s.io/node-stage-secret-namespace"] != namespace {
+			t.Errorf("class %s parameters %v: want the node-stage secret %s/ceph-classes", cls.Name, cls.Parameters, namespace)
+		}
 	}
 }

@@ -14,6 +14,12 @@ const (
 	paramFSType            = "csi.storage.k8s.io/fstype" // csi.ParamFSType; the provisioner copies it to the PV
 	defaultFSType          = "ext4"                      // the CSI controller's default
 	defaultClassAnnotation = "storageclass.kubernetes.io/is-default-class"
+	// kubelet reads the Secret these name and hands it to NodeStageVolume:
+	// how a ceph volume's cephx key reaches the node, so that agents need
+	// no access to Secrets. The CSI controller reads it through the
+	// StorageCluster's secretRef itself.
+	paramNodeStageSecretName      = "csi.storage.k8s.io/node-stage-secret-name"
+	paramNodeStageSecretNamespace = "csi.storage.k8s.io/node-stage-secret-namespace"
 )
 
 // StorageClassName is the name of a cluster's class for a mounter: the
@@ -73,6 +79,10 @@ func (r *Reconciler) storageClass(sc *v1.StorageCluster, cls *storagev1.StorageC
 	cls.Provisioner = v1.DriverName
 	// The fs type the CSI controller defaults to, named so that PVs carry it.
 	cls.Parameters = map[string]string{paramMounter: string(m), paramFSType: defaultFSType, v1.ParamStorageCluster: sc.Name}
+	if sc.Spec.Backend == v1.BackendCeph && sc.Spec.Ceph != nil {
+		cls.Parameters[paramNodeStageSecretName] = sc.Spec.Ceph.SecretRef.Name
+		cls.Parameters[paramNodeStageSecretNamespace] = sc.Spec.Ceph.SecretRef.Namespace
+	}
 	cls.ReclaimPolicy = ptr.To(corev1.PersistentVolumeReclaimDelete)
 	cls.VolumeBindingMode = ptr.To(storagev1.VolumeBindingWaitForFirstConsumer)
 }

@@ -1,0 +1,243 @@
+//go:build ceph
+
+package rbdimage
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/ceph/go-ceph/rados"
+	"github.com/ceph/go-ceph/rbd"
+	"golang.org/x/sys/unix"
+)
+
+// Built tells whether this binary can serve RBD images.
+const Built = true
+
+// connectTimeout bounds connecting to the monitors; OSD requests have no
+// timeout: an OSD down stalls I/O (as a disk would), it never fails it.
+const connectTimeout = "10"
+
+// Image is an open RBD image.
+type Image struct {
+	conn  *rados.Conn
+	ioctx *rados.IOContext
+	img   *rbd.Image
+	size  atomic.Int64
+}
+
+// Open connects as the access file at path says and opens its image.
+func Open(path string) (*Image, error) {
+	a, err := Read(path)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := rados.NewConnWithUser(a.Client)
+	if err != nil {
+		return nil, fmt.Errorf("ceph client %s: %w", a.Client, err)
+	}
+	i := &Image{conn: conn}
+	if err := i.open(a); err != nil {
+		i.close()
+		return nil, err
+	}
+	return i, nil
+}
+
+func (i *Image) open(a Access) error {
+	// No ceph.conf: everything comes from the access file. The key is an
+	// option, never on a command line. No librbd cache: a write the kernel
+	// was told is done must be in Ceph when the server is SIGKILLed.
+	// Partial discards zero their range: the loop device turns the
+	// kernel's write-zeroes into a punched hole, which must read as zeros.
+	opts := [][2]string{
+		{"mon_host", a.MonHost},
+		{"key", a.Key},
+		{"auth_client_required", "cephx"},
+		{"client_mount_timeout", connectTimeout},
+		{"rbd_cache", "false"},
+		{"rbd_skip_partial_discard", "false"},
+		{"admin_socket", ""},
+		{"log_file", ""},
+		{"log_to_stderr", "false"},
+		{"err_to_stderr", "false"},
+	}
+	for _, o := range opts {
+		if err := i.conn.SetConfigOption(o[0], o[1]); err != nil {
+			return fmt.Errorf("ceph option %s: %w", o[0], err)
+		}
+	}
+	if err := i.conn.Connect(); err != nil {
+		return fmt.Errorf("connect to ceph monitors %s as client.%s: %w", a.MonHost, a.Client, explain(err))
+	}
+	ioctx, err := i.conn.OpenIOContext(a.Pool)
+	if err != nil {
+		return fmt.Errorf("open pool %s: %w", a.Pool, explain(err))
+	}
+	i.ioctx = ioctx
+	img, err := rbd.OpenImage(ioctx, a.Image, rbd.NoSnapshot)
+	if err != nil {
+		return fmt.Errorf("open RBD image %s/%s: %w", a.Pool, a.Image, explain(err))
+	}
+	i.img = img
+	size, err := img.GetSize()
+	if err != nil {
+		return fmt.Errorf("size of RBD image %s/%s: %w", a.Pool, a.Image, err)
+	}
+	i.size.Store(int64(size))
+	return nil
+}
+
+// explain names what a connection errno means.
+func explain(err error) error {
+	var ce interface{ ErrorCode() int }
+	if !errors.As(err, &ce) {
+		return err
+	}
+	switch syscall.Errno(max(ce.ErrorCode(), -ce.ErrorCode())) {
+	case syscall.EACCES, syscall.EPERM:
+		return fmt.Errorf("%w: %w", ErrRefused, err)
+	case syscall.ETIMEDOUT:
+		return fmt.Errorf("%w (%ss): %w", ErrUnreachable, connectTimeout, err)
+	case syscall.ENOENT:
+		return fmt.Errorf("not found: %w", err)
+	}
+	return err
+}
+
+func (i *Image) close() {
+	if i.img != nil {
+		_ = i.img.Close()
+	}
+	if i.ioctx != nil {
+		i.ioctx.Destroy()
+	}
+	i.conn.Shutdown()
+}
+
+// Close flushes nothing (there is no cache) and disconnects; the image's
+// exclusive lock goes with it.
+func (i *Image) Close() error {
+	i.close()
+	return nil
+}
+
+// TakeOver breaks the image's exclusive lock, which a server that died
+// left: otherwise the first write waits until the dead client's watch
+// lapses (30 s). Call it only when that server is known gone (the keeper
+// handed its connection on); librbd blocklists the owner's client as it
+// breaks the lock, so a writer still alive could not go on anyway.
+func (i *Image) TakeOver() error {
+	owners, err := i.img.LockGetOwners()
+	if err != nil {
+		return fmt.Errorf("owners of the RBD image's lock: %w", err)
+	}
+	for _, o := range owners {
+		if err := i.img.LockBreak(o.Mode, o.Owner); err != nil && !errors.Is(err, rbd.ErrNotFound) {
+			return fmt.Errorf("break the RBD image's lock held by %s: %w", o.Owner, err)
+		}
+	}
+	return nil
+}
+
+// Size is the last known size.
+func (i *Image) Size() int64 { return i.size.Load() }
+
+// Restat asks librbd for the size, which it refreshes when the controller
+// resizes the image (online expansion).
+func (i *Image) Restat() (int64, error) {
+	size, err := i.img.GetSize()
+	if err != nil {
+		return i.size.Load(), fmt.Errorf("size of RBD image: %w", err)
+	}
+	i.size.Store(int64(size))
+	return int64(size), nil
+}
+
+// Direct: librbd has no page cache here (rbd_cache off).
+func (*Image) Direct() bool { return true }
+
+// ReadAt reads up to len(p) bytes; fewer only at the end of the image.
+func (i *Image) ReadAt(p []byte, off int64) (int, error) {
+	if off < 0 {
+		return 0, unix.EINVAL
+	}
+	if size := i.size.Load(); off+int64(len(p)) > size {
+		// librbd refuses a read past the end; the file ends there.
+		if off >= size {
+			return 0, nil
+		}
+		p = p[:size-off]
+	}
+	n, err := i.img.ReadAt(p, off)
+	if errors.Is(err, io.EOF) {
+		err = nil
+	}
+	if err != nil {
+		return n, fmt.Errorf("read RBD image at %d: %w", off, err)
+	}
+	return n, nil
+}
+
+// WriteAt writes all of p.
+func (i *Image) WriteAt(p []byte, off int64) (int, error) {
+	if off < 0 {
+		return 0, unix.EINVAL
+	}
+	n, err := i.img.WriteAt(p, off)
+	if err != nil {
+		return n, fmt.Errorf("write RBD image at %d: %w", off, err)
+	}
+	return n, nil
+}
+
+// Sync waits for every write to be in Ceph (there is no cache, so it is
+// cheap).
+func (i *Image) Sync() error {
+	if err := i.img.Flush(); err != nil {
+		return fmt.Errorf("flush RBD image: %w", err)
+	}
+	return nil
+}
+
+// Truncate resizes the image.
+func (i *Image) Truncate(size int64) error {
+	if size < 0 {
+		return unix.EINVAL
+	}
+	if err := i.img.Resize(uint64(size)); err != nil {
+		return fmt.Errorf("resize RBD image: %w", err)
+	}
+	i.size.Store(size)
+	return nil
+}
+
+// Fallocate serves punch hole and zero range as a discard (which zeroes,
+// see open); a plain allocation succeeds without doing anything (RBD
+// images are thin), or grows the image when it reaches past the end.
+func (i *Image) Fallocate(mode uint32, off, length int64) error {
+	if off < 0 || length <= 0 {
+		return unix.EINVAL
+	}
+	const supported = unix.FALLOC_FL_KEEP_SIZE | unix.FALLOC_FL_PUNCH_HOLE | unix.FALLOC_FL_ZERO_RANGE
+	if mode&^supported != 0 {
+		return unix.EOPNOTSUPP
+	}
+	if mode&(unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_ZERO_RANGE) != 0 {
+		size := i.size.Load()
+		if off >= size {
+			return nil
+		}
+		if _, err := i.img.Discard(uint64(off), uint64(min(length, size-off))); err != nil {
+			return fmt.Errorf("discard RBD image at %d+%d: %w", off, length, err)
+		}
+		return nil
+	}
+	if mode&unix.FALLOC_FL_KEEP_SIZE == 0 && off+length > i.size.Load() {
+		return i.Truncate(off + length)
+	}
+	return nil
+}
