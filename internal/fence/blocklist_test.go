@@ -196,6 +196,16 @@ func TestBreakRefusedWithoutBlocklister(t *testing.T) {
 	mkNode(t, "nobl-b")
 	stagedWithClients(t, "vol-nobl", "nobl-a", "10.0.0.3:0/1")
 	mustNotBreak(t, f, rec, "vol-nobl", "nobl-a", "nobl-b", "no Ceph access")
+
+	// The stage brings its own Ceph access: the lock is broken with it.
+	bl := newFakeBlocklister()
+	req := stageReq("vol-nobl", "nobl-b", v1.ReadWriteOnce)
+	req.Blocklister = bl
+	mustAcquire(t, f, req)
+	wantHolders(t, "vol-nobl", "nobl-b")
+	if !bl.isFenced("10.0.0.3:0/1") {
+		t.Error("the request's Blocklister was not used")
+	}
 }
 
 func TestGCLeavesGoneNodesCephEntriesWithoutBlocklister(t *testing.T) {

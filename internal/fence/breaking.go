@@ -105,13 +105,14 @@ func (f *Fencer) podsMovedHere(ctx context.Context, entries []v1.AttachmentEntry
 }
 
 // moveToStale writes the broken entries to their nodes' stale lists, and
-// blocklists the Ceph clients att's status records for those nodes. It runs
+// blocklists (through bl) the Ceph clients att's status records for those
+// nodes. It runs
 // before the Attachment update that drops them: a crash in between leaves
 // an entry the cleaner finds still held and drops, never a hold nobody
 // undoes. A node's clients are recorded on its stale list before they are
 // blocklisted, so that the Unfencer takes off whatever landed; if
 // blocklisting fails, the lock is not broken.
-func (f *Fencer) moveToStale(ctx context.Context, att *v1.Attachment, bs []broken) error {
+func (f *Fencer) moveToStale(ctx context.Context, att *v1.Attachment, bs []broken, bl Blocklister) error {
 	volume := att.Name
 	for _, b := range bs {
 		stale := make([]v1.StaleAttachment, 0, len(b.entries))
@@ -123,7 +124,7 @@ func (f *Fencer) moveToStale(ctx context.Context, att *v1.Attachment, bs []broke
 			return err
 		}
 		if len(addrs) > 0 {
-			if err := fenceClients(ctx, f.opts.Blocklister, f.rec, volume, b.node, b.reason, addrs); err != nil {
+			if err := fenceClients(ctx, bl, f.rec, volume, b.node, b.reason, addrs); err != nil {
 				f.log.Error(err, "fence not broken: Ceph clients not blocklisted", "volume", volume, "node", b.node)
 				return err
 			}

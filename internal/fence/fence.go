@@ -164,7 +164,11 @@ func (f *Fencer) tryAcquire(ctx context.Context, req *Request) (done bool, err e
 		if err != nil {
 			return true, err
 		}
-		if err := f.moveToStale(ctx, &att, broken); err != nil {
+		bl := req.Blocklister
+		if bl == nil {
+			bl = f.opts.Blocklister
+		}
+		if err := f.moveToStale(ctx, &att, broken, bl); err != nil {
 			return true, err
 		}
 		others = without(others, broken)

@@ -56,8 +56,11 @@ type Config struct {
 	HealthAddr  string
 	// StaleListTTL: how long the GC keeps the stale list of a deleted node.
 	StaleListTTL time.Duration
-	Rest         *rest.Config
-	Log          logr.Logger
+	// UnfenceCooldown: how long a node whose Ceph clients were blocklisted
+	// must stay back and cleaned before they are taken off the blocklist.
+	UnfenceCooldown time.Duration
+	Rest            *rest.Config
+	Log             logr.Logger
 }
 
 // Run runs the manager until ctx ends.
@@ -153,6 +156,7 @@ func Flags(fs *flag.FlagSet, cfg *Config, env func(string) string) {
 	fs.BoolVar(&cfg.LeaderElect, "leader-elect", true, "elect a leader among operator replicas (a Lease in --namespace)")
 	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", DefaultMetricsAddr, "Prometheus /metrics listen address; 0 disables")
 	fs.StringVar(&cfg.HealthAddr, "health-addr", DefaultHealthAddr, "/healthz and /readyz listen address; 0 disables")
+	fs.DurationVar(&cfg.UnfenceCooldown, "unfence-cooldown", fence.DefaultUnfenceCooldown, "how long a node whose Ceph clients lock breaking blocklisted must stay back and cleaned before they leave the blocklist")
 	fs.DurationVar(&cfg.StaleListTTL, "stale-list-ttl", fence.DefaultStaleListTTL, "how long the attachment GC keeps the stale list (NodeCleanup) of a node whose Node object is gone")
 }
 
@@ -170,12 +174,16 @@ func Command() cli.Command {
 
 // The attachment GC scans every Attachment each
 // StorageCluster.spec.attachmentGC.interval and moves or drops entries whose
-// node or pod is gone.
+// node or pod is gone; the Unfencer takes blocklisted Ceph clients of nodes
+// that are back and cleaned off the blocklist.
 // +kubebuilder:rbac:groups=berth.io,resources=attachments,verbs=get;list;watch;update;patch;delete
 // +kubebuilder:rbac:groups=berth.io,resources=nodecleanups,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=berth.io,resources=storageclusters,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+// The Unfencer reads each ceph StorageCluster's Secret to reach its Ceph.
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get
+// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 
 func (c Config) addAttachmentGC(ctx context.Context, mgr ctrl.Manager) error {
 	// Reads go to the API server: a stale cache could move a live entry.
@@ -200,5 +208,12 @@ func (c Config) addAttachmentGC(ctx context.Context, mgr ctrl.Manager) error {
 	}); err != nil {
 		return fmt.Errorf("watch storageclusters for the attachment GC: %w", err)
 	}
-	return mgr.Add(gc)
+	if err := mgr.Add(gc); err != nil {
+		return err
+	}
+	// The GC has no Blocklister: a gone node's Ceph entries wait for lock
+	// breaking, which fences them with the stage's Ceph access.
+	bl := &fence.CephClusters{C: direct, Log: c.Log.WithName("unfence")}
+	return mgr.Add(fence.NewUnfencer(direct, bl, mgr.GetEventRecorderFor("berth-operator"), clock.RealClock{},
+		c.Log.WithName("unfence"), fence.UnfenceOptions{Cooldown: c.UnfenceCooldown}))
 }
