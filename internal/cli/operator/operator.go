@@ -50,17 +50,18 @@ const (
 
 // Config of the operator.
 type Config struct {
+	// UnfenceCooldown: how long a node whose Ceph clients were blocklisted
+	// must stay back and cleaned before they are taken off the blocklist.
+	UnfenceCooldown time.Duration
+
 	Cluster     storagecluster.Options
 	LeaderElect bool
 	MetricsAddr string
 	HealthAddr  string
 	// StaleListTTL: how long the GC keeps the stale list of a deleted node.
 	StaleListTTL time.Duration
-	// UnfenceCooldown: how long a node whose Ceph clients were blocklisted
-	// must stay back and cleaned before they are taken off the blocklist.
-	UnfenceCooldown time.Duration
-	Rest            *rest.Config
-	Log             logr.Logger
+	Rest         *rest.Config
+	Log          logr.Logger
 }
 
 // Run runs the manager until ctx ends.
@@ -156,8 +157,8 @@ func Flags(fs *flag.FlagSet, cfg *Config, env func(string) string) {
 	fs.BoolVar(&cfg.LeaderElect, "leader-elect", true, "elect a leader among operator replicas (a Lease in --namespace)")
 	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", DefaultMetricsAddr, "Prometheus /metrics listen address; 0 disables")
 	fs.StringVar(&cfg.HealthAddr, "health-addr", DefaultHealthAddr, "/healthz and /readyz listen address; 0 disables")
-	fs.DurationVar(&cfg.UnfenceCooldown, "unfence-cooldown", fence.DefaultUnfenceCooldown, "how long a node whose Ceph clients lock breaking blocklisted must stay back and cleaned before they leave the blocklist")
 	fs.DurationVar(&cfg.StaleListTTL, "stale-list-ttl", fence.DefaultStaleListTTL, "how long the attachment GC keeps the stale list (NodeCleanup) of a node whose Node object is gone")
+	fs.DurationVar(&cfg.UnfenceCooldown, "unfence-cooldown", fence.DefaultUnfenceCooldown, "how long a node whose Ceph clients lock breaking blocklisted must stay back and cleaned before they leave the blocklist")
 }
 
 // Command is `berth operator`.
@@ -191,6 +192,13 @@ func (c Config) addAttachmentGC(ctx context.Context, mgr ctrl.Manager) error {
 	if err != nil {
 		return fmt.Errorf("kubernetes client: %w", err)
 	}
+	// The GC has no Blocklister: a gone node's Ceph entries wait for lock
+	// breaking, which fences them with the stage's Ceph access.
+	bl := &fence.CephClusters{C: direct, Log: c.Log.WithName("unfence")}
+	if err := mgr.Add(fence.NewUnfencer(direct, bl, mgr.GetEventRecorderFor("berth-operator"), clock.RealClock{},
+		c.Log.WithName("unfence"), fence.UnfenceOptions{Cooldown: c.UnfenceCooldown})); err != nil {
+		return err
+	}
 	gc, err := fence.NewGC(direct, clock.RealClock{}, c.Log.WithName("attachment-gc"), metrics.Registry, fence.Options{StaleListTTL: c.StaleListTTL})
 	if err != nil {
 		return err
@@ -208,12 +216,5 @@ func (c Config) addAttachmentGC(ctx context.Context, mgr ctrl.Manager) error {
 	}); err != nil {
 		return fmt.Errorf("watch storageclusters for the attachment GC: %w", err)
 	}
-	if err := mgr.Add(gc); err != nil {
-		return err
-	}
-	// The GC has no Blocklister: a gone node's Ceph entries wait for lock
-	// breaking, which fences them with the stage's Ceph access.
-	bl := &fence.CephClusters{C: direct, Log: c.Log.WithName("unfence")}
-	return mgr.Add(fence.NewUnfencer(direct, bl, mgr.GetEventRecorderFor("berth-operator"), clock.RealClock{},
-		c.Log.WithName("unfence"), fence.UnfenceOptions{Cooldown: c.UnfenceCooldown}))
+	return mgr.Add(gc)
 }
