@@ -93,6 +93,17 @@ type AttachmentNodeStatus struct {
 	// +kubebuilder:validation:Pattern=`^(/[^/]+)+$`
 	// +kubebuilder:validation:XValidation:rule="!(self + '/').contains('/./') && !(self + '/').contains('/../')",message="must be a clean absolute path: no . or .. components"
 	StagingPath string `json:"stagingPath,omitempty"`
+
+	// CephClients are the Ceph client addresses (librados instance
+	// addresses, "IP:PORT/NONCE") of the server(s) that serve the volume on
+	// the node: a Ceph volume's lock breaking blocklists them before
+	// another node may map it. Empty for other backends.
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:items:MaxLength=128
+	// +kubebuilder:validation:items:Pattern=`^[^\s,]+$`
+	// +optional
+	CephClients []string `json:"cephClients,omitempty"`
 }
 
 // AttachmentStatus is the observed state of an attachment.

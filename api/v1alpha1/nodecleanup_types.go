@@ -26,6 +26,37 @@ type NodeCleanupSpec struct {
 	// +kubebuilder:validation:MaxItems=4096
 	// +optional
 	Entries []StaleAttachment `json:"entries,omitempty"`
+
+	// Blocklisted are the node's Ceph clients that lock breaking blocklisted
+	// (so that a node cut off but still running cannot write to a volume
+	// another node now holds). The operator removes them from Ceph's
+	// blocklist, and from here, once the node is back, its entries are
+	// undone and the cool-down has passed.
+	// +listType=map
+	// +listMapKey=address
+	// +kubebuilder:validation:MaxItems=4096
+	// +optional
+	Blocklisted []BlocklistedClient `json:"blocklisted,omitempty"`
+}
+
+// BlocklistedClient is one Ceph client address of the node on Ceph's blocklist.
+type BlocklistedClient struct {
+	// Address as Ceph's blocklist takes it ("IP:PORT/NONCE").
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=128
+	// +kubebuilder:validation:Pattern=`^[^\s,]+$`
+	Address string `json:"address"`
+
+	// Volume whose lock breaking blocklisted it.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=128
+	Volume string `json:"volume"`
+
+	// Reason the lock was broken.
+	Reason CleanupReason `json:"reason"`
+
+	// BlocklistedAt is when the address was added to the blocklist.
+	BlocklistedAt metav1.Time `json:"blocklistedAt"`
 }
 
 // StaleAttachment is an attachment entry taken away from its node.
@@ -92,6 +123,7 @@ type NodeCleanupStatus struct {
 // +kubebuilder:resource:scope=Cluster,shortName=bnc,categories=berth
 // +kubebuilder:printcolumn:name="Entries",type=integer,JSONPath=`.status.pending`
 // +kubebuilder:printcolumn:name="Volumes",type=string,JSONPath=`.spec.entries[*].volume`
+// +kubebuilder:printcolumn:name="Blocklisted",type=string,JSONPath=`.spec.blocklisted[*].address`,priority=1
 // +kubebuilder:printcolumn:name="Last-Processed",type=date,JSONPath=`.status.lastProcessed`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type NodeCleanup struct {

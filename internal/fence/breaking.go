@@ -104,17 +104,31 @@ func (f *Fencer) podsMovedHere(ctx context.Context, entries []v1.AttachmentEntry
 	return pods > 0, nil
 }
 
-// moveToStale writes the broken entries to their nodes' stale lists. It runs
-// before the Attachment update that drops them: a crash in between leaves an
-// entry the cleaner finds still held and drops, never a hold nobody undoes.
-func (f *Fencer) moveToStale(ctx context.Context, volume string, bs []broken) error {
+// moveToStale writes the broken entries to their nodes' stale lists, and
+// blocklists (through bl) the Ceph clients att's status records for those
+// nodes. It runs
+// before the Attachment update that drops them: a crash in between leaves
+// an entry the cleaner finds still held and drops, never a hold nobody
+// undoes. A node's clients are recorded on its stale list before they are
+// blocklisted, so that the Unfencer takes off whatever landed; if
+// blocklisting fails, the lock is not broken.
+func (f *Fencer) moveToStale(ctx context.Context, att *v1.Attachment, bs []broken, bl Blocklister) error {
+	volume := att.Name
 	for _, b := range bs {
 		stale := make([]v1.StaleAttachment, 0, len(b.entries))
 		for _, e := range b.entries {
 			stale = append(stale, staleFrom(volume, e, b.reason, f.clk))
 		}
-		if err := addStale(ctx, f.c, f.clk, f.opts, b.node, stale); err != nil {
+		addrs := cephClients(att, b.node)
+		if err := addStale(ctx, f.c, f.clk, f.opts, b.node, stale, blocklisted(volume, addrs, b.reason, f.clk)); err != nil {
 			return err
+		}
+		if len(addrs) > 0 {
+			if err := fenceClients(ctx, bl, f.rec, volume, b.node, b.reason, addrs); err != nil {
+				f.log.Error(err, "fence not broken: Ceph clients not blocklisted", "volume", volume, "node", b.node)
+				return err
+			}
+			f.log.Info("ceph clients blocklisted", "volume", volume, "node", b.node, "addresses", addrs, "reason", b.reason)
 		}
 		f.log.Info("fence broken", "volume", volume, "node", b.node, "reason", b.reason, "entries", len(b.entries))
 		f.opts.Metrics.Broke(string(b.reason))

@@ -86,16 +86,23 @@ type CleanResult struct {
 // Start runs a pass at once (the agent's start) and then every interval
 // until ctx ends. It fits controller-runtime's manager.Runnable.
 func (cl *Cleaner) Start(ctx context.Context) error {
-	for {
+	return every(ctx, cl.clk, cl.opts.Interval, func() {
 		if res, err := cl.RunOnce(ctx); err != nil {
 			cl.log.Error(err, "stale-attachment pass failed", "node", cl.node)
 		} else if res != (CleanResult{}) {
 			cl.log.Info("stale-attachment pass", "node", cl.node, "undone", res.Undone, "dropped", res.Dropped, "failed", res.Failed, "refused", res.Refused)
 		}
+	})
+}
+
+// every runs pass at once and then every interval until ctx ends.
+func every(ctx context.Context, clk clock.Clock, interval time.Duration, pass func()) error {
+	for {
+		pass()
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-cl.clk.After(cl.opts.Interval):
+		case <-clk.After(interval):
 		}
 	}
 }

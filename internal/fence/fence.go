@@ -45,6 +45,11 @@ type Options struct {
 	StaleListTTL time.Duration
 	// Metrics, when set, counts the Fencer's decisions and lock breaks.
 	Metrics *metrics.Fence
+	// Blocklister fences the Ceph clients a node's Attachment status
+	// records (cephClients) before its lock is broken. Without one, such a
+	// lock is not broken (lock breaking fails with an error; the GC leaves
+	// the entry for lock breaking by a process that has one).
+	Blocklister Blocklister
 }
 
 // DefaultStaleListTTL: a week, time for a node to be rebuilt under its name.
@@ -159,7 +164,11 @@ func (f *Fencer) tryAcquire(ctx context.Context, req *Request) (done bool, err e
 		if err != nil {
 			return true, err
 		}
-		if err := f.moveToStale(ctx, req.Volume, broken); err != nil {
+		bl := req.Blocklister
+		if bl == nil {
+			bl = f.opts.Blocklister
+		}
+		if err := f.moveToStale(ctx, &att, broken, bl); err != nil {
 			return true, err
 		}
 		others = without(others, broken)

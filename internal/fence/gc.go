@@ -243,6 +243,11 @@ func (g *GC) sweep(ctx context.Context, w *gcWorld, volume string) (moved, dropp
 				return true, err
 			}
 			switch {
+			case move && reason == v1.ReasonNodeGone && len(cephClients(&att, e.Node)) > 0 && g.opts.Blocklister == nil:
+				// A gone node's Ceph clients must be blocklisted first, and
+				// this GC cannot: lock breaking will, when a node asks.
+				g.log.V(1).Info("attachment GC leaves an entry with Ceph clients to lock breaking", "volume", volume, "node", e.Node)
+				kept = append(kept, e)
 			case move:
 				if _, ok := stale[e.Node]; !ok {
 					order = append(order, e.Node)
@@ -261,8 +266,20 @@ func (g *GC) sweep(ctx context.Context, w *gcWorld, volume string) (moved, dropp
 		// Stale lists first: a crash before the Attachment update leaves
 		// entries the cleaner finds still held and drops.
 		for _, node := range order {
-			if err := addStale(ctx, g.c, g.clk, g.opts, node, stale[node]); err != nil {
+			// Only a gone node loses the volume itself (a live node's gone
+			// pod loses its bind mount): only its clients are fenced.
+			var addrs []string
+			if !w.nodes[node] {
+				addrs = cephClients(&att, node)
+			}
+			if err := addStale(ctx, g.c, g.clk, g.opts, node, stale[node], blocklisted(volume, addrs, v1.ReasonNodeGone, g.clk)); err != nil {
 				return true, err
+			}
+			if len(addrs) > 0 {
+				if err := fenceClients(ctx, g.opts.Blocklister, nil, volume, node, v1.ReasonNodeGone, addrs); err != nil {
+					return true, err
+				}
+				g.log.Info("ceph clients blocklisted", "volume", volume, "node", node, "addresses", addrs)
 			}
 		}
 		done, err := keepEntries(ctx, g.c, &att, kept)

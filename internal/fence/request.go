@@ -23,6 +23,10 @@ type Request struct {
 	StagingPath  string
 	AccessMode   v1.AccessMode
 	ReadOnly     bool
+	// Blocklister, for a Ceph volume, fences other nodes' Ceph clients
+	// with the access of this request (the stage's Ceph client: `profile
+	// rbd` may add to the blocklist); nil: the Fencer's Options.Blocklister.
+	Blocklister Blocklister
 }
 
 // IsStage tells whether the request is for a node's stage record.

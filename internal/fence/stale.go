@@ -29,14 +29,14 @@ func staleFrom(volume string, e v1.AttachmentEntry, reason v1.CleanupReason, clk
 	return s
 }
 
-// addStale merges entries into the node's NodeCleanup, creating it. An entry
-// already listed for the same (volume, mountDir) and pod is kept as is, so a
-// repeated move changes nothing.
-func addStale(ctx context.Context, c client.Client, clk clock.Clock, opts Options, node string, entries []v1.StaleAttachment) error {
+// addStale merges entries (and blocklisted Ceph clients) into the node's
+// NodeCleanup, creating it. An entry already listed for the same (volume,
+// mountDir) and pod is kept as is, so a repeated move changes nothing.
+func addStale(ctx context.Context, c client.Client, clk clock.Clock, opts Options, node string, entries []v1.StaleAttachment, blocked []v1.BlocklistedClient) error {
 	return retry(ctx, clk, opts, "add stale entries for node "+node, func() (bool, error) {
 		var nc v1.NodeCleanup
 		if err := c.Get(ctx, client.ObjectKey{Name: node}, &nc); apierrors.IsNotFound(err) {
-			nc = v1.NodeCleanup{ObjectMeta: metav1.ObjectMeta{Name: node}, Spec: v1.NodeCleanupSpec{Entries: entries}}
+			nc = v1.NodeCleanup{ObjectMeta: metav1.ObjectMeta{Name: node}, Spec: v1.NodeCleanupSpec{Entries: entries, Blocklisted: blocked}}
 			if err := c.Create(ctx, &nc); err != nil {
 				return !raced(err), fmt.Errorf("create nodecleanup %s: %w", node, err)
 			}
@@ -44,7 +44,8 @@ func addStale(ctx context.Context, c client.Client, clk clock.Clock, opts Option
 		} else if err != nil {
 			return true, fmt.Errorf("get nodecleanup %s: %w", node, err)
 		}
-		changed := false
+		var changed bool
+		nc.Spec.Blocklisted, changed = mergeBlocklisted(nc.Spec.Blocklisted, blocked)
 		for _, s := range entries {
 			i := findStale(nc.Spec.Entries, s.Volume, s.MountDir)
 			switch {
@@ -86,7 +87,8 @@ func typesUID(s string) types.UID { return types.UID(s) }
 // list with reason, and removes them from the Attachment (deleting it when
 // nothing is left). It returns how many entries moved. For a caller that
 // gives up waiting for that node's agent (a deletion that must not hang);
-// the agent undoes the entries when it is back.
+// the agent undoes the entries when it is back. It blocklists no Ceph
+// client: it serves the deletion of the volume, whose image goes with it.
 func EvictNode(ctx context.Context, c client.Client, clk clock.Clock, opts Options, volume, node string, reason v1.CleanupReason) (int, error) {
 	opts = opts.withDefaults()
 	moved := 0
@@ -110,7 +112,7 @@ func EvictNode(ctx context.Context, c client.Client, clk clock.Clock, opts Optio
 		}
 		// Stale list first: a crash in between leaves an entry the cleaner
 		// finds still held and drops, never a hold nobody undoes.
-		if err := addStale(ctx, c, clk, opts, node, stale); err != nil {
+		if err := addStale(ctx, c, clk, opts, node, stale, nil); err != nil {
 			return true, err
 		}
 		moved = len(stale)

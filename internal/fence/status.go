@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/api/equality"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
@@ -18,6 +19,10 @@ type Staged struct {
 	Node        string
 	DevicePath  string
 	StagingPath string
+	// CephClients are the Ceph client addresses of the server(s) serving
+	// a Ceph volume on the node (ceph.ClientAddrs of their connections):
+	// lock breaking blocklists them. Empty for other backends.
+	CephClients []string
 }
 
 // ReportStaged records in the volume's Attachment status that the node has
@@ -35,7 +40,7 @@ func (f *Fencer) ReportStaged(ctx context.Context, volume string, s Staged) erro
 			return true, err
 		}
 		nodes := stagedNodes(&att, s)
-		if slices.Equal(nodes, att.Status.Nodes) {
+		if equality.Semantic.DeepEqual(nodes, att.Status.Nodes) {
 			return true, nil
 		}
 		att.Status.Nodes = nodes
@@ -61,7 +66,8 @@ func stagedNodes(att *v1.Attachment, s Staged) []v1.AttachmentNodeStatus {
 		}
 	}
 	if s.DevicePath != "" && holds[s.Node] {
-		out = append(out, v1.AttachmentNodeStatus{Node: s.Node, DevicePath: s.DevicePath, StagingPath: s.StagingPath, Staged: true})
+		out = append(out, v1.AttachmentNodeStatus{Node: s.Node, DevicePath: s.DevicePath, StagingPath: s.StagingPath, Staged: true,
+			CephClients: slices.Clone(s.CephClients)})
 	}
 	slices.SortFunc(out, func(a, b v1.AttachmentNodeStatus) int { return strings.Compare(a.Node, b.Node) })
 	return out

@@ -23,7 +23,7 @@ func (b *Backend) Capacity(ctx context.Context) (int64, error) {
 				} `json:"stats"`
 			} `json:"pools"`
 		}
-		if err := b.monCommand(map[string]string{"prefix": "df", "format": "json"}, &df); err != nil {
+		if err := b.monCommand(map[string]any{"prefix": "df", "format": "json"}, &df); err != nil {
 			return err
 		}
 		found := false
@@ -39,7 +39,7 @@ func (b *Backend) Capacity(ctx context.Context) (int64, error) {
 			MaxBytes int64 `json:"quota_max_bytes"`
 			Used     int64 `json:"current_num_bytes"`
 		}
-		if err := b.monCommand(map[string]string{"prefix": "osd pool get-quota", "pool": b.cfg.Pool, "format": "json"}, &quota); err != nil {
+		if err := b.monCommand(map[string]any{"prefix": "osd pool get-quota", "pool": b.cfg.Pool, "format": "json"}, &quota); err != nil {
 			return err
 		}
 		if quota.MaxBytes > 0 {
@@ -50,14 +50,23 @@ func (b *Backend) Capacity(ctx context.Context) (int64, error) {
 	return avail, err
 }
 
-func (b *Backend) monCommand(cmd map[string]string, out any) error {
+// monCommand sends a mon command and decodes its JSON answer into out
+// (nil: no answer expected; a *[]byte gets it undecoded).
+func (b *Backend) monCommand(cmd map[string]any, out any) error {
 	req, err := json.Marshal(cmd)
 	if err != nil {
 		return err
 	}
 	buf, status, err := b.conn.MonCommand(req)
 	if err != nil {
-		return fmt.Errorf("ceph %s: %w: %s", cmd["prefix"], err, status)
+		return fmt.Errorf("ceph %s: %w: %s", cmd["prefix"], explain(err), status)
+	}
+	if raw, ok := out.(*[]byte); ok {
+		*raw = buf
+		return nil
+	}
+	if out == nil {
+		return nil
 	}
 	if err := json.Unmarshal(buf, out); err != nil {
 		return fmt.Errorf("ceph %s: %w", cmd["prefix"], err)

@@ -19,6 +19,15 @@ func Open(ctx context.Context, cfg Config, log logr.Logger) (Store, error) {
 	return b, nil
 }
 
+// OpenFencing connects as cfg says (New), for a caller that only fences.
+func OpenFencing(ctx context.Context, cfg Config, log logr.Logger) (Fencing, error) {
+	b, err := New(ctx, cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
 // Check connects as cfg says, opens the pool and asks an OSD for one of
 // berth's objects, then disconnects: whether volumes could be made, before
 // any is. Errors wrap ErrMonitorsUnreachable, ErrAuthentication or

@@ -11,6 +11,9 @@ import (
 // Open reports that this binary cannot reach Ceph (see check.go).
 func Open(context.Context, Config, logr.Logger) (Store, error) { return nil, ErrNotBuilt }
 
+// OpenFencing reports that this binary cannot reach Ceph (see check.go).
+func OpenFencing(context.Context, Config, logr.Logger) (Fencing, error) { return nil, ErrNotBuilt }
+
 // Check reports that this binary cannot reach Ceph (see check.go for the
 // one built with the ceph tag).
 func Check(context.Context, Config, logr.Logger) error { return ErrNotBuilt }

@@ -19,4 +19,7 @@ func TestWithoutTheTag(t *testing.T) {
 	if s, err := ceph.Open(context.Background(), ceph.Config{}, logr.Discard()); s != nil || !errors.Is(err, ceph.ErrNotBuilt) {
 		t.Errorf("Open: %v, %v", s, err)
 	}
+	if f, err := ceph.OpenFencing(context.Background(), ceph.Config{}, logr.Discard()); f != nil || !errors.Is(err, ceph.ErrNotBuilt) {
+		t.Errorf("OpenFencing: %v, %v", f, err)
+	}
 }

@@ -32,6 +32,22 @@ type Config struct {
 	// each monitor and OSD request, so that a call running past its
 	// caller's deadline ends too. Zero: 10 s and 30 s.
 	ConnectTimeout, OpTimeout time.Duration
+	// BlocklistExpire is how long Ceph keeps a fenced client on its
+	// blocklist if berth never takes it off (zero: DefaultBlocklistExpire).
+	BlocklistExpire time.Duration
+}
+
+// DefaultBlocklistExpire: a backstop only, since berth takes a fenced
+// client off once its node is back and cleaned. It is long because an
+// entry that expires while the node is cut off but still running would let
+// that node write again to a volume another node holds.
+const DefaultBlocklistExpire = 5 * 365 * 24 * time.Hour
+
+func (c Config) blocklistExpire() time.Duration {
+	if c.BlocklistExpire <= 0 {
+		return DefaultBlocklistExpire
+	}
+	return c.BlocklistExpire
 }
 
 // String describes the config without the key.
@@ -130,5 +146,17 @@ func ConfigFor(ctx context.Context, spec *v1.CephSpec, userID, userKey string, l
 // Store is a connected ceph backend: backend.Store, and Close at shutdown.
 type Store interface {
 	backend.Store
+	Close()
+}
+
+// Fencing is what lock breaking needs of Ceph (fence.Blocklister): put a
+// dead node's Ceph clients on the blocklist and break the image lock they
+// hold, and take them off again. Open's Store has it too.
+type Fencing interface {
+	// FenceClients blocklists addrs and breaks the lock they hold on the
+	// image of volume id.
+	FenceClients(ctx context.Context, id string, addrs []string) error
+	// UnfenceClients takes addrs off the blocklist.
+	UnfenceClients(ctx context.Context, addrs []string) error
 	Close()
 }

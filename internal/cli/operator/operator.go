@@ -50,6 +50,10 @@ const (
 
 // Config of the operator.
 type Config struct {
+	// UnfenceCooldown: how long a node whose Ceph clients were blocklisted
+	// must stay back and cleaned before they are taken off the blocklist.
+	UnfenceCooldown time.Duration
+
 	Cluster     storagecluster.Options
 	LeaderElect bool
 	MetricsAddr string
@@ -154,6 +158,7 @@ func Flags(fs *flag.FlagSet, cfg *Config, env func(string) string) {
 	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", DefaultMetricsAddr, "Prometheus /metrics listen address; 0 disables")
 	fs.StringVar(&cfg.HealthAddr, "health-addr", DefaultHealthAddr, "/healthz and /readyz listen address; 0 disables")
 	fs.DurationVar(&cfg.StaleListTTL, "stale-list-ttl", fence.DefaultStaleListTTL, "how long the attachment GC keeps the stale list (NodeCleanup) of a node whose Node object is gone")
+	fs.DurationVar(&cfg.UnfenceCooldown, "unfence-cooldown", fence.DefaultUnfenceCooldown, "how long a node whose Ceph clients lock breaking blocklisted must stay back and cleaned before they leave the blocklist")
 }
 
 // Command is `berth operator`.
@@ -170,18 +175,29 @@ func Command() cli.Command {
 
 // The attachment GC scans every Attachment each
 // StorageCluster.spec.attachmentGC.interval and moves or drops entries whose
-// node or pod is gone.
+// node or pod is gone; the Unfencer takes blocklisted Ceph clients of nodes
+// that are back and cleaned off the blocklist.
 // +kubebuilder:rbac:groups=berth.io,resources=attachments,verbs=get;list;watch;update;patch;delete
 // +kubebuilder:rbac:groups=berth.io,resources=nodecleanups,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=berth.io,resources=storageclusters,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+// The Unfencer reads each ceph StorageCluster's Secret to reach its Ceph.
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get
+// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 
 func (c Config) addAttachmentGC(ctx context.Context, mgr ctrl.Manager) error {
 	// Reads go to the API server: a stale cache could move a live entry.
 	direct, err := client.New(c.Rest, client.Options{Scheme: mgr.GetScheme()})
 	if err != nil {
 		return fmt.Errorf("kubernetes client: %w", err)
+	}
+	// The GC has no Blocklister: a gone node's Ceph entries wait for lock
+	// breaking, which fences them with the stage's Ceph access.
+	bl := &fence.CephClusters{C: direct, Log: c.Log.WithName("unfence")}
+	if err := mgr.Add(fence.NewUnfencer(direct, bl, mgr.GetEventRecorderFor("berth-operator"), clock.RealClock{},
+		c.Log.WithName("unfence"), fence.UnfenceOptions{Cooldown: c.UnfenceCooldown})); err != nil {
+		return err
 	}
 	gc, err := fence.NewGC(direct, clock.RealClock{}, c.Log.WithName("attachment-gc"), metrics.Registry, fence.Options{StaleListTTL: c.StaleListTTL})
 	if err != nil {

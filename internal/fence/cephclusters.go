@@ -1,0 +1,100 @@
+package fence
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/backend/ceph"
+)
+
+// CephClusters is the operator's Blocklister: it reaches each ceph
+// StorageCluster as its Secret's client, connecting per call (fencing is
+// rare; a connection kept open would need watching for key changes).
+// Taking clients off the blocklist needs that client to have the mon cap
+// `allow command "osd blocklist"` (`profile rbd` may only add).
+type CephClusters struct {
+	// C reads StorageClusters, Volumes and Secrets from the API server.
+	C client.Client
+	// Open connects (nil: ceph.OpenFencing; without the ceph build tag it
+	// refuses with ceph.ErrNotBuilt).
+	Open func(ctx context.Context, cfg ceph.Config, log logr.Logger) (ceph.Fencing, error)
+	// LookupHost resolves monitor host names (nil: the system resolver).
+	LookupHost func(ctx context.Context, host string) ([]string, error)
+	Log        logr.Logger
+}
+
+var _ Blocklister = (*CephClusters)(nil)
+
+// FenceClients fences addrs on the Ceph cluster of volume's StorageCluster.
+func (cc *CephClusters) FenceClients(ctx context.Context, volume string, addrs []string) error {
+	var vol v1.Volume
+	if err := cc.C.Get(ctx, client.ObjectKey{Name: volume}, &vol); err != nil {
+		return fmt.Errorf("volume %s: %w", volume, err)
+	}
+	var sc v1.StorageCluster
+	if err := cc.C.Get(ctx, client.ObjectKey{Name: vol.Spec.StorageCluster}, &sc); err != nil {
+		return fmt.Errorf("storagecluster %s of volume %s: %w", vol.Spec.StorageCluster, volume, err)
+	}
+	f, err := cc.connect(ctx, &sc)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.FenceClients(ctx, volume, addrs)
+}
+
+// UnfenceClients takes addrs off the blocklist of every ceph
+// StorageCluster's Ceph (the record names no cluster; taking off an
+// address that is not listed is no error).
+func (cc *CephClusters) UnfenceClients(ctx context.Context, addrs []string) error {
+	var list v1.StorageClusterList
+	if err := cc.C.List(ctx, &list); err != nil {
+		return fmt.Errorf("list storageclusters: %w", err)
+	}
+	for i := range list.Items {
+		sc := &list.Items[i]
+		if sc.Spec.Backend != v1.BackendCeph {
+			continue
+		}
+		f, err := cc.connect(ctx, sc)
+		if err != nil {
+			return err
+		}
+		err = f.UnfenceClients(ctx, addrs)
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("storagecluster %s: %w", sc.Name, err)
+		}
+	}
+	return nil
+}
+
+// connect opens sc's Ceph as its Secret's client.
+func (cc *CephClusters) connect(ctx context.Context, sc *v1.StorageCluster) (ceph.Fencing, error) {
+	if sc.Spec.Backend != v1.BackendCeph || sc.Spec.Ceph == nil {
+		return nil, fmt.Errorf("storagecluster %s has no ceph backend", sc.Name)
+	}
+	ref := sc.Spec.Ceph.SecretRef
+	var secret corev1.Secret
+	if err := cc.C.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, &secret); err != nil {
+		return nil, fmt.Errorf("storagecluster %s: Secret %s/%s: %w", sc.Name, ref.Namespace, ref.Name, err)
+	}
+	cfg, err := ceph.ConfigFor(ctx, sc.Spec.Ceph, string(secret.Data[v1.CephSecretUserID]), string(secret.Data[v1.CephSecretUserKey]), cc.LookupHost)
+	if err != nil {
+		return nil, fmt.Errorf("storagecluster %s: %w", sc.Name, err)
+	}
+	open := cc.Open
+	if open == nil {
+		open = ceph.OpenFencing
+	}
+	f, err := open(ctx, cfg, cc.Log.WithValues("storageCluster", sc.Name))
+	if err != nil {
+		return nil, fmt.Errorf("storagecluster %s: %w", sc.Name, err)
+	}
+	return f, nil
+}
