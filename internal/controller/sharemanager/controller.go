@@ -351,11 +351,14 @@ func readyStatus(s v1.ShareState) metav1.ConditionStatus {
 // (spec.rwx).
 // +kubebuilder:rbac:groups=berth.io,namespace=berth-system,resources=sharemanagers,verbs=get;list;watch
 // +kubebuilder:rbac:groups=berth.io,namespace=berth-system,resources=sharemanagers/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=berth.io,namespace=berth-system,resources=sharemanagers/finalizers,verbs=update
 // +kubebuilder:rbac:groups=berth.io,resources=volumes,verbs=get;list;watch
 // +kubebuilder:rbac:groups=berth.io,resources=volumes/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=berth.io,resources=attachments,verbs=get;list;watch
 // +kubebuilder:rbac:groups=berth.io,resources=storageclusters,verbs=get;list;watch
 //
+// (finalizers: a controller reference blocks owner deletion, which needs it
+// where OwnerReferencesPermissionEnforcement is on.)
 // What it runs, in the operator's namespace only: the pod (force-deleted
 // on failover), the Service, and an Event per failover; Leases are only read.
 // +kubebuilder:rbac:groups="",namespace=berth-system,resources=pods,verbs=get;list;watch;create;delete

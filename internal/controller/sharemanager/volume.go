@@ -25,6 +25,7 @@ type VolumeReconciler struct {
 
 // +kubebuilder:rbac:groups=berth.io,namespace=berth-system,resources=sharemanagers,verbs=get;list;watch;create;update;patch
 // +kubebuilder:rbac:groups=berth.io,resources=volumes,verbs=get;list;watch
+// +kubebuilder:rbac:groups=berth.io,resources=volumes/finalizers,verbs=update
 // +kubebuilder:rbac:groups=berth.io,resources=volumes/status,verbs=get;update;patch
 
 // Shared tells whether a Volume is served through a share manager.
