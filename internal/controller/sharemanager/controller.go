@@ -119,6 +119,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 
 	if pod == nil {
+		if err := r.ensureClaim(ctx, sm, vol); err != nil {
+			return ctrl.Result{}, err
+		}
 		pod = r.podFor(sm, vol, rwx)
 		if err := controllerutil.SetControllerReference(sm, pod, r.Client.Scheme()); err != nil {
 			return ctrl.Result{}, err
@@ -298,6 +301,26 @@ func (r *Reconciler) settings(ctx context.Context, vol *v1.Volume) (rwxSettings,
 	return s, nil
 }
 
+// ensureClaim makes the share-manager pod's PersistentVolume (owned by the
+// Volume: cluster-scoped like it) and claim (owned by the ShareManager).
+// Made once and never read back: the operator need not cache every
+// PersistentVolume of the cluster.
+func (r *Reconciler) ensureClaim(ctx context.Context, sm *v1.ShareManager, vol *v1.Volume) error {
+	pv, pvc := volumeFor(sm, vol), claimFor(sm, vol)
+	for _, o := range []struct {
+		obj   client.Object
+		owner client.Object
+	}{{pv, vol}, {pvc, sm}} {
+		if err := controllerutil.SetControllerReference(o.owner, o.obj, r.Client.Scheme()); err != nil {
+			return err
+		}
+		if err := r.Client.Create(ctx, o.obj); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("create %T %s: %w", o.obj, o.obj.GetName(), err)
+		}
+	}
+	return nil
+}
+
 func (r *Reconciler) ensureService(ctx context.Context, sm *v1.ShareManager) error {
 	want := serviceFor(sm)
 	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: want.Name, Namespace: want.Namespace}}
@@ -360,8 +383,11 @@ func readyStatus(s v1.ShareState) metav1.ConditionStatus {
 // (finalizers: a controller reference blocks owner deletion, which needs it
 // where OwnerReferencesPermissionEnforcement is on.)
 // What it runs, in the operator's namespace only: the pod (force-deleted
-// on failover), the Service, and an Event per failover; Leases are only read.
+// on failover), its claim (and the claim's PersistentVolume), the Service,
+// and an Event per failover; Leases are only read.
 // +kubebuilder:rbac:groups="",namespace=berth-system,resources=pods,verbs=get;list;watch;create;delete
+// +kubebuilder:rbac:groups="",namespace=berth-system,resources=persistentvolumeclaims,verbs=create
+// +kubebuilder:rbac:groups="",resources=persistentvolumes,verbs=create
 // +kubebuilder:rbac:groups="",namespace=berth-system,resources=services,verbs=get;list;watch;create;update;patch
 // +kubebuilder:rbac:groups=coordination.k8s.io,namespace=berth-system,resources=leases,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",namespace=berth-system,resources=events,verbs=create;patch

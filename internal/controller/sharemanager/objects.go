@@ -147,6 +147,47 @@ func placement(vol *v1.Volume, failedNode string) *corev1.Affinity {
 	}}
 }
 
+// claimFor and volumeFor bind the share-manager pod to its volume as a raw
+// block device: a static PersistentVolume on the same backend image (the
+// volume ID is the Volume's name) and a claim in the pod's namespace,
+// pre-bound to each other. Retain: removing them never deletes the image,
+// which stays the user's volume.
+func claimFor(sm *v1.ShareManager, vol *v1.Volume) *corev1.PersistentVolumeClaim {
+	name := Name(vol.Name)
+	return &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: sm.Namespace, Labels: labels(vol.Name)},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			VolumeMode:       ptr.To(corev1.PersistentVolumeBlock),
+			StorageClassName: ptr.To(""),
+			VolumeName:       name,
+			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: vol.Spec.Size}},
+		},
+	}
+}
+
+func volumeFor(sm *v1.ShareManager, vol *v1.Volume) *corev1.PersistentVolume {
+	name := Name(vol.Name)
+	attrs := map[string]string{"mounter": string(vol.Spec.Mounter)}
+	if vol.Spec.Node != "" {
+		attrs["node"] = vol.Spec.Node
+	}
+	return &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels(vol.Name)},
+		Spec: corev1.PersistentVolumeSpec{
+			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			VolumeMode:                    ptr.To(corev1.PersistentVolumeBlock),
+			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: vol.Spec.Size},
+			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
+			StorageClassName:              "",
+			ClaimRef:                      &corev1.ObjectReference{Kind: "PersistentVolumeClaim", APIVersion: "v1", Namespace: sm.Namespace, Name: name},
+			PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{
+				Driver: v1.DriverName, VolumeHandle: vol.Name, VolumeAttributes: attrs,
+			}},
+		},
+	}
+}
+
 // serviceFor is the Service that always points at the volume's current
 // share-manager pod: the endpoint workloads mount survives every failover.
 func serviceFor(sm *v1.ShareManager) *corev1.Service {

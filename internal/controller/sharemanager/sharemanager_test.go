@@ -41,6 +41,15 @@ func newVolume(t *testing.T, name string, mode v1.VolumeMode, rwx v1.RWXSpec) *v
 		// envtest runs no garbage collector: remove what the Volume owns.
 		_ = env.Client.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: sharemanager.Name(name), Namespace: namespace}}, client.GracePeriodSeconds(0))
 		_ = env.Client.Delete(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: sharemanager.Name(name), Namespace: namespace}})
+		// The API server adds the storage-protection finalizers; no
+		// controller here would ever remove them.
+		for _, o := range []client.Object{
+			&corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: sharemanager.Name(name), Namespace: namespace}},
+			&corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: sharemanager.Name(name)}},
+		} {
+			_ = env.Client.Patch(ctx, o, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`)))
+			_ = env.Client.Delete(ctx, o)
+		}
 		_ = env.Client.Delete(ctx, &v1.Attachment{ObjectMeta: metav1.ObjectMeta{Name: name}})
 		_ = env.Client.Delete(ctx, vol)
 		_ = env.Client.Delete(ctx, sc)
@@ -248,6 +257,7 @@ func TestShareManagerStateMachine(t *testing.T) {
 	if labels := pod.Labels; labels[sharemanager.LabelShare] != svc.Name {
 		t.Errorf("pod labels %v do not match the service selector %v", labels, svc.Spec.Selector)
 	}
+	checkClaim(t, pod, vol)
 	k.bind(pod, "node-a")
 	k.status(pod, corev1.PodPending, false)
 	k.status(pod, corev1.PodRunning, false)
@@ -338,6 +348,60 @@ func serve(t *testing.T, k kubelet, volume string, pod *corev1.Pod, node string)
 	if sm := waitShare(t, volume, v1.ShareRunning); sm.Status.OwnerID != node {
 		t.Errorf("share runs on %q, want %s", sm.Status.OwnerID, node)
 	}
+}
+
+// checkClaim checks that the pod reaches the volume as a block device
+// through a claim pre-bound to a static PersistentVolume of the same image,
+// one that never deletes it.
+func checkClaim(t *testing.T, pod *corev1.Pod, vol *v1.Volume) {
+	t.Helper()
+	name := sharemanager.Name(vol.Name)
+	if len(pod.Spec.Volumes) != 1 || pod.Spec.Volumes[0].PersistentVolumeClaim == nil || pod.Spec.Volumes[0].PersistentVolumeClaim.ClaimName != name ||
+		len(pod.Spec.Containers[0].VolumeDevices) != 1 {
+		t.Errorf("pod volumes %+v devices %+v, want claim %s as a block device", pod.Spec.Volumes, pod.Spec.Containers[0].VolumeDevices, name)
+	}
+	pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}}
+	pv := &corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	env.WaitGet(t, waitLimit, pvc)
+	env.WaitGet(t, waitLimit, pv)
+	if pvc.Spec.VolumeName != name || pvc.Spec.VolumeMode == nil || *pvc.Spec.VolumeMode != corev1.PersistentVolumeBlock {
+		t.Errorf("claim spec %+v", pvc.Spec)
+	}
+	c := pv.Spec.CSI
+	if c == nil || c.Driver != v1.DriverName || c.VolumeHandle != vol.Name || pv.Spec.PersistentVolumeReclaimPolicy != corev1.PersistentVolumeReclaimRetain ||
+		pv.Spec.ClaimRef == nil || pv.Spec.ClaimRef.Name != name || pv.Spec.ClaimRef.Namespace != namespace {
+		t.Errorf("persistent volume spec %+v", pv.Spec)
+	}
+	if ref := metav1.GetControllerOf(pv); ref == nil || ref.Kind != "Volume" || ref.UID != vol.UID {
+		t.Errorf("persistent volume controller reference = %+v, want the Volume", ref)
+	}
+}
+
+// TestShareWithoutFastFailover: with spec.rwx.fastFailover off, a lapsed
+// Lease changes nothing; a failed pod still gives error, then a new pod.
+func TestShareWithoutFastFailover(t *testing.T) {
+	suite.Require(t)
+	const vname = "pvc-rwx-slow"
+	newVolume(t, vname, v1.VolumeModeFilesystem, v1.RWXSpec{FastFailover: ptr.To(false), LeaseDurationSeconds: ptr.To[int32](3)})
+	k := kubelet{t}
+	useVolume(t, vname, "web-1")
+	pod := sharePod(t, vname, "")
+	serve(t, k, vname, pod, "node-a")
+
+	// A lapsed Lease, and a Lease event to make the controller look.
+	clk.SetTime(clk.Now().Add(time.Minute))
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: vname, Namespace: namespace}}
+	env.WaitGet(t, waitLimit, lease)
+	lease.Annotations = map[string]string{"touched": "yes"}
+	if err := env.Client.Update(testCtx(t), lease); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	if sm := waitShare(t, vname, v1.ShareRunning); sm.Status.Failovers != 0 {
+		t.Errorf("failovers %d after a lapsed lease without fast failover", sm.Status.Failovers)
+	}
+	k.status(pod, corev1.PodFailed, false)
+	failedOver(t, vname, pod, "node-a", 1)
 }
 
 // checkPod checks the share-manager pod's command and placement.
