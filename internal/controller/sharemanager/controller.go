@@ -23,6 +23,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -94,6 +95,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	// A Volume on its way out needs no share: its image goes only once the
+	// share manager's attachment is released.
+	needed = needed && vol.DeletionTimestamp.IsZero()
 	pod := &corev1.Pod{}
 	switch err := r.Client.Get(ctx, client.ObjectKey{Namespace: sm.Namespace, Name: Name(vol.Name)}, pod); {
 	case apierrors.IsNotFound(err):
@@ -133,26 +137,30 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, r.setStatus(ctx, sm, v1.ShareStarting, "", reasonStarting, "pod "+pod.Name+" created")
 	}
 
-	if reason, why := r.failed(ctx, vol.Name, pod, rwx); reason != "" {
-		return r.failover(ctx, log, sm, vol, pod, rwx, reason, why)
-	}
-	if !pod.DeletionTimestamp.IsZero() {
-		// Going away on its own (deleted by someone, or a graceful
-		// replacement): a new one starts once it is gone.
-		return ctrl.Result{RequeueAfter: rwx.leaseDuration}, r.setStatus(ctx, sm, v1.ShareStarting, pod.Spec.NodeName, reasonStarting, "waiting for "+pod.Name+" to terminate")
-	}
-	if !podReady(pod) {
-		return ctrl.Result{}, r.setStatus(ctx, sm, v1.ShareStarting, pod.Spec.NodeName, reasonStarting, "pod "+pod.Name+" is "+string(pod.Status.Phase)+", not ready")
-	}
-	if err := r.setStatus(ctx, sm, v1.ShareRunning, pod.Spec.NodeName, reasonRunning, "serving from "+pod.Spec.NodeName); err != nil {
+	reason, why, err := r.failed(ctx, vol.Name, pod, rwx)
+	if err != nil {
 		return ctrl.Result{}, err
 	}
-	if !rwx.fastFailover {
-		return ctrl.Result{}, nil
+	if reason != "" {
+		return r.failover(ctx, log, sm, vol, pod, rwx, reason, why)
 	}
 	// Look again when the Lease would lapse without another renewal (each
 	// renewal wakes this up earlier through the Lease watch).
-	return ctrl.Result{RequeueAfter: r.leaseLeft(ctx, vol.Name, pod, rwx) + 100*time.Millisecond}, nil
+	var res ctrl.Result
+	if left, held, err := r.leaseLeft(ctx, vol.Name, pod, rwx); err != nil {
+		return res, err
+	} else if held && rwx.fastFailover {
+		res.RequeueAfter = left + 100*time.Millisecond
+	}
+	switch {
+	case !pod.DeletionTimestamp.IsZero():
+		// Going away on its own (deleted by someone, or a graceful
+		// replacement): a new one starts once it is gone.
+		return ctrl.Result{RequeueAfter: rwx.leaseDuration}, r.setStatus(ctx, sm, v1.ShareStarting, pod.Spec.NodeName, reasonStarting, "waiting for "+pod.Name+" to terminate")
+	case !podReady(pod):
+		return res, r.setStatus(ctx, sm, v1.ShareStarting, pod.Spec.NodeName, reasonStarting, "pod "+pod.Name+" is "+string(pod.Status.Phase)+", not ready")
+	}
+	return res, r.setStatus(ctx, sm, v1.ShareRunning, pod.Spec.NodeName, reasonRunning, "serving from "+pod.Spec.NodeName)
 }
 
 // failover gives up on a share manager that failed or lost its Lease: it
@@ -204,7 +212,7 @@ func (r *Reconciler) requestRemount(ctx context.Context, vol *v1.Volume) error {
 }
 
 // failed says whether the pod is lost to the share (reason, why), "" when not.
-func (r *Reconciler) failed(ctx context.Context, volume string, pod *corev1.Pod, rwx rwxSettings) (reason, why string) {
+func (r *Reconciler) failed(ctx context.Context, volume string, pod *corev1.Pod, rwx rwxSettings) (reason, why string, err error) {
 	switch pod.Status.Phase {
 	case corev1.PodFailed, corev1.PodSucceeded:
 		// Succeeded too: a share manager only exits 0 when told to stop.
@@ -212,36 +220,46 @@ func (r *Reconciler) failed(ctx context.Context, volume string, pod *corev1.Pod,
 		if msg == "" {
 			msg = "exited"
 		}
-		return reasonPodFailed, fmt.Sprintf("pod %s on node %s %s: %s", pod.Name, pod.Spec.NodeName, pod.Status.Phase, msg)
+		return reasonPodFailed, fmt.Sprintf("pod %s on node %s %s: %s", pod.Name, pod.Spec.NodeName, pod.Status.Phase, msg), nil
 	}
-	if !rwx.fastFailover || !podReady(pod) && pod.DeletionTimestamp.IsZero() {
-		return "", ""
+	if !rwx.fastFailover {
+		return "", "", nil
 	}
-	if r.leaseLeft(ctx, volume, pod, rwx) <= 0 {
-		return reasonLeaseExpired, fmt.Sprintf("Lease %s of pod %s on node %s not renewed for %s", volume, pod.Name, pod.Spec.NodeName, rwx.leaseDuration)
+	left, held, err := r.leaseLeft(ctx, volume, pod, rwx)
+	if err != nil || !held || left > 0 {
+		return "", "", err
 	}
-	return "", ""
+	return reasonLeaseExpired, fmt.Sprintf("Lease %s of pod %s on node %s not renewed for %s", volume, pod.Name, pod.Spec.NodeName, rwx.leaseDuration), nil
 }
 
-// leaseLeft is how long the share's Lease still holds by this clock. A
-// ready pod always took the Lease (the share manager is ready only after);
-// without a Lease the pod's readiness time stands in for its last renewal.
-func (r *Reconciler) leaseLeft(ctx context.Context, volume string, pod *corev1.Pod, rwx rwxSettings) time.Duration {
+// leaseLeft is how long the share's Lease still holds for pod by this
+// clock; held is false while the pod has not taken it yet (it waits for its
+// device first). Once it has, a lapse counts whether or not the pod still
+// looks ready: a lost node's pods turn unready long before they go. A
+// ready pod took the Lease (the share manager is ready only after), so
+// without one in its name its readiness time stands in for its last renewal.
+func (r *Reconciler) leaseLeft(ctx context.Context, volume string, pod *corev1.Pod, rwx rwxSettings) (left time.Duration, held bool, err error) {
 	var last time.Time
-	for _, c := range pod.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			last = c.LastTransitionTime.Time
+	lease := &coordinationv1.Lease{}
+	switch err := r.Client.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: volume}, lease); {
+	case err == nil:
+		if ptr.Deref(lease.Spec.HolderIdentity, "") == leaseHolder(pod) && lease.Spec.RenewTime != nil {
+			last = lease.Spec.RenewTime.Time
+		}
+	case !apierrors.IsNotFound(err):
+		return 0, false, fmt.Errorf("read Lease %s: %w", volume, err)
+	}
+	if last.IsZero() && podReady(pod) {
+		for _, c := range pod.Status.Conditions {
+			if c.Type == corev1.PodReady {
+				last = c.LastTransitionTime.Time
+			}
 		}
 	}
-	lease := &coordinationv1.Lease{}
-	err := r.Client.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: volume}, lease)
-	if err == nil && lease.Spec.RenewTime != nil && lease.Spec.RenewTime.After(last) {
-		last = lease.Spec.RenewTime.Time
-	}
 	if last.IsZero() {
-		return rwx.leaseDuration
+		return rwx.leaseDuration, false, nil
 	}
-	return last.Add(rwx.leaseDuration).Sub(r.Clock.Now())
+	return last.Add(rwx.leaseDuration).Sub(r.Clock.Now()), true, nil
 }
 
 func podReady(pod *corev1.Pod) bool {

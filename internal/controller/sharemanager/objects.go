@@ -72,8 +72,8 @@ func (r *Reconciler) podFor(sm *v1.ShareManager, vol *v1.Volume, rwx rwxSettings
 		"--state-dir=" + stateDir,
 		"--lease-namespace=" + sm.Namespace,
 		"--lease-name=" + vol.Name,
-		// Unique per pod: a replacement under the same name must not
-		// mistake the old pod's Lease for its own.
+		// Unique per pod (leaseHolder): a replacement under the same name
+		// must not mistake the old pod's Lease for its own.
 		"--lease-holder=$(POD_NAME)_$(POD_UID)",
 		"--lease-duration=" + strconv.Itoa(int(rwx.leaseDuration.Seconds())) + "s",
 		"--nfs-grace=" + strconv.Itoa(int(rwx.grace.Seconds())) + "s",
@@ -120,6 +120,10 @@ func (r *Reconciler) podFor(sm *v1.ShareManager, vol *v1.Volume, rwx rwxSettings
 	}
 	return pod
 }
+
+// leaseHolder is the holder identity pod writes into its Lease (the
+// --lease-holder flag, expanded by the kubelet).
+func leaseHolder(pod *corev1.Pod) string { return pod.Name + "_" + string(pod.UID) }
 
 // placement keeps a local volume's share manager on the node that holds the
 // image (nowhere else can serve it), and steers any other away from the node
@@ -168,6 +172,7 @@ func claimFor(sm *v1.ShareManager, vol *v1.Volume) *corev1.PersistentVolumeClaim
 
 func volumeFor(sm *v1.ShareManager, vol *v1.Volume) *corev1.PersistentVolume {
 	name := Name(vol.Name)
+	// The volume context the CSI controller gives its volumes.
 	attrs := map[string]string{"mounter": string(vol.Spec.Mounter)}
 	if vol.Spec.Node != "" {
 		attrs["node"] = vol.Spec.Node

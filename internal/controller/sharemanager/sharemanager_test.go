@@ -404,6 +404,24 @@ func TestShareWithoutFastFailover(t *testing.T) {
 	failedOver(t, vname, pod, "node-a", 1)
 }
 
+// TestLapsedLeaseOfUnreadyPod: a lost node's pods turn unready (the node
+// controller marks them) long before they go; the share fails over when
+// the Lease the pod took lapses, ready or not.
+func TestLapsedLeaseOfUnreadyPod(t *testing.T) {
+	suite.Require(t)
+	const vname = "pvc-rwx-lost"
+	newVolume(t, vname, v1.VolumeModeFilesystem, v1.RWXSpec{LeaseDurationSeconds: ptr.To[int32](3)})
+	k := kubelet{t}
+	useVolume(t, vname, "web-2")
+	pod := sharePod(t, vname, "")
+	serve(t, k, vname, pod, "node-a")
+
+	k.status(pod, corev1.PodRunning, false)
+	waitShare(t, vname, v1.ShareStarting)
+	clk.SetTime(clk.Now().Add(4 * time.Second))
+	serve(t, k, vname, failedOver(t, vname, pod, "node-a", 1), "node-b")
+}
+
 // checkPod checks the share-manager pod's command and placement.
 func checkPod(t *testing.T, pod *corev1.Pod, volume, avoid string) {
 	t.Helper()
