@@ -113,13 +113,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		if err := r.setStatus(ctx, sm, v1.ShareStopping, pod.Spec.NodeName, reasonNotNeeded, "no workload uses the volume: stopping "+pod.Name); err != nil {
 			return ctrl.Result{}, err
 		}
-		if pod.DeletionTimestamp.IsZero() {
-			log.Info("stopping share manager: no workload uses the volume", "pod", pod.Name)
-			if err := r.Client.Delete(ctx, pod, client.Preconditions{UID: &pod.UID}); client.IgnoreNotFound(err) != nil {
-				return ctrl.Result{}, err
-			}
-		}
-		return ctrl.Result{}, nil
+		return r.stop(ctx, log, vol.Name, pod, rwx)
 	}
 
 	if pod == nil {
@@ -137,19 +131,18 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, r.setStatus(ctx, sm, v1.ShareStarting, "", reasonStarting, "pod "+pod.Name+" created")
 	}
 
-	reason, why, err := r.failed(ctx, vol.Name, pod, rwx)
+	left, held, err := r.leaseLeft(ctx, vol.Name, pod, rwx)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	if reason != "" {
+	lapsed := rwx.fastFailover && held && left <= 0
+	if reason, why := failure(pod, lapsed, rwx); reason != "" {
 		return r.failover(ctx, log, sm, vol, pod, rwx, reason, why)
 	}
 	// Look again when the Lease would lapse without another renewal (each
 	// renewal wakes this up earlier through the Lease watch).
 	var res ctrl.Result
-	if left, held, err := r.leaseLeft(ctx, vol.Name, pod, rwx); err != nil {
-		return res, err
-	} else if held && rwx.fastFailover {
+	if held && rwx.fastFailover {
 		res.RequeueAfter = left + 100*time.Millisecond
 	}
 	switch {
@@ -161,6 +154,30 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return res, r.setStatus(ctx, sm, v1.ShareStarting, pod.Spec.NodeName, reasonStarting, "pod "+pod.Name+" is "+string(pod.Status.Phase)+", not ready")
 	}
 	return res, r.setStatus(ctx, sm, v1.ShareRunning, pod.Spec.NodeName, reasonRunning, "serving from "+pod.Spec.NodeName)
+}
+
+// stop deletes the pod of a share no workload needs: gracefully, so that
+// the share manager stops ganesha, unmounts and releases its Lease; with
+// fast failover forcibly once the Lease it still holds lapsed (its node is
+// gone and would never confirm the deletion).
+func (r *Reconciler) stop(ctx context.Context, log logr.Logger, volume string, pod *corev1.Pod, rwx rwxSettings) (ctrl.Result, error) {
+	opts := []client.DeleteOption{client.Preconditions{UID: &pod.UID}}
+	var res ctrl.Result
+	if !pod.DeletionTimestamp.IsZero() {
+		left, held, err := r.leaseLeft(ctx, volume, pod, rwx)
+		if err != nil || !rwx.fastFailover || !held {
+			return res, err
+		}
+		if left > 0 {
+			return ctrl.Result{RequeueAfter: left + 100*time.Millisecond}, nil
+		}
+		opts = append(opts, client.GracePeriodSeconds(0))
+	}
+	log.Info("stopping share manager: no workload uses the volume", "pod", pod.Name, "force", len(opts) > 1)
+	if err := r.Client.Delete(ctx, pod, opts...); client.IgnoreNotFound(err) != nil {
+		return res, fmt.Errorf("delete pod %s: %w", pod.Name, err)
+	}
+	return res, nil
 }
 
 // failover gives up on a share manager that failed or lost its Lease: it
@@ -211,8 +228,9 @@ func (r *Reconciler) requestRemount(ctx context.Context, vol *v1.Volume) error {
 	return nil
 }
 
-// failed says whether the pod is lost to the share (reason, why), "" when not.
-func (r *Reconciler) failed(ctx context.Context, volume string, pod *corev1.Pod, rwx rwxSettings) (reason, why string, err error) {
+// failure says why the pod is lost to the share (reason, why), "" when it
+// is not.
+func failure(pod *corev1.Pod, lapsed bool, rwx rwxSettings) (reason, why string) {
 	switch pod.Status.Phase {
 	case corev1.PodFailed, corev1.PodSucceeded:
 		// Succeeded too: a share manager only exits 0 when told to stop.
@@ -220,24 +238,21 @@ func (r *Reconciler) failed(ctx context.Context, volume string, pod *corev1.Pod,
 		if msg == "" {
 			msg = "exited"
 		}
-		return reasonPodFailed, fmt.Sprintf("pod %s on node %s %s: %s", pod.Name, pod.Spec.NodeName, pod.Status.Phase, msg), nil
+		return reasonPodFailed, fmt.Sprintf("pod %s on node %s %s: %s", pod.Name, pod.Spec.NodeName, pod.Status.Phase, msg)
 	}
-	if !rwx.fastFailover {
-		return "", "", nil
+	if lapsed {
+		return reasonLeaseExpired, fmt.Sprintf("pod %s on node %s did not renew its Lease for %s", pod.Name, pod.Spec.NodeName, rwx.leaseDuration)
 	}
-	left, held, err := r.leaseLeft(ctx, volume, pod, rwx)
-	if err != nil || !held || left > 0 {
-		return "", "", err
-	}
-	return reasonLeaseExpired, fmt.Sprintf("Lease %s of pod %s on node %s not renewed for %s", volume, pod.Name, pod.Spec.NodeName, rwx.leaseDuration), nil
+	return "", ""
 }
 
 // leaseLeft is how long the share's Lease still holds for pod by this
-// clock; held is false while the pod has not taken it yet (it waits for its
-// device first). Once it has, a lapse counts whether or not the pod still
-// looks ready: a lost node's pods turn unready long before they go. A
-// ready pod took the Lease (the share manager is ready only after), so
-// without one in its name its readiness time stands in for its last renewal.
+// clock; held is false while the pod does not hold it: not taken yet (the
+// share manager waits for its device first) or released (it stops cleanly).
+// Once taken, a lapse counts whether or not the pod still looks ready: a
+// lost node's pods turn unready long before they go. With no Lease at all,
+// a ready pod's readiness time stands in for its last renewal (the share
+// manager takes the Lease before it is ready).
 func (r *Reconciler) leaseLeft(ctx context.Context, volume string, pod *corev1.Pod, rwx rwxSettings) (left time.Duration, held bool, err error) {
 	var last time.Time
 	lease := &coordinationv1.Lease{}
@@ -248,8 +263,7 @@ func (r *Reconciler) leaseLeft(ctx context.Context, volume string, pod *corev1.P
 		}
 	case !apierrors.IsNotFound(err):
 		return 0, false, fmt.Errorf("read Lease %s: %w", volume, err)
-	}
-	if last.IsZero() && podReady(pod) {
+	case podReady(pod):
 		for _, c := range pod.Status.Conditions {
 			if c.Type == corev1.PodReady {
 				last = c.LastTransitionTime.Time

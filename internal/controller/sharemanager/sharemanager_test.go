@@ -293,7 +293,8 @@ func TestShareManagerStateMachine(t *testing.T) {
 	serve(t, k, vname, pod3, "node-a")
 
 	// The last workload goes: stopping while the pod terminates (no
-	// kubelet here confirms it), stopped once it is gone.
+	// kubelet here confirms it); its node is gone too, so once the Lease
+	// it holds lapses the pod is force-deleted: stopped.
 	useVolume(t, vname, "")
 	waitShare(t, vname, v1.ShareStopping)
 	testenv.Eventually(t, waitLimit, "share-manager pod terminating", func(ctx context.Context) (bool, error) {
@@ -301,9 +302,9 @@ func TestShareManagerStateMachine(t *testing.T) {
 		err := env.Client.Get(ctx, client.ObjectKeyFromObject(pod3), p)
 		return err == nil && !p.DeletionTimestamp.IsZero(), err
 	})
-	if err := env.Client.Delete(testCtx(t), pod3, client.GracePeriodSeconds(0)); err != nil {
-		t.Fatalf("kubelet confirms the deletion: %v", err)
-	}
+	time.Sleep(300 * time.Millisecond)
+	waitShare(t, vname, v1.ShareStopping)
+	clk.SetTime(clk.Now().Add(4 * time.Second))
 	sm = waitShare(t, vname, v1.ShareStopped)
 	if sm.Status.Endpoint != "" || sm.Status.OwnerID != "" {
 		t.Errorf("stopped share keeps endpoint %q owner %q", sm.Status.Endpoint, sm.Status.OwnerID)
