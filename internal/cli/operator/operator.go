@@ -91,6 +91,7 @@ func (c Config) Run(ctx context.Context) error {
 			// Share-manager pods and their Leases live there too.
 			&corev1.Pod{}:           {Namespaces: ns},
 			&coordinationv1.Lease{}: {Namespaces: ns},
+			&v1.ShareManager{}:      {Namespaces: ns},
 		}},
 	})
 	if err != nil {

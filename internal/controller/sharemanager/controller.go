@@ -69,6 +69,11 @@ type Reconciler struct {
 
 // Reconcile implements reconcile.Reconciler.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	if req.Namespace != r.Options.Namespace {
+		// Shares run in the operator's namespace only: its roles cover
+		// nothing elsewhere, and the Volume's ShareManager is made there.
+		return ctrl.Result{}, nil
+	}
 	sm := &v1.ShareManager{}
 	if err := r.Client.Get(ctx, req.NamespacedName, sm); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)

@@ -15,7 +15,13 @@ import (
 	"github.com/berth-io/berth/internal/testenv"
 )
 
-const namespace = "berth-system"
+// namespace is the running controllers'. roleNamespace is the one the
+// generated operator roles name, where the RBAC test runs its own
+// reconcilers, apart from the running ones.
+const (
+	namespace     = "berth-share"
+	roleNamespace = "berth-system"
+)
 
 // The API server with both controllers of the package running.
 var (
@@ -44,7 +50,7 @@ func startManager(e *testenv.Env) error {
 		}
 		v := &sharemanager.VolumeReconciler{Client: mgr.GetClient(), Options: opts, Log: log.WithName("volume-share")}
 		return v.SetupWithManager(mgr)
-	}, namespace)
+	}, namespace, roleNamespace)
 	return err
 }
 
