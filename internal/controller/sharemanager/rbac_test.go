@@ -32,7 +32,7 @@ func TestOperatorRoleCoversShares(t *testing.T) {
 	o.Namespace = roleNamespace
 	vr := &sharemanager.VolumeReconciler{Client: c, Options: o, Log: testr.New(t)}
 	r := &sharemanager.Reconciler{Client: c, Options: o, Clock: clk, Log: testr.New(t)}
-	vol := newVolume(t, vname, v1.VolumeModeFilesystem, v1.RWXSpec{LeaseDurationSeconds: ptr.To[int32](3)})
+	vol := newVolume(t, vname, v1.VolumeModeFilesystem, "", v1.RWXSpec{LeaseDurationSeconds: ptr.To[int32](3)})
 	smKey := client.ObjectKey{Namespace: roleNamespace, Name: vname}
 	podKey := client.ObjectKey{Namespace: roleNamespace, Name: sharemanager.Name(vname)}
 	t.Cleanup(func() {

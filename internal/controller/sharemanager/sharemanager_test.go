@@ -24,12 +24,12 @@ import (
 
 // newVolume makes a StorageCluster with the given rwx settings and a Volume
 // in it, both removed at the end of the test.
-func newVolume(t *testing.T, name string, mode v1.VolumeMode, rwx v1.RWXSpec) *v1.Volume {
+func newVolume(t *testing.T, name string, mode v1.VolumeMode, node string, rwx v1.RWXSpec) *v1.Volume {
 	t.Helper()
 	ctx := testCtx(t)
 	sc := &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "sc-" + name}, Spec: v1.StorageClusterSpec{RWX: rwx}}
 	vol := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1.VolumeSpec{
-		StorageCluster: sc.Name, Size: resource.MustParse("1Gi"), AccessMode: v1.ReadWriteMany, VolumeMode: mode,
+		StorageCluster: sc.Name, Size: resource.MustParse("1Gi"), AccessMode: v1.ReadWriteMany, VolumeMode: mode, Node: node,
 	}}
 	for _, o := range []client.Object{sc, vol} {
 		if err := env.Client.Create(ctx, o); err != nil {
@@ -233,7 +233,7 @@ func TestShareManagerStateMachine(t *testing.T) {
 	suite.Require(t)
 	const vname = "pvc-rwx-states"
 	rec := recordStates(t, vname)
-	vol := newVolume(t, vname, v1.VolumeModeFilesystem, v1.RWXSpec{LeaseDurationSeconds: ptr.To[int32](3)})
+	vol := newVolume(t, vname, v1.VolumeModeFilesystem, "", v1.RWXSpec{LeaseDurationSeconds: ptr.To[int32](3)})
 	k := kubelet{t}
 
 	sm := waitShare(t, vname, v1.ShareStopped)
@@ -383,7 +383,7 @@ func checkClaim(t *testing.T, pod *corev1.Pod, vol *v1.Volume) {
 func TestShareWithoutFastFailover(t *testing.T) {
 	suite.Require(t)
 	const vname = "pvc-rwx-slow"
-	newVolume(t, vname, v1.VolumeModeFilesystem, v1.RWXSpec{FastFailover: ptr.To(false), LeaseDurationSeconds: ptr.To[int32](3)})
+	newVolume(t, vname, v1.VolumeModeFilesystem, "", v1.RWXSpec{FastFailover: ptr.To(false), LeaseDurationSeconds: ptr.To[int32](3)})
 	k := kubelet{t}
 	useVolume(t, vname, "web-1")
 	pod := sharePod(t, vname, "")
@@ -411,7 +411,7 @@ func TestShareWithoutFastFailover(t *testing.T) {
 func TestLapsedLeaseOfUnreadyPod(t *testing.T) {
 	suite.Require(t)
 	const vname = "pvc-rwx-lost"
-	newVolume(t, vname, v1.VolumeModeFilesystem, v1.RWXSpec{LeaseDurationSeconds: ptr.To[int32](3)})
+	newVolume(t, vname, v1.VolumeModeFilesystem, "", v1.RWXSpec{LeaseDurationSeconds: ptr.To[int32](3)})
 	k := kubelet{t}
 	useVolume(t, vname, "web-2")
 	pod := sharePod(t, vname, "")
@@ -458,12 +458,35 @@ func checkPod(t *testing.T, pod *corev1.Pod, volume, avoid string) {
 	}
 }
 
+// TestLocalVolumeShareStaysOnItsNode: only the node that holds a local
+// volume's image can serve it, failed or not.
+func TestLocalVolumeShareStaysOnItsNode(t *testing.T) {
+	suite.Require(t)
+	const vname = "pvc-rwx-local"
+	newVolume(t, vname, v1.VolumeModeFilesystem, "node-l", v1.RWXSpec{})
+	useVolume(t, vname, "web-l")
+	for i, pod := 0, sharePod(t, vname, ""); i < 2; i++ {
+		a := pod.Spec.Affinity
+		if a == nil || a.NodeAffinity == nil || a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil ||
+			a.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution != nil {
+			t.Fatalf("pod %d affinity = %+v, want node-l required, nothing preferred", i, a)
+		}
+		f := a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0].MatchFields
+		if len(f) != 1 || f[0].Key != "metadata.name" || f[0].Operator != corev1.NodeSelectorOpIn || !reflect.DeepEqual(f[0].Values, []string{"node-l"}) {
+			t.Errorf("pod %d placement %+v, want node-l", i, f)
+		}
+		kubelet{t}.bind(pod, "node-l")
+		kubelet{t}.status(pod, corev1.PodFailed, false)
+		pod = sharePod(t, vname, pod.UID)
+	}
+}
+
 // TestBlockVolumeGetsNoShare: an RWX block volume is no share (CSI refuses
 // to make one; one made by hand gets no ShareManager).
 func TestBlockVolumeGetsNoShare(t *testing.T) {
 	suite.Require(t)
 	const vname = "pvc-rwx-block"
-	newVolume(t, vname, v1.VolumeModeBlock, v1.RWXSpec{})
+	newVolume(t, vname, v1.VolumeModeBlock, "", v1.RWXSpec{})
 	useVolume(t, vname, "vm-0")
 	time.Sleep(time.Second)
 	err := env.Client.Get(testCtx(t), client.ObjectKey{Namespace: namespace, Name: vname}, &v1.ShareManager{})
