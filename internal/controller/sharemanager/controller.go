@@ -18,6 +18,7 @@ import (
 	"github.com/go-logr/logr"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -378,9 +379,7 @@ func (r *Reconciler) ensureService(ctx context.Context, sm *v1.ShareManager) err
 func (r *Reconciler) setStatus(ctx context.Context, sm *v1.ShareManager, state v1.ShareState, node, reason, msg string) error {
 	orig := sm.DeepCopy()
 	setState(sm, state, node, reason, msg)
-	if sm.Status.State == orig.Status.State && sm.Status.OwnerID == orig.Status.OwnerID && sm.Status.Endpoint == orig.Status.Endpoint &&
-		meta.IsStatusConditionPresentAndEqual(orig.Status.Conditions, v1.ConditionReady, readyStatus(state)) &&
-		meta.FindStatusCondition(orig.Status.Conditions, v1.ConditionReady).Reason == reason {
+	if equality.Semantic.DeepEqual(orig.Status, sm.Status) {
 		return nil
 	}
 	if err := r.Client.Status().Patch(ctx, sm, client.MergeFrom(orig)); err != nil {
