@@ -3,11 +3,18 @@
 // and mirrors its state, and Reconciler runs each ShareManager's pod and
 // Service and fails a share over when its pod fails or its Lease lapses.
 //
-// A share is needed while the Volume's Attachment lists a workload pod
-// (an entry with a pod other than the share manager's own): the CSI node
-// service records a workload's entry before it waits for the share, so a
-// pod that is about to mount the volume starts the share, and the last
-// workload's unpublish stops it.
+// A share is needed while the Volume's Attachment lists a workload pod (an
+// entry with a pod other than the share manager's own). That is the
+// contract with the CSI node service: it records a workload's entry before
+// it waits for the share, so a pod about to mount the volume starts the
+// share, and the last workload's unpublish stops it.
+//
+// States: stopped (not needed, no pod) → starting (pod pending or not
+// ready) → running (ready; endpoint set) → error (the pod failed, or the
+// Lease it took lapsed: the pod is removed, forcibly with fast failover,
+// and the Volume's remountRequestedAt set) → starting (a new pod, steered
+// away from the failed node) … → stopping (not needed; the pod terminates)
+// → stopped. unknown: the Volume is gone.
 package sharemanager
 
 import (
