@@ -68,7 +68,7 @@ func TestStorageClusterDefaultsRoundTrip(t *testing.T) {
 	s := got.Spec
 	if s.Backend != v1.BackendLocal || s.DataDir != "/var/lib/berth" || s.Network.Provider != v1.NetworkProviderHost ||
 		s.AttachmentGC.Interval == nil || s.AttachmentGC.Interval.Duration != 24*time.Hour || s.RWX.FastFailover == nil || !*s.RWX.FastFailover ||
-		s.RWX.NFSGraceSeconds == nil || *s.RWX.NFSGraceSeconds != 10 || s.CleanupPolicy != v1.CleanupDetach {
+		s.RWX.NFSGraceSeconds == nil || *s.RWX.NFSGraceSeconds != 10 || s.RWX.LeaseDurationSeconds == nil || *s.RWX.LeaseDurationSeconds != 10 || s.CleanupPolicy != v1.CleanupDetach {
 		t.Errorf("defaults not applied: %+v", s)
 	}
 }
@@ -102,6 +102,9 @@ func TestStorageClusterMultus(t *testing.T) {
 	mustRefuse(t, &v1.StorageCluster{ObjectMeta: meta("bad-grace"), Spec: v1.StorageClusterSpec{
 		RWX: v1.RWXSpec{NFSGraceSeconds: ptr.To[int32](500)},
 	}}, "spec.rwx.nfsGraceSeconds")
+	mustRefuse(t, &v1.StorageCluster{ObjectMeta: meta("bad-lease"), Spec: v1.StorageClusterSpec{
+		RWX: v1.RWXSpec{LeaseDurationSeconds: ptr.To[int32](1)},
+	}}, "spec.rwx.leaseDurationSeconds")
 	mustRefuse(t, &v1.StorageCluster{ObjectMeta: meta("bad-transport"), Spec: v1.StorageClusterSpec{
 		Agent: v1.AgentSpec{UserspaceTransport: "iscsi"},
 	}}, "spec.agent.userspaceTransport")

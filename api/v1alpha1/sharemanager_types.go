@@ -26,11 +26,22 @@ type ShareManagerStatus struct {
 	// +optional
 	OwnerID string `json:"ownerID,omitempty"`
 
-	// Endpoint is the NFS endpoint workloads mount.
+	// Endpoint is the NFS endpoint workloads mount,
+	// nfs://<service>.<namespace>.svc/<volume>, set while the share runs.
 	// +optional
 	Endpoint string `json:"endpoint,omitempty"`
 
-	// Conditions tell what is ready and what is not.
+	// FailedNode is the node of the last share manager that failed or lost
+	// its Lease; the next pod avoids it when the backend allows.
+	// +optional
+	FailedNode string `json:"failedNode,omitempty"`
+
+	// Failovers counts the share managers replaced after a failure.
+	// +optional
+	Failovers int32 `json:"failovers,omitempty"`
+
+	// Conditions tell what is ready and what is not (Ready: the share
+	// serves, with the reason when it does not).
 	// +listType=map
 	// +listMapKey=type
 	// +optional
@@ -38,16 +49,18 @@ type ShareManagerStatus struct {
 }
 
 // ShareManager serves one read-write-many volume over NFS-Ganesha from one
-// node at a time, and fails over to another node when its lease lapses.
+// node at a time, and fails over to another node when its lease lapses. It
+// is named after its Volume, lives in the operator's namespace and is owned
+// by the Volume.
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=bsm,categories=berth
-// +kubebuilder:printcolumn:name="Volume",type=string,JSONPath=`.spec.volume`
 // +kubebuilder:printcolumn:name="State",type=string,JSONPath=`.status.state`
-// +kubebuilder:printcolumn:name="Owner",type=string,JSONPath=`.status.ownerID`
+// +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.status.ownerID`
 // +kubebuilder:printcolumn:name="Endpoint",type=string,JSONPath=`.status.endpoint`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:printcolumn:name="Volume",type=string,JSONPath=`.spec.volume`,priority=1
 type ShareManager struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`

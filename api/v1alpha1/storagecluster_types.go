@@ -79,7 +79,7 @@ type StorageClusterSpec struct {
 	AttachmentGC AttachmentGCSpec `json:"attachmentGC,omitempty"`
 
 	// RWX sets how read-write-many volumes are shared.
-	// +kubebuilder:default={fastFailover: true, nfsGraceSeconds: 10}
+	// +kubebuilder:default={fastFailover: true, nfsGraceSeconds: 10, leaseDurationSeconds: 10}
 	// +optional
 	RWX RWXSpec `json:"rwx,omitempty"`
 
@@ -214,12 +214,25 @@ type AttachmentGCSpec struct {
 	Interval *metav1.Duration `json:"interval,omitempty"`
 }
 
-// RWXSpec sets how read-write-many volumes are shared over NFS.
+// RWXSpec sets how read-write-many volumes are shared over NFS. Users set
+// nothing for an RWX claim: these are cluster-wide knobs with safe defaults.
 type RWXSpec struct {
-	// FastFailover moves a share to another node as soon as its lease lapses.
+	// FastFailover (on by default) moves a share as soon as its share
+	// manager's Lease lapses or its pod fails: the old pod is force-deleted,
+	// a new one starts (away from the failed node when the backend allows
+	// it) and workloads are asked to remount. Off: a failed pod is deleted
+	// gracefully and replaced once gone, and the Lease is not watched.
 	// +kubebuilder:default=true
 	// +optional
 	FastFailover *bool `json:"fastFailover,omitempty"`
+
+	// LeaseDurationSeconds is how long a share manager's Lease holds without
+	// renewal before the share fails over.
+	// +kubebuilder:default=10
+	// +kubebuilder:validation:Minimum=3
+	// +kubebuilder:validation:Maximum=300
+	// +optional
+	LeaseDurationSeconds *int32 `json:"leaseDurationSeconds,omitempty"`
 
 	// NFSGraceSeconds is the NFS grace period after a share moves.
 	// +kubebuilder:default=10

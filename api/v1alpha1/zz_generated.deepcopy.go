@@ -429,6 +429,11 @@ func (in *RWXSpec) DeepCopyInto(out *RWXSpec) {
 		*out = new(bool)
 		**out = **in
 	}
+	if in.LeaseDurationSeconds != nil {
+		in, out := &in.LeaseDurationSeconds, &out.LeaseDurationSeconds
+		*out = new(int32)
+		**out = **in
+	}
 	if in.NFSGraceSeconds != nil {
 		in, out := &in.NFSGraceSeconds, &out.NFSGraceSeconds
 		*out = new(int32)

@@ -115,6 +115,11 @@ func (s *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
+	if mode == v1.ReadWriteMany && volMode == v1.VolumeModeBlock {
+		// RWX is served by a share manager over NFS, which exports a
+		// filesystem; nothing would serve a shared raw device.
+		return nil, status.Error(codes.InvalidArgument, "ReadWriteMany needs volumeMode Filesystem: berth shares RWX volumes over NFS, which cannot serve a raw block device")
+	}
 	mounter, paramFS, err := parseParameters(req.GetParameters())
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())

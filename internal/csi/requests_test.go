@@ -167,6 +167,9 @@ func TestControllerRefusesBadRequests(t *testing.T) {
 		{"CreateVolume/block and mount", create(func(r *csi.CreateVolumeRequest) {
 			r.VolumeCapabilities = []*csi.VolumeCapability{reqCap(rwo), capability(rwo, true, "")}
 		}), codes.InvalidArgument},
+		{"CreateVolume/many-node writer block", create(func(r *csi.CreateVolumeRequest) {
+			r.VolumeCapabilities = []*csi.VolumeCapability{capability(csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER, true, "")}
+		}), codes.InvalidArgument},
 		{"CreateVolume/fs type", create(func(r *csi.CreateVolumeRequest) {
 			r.VolumeCapabilities = []*csi.VolumeCapability{capability(rwo, false, "ntfs")}
 		}), codes.InvalidArgument},

@@ -17,6 +17,7 @@ import (
 
 	"github.com/go-logr/logr"
 	appsv1 "k8s.io/api/apps/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -29,6 +30,7 @@ import (
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/cli"
 	"github.com/berth-io/berth/internal/controller/pinned"
+	"github.com/berth-io/berth/internal/controller/sharemanager"
 	"github.com/berth-io/berth/internal/controller/storagecluster"
 	"github.com/berth-io/berth/internal/scheme"
 	"github.com/berth-io/berth/internal/version"
@@ -60,8 +62,10 @@ type Config struct {
 	HealthAddr  string
 	// StaleListTTL: how long the GC keeps the stale list of a deleted node.
 	StaleListTTL time.Duration
-	Rest         *rest.Config
-	Log          logr.Logger
+	// ShareManagerServiceAccount runs the share-manager pods of RWX volumes.
+	ShareManagerServiceAccount string
+	Rest                       *rest.Config
+	Log                        logr.Logger
 }
 
 // Run runs the manager until ctx ends.
@@ -88,6 +92,10 @@ func (c Config) Run(ctx context.Context) error {
 			&appsv1.DaemonSet{}:  {Namespaces: ns},
 			&appsv1.Deployment{}: {Namespaces: ns},
 			&corev1.Service{}:    {Namespaces: ns},
+			// Share-manager pods and their Leases live there too.
+			&corev1.Pod{}:           {Namespaces: ns},
+			&coordinationv1.Lease{}: {Namespaces: ns},
+			&v1.ShareManager{}:      {Namespaces: ns},
 		}},
 	})
 	if err != nil {
@@ -119,6 +127,9 @@ func (c Config) Run(ctx context.Context) error {
 		Recorder: mgr.GetEventRecorderFor("berth-operator"), Log: c.Log.WithName("pinned-volumes"),
 	}
 	if err := reporter.SetupWithManager(mgr); err != nil {
+		return err
+	}
+	if err := c.addShareManagers(mgr); err != nil {
 		return err
 	}
 	c.Log.Info("starting operator", "namespace", c.Cluster.Namespace, "image", c.Cluster.Image,
@@ -157,6 +168,7 @@ func Flags(fs *flag.FlagSet, cfg *Config, env func(string) string) {
 	fs.BoolVar(&cfg.LeaderElect, "leader-elect", true, "elect a leader among operator replicas (a Lease in --namespace)")
 	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", DefaultMetricsAddr, "Prometheus /metrics listen address; 0 disables")
 	fs.StringVar(&cfg.HealthAddr, "health-addr", DefaultHealthAddr, "/healthz and /readyz listen address; 0 disables")
+	fs.StringVar(&cfg.ShareManagerServiceAccount, "share-manager-service-account", "berth-share-manager", "service account of the share-manager pods of RWX volumes")
 	fs.DurationVar(&cfg.StaleListTTL, "stale-list-ttl", fence.DefaultStaleListTTL, "how long the attachment GC keeps the stale list (NodeCleanup) of a node whose Node object is gone")
 	fs.DurationVar(&cfg.UnfenceCooldown, "unfence-cooldown", fence.DefaultUnfenceCooldown, "how long a node whose Ceph clients lock breaking blocklisted must stay back and cleaned before they leave the blocklist")
 }
@@ -217,4 +229,21 @@ func (c Config) addAttachmentGC(ctx context.Context, mgr ctrl.Manager) error {
 		return fmt.Errorf("watch storageclusters for the attachment GC: %w", err)
 	}
 	return mgr.Add(gc)
+}
+
+// addShareManagers registers the controllers of RWX volumes: a
+// ShareManager per volume, and its pod and Service.
+func (c Config) addShareManagers(mgr ctrl.Manager) error {
+	o := sharemanager.Options{
+		Namespace: c.Cluster.Namespace, Image: c.Cluster.Image, ImagePullPolicy: c.Cluster.ImagePullPolicy,
+		ServiceAccount: c.ShareManagerServiceAccount,
+		APIServerHost:  c.Cluster.APIServerHost, APIServerPort: c.Cluster.APIServerPort,
+	}
+	v := &sharemanager.VolumeReconciler{Client: mgr.GetClient(), Options: o, Log: c.Log.WithName("volume-share")}
+	if err := v.SetupWithManager(mgr); err != nil {
+		return err
+	}
+	r := &sharemanager.Reconciler{Client: mgr.GetClient(), Options: o, Clock: clock.RealClock{},
+		Recorder: mgr.GetEventRecorderFor("berth-operator"), Log: c.Log.WithName("sharemanager")}
+	return r.SetupWithManager(mgr)
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -15,8 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/controller/storagecluster"
@@ -54,39 +53,20 @@ func TestMain(m *testing.M) { os.Exit(testenv.Main(m, suite)) }
 
 func startManager(e *testenv.Env) error {
 	env = e
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := env.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}); err != nil {
-		cancel()
-		return err
-	}
-	log := zap.New(zap.WriteTo(os.Stderr), zap.UseDevMode(true))
-	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
-		Scheme:  env.Scheme,
-		Logger:  log,
-		Metrics: metricsserver.Options{BindAddress: "0"},
-	})
+	stop, err := env.StartManager(func(mgr ctrl.Manager, log logr.Logger) error {
+		r := &storagecluster.Reconciler{Client: mgr.GetClient(), Options: opts, Log: log.WithName("storagecluster"), CleanupPoll: 200 * time.Millisecond,
+			Direct: env.Client, Recorder: mgr.GetEventRecorderFor("berth-operator"), CephConnectTimeout: cephConnectTimeout,
+			NetworkRecheck: 300 * time.Millisecond}
+		return r.SetupWithManager(mgr)
+	}, namespace)
 	if err != nil {
-		cancel()
 		return err
 	}
-	r := &storagecluster.Reconciler{Client: mgr.GetClient(), Options: opts, Log: log.WithName("storagecluster"), CleanupPoll: 200 * time.Millisecond,
-		Direct: env.Client, Recorder: mgr.GetEventRecorderFor("berth-operator"), CephConnectTimeout: cephConnectTimeout,
-		NetworkRecheck: 300 * time.Millisecond}
-	if err := r.SetupWithManager(mgr); err != nil {
-		cancel()
-		return err
-	}
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
 	stopManager = func(bool) error {
 		for _, f := range afterTests {
 			f()
 		}
-		cancel()
-		if err := <-done; err != nil {
-			return fmt.Errorf("manager: %w", err)
-		}
-		return nil
+		return stop()
 	}
 	return nil
 }
@@ -100,25 +80,13 @@ func testCtx(t *testing.T) context.Context {
 // eventually polls cond until it holds or 20s pass.
 func eventually(t *testing.T, what string, cond func(ctx context.Context) (bool, error)) {
 	t.Helper()
-	var last error
-	err := wait.PollUntilContextTimeout(testCtx(t), 50*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
-		// Errors are retried (the cache may lag); the last one is reported.
-		ok, err := cond(ctx)
-		last = err
-		return ok && err == nil, nil
-	})
-	if err != nil {
-		t.Fatalf("%s: %v (last error: %v)", what, err, last)
-	}
+	testenv.Eventually(t, 20*time.Second, what, cond)
 }
 
 // get waits until obj exists and reads it.
 func get(t *testing.T, obj client.Object) {
 	t.Helper()
-	eventually(t, fmt.Sprintf("%T %s exists", obj, obj.GetName()), func(ctx context.Context) (bool, error) {
-		err := env.Client.Get(ctx, client.ObjectKeyFromObject(obj), obj)
-		return err == nil, client.IgnoreNotFound(err)
-	})
+	env.WaitGet(t, 20*time.Second, obj)
 }
 
 // gone waits until obj is deleted (its finalizers done).

@@ -2,67 +2,22 @@ package storagecluster_test
 
 import (
 	"context"
-	"os"
-	"strings"
 	"testing"
 
 	"github.com/go-logr/logr"
-	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/controller/storagecluster"
 )
 
-// operatorClient installs the operator's generated roles
-// (config/rbac/operator), binds them to a user of their own and returns a
-// client acting as that user: the API server's RBAC then allows exactly
-// what the markers grant.
+// operatorClient acts with exactly the operator's generated roles.
 func operatorClient(t *testing.T) client.Client {
 	t.Helper()
-	const user = "berth-operator-rbac-test"
-	data, err := os.ReadFile("../../../config/rbac/operator/role.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, doc := range strings.Split(string(data), "\n---\n") {
-		if strings.TrimSpace(strings.Trim(doc, "-")) == "" {
-			continue
-		}
-		role := &unstructured.Unstructured{}
-		if err := yaml.Unmarshal([]byte(doc), &role.Object); err != nil {
-			t.Fatal(err)
-		}
-		role.SetName(user)
-		if err := env.Client.Create(testCtx(t), role); err != nil {
-			t.Fatalf("%s: %v", role.GetKind(), err)
-		}
-		t.Cleanup(func() { _ = env.Client.Delete(context.Background(), role) })
-		subjects := []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}}
-		var binding client.Object = &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: user}, Subjects: subjects,
-			RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: user}}
-		if role.GetKind() == "Role" {
-			binding = &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: user, Namespace: role.GetNamespace()}, Subjects: subjects,
-				RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: user}}
-		}
-		if err := env.Client.Create(testCtx(t), binding); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = env.Client.Delete(context.Background(), binding) })
-	}
-	cfg := rest.CopyConfig(env.Config)
-	cfg.Impersonate = rest.ImpersonationConfig{UserName: user}
-	c, err := client.New(cfg, client.Options{Scheme: env.Scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
+	return env.ComponentClient(t, "operator", "berth-operator-rbac-test")
 }
 
 // TestOperatorRoleCoversMultus: with only its generated roles, the

@@ -1,0 +1,453 @@
+// Package sharemanager holds the operator's controllers of read-write-many
+// volumes: VolumeReconciler gives every RWX filesystem Volume a ShareManager
+// and mirrors its state, and Reconciler runs each ShareManager's pod and
+// Service and fails a share over when its pod fails or its Lease lapses.
+//
+// A share is needed while the Volume's Attachment lists a workload pod (an
+// entry with a pod other than the share manager's own). That is the
+// contract with the CSI node service: it records a workload's entry before
+// it waits for the share, so a pod about to mount the volume starts the
+// share, and the last workload's unpublish stops it.
+//
+// States: stopped (not needed, no pod) → starting (pod pending or not
+// ready) → running (ready; endpoint set) → error (the pod failed, or the
+// Lease it took lapsed: the pod is removed, forcibly with fast failover,
+// and the Volume's remountRequestedAt set) → starting (a new pod, steered
+// away from the failed node) … → stopping (not needed; the pod terminates)
+// → stopped. unknown: the Volume is gone.
+package sharemanager
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/go-logr/logr"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+)
+
+// Options of both controllers.
+type Options struct {
+	// Namespace holds the ShareManagers, their pods, Services and Leases.
+	Namespace string
+	// Image is the berth image (with nfs-ganesha) share managers run.
+	Image           string
+	ImagePullPolicy corev1.PullPolicy
+	// ServiceAccount of share-manager pods (it renews its Lease).
+	ServiceAccount string
+	// APIServerHost/Port, when set, point the pods at the API server
+	// directly (clusters without kube-proxy).
+	APIServerHost, APIServerPort string
+}
+
+// Ready condition reasons.
+const (
+	reasonStarting     = "PodStarting"
+	reasonRunning      = "Serving"
+	reasonPodFailed    = "PodFailed"
+	reasonLeaseExpired = "LeaseExpired"
+	reasonNotNeeded    = "NoWorkloads"
+	reasonVolumeGone   = "VolumeNotFound"
+)
+
+// Reconciler runs ShareManagers.
+type Reconciler struct {
+	Client  client.Client
+	Options Options
+	// Clock decides when a Lease has lapsed.
+	Clock    clock.PassiveClock
+	Recorder record.EventRecorder
+	Log      logr.Logger
+}
+
+// Reconcile implements reconcile.Reconciler.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	if req.Namespace != r.Options.Namespace {
+		// Shares run in the operator's namespace only: its roles cover
+		// nothing elsewhere, and the Volume's ShareManager is made there.
+		return ctrl.Result{}, nil
+	}
+	sm := &v1.ShareManager{}
+	if err := r.Client.Get(ctx, req.NamespacedName, sm); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !sm.DeletionTimestamp.IsZero() {
+		return ctrl.Result{}, nil // the pod and Service go with it (owner references)
+	}
+	log := r.Log.WithValues("sharemanager", req.NamespacedName.String(), "volume", sm.Spec.Volume)
+	vol := &v1.Volume{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: sm.Spec.Volume}, vol); err != nil {
+		if apierrors.IsNotFound(err) {
+			return ctrl.Result{}, r.setStatus(ctx, sm, v1.ShareUnknown, "", reasonVolumeGone, "volume "+sm.Spec.Volume+" not found")
+		}
+		return ctrl.Result{}, err
+	}
+	rwx, err := r.settings(ctx, vol)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if err := r.ensureService(ctx, sm); err != nil {
+		return ctrl.Result{}, err
+	}
+	needed, err := r.needed(ctx, vol.Name, sm.Namespace)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	// A Volume on its way out needs no share: its image goes only once the
+	// share manager's attachment is released.
+	needed = needed && vol.DeletionTimestamp.IsZero()
+	pod := &corev1.Pod{}
+	switch err := r.Client.Get(ctx, client.ObjectKey{Namespace: sm.Namespace, Name: Name(vol.Name)}, pod); {
+	case apierrors.IsNotFound(err):
+		pod = nil
+	case err != nil:
+		return ctrl.Result{}, err
+	}
+
+	if !needed {
+		if pod == nil {
+			return ctrl.Result{}, r.setStatus(ctx, sm, v1.ShareStopped, "", reasonNotNeeded, "no workload uses the volume")
+		}
+		if err := r.setStatus(ctx, sm, v1.ShareStopping, pod.Spec.NodeName, reasonNotNeeded, "no workload uses the volume: stopping "+pod.Name); err != nil {
+			return ctrl.Result{}, err
+		}
+		return r.stop(ctx, log, vol.Name, pod, rwx)
+	}
+
+	if pod == nil {
+		if err := r.ensureClaim(ctx, sm, vol); err != nil {
+			return ctrl.Result{}, err
+		}
+		pod = r.podFor(sm, vol, rwx)
+		if err := controllerutil.SetControllerReference(sm, pod, r.Client.Scheme()); err != nil {
+			return ctrl.Result{}, err
+		}
+		if err := r.Client.Create(ctx, pod); err != nil && !apierrors.IsAlreadyExists(err) {
+			return ctrl.Result{}, fmt.Errorf("create pod %s: %w", pod.Name, err)
+		}
+		log.Info("share manager pod created", "pod", pod.Name, "avoid", sm.Status.FailedNode)
+		return ctrl.Result{}, r.setStatus(ctx, sm, v1.ShareStarting, "", reasonStarting, "pod "+pod.Name+" created")
+	}
+
+	left, held, err := r.leaseLeft(ctx, vol.Name, pod, rwx)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	lapsed := rwx.fastFailover && held && left <= 0
+	if reason, why := failure(pod, lapsed, rwx); reason != "" {
+		return r.failover(ctx, log, sm, vol, pod, rwx, reason, why)
+	}
+	// Look again when the Lease would lapse without another renewal (each
+	// renewal wakes this up earlier through the Lease watch).
+	var res ctrl.Result
+	if held && rwx.fastFailover {
+		res.RequeueAfter = left + 100*time.Millisecond
+	}
+	switch {
+	case !pod.DeletionTimestamp.IsZero():
+		// Going away on its own (deleted by someone, or a graceful
+		// replacement): a new one starts once it is gone.
+		return ctrl.Result{RequeueAfter: rwx.leaseDuration}, r.setStatus(ctx, sm, v1.ShareStarting, pod.Spec.NodeName, reasonStarting, "waiting for "+pod.Name+" to terminate")
+	case !podReady(pod):
+		return res, r.setStatus(ctx, sm, v1.ShareStarting, pod.Spec.NodeName, reasonStarting, "pod "+pod.Name+" is "+string(pod.Status.Phase)+", not ready")
+	}
+	return res, r.setStatus(ctx, sm, v1.ShareRunning, pod.Spec.NodeName, reasonRunning, "serving from "+pod.Spec.NodeName)
+}
+
+// stop deletes the pod of a share no workload needs: gracefully, so that
+// the share manager stops ganesha, unmounts and releases its Lease; with
+// fast failover forcibly once the Lease it still holds lapsed (its node is
+// gone and would never confirm the deletion).
+func (r *Reconciler) stop(ctx context.Context, log logr.Logger, volume string, pod *corev1.Pod, rwx rwxSettings) (ctrl.Result, error) {
+	opts := []client.DeleteOption{client.Preconditions{UID: &pod.UID}}
+	var res ctrl.Result
+	if !pod.DeletionTimestamp.IsZero() {
+		left, held, err := r.leaseLeft(ctx, volume, pod, rwx)
+		if err != nil || !rwx.fastFailover || !held {
+			return res, err
+		}
+		if left > 0 {
+			return ctrl.Result{RequeueAfter: left + 100*time.Millisecond}, nil
+		}
+		opts = append(opts, client.GracePeriodSeconds(0))
+	}
+	log.Info("stopping share manager: no workload uses the volume", "pod", pod.Name, "force", len(opts) > 1)
+	if err := r.Client.Delete(ctx, pod, opts...); client.IgnoreNotFound(err) != nil {
+		return res, fmt.Errorf("delete pod %s: %w", pod.Name, err)
+	}
+	return res, nil
+}
+
+// failover gives up on a share manager that failed or lost its Lease: it
+// says so (state error), asks workloads to remount, and removes the pod,
+// forcibly with fast failover (its node may be gone and never confirm), so
+// that the next reconcile starts a new one away from that node.
+func (r *Reconciler) failover(ctx context.Context, log logr.Logger, sm *v1.ShareManager, vol *v1.Volume, pod *corev1.Pod,
+	rwx rwxSettings, reason, why string) (ctrl.Result, error) {
+	// State error means this pod's failure was told already (the state
+	// leaves error only once a new pod exists): a retry only deletes.
+	if sm.Status.State != v1.ShareError {
+		orig := sm.DeepCopy()
+		sm.Status.FailedNode = pod.Spec.NodeName
+		sm.Status.Failovers++
+		setState(sm, v1.ShareError, pod.Spec.NodeName, reason, why)
+		if err := r.Client.Status().Patch(ctx, sm, client.MergeFrom(orig)); err != nil {
+			return ctrl.Result{}, client.IgnoreNotFound(err)
+		}
+		log.Info("share manager failed: replacing it", "pod", pod.Name, "node", pod.Spec.NodeName, "reason", reason, "why", why)
+		if r.Recorder != nil {
+			r.Recorder.Event(sm, corev1.EventTypeWarning, reason, why)
+		}
+		if err := r.requestRemount(ctx, vol); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	opts := []client.DeleteOption{client.Preconditions{UID: &pod.UID}}
+	if rwx.fastFailover {
+		opts = append(opts, client.GracePeriodSeconds(0))
+	}
+	if err := r.Client.Delete(ctx, pod, opts...); client.IgnoreNotFound(err) != nil {
+		return ctrl.Result{}, fmt.Errorf("delete failed pod %s: %w", pod.Name, err)
+	}
+	// The delete event of the pod brings the next reconcile; the requeue
+	// covers a graceful delete that takes its time.
+	return ctrl.Result{RequeueAfter: time.Second}, nil
+}
+
+// requestRemount sets the Volume's remountRequestedAt: nodes remount the
+// share once its state is running again.
+func (r *Reconciler) requestRemount(ctx context.Context, vol *v1.Volume) error {
+	orig := vol.DeepCopy()
+	now := metav1.NewTime(r.Clock.Now())
+	vol.Status.RemountRequestedAt = &now
+	if err := r.Client.Status().Patch(ctx, vol, client.MergeFrom(orig)); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	return nil
+}
+
+// failure says why the pod is lost to the share (reason, why), "" when it
+// is not.
+func failure(pod *corev1.Pod, lapsed bool, rwx rwxSettings) (reason, why string) {
+	switch pod.Status.Phase {
+	case corev1.PodFailed, corev1.PodSucceeded:
+		// Succeeded too: a share manager only exits 0 when told to stop.
+		msg := pod.Status.Message
+		if msg == "" {
+			msg = "exited"
+		}
+		return reasonPodFailed, fmt.Sprintf("pod %s on node %s %s: %s", pod.Name, pod.Spec.NodeName, pod.Status.Phase, msg)
+	}
+	if lapsed {
+		return reasonLeaseExpired, fmt.Sprintf("pod %s on node %s did not renew its Lease for %s", pod.Name, pod.Spec.NodeName, rwx.leaseDuration)
+	}
+	return "", ""
+}
+
+// leaseLeft is how long the share's Lease still holds for pod by this
+// clock; held is false while the pod does not hold it: not taken yet (the
+// share manager waits for its device first) or released (it stops cleanly).
+// Once taken, a lapse counts whether or not the pod still looks ready: a
+// lost node's pods turn unready long before they go. With no Lease at all,
+// a ready pod's readiness time stands in for its last renewal (the share
+// manager takes the Lease before it is ready).
+func (r *Reconciler) leaseLeft(ctx context.Context, volume string, pod *corev1.Pod, rwx rwxSettings) (left time.Duration, held bool, err error) {
+	var last time.Time
+	lease := &coordinationv1.Lease{}
+	switch err := r.Client.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: volume}, lease); {
+	case err == nil:
+		if ptr.Deref(lease.Spec.HolderIdentity, "") == leaseHolder(pod) && lease.Spec.RenewTime != nil {
+			last = lease.Spec.RenewTime.Time
+		}
+	case !apierrors.IsNotFound(err):
+		return 0, false, fmt.Errorf("read Lease %s: %w", volume, err)
+	case podReady(pod):
+		for _, c := range pod.Status.Conditions {
+			if c.Type == corev1.PodReady {
+				last = c.LastTransitionTime.Time
+			}
+		}
+	}
+	if last.IsZero() {
+		return rwx.leaseDuration, false, nil
+	}
+	return last.Add(rwx.leaseDuration).Sub(r.Clock.Now()), true, nil
+}
+
+func podReady(pod *corev1.Pod) bool {
+	if pod.Status.Phase != corev1.PodRunning {
+		return false
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// needed tells whether a workload pod holds the volume in its Attachment.
+func (r *Reconciler) needed(ctx context.Context, volume, namespace string) (bool, error) {
+	att := &v1.Attachment{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: volume}, att); err != nil {
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		return false, fmt.Errorf("read Attachment %s: %w", volume, err)
+	}
+	for _, e := range att.Spec.Attachments {
+		if e.IsStage() || e.PodNamespace == namespace && e.Pod == Name(volume) {
+			continue
+		}
+		return true, nil
+	}
+	return false, nil
+}
+
+// rwxSettings are a StorageCluster's spec.rwx with defaults applied.
+type rwxSettings struct {
+	fastFailover         bool
+	leaseDuration, grace time.Duration
+}
+
+func (r *Reconciler) settings(ctx context.Context, vol *v1.Volume) (rwxSettings, error) {
+	s := rwxSettings{fastFailover: true, leaseDuration: 10 * time.Second, grace: 10 * time.Second}
+	sc := &v1.StorageCluster{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: vol.Spec.StorageCluster}, sc); err != nil {
+		if apierrors.IsNotFound(err) {
+			return s, nil
+		}
+		return s, fmt.Errorf("read StorageCluster %s: %w", vol.Spec.StorageCluster, err)
+	}
+	if f := sc.Spec.RWX.FastFailover; f != nil {
+		s.fastFailover = *f
+	}
+	if d := sc.Spec.RWX.LeaseDurationSeconds; d != nil {
+		s.leaseDuration = time.Duration(*d) * time.Second
+	}
+	if g := sc.Spec.RWX.NFSGraceSeconds; g != nil {
+		s.grace = time.Duration(*g) * time.Second
+	}
+	return s, nil
+}
+
+// ensureClaim makes the share-manager pod's PersistentVolume (owned by the
+// Volume: cluster-scoped like it) and claim (owned by the ShareManager).
+// Made once and never read back: the operator need not cache every
+// PersistentVolume of the cluster.
+func (r *Reconciler) ensureClaim(ctx context.Context, sm *v1.ShareManager, vol *v1.Volume) error {
+	pv, pvc := volumeFor(sm, vol), claimFor(sm, vol)
+	for _, o := range []struct {
+		obj   client.Object
+		owner client.Object
+	}{{pv, vol}, {pvc, sm}} {
+		if err := controllerutil.SetControllerReference(o.owner, o.obj, r.Client.Scheme()); err != nil {
+			return err
+		}
+		if err := r.Client.Create(ctx, o.obj); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("create %T %s: %w", o.obj, o.obj.GetName(), err)
+		}
+	}
+	return nil
+}
+
+func (r *Reconciler) ensureService(ctx context.Context, sm *v1.ShareManager) error {
+	want := serviceFor(sm)
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: want.Name, Namespace: want.Namespace}}
+	_, err := controllerutil.CreateOrPatch(ctx, r.Client, svc, func() error {
+		svc.Labels = want.Labels
+		svc.Spec.Selector = want.Spec.Selector
+		svc.Spec.Ports = want.Spec.Ports
+		return controllerutil.SetControllerReference(sm, svc, r.Client.Scheme())
+	})
+	if err != nil {
+		return fmt.Errorf("service %s: %w", want.Name, err)
+	}
+	return nil
+}
+
+// setStatus writes state, node, endpoint and the Ready condition when they
+// changed; each change is its own write, so watchers see every transition.
+func (r *Reconciler) setStatus(ctx context.Context, sm *v1.ShareManager, state v1.ShareState, node, reason, msg string) error {
+	orig := sm.DeepCopy()
+	setState(sm, state, node, reason, msg)
+	if equality.Semantic.DeepEqual(orig.Status, sm.Status) {
+		return nil
+	}
+	if err := r.Client.Status().Patch(ctx, sm, client.MergeFrom(orig)); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	return nil
+}
+
+func setState(sm *v1.ShareManager, state v1.ShareState, node, reason, msg string) {
+	sm.Status.State, sm.Status.OwnerID, sm.Status.Endpoint = state, node, ""
+	if state == v1.ShareRunning {
+		sm.Status.Endpoint = Endpoint(sm.Namespace, sm.Spec.Volume)
+	}
+	meta.SetStatusCondition(&sm.Status.Conditions, metav1.Condition{
+		Type: v1.ConditionReady, Status: readyStatus(state), ObservedGeneration: sm.Generation, Reason: reason, Message: msg,
+	})
+}
+
+func readyStatus(s v1.ShareState) metav1.ConditionStatus {
+	if s == v1.ShareRunning {
+		return metav1.ConditionTrue
+	}
+	return metav1.ConditionFalse
+}
+
+// What it reads to decide: its ShareManagers, their Volumes (and sets
+// remountRequestedAt), Attachments (who needs the share), StorageClusters
+// (spec.rwx).
+// +kubebuilder:rbac:groups=berth.io,namespace=berth-system,resources=sharemanagers,verbs=get;list;watch
+// +kubebuilder:rbac:groups=berth.io,namespace=berth-system,resources=sharemanagers/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=berth.io,namespace=berth-system,resources=sharemanagers/finalizers,verbs=update
+// +kubebuilder:rbac:groups=berth.io,resources=volumes,verbs=get;list;watch
+// +kubebuilder:rbac:groups=berth.io,resources=volumes/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=berth.io,resources=attachments,verbs=get;list;watch
+// +kubebuilder:rbac:groups=berth.io,resources=storageclusters,verbs=get;list;watch
+//
+// (finalizers: a controller reference blocks owner deletion, which needs it
+// where OwnerReferencesPermissionEnforcement is on.)
+// What it runs, in the operator's namespace only: the pod (force-deleted
+// on failover), its claim (and the claim's PersistentVolume), the Service,
+// and an Event per failover; Leases are only read.
+// +kubebuilder:rbac:groups="",namespace=berth-system,resources=pods,verbs=get;list;watch;create;delete
+// +kubebuilder:rbac:groups="",namespace=berth-system,resources=persistentvolumeclaims,verbs=create
+// +kubebuilder:rbac:groups="",resources=persistentvolumes,verbs=create
+// +kubebuilder:rbac:groups="",namespace=berth-system,resources=services,verbs=get;list;watch;create;update;patch
+// +kubebuilder:rbac:groups=coordination.k8s.io,namespace=berth-system,resources=leases,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",namespace=berth-system,resources=events,verbs=create;patch
+
+// SetupWithManager registers the reconciler: its pods and Services, the
+// Leases and Attachments named after the volumes, and the StorageClusters'
+// rwx settings all wake the ShareManager they concern.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	byVolume := func(_ context.Context, o client.Object) []reconcile.Request {
+		return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: r.Options.Namespace, Name: o.GetName()}}}
+	}
+	return ctrl.NewControllerManagedBy(mgr).
+		For(&v1.ShareManager{}).
+		Owns(&corev1.Pod{}).
+		Owns(&corev1.Service{}).
+		Watches(&coordinationv1.Lease{}, handler.EnqueueRequestsFromMapFunc(byVolume)).
+		Watches(&v1.Attachment{}, handler.EnqueueRequestsFromMapFunc(byVolume)).
+		Named("sharemanager").
+		Complete(r)
+}

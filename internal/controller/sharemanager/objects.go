@@ -1,0 +1,208 @@
+package sharemanager
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strconv"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+)
+
+// Labels on share-manager pods and Services.
+const (
+	labelName      = "app.kubernetes.io/name"
+	labelComponent = "app.kubernetes.io/component"
+	// LabelShare names the share (its Service's name) a pod serves; the
+	// Service selects on it.
+	LabelShare = "berth.io/share-manager"
+)
+
+// Where the share-manager container finds its things.
+const (
+	devicePath = "/dev/berth-share"
+	stateDir   = "/run/berth/share"
+	nfsPort    = 2049
+)
+
+// Name is the name of a volume's share-manager pod, Service and claim:
+// share-manager-<volume>, cut to a DNS label (63) with a hash when the
+// volume name is long, since a Service name must be one.
+func Name(volume string) string {
+	const prefix, limit = "share-manager-", 63
+	n := prefix + volume
+	if len(n) <= limit {
+		return n
+	}
+	sum := sha256.Sum256([]byte(volume))
+	h := hex.EncodeToString(sum[:])[:10]
+	head := n[:limit-len(h)-1]
+	for head[len(head)-1] == '-' || head[len(head)-1] == '.' {
+		head = head[:len(head)-1]
+	}
+	return head + "-" + h
+}
+
+// Endpoint is the NFS endpoint of a volume's share: its Service's cluster
+// DNS name and the export /<volume>.
+func Endpoint(namespace, volume string) string {
+	return fmt.Sprintf("nfs://%s.%s.svc/%s", Name(volume), namespace, volume)
+}
+
+func labels(volume string) map[string]string {
+	return map[string]string{labelName: "berth", labelComponent: "share-manager", LabelShare: Name(volume)}
+}
+
+// podFor is the share-manager pod of sm's volume. The pod reaches the
+// volume as a raw block device through its claim (an ordinary RWO
+// attachment on its node), so the share manager mounts and formats it
+// itself. Restarts are left to the controller (restartPolicy Never): a pod
+// that failed is replaced, possibly on another node, never restarted in place.
+func (r *Reconciler) podFor(sm *v1.ShareManager, vol *v1.Volume, rwx rwxSettings) *corev1.Pod {
+	name := Name(vol.Name)
+	args := []string{
+		"share-manager",
+		"--volume=" + vol.Name,
+		"--device=" + devicePath,
+		"--state-dir=" + stateDir,
+		"--lease-namespace=" + sm.Namespace,
+		"--lease-name=" + vol.Name,
+		// Unique per pod (leaseHolder): a replacement under the same name
+		// must not mistake the old pod's Lease for its own.
+		"--lease-holder=$(POD_NAME)_$(POD_UID)",
+		"--lease-duration=" + strconv.Itoa(int(rwx.leaseDuration.Seconds())) + "s",
+		"--nfs-grace=" + strconv.Itoa(int(rwx.grace.Seconds())) + "s",
+	}
+	if vol.Spec.FSType != "" {
+		args = append(args, "--fs-type="+vol.Spec.FSType)
+	}
+	env := []corev1.EnvVar{
+		{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.name"}}},
+		{Name: "POD_UID", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.uid"}}},
+	}
+	if r.Options.APIServerHost != "" {
+		env = append(env, corev1.EnvVar{Name: "KUBERNETES_SERVICE_HOST", Value: r.Options.APIServerHost})
+	}
+	if r.Options.APIServerPort != "" {
+		env = append(env, corev1.EnvVar{Name: "KUBERNETES_SERVICE_PORT", Value: r.Options.APIServerPort})
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: sm.Namespace, Labels: labels(vol.Name)},
+		Spec: corev1.PodSpec{
+			RestartPolicy:                 corev1.RestartPolicyNever,
+			ServiceAccountName:            r.Options.ServiceAccount,
+			TerminationGracePeriodSeconds: ptr.To[int64](30),
+			Affinity:                      placement(vol, sm.Status.FailedNode),
+			Containers: []corev1.Container{{
+				Name:            "share-manager",
+				Image:           sm.Spec.Image,
+				ImagePullPolicy: r.Options.ImagePullPolicy,
+				Args:            args,
+				Env:             env,
+				Ports:           []corev1.ContainerPort{{Name: "nfs", ContainerPort: nfsPort, Protocol: corev1.ProtocolTCP}},
+				// Mounting the device inside the container needs it.
+				SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
+				ReadinessProbe: &corev1.Probe{
+					ProbeHandler:  corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"test", "-f", stateDir + "/ready"}}},
+					PeriodSeconds: 2, FailureThreshold: 1,
+				},
+				VolumeDevices: []corev1.VolumeDevice{{Name: "volume", DevicePath: devicePath}},
+			}},
+			Volumes: []corev1.Volume{{Name: "volume", VolumeSource: corev1.VolumeSource{
+				PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: name},
+			}}},
+		},
+	}
+	return pod
+}
+
+// leaseHolder is the holder identity pod writes into its Lease (the
+// --lease-holder flag, expanded by the kubelet).
+func leaseHolder(pod *corev1.Pod) string { return pod.Name + "_" + string(pod.UID) }
+
+// placement keeps a local volume's share manager on the node that holds the
+// image (nowhere else can serve it), and steers any other away from the node
+// whose share manager failed last. Preferred, not required: a cluster with
+// one healthy node must still get its share back, and a lost node is
+// avoided anyway (it is tainted unreachable).
+func placement(vol *v1.Volume, failedNode string) *corev1.Affinity {
+	if vol.Spec.Node != "" {
+		return &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+			RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+				MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpIn, Values: []string{vol.Spec.Node}}},
+			}}},
+		}}
+	}
+	if failedNode == "" {
+		return nil
+	}
+	return &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+		PreferredDuringSchedulingIgnoredDuringExecution: []corev1.PreferredSchedulingTerm{{
+			Weight: 100,
+			Preference: corev1.NodeSelectorTerm{
+				MatchFields: []corev1.NodeSelectorRequirement{{Key: "metadata.name", Operator: corev1.NodeSelectorOpNotIn, Values: []string{failedNode}}},
+			},
+		}},
+	}}
+}
+
+// claimFor and volumeFor bind the share-manager pod to its volume as a raw
+// block device: a static PersistentVolume on the same backend image (the
+// volume ID is the Volume's name) and a claim in the pod's namespace,
+// pre-bound to each other. Retain: removing them never deletes the image,
+// which stays the user's volume.
+func claimFor(sm *v1.ShareManager, vol *v1.Volume) *corev1.PersistentVolumeClaim {
+	name := Name(vol.Name)
+	return &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: sm.Namespace, Labels: labels(vol.Name)},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			VolumeMode:       ptr.To(corev1.PersistentVolumeBlock),
+			StorageClassName: ptr.To(""),
+			VolumeName:       name,
+			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: vol.Spec.Size}},
+		},
+	}
+}
+
+func volumeFor(sm *v1.ShareManager, vol *v1.Volume) *corev1.PersistentVolume {
+	name := Name(vol.Name)
+	// The volume context the CSI controller gives its volumes.
+	attrs := map[string]string{"mounter": string(vol.Spec.Mounter)}
+	if vol.Spec.Node != "" {
+		attrs["node"] = vol.Spec.Node
+	}
+	return &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels(vol.Name)},
+		Spec: corev1.PersistentVolumeSpec{
+			AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			VolumeMode:                    ptr.To(corev1.PersistentVolumeBlock),
+			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: vol.Spec.Size},
+			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
+			StorageClassName:              "",
+			ClaimRef:                      &corev1.ObjectReference{Kind: "PersistentVolumeClaim", APIVersion: "v1", Namespace: sm.Namespace, Name: name},
+			PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{
+				Driver: v1.DriverName, VolumeHandle: vol.Name, VolumeAttributes: attrs,
+			}},
+		},
+	}
+}
+
+// serviceFor is the Service that always points at the volume's current
+// share-manager pod: the endpoint workloads mount survives every failover.
+func serviceFor(sm *v1.ShareManager) *corev1.Service {
+	return &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: Name(sm.Spec.Volume), Namespace: sm.Namespace, Labels: labels(sm.Spec.Volume)},
+		Spec: corev1.ServiceSpec{
+			Selector: map[string]string{LabelShare: Name(sm.Spec.Volume)},
+			Ports: []corev1.ServicePort{{
+				Name: "nfs", Port: nfsPort, TargetPort: intstr.FromString("nfs"), Protocol: corev1.ProtocolTCP,
+			}},
+		},
+	}
+}

@@ -1,0 +1,496 @@
+package sharemanager_test
+
+import (
+	"context"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/controller/sharemanager"
+	"github.com/berth-io/berth/internal/testenv"
+)
+
+// newVolume makes a StorageCluster with the given rwx settings and a Volume
+// in it, both removed at the end of the test.
+func newVolume(t *testing.T, name string, mode v1.VolumeMode, node string, rwx v1.RWXSpec) *v1.Volume {
+	t.Helper()
+	ctx := testCtx(t)
+	sc := &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "sc-" + name}, Spec: v1.StorageClusterSpec{RWX: rwx}}
+	vol := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1.VolumeSpec{
+		StorageCluster: sc.Name, Size: resource.MustParse("1Gi"), AccessMode: v1.ReadWriteMany, VolumeMode: mode, Node: node,
+	}}
+	for _, o := range []client.Object{sc, vol} {
+		if err := env.Client.Create(ctx, o); err != nil {
+			t.Fatalf("create %T: %v", o, err)
+		}
+	}
+	t.Cleanup(func() {
+		ctx := context.Background()
+		// envtest runs no garbage collector: remove what the Volume owns.
+		_ = env.Client.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: sharemanager.Name(name), Namespace: namespace}}, client.GracePeriodSeconds(0))
+		_ = env.Client.Delete(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: sharemanager.Name(name), Namespace: namespace}})
+		// The API server adds the storage-protection finalizers; no
+		// controller here would ever remove them.
+		for _, o := range []client.Object{
+			&corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: sharemanager.Name(name), Namespace: namespace}},
+			&corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: sharemanager.Name(name)}},
+		} {
+			_ = env.Client.Patch(ctx, o, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`)))
+			_ = env.Client.Delete(ctx, o)
+		}
+		_ = env.Client.Delete(ctx, &v1.Attachment{ObjectMeta: metav1.ObjectMeta{Name: name}})
+		_ = env.Client.Delete(ctx, vol)
+		_ = env.Client.Delete(ctx, sc)
+		_ = env.Client.Delete(ctx, &v1.ShareManager{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}})
+	})
+	return vol
+}
+
+// useVolume records (or, with no pod, removes) a workload pod's entry in
+// the volume's Attachment, as the CSI node service does.
+func useVolume(t *testing.T, volume, pod string) {
+	t.Helper()
+	ctx := testCtx(t)
+	att := &v1.Attachment{ObjectMeta: metav1.ObjectMeta{Name: volume}}
+	err := env.Client.Get(ctx, client.ObjectKeyFromObject(att), att)
+	if apierrors.IsNotFound(err) {
+		att.Spec.AccessMode = v1.ReadWriteMany
+		err = env.Client.Create(ctx, att)
+	}
+	if err != nil {
+		t.Fatalf("attachment: %v", err)
+	}
+	att.Spec.Attachments = nil
+	if pod != "" {
+		att.Spec.Attachments = []v1.AttachmentEntry{
+			{Node: "node-w", MountDir: "/var/lib/kubelet/plugins/berth.io/" + volume},
+			{Node: "node-w", PodNamespace: "default", Pod: pod, PodUID: "uid-" + pod, MountDir: "/var/lib/kubelet/pods/uid-" + pod + "/volumes/" + volume},
+		}
+	}
+	if err := env.Client.Update(ctx, att); err != nil {
+		t.Fatalf("update attachment: %v", err)
+	}
+}
+
+// stateRecorder keeps every state a ShareManager went through, from a
+// watch on the API server: each status write is one event, so no
+// transition is missed however fast the controller moves on.
+type stateRecorder struct {
+	mu     sync.Mutex
+	states []v1.ShareState
+}
+
+func recordStates(t *testing.T, name string) *stateRecorder {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	wc, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := wc.Watch(ctx, &v1.ShareManagerList{}, client.InNamespace(namespace), client.MatchingFields{"metadata.name": name})
+	if err != nil {
+		cancel()
+		t.Fatalf("watch sharemanagers: %v", err)
+	}
+	rec := &stateRecorder{}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ev := range w.ResultChan() {
+			sm, ok := ev.Object.(*v1.ShareManager)
+			if !ok || sm.Status.State == "" {
+				continue
+			}
+			rec.mu.Lock()
+			if n := len(rec.states); n == 0 || rec.states[n-1] != sm.Status.State {
+				rec.states = append(rec.states, sm.Status.State)
+			}
+			rec.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() { w.Stop(); cancel(); <-done })
+	return rec
+}
+
+func (r *stateRecorder) get() []v1.ShareState {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]v1.ShareState(nil), r.states...)
+}
+
+// waitShare waits until the ShareManager and its Volume both show state.
+func waitShare(t *testing.T, volume string, state v1.ShareState) *v1.ShareManager {
+	t.Helper()
+	sm := &v1.ShareManager{}
+	testenv.Eventually(t, waitLimit, "share "+volume+" "+string(state), func(ctx context.Context) (bool, error) {
+		vol := &v1.Volume{}
+		if err := env.Client.Get(ctx, client.ObjectKey{Name: volume}, vol); err != nil {
+			return false, err
+		}
+		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: volume}, sm); err != nil {
+			return false, err
+		}
+		return sm.Status.State == state && vol.Status.ShareState == state && vol.Status.ShareEndpoint == sm.Status.Endpoint, nil
+	})
+	return sm
+}
+
+// sharePod waits for a share-manager pod other than the one with UID not.
+func sharePod(t *testing.T, volume string, not types.UID) *corev1.Pod {
+	t.Helper()
+	pod := &corev1.Pod{}
+	testenv.Eventually(t, waitLimit, "share-manager pod of "+volume, func(ctx context.Context) (bool, error) {
+		err := env.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: sharemanager.Name(volume)}, pod)
+		return err == nil && pod.UID != not && pod.DeletionTimestamp.IsZero(), client.IgnoreNotFound(err)
+	})
+	return pod
+}
+
+// kubelet plays the parts the API server leaves to the scheduler and the
+// kubelet: it binds the pod to a node and writes its status.
+type kubelet struct{ t *testing.T }
+
+func (k kubelet) bind(pod *corev1.Pod, node string) {
+	k.t.Helper()
+	b := &corev1.Binding{ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace},
+		Target: corev1.ObjectReference{Kind: "Node", Name: node}}
+	if err := env.Client.SubResource("binding").Create(testCtx(k.t), pod, b); err != nil {
+		k.t.Fatalf("bind %s to %s: %v", pod.Name, node, err)
+	}
+}
+
+func (k kubelet) status(pod *corev1.Pod, phase corev1.PodPhase, ready bool) {
+	k.t.Helper()
+	ctx := testCtx(k.t)
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(pod), pod); err != nil {
+		k.t.Fatal(err)
+	}
+	cond := corev1.ConditionFalse
+	if ready {
+		cond = corev1.ConditionTrue
+	}
+	pod.Status.Phase = phase
+	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: cond, LastTransitionTime: metav1.NewTime(clk.Now())}}
+	if phase == corev1.PodFailed {
+		pod.Status.Message = "share-manager exited 1"
+	}
+	if err := env.Client.Status().Update(ctx, pod); err != nil {
+		k.t.Fatalf("pod %s status %s: %v", pod.Name, phase, err)
+	}
+}
+
+// renew writes the share's Lease as the share manager in pod does.
+func renew(t *testing.T, volume string, pod *corev1.Pod) {
+	t.Helper()
+	ctx := testCtx(t)
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: volume, Namespace: namespace}}
+	err := env.Client.Get(ctx, client.ObjectKeyFromObject(lease), lease)
+	now := metav1.NewMicroTime(clk.Now())
+	lease.Spec.HolderIdentity = ptr.To(pod.Name + "_" + string(pod.UID))
+	lease.Spec.LeaseDurationSeconds = ptr.To[int32](3)
+	lease.Spec.RenewTime = &now
+	switch {
+	case apierrors.IsNotFound(err):
+		err = env.Client.Create(ctx, lease)
+	case err == nil:
+		err = env.Client.Update(ctx, lease)
+	}
+	if err != nil {
+		t.Fatalf("renew lease: %v", err)
+	}
+}
+
+func remountRequestedAt(t *testing.T, volume string) time.Time {
+	t.Helper()
+	vol := &v1.Volume{}
+	if err := env.Client.Get(testCtx(t), client.ObjectKey{Name: volume}, vol); err != nil {
+		t.Fatal(err)
+	}
+	if vol.Status.RemountRequestedAt == nil {
+		return time.Time{}
+	}
+	return vol.Status.RemountRequestedAt.Time
+}
+
+// TestShareManagerStateMachine drives one share through every state with
+// real pod status changes: stopped (no workload) → starting (pod pending,
+// then running but not ready) → running → error (Lease lapsed) → starting
+// (new pod) → running → error (pod failed) → starting → running →
+// stopping (last workload gone, pod terminating) → stopped (pod gone).
+func TestShareManagerStateMachine(t *testing.T) {
+	suite.Require(t)
+	const vname = "pvc-rwx-states"
+	rec := recordStates(t, vname)
+	vol := newVolume(t, vname, v1.VolumeModeFilesystem, "", v1.RWXSpec{LeaseDurationSeconds: ptr.To[int32](3)})
+	k := kubelet{t}
+
+	sm := waitShare(t, vname, v1.ShareStopped)
+	if ref := metav1.GetControllerOf(sm); ref == nil || ref.Kind != "Volume" || ref.Name != vname || ref.UID != vol.UID {
+		t.Errorf("ShareManager controller reference = %+v, want Volume %s", ref, vname)
+	}
+	if sm.Spec.Image != opts.Image || sm.Spec.Volume != vname {
+		t.Errorf("ShareManager spec = %+v", sm.Spec)
+	}
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "share-manager-" + vname, Namespace: namespace}}
+	env.WaitGet(t, waitLimit, svc)
+	if svc.Spec.Selector[sharemanager.LabelShare] != svc.Name || len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != 2049 {
+		t.Errorf("service = %+v", svc.Spec)
+	}
+
+	// A workload mounts: a pod starts, pending, then running but not ready.
+	useVolume(t, vname, "web-0")
+	waitShare(t, vname, v1.ShareStarting)
+	pod := sharePod(t, vname, "")
+	checkPod(t, pod, vname, "")
+	if labels := pod.Labels; labels[sharemanager.LabelShare] != svc.Name {
+		t.Errorf("pod labels %v do not match the service selector %v", labels, svc.Spec.Selector)
+	}
+	checkClaim(t, pod, vol)
+	k.bind(pod, "node-a")
+	k.status(pod, corev1.PodPending, false)
+	k.status(pod, corev1.PodRunning, false)
+	time.Sleep(300 * time.Millisecond) // room for a wrong transition to show
+	waitShare(t, vname, v1.ShareStarting)
+
+	// Ready: running, endpoint through the Service, on node-a.
+	renew(t, vname, pod)
+	k.status(pod, corev1.PodRunning, true)
+	sm = waitShare(t, vname, v1.ShareRunning)
+	if want := "nfs://share-manager-" + vname + "." + namespace + ".svc/" + vname; sm.Status.Endpoint != want || sm.Status.OwnerID != "node-a" {
+		t.Errorf("running share: endpoint %q owner %q, want %q on node-a", sm.Status.Endpoint, sm.Status.OwnerID, want)
+	}
+	// Renewals keep it running while the clock moves past one lease duration.
+	for i := 0; i < 4; i++ {
+		clk.SetTime(clk.Now().Add(time.Second))
+		renew(t, vname, pod)
+		time.Sleep(200 * time.Millisecond)
+	}
+	waitShare(t, vname, v1.ShareRunning)
+
+	// The Lease lapses (renewals stop; pod still "ready" as seen by a node
+	// that is gone): the pod is force-deleted, a new one starts away from
+	// node-a, and workloads are asked to remount.
+	clk.SetTime(clk.Now().Add(4 * time.Second))
+	pod2 := failedOver(t, vname, pod, "node-a", 1)
+	serve(t, k, vname, pod2, "node-b")
+
+	// The pod fails: error, then a new pod, avoiding node-b.
+	clk.SetTime(clk.Now().Add(time.Second))
+	k.status(pod2, corev1.PodFailed, false)
+	pod3 := failedOver(t, vname, pod2, "node-b", 2)
+	serve(t, k, vname, pod3, "node-a")
+
+	// The last workload goes: stopping while the pod terminates (no
+	// kubelet here confirms it); its node is gone too, so once the Lease
+	// it holds lapses the pod is force-deleted: stopped.
+	useVolume(t, vname, "")
+	waitShare(t, vname, v1.ShareStopping)
+	testenv.Eventually(t, waitLimit, "share-manager pod terminating", func(ctx context.Context) (bool, error) {
+		p := &corev1.Pod{}
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(pod3), p)
+		return err == nil && !p.DeletionTimestamp.IsZero(), err
+	})
+	time.Sleep(300 * time.Millisecond)
+	waitShare(t, vname, v1.ShareStopping)
+	clk.SetTime(clk.Now().Add(4 * time.Second))
+	sm = waitShare(t, vname, v1.ShareStopped)
+	if sm.Status.Endpoint != "" || sm.Status.OwnerID != "" {
+		t.Errorf("stopped share keeps endpoint %q owner %q", sm.Status.Endpoint, sm.Status.OwnerID)
+	}
+
+	want := []v1.ShareState{
+		v1.ShareStopped, v1.ShareStarting, v1.ShareRunning,
+		v1.ShareError, v1.ShareStarting, v1.ShareRunning,
+		v1.ShareError, v1.ShareStarting, v1.ShareRunning,
+		v1.ShareStopping, v1.ShareStopped,
+	}
+	testenv.Eventually(t, waitLimit, "every transition seen", func(context.Context) (bool, error) { return len(rec.get()) >= len(want), nil })
+	if got := rec.get(); !reflect.DeepEqual(got, want) {
+		t.Errorf("transitions:\n got %v\nwant %v", got, want)
+	}
+}
+
+// failedOver waits for the pod that replaces old on node and checks what
+// the failover left: the count, the failed node, remountRequestedAt (now).
+func failedOver(t *testing.T, volume string, old *corev1.Pod, node string, count int32) *corev1.Pod {
+	t.Helper()
+	at := clk.Now()
+	pod := sharePod(t, volume, old.UID)
+	sm := waitShare(t, volume, v1.ShareStarting)
+	if sm.Status.FailedNode != node || sm.Status.Failovers != count {
+		t.Errorf("after failover: failedNode %q failovers %d, want %s, %d", sm.Status.FailedNode, sm.Status.Failovers, node, count)
+	}
+	if got := remountRequestedAt(t, volume); !got.Equal(at) {
+		t.Errorf("remountRequestedAt = %v, want %v", got, at)
+	}
+	checkPod(t, pod, volume, node)
+	return pod
+}
+
+// serve plays a share manager that comes up on node: bound, Lease taken,
+// ready; the share runs there.
+func serve(t *testing.T, k kubelet, volume string, pod *corev1.Pod, node string) {
+	t.Helper()
+	k.bind(pod, node)
+	renew(t, volume, pod)
+	k.status(pod, corev1.PodRunning, true)
+	if sm := waitShare(t, volume, v1.ShareRunning); sm.Status.OwnerID != node {
+		t.Errorf("share runs on %q, want %s", sm.Status.OwnerID, node)
+	}
+}
+
+// checkClaim checks that the pod reaches the volume as a block device
+// through a claim pre-bound to a static PersistentVolume of the same image,
+// one that never deletes it.
+func checkClaim(t *testing.T, pod *corev1.Pod, vol *v1.Volume) {
+	t.Helper()
+	name := sharemanager.Name(vol.Name)
+	if len(pod.Spec.Volumes) != 1 || pod.Spec.Volumes[0].PersistentVolumeClaim == nil || pod.Spec.Volumes[0].PersistentVolumeClaim.ClaimName != name ||
+		len(pod.Spec.Containers[0].VolumeDevices) != 1 {
+		t.Errorf("pod volumes %+v devices %+v, want claim %s as a block device", pod.Spec.Volumes, pod.Spec.Containers[0].VolumeDevices, name)
+	}
+	pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}}
+	pv := &corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	env.WaitGet(t, waitLimit, pvc)
+	env.WaitGet(t, waitLimit, pv)
+	if pvc.Spec.VolumeName != name || pvc.Spec.VolumeMode == nil || *pvc.Spec.VolumeMode != corev1.PersistentVolumeBlock {
+		t.Errorf("claim spec %+v", pvc.Spec)
+	}
+	c := pv.Spec.CSI
+	if c == nil || c.Driver != v1.DriverName || c.VolumeHandle != vol.Name || pv.Spec.PersistentVolumeReclaimPolicy != corev1.PersistentVolumeReclaimRetain ||
+		pv.Spec.ClaimRef == nil || pv.Spec.ClaimRef.Name != name || pv.Spec.ClaimRef.Namespace != namespace {
+		t.Errorf("persistent volume spec %+v", pv.Spec)
+	}
+	if ref := metav1.GetControllerOf(pv); ref == nil || ref.Kind != "Volume" || ref.UID != vol.UID {
+		t.Errorf("persistent volume controller reference = %+v, want the Volume", ref)
+	}
+}
+
+// TestShareWithoutFastFailover: with spec.rwx.fastFailover off, a lapsed
+// Lease changes nothing; a failed pod still gives error, then a new pod.
+func TestShareWithoutFastFailover(t *testing.T) {
+	suite.Require(t)
+	const vname = "pvc-rwx-slow"
+	newVolume(t, vname, v1.VolumeModeFilesystem, "", v1.RWXSpec{FastFailover: ptr.To(false), LeaseDurationSeconds: ptr.To[int32](3)})
+	k := kubelet{t}
+	useVolume(t, vname, "web-1")
+	pod := sharePod(t, vname, "")
+	serve(t, k, vname, pod, "node-a")
+
+	// A lapsed Lease, and a Lease event to make the controller look.
+	clk.SetTime(clk.Now().Add(time.Minute))
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: vname, Namespace: namespace}}
+	env.WaitGet(t, waitLimit, lease)
+	lease.Annotations = map[string]string{"touched": "yes"}
+	if err := env.Client.Update(testCtx(t), lease); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	if sm := waitShare(t, vname, v1.ShareRunning); sm.Status.Failovers != 0 {
+		t.Errorf("failovers %d after a lapsed lease without fast failover", sm.Status.Failovers)
+	}
+	k.status(pod, corev1.PodFailed, false)
+	failedOver(t, vname, pod, "node-a", 1)
+}
+
+// TestLapsedLeaseOfUnreadyPod: a lost node's pods turn unready (the node
+// controller marks them) long before they go; the share fails over when
+// the Lease the pod took lapses, ready or not.
+func TestLapsedLeaseOfUnreadyPod(t *testing.T) {
+	suite.Require(t)
+	const vname = "pvc-rwx-lost"
+	newVolume(t, vname, v1.VolumeModeFilesystem, "", v1.RWXSpec{LeaseDurationSeconds: ptr.To[int32](3)})
+	k := kubelet{t}
+	useVolume(t, vname, "web-2")
+	pod := sharePod(t, vname, "")
+	serve(t, k, vname, pod, "node-a")
+
+	k.status(pod, corev1.PodRunning, false)
+	waitShare(t, vname, v1.ShareStarting)
+	clk.SetTime(clk.Now().Add(4 * time.Second))
+	serve(t, k, vname, failedOver(t, vname, pod, "node-a", 1), "node-b")
+}
+
+// checkPod checks the share-manager pod's command and placement.
+func checkPod(t *testing.T, pod *corev1.Pod, volume, avoid string) {
+	t.Helper()
+	if len(pod.Spec.Containers) != 1 {
+		t.Fatalf("pod containers: %d", len(pod.Spec.Containers))
+	}
+	c := pod.Spec.Containers[0]
+	args := strings.Join(c.Args, " ")
+	for _, want := range []string{"share-manager ", "--volume=" + volume, "--lease-name=" + volume, "--lease-namespace=" + namespace, "--lease-duration=3s"} {
+		if !strings.Contains(args, want) {
+			t.Errorf("pod args %q lack %q", args, want)
+		}
+	}
+	if c.Image != opts.Image || c.SecurityContext == nil || c.SecurityContext.Privileged == nil || !*c.SecurityContext.Privileged {
+		t.Errorf("container image %q security %+v", c.Image, c.SecurityContext)
+	}
+	if ref := metav1.GetControllerOf(pod); ref == nil || ref.Kind != "ShareManager" || ref.Name != volume {
+		t.Errorf("pod controller reference = %+v", ref)
+	}
+	a := pod.Spec.Affinity
+	if avoid == "" {
+		if a != nil {
+			t.Errorf("first pod has affinity %+v", a)
+		}
+		return
+	}
+	if a == nil || a.NodeAffinity == nil || len(a.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution) != 1 {
+		t.Fatalf("replacement pod affinity = %+v, want to avoid %s", a, avoid)
+	}
+	f := a.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution[0].Preference.MatchFields
+	if len(f) != 1 || f[0].Operator != corev1.NodeSelectorOpNotIn || !reflect.DeepEqual(f[0].Values, []string{avoid}) {
+		t.Errorf("replacement pod avoids %+v, want %s", f, avoid)
+	}
+}
+
+// TestLocalVolumeShareStaysOnItsNode: only the node that holds a local
+// volume's image can serve it, failed or not.
+func TestLocalVolumeShareStaysOnItsNode(t *testing.T) {
+	suite.Require(t)
+	const vname = "pvc-rwx-local"
+	newVolume(t, vname, v1.VolumeModeFilesystem, "node-l", v1.RWXSpec{})
+	useVolume(t, vname, "web-l")
+	for i, pod := 0, sharePod(t, vname, ""); i < 2; i++ {
+		a := pod.Spec.Affinity
+		if a == nil || a.NodeAffinity == nil || a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil ||
+			a.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution != nil {
+			t.Fatalf("pod %d affinity = %+v, want node-l required, nothing preferred", i, a)
+		}
+		f := a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0].MatchFields
+		if len(f) != 1 || f[0].Key != "metadata.name" || f[0].Operator != corev1.NodeSelectorOpIn || !reflect.DeepEqual(f[0].Values, []string{"node-l"}) {
+			t.Errorf("pod %d placement %+v, want node-l", i, f)
+		}
+		kubelet{t}.bind(pod, "node-l")
+		kubelet{t}.status(pod, corev1.PodFailed, false)
+		pod = sharePod(t, vname, pod.UID)
+	}
+}
+
+// TestBlockVolumeGetsNoShare: an RWX block volume is no share (CSI refuses
+// to make one; one made by hand gets no ShareManager).
+func TestBlockVolumeGetsNoShare(t *testing.T) {
+	suite.Require(t)
+	const vname = "pvc-rwx-block"
+	newVolume(t, vname, v1.VolumeModeBlock, "", v1.RWXSpec{})
+	useVolume(t, vname, "vm-0")
+	time.Sleep(time.Second)
+	err := env.Client.Get(testCtx(t), client.ObjectKey{Namespace: namespace, Name: vname}, &v1.ShareManager{})
+	if !apierrors.IsNotFound(err) {
+		t.Errorf("ShareManager of a block volume: err = %v, want NotFound", err)
+	}
+}
