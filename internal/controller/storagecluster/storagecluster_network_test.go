@@ -40,6 +40,15 @@ func installNADCRD(t *testing.T) {
 		return err == nil, client.IgnoreAlreadyExists(err)
 	})
 	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), crd) })
+	// An installed CRD is served a moment later: until then a create of the
+	// kind finds no match.
+	eventually(t, "the NetworkAttachmentDefinition API is served", func(ctx context.Context) (bool, error) {
+		list := &unstructured.UnstructuredList{}
+		list.SetAPIVersion("k8s.cni.cncf.io/v1")
+		list.SetKind("NetworkAttachmentDefinitionList")
+		err := env.Client.List(ctx, list)
+		return err == nil, err
+	})
 }
 
 // putNAD creates or replaces the NetworkAttachmentDefinition ns/name with
