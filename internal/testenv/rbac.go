@@ -7,7 +7,9 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/rest"
@@ -21,6 +23,18 @@ import (
 // allows exactly what the component's markers grant. The roles go at the
 // end of the test.
 func (e *Env) ComponentClient(t testing.TB, component, user string) client.Client {
+	t.Helper()
+	c, err := client.New(e.ComponentConfig(t, component, user), client.Options{Scheme: e.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// ComponentConfig is ComponentClient for code that takes a client-go
+// clientset: the roles installed the same way, and a rest config acting as
+// user.
+func (e *Env) ComponentConfig(t testing.TB, component, user string) *rest.Config {
 	t.Helper()
 	ctx := context.Background()
 	data, err := os.ReadFile(filepath.Join(RepoRoot(), "config", "rbac", component, "role.yaml"))
@@ -36,6 +50,14 @@ func (e *Env) ComponentClient(t testing.TB, component, user string) client.Clien
 			t.Fatal(err)
 		}
 		role.SetName(user)
+		if ns := role.GetNamespace(); ns != "" {
+			// The namespace the role names (the release namespace), made
+			// here when the test's fixture has not.
+			err := e.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+			if err != nil && !apierrors.IsAlreadyExists(err) {
+				t.Fatal(err)
+			}
+		}
 		if err := e.Client.Create(ctx, role); err != nil {
 			t.Fatalf("%s: %v", role.GetKind(), err)
 		}
@@ -54,9 +76,5 @@ func (e *Env) ComponentClient(t testing.TB, component, user string) client.Clien
 	}
 	cfg := rest.CopyConfig(e.Config)
 	cfg.Impersonate = rest.ImpersonationConfig{UserName: user}
-	c, err := client.New(cfg, client.Options{Scheme: e.Scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
+	return cfg
 }

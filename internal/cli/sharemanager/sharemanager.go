@@ -217,6 +217,10 @@ func (c Config) unmount(ctx context.Context) {
 	c.Log.Info("unmounted", "path", c.MountPath)
 }
 
+// The share manager's only API calls are its Lease's (share.Lease: get,
+// create, update), in the berth namespace where its pod runs.
+// +kubebuilder:rbac:groups=coordination.k8s.io,namespace=berth-system,resources=leases,verbs=get;create;update
+
 func (c Config) lease() (*share.Lease, error) {
 	if c.Lease.Name == "" {
 		c.Log.Info("no --lease-name: renewing no lease")
