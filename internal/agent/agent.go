@@ -68,6 +68,9 @@ type Agent struct {
 	paths nodepath.Rule
 	// events tells on Volumes and PVs why an unstage waits (Config.Events).
 	events record.EventRecorder
+	// nfs and shareWait serve RWX volumes' workloads (Config.NFS, ShareWait).
+	nfs       NFSClient
+	shareWait time.Duration
 }
 
 // DefaultLockWait is how long background work waits for a busy volume.
@@ -117,6 +120,11 @@ type Config struct {
 	Events record.EventRecorder
 	// Userspace enables volumes with mounter userspace (nil: refused).
 	Userspace *UserspaceConfig
+	// NFS says whether this node can mount RWX volumes' shares (nil:
+	// mount.HostNFSClient). ShareWait bounds a publish's wait for the
+	// share to run (0: DefaultShareWait).
+	NFS       NFSClient
+	ShareWait time.Duration
 }
 
 // ErrConfig means that New was given an unusable Config.
@@ -162,7 +170,13 @@ func New(c Config) (*Agent, error) {
 	}
 	a := &Agent{node: c.Node, api: c.API, images: c.Images, loop: c.Loop, mounts: c.Mounts, fence: c.Fence,
 		locks: c.Locks, log: c.Log, lockWait: c.LockWait, paths: c.Paths, flex: c.Flex,
-		status: c.Status, clock: c.Clock, events: c.Events, us: us}
+		status: c.Status, clock: c.Clock, events: c.Events, us: us, nfs: c.NFS, shareWait: c.ShareWait}
+	if a.nfs == nil {
+		a.nfs = mount.HostNFSClient()
+	}
+	if a.shareWait == 0 {
+		a.shareWait = DefaultShareWait
+	}
 	if a.locks == nil {
 		a.locks = NewVolumeLocks()
 	}
@@ -214,6 +228,15 @@ func (a *Agent) lockBackground(ctx context.Context, volume string) (func(), erro
 
 // volume reads the Volume object and checks that it lives here.
 func (a *Agent) volume(ctx context.Context, id string) (*v1.Volume, error) {
+	vol, err := a.readVolume(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return vol, a.checkNode(ctx, vol)
+}
+
+// readVolume reads the Volume object, wherever it lives.
+func (a *Agent) readVolume(ctx context.Context, id string) (*v1.Volume, error) {
 	vol := &v1.Volume{}
 	if err := a.api.Get(ctx, client.ObjectKey{Name: id}, vol); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -221,11 +244,16 @@ func (a *Agent) volume(ctx context.Context, id string) (*v1.Volume, error) {
 		}
 		return nil, fmt.Errorf("read Volume %s: %w", id, err)
 	}
-	if vol.Spec.Node != "" && vol.Spec.Node != a.node {
-		return nil, fmt.Errorf("volume %s is on node %s (its image lives there), this is %s%s: %w",
-			id, vol.Spec.Node, a.node, a.heldBy(ctx, id), ErrWrongNode)
-	}
 	return vol, nil
+}
+
+// checkNode refuses a volume whose image lives on another node.
+func (a *Agent) checkNode(ctx context.Context, vol *v1.Volume) error {
+	if vol.Spec.Node != "" && vol.Spec.Node != a.node {
+		return fmt.Errorf("volume %s is on node %s (its image lives there), this is %s%s: %w",
+			vol.Name, vol.Spec.Node, a.node, a.heldBy(ctx, vol.Name), ErrWrongNode)
+	}
+	return nil
 }
 
 // heldBy names who holds the volume (", in use by ..."), so that a refusal

@@ -7,7 +7,6 @@ import (
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/fence"
 	"github.com/berth-io/berth/internal/mount"
-	"github.com/berth-io/berth/internal/volerr"
 )
 
 // Pod identifies the pod a publish is for; empty when unknown.
@@ -34,12 +33,19 @@ func (a *Agent) Publish(ctx context.Context, r PublishRequest) error {
 
 // publish is Publish for a caller that holds the volume lock.
 func (a *Agent) publish(ctx context.Context, r PublishRequest) (err error) {
-	vol, err := a.volume(ctx, r.VolumeID)
+	vol, err := a.readVolume(ctx, r.VolumeID)
 	if err != nil {
 		return err
 	}
-	if r.Block != (vol.Spec.VolumeMode == v1.VolumeModeBlock) {
-		return fmt.Errorf("volume %s is %s, the request asks otherwise: %w", r.VolumeID, vol.Spec.VolumeMode, volerr.ErrInvalid)
+	if err := checkMode(vol, r.VolumeID, r.Block); err != nil {
+		return err
+	}
+	if sharedFS(vol, r.Block) {
+		// Any node may mount the share, wherever the image lives.
+		return a.publishShared(ctx, r, vol)
+	}
+	if err := a.checkNode(ctx, vol); err != nil {
+		return err
 	}
 	dev, block, err := a.mounts.StagedDevice(ctx, r.StagingPath)
 	if err != nil {
@@ -48,32 +54,44 @@ func (a *Agent) publish(ctx context.Context, r PublishRequest) (err error) {
 	if dev == "" || block != r.Block {
 		return fmt.Errorf("volume %s at %s: %w", r.VolumeID, r.StagingPath, ErrNotStaged)
 	}
-	claim := fence.Request{
-		Volume: r.VolumeID, Node: a.node, PodNamespace: r.Pod.Namespace, Pod: r.Pod.Name, PodUID: r.Pod.UID,
-		MountDir: r.TargetPath, StagingPath: r.StagingPath, AccessMode: vol.Spec.AccessMode, ReadOnly: r.ReadOnly,
-	}
-	// A target already published (a retry) keeps its record if this call fails.
-	publishedBefore, err := a.mounts.IsMounted(ctx, r.TargetPath)
+	release, err := a.holdForPod(ctx, r, vol)
 	if err != nil {
-		return fmt.Errorf("check target %s: %w", r.TargetPath, err)
-	}
-	if err := a.fence.Acquire(ctx, claim); err != nil {
-		return fmt.Errorf("fence volume %s: %w", r.VolumeID, err)
+		return err
 	}
 	if err := a.mounts.Publish(ctx, mount.PublishRequest{
 		VolumeID: r.VolumeID, StagingPath: r.StagingPath, TargetPath: r.TargetPath, Device: dev,
 		Block: r.Block, ReadOnly: r.ReadOnly, MountFlags: r.MountFlags,
 	}); err != nil {
-		if publishedBefore {
-			return fmt.Errorf("publish %s at %s: %w", r.VolumeID, r.TargetPath, err)
-		}
-		if rerr := a.fence.Release(context.WithoutCancel(ctx), r.VolumeID, a.node, r.TargetPath); rerr != nil {
-			a.log.Error(rerr, "release fence after failed publish", "volume", r.VolumeID)
-		}
+		release()
 		return fmt.Errorf("publish %s at %s: %w", r.VolumeID, r.TargetPath, err)
 	}
 	a.log.Info("published", "volume", r.VolumeID, "target", r.TargetPath, "pod", r.Pod.Namespace+"/"+r.Pod.Name)
 	return nil
+}
+
+// holdForPod writes the pod's entry in the volume's Attachment, and returns
+// what drops it again after a failed publish: nothing when the target was
+// published before (a retry), which keeps its entry.
+func (a *Agent) holdForPod(ctx context.Context, r PublishRequest, vol *v1.Volume) (release func(), err error) {
+	claim := fence.Request{
+		Volume: r.VolumeID, Node: a.node, PodNamespace: r.Pod.Namespace, Pod: r.Pod.Name, PodUID: r.Pod.UID,
+		MountDir: r.TargetPath, StagingPath: r.StagingPath, AccessMode: vol.Spec.AccessMode, ReadOnly: r.ReadOnly,
+	}
+	publishedBefore, err := a.mounts.IsMounted(ctx, r.TargetPath)
+	if err != nil {
+		return nil, fmt.Errorf("check target %s: %w", r.TargetPath, err)
+	}
+	if err := a.fence.Acquire(ctx, claim); err != nil {
+		return nil, fmt.Errorf("fence volume %s: %w", r.VolumeID, err)
+	}
+	return func() {
+		if publishedBefore {
+			return
+		}
+		if err := a.fence.Release(context.WithoutCancel(ctx), r.VolumeID, a.node, r.TargetPath); err != nil {
+			a.log.Error(err, "release fence after failed publish", "volume", r.VolumeID)
+		}
+	}, nil
 }
 
 // Unpublish unmounts the target path and drops the pod's record.

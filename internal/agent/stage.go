@@ -7,7 +7,6 @@ import (
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/fence"
 	"github.com/berth-io/berth/internal/mount"
-	"github.com/berth-io/berth/internal/volerr"
 )
 
 // StageRequest stages a volume on this node.
@@ -45,8 +44,17 @@ func (a *Agent) withLock(volume string, fn func() error) error {
 
 // stage is Stage for a caller that holds the volume lock.
 func (a *Agent) stage(ctx context.Context, r StageRequest) (err error) {
-	vol, err := a.volume(ctx, r.VolumeID)
+	vol, err := a.readVolume(ctx, r.VolumeID)
 	if err != nil {
+		return err
+	}
+	if sharedFS(vol, r.Block) {
+		// A workload's stage: the share manager holds the device, and
+		// publish mounts its share.
+		a.log.Info("staged (shared over NFS: nothing on this node's devices)", "volume", r.VolumeID, "stagingPath", r.StagingPath)
+		return nil
+	}
+	if err := a.checkNode(ctx, vol); err != nil {
 		return err
 	}
 	sc, err := a.clusterLive(ctx, vol)
@@ -70,8 +78,8 @@ func (a *Agent) stage(ctx context.Context, r StageRequest) (err error) {
 	if err := d.Check(r.VolumeID); err != nil {
 		return err
 	}
-	if r.Block != (vol.Spec.VolumeMode == v1.VolumeModeBlock) {
-		return fmt.Errorf("volume %s is %s, the request asks otherwise: %w", r.VolumeID, vol.Spec.VolumeMode, volerr.ErrInvalid)
+	if err := checkMode(vol, r.VolumeID, r.Block); err != nil {
+		return err
 	}
 	image, err := a.imagePath(ctx, r.VolumeID)
 	if err != nil {
@@ -193,6 +201,9 @@ func (a *Agent) Unstage(ctx context.Context, volumeID, stagingPath string) error
 
 // unstage is Unstage for a caller that holds the volume lock.
 func (a *Agent) unstage(ctx context.Context, volumeID, stagingPath string) error {
+	if workload, err := a.workloadStage(ctx, volumeID, stagingPath); err != nil || workload {
+		return err
+	}
 	d, err := a.device(volumeID)
 	if err != nil {
 		return fmt.Errorf("unstage %s: %w", volumeID, err)

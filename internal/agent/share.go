@@ -1,0 +1,156 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/mount"
+	"github.com/berth-io/berth/internal/volerr"
+)
+
+// Read-write-many filesystem volumes reach workload pods over NFS from the
+// volume's share manager, which alone holds the device. The share manager's
+// own pod claims the same volume (a static PV with the same handle) as a
+// raw block device: that request is an ordinary stage and publish, told
+// apart from a workload's by asking for block mode.
+
+// NFSClient tells whether this node can mount NFS with the kernel client
+// (mount.HostNFSClient is the real one).
+type NFSClient interface{ Check() error }
+
+// DefaultShareWait bounds how long a workload's publish waits for the share
+// to run before it answers Unavailable (kubelet retries).
+const DefaultShareWait = 60 * time.Second
+
+// shareInterval is how often a publish looks at the Volume's share state.
+const shareInterval = time.Second
+
+// sharedFS tells whether a request for vol goes through the share: an RWX
+// filesystem volume asked for as a filesystem (a workload). The share
+// manager asks for a block device.
+func sharedFS(vol *v1.Volume, block bool) bool {
+	return vol.Spec.AccessMode == v1.ReadWriteMany && vol.Spec.VolumeMode != v1.VolumeModeBlock && !block
+}
+
+// shareDevice tells whether a block request for vol is the share manager's
+// (an RWX filesystem volume, which only it reaches as a device).
+func shareDevice(vol *v1.Volume, block bool) bool {
+	return vol.Spec.AccessMode == v1.ReadWriteMany && vol.Spec.VolumeMode != v1.VolumeModeBlock && block
+}
+
+// checkMode refuses a request whose block mode does not fit the volume,
+// letting the share manager's block request of an RWX filesystem volume pass.
+func checkMode(vol *v1.Volume, id string, block bool) error {
+	if block == (vol.Spec.VolumeMode == v1.VolumeModeBlock) || shareDevice(vol, block) {
+		return nil
+	}
+	return fmt.Errorf("volume %s is %s, the request asks otherwise: %w", id, vol.Spec.VolumeMode, volerr.ErrInvalid)
+}
+
+// publishShared mounts the volume's share at the pod's target path. The
+// node's NFS client is checked before anything is made. Then the pod's
+// Attachment entry is written first, since it is what makes the share
+// needed (internal/controller/sharemanager); a publish that gives up
+// waiting keeps it (kubelet retries, or unpublishes the uncertain mount).
+func (a *Agent) publishShared(ctx context.Context, r PublishRequest, vol *v1.Volume) error {
+	if err := a.nfs.Check(); err != nil {
+		return fmt.Errorf("volume %s is ReadWriteMany, served over NFS: %w", r.VolumeID, err)
+	}
+	release, err := a.holdForPod(ctx, r, vol)
+	if err != nil {
+		return err
+	}
+	source, opts, err := a.waitShare(ctx, r.VolumeID)
+	if err != nil {
+		if !errors.Is(err, volerr.ErrUnavailable) && ctx.Err() == nil {
+			release()
+		}
+		return err
+	}
+	if err := a.mounts.MountNFS(ctx, mount.NFSRequest{
+		VolumeID: r.VolumeID, Source: source, TargetPath: r.TargetPath, ReadOnly: r.ReadOnly,
+		MountFlags: append(opts, r.MountFlags...),
+	}); err != nil {
+		release()
+		return fmt.Errorf("publish %s at %s: %w", r.VolumeID, r.TargetPath, err)
+	}
+	a.log.Info("published share", "volume", r.VolumeID, "source", source, "target", r.TargetPath, "pod", r.Pod.Namespace+"/"+r.Pod.Name)
+	return nil
+}
+
+// waitShare waits, at most shareWait, for the Volume's share to run, and
+// returns its NFS source (host:/export) and mount options (the port).
+func (a *Agent) waitShare(ctx context.Context, id string) (source string, opts []string, err error) {
+	var last *v1.Volume
+	err = wait.PollUntilContextTimeout(ctx, shareInterval, a.shareWait, true, func(ctx context.Context) (bool, error) {
+		vol, err := a.readVolume(ctx, id)
+		if err != nil {
+			return false, err
+		}
+		last = vol
+		return vol.Status.ShareState == v1.ShareRunning && vol.Status.ShareEndpoint != "", nil
+	})
+	if err != nil {
+		if last == nil || ctx.Err() != nil {
+			return "", nil, err
+		}
+		state := last.Status.ShareState
+		if state == "" {
+			state = "not started"
+		}
+		return "", nil, fmt.Errorf("%w: the NFS share of volume %s is %s after %s (see `kubectl get sharemanagers -A`); retry",
+			volerr.ErrUnavailable, id, state, a.shareWait)
+	}
+	return nfsSource(last.Status.ShareEndpoint)
+}
+
+// nfsSource turns a share endpoint, nfs://host[:port]/export, into the
+// kernel client's source and options.
+func nfsSource(endpoint string) (string, []string, error) {
+	u, err := url.Parse(endpoint)
+	if err != nil || u.Scheme != "nfs" || u.Hostname() == "" || u.Path == "" {
+		return "", nil, fmt.Errorf("share endpoint %q is not nfs://host[:port]/export: %w", endpoint, volerr.ErrInvalid)
+	}
+	host := u.Hostname()
+	if ip := net.ParseIP(host); ip != nil && ip.To4() == nil {
+		host = "[" + host + "]"
+	}
+	var opts []string
+	if p := u.Port(); p != "" {
+		opts = append(opts, "port="+p)
+	}
+	return host + ":" + u.Path, opts, nil
+}
+
+// workloadStage tells whether an unstage at stagingPath is a workload's of
+// a shared volume, which staged nothing: the volume is RWX filesystem and
+// this node holds no stage record there. The share manager's stage on the
+// same node has its own staging path and record, and is never undone here.
+func (a *Agent) workloadStage(ctx context.Context, id, stagingPath string) (bool, error) {
+	vol := &v1.Volume{}
+	if err := a.api.Get(ctx, client.ObjectKey{Name: id}, vol); err != nil {
+		return false, client.IgnoreNotFound(err)
+	}
+	if !sharedFS(vol, false) {
+		return false, nil
+	}
+	// No Attachment: no stage record either.
+	att := &v1.Attachment{}
+	if err := a.api.Get(ctx, client.ObjectKey{Name: id}, att); client.IgnoreNotFound(err) != nil {
+		return false, fmt.Errorf("read Attachment %s: %w", id, err)
+	}
+	for _, e := range att.Spec.Attachments {
+		if e.IsStage() && e.Node == a.node && e.MountDir == stagingPath {
+			return false, nil
+		}
+	}
+	return true, nil
+}

@@ -1,0 +1,60 @@
+package mount
+
+import (
+	"context"
+	"fmt"
+	"strings"
+)
+
+// NFSRequest mounts a share's NFS export (Source, host:/export) at a pod's
+// TargetPath.
+type NFSRequest struct {
+	VolumeID, Source, TargetPath string
+	ReadOnly                     bool
+	MountFlags                   []string
+}
+
+// nfsOptions let a client ride a share manager's failover: hard (I/O waits,
+// never fails, while the server is away), NFSv4.1 (sessions, state
+// reclaimed in the new server's grace period), a 5 s retransmit timeout
+// with few retries so that a new server behind the same Service is found
+// quickly, and noresvport so that a reconnect need not wait for a
+// privileged source port.
+func nfsOptions() []string {
+	return []string{"hard", "nfsvers=4.1", "proto=tcp", "timeo=50", "retrans=3", "noresvport"}
+}
+
+// MountNFS mounts r.Source at r.TargetPath with the kernel NFS client.
+// Mounted there already (a retry) is success; another mount there is
+// ErrExists.
+func (m *Manager) MountNFS(_ context.Context, r NFSRequest) error {
+	if err := absPath("target path", r.TargetPath); err != nil {
+		return err
+	}
+	target := canonical(r.TargetPath)
+	mps, err := m.mounter.List()
+	if err != nil {
+		return fmt.Errorf("list mounts: %w", err)
+	}
+	for _, mp := range mps {
+		if mp.Path != target {
+			continue
+		}
+		if mp.Device == r.Source && strings.HasPrefix(mp.Type, "nfs") {
+			return nil
+		}
+		return fmt.Errorf("%s already holds %s (%s): %w", target, mp.Device, mp.Type, ErrExists)
+	}
+	if err := mkdirTarget(target); err != nil {
+		return err
+	}
+	opts := append(nfsOptions(), r.MountFlags...)
+	if r.ReadOnly {
+		opts = append(opts, "ro")
+	}
+	if err := m.mounter.Mount(r.Source, target, "nfs4", opts); err != nil {
+		return fmt.Errorf("mount %s at %s: %w", r.Source, target, err)
+	}
+	m.log.Info("mounted share", "volume", r.VolumeID, "source", r.Source, "target", target, "options", opts)
+	return nil
+}
