@@ -408,6 +408,12 @@ type nodeFixture struct {
 
 func newNodeFixture(t *testing.T) *nodeFixture {
 	t.Helper()
+	return newNodeFixtureOf(t, func(*agent.Config) {})
+}
+
+// newNodeFixtureOf is newNodeFixture with an agent whose Config edit changed.
+func newNodeFixtureOf(t *testing.T, edit func(*agent.Config)) *nodeFixture {
+	t.Helper()
 	s, err := scheme.New()
 	if err != nil {
 		t.Fatal(err)
@@ -445,8 +451,10 @@ func newNodeFixture(t *testing.T) *nodeFixture {
 			Spec: v1.VolumeSpec{StorageCluster: "c", Size: resource.MustParse("64Mi"), AccessMode: v1.ReadWriteOnce,
 				VolumeMode: v1.VolumeModeFilesystem, FSType: "ext4", Node: "node-a"},
 		}).Build()
-	a, err := agent.New(agent.Config{Node: "node-a", API: f.api, Images: oneImage{path: filepath.Join(root, "vol-a.img")}, Loop: f.loop,
-		Mounts: mount.NewManager(f.mounter, f.exec, testr.New(t)), Fence: f.fence, Log: testr.New(t), Paths: rule})
+	cfg := agent.Config{Node: "node-a", API: f.api, Images: oneImage{path: filepath.Join(root, "vol-a.img")}, Loop: f.loop,
+		Mounts: mount.NewManager(f.mounter, f.exec, testr.New(t)), Fence: f.fence, Log: testr.New(t), Paths: rule}
+	edit(&cfg)
+	a, err := agent.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
