@@ -5,14 +5,23 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/go-logr/logr/testr"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/clock"
+	"k8s.io/utils/exec"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/agent"
+	"github.com/berth-io/berth/internal/fence"
 	"github.com/berth-io/berth/internal/mount"
 )
 
@@ -86,4 +95,113 @@ func TestNodeRWXFilesystem(t *testing.T) {
 			t.Errorf("fence %v (want %v), loop %v", f.fence.calls, want, f.loop.calls)
 		}
 	})
+}
+
+// rwxOnAPIServer is the node fixture over the test API server and the real
+// fence, with an RWX filesystem Volume name in it (its share in state).
+func rwxOnAPIServer(t *testing.T, name string, state v1.ShareState, edit func(*agent.Config)) *nodeFixture {
+	t.Helper()
+	ctx := apiCtx(t, time.Minute)
+	vol := &v1.Volume{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec:       v1.VolumeSpec{StorageCluster: "c", Size: resource.MustParse("64Mi"), AccessMode: v1.ReadWriteMany, VolumeMode: v1.VolumeModeFilesystem, FSType: "ext4"},
+	}
+	create(ctx, t, vol)
+	t.Cleanup(func() { _ = env.Client.Delete(ctx, &v1.Attachment{ObjectMeta: metav1.ObjectMeta{Name: name}}) })
+	setShare(t, name, state)
+	return newNodeFixtureOf(t, func(c *agent.Config) {
+		c.API = env.Client
+		c.Fence = fence.New(env.Client, record.NewFakeRecorder(16), clock.RealClock{}, testr.New(t), fence.Options{})
+		edit(c)
+	})
+}
+
+func setShare(t *testing.T, name string, state v1.ShareState) {
+	t.Helper()
+	vol := &v1.Volume{}
+	if err := env.Client.Get(t.Context(), client.ObjectKey{Name: name}, vol); err != nil {
+		t.Fatal(err)
+	}
+	vol.Status.ShareState, vol.Status.ShareEndpoint = state, ""
+	if state == v1.ShareRunning {
+		vol.Status.ShareEndpoint = "nfs://share-manager-" + name + ".berth-system.svc/" + name
+	}
+	if err := env.Client.Status().Update(t.Context(), vol); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func publishPod(t *testing.T, f *nodeFixture, name string) error {
+	t.Helper()
+	_, err := f.node.NodePublishVolume(t.Context(), &csi.NodePublishVolumeRequest{VolumeId: name, StagingTargetPath: f.staging,
+		TargetPath: f.target, VolumeCapability: reqCap(csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER),
+		VolumeContext: map[string]string{ctxPodNamespace: "default", ctxPodName: "web-0", ctxPodUID: "uid-0"}})
+	return err
+}
+
+func attachmentEntries(t *testing.T, name string) []v1.AttachmentEntry {
+	t.Helper()
+	att := &v1.Attachment{}
+	if err := env.Client.Get(t.Context(), client.ObjectKey{Name: name}, att); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		t.Fatal(err)
+	}
+	return att.Spec.Attachments
+}
+
+// TestRWXPublishRefusedLeavesNothing: on this node (no kernel NFS client)
+// a workload's publish of a running share is refused with
+// FailedPrecondition by the real check, before the real fence writes an
+// Attachment or the real mounter makes anything.
+func TestRWXPublishRefusedLeavesNothing(t *testing.T) {
+	suite.Require(t)
+	if mount.HostNFSClient().Check() == nil {
+		t.Skip("this node has a kernel NFS client: the refusal cannot happen here")
+	}
+	f := rwxOnAPIServer(t, "rwx-refused", v1.ShareRunning, func(c *agent.Config) {
+		c.Mounts = mount.NewManager(mount.NewMounter(), exec.New(), testr.New(t))
+	})
+	err := publishPod(t, f, "rwx-refused")
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("publish: %v, want FailedPrecondition", err)
+	}
+	t.Logf("refused: %v", err)
+	if e := attachmentEntries(t, "rwx-refused"); len(e) != 0 {
+		t.Errorf("refused publish left Attachment entries %+v", e)
+	}
+	if _, err := os.Stat(f.target); !os.IsNotExist(err) {
+		t.Errorf("refused publish made the target: %v", err)
+	}
+}
+
+// TestRWXPublishRecordsWorkload: the pod's entry is in the real Attachment
+// while the share starts (what makes the share manager needed), publish
+// mounts once the share runs, and unpublish drops the entry.
+func TestRWXPublishRecordsWorkload(t *testing.T) {
+	suite.Require(t)
+	const name = "rwx-workload"
+	f := rwxOnAPIServer(t, name, v1.ShareStarting, func(c *agent.Config) {
+		c.NFS, c.ShareWait = nfsAnswer{}, 300*time.Millisecond
+	})
+	if err := publishPod(t, f, name); status.Code(err) != codes.Unavailable {
+		t.Fatalf("publish while the share starts: %v, want Unavailable", err)
+	}
+	if e := attachmentEntries(t, name); len(e) != 1 || e[0].Pod != "web-0" || e[0].IsStage() {
+		t.Fatalf("Attachment entries %+v, want the pod's", e)
+	}
+	setShare(t, name, v1.ShareRunning)
+	if err := publishPod(t, f, name); err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	if mps, _ := f.mounter.List(); len(mps) != 1 || mps[0].Type != "nfs4" {
+		t.Fatalf("mounts %+v", mps)
+	}
+	if _, err := f.node.NodeUnpublishVolume(t.Context(), &csi.NodeUnpublishVolumeRequest{VolumeId: name, TargetPath: f.target}); err != nil {
+		t.Fatalf("unpublish: %v", err)
+	}
+	if e := attachmentEntries(t, name); len(e) != 0 {
+		t.Errorf("Attachment entries after unpublish: %+v", e)
+	}
 }
