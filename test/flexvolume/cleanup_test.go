@@ -36,7 +36,7 @@ func TestClusterDeletionCleansNode(t *testing.T) {
 	keep := f.volume(t, "flex", "survivor", v1.ReadWriteOnce)
 	images := map[string]string{
 		"doomed-a": f.volume(t, "doomed", "doomed-a", v1.ReadWriteOnce),
-		"doomed-b": f.volume(t, "doomed", "doomed-b", v1.ReadWriteMany),
+		"doomed-b": f.volume(t, "doomed", "doomed-b", v1.ReadWriteOnce),
 	}
 	dirs := map[string]string{}
 	var busyDir, survivorDir string

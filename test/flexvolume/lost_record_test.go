@@ -10,14 +10,14 @@ import (
 	flex "github.com/berth-io/berth/internal/flexvolume"
 )
 
-// TestUnmountWithLostRecordReleasesStaging: two pods mount one RWX volume,
+// TestUnmountWithLostRecordReleasesStaging: two pods mount one RWO volume,
 // then its Attachment is deleted (a lost record). Unmounting the first pod
 // unmounts only its dir: the staging stays while the second pod's mount
 // does. Unmounting the second releases the staging mount and the loop
 // device, found through the mount table.
 func TestUnmountWithLostRecordReleasesStaging(t *testing.T) {
 	f := setup(t)
-	image := f.volume(t, "flex", "flex-lost", v1.ReadWriteMany)
+	image := f.volume(t, "flex", "flex-lost", v1.ReadWriteOnce)
 	uidA := f.pod(t, podSpec{ns: "default", name: "lost-a", volume: inline("flex-lost", "")})
 	uidB := f.pod(t, podSpec{ns: "default", name: "lost-b", volume: inline("flex-lost", "")})
 	dirA, dirB := f.podDir(uidA, "flex-lost"), f.podDir(uidB, "flex-lost")

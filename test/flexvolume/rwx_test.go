@@ -10,16 +10,17 @@ import (
 	flex "github.com/berth-io/berth/internal/flexvolume"
 )
 
-// TestReadWriteManyPodsShareOneStaging: two pods on this node mount one
-// ReadWriteMany volume (one staging, one loop device). When the first
+// TestPodsShareOneStaging: two pods on this node mount one ReadWriteOnce
+// volume (one staging, one loop device). (A ReadWriteMany filesystem
+// volume is served over NFS by its share manager instead: agent/share.go.) When the first
 // unmounts, the second keeps reading and writing through the staging that
 // stays, with its entry and the stage record left in the Attachment. The
 // last unmount unstages: staging unmounted, loop device detached,
 // Attachment gone.
-func TestReadWriteManyPodsShareOneStaging(t *testing.T) {
+func TestPodsShareOneStaging(t *testing.T) {
 	f := setup(t)
 	const vol = "flex-rwx"
-	image := f.volume(t, "flex", vol, v1.ReadWriteMany)
+	image := f.volume(t, "flex", vol, v1.ReadWriteOnce)
 	uidA := f.pod(t, podSpec{ns: "default", name: "rwx-a", volume: inline(vol, "")})
 	uidB := f.pod(t, podSpec{ns: "default", name: "rwx-b", volume: inline(vol, "")})
 	dirA, dirB := f.podDir(uidA, vol), f.podDir(uidB, vol)
