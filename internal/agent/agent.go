@@ -363,6 +363,10 @@ func (a *Agent) Stats(ctx context.Context, volumeID, path string) (mount.Stats, 
 // Condition tells whether the volume at path is healthy, and its device
 // (for a userspace volume: its keeper, connection and server).
 func (a *Agent) Condition(ctx context.Context, volumeID, path string) (abnormal bool, msg string) {
+	// A workload's mount of an RWX volume's share: no device on this node.
+	if abnormal, msg, share := a.mounts.NFSCondition(ctx, path); share {
+		return abnormal, msg
+	}
 	d, err := a.device(volumeID)
 	if err != nil {
 		return true, err.Error()

@@ -58,3 +58,22 @@ func (m *Manager) MountNFS(_ context.Context, r NFSRequest) error {
 	m.log.Info("mounted share", "volume", r.VolumeID, "source", r.Source, "target", target, "options", opts)
 	return nil
 }
+
+// NFSCondition tells the health of a share's NFS mount at path; share is
+// false when path holds no NFS mount, which the caller then checks as a
+// staged volume. The server is not asked: on a hard mount that would block
+// while a failover runs, which is a stall, not a fault.
+func (m *Manager) NFSCondition(_ context.Context, path string) (abnormal bool, msg string, share bool) {
+	mis, err := m.mountInfo()
+	if err != nil {
+		return false, "", false
+	}
+	mi := mountAt(mis, path)
+	if mi == nil || !strings.HasPrefix(mi.FsType, "nfs") {
+		return false, "", false
+	}
+	if isReadOnly(mi.SuperOptions) && !isReadOnly(mi.MountOptions) {
+		return true, fmt.Sprintf("share %s at %s is read-only", mi.Source, path), true
+	}
+	return false, "", true
+}

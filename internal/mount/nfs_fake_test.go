@@ -1,0 +1,42 @@
+package mount
+
+import (
+	"errors"
+	"slices"
+	"testing"
+)
+
+// MountNFS mounts the share with the failover options, a retry is success,
+// another mount at the target is ErrExists; NFSCondition knows the mount,
+// and Unpublish takes it away.
+func TestFakeMountNFS(t *testing.T) {
+	f := newFakeEnv(t)
+	target := f.path("pod/mount")
+	r := NFSRequest{VolumeID: "vol-a", Source: "sm.ns.svc:/vol-a", TargetPath: target, MountFlags: []string{"port=2050"}}
+	for range 2 {
+		if err := f.mgr.MountNFS(t.Context(), r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mps, _ := f.mounter.List()
+	if len(mps) != 1 || mps[0].Type != "nfs4" || !slices.Equal(mps[0].Opts, append(nfsOptions(), "port=2050")) {
+		t.Fatalf("mounts %+v", mps)
+	}
+	if abnormal, msg, share := f.mgr.NFSCondition(t.Context(), target); abnormal || !share {
+		t.Errorf("condition of the share's mount: %t %q share %t", abnormal, msg, share)
+	}
+	if _, _, share := f.mgr.NFSCondition(t.Context(), f.path("elsewhere")); share {
+		t.Error("an unmounted path taken for a share")
+	}
+	other := r
+	other.Source = "other.ns.svc:/vol-b"
+	if err := f.mgr.MountNFS(t.Context(), other); !errors.Is(err, ErrExists) {
+		t.Errorf("mount another share at the same target: %v, want ErrExists", err)
+	}
+	if err := f.mgr.Unpublish(t.Context(), target); err != nil {
+		t.Fatal(err)
+	}
+	if f.mounts() != 0 {
+		t.Errorf("unpublish left %d mounts", f.mounts())
+	}
+}
