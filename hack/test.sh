@@ -35,8 +35,10 @@ tags=(-tags ceph,pacific)
 [ "${BERTH_CEPH:-1}" = 0 ] && tags=()
 # -p 1: packages that start API servers or touch loop devices run one at a
 # time on our 2-core machines. As root this includes the tests on a real
-# Ceph (internal/testenv/testceph: ~45 s per package that uses one, plus
-# ~50 s once to install Debian's ceph packages).
+# Ceph (internal/testenv/testceph: ~20-45 s to start one per package that
+# uses one, plus ~50 s once to install Debian's ceph packages), among them
+# csi-sanity on a ceph class in test/sanity (~80 s more than the local
+# classes' suites).
 set +e
 go test "${tags[@]}" -p 1 -count=1 -timeout 30m -v "$@" ./... 2>&1 | tee -a "$log" | grep -vE '^=== (RUN|PAUSE|CONT)'
 r=${PIPESTATUS[0]}

@@ -32,12 +32,17 @@ import (
 )
 
 const (
+	suiteName      = "berth CSI sanity"
 	nodeName       = "sanity-node"
 	berthNamespace = "berth-system"
 )
 
 // sanityCluster is the StorageCluster of the sanity volumes.
 const sanityCluster = "sanity"
+
+// cephSpecs matches every spec of the ceph class: a ginkgo skip pattern,
+// matched against the suite's description and the spec's full text.
+const cephSpecs = `^berth CSI sanity berth ceph (mount|block) access `
 
 // classParams are the parameters of the volumes the tests create.
 func classParams() map[string]string { return map[string]string{v1.ParamStorageCluster: sanityCluster} }
@@ -46,7 +51,10 @@ var (
 	work     string // data dir, sockets, targets
 	mountCfg = sanity.NewTestConfig()
 	blockCfg = sanity.NewTestConfig()
-	counts   = map[types.SpecState]int{}
+	// The same suites on a class of a ceph StorageCluster (ceph_test.go).
+	cephMountCfg = sanity.NewTestConfig()
+	cephBlockCfg = sanity.NewTestConfig()
+	counts       = map[types.SpecState]int{}
 )
 
 // driver is the berth driver under test, shared by every test here.
@@ -158,31 +166,39 @@ func skipUnlessDriver(t *testing.T) {
 
 func TestSanity(t *testing.T) {
 	skipUnlessDriver(t)
-	for _, access := range []string{"mount", "block"} {
-		for _, sock := range []string{drv.nodeSock, drv.ctrlSock} {
-			slowAccept(t, sock+"."+access, sock)
-		}
-	}
-	configure(&mountCfg, "mount", drv.nodeSock+".mount", drv.ctrlSock+".mount")
-	configure(&blockCfg, "block", drv.nodeSock+".block", drv.ctrlSock+".block")
+	configure(t, &mountCfg, "mount", "mount", classParams())
+	configure(t, &blockCfg, "block", "block", classParams())
+	// The ceph class's specs that cannot run here are skipped, each with
+	// the reason printed (never a silent pass).
+	cephSkips := cephSanity(t, func(params map[string]string) {
+		configure(t, &cephMountCfg, "ceph-mount", "mount", params)
+		configure(t, &cephBlockCfg, "ceph-block", "block", params)
+	})
 
 	RegisterFailHandler(Fail)
 	suite, reporter := GinkgoConfiguration()
+	suite.SkipStrings = append(suite.SkipStrings, cephSkips...)
 	reporter.Succinct = true
-	RunSpecs(t, "berth CSI sanity", suite, reporter)
+	RunSpecs(t, suiteName, suite, reporter)
 
 	fmt.Printf("\nsanity: %d passed, %d failed, %d skipped\n",
 		counts[types.SpecStatePassed], counts[types.SpecStateFailed]+counts[types.SpecStatePanicked]+counts[types.SpecStateTimedout], counts[types.SpecStateSkipped]+counts[types.SpecStatePending])
 }
 
-func configure(c *sanity.TestConfig, access, nodeSock, ctrlSock string) {
-	c.Address = "unix://" + nodeSock
-	c.ControllerAddress = "unix://" + ctrlSock
+// configure points c at the driver through the proxies named name, with
+// its own target and staging folders, for access (mount or block) to
+// volumes of a class with params.
+func configure(t *testing.T, c *sanity.TestConfig, name, access string, params map[string]string) {
+	for _, sock := range []string{drv.nodeSock, drv.ctrlSock} {
+		slowAccept(t, sock+"."+name, sock)
+	}
+	c.Address = "unix://" + drv.nodeSock + "." + name
+	c.ControllerAddress = "unix://" + drv.ctrlSock + "." + name
 	// Where kubelet puts them: the agent refuses other paths.
-	c.TargetPath = filepath.Join(kubeletRoot(), "pods", "sanity-"+access, "volumes", "kubernetes.io~csi", "pv", "target")
-	c.StagingPath = filepath.Join(kubeletRoot(), "plugins", "kubernetes.io", "csi", "berth.io", access, "staging")
+	c.TargetPath = filepath.Join(kubeletRoot(), "pods", "sanity-"+name, "volumes", "kubernetes.io~csi", "pv", "target")
+	c.StagingPath = filepath.Join(kubeletRoot(), "plugins", "kubernetes.io", "csi", "berth.io", name, "staging")
 	c.TestVolumeAccessType = access
-	c.TestVolumeParameters = classParams()
+	c.TestVolumeParameters = params
 	c.TestVolumeSize = 64 << 20
 	c.TestVolumeExpandSize = 128 << 20
 	c.IdempotentCount = 2
@@ -194,6 +210,8 @@ func configure(c *sanity.TestConfig, access, nodeSock, ctrlSock string) {
 var _ = Describe("berth", func() {
 	Context("mount access", func() { sanity.GinkgoTest(&mountCfg) })
 	Context("block access", func() { sanity.GinkgoTest(&blockCfg) })
+	Context("ceph mount access", func() { sanity.GinkgoTest(&cephMountCfg) })
+	Context("ceph block access", func() { sanity.GinkgoTest(&cephBlockCfg) })
 })
 
 var _ = ReportAfterEach(func(r SpecReport) { counts[r.State]++ })
