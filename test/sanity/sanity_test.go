@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -189,10 +190,11 @@ func TestSanity(t *testing.T) {
 // its own target and staging folders, for access (mount or block) to
 // volumes of a class with params.
 func configure(t *testing.T, c *sanity.TestConfig, name, access string, params map[string]string) {
-	for _, sock := range []string{drv.nodeSock, drv.ctrlSock} {
-		slowAccept(t, sock+"."+name, sock)
-	}
-	c.Address = "unix://" + drv.nodeSock + "." + name
+	node := drv.nodeSock + "." + name
+	nodeWithControllerIdentity(t, node+".id", drv.nodeSock, drv.ctrlSock)
+	slowAccept(t, node, node+".id")
+	slowAccept(t, drv.ctrlSock+"."+name, drv.ctrlSock)
+	c.Address = "unix://" + node
 	c.ControllerAddress = "unix://" + drv.ctrlSock + "." + name
 	// Where kubelet puts them: the agent refuses other paths.
 	c.TargetPath = filepath.Join(kubeletRoot(), "pods", "sanity-"+name, "volumes", "kubernetes.io~csi", "pv", "target")
@@ -205,6 +207,9 @@ func configure(t *testing.T, c *sanity.TestConfig, name, access string, params m
 	// Each spec gets fresh target and staging folders, as kubelet would give.
 	c.CreateTargetDir = func(p string) (string, error) { return p, os.MkdirAll(p, 0o750) }
 	c.CreateStagingDir = c.CreateTargetDir
+	// Set with CreateTargetDir, so that csi-test checks that unpublish
+	// removes the target.
+	c.CheckPath = pathKind
 }
 
 var _ = Describe("berth", func() {
@@ -215,6 +220,22 @@ var _ = Describe("berth", func() {
 })
 
 var _ = ReportAfterEach(func(r SpecReport) { counts[r.State]++ })
+
+// pathKind tells csi-test what is at p.
+func pathKind(p string) (sanity.PathKind, error) {
+	fi, err := os.Stat(p)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return sanity.PathIsNotFound, nil
+	case err != nil:
+		return "", err
+	case fi.IsDir():
+		return sanity.PathIsDir, nil
+	case fi.Mode().IsRegular():
+		return sanity.PathIsFile, nil
+	}
+	return sanity.PathIsOther, nil
+}
 
 func waitForSockets(paths ...string) error {
 	deadline := time.Now().Add(60 * time.Second)
