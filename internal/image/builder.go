@@ -12,6 +12,8 @@ import (
 
 	"github.com/go-logr/logr"
 	utilexec "k8s.io/utils/exec"
+
+	"github.com/berth-io/berth/internal/flexvolume"
 )
 
 // Default tags of the images the e2e cluster imports.
@@ -92,7 +94,8 @@ func BerthTools() (required, optional []string) {
 
 // BerthSpec is the berth image: the berth binary at /usr/local/bin/berth
 // (the entrypoint) with the shared libraries it loads (librbd, librados and
-// theirs, when it is built with the ceph backend), plus the tools it execs
+// theirs, when it is built with the ceph backend), its static build beside
+// it when there is one (flexvolume.StaticBinary), plus the tools it execs
 // (BerthTools and extraTools, all required), each at its path on this
 // machine with the shared libraries it loads.
 func (b *Builder) BerthSpec(berthBinary, tag string, extraTools ...string) (Spec, error) {
@@ -116,6 +119,11 @@ func (b *Builder) BerthSpec(berthBinary, tag string, extraTools ...string) (Spec
 	}
 	for _, l := range libs {
 		add(l)
+	}
+	// The agent installs the static build beside berth, when there is one,
+	// as the host's Flexvolume driver.
+	if driver := flexvolume.DriverBinary(berthBinary); driver != berthBinary {
+		files = append(files, File{Path: path.Join("/usr/local/bin", flexvolume.StaticBinary), Source: driver, Mode: 0o755})
 	}
 	required, optional := BerthTools()
 	required = append(required, extraTools...)

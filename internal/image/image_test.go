@@ -17,6 +17,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
+	"github.com/berth-io/berth/internal/flexvolume"
 	"github.com/berth-io/berth/internal/testenv"
 )
 
@@ -219,9 +220,13 @@ func TestBerthSpecCarriesToolsAndLibraries(t *testing.T) {
 			t.Skipf("needs %s (hack/install-deps.sh)", tool)
 		}
 	}
-	berth := filepath.Join(t.TempDir(), "berth")
-	if err := os.WriteFile(berth, []byte("stand-in"), 0o755); err != nil {
-		t.Fatal(err)
+	dir := t.TempDir()
+	berth := filepath.Join(dir, "berth")
+	// The static build beside it goes along (the host's Flexvolume driver).
+	for _, p := range []string{berth, filepath.Join(dir, flexvolume.StaticBinary)} {
+		if err := os.WriteFile(p, []byte("stand-in"), 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
 	out := filepath.Join(t.TempDir(), "berth.tar")
 	if err := BuildBerthImage(berth, out); err != nil {
@@ -235,6 +240,9 @@ func TestBerthSpecCarriesToolsAndLibraries(t *testing.T) {
 	abs, _ := filepath.Abs(mkfs)
 	if f := files[abs[1:]]; f.typ != tar.TypeReg || f.mode&0o111 == 0 {
 		t.Errorf("%s entry %+v", abs, f)
+	}
+	if f := files["usr/local/bin/"+flexvolume.StaticBinary]; f.typ != tar.TypeReg || f.mode&0o111 == 0 {
+		t.Errorf("static build entry %+v", f)
 	}
 	if _, ok := files["lib64/ld-linux-x86-64.so.2"]; !ok {
 		t.Error("dynamic loader missing")
