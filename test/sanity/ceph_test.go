@@ -12,8 +12,6 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	berthcsi "github.com/berth-io/berth/internal/csi"
@@ -56,21 +54,7 @@ func cephSanity(t *testing.T, configure func(params map[string]string)) []string
 	// Runs before the stop: every image the suites made is gone.
 	t.Cleanup(func() { noImageLeft(t, c) })
 
-	key, err := c.ClientKey()
-	if err != nil {
-		t.Fatal(err)
-	}
-	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: cephCluster, Namespace: berthNamespace},
-		StringData: map[string]string{v1.CephSecretUserID: c.Client, v1.CephSecretUserKey: key}}
-	sc := &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: cephCluster}, Spec: v1.StorageClusterSpec{
-		Backend: v1.BackendCeph, DataDir: drv.dataDir,
-		Ceph: &v1.CephSpec{Monitors: []v1.CephMonitor{v1.CephMonitor(c.Monitors)}, Pool: c.Pool,
-			SecretRef: v1.CephSecretReference{Name: cephCluster, Namespace: berthNamespace}},
-	}}
-	if err := drv.env.Client.Create(ctx, secret); err != nil {
-		t.Fatal(err)
-	}
-	if err := drv.env.Client.Create(ctx, sc); err != nil {
+	if err := c.MakeStorageCluster(ctx, drv.env.Client, cephCluster, berthNamespace, drv.dataDir); err != nil {
 		t.Fatal(err)
 	}
 	params := map[string]string{v1.ParamStorageCluster: cephCluster, berthcsi.ParamMounter: string(v1.MounterUserspace)}
