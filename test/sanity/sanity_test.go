@@ -68,6 +68,8 @@ type driver struct {
 	agentMetrics, agentHealth, ctrlMetrics, ctrlHealth string
 	cancel                                             context.CancelFunc
 	done                                               chan error
+	// The keeper and blockdev binary of userspace volumes.
+	userspace *userspace
 }
 
 var (
@@ -123,6 +125,9 @@ func (d *driver) start(env *testenv.Env) error {
 	d.ctrlSock = filepath.Join(work, "controller.sock")
 	d.dataDir = filepath.Join(work, "data") // the StorageCluster's too
 	d.done = make(chan error, 2)
+	if d.userspace, err = startUserspace(work); err != nil {
+		return err
+	}
 	for _, addr := range []*string{&d.agentMetrics, &d.agentHealth, &d.ctrlMetrics, &d.ctrlHealth} {
 		if *addr, err = testenv.FreeAddr(); err != nil {
 			return err
@@ -131,7 +136,7 @@ func (d *driver) start(env *testenv.Env) error {
 	go func() {
 		d.done <- agentcli.Config{
 			NodeName: nodeName, Namespace: berthNamespace, DataDirs: []string{d.dataDir}, RunDir: filepath.Join(work, "run"), CSIEndpoint: "unix://" + d.nodeSock, KubeletDir: kubeletRoot(),
-			AgentSocket:      filepath.Join(work, "run", "agent.sock"),
+			AgentSocket: filepath.Join(work, "run", "agent.sock"), KeeperSocket: d.userspace.socket, BlockdevBinary: d.userspace.berth,
 			CapacityInterval: time.Second, MetricsAddr: d.agentMetrics, HealthAddr: d.agentHealth, Rest: d.env.Config, Log: log.WithName("agent"),
 		}.Run(ctx)
 	}()
@@ -157,6 +162,8 @@ func (d *driver) stop() error {
 			}
 		}
 	}
+	// After the agent: it may still have unstaged volumes.
+	d.userspace.stop()
 	return errors.Join(errs...)
 }
 
