@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 )
 
 // pluginCapabilities is the one call the node proxy answers from the
@@ -32,15 +31,7 @@ func (rawCodec) Name() string { return "proto" }
 // agent unchanged, errors included.
 func nodeWithControllerIdentity(t *testing.T, listen, node, ctrl string) {
 	t.Helper()
-	dial := func(sock string) *grpc.ClientConn {
-		c, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = c.Close() })
-		return c
-	}
-	nodeConn, ctrlConn := dial(node), dial(ctrl)
+	nodeConn, ctrlConn := conn(t, node), conn(t, ctrl)
 	forward := func(_ any, stream grpc.ServerStream) error {
 		method, _ := grpc.MethodFromServerStream(stream)
 		to := nodeConn
