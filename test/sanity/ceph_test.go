@@ -6,6 +6,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"regexp"
 	"testing"
 
@@ -34,7 +36,7 @@ const cephNodeSpecs = cephSpecs + `Node Service (NodeUnpublishVolume should remo
 // (userspace mounter: krbd is not in this kernel). It returns the specs to
 // skip: all where no test Ceph can run, the node's where this agent cannot
 // stage a ceph volume yet; each skip printed with its reason.
-func cephSanity(t *testing.T, configure func(params map[string]string)) []string {
+func cephSanity(t *testing.T, configure func(params map[string]string, secretsFile string)) []string {
 	// The scripts bound their own time (a cold start installs packages).
 	ctx := context.Background()
 	if reason := testceph.SkipReason(ctx); reason != "" {
@@ -58,8 +60,20 @@ func cephSanity(t *testing.T, configure func(params map[string]string)) []string
 		t.Fatal(err)
 	}
 	params := map[string]string{v1.ParamStorageCluster: cephCluster, berthcsi.ParamMounter: string(v1.MounterUserspace)}
-	configure(params)
-	if reason := cephNodeMissing(t, params); reason != "" {
+	// The cephx key reaches the node as NodeStageVolume secrets, as the
+	// ceph classes' node-stage-secret gives them to kubelet.
+	key, err := c.ClientKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	secrets := map[string]string{v1.CephSecretUserID: c.Client, v1.CephSecretUserKey: key}
+	secretsFile := filepath.Join(work, "ceph-secrets.yaml")
+	if err := os.WriteFile(secretsFile, fmt.Appendf(nil, "NodeStageVolumeSecret:\n  %s: %q\n  %s: %q\n",
+		v1.CephSecretUserID, c.Client, v1.CephSecretUserKey, key), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	configure(params, secretsFile)
+	if reason := cephNodeMissing(t, params, secrets); reason != "" {
 		fmt.Printf("sanity: the ceph class's node specs (stage, publish) are skipped: %s\n", reason)
 		return []string{cephNodeSpecs}
 	}
@@ -72,7 +86,7 @@ func cephSanity(t *testing.T, configure func(params map[string]string)) []string
 // transport counts as missing: it looks for a local image file of the
 // volume and finds none (NotFound "image of volume ...: volume not found").
 // Any other failure fails the test.
-func cephNodeMissing(t *testing.T, params map[string]string) string {
+func cephNodeMissing(t *testing.T, params, secrets map[string]string) string {
 	cl := dial(t)
 	ctx := testCtx(t)
 	vol, err := cl.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "sanity-probe", Parameters: params,
@@ -88,7 +102,7 @@ func cephNodeMissing(t *testing.T, params map[string]string) string {
 	}()
 	staging, _ := kubeletDirs(t)
 	_, err = cl.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging,
-		VolumeCapability: mountCap(), VolumeContext: vol.GetVolume().GetVolumeContext()})
+		VolumeCapability: mountCap(), VolumeContext: vol.GetVolume().GetVolumeContext(), Secrets: secrets})
 	if err == nil {
 		if _, err := cl.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
 			t.Fatalf("NodeUnstageVolume of the probe: %v", err)

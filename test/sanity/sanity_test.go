@@ -178,9 +178,10 @@ func TestSanity(t *testing.T) {
 	configure(t, &blockCfg, "block", "block", classParams())
 	// The ceph class's specs that cannot run here are skipped, each with
 	// the reason printed (never a silent pass).
-	cephSkips := cephSanity(t, func(params map[string]string) {
+	cephSkips := cephSanity(t, func(params map[string]string, secretsFile string) {
 		configure(t, &cephMountCfg, "ceph-mount", "mount", params)
 		configure(t, &cephBlockCfg, "ceph-block", "block", params)
+		cephMountCfg.SecretsFile, cephBlockCfg.SecretsFile = secretsFile, secretsFile
 	})
 
 	RegisterFailHandler(Fail)
