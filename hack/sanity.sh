@@ -37,7 +37,12 @@ if [ "${BERTH_CEPH:-1}" != 0 ]; then
 	export BERTH_CEPH_DIR=/var/lib/berth-ceph-sanity-sh BERTH_CEPH_MON_PORT=3315 BERTH_CEPH_PORT_MIN=7400 BERTH_CEPH_PORT_MAX=7499
 	ceph_up=1
 	hack/ceph/up.sh >"$work/ceph-up.log" 2>&1 || { tail -n 20 "$work/ceph-up.log" >&2; exit 1; }
-	ceph=(--ceph-storage-cluster sanity-ceph --ceph-env "$(tail -n 1 "$work/ceph-up.log")")
+	env_file=$(tail -n 1 "$work/ceph-up.log")
+	ceph=(--ceph-storage-cluster sanity-ceph --ceph-env "$env_file")
+	# The cephx key reaches the node as NodeStageVolume secrets (0600 file).
+	client=$(sed -n 's/^BERTH_CEPH_CLIENT=//p' "$env_file")
+	key=$(sed -n 's/^[[:space:]]*key[[:space:]]*=[[:space:]]*//p' "$(sed -n 's/^BERTH_CEPH_KEYRING=//p' "$env_file")")
+	(umask 077 && printf 'NodeStageVolumeSecret:\n  userID: "%s"\n  userKey: "%s"\n' "$client" "$key" >"$work/ceph-secrets.yaml")
 fi
 bin/apiserver --write-kubeconfig "$work/kubeconfig" --node sanity-node --storage-cluster sanity --storage-cluster-data-dir "$work/data" --storage-class berth "${ceph[@]}" >"$work/apiserver.log" 2>&1 &
 pids+=($!)
@@ -45,7 +50,11 @@ pids+=($!)
 for _ in $(seq 1 120); do grep -q '^apiserver: ready' "$work/apiserver.log" && break; sleep 0.5; done
 grep -q '^apiserver: ready' "$work/apiserver.log" || { cat "$work/apiserver.log" >&2; exit 1; }
 
-bin/berth agent --kubeconfig "$work/kubeconfig" --node-name sanity-node --data-dir "$work/data" --run-dir "$work/run" \
+# The keeper of userspace volumes (the ceph class's mounter).
+mkdir -p "$work/run"
+bin/berth keeper --socket "$work/run/keeper.sock" >"$work/keeper.log" 2>&1 &
+pids+=($!)
+bin/berth agent --kubeconfig "$work/kubeconfig" --keeper-socket "$work/run/keeper.sock" --node-name sanity-node --data-dir "$work/data" --run-dir "$work/run" \
 	--csi-endpoint "unix://$work/node.sock" --kubelet-dir "$work/kubelet" --volume-plugin-dir "" \
 	--agent-socket "$work/run/agent.sock" --capacity-interval 1s --metrics-addr 0 --health-addr 0 >"$work/agent.log" 2>&1 &
 pids+=($!)
@@ -81,7 +90,7 @@ if [ ${#ceph[@]} -gt 0 ]; then
 	# volume and answers NotFound "image of volume ...: volume not found".
 	stage_spec='Node Service NodeGetVolumeStats should fail when volume does not exist on the specified path$'
 	node_skip=()
-	if ! sanity ceph-probe mount ceph --ginkgo.focus "$stage_spec" >"$work/ceph-probe.log" 2>&1; then
+	if ! sanity ceph-probe mount ceph --csi.secrets "$work/ceph-secrets.yaml" --ginkgo.focus "$stage_spec" >"$work/ceph-probe.log" 2>&1; then
 		if grep -q 'image of volume .*: volume not found' "$work/ceph-probe.log"; then
 			echo "== the ceph class's node specs (stage, publish) are skipped: this agent cannot stage a ceph volume yet"
 			node_skip=(--ginkgo.skip 'Node Service (NodeUnpublishVolume should remove target path|NodeGetVolumeStats should fail when volume does not exist on the specified path|NodeExpandVolume should work if node-expand is called after node-publish|should work|should be idempotent)$')
@@ -92,7 +101,7 @@ if [ ${#ceph[@]} -gt 0 ]; then
 	fi
 	for access in mount block; do
 		echo "== csi-sanity, ceph class, $access access"
-		sanity "ceph-$access" "$access" ceph "${node_skip[@]}" 2>&1 | tail -n 25 || rc=1
+		sanity "ceph-$access" "$access" ceph --csi.secrets "$work/ceph-secrets.yaml" "${node_skip[@]}" 2>&1 | tail -n 25 || rc=1
 	done
 else
 	echo "== the ceph class is skipped: BERTH_CEPH=0"
