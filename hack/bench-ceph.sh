@@ -11,7 +11,7 @@
 # reported, not asserted.
 # Env: BENCH_SECONDS (fio seconds per job, default 10), BENCH_CEPH_MIB (image
 # size, default 1024), BENCH_CEPH_RBD_4K_MIB (what each 4k rbd bench moves,
-# default 64). Needs root, fio, FUSE, loop devices; installs rbd-fuse and
+# default 128). Needs root, fio, FUSE, loop devices; installs rbd-fuse and
 # the Ceph packages when missing. Leaves nothing: the test stops rbd-fuse,
 # the agent, servers and Ceph by PID, removes loop devices, mounts and the
 # image; this script checks that after it.

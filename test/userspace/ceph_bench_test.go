@@ -65,7 +65,7 @@ func (w cephWorkload) figure(opsPerSec float64) float64 {
 // figures. Runs only with BERTH_CEPH_BENCH=1.
 // Env: BENCH_SECONDS (fio seconds per job, default 10), BENCH_CEPH_MIB
 // (image size, default 1024), BENCH_CEPH_RBD_4K_MIB (bytes each 4k rbd
-// bench moves, default 64).
+// bench moves, default 128).
 func TestCephBench(t *testing.T) {
 	if os.Getenv("BERTH_CEPH_BENCH") != "1" {
 		t.Skip("a benchmark: BERTH_CEPH_BENCH=1 (hack/bench-ceph.sh) runs it")
@@ -87,7 +87,7 @@ func TestCephBench(t *testing.T) {
 	for _, w := range cephWorkloads {
 		total := int64(mib) << 20
 		if w.bs <= 4<<10 {
-			total = int64(envInt("BENCH_CEPH_RBD_4K_MIB", 64)) << 20
+			total = int64(envInt("BENCH_CEPH_RBD_4K_MIB", 128)) << 20
 		}
 		ops, err := rbdBenchOps(ctx, c, spec, w, total)
 		if err != nil {
