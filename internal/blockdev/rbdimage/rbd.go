@@ -157,6 +157,15 @@ func (i *Image) Restat() (int64, error) {
 	return int64(size), nil
 }
 
+// workers is the FUSE server's request workers on an RBD image: each has
+// one synchronous librbd request in flight, so it takes as many as a
+// deep queue (QD64 and the loop device's own) keeps busy; the default 16
+// would cap random I/O at a quarter of what librbd does with 64 in flight.
+const workers = 64
+
+// Workers is how many requests the server should have in librbd at once.
+func (*Image) Workers() int { return workers }
+
 // Direct: librbd has no page cache here (rbd_cache off).
 func (*Image) Direct() bool { return true }
 
