@@ -87,7 +87,15 @@ func (a *Agent) stage(ctx context.Context, r StageRequest) (err error) {
 		Volume: r.VolumeID, Node: a.node, MountDir: r.StagingPath, StagingPath: r.StagingPath,
 		AccessMode: vol.Spec.AccessMode, ReadOnly: r.ReadOnly,
 	}
-	if err := a.fence.Acquire(ctx, claim); err != nil {
+	// Another node's lock on a ceph volume is broken only after its Ceph
+	// clients are blocklisted, with this stage's client.
+	bl := a.blocklister(sc, r.Secrets)
+	if bl != nil {
+		claim.Blocklister = bl
+	}
+	err = a.fence.Acquire(ctx, claim)
+	bl.close()
+	if err != nil {
 		return fmt.Errorf("fence volume %s: %w", r.VolumeID, err)
 	}
 	// att and recorded say what this call made, so that a failed retry of
