@@ -16,6 +16,7 @@ import (
 
 	"github.com/go-logr/logr/testr"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -79,7 +80,9 @@ func servedBy(t *testing.T, recorded, watching []string) {
 // records the new server's; a fencer standing for node B (A tainted
 // out-of-service) blocklists A's client before B holds the volume; A's
 // writes then fail (never a silent success) and B reads what A synced;
-// the Unfencer's removal works with the berth client's caps.
+// node A back: its cleaner undoes the stale stage with its client
+// blocklisted and starts no new client; the Unfencer then takes A's client
+// off the blocklist with the berth client's caps.
 func TestCephFencingOnRealCeph(t *testing.T) {
 	f, c, nc := cephSetup(t)
 	ctx := t.Context()
@@ -199,13 +202,90 @@ func TestCephFencingOnRealCeph(t *testing.T) {
 	}
 	verifyFiles(t, moved)
 
-	// The Unfencer's removal runs as the same berth client (its caps).
-	if err := fencing.UnfenceClients(ctx, healed); err != nil {
-		caps, _ := c.AdminCeph(ctx, "auth", "get", "client."+c.Client)
-		t.Fatalf("take node A's client off the blocklist as client.%s: %v (caps: %s)", c.Client, err, capsOnly(caps))
+	// Node A comes back (its agent and servers were gone): its cleaner
+	// undoes the stale stage while its client is blocklisted, and starts no
+	// server for it (a new, unfenced client would take the lock from B).
+	f.crash(t)
+	untaint(t, f, corev1.TaintNodeOutOfService)
+	nodeReady(t, f)
+	if err := f.startAgent(); err != nil {
+		t.Fatal(err)
 	}
-	if listed, err = fencing.Blocklisted(ctx); err != nil || slices.ContainsFunc(healed, func(a string) bool { return slices.Contains(listed, a) }) {
-		t.Errorf("after unfencing the blocklist is %v, %v", listed, err)
+	waitCSI(t, nc)
+	for deadline := time.Now().Add(90 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		var ncA v1.NodeCleanup
+		if err := f.env.Client.Get(ctx, client.ObjectKey{Name: node}, &ncA); err != nil {
+			t.Fatal(err)
+		}
+		if len(ncA.Spec.Entries) == 0 && ncA.Status.LastProcessed != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node A's cleaner left %+v (status %+v)", ncA.Spec.Entries, ncA.Status)
+		}
+	}
+	if dev, _ := stagedDeviceOf(m.staging); dev != "" {
+		t.Errorf("node A's staging still holds %s after its cleaner ran", dev)
+	}
+	if w := watchers(t, c, spec); len(w) != 0 {
+		t.Errorf("after node A was cleaned, clients still have the image open: %v", w)
+	}
+
+	// The Unfencer (short cool-down) takes A's client off the blocklist,
+	// as the same berth client (its caps).
+	un := fence.NewUnfencer(f.env.Client, fencing, record.NewFakeRecorder(100), clock.RealClock{}, testr.New(t),
+		fence.UnfenceOptions{Cooldown: 100 * time.Millisecond})
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		_, err := un.RunOnce(ctx)
+		listed, lerr := fencing.Blocklisted(ctx)
+		if err == nil && lerr == nil && !slices.ContainsFunc(healed, func(a string) bool { return slices.Contains(listed, a) }) {
+			break
+		}
+		if time.Now().After(deadline) {
+			caps, _ := c.AdminCeph(ctx, "auth", "get", "client."+c.Client)
+			t.Fatalf("node A's clients %v still blocklisted (%v): unfence: %v, %v (caps: %s)", healed, listed, err, lerr, capsOnly(caps))
+		}
+	}
+}
+
+// stagedDeviceOf is the device mounted at staging ("" when none).
+func stagedDeviceOf(staging string) (string, error) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return "", err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) > 9 && f[4] == staging {
+			return f[len(f)-2], nil
+		}
+	}
+	return "", nil
+}
+
+// untaint takes the taint key off node A.
+func untaint(t *testing.T, f *fixture, key string) {
+	t.Helper()
+	var n corev1.Node
+	if err := f.env.Client.Get(t.Context(), client.ObjectKey{Name: node}, &n); err != nil {
+		t.Fatal(err)
+	}
+	n.Spec.Taints = slices.DeleteFunc(n.Spec.Taints, func(x corev1.Taint) bool { return x.Key == key })
+	if err := f.env.Client.Update(t.Context(), &n); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// nodeReady marks node A Ready, as its kubelet would when it is back.
+func nodeReady(t *testing.T, f *fixture) {
+	t.Helper()
+	var n corev1.Node
+	if err := f.env.Client.Get(t.Context(), client.ObjectKey{Name: node}, &n); err != nil {
+		t.Fatal(err)
+	}
+	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue,
+		LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}}
+	if err := f.env.Client.Status().Update(t.Context(), &n); err != nil {
+		t.Fatal(err)
 	}
 }
 
