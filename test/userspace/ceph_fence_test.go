@@ -206,6 +206,7 @@ func TestCephFencingOnRealCeph(t *testing.T) {
 	// undoes the stale stage while its client is blocklisted, and starts no
 	// server for it (a new, unfenced client would take the lock from B).
 	f.crash(t)
+	startsBefore := f.serverStarts(t, name)
 	untaint(t, f, corev1.TaintNodeOutOfService)
 	nodeReady(t, f)
 	if err := f.startAgent(); err != nil {
@@ -226,6 +227,9 @@ func TestCephFencingOnRealCeph(t *testing.T) {
 	}
 	if dev, _ := stagedDeviceOf(m.staging); dev != "" {
 		t.Errorf("node A's staging still holds %s after its cleaner ran", dev)
+	}
+	if n := f.serverStarts(t, name) - startsBefore; n != 0 {
+		t.Errorf("node A started %d server(s), new Ceph clients, for a volume whose lock B took", n)
 	}
 	if w := watchers(t, c, spec); len(w) != 0 {
 		t.Errorf("after node A was cleaned, clients still have the image open: %v", w)
@@ -322,4 +326,21 @@ func capsOnly(out []byte) string {
 		}
 	}
 	return strings.Join(caps, "; ")
+}
+
+// serverStarts counts the agent's log lines saying it started a server
+// for volume.
+func (f *fixture) serverStarts(t *testing.T, volume string) int {
+	t.Helper()
+	b, err := os.ReadFile(f.agentLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, "blockdev server started") && strings.Contains(l, `"`+volume+`"`) {
+			n++
+		}
+	}
+	return n
 }
