@@ -68,6 +68,8 @@ type Agent struct {
 	paths nodepath.Rule
 	// events tells on Volumes and PVs why an unstage waits (Config.Events).
 	events record.EventRecorder
+	// openFencing connects to Ceph to fence (Config.CephFencing).
+	openFencing OpenCephFencing
 }
 
 // DefaultLockWait is how long background work waits for a busy volume.
@@ -117,6 +119,10 @@ type Config struct {
 	Events record.EventRecorder
 	// Userspace enables volumes with mounter userspace (nil: refused).
 	Userspace *UserspaceConfig
+	// CephFencing connects to Ceph with a stage's cephx client when its
+	// Acquire must break another node's lock and blocklist its clients
+	// (nil: ceph.OpenFencing).
+	CephFencing OpenCephFencing
 }
 
 // ErrConfig means that New was given an unusable Config.
@@ -162,7 +168,7 @@ func New(c Config) (*Agent, error) {
 	}
 	a := &Agent{node: c.Node, api: c.API, images: c.Images, loop: c.Loop, mounts: c.Mounts, fence: c.Fence,
 		locks: c.Locks, log: c.Log, lockWait: c.LockWait, paths: c.Paths, flex: c.Flex,
-		status: c.Status, clock: c.Clock, events: c.Events, us: us}
+		status: c.Status, clock: c.Clock, events: c.Events, us: us, openFencing: c.CephFencing}
 	if a.locks == nil {
 		a.locks = NewVolumeLocks()
 	}

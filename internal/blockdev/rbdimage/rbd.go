@@ -12,6 +12,8 @@ import (
 	"github.com/ceph/go-ceph/rados"
 	"github.com/ceph/go-ceph/rbd"
 	"golang.org/x/sys/unix"
+
+	"github.com/berth-io/berth/internal/backend/ceph"
 )
 
 // Built tells whether this binary can serve RBD images.
@@ -29,7 +31,8 @@ type Image struct {
 	size  atomic.Int64
 }
 
-// Open connects as the access file at path says and opens its image.
+// Open connects as the access file at path says, opens its image and
+// records this client's addresses beside the access file (ClientsPath).
 func Open(path string) (*Image, error) {
 	a, err := Read(path)
 	if err != nil {
@@ -41,6 +44,16 @@ func Open(path string) (*Image, error) {
 	}
 	i := &Image{conn: conn}
 	if err := i.open(a); err != nil {
+		i.close()
+		return nil, err
+	}
+	// Failing here fails the start: a server that says ready has always
+	// replaced the addresses of the one before.
+	addrs, err := ceph.ClientAddrs(conn)
+	if err == nil {
+		err = writeClients(path, addrs)
+	}
+	if err != nil {
 		i.close()
 		return nil, err
 	}
