@@ -29,6 +29,20 @@ GENERATED := api/v1alpha1/zz_generated.deepcopy.go config/crd/bases config/rbac 
 
 GO_TEST_FLAGS ?=
 
+# CEPH=1 (the default) builds berth with the ceph backend: cgo against
+# Debian's librbd and librados (hack/install-deps.sh --ceph-build installs
+# them), so bin/berth is dynamically linked and the image carries its
+# libraries; bin/berth-flexvolume beside it is the static build without the
+# backend, which the agent installs as the host's Flexvolume driver (hosts
+# need no Ceph libraries). CEPH=0 builds a static berth without it: its
+# operator reports CephNotBuilt for a ceph StorageCluster.
+CEPH ?= 1
+ifeq ($(CEPH),0)
+GO_BUILD := CGO_ENABLED=0 go build
+else
+GO_BUILD := CGO_ENABLED=1 go build -tags ceph,pacific
+endif
+
 ##@ General
 
 .PHONY: help
@@ -38,8 +52,10 @@ help: ## Show this help.
 ##@ Development
 
 .PHONY: build
-build: ## Build bin/berth (static, with version and commit).
-	CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/berth ./cmd/berth
+build: ## Build bin/berth with version and commit, and the ceph backend (cgo; CEPH=0: static, without it).
+	$(if $(filter 0,$(CEPH)),,hack/install-deps.sh --ceph-build)
+	$(GO_BUILD) -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/berth ./cmd/berth
+	$(if $(filter 0,$(CEPH)),rm -f $(BIN)/berth-flexvolume,CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/berth-flexvolume ./cmd/berth)
 
 .PHONY: generate
 generate: $(CONTROLLER_GEN) $(HELM) ## Regenerate deepcopy code, CRDs, RBAC, the chart's copies and deploy/manifests.

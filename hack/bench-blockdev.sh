@@ -28,7 +28,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-(cd "$root" && go build -o "$work/berth" ./cmd/berth)
+make --no-print-directory -s -C "$root" build BIN="$work"
 truncate -s "$size" "$work/kernel.img" "$work/user.img"
 
 "$work/berth" keeper --socket "$work/run/keeper.sock" 2>"$work/keeper.log" &

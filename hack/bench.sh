@@ -21,6 +21,10 @@
 #     manager, for an NFSv4.0 client (stable writes) and an NFSv4.1 one
 #     (COMMIT) (internal/cli/sharemanager TestFailoverLosesNoAcknowledgedWrite;
 #     target <= 10 s for a killed server).
+#  5. Ceph: a berth userspace ceph volume against `rbd bench` on an image of
+#     the same test Ceph pool and against rbd-fuse + loop, 4k random QD64 and
+#     128k sequential (hack/bench-ceph.sh; targets >= 0.8x rbd bench, >= 2x
+#     rbd-fuse). BENCH_CEPH=0 leaves it out.
 # Env: BENCH_SECONDS (fio seconds per run, default 10), BENCH_SIZE (default 1G),
 #      BENCH_ROUNDS (alternating runs per side, median reported, default 3),
 #      BERTH_BLOCKDEV_PASSTHROUGH (default true), BERTH_HEAL_CYCLES.
@@ -30,7 +34,7 @@ cd "$(dirname "$0")/.."
 export PATH="/usr/local/go/bin:$PATH"
 
 out=$(mktemp)
-trap 'rm -f "$out" "$out.heal" "$out.pvc" "$out.scale" "$out.share"' EXIT
+trap 'rm -f "$out" "$out.heal" "$out.pvc" "$out.scale" "$out.share" "$out.ceph"' EXIT
 
 echo "== userspace / kernel loop device (fio direct=1, passthrough=${BERTH_BLOCKDEV_PASSTHROUGH:-true})"
 BERTH_BLOCKDEV_PASSTHROUGH=${BERTH_BLOCKDEV_PASSTHROUGH:-true} \
@@ -78,6 +82,14 @@ BERTH_SHARE_FAILOVERS=${BERTH_SHARE_FAILOVERS:-20} go test -count=1 -v -timeout 
 	-run 'TestFailoverLosesNoAcknowledgedWrite$' ./internal/cli/sharemanager/ 2>&1 | tee "$out.share" && share_rc=0 || share_rc=$?
 share=$(grep '^SHARE_FAILOVER_RESULT' "$out.share" || true)
 
+ceph_rc=0
+: >"$out.ceph"
+if [ "${BENCH_CEPH:-1}" != 0 ]; then
+	echo
+	echo "== Ceph: berth userspace volume vs rbd bench and rbd-fuse + loop"
+	hack/bench-ceph.sh 2>&1 | tee "$out.ceph" && ceph_rc=0 || ceph_rc=$?
+fi
+
 pvc_rc=0
 : >"$out.pvc"
 if [ "${BENCH_PVC:-1}" != 0 ]; then
@@ -123,7 +135,10 @@ grep '^PVC_RUNNING_RESULT' "$out.pvc" | awk '{
 	for (i = 2; i <= NF; i++) { split($i, p, "="); v[p[1]] = p[2] }
 	printf "%-34s %10s   p99 %s (%s PVCs, %s nodes)\n", "PVC -> Running p50 (" v["class"] ")", v["p50"], v["p99"], v["pvcs"], v["nodes"]
 }' || true
+sed -n '/^== Ceph: berth/,$p' "$out.ceph"
+[ "$ceph_rc" -eq 0 ] || echo "Ceph bench FAILED (exit $ceph_rc): its figures do not count" >&2
 [ "$pvc_rc" -eq 0 ] || echo "PVC bench FAILED (exit $pvc_rc): its figures do not count" >&2
 [ "$heal_rc" -eq 0 ] || { echo "heal test FAILED (exit $heal_rc): its figures above do not count" >&2; exit "$heal_rc"; }
 [ "$share_rc" -eq 0 ] || exit "$share_rc"
+[ "$ceph_rc" -eq 0 ] || exit "$ceph_rc"
 exit "$pvc_rc"

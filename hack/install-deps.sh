@@ -2,10 +2,14 @@
 # Installs the Debian packages berth's tests and dev environment use, only
 # those missing, so that a second run costs a dpkg query.
 #   hack/install-deps.sh [package ...]     default: the test set
+#   hack/install-deps.sh --ceph-build      what `make build` (CEPH=1) needs
 set -euo pipefail
 
 pkgs=("$@")
-if [ ${#pkgs[@]} -eq 0 ]; then
+if [ "${1:-}" = --ceph-build ]; then
+	# The ceph backend is cgo (go-ceph) against Ceph's C libraries.
+	pkgs=(gcc libc6-dev librbd-dev librados-dev)
+elif [ ${#pkgs[@]} -eq 0 ]; then
 	# mkfs/resize for ext4 and xfs, losetup/mount/blockdev, fio for verifying
 	# writers and benchmarks, nfs-ganesha with its VFS FSAL for the RWX share
 	# manager's root tests.
@@ -20,6 +24,7 @@ done
 
 if [ "$(id -u)" -ne 0 ]; then
 	echo "install-deps: missing ${missing[*]}; run as root or install them" >&2
+	[ "${1:-}" = --ceph-build ] && echo "install-deps: or build without the ceph backend: make build CEPH=0" >&2
 	exit 1
 fi
 echo "install-deps: installing ${missing[*]}" >&2

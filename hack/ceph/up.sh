@@ -118,7 +118,13 @@ bootstrap() {
 	local monkeys="$CEPH_DIR/keyring/mon.keyring"
 	new_key "$monkeys" mon. --cap mon 'allow *'
 	new_key "$ADMIN_KEYRING" client.admin --cap mon 'allow *' --cap osd 'allow *' --cap mgr 'allow *' --cap mds 'allow *'
-	new_key "$CLIENT_KEYRING" "client.$CLIENT" --cap mon 'profile rbd' --cap osd "profile rbd pool=$POOL" --cap mgr "profile rbd pool=$POOL"
+	# `profile rbd` lets berth put a dead node's client on the blocklist;
+	# taking it off again (the operator's Unfencer, after the node is back
+	# and cleaned) needs the command itself. The same client, not a second
+	# admin key: the cluster's Secret is the one credential berth holds,
+	# and adding (the harmful half) is allowed already.
+	new_key "$CLIENT_KEYRING" "client.$CLIENT" --cap mon 'profile rbd, allow command "osd blocklist"' \
+		--cap osd "profile rbd pool=$POOL" --cap mgr "profile rbd pool=$POOL"
 	new_key "$CEPH_DIR/mgr/x/keyring" mgr.x --cap mon 'allow profile mgr' --cap osd 'allow *' --cap mds 'allow *'
 	for ((i = 0; i < OSD_COUNT; i++)); do
 		mkdir -p "$CEPH_DIR/osd/$i"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the berth image from a static berth binary and imports it into
+# Builds the berth image from a berth binary (with its shared libraries) and imports it into
 # every node of the running e2e cluster (tag berth.local/berth:dev), for a
 # quick rebuild loop:
 #

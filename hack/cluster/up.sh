@@ -10,7 +10,7 @@
 # Writes $WORKDIR/cluster.env (KUBECONFIG, NODES, NODE_NAME_<i>, KUBELET_ROOT,
 # API_SERVER, ...). Stop with hack/cluster/down.sh; hack/cluster/node.sh
 # stops, freezes or cuts off one node.
-# Set BERTH_E2E_BERTH_BINARY to a static berth binary to also build and
+# Set BERTH_E2E_BERTH_BINARY to a berth binary (make build) to also build and
 # import the berth image (tag berth.local/berth:dev).
 set -euo pipefail
 

@@ -32,7 +32,7 @@ func run() error {
 	pause := flag.String("pause", "", "static pause binary (built from hack/images/pause); empty skips pause.tar")
 	busybox := flag.String("busybox", "/bin/busybox", "static busybox (Debian busybox-static); empty skips busybox.tar")
 	busyboxTag := flag.String("busybox-tag", image.BusyboxTag, "tag of the busybox image")
-	berth := flag.String("berth", "", "static berth binary; empty skips berth.tar")
+	berth := flag.String("berth", "", "berth binary (its shared libraries go along); empty skips berth.tar")
 	berthTag := flag.String("berth-tag", image.BerthTag, "tag of the berth image")
 	berthExtra := flag.String("berth-extra-tools", "", "comma-separated extra programs for the berth image, e.g. fio")
 	agnhost := flag.String("agnhost", "", "static agnhost (hack/kube-binaries.sh agnhost), put on the -busybox-src busybox; empty skips agnhost.tar")

@@ -68,6 +68,8 @@ type Agent struct {
 	paths nodepath.Rule
 	// events tells on Volumes and PVs why an unstage waits (Config.Events).
 	events record.EventRecorder
+	// openFencing connects to Ceph to fence (Config.CephFencing).
+	openFencing OpenCephFencing
 	// nfs and shareWait serve RWX volumes' workloads (Config.NFS, ShareWait).
 	nfs       NFSClient
 	shareWait time.Duration
@@ -120,6 +122,10 @@ type Config struct {
 	Events record.EventRecorder
 	// Userspace enables volumes with mounter userspace (nil: refused).
 	Userspace *UserspaceConfig
+	// CephFencing connects to Ceph with a stage's cephx client when its
+	// Acquire must break another node's lock and blocklist its clients
+	// (nil: ceph.OpenFencing).
+	CephFencing OpenCephFencing
 	// NFS says whether this node can mount RWX volumes' shares (nil:
 	// mount.HostNFSClient). ShareWait bounds a publish's wait for the
 	// share to run (0: DefaultShareWait).
@@ -170,7 +176,8 @@ func New(c Config) (*Agent, error) {
 	}
 	a := &Agent{node: c.Node, api: c.API, images: c.Images, loop: c.Loop, mounts: c.Mounts, fence: c.Fence,
 		locks: c.Locks, log: c.Log, lockWait: c.LockWait, paths: c.Paths, flex: c.Flex,
-		status: c.Status, clock: c.Clock, events: c.Events, us: us, nfs: c.NFS, shareWait: c.ShareWait}
+		status: c.Status, clock: c.Clock, events: c.Events, us: us, openFencing: c.CephFencing,
+		nfs: c.NFS, shareWait: c.ShareWait}
 	if a.nfs == nil {
 		a.nfs = mount.HostNFSClient()
 	}

@@ -42,7 +42,7 @@ func (a *Agent) Undo(ctx context.Context, s v1.StaleAttachment) error {
 	if staging == "" {
 		staging = s.MountDir
 	}
-	if err := a.forceUnstage(ctx, s.Volume, staging); errors.Is(err, errForeignDevice) {
+	if err := a.forceUnstage(ctx, s.Volume, staging, lockBroken(s.Reason)); errors.Is(err, errForeignDevice) {
 		return fmt.Errorf("%w: %w", err, fence.ErrRefused) // another device there: never ours to undo
 	} else if err != nil {
 		return err
@@ -60,7 +60,8 @@ var errForeignDevice = volerr.New(volerr.ErrInvalid, "not the volume's device")
 // volume's own device is unmounted: a staging path where another device is
 // mounted (another driver's, or another volume's) is refused, or every
 // mount of that device would go.
-func (a *Agent) forceUnstage(ctx context.Context, volume, staging string) error {
+// broken says that another node took the volume's lock over.
+func (a *Agent) forceUnstage(ctx context.Context, volume, staging string, broken bool) error {
 	staged, _, err := a.mounts.StagedDevice(ctx, staging)
 	if err != nil {
 		return fmt.Errorf("staged device at %s: %w", staging, err)
@@ -69,7 +70,7 @@ func (a *Agent) forceUnstage(ctx context.Context, volume, staging string) error 
 	if err != nil {
 		return err
 	}
-	if err := a.prepareUnstage(ctx, volume, d); err != nil {
+	if err := a.prepareForceUnstage(ctx, volume, d, broken); err != nil {
 		return err
 	}
 	dev, err := d.Find(ctx, volume)
@@ -177,7 +178,7 @@ func (a *Agent) detachVolume(ctx context.Context, volume string, entries []v1.At
 			}
 			var err error
 			if stage {
-				err = a.forceUnstage(ctx, volume, e.MountDir)
+				err = a.forceUnstage(ctx, volume, e.MountDir, false)
 			} else {
 				err = a.mounts.ForceUnpublish(ctx, e.MountDir)
 			}
@@ -191,4 +192,27 @@ func (a *Agent) detachVolume(ctx context.Context, volume string, entries []v1.At
 	}
 	a.log.Info("detached volume of a deleted cluster", "volume", volume)
 	return nil
+}
+
+// lockBroken tells whether a stale entry's reason is another node taking
+// the volume's lock over (and blocklisting this node's Ceph clients).
+func lockBroken(r v1.CleanupReason) bool {
+	return r == v1.ReasonNodeGone || r == v1.ReasonNodeOutOfService || r == v1.ReasonPodMoved
+}
+
+// prepareForceUnstage is prepareUnstage for a forced unstage. When the lock
+// was broken, a ceph volume gets no new server: it would be a new Ceph
+// client, not on the blocklist, and taking the connection over breaks the
+// lock of the node that holds the volume now. A server still running is
+// blocklisted (its I/O fails); with none, the connection is cut, so that
+// the unmount's flush fails at once instead of waiting for a server.
+func (a *Agent) prepareForceUnstage(ctx context.Context, volume string, d device, broken bool) error {
+	if _, ceph := d.(cephClienter); !ceph || !broken {
+		return a.prepareUnstage(ctx, volume, d)
+	}
+	if _, known := d.Serving(ctx, volume); known {
+		return nil
+	}
+	a.log.Info("lock broken: cutting the connection of a ceph volume instead of starting a server", "volume", volume)
+	return d.Stop(ctx, volume)
 }

@@ -136,11 +136,27 @@ func (r rbdDevice) Attach(ctx context.Context, req attachRequest) (attachment, e
 	}
 	if err != nil && madeAccess && !att.NewConnection {
 		// Nothing else of this call stays to be undone (Stop would).
-		if rerr := atomicfile.Remove(path); rerr != nil {
+		if rerr := r.removeAccess(req.Volume); rerr != nil {
 			r.log.Error(rerr, "remove access file after failed stage", "volume", req.Volume)
 		}
 	}
 	return att, err
+}
+
+// removeAccess removes the volume's access file and the client addresses
+// its servers recorded.
+func (r rbdDevice) removeAccess(volume string) error {
+	path := r.accessPath(volume)
+	if err := atomicfile.Remove(rbdimage.ClientsPath(path)); err != nil {
+		return err
+	}
+	return atomicfile.Remove(path)
+}
+
+// cephClients are the Ceph client addresses of the volume's server, as the
+// last server that started recorded them.
+func (r rbdDevice) cephClients(volume string) ([]string, error) {
+	return rbdimage.ReadClients(r.accessPath(volume))
 }
 
 // serverCause gives a server's failure to reach Ceph its kind: a refused
@@ -209,7 +225,7 @@ func (r rbdDevice) Stop(ctx context.Context, volume string) error {
 	if err := in.Stop(ctx, volume); err != nil {
 		return err
 	}
-	if err := atomicfile.Remove(r.accessPath(volume)); err != nil {
+	if err := r.removeAccess(volume); err != nil {
 		return fmt.Errorf("remove access file of %s: %w", volume, err)
 	}
 	return nil

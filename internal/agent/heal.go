@@ -66,6 +66,9 @@ func (a *Agent) Heal(ctx context.Context, volumeID string) (*v1.Volume, HealResu
 		return image, err
 	}
 	res, err := d.Heal(ctx, volumeID, image)
+	if err == nil && res == HealRestarted {
+		err = a.reportServers(ctx, volumeID, d)
+	}
 	return vol, res, err
 }
 

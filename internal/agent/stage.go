@@ -95,7 +95,15 @@ func (a *Agent) stage(ctx context.Context, r StageRequest) (err error) {
 		Volume: r.VolumeID, Node: a.node, MountDir: r.StagingPath, StagingPath: r.StagingPath,
 		AccessMode: vol.Spec.AccessMode, ReadOnly: r.ReadOnly,
 	}
-	if err := a.fence.Acquire(ctx, claim); err != nil {
+	// Another node's lock on a ceph volume is broken only after its Ceph
+	// clients are blocklisted, with this stage's client.
+	bl := a.blocklister(sc, r.Secrets)
+	if bl != nil {
+		claim.Blocklister = bl
+	}
+	err = a.fence.Acquire(ctx, claim)
+	bl.close()
+	if err != nil {
 		return fmt.Errorf("fence volume %s: %w", r.VolumeID, err)
 	}
 	// att and recorded say what this call made, so that a failed retry of
@@ -121,7 +129,12 @@ func (a *Agent) stage(ctx context.Context, r StageRequest) (err error) {
 	if att, err = d.Attach(ctx, attachRequest{Volume: r.VolumeID, Image: image, ReadOnly: r.ReadOnly, Cluster: sc, Secrets: r.Secrets}); err != nil {
 		return err
 	}
-	return a.stageDevice(ctx, r, vol, att.Device)
+	// Unknown addresses could never be fenced: no stage without them.
+	clients, err := cephClientsOf(d, r.VolumeID)
+	if err != nil {
+		return err
+	}
+	return a.stageDevice(ctx, r, vol, att.Device, clients)
 }
 
 // undoStage undoes what a failed stage made: the device it attached (by
@@ -158,7 +171,8 @@ func (a *Agent) undoStage(ctx context.Context, r StageRequest, d device, att att
 
 // stageDevice formats (when blank) and mounts the volume's block device at
 // the staging path, or binds it there for a block volume.
-func (a *Agent) stageDevice(ctx context.Context, r StageRequest, vol *v1.Volume, dev string) error {
+// clients are the Ceph client addresses serving it (none for other backends).
+func (a *Agent) stageDevice(ctx context.Context, r StageRequest, vol *v1.Volume, dev string, clients []string) error {
 	fsType := vol.Spec.FSType
 	if r.FSType != "" {
 		fsType = r.FSType
@@ -185,7 +199,7 @@ func (a *Agent) stageDevice(ctx context.Context, r StageRequest, vol *v1.Volume,
 		}
 	}
 	// Status tells; it holds nothing: a failed write does not undo the stage.
-	if err := a.fence.ReportStaged(ctx, r.VolumeID, fence.Staged{Node: a.node, DevicePath: dev, StagingPath: r.StagingPath}); err != nil {
+	if err := a.fence.ReportStaged(ctx, r.VolumeID, fence.Staged{Node: a.node, DevicePath: dev, StagingPath: r.StagingPath, CephClients: clients}); err != nil {
 		a.log.Error(err, "volume staged, but the Attachment status does not say so", "volume", r.VolumeID)
 	}
 	a.log.Info("staged", "volume", r.VolumeID, "stagingPath", r.StagingPath, "device", dev)

@@ -3,7 +3,6 @@ package blockdev_test
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -60,11 +59,7 @@ func berthBinary(t *testing.T) string {
 		if buildErr != nil {
 			return
 		}
-		binPath = filepath.Join(binDir, "berth")
-		out, err := exec.Command("go", "build", "-o", binPath, "github.com/berth-io/berth/cmd/berth").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build: %w: %s", err, out)
-		}
+		binPath, buildErr = testenv.BuildBerth(binDir)
 	})
 	if buildErr != nil {
 		t.Fatal(buildErr)

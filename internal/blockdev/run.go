@@ -31,7 +31,9 @@ type RunConfig struct {
 	Direct bool
 	// Passthrough lets the kernel do data I/O on the image itself.
 	Passthrough bool
-	Workers     int
+	// Workers is the request goroutines (0: the image's own default when it
+	// is a backing.Parallel, else the server's).
+	Workers int
 	// OnReady is called once the server answers requests.
 	OnReady func()
 	Log     logr.Logger
@@ -55,6 +57,15 @@ func openConn(ctx context.Context, c RunConfig) (*keeper.Conn, error) {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// workersFor is the request workers of a server of img: n when set, else
+// the image's own count (backing.Parallel), else 0 (the server's default).
+func workersFor(img backing.Image, n int) int {
+	if p, ok := img.(backing.Parallel); ok && n <= 0 {
+		return p.Workers()
+	}
+	return n
 }
 
 // Run serves until ctx ends or the connection is unmounted.
@@ -85,6 +96,7 @@ func Run(ctx context.Context, c RunConfig) error {
 	}
 	// The kernel can do I/O itself only on an image with a descriptor.
 	_, hasFd := img.(backing.Descriptor)
+	workers := workersFor(img, c.Workers)
 	srv, err := NewServer(Config{
 		Dev:   int(conn.File.Fd()),
 		Image: img,
@@ -99,14 +111,14 @@ func Run(ctx context.Context, c RunConfig) error {
 			}
 			return nil
 		},
-		Workers:     c.Workers,
+		Workers:     workers,
 		Passthrough: c.Passthrough && hasFd,
 		Log:         log,
 	})
 	if err != nil {
 		return err
 	}
-	log.Info("serving", "image", c.Image, "takeover", saved != nil, "direct", img.Direct())
+	log.Info("serving", "image", c.Image, "takeover", saved != nil, "direct", img.Direct(), "workers", workers)
 	if c.OnReady != nil {
 		go func() {
 			select {

@@ -2,6 +2,8 @@ package flexvolume
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"testing"
 )
 
@@ -31,5 +33,30 @@ func TestParseMount(t *testing.T) {
 		if _, err := ParseMount(args); !errors.Is(err, ErrUsage) {
 			t.Errorf("%s: err = %v, want a usage error", name, err)
 		}
+	}
+}
+
+// The driver is berth's static build beside it when there is one: kubelet
+// runs it on the host, which may lack the Ceph libraries berth links.
+func TestDriverBinaryPrefersTheStaticBuild(t *testing.T) {
+	dir := t.TempDir()
+	self := filepath.Join(dir, "berth")
+	if got := DriverBinary(self); got != self {
+		t.Errorf("without a static build: %s, want %s", got, self)
+	}
+	if err := os.Mkdir(filepath.Join(dir, StaticBinary), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got := DriverBinary(self); got != self {
+		t.Errorf("a folder named %s: %s, want %s", StaticBinary, got, self)
+	}
+	other := t.TempDir()
+	self = filepath.Join(other, "berth")
+	static := filepath.Join(other, StaticBinary)
+	if err := os.WriteFile(static, []byte("stand-in"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got := DriverBinary(self); got != static {
+		t.Errorf("with a static build: %s, want %s", got, static)
 	}
 }

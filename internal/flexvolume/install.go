@@ -19,6 +19,23 @@ const DefaultSocket = "/run/berth/agent.sock"
 // the agent checks for it after installing the driver.
 const ReadyMessage = "agent ready"
 
+// StaticBinary is the file name, beside the berth binary, of berth built
+// static without the ceph backend (`make build` makes both): kubelet runs
+// the installed driver on the host, which may lack the Ceph libraries the
+// default build links, and the driver needs none of them.
+const StaticBinary = "berth-flexvolume"
+
+// DriverBinary is the binary to install as the driver for the berth binary
+// self: its static build beside it (StaticBinary) when there is one, else
+// self.
+func DriverBinary(self string) string {
+	static := filepath.Join(filepath.Dir(self), StaticBinary)
+	if fi, err := os.Stat(static); err == nil && fi.Mode().IsRegular() {
+		return static
+	}
+	return self
+}
+
 // Install copies binary into <pluginDir>/berth.io~berth/berth, where kubelet
 // looks for the driver, and writes extra files beside it (name → content).
 // Each file is written to a temporary name and renamed, so kubelet never

@@ -12,6 +12,8 @@ import (
 
 	"github.com/go-logr/logr"
 	utilexec "k8s.io/utils/exec"
+
+	"github.com/berth-io/berth/internal/flexvolume"
 )
 
 // Default tags of the images the e2e cluster imports.
@@ -90,10 +92,12 @@ func BerthTools() (required, optional []string) {
 		[]string{"fsck", "fsck.ext4", "xfs_repair", "nsenter"}
 }
 
-// BerthSpec is the berth image: the static berth binary at
-// /usr/local/bin/berth (the entrypoint) plus the tools it execs (BerthTools
-// and extraTools, all required), each at its path on this machine with the
-// shared libraries it loads.
+// BerthSpec is the berth image: the berth binary at /usr/local/bin/berth
+// (the entrypoint) with the shared libraries it loads (librbd, librados and
+// theirs, when it is built with the ceph backend), its static build beside
+// it when there is one (flexvolume.StaticBinary), plus the tools it execs
+// (BerthTools and extraTools, all required), each at its path on this
+// machine with the shared libraries it loads.
 func (b *Builder) BerthSpec(berthBinary, tag string, extraTools ...string) (Spec, error) {
 	if _, err := os.Stat(berthBinary); err != nil {
 		return Spec{}, fmt.Errorf("%w: berth binary: %w", ErrInvalidSpec, err)
@@ -108,6 +112,18 @@ func (b *Builder) BerthSpec(berthBinary, tag string, extraTools ...string) (Spec
 			seen[p] = true
 			files = append(files, File{Path: p, Source: p})
 		}
+	}
+	libs, err := b.sharedLibs(berthBinary)
+	if err != nil {
+		return Spec{}, err
+	}
+	for _, l := range libs {
+		add(l)
+	}
+	// The agent installs the static build beside berth, when there is one,
+	// as the host's Flexvolume driver.
+	if driver := flexvolume.DriverBinary(berthBinary); driver != berthBinary {
+		files = append(files, File{Path: path.Join("/usr/local/bin", flexvolume.StaticBinary), Source: driver, Mode: 0o755})
 	}
 	required, optional := BerthTools()
 	required = append(required, extraTools...)

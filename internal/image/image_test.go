@@ -5,15 +5,20 @@ import (
 	"errors"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/go-logr/logr"
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/berth-io/berth/internal/flexvolume"
+	"github.com/berth-io/berth/internal/testenv"
 )
 
 type entry struct {
@@ -57,6 +62,16 @@ func readImage(t *testing.T, out, tag string) ([]string, map[string]entry) {
 		files[strings.TrimSuffix(h.Name, "/")] = entry{typ: h.Typeflag, mode: h.Mode, link: h.Linkname, data: string(data)}
 	}
 	return cf.Config.Entrypoint, files
+}
+
+// written writes spec's image and reads it back (see readImage).
+func written(t *testing.T, spec Spec) ([]string, map[string]entry) {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "image.tar")
+	if err := Write(spec, out); err != nil {
+		t.Fatal(err)
+	}
+	return readImage(t, out, spec.Tag)
 }
 
 func TestWriteRoundTrip(t *testing.T) {
@@ -156,11 +171,7 @@ func TestBusyboxSpec(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := filepath.Join(t.TempDir(), "busybox.tar")
-	if err := Write(spec, out); err != nil {
-		t.Fatal(err)
-	}
-	_, files := readImage(t, out, BusyboxTag)
+	_, files := written(t, spec)
 	if f := files["bin/sh"]; f.typ != tar.TypeSymlink || f.link != "/bin/busybox" {
 		t.Errorf("bin/sh entry %+v", f)
 	}
@@ -183,11 +194,7 @@ func TestAgnhostSpec(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := filepath.Join(t.TempDir(), "agnhost.tar")
-	if err := Write(spec, out); err != nil {
-		t.Fatal(err)
-	}
-	ep, files := readImage(t, out, tag)
+	ep, files := written(t, spec)
 	if !slices.Equal(ep, []string{"/agnhost"}) {
 		t.Errorf("entrypoint %v, want [/agnhost]", ep)
 	}
@@ -213,9 +220,13 @@ func TestBerthSpecCarriesToolsAndLibraries(t *testing.T) {
 			t.Skipf("needs %s (hack/install-deps.sh)", tool)
 		}
 	}
-	berth := filepath.Join(t.TempDir(), "berth")
-	if err := os.WriteFile(berth, []byte("stand-in"), 0o755); err != nil {
-		t.Fatal(err)
+	dir := t.TempDir()
+	berth := filepath.Join(dir, "berth")
+	// The static build beside it goes along (the host's Flexvolume driver).
+	for _, p := range []string{berth, filepath.Join(dir, flexvolume.StaticBinary)} {
+		if err := os.WriteFile(p, []byte("stand-in"), 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
 	out := filepath.Join(t.TempDir(), "berth.tar")
 	if err := BuildBerthImage(berth, out); err != nil {
@@ -230,10 +241,100 @@ func TestBerthSpecCarriesToolsAndLibraries(t *testing.T) {
 	if f := files[abs[1:]]; f.typ != tar.TypeReg || f.mode&0o111 == 0 {
 		t.Errorf("%s entry %+v", abs, f)
 	}
+	if f := files["usr/local/bin/"+flexvolume.StaticBinary]; f.typ != tar.TypeReg || f.mode&0o111 == 0 {
+		t.Errorf("static build entry %+v", f)
+	}
 	if _, ok := files["lib64/ld-linux-x86-64.so.2"]; !ok {
 		t.Error("dynamic loader missing")
 	}
 	if err := BuildBerthImage(filepath.Join(t.TempDir(), "absent"), out+".2"); !errors.Is(err, ErrInvalidSpec) {
 		t.Errorf("missing berth binary: %v", err)
 	}
+}
+
+// The berth image runs its berth: the binary as `make build` makes it (with
+// the ceph backend: dynamically linked against librbd and librados) finds
+// every library it loads inside the image. The image's files are unpacked
+// into a folder and berth runs chrooted there, as a container would run it.
+func TestBerthImageRunsItsBerth(t *testing.T) {
+	if testing.Short() || os.Geteuid() != 0 {
+		t.Skip("needs root (chroot) and builds berth: not with -short")
+	}
+	required, _ := BerthTools()
+	for _, tool := range required {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("needs %s (hack/install-deps.sh)", tool)
+		}
+	}
+	berth, err := testenv.BuildBerth(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec, err := NewBuilder(logr.Discard()).BerthSpec(berth, BerthTag)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, files := written(t, spec)
+	root := t.TempDir()
+	for name, f := range files {
+		p := filepath.Join(root, name)
+		switch f.typ {
+		case tar.TypeDir:
+			err = os.MkdirAll(p, 0o755)
+		case tar.TypeSymlink:
+			if err = os.MkdirAll(filepath.Dir(p), 0o755); err == nil {
+				err = os.Symlink(f.link, p)
+			}
+		case tar.TypeReg:
+			if err = os.MkdirAll(filepath.Dir(p), 0o755); err == nil {
+				err = os.WriteFile(p, []byte(f.data), os.FileMode(f.mode)&0o7777)
+			}
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	cmd := exec.Command("/usr/local/bin/berth", "version")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: root}
+	cmd.Dir = "/"
+	cmd.Env = []string{imagePath}
+	b, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("berth version in the image: %v\n%s", err, b)
+	}
+	t.Logf("in the image: %s", strings.TrimSpace(string(b)))
+	want := "local and ceph backends"
+	if os.Getenv("BERTH_CEPH") == "0" {
+		want = "local backend only"
+	}
+	if !strings.Contains(string(b), want) {
+		t.Errorf("berth version in the image said %q, want %q", b, want)
+	}
+	if want != "local backend only" {
+		for _, lib := range []string{"librbd.so.1", "librados.so.2"} {
+			if !hasFile(files, lib) {
+				t.Errorf("the image has no %s", lib)
+			}
+		}
+	}
+	// A tool runs there too, on its own libraries.
+	losetup, _ := exec.LookPath("losetup")
+	losetup, _ = filepath.Abs(losetup)
+	cmd = exec.Command(losetup, "--version")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: root}
+	cmd.Dir = "/"
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Errorf("losetup in the image: %v\n%s", err, b)
+	}
+}
+
+// hasFile tells whether the image has a regular file named base.
+func hasFile(files map[string]entry, base string) bool {
+	for name, f := range files {
+		if f.typ == tar.TypeReg && filepath.Base(name) == base {
+			return true
+		}
+	}
+	return false
 }

@@ -110,14 +110,21 @@ func (e *Env) WriteKubeconfig(path string) error {
 	return clientcmd.WriteToFile(*cfg, path)
 }
 
-// BuildBerth builds the berth binary into dir and returns its path.
+// BuildBerth builds the berth binary into dir, as `make build` does, and
+// returns its path: with the ceph backend (cgo against Debian's librbd and
+// librados), or static without it when BERTH_CEPH=0 (`make build CEPH=0`).
 func BuildBerth(dir string) (string, error) {
 	out := filepath.Join(dir, "berth")
-	cmd := exec.Command("go", "build", "-o", out, "./cmd/berth")
+	args, env := []string{"build", "-tags", "ceph,pacific"}, "CGO_ENABLED=1"
+	if os.Getenv("BERTH_CEPH") == "0" {
+		args, env = []string{"build"}, "CGO_ENABLED=0"
+	}
+	cmd := exec.Command("go", append(args, "-o", out, "./cmd/berth")...)
 	cmd.Dir = RepoRoot()
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	cmd.Env = append(os.Environ(), env)
 	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build ./cmd/berth: %w\n%s", err, b)
+		return "", fmt.Errorf("go %s ./cmd/berth: %w (hack/install-deps.sh --ceph-build installs the Ceph libraries; BERTH_CEPH=0 builds without them)\n%s",
+			strings.Join(args, " "), err, b)
 	}
 	return out, nil
 }

@@ -15,9 +15,11 @@ type Info struct {
 	Version   string `json:"version"`
 	Commit    string `json:"commit"`
 	GoVersion string `json:"goVersion"`
+	// Ceph tells whether the ceph backend is built in (build tag ceph).
+	Ceph bool `json:"ceph"`
 }
 
 // Get returns the version of this binary.
 func Get() Info {
-	return Info{Version: Version, Commit: Commit, GoVersion: runtime.Version()}
+	return Info{Version: Version, Commit: Commit, GoVersion: runtime.Version(), Ceph: ceph}
 }

@@ -26,15 +26,18 @@ type clients struct {
 func dial(t *testing.T) clients {
 	t.Helper()
 	skipUnlessDriver(t)
-	conn := func(sock string) *grpc.ClientConn {
-		c, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = c.Close() })
-		return c
+	return clients{ctrl: csi.NewControllerClient(conn(t, drv.ctrlSock)), node: csi.NewNodeClient(conn(t, drv.nodeSock))}
+}
+
+// conn is a client connection to the Unix socket sock, closed when t ends.
+func conn(t *testing.T, sock string) *grpc.ClientConn {
+	t.Helper()
+	c, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
 	}
-	return clients{ctrl: csi.NewControllerClient(conn(drv.ctrlSock)), node: csi.NewNodeClient(conn(drv.nodeSock))}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
 }
 
 func testCtx(t *testing.T) context.Context {

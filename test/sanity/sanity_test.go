@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,12 +33,17 @@ import (
 )
 
 const (
+	suiteName      = "berth CSI sanity"
 	nodeName       = "sanity-node"
 	berthNamespace = "berth-system"
 )
 
 // sanityCluster is the StorageCluster of the sanity volumes.
 const sanityCluster = "sanity"
+
+// cephSpecs matches every spec of the ceph class: a ginkgo skip pattern,
+// matched against the suite's description and the spec's full text.
+const cephSpecs = `^berth CSI sanity berth ceph (mount|block) access `
 
 // classParams are the parameters of the volumes the tests create.
 func classParams() map[string]string { return map[string]string{v1.ParamStorageCluster: sanityCluster} }
@@ -46,7 +52,10 @@ var (
 	work     string // data dir, sockets, targets
 	mountCfg = sanity.NewTestConfig()
 	blockCfg = sanity.NewTestConfig()
-	counts   = map[types.SpecState]int{}
+	// The same suites on a class of a ceph StorageCluster (ceph_test.go).
+	cephMountCfg = sanity.NewTestConfig()
+	cephBlockCfg = sanity.NewTestConfig()
+	counts       = map[types.SpecState]int{}
 )
 
 // driver is the berth driver under test, shared by every test here.
@@ -59,6 +68,8 @@ type driver struct {
 	agentMetrics, agentHealth, ctrlMetrics, ctrlHealth string
 	cancel                                             context.CancelFunc
 	done                                               chan error
+	// The keeper and blockdev binary of userspace volumes.
+	userspace *userspace
 }
 
 var (
@@ -114,6 +125,9 @@ func (d *driver) start(env *testenv.Env) error {
 	d.ctrlSock = filepath.Join(work, "controller.sock")
 	d.dataDir = filepath.Join(work, "data") // the StorageCluster's too
 	d.done = make(chan error, 2)
+	if d.userspace, err = startUserspace(work); err != nil {
+		return err
+	}
 	for _, addr := range []*string{&d.agentMetrics, &d.agentHealth, &d.ctrlMetrics, &d.ctrlHealth} {
 		if *addr, err = testenv.FreeAddr(); err != nil {
 			return err
@@ -122,7 +136,7 @@ func (d *driver) start(env *testenv.Env) error {
 	go func() {
 		d.done <- agentcli.Config{
 			NodeName: nodeName, Namespace: berthNamespace, DataDirs: []string{d.dataDir}, RunDir: filepath.Join(work, "run"), CSIEndpoint: "unix://" + d.nodeSock, KubeletDir: kubeletRoot(),
-			AgentSocket:      filepath.Join(work, "run", "agent.sock"),
+			AgentSocket: filepath.Join(work, "run", "agent.sock"), KeeperSocket: d.userspace.socket, BlockdevBinary: d.userspace.berth,
 			CapacityInterval: time.Second, MetricsAddr: d.agentMetrics, HealthAddr: d.agentHealth, Rest: d.env.Config, Log: log.WithName("agent"),
 		}.Run(ctx)
 	}()
@@ -148,6 +162,8 @@ func (d *driver) stop() error {
 			}
 		}
 	}
+	// After the agent: it may still have unstaged volumes.
+	d.userspace.stop()
 	return errors.Join(errs...)
 }
 
@@ -158,45 +174,76 @@ func skipUnlessDriver(t *testing.T) {
 
 func TestSanity(t *testing.T) {
 	skipUnlessDriver(t)
-	for _, access := range []string{"mount", "block"} {
-		for _, sock := range []string{drv.nodeSock, drv.ctrlSock} {
-			slowAccept(t, sock+"."+access, sock)
-		}
-	}
-	configure(&mountCfg, "mount", drv.nodeSock+".mount", drv.ctrlSock+".mount")
-	configure(&blockCfg, "block", drv.nodeSock+".block", drv.ctrlSock+".block")
+	configure(t, &mountCfg, "mount", "mount", classParams())
+	configure(t, &blockCfg, "block", "block", classParams())
+	// The ceph class's specs that cannot run here are skipped, each with
+	// the reason printed (never a silent pass).
+	cephSkips := cephSanity(t, func(params map[string]string, secretsFile string) {
+		configure(t, &cephMountCfg, "ceph-mount", "mount", params)
+		configure(t, &cephBlockCfg, "ceph-block", "block", params)
+		cephMountCfg.SecretsFile, cephBlockCfg.SecretsFile = secretsFile, secretsFile
+	})
 
 	RegisterFailHandler(Fail)
 	suite, reporter := GinkgoConfiguration()
+	suite.SkipStrings = append(suite.SkipStrings, cephSkips...)
 	reporter.Succinct = true
-	RunSpecs(t, "berth CSI sanity", suite, reporter)
+	RunSpecs(t, suiteName, suite, reporter)
 
 	fmt.Printf("\nsanity: %d passed, %d failed, %d skipped\n",
 		counts[types.SpecStatePassed], counts[types.SpecStateFailed]+counts[types.SpecStatePanicked]+counts[types.SpecStateTimedout], counts[types.SpecStateSkipped]+counts[types.SpecStatePending])
 }
 
-func configure(c *sanity.TestConfig, access, nodeSock, ctrlSock string) {
-	c.Address = "unix://" + nodeSock
-	c.ControllerAddress = "unix://" + ctrlSock
+// configure points c at the driver through the proxies named name, with
+// its own target and staging folders, for access (mount or block) to
+// volumes of a class with params.
+func configure(t *testing.T, c *sanity.TestConfig, name, access string, params map[string]string) {
+	node := drv.nodeSock + "." + name
+	nodeWithControllerIdentity(t, node+".id", drv.nodeSock, drv.ctrlSock)
+	slowAccept(t, node, node+".id")
+	slowAccept(t, drv.ctrlSock+"."+name, drv.ctrlSock)
+	c.Address = "unix://" + node
+	c.ControllerAddress = "unix://" + drv.ctrlSock + "." + name
 	// Where kubelet puts them: the agent refuses other paths.
-	c.TargetPath = filepath.Join(kubeletRoot(), "pods", "sanity-"+access, "volumes", "kubernetes.io~csi", "pv", "target")
-	c.StagingPath = filepath.Join(kubeletRoot(), "plugins", "kubernetes.io", "csi", "berth.io", access, "staging")
+	c.TargetPath = filepath.Join(kubeletRoot(), "pods", "sanity-"+name, "volumes", "kubernetes.io~csi", "pv", "target")
+	c.StagingPath = filepath.Join(kubeletRoot(), "plugins", "kubernetes.io", "csi", "berth.io", name, "staging")
 	c.TestVolumeAccessType = access
-	c.TestVolumeParameters = classParams()
+	c.TestVolumeParameters = params
 	c.TestVolumeSize = 64 << 20
 	c.TestVolumeExpandSize = 128 << 20
 	c.IdempotentCount = 2
 	// Each spec gets fresh target and staging folders, as kubelet would give.
 	c.CreateTargetDir = func(p string) (string, error) { return p, os.MkdirAll(p, 0o750) }
 	c.CreateStagingDir = c.CreateTargetDir
+	// Set with CreateTargetDir, so that csi-test checks that unpublish
+	// removes the target.
+	c.CheckPath = pathKind
 }
 
 var _ = Describe("berth", func() {
 	Context("mount access", func() { sanity.GinkgoTest(&mountCfg) })
 	Context("block access", func() { sanity.GinkgoTest(&blockCfg) })
+	Context("ceph mount access", func() { sanity.GinkgoTest(&cephMountCfg) })
+	Context("ceph block access", func() { sanity.GinkgoTest(&cephBlockCfg) })
 })
 
 var _ = ReportAfterEach(func(r SpecReport) { counts[r.State]++ })
+
+// pathKind tells csi-test what is at p.
+func pathKind(p string) (sanity.PathKind, error) {
+	fi, err := os.Stat(p)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return sanity.PathIsNotFound, nil
+	case err != nil:
+		return "", err
+	case fi.IsDir():
+		return sanity.PathIsDir, nil
+	case fi.Mode().IsRegular():
+		return sanity.PathIsFile, nil
+	}
+	return sanity.PathIsOther, nil
+}
 
 func waitForSockets(paths ...string) error {
 	deadline := time.Now().Add(60 * time.Second)

@@ -49,6 +49,14 @@ type TakerOver interface {
 	TakeOver() error
 }
 
+// Parallel is an Image each of whose calls waits on the network (an RBD
+// image: one synchronous librbd request per call): a server runs Workers
+// request workers by default, so that the loop device's queue reaches the
+// backend as a queue rather than a few requests at a time.
+type Parallel interface {
+	Workers() int
+}
+
 // Open opens the image spec names: rbdimage.Spec's form for an RBD image,
 // else the path of an image file.
 func Open(spec string, direct bool) (Image, error) {

@@ -97,3 +97,38 @@ func Read(path string) (Access, error) {
 	}
 	return a, a.check()
 }
+
+// ClientsPath is where the server of the access file at path records its
+// Ceph client addresses: beside it, with a name no access file has.
+func ClientsPath(path string) string { return strings.TrimSuffix(path, ".json") + ".clients" }
+
+// writeClients records addrs, the addresses of the server's Ceph client,
+// for the agent: lock breaking blocklists exactly those, so each server
+// writes its own before it says ready (a stale list would fence a dead
+// client while the live one keeps writing).
+func writeClients(path string, addrs []string) error {
+	b, err := json.Marshal(addrs)
+	if err != nil {
+		return err
+	}
+	if err := atomicfile.Write(ClientsPath(path), b, 0o600); err != nil {
+		return fmt.Errorf("record the ceph client addresses: %w", err)
+	}
+	return nil
+}
+
+// ReadClients returns the Ceph client addresses that the last server of
+// the access file at path recorded; none when no server did.
+func ReadClients(path string) ([]string, error) {
+	b, err := os.ReadFile(ClientsPath(path))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	} else if err != nil {
+		return nil, fmt.Errorf("ceph client addresses: %w", err)
+	}
+	var addrs []string
+	if err := json.Unmarshal(b, &addrs); err != nil {
+		return nil, fmt.Errorf("ceph client addresses %s: %w", ClientsPath(path), err)
+	}
+	return addrs, nil
+}

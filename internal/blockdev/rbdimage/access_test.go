@@ -48,3 +48,22 @@ func TestCause(t *testing.T) {
 		}
 	}
 }
+
+func TestClientsFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "vol.json")
+	if got, err := ReadClients(path); err != nil || got != nil {
+		t.Fatalf("no server yet: ReadClients = %v, %v; want none", got, err)
+	}
+	for _, addrs := range [][]string{{"10.0.0.1:0/111"}, {"10.0.0.2:0/222", "[::1]:0/222"}} {
+		if err := writeClients(path, addrs); err != nil {
+			t.Fatal(err)
+		}
+		got, err := ReadClients(path)
+		if err != nil || strings.Join(got, ",") != strings.Join(addrs, ",") {
+			t.Fatalf("ReadClients = %v, %v; want the last server's %v", got, err, addrs)
+		}
+	}
+	if ClientsPath(path) == path || filepath.Ext(ClientsPath(path)) == ".json" {
+		t.Errorf("ClientsPath %s may meet an access file", ClientsPath(path))
+	}
+}

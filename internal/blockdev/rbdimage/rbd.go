@@ -12,6 +12,8 @@ import (
 	"github.com/ceph/go-ceph/rados"
 	"github.com/ceph/go-ceph/rbd"
 	"golang.org/x/sys/unix"
+
+	"github.com/berth-io/berth/internal/backend/ceph"
 )
 
 // Built tells whether this binary can serve RBD images.
@@ -29,7 +31,8 @@ type Image struct {
 	size  atomic.Int64
 }
 
-// Open connects as the access file at path says and opens its image.
+// Open connects as the access file at path says, opens its image and
+// records this client's addresses beside the access file (ClientsPath).
 func Open(path string) (*Image, error) {
 	a, err := Read(path)
 	if err != nil {
@@ -41,6 +44,16 @@ func Open(path string) (*Image, error) {
 	}
 	i := &Image{conn: conn}
 	if err := i.open(a); err != nil {
+		i.close()
+		return nil, err
+	}
+	// Failing here fails the start: a server that says ready has always
+	// replaced the addresses of the one before.
+	addrs, err := ceph.ClientAddrs(conn)
+	if err == nil {
+		err = writeClients(path, addrs)
+	}
+	if err != nil {
 		i.close()
 		return nil, err
 	}
@@ -156,6 +169,15 @@ func (i *Image) Restat() (int64, error) {
 	i.size.Store(int64(size))
 	return int64(size), nil
 }
+
+// workers is the FUSE server's request workers on an RBD image: each has
+// one synchronous librbd request in flight, so it takes as many as a
+// deep queue (QD64 and the loop device's own) keeps busy; the default 16
+// would cap random I/O at a quarter of what librbd does with 64 in flight.
+const workers = 64
+
+// Workers is how many requests the server should have in librbd at once.
+func (*Image) Workers() int { return workers }
 
 // Direct: librbd has no page cache here (rbd_cache off).
 func (*Image) Direct() bool { return true }

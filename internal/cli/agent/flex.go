@@ -111,6 +111,7 @@ func (f *flexRunnable) install() (string, error) {
 		if self, err = os.Executable(); err != nil {
 			return "", fmt.Errorf("find own binary: %w", err)
 		}
+		self = flexvolume.DriverBinary(self)
 	}
 	return flexvolume.Install(f.pluginDir, self, map[string]string{flexvolume.SocketFile: f.socket + "\n"})
 }

@@ -33,7 +33,8 @@ type Config struct {
 	Action string
 	// Repo is the berth source tree holding hack/cluster.
 	Repo string
-	// BerthBinary is the static berth binary the berth image is built from.
+	// BerthBinary is the berth binary the berth image is built from (with
+	// the shared libraries it loads).
 	BerthBinary string
 	// WorkDir is the cluster's folder (cluster.env lives there).
 	WorkDir string
@@ -106,7 +107,7 @@ func Command() cli.Command {
 			cfg := Config{Action: args[0], Out: stdio.Stdout, Exec: utilexec.New(), Tick: 5 * time.Second}
 			fs.StringVar(&cfg.Repo, "repo", ".", "berth source tree (holds hack/cluster)")
 			fs.StringVar(&cfg.WorkDir, "work-dir", envOr("BERTH_E2E_DIR", "/var/lib/berth-e2e"), "cluster folder (default $BERTH_E2E_DIR)")
-			fs.StringVar(&cfg.BerthBinary, "berth-binary", self, "static berth binary for the berth image")
+			fs.StringVar(&cfg.BerthBinary, "berth-binary", self, "berth binary for the berth image")
 			fs.BoolVar(&cfg.Demo, "demo", true, "up: create the demo PVC and writer pod")
 			fs.IntVar(&cfg.Nodes, "nodes", 1, "up: number of nodes (each its own kubelet, containerd and namespaces)")
 			fs.DurationVar(&cfg.Timeout, "timeout", 5*time.Minute, "bound of each wait on the cluster")

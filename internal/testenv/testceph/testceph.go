@@ -120,6 +120,13 @@ func (c *Cluster) Up(ctx context.Context) error {
 	return c.readEnv(lines[len(lines)-1])
 }
 
+// Load describes the test Ceph that hack/ceph/up.sh brought up, from the
+// env file it printed; the caller runs (and stops) it with the scripts.
+func Load(envFile string) (*Cluster, error) {
+	c := &Cluster{}
+	return c, c.readEnv(envFile)
+}
+
 // Stop stops every daemon by its PID, removes the cluster's folder and
 // proves nothing is left (hack/ceph/leftovers.sh).
 func (c *Cluster) Stop(ctx context.Context) error {

@@ -1,0 +1,72 @@
+package agent
+
+import (
+	"context"
+	"slices"
+	"testing"
+
+	"github.com/go-logr/logr"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/fence"
+)
+
+// Unit test with fakes; the real path (a server killed, the healer's new
+// one recorded in the Attachment) is TestCephFencingOnRealCeph in
+// test/userspace.
+
+// reportingFence records ReportStaged calls.
+type reportingFence struct {
+	fakeFence
+	staged []fence.Staged
+}
+
+func (f *reportingFence) ReportStaged(_ context.Context, _ string, s fence.Staged) error {
+	f.staged = append(f.staged, s)
+	return nil
+}
+
+// clientDevice is a device whose server is the Ceph client at addrs.
+type clientDevice struct {
+	device
+	addrs []string
+}
+
+func (d clientDevice) cephClients(string) ([]string, error) { return d.addrs, nil }
+
+func TestReportServersFollowsTheNewServer(t *testing.T) {
+	att := &v1.Attachment{ObjectMeta: metav1.ObjectMeta{Name: "vol-a"}, Status: v1.AttachmentStatus{Nodes: []v1.AttachmentNodeStatus{
+		{Node: "node-b", DevicePath: "/dev/loop1", Staged: true, CephClients: []string{"10.0.0.2:0/2"}},
+		{Node: "node-a", DevicePath: "/dev/loop7", StagingPath: "/staging/vol-a", Staged: true, CephClients: []string{"10.0.0.1:0/1"}},
+	}}}
+	f := &reportingFence{}
+	a := &Agent{node: "node-a", api: fakeAPI(t, att).Build(), fence: f, log: logr.Discard()}
+
+	if err := a.reportServers(t.Context(), "vol-a", clientDevice{addrs: []string{"10.0.0.1:0/1"}}); err != nil || len(f.staged) != 0 {
+		t.Fatalf("same server: reported %+v, %v; want nothing", f.staged, err)
+	}
+	if err := a.reportServers(t.Context(), "vol-a", loopDevice{}); err != nil || len(f.staged) != 0 {
+		t.Fatalf("no Ceph client: reported %+v, %v; want nothing", f.staged, err)
+	}
+	if err := a.reportServers(t.Context(), "vol-a", clientDevice{addrs: []string{"10.0.0.1:0/9"}}); err != nil {
+		t.Fatal(err)
+	}
+	want := fence.Staged{Node: "node-a", DevicePath: "/dev/loop7", StagingPath: "/staging/vol-a", CephClients: []string{"10.0.0.1:0/9"}}
+	if len(f.staged) != 1 || f.staged[0].DevicePath != want.DevicePath || f.staged[0].StagingPath != want.StagingPath ||
+		!slices.Equal(f.staged[0].CephClients, want.CephClients) || f.staged[0].Node != want.Node {
+		t.Fatalf("new server: reported %+v; want %+v (device and staging path kept)", f.staged, want)
+	}
+	if err := a.reportServers(t.Context(), "vol-gone", clientDevice{addrs: []string{"x"}}); err != nil {
+		t.Errorf("no attachment: %v; want nothing to report", err)
+	}
+}
+
+func TestLockBroken(t *testing.T) {
+	for r, want := range map[v1.CleanupReason]bool{v1.ReasonNodeGone: true, v1.ReasonNodeOutOfService: true, v1.ReasonPodMoved: true,
+		v1.ReasonPodGone: false, v1.ReasonClusterDeleted: false} {
+		if lockBroken(r) != want {
+			t.Errorf("lockBroken(%s) = %t", r, !want)
+		}
+	}
+}
