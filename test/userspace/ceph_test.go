@@ -9,7 +9,6 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -26,22 +25,8 @@ import (
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/keeper"
-	"github.com/berth-io/berth/internal/testenv"
 	"github.com/berth-io/berth/internal/testenv/testceph"
 )
-
-// buildBerth builds berth with the ceph backend: its servers serve RBD
-// images through librbd.
-func buildBerth(dir string) (string, error) {
-	out := filepath.Join(dir, "berth")
-	cmd := exec.Command("go", "build", "-tags", "ceph,pacific", "-o", out, "./cmd/berth")
-	cmd.Dir = testenv.RepoRoot()
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build -tags ceph,pacific ./cmd/berth: %w\n%s", err, b)
-	}
-	return out, nil
-}
 
 // This package's own test Ceph (folder and ports apart from the other
 // packages'), started by the first test that needs it.
