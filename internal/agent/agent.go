@@ -60,7 +60,7 @@ type Agent struct {
 	// status and clock record formats in Volume status (Config.Status).
 	status client.StatusClient
 	clock  clock.PassiveClock
-	// lockWait bounds how long background work (healing, cleanup) waits
+	// lockWait bounds how long the stale-entry cleanup waits
 	// for a busy volume before it gives up and retries later.
 	lockWait time.Duration
 	// paths says which paths from kubelet and API objects the agent may
@@ -102,7 +102,7 @@ type Config struct {
 	Locks *VolumeLocks
 	// Log is the agent's logger (zero: discard).
 	Log logr.Logger
-	// LockWait bounds how long background work (healing, cleanup) waits
+	// LockWait bounds how long the stale-entry cleanup waits
 	// for a busy volume before it retries later, so that one stuck
 	// volume never stops the others (0: DefaultLockWait).
 	LockWait time.Duration

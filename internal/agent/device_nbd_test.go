@@ -224,6 +224,22 @@ func TestNBDHeal(t *testing.T) {
 	if abnormal, msg := nbdOf(a).Condition(ctx, "vol-1"); !abnormal || !strings.Contains(msg, "healer") {
 		t.Errorf("no server: condition %t %q, want abnormal naming the healer", abnormal, msg)
 	}
+	// A CSI call holds the volume (a stage that starts its own server):
+	// the healer must not wait for it, or it would take the lock the moment
+	// the call let go of it and fail kubelet's next call as busy.
+	unlock, err := a.lock("vol-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.lockWait = time.Hour // a healer that waited would hang the test
+	_, res, err := a.Heal(ctx, "vol-1")
+	if res != HealBusy || !errors.Is(err, ErrBusy) {
+		t.Fatalf("held lock: Heal = %s, %v; want busy", res, err)
+	}
+	unlock()
+	if len(procs.started) != 1 {
+		t.Fatalf("Heal of a held volume started a server")
+	}
 	if _, res, err := a.Heal(ctx, "vol-1"); err != nil || res != HealRestarted {
 		t.Fatalf("dead server: Heal = %s, %v; want restarted", res, err)
 	}

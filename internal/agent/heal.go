@@ -24,9 +24,13 @@ const (
 
 // Heal restarts the blockdev server of a staged userspace volume whose
 // server is gone (after an agent restart or a server crash): the new server
-// takes the kernel connection over, and I/O that waited goes on. It waits
-// a bounded time for the volume lock, shared with stage and unstage
-// (ErrBusy when it stays held: the healer retries later). It returns the
+// takes the kernel connection over, and I/O that waited goes on. It does
+// not wait for the volume lock, shared with the CSI calls: a call holding
+// it is the one at work on the volume (a stage starts its own server), and
+// a healer that waited would take the lock the moment that call let go of
+// it, so kubelet's next call (publish right after stage) would fail as
+// busy. ErrBusy (HealBusy) makes the healer try again after its busy retry.
+// It returns the
 // Volume (nil when gone), ErrKeeperDown or ErrConnectionLost when the
 // volume cannot be healed, ErrVolumeNotFound (with HealSkipped) when a
 // staged userspace volume's Volume object or image is gone.
@@ -40,7 +44,7 @@ func (a *Agent) Heal(ctx context.Context, volumeID string) (*v1.Volume, HealResu
 	if res, ok := d.Serving(ctx, volumeID); ok {
 		return nil, res, nil
 	}
-	unlock, err := a.lockBackground(ctx, volumeID)
+	unlock, err := a.lock(volumeID)
 	if err != nil {
 		return nil, HealBusy, err
 	}

@@ -127,8 +127,8 @@ type Config struct {
 	HealInterval time.Duration
 	// ToolTimeouts bound blkid, mkfs, fsck, resize and losetup.
 	ToolTimeouts mount.Timeouts
-	// LockWait bounds how long healing and cleanup wait for a busy volume
-	// before they retry it later.
+	// LockWait bounds how long the stale-entry cleanup waits for a busy volume
+	// before it retries it later.
 	LockWait time.Duration
 	Rest     *rest.Config
 	Log      logr.Logger
@@ -328,7 +328,7 @@ func Command() cli.Command {
 		fs.DurationVar(&cfg.ToolTimeouts.Resize, "resize-timeout", def.Resize, "how long a filesystem resize may take before it is killed")
 		fs.DurationVar(&cfg.ToolTimeouts.Loop, "losetup-timeout", def.Loop, "how long losetup may take before it is killed")
 		fs.DurationVar(&cfg.ToolTimeouts.Mount, "mount-timeout", def.Mount, "how long mount or umount may take before it is killed")
-		fs.DurationVar(&cfg.LockWait, "background-lock-wait", nodeagent.DefaultLockWait, "how long healing and cleanup wait for a volume another operation holds before they retry it later")
+		fs.DurationVar(&cfg.LockWait, "background-lock-wait", nodeagent.DefaultLockWait, "how long the stale-entry cleanup waits for a volume another operation holds before it retries it later (the healer never waits: it retries a busy volume after its busy retry)")
 		fs.StringVar(&cfg.MetricsAddr, "metrics-addr", DefaultMetricsAddr, "Prometheus /metrics listen address (the agent runs on the host network); 0 disables")
 		return func(ctx context.Context, log logr.Logger, rest *rest.Config) error {
 			cfg.Log, cfg.Rest = log, rest
