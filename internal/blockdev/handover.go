@@ -45,9 +45,16 @@ func ParseSettings(b []byte) (*Settings, error) {
 func (s Settings) KernelResends() bool { return s.In.Flags&initHasResend != 0 }
 
 const (
-	// maxWrite is 1 MiB: one request per large block I/O of the loop device.
+	// maxWrite is the largest max write a connection may carry, which the
+	// buffers hold: 1 MiB, what servers before negotiated (one request per
+	// large block I/O of the loop device), so they can still be taken over.
 	maxWrite = 1 << 20
-	maxPages = maxWrite / 4096
+	// initMaxWrite is what a server negotiates now: half a MiB, so that a
+	// WRITE and its headers fit a pipe of fs.pipe-max-size (1 MiB by
+	// default), which splice needs (requests.go); larger I/O of the loop
+	// device is split in two requests.
+	initMaxWrite    = 512 << 10
+	negotiatedPages = initMaxWrite / 4096
 	// maxBackground bounds the async direct I/O requests in flight; the
 	// kernel default (12) would cap the loop device's queue depth.
 	maxBackground       = 256
@@ -73,9 +80,9 @@ func negotiate(in initIn, passthrough bool) Settings {
 		Flags:               in.Flags & want,
 		MaxBackground:       maxBackground,
 		CongestionThreshold: congestionThreshold,
-		MaxWrite:            maxWrite,
+		MaxWrite:            initMaxWrite,
 		TimeGran:            1,
-		MaxPages:            maxPages,
+		MaxPages:            negotiatedPages,
 		MaxStackDepth:       depth,
 	}}
 }

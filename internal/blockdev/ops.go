@@ -36,6 +36,7 @@ func (s *Server) handle(b *buffers, n int) error {
 		return s.doWrite(b, h, body)
 	case opFsync, opFsyncdir:
 		if err := s.cfg.Image.Sync(); err != nil {
+			s.cfg.Log.Error(err, "fsync failed")
 			return s.reply(b, h.unique, errnoOf(err), 0)
 		}
 		return s.reply(b, h.unique, 0, 0)
@@ -147,6 +148,7 @@ func (s *Server) doSetattr(b *buffers, h inHeader, body []byte) error {
 			return s.reply(b, h.unique, unix.EISDIR, 0)
 		}
 		if err := s.cfg.Image.Truncate(int64(le.Uint64(body[16:]))); err != nil {
+			s.cfg.Log.Error(err, "truncate failed", "size", le.Uint64(body[16:]))
 			return s.reply(b, h.unique, errnoOf(err), 0)
 		}
 	}
@@ -264,6 +266,7 @@ func (s *Server) doFallocate(b *buffers, h inHeader, body []byte) error {
 	length := int64(le.Uint64(body[16:]))
 	mode := le.Uint32(body[24:])
 	if err := s.cfg.Image.Fallocate(mode, off, length); err != nil {
+		s.cfg.Log.Error(err, "fallocate failed", "offset", off, "length", length, "mode", mode)
 		return s.reply(b, h.unique, errnoOf(err), 0)
 	}
 	return s.reply(b, h.unique, 0, 0)

@@ -235,8 +235,8 @@ func FuzzInit(f *testing.F) {
 		if set.Passthrough() && (!passthrough || in.Flags&initPassthru == 0) {
 			t.Fatal("passthrough neither asked nor offered")
 		}
-		if set.Out.MaxWrite != maxWrite || int(set.Out.MaxPages)*pageSize != maxWrite {
-			t.Fatalf("max write %d, pages %d: not what the buffers hold", set.Out.MaxWrite, set.Out.MaxPages)
+		if set.Out.MaxWrite != initMaxWrite || int(set.Out.MaxPages)*pageSize != initMaxWrite || initMaxWrite > maxWrite {
+			t.Fatalf("max write %d, pages %d: not what a request pipe and the buffers hold", set.Out.MaxWrite, set.Out.MaxPages)
 		}
 		b, err := set.Marshal()
 		if err != nil {

@@ -17,7 +17,7 @@ func TestNegotiateIsDeterministicAndBounded(t *testing.T) {
 	if a.Out.Flags&(1<<16) != 0 {
 		t.Fatal("writeback cache accepted: the loop device above has its own cache")
 	}
-	if a.Out.Flags&initAsyncDIO == 0 || a.Out.MaxWrite != maxWrite || a.Out.MaxPages != maxPages {
+	if a.Out.Flags&initAsyncDIO == 0 || a.Out.MaxWrite != initMaxWrite || a.Out.MaxPages != negotiatedPages {
 		t.Fatalf("settings = %+v", a.Out)
 	}
 	if !a.KernelResends() {

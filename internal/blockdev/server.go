@@ -49,6 +49,7 @@ type Server struct {
 	settings atomic.Pointer[Settings]
 	ready    chan struct{}
 	readyOne sync.Once
+	noSplice sync.Once // logs once that workers read without splice
 	stopping atomic.Bool
 	inflight atomic.Int64
 	start    uint64 // mtime of the file: the server's start, in seconds
@@ -133,8 +134,19 @@ func (s *Server) worker() error {
 		return err
 	}
 	defer b.free()
+	w := uint32(initMaxWrite)
+	if set := s.settings.Load(); set != nil {
+		w = set.Out.MaxWrite // a takeover: what the connection has
+	}
+	pipe, err := newRequestPipe(w)
+	if err != nil {
+		s.noSplice.Do(func() {
+			s.cfg.Log.Error(err, "reading requests without splice: a server killed while it reads a request can fail that request with EIO")
+		})
+	}
+	defer pipe.close()
 	for {
-		n, err := unix.Read(s.cfg.Dev, b.in)
+		n, err := pipe.readRequest(s.cfg.Dev, b.in)
 		switch {
 		case err == nil:
 		case errors.Is(err, unix.EINTR), errors.Is(err, unix.EAGAIN), errors.Is(err, unix.ENOENT):

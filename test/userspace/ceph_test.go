@@ -316,14 +316,6 @@ func (f *fixture) cephMounted(t *testing.T, nc csi.NodeClient, c *testceph.Clust
 // third of the way) and started again (two thirds): no writer error, no
 // read-only remount, every block what was last written.
 func TestCephHealUnderWritersOnRealCeph(t *testing.T) {
-	// Known bug, open in issue #16's work: on main after the fencing and
-	// RBD worker changes, a write after a heal failed with EIO (fdatasync:
-	// input/output error) in 2 of 2 runs, at cycles 22 and 49, after OSD 0
-	// was killed at cycle 16. Until it is found and fixed the test runs
-	// only on request, so that CI stays a gate for what works.
-	if os.Getenv("BERTH_CEPH_HEAL") != "1" {
-		t.Skip("known bug under investigation: a write after a heal of a Ceph volume can fail with EIO; set BERTH_CEPH_HEAL=1 to run this test")
-	}
 	f, c, nc := cephSetup(t)
 	cycles := envInt("BERTH_HEAL_CYCLES", 50)
 	vols := make([]mounted, envInt("BERTH_HEAL_VOLUMES", 2))

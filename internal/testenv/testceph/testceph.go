@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/berth-io/berth/internal/testenv"
 )
 
@@ -57,6 +59,11 @@ type Cluster struct {
 
 	scripts, netns string
 	env            []string
+	// dir is the cluster's folder; lock, held from Up to Stop, keeps a
+	// second test process (another package run, a worktree's) from
+	// reusing or removing the same folder and ports meanwhile.
+	dir  string
+	lock *os.File
 }
 
 // Timeouts of the scripts: a cold start installs Debian's packages.
@@ -98,6 +105,7 @@ func New(o Options) *Cluster {
 	return &Cluster{
 		scripts: filepath.Join(testenv.RepoRoot(), "hack", "ceph"),
 		netns:   o.Netns,
+		dir:     o.Dir,
 		env: append(os.Environ(),
 			"BERTH_CEPH_DIR="+o.Dir,
 			"BERTH_CEPH_ADDR="+o.Addr,
@@ -112,6 +120,9 @@ func New(o Options) *Cluster {
 // Up brings the test Ceph up (or reuses the one already up in its folder)
 // and waits until every placement group is active+clean.
 func (c *Cluster) Up(ctx context.Context) error {
+	if err := c.takeLock(ctx); err != nil {
+		return err
+	}
 	out, err := c.script(ctx, upTimeout, "up.sh")
 	if err != nil {
 		return err
@@ -134,7 +145,50 @@ func (c *Cluster) Stop(ctx context.Context) error {
 	if _, lerr := c.script(ctx, downTimeout, "leftovers.sh"); lerr != nil {
 		err = errors.Join(err, lerr)
 	}
+	if c.lock != nil {
+		_ = c.lock.Close() // releases the flock
+		c.lock = nil
+	}
 	return err
+}
+
+// lockWait bounds the wait for another test process's use of the same
+// folder: a package's tests on a real Ceph take a few minutes.
+const lockWait = 20 * time.Minute
+
+// takeLock waits for the folder's lock (<dir>.lock, flock: a process that
+// dies lets go of it).
+func (c *Cluster) takeLock(ctx context.Context) error {
+	if c.lock != nil || c.dir == "" {
+		return nil
+	}
+	path := filepath.Clean(c.dir) + ".lock"
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("test Ceph lock: %w", err)
+	}
+	deadline := time.Now().Add(lockWait)
+	for said := false; ; {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			c.lock = f
+			return nil
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) || time.Now().After(deadline) {
+			_ = f.Close()
+			return fmt.Errorf("test Ceph in %s is in use by another test process (lock %s): %w", c.dir, path, err)
+		}
+		if !said {
+			fmt.Fprintf(os.Stderr, "testceph: %s is in use by another test process; waiting up to %s\n", c.dir, lockWait)
+			said = true
+		}
+		select {
+		case <-ctx.Done():
+			_ = f.Close()
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 // KillOSD kills OSD id with SIGKILL, as a crash would, and returns once the
