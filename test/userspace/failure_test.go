@@ -23,7 +23,7 @@ func TestServerCrash(t *testing.T) {
 	m := f.userspaceVolume(t, nc, "crash")
 	w := startWriter(t, m, 99)
 	ctx := context.Background()
-	before := f.scrape(t)
+	before := testenv.ScrapeAddr(t, f.agentMetrics)
 	for i := 0; i < 3; i++ {
 		time.Sleep(300 * time.Millisecond)
 		vols, err := keeper.NewClient(f.keeperSock).List(ctx)
@@ -68,7 +68,7 @@ func TestServerCrash(t *testing.T) {
 	}
 	// The agent's metrics tell the same story: three heals, the keeper up
 	// and holding the volume's connection.
-	after := f.scrape(t)
+	after := testenv.ScrapeAddr(t, f.agentMetrics)
 	restarted := testenv.Series("berth_heal_volumes_total", "result", "restarted")
 	if got := after[restarted] - before[restarted]; got != 3 {
 		t.Errorf("%s moved by %v over three server deaths, want 3", restarted, got)
@@ -78,16 +78,6 @@ func TestServerCrash(t *testing.T) {
 		t.Errorf("node gauges: keeper_up %v, keeper_connections %v, volumes{Available,fuse} %v", after["berth_keeper_up"],
 			after["berth_keeper_connections"], after[testenv.Series("berth_volumes", "state", "Available", "transport", "fuse")])
 	}
-}
-
-// scrape reads the agent's metrics.
-func (f *fixture) scrape(t *testing.T) testenv.Samples {
-	t.Helper()
-	s, err := testenv.Scrape(context.Background(), "http://"+f.agentMetrics+"/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
 }
 
 // TestKeeperDown: when the keeper dies, the volume's condition turns
