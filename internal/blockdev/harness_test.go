@@ -36,6 +36,18 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// bothModes runs test with the server doing the I/O, then with FUSE
+// passthrough (the kernel doing it on the image).
+func bothModes(t *testing.T, test func(t *testing.T, passthrough bool)) {
+	for _, passthrough := range []bool{false, true} {
+		name := "server-io"
+		if passthrough {
+			name = "passthrough"
+		}
+		t.Run(name, func(t *testing.T) { test(t, passthrough) })
+	}
+}
+
 // needKernel skips without root, /dev/fuse or the tools the tests run.
 func needKernel(t *testing.T, tools ...string) {
 	t.Helper()
