@@ -70,7 +70,8 @@ func (f *fixture) start(env *testenv.Env) error {
 	if f.dir, err = os.MkdirTemp("", "berth-us-"); err != nil {
 		return err
 	}
-	if f.berth, err = buildBerth(f.dir); err != nil {
+	// As `make build` builds it (with the ceph backend unless BERTH_CEPH=0).
+	if f.berth, err = testenv.BuildBerth(f.dir); err != nil {
 		return err
 	}
 	f.kubeconfig = filepath.Join(f.dir, "kubeconfig")
