@@ -126,6 +126,14 @@ func (e *rootEnv) stage(t testing.TB, img string, req StageRequest) StageRequest
 	return req
 }
 
+// unstage unstages the volume at staging (its device stays attached).
+func (e *rootEnv) unstage(t testing.TB, staging string) {
+	t.Helper()
+	if _, err := e.mgr.Unstage(e.ctx, staging); err != nil {
+		t.Fatalf("unstage %s: %v", staging, err)
+	}
+}
+
 // grow makes img size bytes and has its loop device dev see the new size.
 func (e *rootEnv) grow(t testing.TB, img, dev string, size int64) {
 	t.Helper()
