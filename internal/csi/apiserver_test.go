@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr/testr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
@@ -26,4 +27,9 @@ func create(ctx context.Context, t *testing.T, obj client.Object) {
 		t.Fatalf("create %T %s: %v", obj, obj.GetName(), err)
 	}
 	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), obj) })
+}
+
+// apiController is a CSI controller on the test API server, logging to t.
+func apiController(t *testing.T, cfg ControllerConfig) *Controller {
+	return NewController(env.Client, cfg, testr.New(t))
 }

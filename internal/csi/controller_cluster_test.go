@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"github.com/go-logr/logr/testr"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
@@ -56,7 +55,7 @@ func TestCreateVolumeNamesItsCluster(t *testing.T) {
 	}
 	create(ctx, t, src)
 
-	s := NewController(env.Client, ControllerConfig{Wait: 2 * time.Second}, testr.New(t))
+	s := apiController(t, ControllerConfig{Wait: 2 * time.Second})
 	fsCap := &csi.VolumeCapability{
 		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
 		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
@@ -120,7 +119,7 @@ func TestPlacementByStorageCapacity(t *testing.T) {
 	capacity(ns, "c3", "place-gone", 100) // its node was deleted
 	capacity(other, "c4", "place-1", 50)  // not berth's namespace
 
-	s := NewController(env.Client, ControllerConfig{Namespace: ns}, testr.New(t))
+	s := apiController(t, ControllerConfig{Namespace: ns})
 	if n, err := s.chooseNode(ctx, nil, 1<<30); err != nil || n != "place-2" {
 		t.Errorf("chooseNode(1Gi) = %q, %v; want place-2 (most free)", n, err)
 	}

@@ -84,7 +84,7 @@ func TestCreateSnapshotFailureLeavesNothing(t *testing.T) {
 	}
 	nodeVolume(ctx, t, node, "snap-small", "4Mi")
 
-	s := NewController(env.Client, ControllerConfig{Wait: 30 * time.Second}, testr.New(t))
+	s := apiController(t, ControllerConfig{Wait: 30 * time.Second})
 	_, err = s.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "snap-of-full", SourceVolumeId: "snap-full"})
 	if status.Code(err) != codes.ResourceExhausted {
 		t.Errorf("snapshot that does not fit: %v, want ResourceExhausted", err)
@@ -172,7 +172,7 @@ func TestRestoreChecksVolumeMode(t *testing.T) {
 	readySnapshot(ctx, t, "restore-snap-block", src.Name, v1.VolumeModeBlock)
 	readySnapshot(ctx, t, "restore-snap-old", src.Name, "") // taken before the mode was recorded
 
-	s := NewController(env.Client, ControllerConfig{Wait: 2 * time.Second}, testr.New(t))
+	s := apiController(t, ControllerConfig{Wait: 2 * time.Second})
 	fsCap := &csi.VolumeCapability{
 		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
 		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
