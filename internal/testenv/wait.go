@@ -34,6 +34,12 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func(ctx 
 	}
 }
 
+// WaitFor polls cond until it holds, failing t after timeout.
+func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	Eventually(t, timeout, "waiting for "+what, func(context.Context) (bool, error) { return cond(), nil })
+}
+
 // WaitGet waits up to timeout until obj exists and reads it.
 func (e *Env) WaitGet(t testing.TB, timeout time.Duration, obj client.Object) {
 	t.Helper()
