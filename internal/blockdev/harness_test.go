@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-io/berth/internal/blockdev"
@@ -251,17 +252,11 @@ func mounted(path string) bool {
 // mountOptions returns the per-mount and super options of path, "" if not
 // mounted.
 func mountOptions(path string) string {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
+	ms, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(path))
+	if err != nil || len(ms) == 0 {
 		return ""
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 5 && f[4] == path {
-			return f[5] + " " + f[len(f)-1]
-		}
-	}
-	return ""
+	return ms[0].Options + " " + ms[0].VFSOptions
 }
 
 // kernelErrors returns the lines after the first skip lines of the kernel

@@ -13,6 +13,8 @@ import (
 	"golang.org/x/sys/unix"
 	mountutils "k8s.io/mount-utils"
 	"k8s.io/utils/exec"
+
+	"github.com/berth-io/berth/internal/testenv"
 )
 
 const mib = 1 << 20
@@ -148,11 +150,7 @@ func (e *rootEnv) grow(t testing.TB, img, dev string, size int64) {
 // loopsFor counts loop devices over img, as losetup -j sees them.
 func loopsFor(t *testing.T, img string) int {
 	t.Helper()
-	out, err := exec.New().Command("losetup", "-j", img).CombinedOutput()
-	if err != nil {
-		t.Fatalf("losetup -j: %v %s", err, out)
-	}
-	return strings.Count(string(out), "/dev/loop")
+	return len(testenv.LoopsOf(t, img))
 }
 
 // mountsOf counts mounts of dev's filesystem in /proc/self/mountinfo.
