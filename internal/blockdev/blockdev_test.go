@@ -41,7 +41,7 @@ func testServeExt4(t *testing.T, passthrough bool) {
 	if err := os.WriteFile(path, want, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	run(t, "sync")
+	testenv.Run(t, "sync")
 	if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("3"), 0); err != nil {
 		t.Logf("drop caches: %v", err)
 	}
@@ -262,7 +262,7 @@ func testImageGrown(t *testing.T, passthrough bool) {
 	r.passthrough = passthrough
 	r.startServer()
 	file := filepath.Join(r.mountpoint, blockdev.FileName)
-	r.loop = run(t, "losetup", "--direct-io=on", "--find", "--show", file)
+	r.loop = testenv.Run(t, "losetup", "--direct-io=on", "--find", "--show", file)
 	const want = 128 << 20
 	if err := os.Truncate(r.image, want); err != nil {
 		t.Fatal(err)
@@ -274,7 +274,7 @@ func testImageGrown(t *testing.T, passthrough bool) {
 	if st.Size != want {
 		t.Fatalf("%s: %d bytes after the image grew, want %d", file, st.Size, want)
 	}
-	run(t, "losetup", "--set-capacity", r.loop)
+	testenv.Run(t, "losetup", "--set-capacity", r.loop)
 	b, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(r.loop), "size"))
 	if err != nil {
 		t.Fatal(err)

@@ -80,15 +80,6 @@ func berthBinary(t *testing.T) string {
 	return binPath
 }
 
-func run(t *testing.T, name string, args ...string) string {
-	t.Helper()
-	out, err := exec.Command(name, args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s %s: %v: %s", name, strings.Join(args, " "), err, out)
-	}
-	return strings.TrimSpace(string(out))
-}
-
 // rig is one keeper, one volume, its servers, loop device and ext4 mount.
 type rig struct {
 	t          *testing.T
@@ -189,12 +180,12 @@ func (r *rig) startServer() *launch.Process {
 // attachAndMount puts a loop device on disk.img, makes ext4 and mounts it.
 func (r *rig) attachAndMount() {
 	r.t.Helper()
-	r.loop = run(r.t, "losetup", "--direct-io=on", "--find", "--show", filepath.Join(r.mountpoint, blockdev.FileName))
-	run(r.t, "mkfs.ext4", "-q", "-F", r.loop)
+	r.loop = testenv.Run(r.t, "losetup", "--direct-io=on", "--find", "--show", filepath.Join(r.mountpoint, blockdev.FileName))
+	testenv.Run(r.t, "mkfs.ext4", "-q", "-F", r.loop)
 	if err := os.MkdirAll(r.fsDir, 0o700); err != nil {
 		r.t.Fatal(err)
 	}
-	run(r.t, "mount", "-o", "errors=remount-ro", r.loop, r.fsDir)
+	testenv.Run(r.t, "mount", "-o", "errors=remount-ro", r.loop, r.fsDir)
 }
 
 func (r *rig) killKeeper() {
