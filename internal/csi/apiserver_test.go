@@ -7,6 +7,8 @@ import (
 
 	"github.com/go-logr/logr/testr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/berth-io/berth/internal/testenv"
 )
 
 // apiCtx needs the test API server and returns a context that ends with
@@ -14,9 +16,7 @@ import (
 func apiCtx(t *testing.T, d time.Duration) context.Context {
 	t.Helper()
 	suite.Require(t)
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
+	return testenv.Context(t, d)
 }
 
 // create makes obj on the test API server and deletes it when the test

@@ -3,8 +3,6 @@ package sanity
 import (
 	"context"
 	"os"
-	"os/exec"
-	"strings"
 	"testing"
 	"time"
 
@@ -43,9 +41,7 @@ func conn(t *testing.T, sock string) *grpc.ClientConn {
 }
 
 func testCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	t.Cleanup(cancel)
-	return ctx
+	return testenv.Context(t, 60*time.Second)
 }
 
 func mountCap() *csi.VolumeCapability {
@@ -157,15 +153,6 @@ func mountsAt(t *testing.T, path string) int {
 	return len(ms)
 }
 
-func run(t *testing.T, name string, args ...string) string {
-	t.Helper()
-	out, err := exec.Command(name, args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s %v: %v\n%s", name, args, err, out)
-	}
-	return strings.TrimSpace(string(out))
-}
-
 // TestStageRetryAfterCrash leaves what a node service killed after each step
 // of NodeStage leaves (a loop device; plus a filesystem; plus the mount),
 // then retries NodeStage twice: exactly one loop device and one mount result
@@ -181,15 +168,15 @@ func TestStageRetryAfterCrash(t *testing.T) {
 				t.Fatal(err)
 			}
 			staging, _ := kubeletDirs(t)
-			dev := run(t, "losetup", "--find", "--show", "--direct-io=on", v.Status.Path)
+			dev := testenv.Run(t, "losetup", "--find", "--show", "--direct-io=on", v.Status.Path)
 			if i >= 1 {
-				run(t, "mkfs.ext4", "-q", "-F", dev)
+				testenv.Run(t, "mkfs.ext4", "-q", "-F", dev)
 			}
 			if i >= 2 {
 				if err := os.MkdirAll(staging, 0o750); err != nil {
 					t.Fatal(err)
 				}
-				run(t, "mount", "-t", "ext4", dev, staging)
+				testenv.Run(t, "mount", "-t", "ext4", dev, staging)
 			}
 			for range 2 {
 				if _, err := c.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: vol.VolumeId, StagingTargetPath: staging, VolumeCapability: mountCap()}); err != nil {

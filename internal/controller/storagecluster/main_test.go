@@ -73,9 +73,7 @@ func startManager(e *testenv.Env) error {
 }
 
 func testCtx(t *testing.T) context.Context {
-	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return c
+	return testenv.Context(t, 30*time.Second)
 }
 
 // reconcilerOn is a StorageCluster reconciler of the test's own, apart from
