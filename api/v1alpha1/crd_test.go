@@ -27,9 +27,7 @@ var (
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m, suite)) }
 
 func ctx(t *testing.T) context.Context {
-	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return c
+	return testenv.Context(t, 30*time.Second)
 }
 
 // createAndRead creates obj, reads it back into out and deletes it.

@@ -6,11 +6,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/go-logr/logr/testr"
 	"golang.org/x/sys/unix"
+
+	"github.com/berth-io/berth/internal/testenv"
 )
 
 // TestRootReflinkOnXFS runs the backend on a real xfs (reflink on by
@@ -25,12 +26,12 @@ func TestRootReflinkOnXFS(t *testing.T) {
 	}
 	dir := t.TempDir()
 	img, mnt := filepath.Join(dir, "fs.img"), filepath.Join(dir, "mnt")
-	run(t, "truncate", "-s", "320M", img)
-	dev := strings.TrimSpace(run(t, "losetup", "--find", "--show", img))
+	testenv.Run(t, "truncate", "-s", "320M", img)
+	dev := testenv.Run(t, "losetup", "--find", "--show", img)
 	t.Cleanup(func() { _, _ = exec.Command("losetup", "-d", dev).CombinedOutput() })
-	run(t, "mkfs.xfs", "-q", "-f", dev)
+	testenv.Run(t, "mkfs.xfs", "-q", "-f", dev)
 	_ = os.Mkdir(mnt, 0o700)
-	run(t, "mount", dev, mnt)
+	testenv.Run(t, "mount", dev, mnt)
 	t.Cleanup(func() { _, _ = exec.Command("umount", mnt).CombinedOutput() })
 
 	ctx := context.Background()
@@ -70,13 +71,4 @@ func usedBytes(t *testing.T, path string) int64 {
 		t.Fatal(err)
 	}
 	return int64(st.Blocks-st.Bfree) * st.Bsize
-}
-
-func run(t *testing.T, name string, args ...string) string {
-	t.Helper()
-	out, err := exec.Command(name, args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s %v: %v: %s", name, args, err, out)
-	}
-	return string(out)
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/moby/sys/mountinfo"
+	"golang.org/x/sys/unix"
 
 	"github.com/berth-io/berth/internal/blockdev"
 	"github.com/berth-io/berth/internal/blockdev/launch"
@@ -25,16 +26,7 @@ import (
 // TestServeExt4 serves an image, puts a loop device and ext4 on disk.img and
 // reads back what it wrote, past the page cache.
 func TestServeExt4(t *testing.T) {
-	for _, passthrough := range []bool{false, true} {
-		t.Run(mode(passthrough), func(t *testing.T) { testServeExt4(t, passthrough) })
-	}
-}
-
-func mode(passthrough bool) string {
-	if passthrough {
-		return "passthrough"
-	}
-	return "server-io"
+	bothModes(t, testServeExt4)
 }
 
 func testServeExt4(t *testing.T, passthrough bool) {
@@ -49,7 +41,7 @@ func testServeExt4(t *testing.T, passthrough bool) {
 	if err := os.WriteFile(path, want, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	run(t, "sync")
+	testenv.Run(t, "sync")
 	if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("3"), 0); err != nil {
 		t.Logf("drop caches: %v", err)
 	}
@@ -102,9 +94,7 @@ func wantFUSEOptions(t *testing.T, mountpoint string, opts ...string) {
 // writes and verifies (crc32c) through ext4, starting a new server each time:
 // no I/O error, ext4 stays read-write, every block verifies.
 func TestTakeoverUnderVerifyingWriter(t *testing.T) {
-	for _, passthrough := range []bool{false, true} {
-		t.Run(mode(passthrough), func(t *testing.T) { testTakeover(t, passthrough) })
-	}
+	bothModes(t, testTakeover)
 }
 
 func testTakeover(t *testing.T, passthrough bool) {
@@ -256,5 +246,40 @@ func TestStopPID(t *testing.T) {
 	r.startServer()
 	if err := blockdev.CheckMount(r.mountpoint); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestImageGrownBehindServer grows the image behind a running server, as
+// the backend does on expansion: the FUSE file must show the new size, and
+// so the loop device on it once its capacity is refreshed.
+func TestImageGrownBehindServer(t *testing.T) {
+	bothModes(t, testImageGrown)
+}
+
+func testImageGrown(t *testing.T, passthrough bool) {
+	needKernel(t)
+	r := newRig(t, 64<<20)
+	r.passthrough = passthrough
+	r.startServer()
+	file := filepath.Join(r.mountpoint, blockdev.FileName)
+	r.loop = testenv.Run(t, "losetup", "--direct-io=on", "--find", "--show", file)
+	const want = 128 << 20
+	if err := os.Truncate(r.image, want); err != nil {
+		t.Fatal(err)
+	}
+	var st unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, file, unix.AT_STATX_FORCE_SYNC, unix.STATX_SIZE, &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Size != want {
+		t.Fatalf("%s: %d bytes after the image grew, want %d", file, st.Size, want)
+	}
+	testenv.Run(t, "losetup", "--set-capacity", r.loop)
+	b, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(r.loop), "size"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); n*512 != want {
+		t.Fatalf("loop device %s: %d bytes after refresh, want %d", r.loop, n*512, want)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-io/berth/internal/blockdev"
@@ -34,6 +35,18 @@ func TestMain(m *testing.M) {
 		_ = os.RemoveAll(binDir)
 	}
 	os.Exit(code)
+}
+
+// bothModes runs test with the server doing the I/O, then with FUSE
+// passthrough (the kernel doing it on the image).
+func bothModes(t *testing.T, test func(t *testing.T, passthrough bool)) {
+	for _, passthrough := range []bool{false, true} {
+		name := "server-io"
+		if passthrough {
+			name = "passthrough"
+		}
+		t.Run(name, func(t *testing.T) { test(t, passthrough) })
+	}
 }
 
 // needKernel skips without root, /dev/fuse or the tools the tests run.
@@ -65,15 +78,6 @@ func berthBinary(t *testing.T) string {
 		t.Fatal(buildErr)
 	}
 	return binPath
-}
-
-func run(t *testing.T, name string, args ...string) string {
-	t.Helper()
-	out, err := exec.Command(name, args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s %s: %v: %s", name, strings.Join(args, " "), err, out)
-	}
-	return strings.TrimSpace(string(out))
 }
 
 // rig is one keeper, one volume, its servers, loop device and ext4 mount.
@@ -176,12 +180,12 @@ func (r *rig) startServer() *launch.Process {
 // attachAndMount puts a loop device on disk.img, makes ext4 and mounts it.
 func (r *rig) attachAndMount() {
 	r.t.Helper()
-	r.loop = run(r.t, "losetup", "--direct-io=on", "--find", "--show", filepath.Join(r.mountpoint, blockdev.FileName))
-	run(r.t, "mkfs.ext4", "-q", "-F", r.loop)
+	r.loop = testenv.Run(r.t, "losetup", "--direct-io=on", "--find", "--show", filepath.Join(r.mountpoint, blockdev.FileName))
+	testenv.Run(r.t, "mkfs.ext4", "-q", "-F", r.loop)
 	if err := os.MkdirAll(r.fsDir, 0o700); err != nil {
 		r.t.Fatal(err)
 	}
-	run(r.t, "mount", "-o", "errors=remount-ro", r.loop, r.fsDir)
+	testenv.Run(r.t, "mount", "-o", "errors=remount-ro", r.loop, r.fsDir)
 }
 
 func (r *rig) killKeeper() {
@@ -239,17 +243,11 @@ func mounted(path string) bool {
 // mountOptions returns the per-mount and super options of path, "" if not
 // mounted.
 func mountOptions(path string) string {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
+	ms, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(path))
+	if err != nil || len(ms) == 0 {
 		return ""
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 5 && f[4] == path {
-			return f[5] + " " + f[len(f)-1]
-		}
-	}
-	return ""
+	return ms[0].Options + " " + ms[0].VFSOptions
 }
 
 // kernelErrors returns the lines after the first skip lines of the kernel

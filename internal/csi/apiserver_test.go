@@ -5,7 +5,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr/testr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/berth-io/berth/internal/testenv"
 )
 
 // apiCtx needs the test API server and returns a context that ends with
@@ -13,9 +16,7 @@ import (
 func apiCtx(t *testing.T, d time.Duration) context.Context {
 	t.Helper()
 	suite.Require(t)
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
+	return testenv.Context(t, d)
 }
 
 // create makes obj on the test API server and deletes it when the test
@@ -26,4 +27,9 @@ func create(ctx context.Context, t *testing.T, obj client.Object) {
 		t.Fatalf("create %T %s: %v", obj, obj.GetName(), err)
 	}
 	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), obj) })
+}
+
+// apiController is a CSI controller on the test API server, logging to t.
+func apiController(t *testing.T, cfg ControllerConfig) *Controller {
+	return NewController(env.Client, cfg, testr.New(t))
 }

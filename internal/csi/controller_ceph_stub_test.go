@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"github.com/go-logr/logr/testr"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -30,7 +29,7 @@ func TestCephClassRefusedWithoutCephBuild(t *testing.T) {
 	}}
 	create(ctx, t, sc)
 
-	s := NewController(env.Client, ControllerConfig{}, testr.New(t))
+	s := apiController(t, ControllerConfig{})
 	defer s.Close()
 	params := map[string]string{v1.ParamStorageCluster: sc.Name}
 	const says = "berth built without the ceph backend (build tag ceph)"

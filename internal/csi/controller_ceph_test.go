@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"github.com/go-logr/logr/testr"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -79,7 +78,7 @@ func TestCephVolumesOnRealCeph(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	cephStorageCluster(ctx, t, c, "ceph-csi", c.Monitors)
-	s := NewController(env.Client, ControllerConfig{}, testr.New(t))
+	s := apiController(t, ControllerConfig{})
 	defer s.Close()
 	params := map[string]string{v1.ParamStorageCluster: "ceph-csi"}
 	image := func(id string) string { return c.Pool + "/berth-" + id }
@@ -217,7 +216,7 @@ func TestCephUnreachableOnRealCeph(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	sc := cephStorageCluster(ctx, t, c, "ceph-csi-down", strings.Replace(c.Monitors, ":3313", ":1", 1))
-	s := NewController(env.Client, ControllerConfig{}, testr.New(t))
+	s := apiController(t, ControllerConfig{})
 	defer s.Close()
 	params := map[string]string{v1.ParamStorageCluster: sc.Name}
 	req := &csi.CreateVolumeRequest{Name: "ceph-down", Parameters: params,

@@ -57,18 +57,8 @@ func (s *Node) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRequ
 
 // NodeStageVolume implements csi.NodeServer.
 func (s *Node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
-	if err := required(
-		text("volume ID", req.GetVolumeId()),
-		text("staging target path", req.GetStagingTargetPath()),
-		arg{name: "volume capability", absent: req.GetVolumeCapability() == nil},
-	); err != nil {
-		return nil, err
-	}
-	volMode, fsType, err := checkCapability(req.GetVolumeCapability())
+	volMode, fsType, err := s.checkAttach(req.GetVolumeId(), req.GetVolumeCapability(), text("staging target path", req.GetStagingTargetPath()))
 	if err != nil {
-		return nil, err
-	}
-	if err := s.checkArgs(req.GetVolumeId(), req.GetStagingTargetPath()); err != nil {
 		return nil, err
 	}
 	err = s.agent.Stage(ctx, agent.StageRequest{
@@ -94,19 +84,8 @@ func (s *Node) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolume
 func (s *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
 	staging := text("staging target path", req.GetStagingTargetPath())
 	staging.hint = ": berth stages volumes first (STAGE_UNSTAGE_VOLUME)"
-	if err := required(
-		text("volume ID", req.GetVolumeId()),
-		text("target path", req.GetTargetPath()),
-		arg{name: "volume capability", absent: req.GetVolumeCapability() == nil},
-		staging,
-	); err != nil {
-		return nil, err
-	}
-	volMode, _, err := checkCapability(req.GetVolumeCapability())
+	volMode, _, err := s.checkAttach(req.GetVolumeId(), req.GetVolumeCapability(), text("target path", req.GetTargetPath()), staging)
 	if err != nil {
-		return nil, err
-	}
-	if err := s.checkArgs(req.GetVolumeId(), req.GetStagingTargetPath(), req.GetTargetPath()); err != nil {
 		return nil, err
 	}
 	vc := req.GetVolumeContext()
@@ -199,6 +178,29 @@ func checkCapability(c *csi.VolumeCapability) (v1.VolumeMode, string, error) {
 	_, volMode, fsType, err := checkCapabilities([]*csi.VolumeCapability{c})
 	if err != nil {
 		return "", "", status.Error(codes.InvalidArgument, err.Error())
+	}
+	return volMode, fsType, nil
+}
+
+// checkAttach checks what stage and publish both carry, in the order they
+// have always checked it: the volume ID, the first path, the capability and
+// further paths present; then the capability itself, the volume ID rule and
+// each path. It returns the capability's volume mode and fs type.
+func (s *Node) checkAttach(id string, c *csi.VolumeCapability, paths ...arg) (v1.VolumeMode, string, error) {
+	args := []arg{text("volume ID", id), paths[0], {name: "volume capability", absent: c == nil}}
+	if err := required(append(args, paths[1:]...)...); err != nil {
+		return "", "", err
+	}
+	volMode, fsType, err := checkCapability(c)
+	if err != nil {
+		return "", "", err
+	}
+	values := make([]string, len(paths))
+	for i, p := range paths {
+		values[i] = p.value
+	}
+	if err := s.checkArgs(id, values...); err != nil {
+		return "", "", err
 	}
 	return volMode, fsType, nil
 }

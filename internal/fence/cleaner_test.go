@@ -16,6 +16,7 @@ import (
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/fence"
+	"github.com/berth-io/berth/internal/testenv"
 )
 
 // recordingUndoer records what it was asked to undo; fail makes mountDirs
@@ -171,11 +172,5 @@ func addStaleEntry(t *testing.T, node string, entries ...v1.StaleAttachment) {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.WaitFor(t, 20*time.Second, what, cond)
 }

@@ -33,9 +33,7 @@ func TestMain(m *testing.M) {
 }
 
 func ctxT(tb testing.TB) context.Context {
-	c, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	tb.Cleanup(cancel)
-	return c
+	return testenv.Context(tb, 60*time.Second)
 }
 
 // newFencer returns a Fencer on the real API server; events go to a fake

@@ -342,7 +342,5 @@ func runRace(t *testing.T, kind string, cs []contender, prefix string) {
 }
 
 func ctxLong(t *testing.T) context.Context {
-	c, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	t.Cleanup(cancel)
-	return c
+	return testenv.Context(t, 10*time.Minute)
 }

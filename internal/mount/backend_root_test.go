@@ -50,9 +50,7 @@ func (e *rootEnv) withMounted(t *testing.T, img string, fn func(dir string)) {
 		t.Fatal(err)
 	}
 	fn(staging)
-	if _, err := e.mgr.Unstage(e.ctx, staging); err != nil {
-		t.Fatal(err)
-	}
+	e.unstage(t, staging)
 	if err := e.loop.Detach(e.ctx, dev); err != nil {
 		t.Fatal(err)
 	}

@@ -18,9 +18,7 @@ func BenchmarkRootStagePublishCycle(b *testing.B) {
 	if err := e.mgr.Stage(e.ctx, stage); err != nil { // formats once
 		b.Fatal(err)
 	}
-	if _, err := e.mgr.Unstage(e.ctx, staging); err != nil {
-		b.Fatal(err)
-	}
+	e.unstage(b, staging)
 	b.ResetTimer()
 	for b.Loop() {
 		if err := e.mgr.Stage(e.ctx, stage); err != nil {
@@ -32,9 +30,7 @@ func BenchmarkRootStagePublishCycle(b *testing.B) {
 		if err := e.mgr.Unpublish(e.ctx, target); err != nil {
 			b.Fatal(err)
 		}
-		if _, err := e.mgr.Unstage(e.ctx, staging); err != nil {
-			b.Fatal(err)
-		}
+		e.unstage(b, staging)
 	}
 }
 

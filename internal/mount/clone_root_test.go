@@ -19,9 +19,7 @@ func TestRootXFSCloneStagesBesideSource(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(srcStaging, "hello"), []byte("world"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.mgr.Unstage(e.ctx, srcStaging); err != nil {
-		t.Fatal(err)
-	}
+	e.unstage(t, srcStaging)
 
 	clone := filepath.Join(e.dir, "clone.img")
 	if out, err := exec.New().Command("cp", "--sparse=always", src, clone).CombinedOutput(); err != nil {
@@ -54,8 +52,6 @@ func TestRootXFSCloneStagesBesideSource(t *testing.T) {
 		t.Fatalf("clone's file seen in the source: %v", err)
 	}
 	for _, staging := range []string{cloneStaging, srcStaging} {
-		if _, err := e.mgr.Unstage(e.ctx, staging); err != nil {
-			t.Fatal(err)
-		}
+		e.unstage(t, staging)
 	}
 }

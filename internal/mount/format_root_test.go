@@ -23,9 +23,7 @@ func TestRootRecordedVolumeNeverFormatted(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(staging, "data"), want, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.mgr.Unstage(e.ctx, staging); err != nil {
-		t.Fatal(err)
-	}
+	e.unstage(t, staging)
 
 	// Wipe the ext4 magic (2 bytes at 0x438): blkid now finds nothing.
 	magic := make([]byte, 2)

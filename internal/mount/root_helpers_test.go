@@ -13,6 +13,8 @@ import (
 	"golang.org/x/sys/unix"
 	mountutils "k8s.io/mount-utils"
 	"k8s.io/utils/exec"
+
+	"github.com/berth-io/berth/internal/testenv"
 )
 
 const mib = 1 << 20
@@ -126,6 +128,14 @@ func (e *rootEnv) stage(t testing.TB, img string, req StageRequest) StageRequest
 	return req
 }
 
+// unstage unstages the volume at staging (its device stays attached).
+func (e *rootEnv) unstage(t testing.TB, staging string) {
+	t.Helper()
+	if _, err := e.mgr.Unstage(e.ctx, staging); err != nil {
+		t.Fatalf("unstage %s: %v", staging, err)
+	}
+}
+
 // grow makes img size bytes and has its loop device dev see the new size.
 func (e *rootEnv) grow(t testing.TB, img, dev string, size int64) {
 	t.Helper()
@@ -140,11 +150,7 @@ func (e *rootEnv) grow(t testing.TB, img, dev string, size int64) {
 // loopsFor counts loop devices over img, as losetup -j sees them.
 func loopsFor(t *testing.T, img string) int {
 	t.Helper()
-	out, err := exec.New().Command("losetup", "-j", img).CombinedOutput()
-	if err != nil {
-		t.Fatalf("losetup -j: %v %s", err, out)
-	}
-	return strings.Count(string(out), "/dev/loop")
+	return len(testenv.LoopsOf(t, img))
 }
 
 // mountsOf counts mounts of dev's filesystem in /proc/self/mountinfo.

@@ -303,9 +303,7 @@ func TestRootGrowAtStage(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := e.mgr.Unstage(e.ctx, staging); err != nil {
-				t.Fatal(err)
-			}
+			e.unstage(t, staging)
 			e.grow(t, img, dev, tc.to)
 			req.Format = FormatPolicy{Never: true, Why: "the volume was formatted before"}
 			if err := e.mgr.Stage(e.ctx, req); err != nil {
@@ -316,9 +314,7 @@ func TestRootGrowAtStage(t *testing.T) {
 				t.Fatalf("data after growth: %q %v", got, err)
 			}
 			// Staged again at full size: nothing to grow, still fine.
-			if _, err := e.mgr.Unstage(e.ctx, staging); err != nil {
-				t.Fatal(err)
-			}
+			e.unstage(t, staging)
 			if err := e.mgr.Stage(e.ctx, req); err != nil {
 				t.Fatal(err)
 			}
@@ -340,9 +336,7 @@ func TestRootExpandWithoutCapabilityGrowsAtStage(t *testing.T) {
 	if err := e.mgr.Expand(e.ctx, dev, staging); !errors.Is(err, ErrGrowsAtStage) {
 		t.Fatalf("online ext4 growth without the capability: want ErrGrowsAtStage, got %v", err)
 	}
-	if _, err := e.mgr.Unstage(e.ctx, staging); err != nil {
-		t.Fatal(err)
-	}
+	e.unstage(t, staging)
 	if err := e.mgr.Stage(e.ctx, req); err != nil {
 		t.Fatal(err)
 	}

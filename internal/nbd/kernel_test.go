@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/berth-io/berth/internal/testenv"
 )
 
 // needNBD skips unless the test can drive the real nbd driver.
@@ -29,13 +31,6 @@ func needNBD(t *testing.T) {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Skipf("needs %s (hack/install-deps.sh): %v", tool, err)
 		}
-	}
-}
-
-func run(t *testing.T, name string, args ...string) {
-	t.Helper()
-	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
-		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
 	}
 }
 
@@ -90,8 +85,8 @@ func TestKernelNBD(t *testing.T) {
 			t.Errorf("disconnect %s: %v", dev, err)
 		}
 	})
-	run(t, "mkfs.ext4", "-q", "-F", dev)
-	run(t, "mount", dev, mnt)
+	testenv.Run(t, "mkfs.ext4", "-q", "-F", dev)
+	testenv.Run(t, "mount", dev, mnt)
 	t.Cleanup(func() { _ = unix.Unmount(mnt, 0) })
 
 	data := make([]byte, 8<<20)
@@ -99,7 +94,7 @@ func TestKernelNBD(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(mnt, "before"), data, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	run(t, "sync")
+	testenv.Run(t, "sync")
 
 	// The server dies: its sockets close, the kernel queues I/O.
 	stop1()
@@ -136,7 +131,7 @@ func TestKernelNBD(t *testing.T) {
 	if err := unix.Unmount(mnt, 0); err != nil {
 		t.Fatal(err)
 	}
-	run(t, "mount", dev, mnt)
+	testenv.Run(t, "mount", dev, mnt)
 	for _, name := range []string{"before", "during"} {
 		got, err := os.ReadFile(filepath.Join(mnt, name))
 		if err != nil {

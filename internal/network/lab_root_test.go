@@ -18,6 +18,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/berth-io/berth/internal/testenv"
 )
 
 // The root tests build their own small network, never touching the host's:
@@ -286,13 +288,7 @@ func (h *holder) stop(t *testing.T, sig syscall.Signal) {
 
 func waitFor(t *testing.T, what string, ok func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testenv.WaitFor(t, 10*time.Second, what, ok)
 }
 
 // dialPeer connects to the peer from inside ns and returns the local IP.

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"sort"
 	"strings"
+	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -34,18 +35,11 @@ type Samples map[string]float64
 func Scrape(ctx context.Context, url string) (Samples, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := get(ctx, url)
 	if err != nil {
 		return nil, err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
-	}
 	var p expfmt.TextParser
 	families, err := p.TextToMetricFamilies(resp.Body)
 	if err != nil {
@@ -56,6 +50,24 @@ func Scrape(ctx context.Context, url string) (Samples, error) {
 		list = append(list, f)
 	}
 	return flatten(list), nil
+}
+
+// ScrapeAddr is Scrape of http://addr/metrics for a test: an error fails t.
+func ScrapeAddr(t testing.TB, addr string) Samples {
+	t.Helper()
+	s, err := Scrape(context.Background(), "http://"+addr+"/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// WantDelta fails t unless series moved by want between two scrapes of what.
+func WantDelta(t testing.TB, what string, before, after Samples, series string, want float64) {
+	t.Helper()
+	if got := after[series] - before[series]; got != want {
+		t.Errorf("%s: %s moved by %v, want %v", what, series, got, want)
+	}
 }
 
 // Gathered is what g (a registry in a unit test) holds, as Scrape returns it.
@@ -115,17 +127,34 @@ func series(ls []*dto.LabelPair) string {
 func GetOK(ctx context.Context, url string) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	resp, err := get(ctx, url)
 	if err != nil {
 		return err
 	}
+	return resp.Body.Close()
+}
+
+// WantOK is GetOK for a test: an error fails t and the test goes on.
+func WantOK(t testing.TB, url string) {
+	t.Helper()
+	if err := GetOK(context.Background(), url); err != nil {
+		t.Error(err)
+	}
+}
+
+// get GETs url and refuses any answer but 200; the caller closes the body.
+func get(ctx context.Context, url string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return fmt.Errorf("GET %s: %w", url, err)
+		return nil, fmt.Errorf("GET %s: %w", url, err)
 	}
-	_ = resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET %s: %s", url, resp.Status)
+		_ = resp.Body.Close()
+		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
 	}
-	return nil
+	return resp, nil
 }

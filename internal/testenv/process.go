@@ -4,9 +4,22 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strings"
 	"syscall"
+	"testing"
 	"time"
 )
+
+// Run runs a command to its end for a test and returns its output, trimmed;
+// a failure fails the test, naming the command and its output.
+func Run(t testing.TB, name string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
 
 // Process is a command a test runs as its own process (a berth component
 // against the test's API server), stopped by its PID.

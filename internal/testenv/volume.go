@@ -62,3 +62,14 @@ func KernelLog(t testing.TB) []string {
 	}
 	return strings.Split(strings.TrimSpace(string(out)), "\n")
 }
+
+// LoopsOf lists the loop devices over image, as losetup -j finds them (by
+// the file's device and inode, whatever path attached it).
+func LoopsOf(t testing.TB, image string) []string {
+	t.Helper()
+	out, err := exec.Command("losetup", "-j", image, "-n", "-O", "NAME").Output()
+	if err != nil {
+		t.Fatalf("losetup -j %s: %v", image, err)
+	}
+	return strings.Fields(string(out))
+}

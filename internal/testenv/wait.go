@@ -17,6 +17,15 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 )
 
+// Context is a context for a test's calls that ends after d, or at the
+// test's end: cancelled as a cleanup, so cleanups registered after it can
+// still use it (t.Context ends before any cleanup runs).
+func Context(tb testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	tb.Cleanup(cancel)
+	return ctx
+}
+
 // Eventually polls cond until it holds or timeout passes; errors are
 // retried (a cache may lag) and the last one is reported.
 func Eventually(t testing.TB, timeout time.Duration, what string, cond func(ctx context.Context) (bool, error)) {
@@ -32,6 +41,12 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func(ctx 
 	if err != nil {
 		t.Fatalf("%s: %v (last error: %v)", what, err, last)
 	}
+}
+
+// WaitFor polls cond until it holds, failing t after timeout.
+func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	Eventually(t, timeout, "waiting for "+what, func(context.Context) (bool, error) { return cond(), nil })
 }
 
 // WaitGet waits up to timeout until obj exists and reads it.

@@ -16,6 +16,7 @@ import (
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	flex "github.com/berth-io/berth/internal/flexvolume"
+	"github.com/berth-io/berth/internal/testenv"
 )
 
 // TestClusterDeletionCleansNode: deleting a StorageCluster makes the agent
@@ -122,13 +123,7 @@ func TestClusterDeletionCleansNode(t *testing.T) {
 
 func waitFor(t *testing.T, what string, done func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !done() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after 60s waiting for %s", what)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	testenv.WaitFor(t, 60*time.Second, what, done)
 }
 
 // TestMountRefusedWhileClusterDeleting: a Flexvolume mount of a volume whose

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -261,25 +262,16 @@ func optionsWith(t *testing.T, pod, uid, volume string, extra map[string]string)
 
 func mounted(t *testing.T, path string) bool {
 	t.Helper()
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	ms, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(path))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) > 4 && f[4] == path {
-			return true
-		}
-	}
-	return false
+	return len(ms) != 0
 }
 
 func loops(t *testing.T, image string) int {
 	t.Helper()
-	out, err := exec.Command("losetup", "-j", image, "-n", "-O", "NAME").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return len(strings.Fields(string(out)))
+	return len(testenv.LoopsOf(t, image))
 }
 
 func want(t *testing.T, what string, res flex.Result, status string) {
@@ -434,13 +426,9 @@ func raw(t *testing.T, sock string, payload []byte) socket.Response {
 // removeLeftovers unmounts and detaches whatever a failed test left under
 // dir, so that a failure never leaks mounts or loop devices.
 func removeLeftovers(dir string) {
-	if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
-		lines := strings.Split(string(b), "\n")
-		for i := len(lines) - 1; i >= 0; i-- {
-			if f := strings.Fields(lines[i]); len(f) > 4 && strings.HasPrefix(f[4], dir) {
-				_ = syscall.Unmount(f[4], syscall.MNT_DETACH)
-			}
-		}
+	ms, _ := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
+	for i := len(ms) - 1; i >= 0; i-- {
+		_ = syscall.Unmount(ms[i].Mountpoint, syscall.MNT_DETACH)
 	}
 	out, _ := exec.Command("losetup", "-a").Output()
 	for _, l := range strings.Split(string(out), "\n") {

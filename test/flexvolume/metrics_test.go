@@ -1,22 +1,12 @@
 package flexvolume
 
 import (
-	"context"
 	"testing"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	flex "github.com/berth-io/berth/internal/flexvolume"
 	"github.com/berth-io/berth/internal/testenv"
 )
-
-func scrape(t *testing.T, addr string) testenv.Samples {
-	t.Helper()
-	s, err := testenv.Scrape(context.Background(), "http://"+addr+"/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
 
 // TestMetricsCountFlexvolumeCalls: the real agent's /metrics counts the
 // installed driver's calls through the agent socket (a real mount: loop
@@ -29,22 +19,20 @@ func TestMetricsCountFlexvolumeCalls(t *testing.T) {
 	f.volume(t, "flex", "flex-metrics", v1.ReadWriteOncePod)
 	uidA := f.pod(t, podSpec{ns: "default", name: "metrics-a", volume: inline("flex-metrics", "")})
 	uidB := f.pod(t, podSpec{ns: "default", name: "metrics-b", volume: inline("flex-metrics", "")})
-	before := scrape(t, f.agentMetrics)
+	before := testenv.ScrapeAddr(t, f.agentMetrics)
 
 	res, _ := f.run(t, "mount", f.podDir(uidA, "flex-metrics"), options(t, "metrics-a", uidA, "flex-metrics"))
 	want(t, "mount", res, flex.StatusSuccess)
 	res, _ = f.run(t, "mount", f.podDir(uidB, "flex-metrics"), options(t, "metrics-b", uidB, "flex-metrics"))
 	want(t, "second pod's mount of a ReadWriteOncePod volume", res, flex.StatusFailure)
-	mounted := scrape(t, f.agentMetrics)
+	mounted := testenv.ScrapeAddr(t, f.agentMetrics)
 	res, _ = f.run(t, "unmount", f.podDir(uidA, "flex-metrics"))
 	want(t, "unmount", res, flex.StatusSuccess)
-	after := scrape(t, f.agentMetrics)
+	after := testenv.ScrapeAddr(t, f.agentMetrics)
 
 	delta := func(series string, want float64) {
 		t.Helper()
-		if got := after[series] - before[series]; got != want {
-			t.Errorf("%s moved by %v, want %v", series, got, want)
-		}
+		testenv.WantDelta(t, "agent", before, after, series, want)
 	}
 	req := func(op, code string) string {
 		return testenv.Series("berth_flexvolume_requests_total", "operation", op, "code", code)
@@ -64,21 +52,14 @@ func TestMetricsCountFlexvolumeCalls(t *testing.T) {
 	}
 
 	// The operator's GC ran its pass at start.
-	op := scrape(t, f.opMetrics)
+	op := testenv.ScrapeAddr(t, f.opMetrics)
 	if op[testenv.Series("berth_attachment_gc_runs_total", "result", "ok")] < 1 || op["berth_attachment_gc_duration_seconds_count"] < 1 {
 		t.Errorf("operator: attachment GC runs %v, durations %v; want at least one pass",
 			op[testenv.Series("berth_attachment_gc_runs_total", "result", "ok")], op["berth_attachment_gc_duration_seconds_count"])
 	}
 	for _, addr := range []string{f.agentHealth, f.opHealth} {
 		for _, path := range []string{"/healthz", "/readyz"} {
-			wantOK(t, "http://"+addr+path)
+			testenv.WantOK(t, "http://"+addr+path)
 		}
-	}
-}
-
-func wantOK(t *testing.T, url string) {
-	t.Helper()
-	if err := testenv.GetOK(context.Background(), url); err != nil {
-		t.Error(err)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/testenv"
 )
 
 // holdFinalizer keeps a deleted StorageCluster in its deleting state for
@@ -53,7 +54,7 @@ func TestStageRefusedWhileClusterDeleting(t *testing.T) {
 	if n := mountsAt(t, staging); n != 0 {
 		t.Errorf("%d mounts at the refused staging path", n)
 	}
-	if loops := loopsOf(t, image); len(loops) != 0 {
+	if loops := testenv.LoopsOf(t, image); len(loops) != 0 {
 		t.Errorf("refused stage left loop devices %v", loops)
 	}
 	if err := drv.env.Client.Get(ctx, client.ObjectKey{Name: "doomed-csi-vol"}, &v1.Attachment{}); !apierrors.IsNotFound(err) {

@@ -1,7 +1,6 @@
 package sanity
 
 import (
-	"context"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -9,23 +8,6 @@ import (
 
 	"github.com/berth-io/berth/internal/testenv"
 )
-
-func scrape(t *testing.T, addr string) testenv.Samples {
-	t.Helper()
-	s, err := testenv.Scrape(context.Background(), "http://"+addr+"/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
-
-// wantDelta checks that series moved by want between two scrapes.
-func wantDelta(t *testing.T, what string, before, after testenv.Samples, series string, want float64) {
-	t.Helper()
-	if got := after[series] - before[series]; got != want {
-		t.Errorf("%s: %s moved by %v, want %v", what, series, got, want)
-	}
-}
 
 // TestMetricsCountRealCalls: the agent's and the CSI controller's /metrics
 // endpoints count real calls on a real volume (create, stage, publish,
@@ -36,7 +18,7 @@ func wantDelta(t *testing.T, what string, before, after testenv.Samples, series 
 func TestMetricsCountRealCalls(t *testing.T) {
 	c := dial(t)
 	ctx := testCtx(t)
-	agent0, ctrl0 := scrape(t, drv.agentMetrics), scrape(t, drv.ctrlMetrics)
+	agent0, ctrl0 := testenv.ScrapeAddr(t, drv.agentMetrics), testenv.ScrapeAddr(t, drv.ctrlMetrics)
 
 	const name = "metrics-vol"
 	created, err := c.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{
@@ -54,7 +36,7 @@ func TestMetricsCountRealCalls(t *testing.T) {
 	if _, err := c.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: mountCap()}); err != nil {
 		t.Fatal(err)
 	}
-	staged := scrape(t, drv.agentMetrics)
+	staged := testenv.ScrapeAddr(t, drv.agentMetrics)
 	if n := staged[testenv.Series("berth_volumes", "state", "Available", "transport", "loop")]; n < 1 {
 		t.Errorf("berth_volumes{state=Available,transport=loop} = %v with a staged volume, want >= 1", n)
 	}
@@ -74,7 +56,7 @@ func TestMetricsCountRealCalls(t *testing.T) {
 	_, err = c.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "metrics-no-cap"})
 	wantCode(t, "create without a capability", err, codes.InvalidArgument)
 
-	agent1, ctrl1 := scrape(t, drv.agentMetrics), scrape(t, drv.ctrlMetrics)
+	agent1, ctrl1 := testenv.ScrapeAddr(t, drv.agentMetrics), testenv.ScrapeAddr(t, drv.ctrlMetrics)
 	req := func(op, code string) string {
 		return testenv.Series("berth_csi_requests_total", "operation", op, "code", code)
 	}
@@ -82,34 +64,27 @@ func TestMetricsCountRealCalls(t *testing.T) {
 		return testenv.Series("berth_csi_request_duration_seconds_count", "operation", op)
 	}
 	for _, op := range []string{"NodePublishVolume", "NodeUnpublishVolume", "NodeUnstageVolume"} {
-		wantDelta(t, "agent", agent0, agent1, req(op, "OK"), 1)
-		wantDelta(t, "agent", agent0, agent1, took(op), 1)
+		testenv.WantDelta(t, "agent", agent0, agent1, req(op, "OK"), 1)
+		testenv.WantDelta(t, "agent", agent0, agent1, took(op), 1)
 	}
-	wantDelta(t, "agent", agent0, agent1, req("NodeStageVolume", "OK"), 1)
-	wantDelta(t, "agent", agent0, agent1, req("NodeStageVolume", "NotFound"), 1)
-	wantDelta(t, "agent", agent0, agent1, took("NodeStageVolume"), 2)
+	testenv.WantDelta(t, "agent", agent0, agent1, req("NodeStageVolume", "OK"), 1)
+	testenv.WantDelta(t, "agent", agent0, agent1, req("NodeStageVolume", "NotFound"), 1)
+	testenv.WantDelta(t, "agent", agent0, agent1, took("NodeStageVolume"), 2)
 	// The stage record and the pod's hold, taken and released.
-	wantDelta(t, "agent", agent0, agent1, testenv.Series("berth_fence_acquires_total", "result", "granted"), 2)
-	wantDelta(t, "agent", agent0, agent1, testenv.Series("berth_fence_releases_total", "result", "ok"), 2)
-	wantDelta(t, "agent", agent0, agent1, "berth_fence_acquire_duration_seconds_count", 2)
+	testenv.WantDelta(t, "agent", agent0, agent1, testenv.Series("berth_fence_acquires_total", "result", "granted"), 2)
+	testenv.WantDelta(t, "agent", agent0, agent1, testenv.Series("berth_fence_releases_total", "result", "ok"), 2)
+	testenv.WantDelta(t, "agent", agent0, agent1, "berth_fence_acquire_duration_seconds_count", 2)
 
-	wantDelta(t, "controller", ctrl0, ctrl1, req("CreateVolume", "OK"), 1)
-	wantDelta(t, "controller", ctrl0, ctrl1, req("CreateVolume", "InvalidArgument"), 1)
-	wantDelta(t, "controller", ctrl0, ctrl1, req("DeleteVolume", "OK"), 1)
-	wantDelta(t, "controller", ctrl0, ctrl1, took("CreateVolume"), 2)
+	testenv.WantDelta(t, "controller", ctrl0, ctrl1, req("CreateVolume", "OK"), 1)
+	testenv.WantDelta(t, "controller", ctrl0, ctrl1, req("CreateVolume", "InvalidArgument"), 1)
+	testenv.WantDelta(t, "controller", ctrl0, ctrl1, req("DeleteVolume", "OK"), 1)
+	testenv.WantDelta(t, "controller", ctrl0, ctrl1, took("CreateVolume"), 2)
 	if ctrl1[took("DeleteVolume")] < 1 || ctrl1[testenv.Series("berth_csi_request_duration_seconds_sum", "operation", "CreateVolume")] <= 0 {
 		t.Errorf("controller latency histograms: %v", ctrl1)
 	}
 
 	for _, url := range []string{"http://" + drv.agentHealth + "/healthz", "http://" + drv.agentHealth + "/readyz",
 		"http://" + drv.ctrlHealth + "/healthz", "http://" + drv.ctrlHealth + "/readyz"} {
-		wantOK(t, url)
-	}
-}
-
-func wantOK(t *testing.T, url string) {
-	t.Helper()
-	if err := testenv.GetOK(context.Background(), url); err != nil {
-		t.Error(err)
+		testenv.WantOK(t, url)
 	}
 }

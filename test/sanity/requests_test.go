@@ -3,12 +3,11 @@ package sanity
 import (
 	"context"
 	"os"
-	"os/exec"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/moby/sys/mountinfo"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -16,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/testenv"
 )
 
 type clients struct {
@@ -41,9 +41,7 @@ func conn(t *testing.T, sock string) *grpc.ClientConn {
 }
 
 func testCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	t.Cleanup(cancel)
-	return ctx
+	return testenv.Context(t, 60*time.Second)
 }
 
 func mountCap() *csi.VolumeCapability {
@@ -148,35 +146,11 @@ func TestBadRequests(t *testing.T) {
 
 func mountsAt(t *testing.T, path string) int {
 	t.Helper()
-	mi, err := os.ReadFile("/proc/self/mountinfo")
+	ms, err := mountinfo.GetMounts(func(m *mountinfo.Info) (skip, stop bool) { return m.Mountpoint != path, false })
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := 0
-	for _, l := range strings.Split(string(mi), "\n") {
-		if f := strings.Fields(l); len(f) > 4 && f[4] == path {
-			n++
-		}
-	}
-	return n
-}
-
-func loopsOf(t *testing.T, image string) []string {
-	t.Helper()
-	out, err := exec.Command("losetup", "-j", image, "-O", "NAME", "-n").Output()
-	if err != nil {
-		t.Fatalf("losetup -j %s: %v", image, err)
-	}
-	return strings.Fields(string(out))
-}
-
-func run(t *testing.T, name string, args ...string) string {
-	t.Helper()
-	out, err := exec.Command(name, args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s %v: %v\n%s", name, args, err, out)
-	}
-	return strings.TrimSpace(string(out))
+	return len(ms)
 }
 
 // TestStageRetryAfterCrash leaves what a node service killed after each step
@@ -194,21 +168,21 @@ func TestStageRetryAfterCrash(t *testing.T) {
 				t.Fatal(err)
 			}
 			staging, _ := kubeletDirs(t)
-			dev := run(t, "losetup", "--find", "--show", "--direct-io=on", v.Status.Path)
+			dev := testenv.Run(t, "losetup", "--find", "--show", "--direct-io=on", v.Status.Path)
 			if i >= 1 {
-				run(t, "mkfs.ext4", "-q", "-F", dev)
+				testenv.Run(t, "mkfs.ext4", "-q", "-F", dev)
 			}
 			if i >= 2 {
 				if err := os.MkdirAll(staging, 0o750); err != nil {
 					t.Fatal(err)
 				}
-				run(t, "mount", "-t", "ext4", dev, staging)
+				testenv.Run(t, "mount", "-t", "ext4", dev, staging)
 			}
 			for range 2 {
 				if _, err := c.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: vol.VolumeId, StagingTargetPath: staging, VolumeCapability: mountCap()}); err != nil {
 					t.Fatalf("stage retry: %v", err)
 				}
-				if loops := loopsOf(t, v.Status.Path); len(loops) != 1 || loops[0] != dev {
+				if loops := testenv.LoopsOf(t, v.Status.Path); len(loops) != 1 || loops[0] != dev {
 					t.Errorf("loop devices of the image: %v, want [%s]", loops, dev)
 				}
 				if n := mountsAt(t, staging); n != 1 {
@@ -218,7 +192,7 @@ func TestStageRetryAfterCrash(t *testing.T) {
 			if _, err := c.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: vol.VolumeId, StagingTargetPath: staging}); err != nil {
 				t.Fatalf("unstage: %v", err)
 			}
-			if loops := loopsOf(t, v.Status.Path); len(loops) != 0 || mountsAt(t, staging) != 0 {
+			if loops := testenv.LoopsOf(t, v.Status.Path); len(loops) != 0 || mountsAt(t, staging) != 0 {
 				t.Errorf("after unstage: loops %v, mounts %d", loops, mountsAt(t, staging))
 			}
 		})

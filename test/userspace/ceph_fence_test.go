@@ -225,7 +225,7 @@ func TestCephFencingOnRealCeph(t *testing.T) {
 			t.Fatalf("node A's cleaner left %+v (status %+v)", ncA.Spec.Entries, ncA.Status)
 		}
 	}
-	if dev, _ := stagedDeviceOf(m.staging); dev != "" {
+	if dev := mountSource(m.staging); dev != "" {
 		t.Errorf("node A's staging still holds %s after its cleaner ran", dev)
 	}
 	if n := f.serverStarts(t, name) - startsBefore; n != 0 {
@@ -250,20 +250,6 @@ func TestCephFencingOnRealCeph(t *testing.T) {
 			t.Fatalf("node A's clients %v still blocklisted (%v): unfence: %v, %v (caps: %s)", healed, listed, err, lerr, capsOnly(caps))
 		}
 	}
-}
-
-// stagedDeviceOf is the device mounted at staging ("" when none).
-func stagedDeviceOf(staging string) (string, error) {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return "", err
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) > 9 && f[4] == staging {
-			return f[len(f)-2], nil
-		}
-	}
-	return "", nil
 }
 
 // untaint takes the taint key off node A.

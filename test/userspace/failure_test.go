@@ -2,6 +2,8 @@ package userspace
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -23,7 +25,7 @@ func TestServerCrash(t *testing.T) {
 	m := f.userspaceVolume(t, nc, "crash")
 	w := startWriter(t, m, 99)
 	ctx := context.Background()
-	before := f.scrape(t)
+	before := testenv.ScrapeAddr(t, f.agentMetrics)
 	for i := 0; i < 3; i++ {
 		time.Sleep(300 * time.Millisecond)
 		vols, err := keeper.NewClient(f.keeperSock).List(ctx)
@@ -68,7 +70,7 @@ func TestServerCrash(t *testing.T) {
 	}
 	// The agent's metrics tell the same story: three heals, the keeper up
 	// and holding the volume's connection.
-	after := f.scrape(t)
+	after := testenv.ScrapeAddr(t, f.agentMetrics)
 	restarted := testenv.Series("berth_heal_volumes_total", "result", "restarted")
 	if got := after[restarted] - before[restarted]; got != 3 {
 		t.Errorf("%s moved by %v over three server deaths, want 3", restarted, got)
@@ -78,16 +80,6 @@ func TestServerCrash(t *testing.T) {
 		t.Errorf("node gauges: keeper_up %v, keeper_connections %v, volumes{Available,fuse} %v", after["berth_keeper_up"],
 			after["berth_keeper_connections"], after[testenv.Series("berth_volumes", "state", "Available", "transport", "fuse")])
 	}
-}
-
-// scrape reads the agent's metrics.
-func (f *fixture) scrape(t *testing.T) testenv.Samples {
-	t.Helper()
-	s, err := testenv.Scrape(context.Background(), "http://"+f.agentMetrics+"/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
 }
 
 // TestKeeperDown: when the keeper dies, the volume's condition turns
@@ -164,5 +156,39 @@ func TestKeeperDown(t *testing.T) {
 	}
 	if vols, err := keeper.NewClient(f.keeperSock).List(ctx); err != nil || len(vols) != 0 {
 		t.Errorf("new keeper lists %+v, %v", vols, err)
+	}
+}
+
+// TestUpgradeFromMarkers: a volume staged by an agent from before volume
+// records (its only record the server log, the FUSE marker of that time)
+// is found, healed and unstaged by this agent: while the agent and the
+// server are dead, the volume's record is put back in the old layout; the
+// restarted agent's healer must start a server under the running writer,
+// and the unstage must leave nothing behind.
+func TestUpgradeFromMarkers(t *testing.T) {
+	f := setup(t)
+	nc := f.node(t)
+	m := f.userspaceVolume(t, nc, "old-layout")
+	w := startWriter(t, m, 11)
+	f.crash(t)
+	root := filepath.Join(f.dir, "run", "blockdev")
+	if err := os.Remove(filepath.Join(root, "_volumes", m.name+".json")); err != nil {
+		t.Fatalf("this agent's record of %s: %v", m.name, err)
+	}
+	if _, err := os.Stat(filepath.Join(root, m.name+".log")); err != nil {
+		t.Fatalf("the server log, the old layout's FUSE marker: %v", err)
+	}
+	restarted := time.Now()
+	if err := f.startAgent(); err != nil {
+		t.Fatal(err)
+	}
+	waitCSI(t, nc)
+	w.waitWrite(t, restarted, 60*time.Second) // healed through the old record
+	if err := w.Stop(30 * time.Second); err != nil {
+		t.Errorf("writer: %v", err)
+	}
+	f.unstage(t, nc, m)
+	if left := leftovers(t, f, keeper.NewClient(f.keeperSock), m.name, m.staging); len(left) != 0 {
+		t.Errorf("left after unstaging the volume of the old layout: %v", left)
 	}
 }

@@ -5,7 +5,6 @@
 package userspace
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -18,6 +17,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -70,7 +70,8 @@ func (f *fixture) start(env *testenv.Env) error {
 	if f.dir, err = os.MkdirTemp("", "berth-us-"); err != nil {
 		return err
 	}
-	if f.berth, err = buildBerth(f.dir); err != nil {
+	// As `make build` builds it (with the ceph backend unless BERTH_CEPH=0).
+	if f.berth, err = testenv.BuildBerth(f.dir); err != nil {
 		return err
 	}
 	f.kubeconfig = filepath.Join(f.dir, "kubeconfig")
@@ -312,30 +313,26 @@ func tail(s string, n int) string {
 
 // mountsUnder returns mountpoints below dir (deepest first) with fs types.
 func mountsUnder(dir string) (points, types []string) {
-	fh, err := os.Open("/proc/self/mountinfo")
+	ms, err := mountinfo.GetMounts(func(m *mountinfo.Info) (skip, stop bool) {
+		return !strings.HasPrefix(m.Mountpoint, dir+"/"), false
+	})
 	if err != nil {
 		return nil, nil
 	}
-	defer func() { _ = fh.Close() }()
-	sc := bufio.NewScanner(fh)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		sep := -1
-		for i, x := range fields {
-			if x == "-" {
-				sep = i
-				break
-			}
-		}
-		if len(fields) < 5 || sep < 0 || sep+1 >= len(fields) {
-			continue
-		}
-		if strings.HasPrefix(fields[4], dir+"/") {
-			points = append([]string{fields[4]}, points...)
-			types = append([]string{fields[sep+1]}, types...)
-		}
+	for _, m := range ms {
+		points = append([]string{m.Mountpoint}, points...)
+		types = append([]string{m.FSType}, types...)
 	}
 	return points, types
+}
+
+// mountSource is the device mounted at mountpoint ("" if none).
+func mountSource(mountpoint string) string {
+	ms, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(mountpoint))
+	if err != nil || len(ms) == 0 {
+		return ""
+	}
+	return ms[0].Source
 }
 
 func unmountUnder(dir string, which func(fstype string) bool) {

@@ -92,7 +92,7 @@ func TestHealSkipsDeletedVolume(t *testing.T) {
 	}
 	// The restarted agent's counters start at zero.
 	skipped := testenv.Series("berth_heal_volumes_total", "result", "skipped")
-	if n := f.scrape(t)[skipped]; n < 2 {
+	if n := testenv.ScrapeAddr(t, f.agentMetrics)[skipped]; n < 2 {
 		t.Errorf("%s = %v after several passes, want the deleted volume counted in each", skipped, n)
 	}
 }

@@ -136,20 +136,3 @@ func (f *fixture) nbdHeals(t *testing.T) {
 		t.Errorf("writer: %v", err)
 	}
 }
-
-// mountSource is the device mounted at mountpoint ("" if none).
-func mountSource(mountpoint string) string {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return ""
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		fields := strings.Fields(line)
-		for i, x := range fields {
-			if x == "-" && len(fields) > i+2 && fields[4] == mountpoint {
-				return fields[i+2]
-			}
-		}
-	}
-	return ""
-}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/moby/sys/mountinfo"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -293,28 +294,23 @@ func countErrors(ws []*writer) int {
 // volumes' devices by kernel name (loopN).
 func checkReadWrite(t *testing.T, vols []mounted) []string {
 	t.Helper()
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	ms, err := mountinfo.GetMounts(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	seen := map[string]bool{}
 	var devs []string
-	for _, line := range strings.Split(string(b), "\n") {
-		fields := strings.Fields(line)
-		sep := slices.Index(fields, "-")
-		if sep < 0 || len(fields) < sep+4 {
-			continue
-		}
+	for _, mi := range ms {
 		for _, m := range vols {
-			if fields[4] != m.staging && fields[4] != m.target {
+			if mi.Mountpoint != m.staging && mi.Mountpoint != m.target {
 				continue
 			}
-			seen[fields[4]] = true
-			if fields[4] == m.staging {
-				devs = append(devs, filepath.Base(fields[sep+2]))
+			seen[mi.Mountpoint] = true
+			if mi.Mountpoint == m.staging {
+				devs = append(devs, filepath.Base(mi.Source))
 			}
-			if opts := strings.Split(fields[sep+3], ","); slices.Contains(opts, "ro") {
-				t.Errorf("%s is read-only: %s", fields[4], line)
+			if slices.Contains(strings.Split(mi.VFSOptions, ","), "ro") {
+				t.Errorf("%s is read-only: %+v", mi.Mountpoint, *mi)
 			}
 		}
 	}

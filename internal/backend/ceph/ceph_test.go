@@ -41,9 +41,7 @@ var (
 func TestMain(m *testing.M) { os.Exit(testenv.Main(m, suite)) }
 
 func ctxT(tb testing.TB) context.Context {
-	c, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	tb.Cleanup(cancel)
-	return c
+	return testenv.Context(tb, 2*time.Minute)
 }
 
 // clientKey reads client.berth's secret from its keyring.

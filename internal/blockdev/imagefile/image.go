@@ -5,6 +5,7 @@ package imagefile
 import (
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"sync/atomic"
@@ -99,45 +100,44 @@ func checkRange(op string, n int, off int64) error {
 
 // ReadAt reads up to len(p) bytes; fewer only at the end of the image.
 func (i *Image) ReadAt(p []byte, off int64) (int, error) {
-	if err := checkRange("read", len(p), off); err != nil {
+	return i.transfer("read", unix.Pread, p, off)
+}
+
+// WriteAt writes all of p.
+func (i *Image) WriteAt(p []byte, off int64) (int, error) {
+	n, err := i.transfer("write", unix.Pwrite, p, off)
+	if err == nil && n < len(p) {
+		err = fmt.Errorf("write image at %d: %w", off, io.ErrShortWrite)
+	}
+	if err != nil {
+		return n, err
+	}
+	i.grow(off + int64(n))
+	return n, nil
+}
+
+// transfer runs pread or pwrite (sys) on the file picked for p until all of
+// p is done or sys moves nothing (the end of the image, for a read),
+// retrying EINTR.
+func (i *Image) transfer(op string, sys func(fd int, p []byte, off int64) (int, error), p []byte, off int64) (int, error) {
+	if err := checkRange(op, len(p), off); err != nil {
 		return 0, err
 	}
-	f := i.pick(p, off)
+	fd := int(i.pick(p, off).Fd())
 	n := 0
 	for n < len(p) {
-		m, err := unix.Pread(int(f.Fd()), p[n:], off+int64(n))
+		m, err := sys(fd, p[n:], off+int64(n))
 		if errors.Is(err, unix.EINTR) {
 			continue
 		}
 		if err != nil {
-			return n, fmt.Errorf("read image at %d: %w", off, err)
+			return n, fmt.Errorf("%s image at %d: %w", op, off, err)
 		}
 		if m == 0 {
 			break
 		}
 		n += m
 	}
-	return n, nil
-}
-
-// WriteAt writes all of p.
-func (i *Image) WriteAt(p []byte, off int64) (int, error) {
-	if err := checkRange("write", len(p), off); err != nil {
-		return 0, err
-	}
-	f := i.pick(p, off)
-	n := 0
-	for n < len(p) {
-		m, err := unix.Pwrite(int(f.Fd()), p[n:], off+int64(n))
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
-		if err != nil {
-			return n, fmt.Errorf("write image at %d: %w", off, err)
-		}
-		n += m
-	}
-	i.grow(off + int64(n))
 	return n, nil
 }
 

@@ -46,8 +46,7 @@ type world struct {
 
 func newWorld(t *testing.T, suffix string, backend v1.Backend) *world {
 	suite.Require(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	t.Cleanup(cancel)
+	ctx := testenv.Context(t, time.Minute)
 	cs, err := kubernetes.NewForConfig(env.Config)
 	if err != nil {
 		t.Fatal(err)

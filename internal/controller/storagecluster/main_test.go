@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/controller/storagecluster"
@@ -72,9 +73,24 @@ func startManager(e *testenv.Env) error {
 }
 
 func testCtx(t *testing.T) context.Context {
-	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return c
+	return testenv.Context(t, 30*time.Second)
+}
+
+// reconcilerOn is a StorageCluster reconciler of the test's own, apart from
+// the manager's, working through c.
+func reconcilerOn(c client.Client) *storagecluster.Reconciler {
+	return &storagecluster.Reconciler{Client: c, Options: opts, Log: logr.Discard()}
+}
+
+// interceptedClient is a client of the test's own on the API server whose
+// calls pass through funcs (to count, change or keep writes).
+func interceptedClient(t *testing.T, funcs interceptor.Funcs) client.WithWatch {
+	t.Helper()
+	watching, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return interceptor.NewClient(watching, funcs)
 }
 
 // eventually polls cond until it holds or 20s pass.

@@ -8,7 +8,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/go-logr/logr"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -448,18 +447,14 @@ func env1(c corev1.Container, name string) *corev1.EnvVar {
 func TestReconcileWithoutChangeSendsNoUpdate(t *testing.T) {
 	suite.Require(t)
 	sc := newCluster(t, "quiet", v1.StorageClusterSpec{})
-	watching, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var updates []string
-	counting := interceptor.NewClient(watching, interceptor.Funcs{
+	counting := interceptedClient(t, interceptor.Funcs{
 		Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
 			updates = append(updates, fmt.Sprintf("%T %s", obj, obj.GetName()))
 			return c.Update(ctx, obj, opts...)
 		},
 	})
-	r := &storagecluster.Reconciler{Client: counting, Options: opts, Log: logr.Discard()}
+	r := reconcilerOn(counting)
 	req := ctrl.Request{NamespacedName: types.NamespacedName{Name: sc.Name}}
 	// The manager's reconciler works on the same cluster meanwhile: the
 	// first pass may race it (AlreadyExists, Conflict) until all is made.
@@ -483,14 +478,10 @@ func TestReconcileWithoutChangeSendsNoUpdate(t *testing.T) {
 func TestStorageClusterRefusesSystemDataDir(t *testing.T) {
 	suite.Require(t)
 	sc := newCluster(t, "sysdir", v1.StorageClusterSpec{})
-	watching, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var writes []string
 	var status *v1.StorageCluster
 	record := func(obj client.Object) { writes = append(writes, fmt.Sprintf("%T %s", obj, obj.GetName())) }
-	c := interceptor.NewClient(watching, interceptor.Funcs{
+	c := interceptedClient(t, interceptor.Funcs{
 		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
 			err := c.Get(ctx, key, obj, opts...)
 			if s, ok := obj.(*v1.StorageCluster); ok {
@@ -512,7 +503,7 @@ func TestStorageClusterRefusesSystemDataDir(t *testing.T) {
 			return nil
 		},
 	})
-	r := &storagecluster.Reconciler{Client: c, Options: opts, Log: logr.Discard()}
+	r := reconcilerOn(c)
 	if _, err := r.Reconcile(testCtx(t), ctrl.Request{NamespacedName: types.NamespacedName{Name: sc.Name}}); err != nil {
 		t.Fatalf("reconcile: %v", err)
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"testing"
 
-	"github.com/go-logr/logr"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -32,7 +31,7 @@ func TestOperatorRoleCoversMultus(t *testing.T) {
 	sc := newCluster(t, "rbac", v1.StorageClusterSpec{DataDir: "/srv/rbac", Network: v1.NetworkSpec{
 		Provider: v1.NetworkProviderMultus, Selectors: &v1.NetworkSelectors{Public: "rbac-net/public"},
 		Multus: &v1.MultusSpec{Mode: v1.MultusModeMover}}})
-	r := &storagecluster.Reconciler{Client: c, Options: opts, Log: logr.Discard()}
+	r := reconcilerOn(c)
 	req := ctrl.Request{NamespacedName: client.ObjectKeyFromObject(sc)}
 	eventually(t, "a reconcile as the operator's role succeeds", func(ctx context.Context) (bool, error) {
 		_, err := r.Reconcile(ctx, req)

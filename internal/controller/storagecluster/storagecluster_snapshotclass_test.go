@@ -4,7 +4,6 @@ import (
 	"context"
 	"testing"
 
-	"github.com/go-logr/logr"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -65,7 +64,7 @@ func TestStorageClusterSnapshotClass(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &storagecluster.Reconciler{Client: c, Options: opts, Log: logr.Discard()}
+	r := reconcilerOn(c)
 	req := ctrl.Request{NamespacedName: types.NamespacedName{Name: sc.Name}}
 	eventually(t, "a reconcile without the snapshot API succeeds", func(ctx context.Context) (bool, error) {
 		_, err := r.Reconcile(ctx, req)

@@ -28,9 +28,7 @@ func needCeph(tb testing.TB) *testceph.Cluster {
 }
 
 func ctxT(tb testing.TB) context.Context {
-	c, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	tb.Cleanup(cancel)
-	return c
+	return testenv.Context(tb, 5*time.Minute)
 }
 
 // newImage makes an image in the pool as the berth client and removes it
