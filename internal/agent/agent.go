@@ -73,6 +73,9 @@ type Agent struct {
 	// nfs and shareWait serve RWX volumes' workloads (Config.NFS, ShareWait).
 	nfs       NFSClient
 	shareWait time.Duration
+	// reports are the volumes whose Attachment names their live server's
+	// Ceph clients (cephclients.go).
+	reports reported
 }
 
 // DefaultLockWait is how long background work waits for a busy volume.

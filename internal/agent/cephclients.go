@@ -66,3 +66,54 @@ func (a *Agent) reportServers(ctx context.Context, volume string, d device) erro
 	}
 	return nil
 }
+
+// reported remembers which staged volumes' Attachment names the Ceph
+// clients of their live server. One that is not (a heal whose report
+// failed: the API server down; or any volume after an agent restart, as
+// servers outlive the agent) is checked again on the healer's next pass,
+// so the fence never keeps a dead server's addresses for long.
+type reported struct{ volumeMap[bool] }
+
+func (r *reported) set(volume string, ok bool) {
+	if ok {
+		r.put(volume, true)
+	} else {
+		r.take(volume)
+	}
+}
+
+func (r *reported) current(volume string) bool { return r.get(volume) }
+
+// reportAfterHeal records the new server's clients; a failure is logged
+// and left to the next pass (checkReport): the server runs, so the heal
+// itself did not fail.
+func (a *Agent) reportAfterHeal(ctx context.Context, volume string, d device) {
+	err := a.reportServers(ctx, volume, d)
+	a.reports.set(volume, err == nil)
+	if err != nil {
+		a.log.Error(err, "new server's ceph clients not recorded; the healer tries again on its next pass", "volume", volume)
+	}
+}
+
+// checkReport makes sure, once per server, that the Attachment names the
+// clients of volume's live server. It does not wait for the volume: a
+// busy one is checked on a later pass.
+func (a *Agent) checkReport(ctx context.Context, volume string) {
+	if a.reports.current(volume) {
+		return
+	}
+	unlock, err := a.lock(volume)
+	if err != nil {
+		return
+	}
+	defer unlock()
+	d, err := a.device(volume)
+	if err != nil {
+		return // unstaged meanwhile
+	}
+	if _, ok := d.(cephClienter); !ok {
+		a.reports.set(volume, true)
+		return
+	}
+	a.reportAfterHeal(ctx, volume, d)
+}

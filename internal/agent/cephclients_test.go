@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"testing"
 
@@ -20,9 +21,14 @@ import (
 type reportingFence struct {
 	fakeFence
 	staged []fence.Staged
+	fail   int // calls that fail before the next succeeds
 }
 
 func (f *reportingFence) ReportStaged(_ context.Context, _ string, s fence.Staged) error {
+	if f.fail > 0 {
+		f.fail--
+		return errors.New("API server down")
+	}
 	f.staged = append(f.staged, s)
 	return nil
 }
@@ -59,6 +65,29 @@ func TestReportServersFollowsTheNewServer(t *testing.T) {
 	}
 	if err := a.reportServers(t.Context(), "vol-gone", clientDevice{addrs: []string{"x"}}); err != nil {
 		t.Errorf("no attachment: %v; want nothing to report", err)
+	}
+}
+
+// A heal whose report failed does not fail (the server runs); the volume
+// stays due until a report succeeds, and unstage forgets it.
+func TestReportAfterHealRetriedUntilRecorded(t *testing.T) {
+	att := &v1.Attachment{ObjectMeta: metav1.ObjectMeta{Name: "vol-a"}, Status: v1.AttachmentStatus{Nodes: []v1.AttachmentNodeStatus{
+		{Node: "node-a", DevicePath: "/dev/loop7", Staged: true, CephClients: []string{"10.0.0.1:0/1"}},
+	}}}
+	f := &reportingFence{fail: 1}
+	a := &Agent{node: "node-a", api: fakeAPI(t, att).Build(), fence: f, log: logr.Discard()}
+	d := clientDevice{addrs: []string{"10.0.0.1:0/2"}}
+	a.reportAfterHeal(t.Context(), "vol-a", d)
+	if a.reports.current("vol-a") || len(f.staged) != 0 {
+		t.Fatalf("failed report: current %t, staged %+v; want due", a.reports.current("vol-a"), f.staged)
+	}
+	a.reportAfterHeal(t.Context(), "vol-a", d)
+	if !a.reports.current("vol-a") || len(f.staged) != 1 || !slices.Equal(f.staged[0].CephClients, d.addrs) {
+		t.Fatalf("retried report: current %t, staged %+v; want the new clients recorded", a.reports.current("vol-a"), f.staged)
+	}
+	a.reports.set("vol-a", false)
+	if a.reports.current("vol-a") {
+		t.Fatal("unstaged volume still counted as reported")
 	}
 }
 

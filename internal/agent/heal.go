@@ -42,6 +42,7 @@ func (a *Agent) Heal(ctx context.Context, volumeID string) (*v1.Volume, HealResu
 	// The common case, a live server, needs no lock: periodic passes then
 	// never make a CSI call on the volume wait or fail as busy.
 	if res, ok := d.Serving(ctx, volumeID); ok {
+		a.checkReport(ctx, volumeID)
 		return nil, res, nil
 	}
 	unlock, err := a.lock(volumeID)
@@ -71,7 +72,7 @@ func (a *Agent) Heal(ctx context.Context, volumeID string) (*v1.Volume, HealResu
 	}
 	res, err := d.Heal(ctx, volumeID, image)
 	if err == nil && res == HealRestarted {
-		err = a.reportServers(ctx, volumeID, d)
+		a.reportAfterHeal(ctx, volumeID, d)
 	}
 	return vol, res, err
 }

@@ -199,7 +199,9 @@ func (a *Agent) stageDevice(ctx context.Context, r StageRequest, vol *v1.Volume,
 		}
 	}
 	// Status tells; it holds nothing: a failed write does not undo the stage.
-	if err := a.fence.ReportStaged(ctx, r.VolumeID, fence.Staged{Node: a.node, DevicePath: dev, StagingPath: r.StagingPath, CephClients: clients}); err != nil {
+	err := a.fence.ReportStaged(ctx, r.VolumeID, fence.Staged{Node: a.node, DevicePath: dev, StagingPath: r.StagingPath, CephClients: clients})
+	a.reports.set(r.VolumeID, err == nil)
+	if err != nil {
 		a.log.Error(err, "volume staged, but the Attachment status does not say so", "volume", r.VolumeID)
 	}
 	a.log.Info("staged", "volume", r.VolumeID, "stagingPath", r.StagingPath, "device", dev)
@@ -251,6 +253,7 @@ func (a *Agent) unstage(ctx context.Context, volumeID, stagingPath string) error
 	if err := a.fence.ReportStaged(ctx, volumeID, fence.Staged{Node: a.node}); err != nil {
 		a.log.Error(err, "volume unstaged, but the Attachment status still names this node", "volume", volumeID)
 	}
+	a.reports.set(volumeID, false)
 	a.log.Info("unstaged", "volume", volumeID, "stagingPath", stagingPath, "device", dev)
 	return nil
 }

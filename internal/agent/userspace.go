@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -37,27 +36,7 @@ type Server interface {
 // it stops them through its own handles. Servers an earlier agent started
 // are stopped through the keeper (FUSE), whose pids are of its PID
 // namespace, not necessarily this one.
-type servers struct {
-	mu   sync.Mutex
-	byID map[string]Server
-}
-
-func (s *servers) put(volume string, p Server) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.byID == nil {
-		s.byID = map[string]Server{}
-	}
-	s.byID[volume] = p
-}
-
-func (s *servers) take(volume string) Server {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	p := s.byID[volume]
-	delete(s.byID, volume)
-	return p
-}
+type servers = volumeMap[Server]
 
 // StartServer adapts launch.Start to UserspaceConfig.Start.
 func StartServer(ctx context.Context, p launch.Params) (Server, error) {

@@ -243,3 +243,62 @@ func TestCephUnreachableOnRealCeph(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// Ceph stalling mid-CreateVolume (every OSD stopped): the call ends at the
+// caller's deadline as Unavailable (a code the external-provisioner
+// retries, as the create may still be under way) naming Ceph, and records
+// no Volume; once
+// the OSDs run again, the retried call (as the external-provisioner
+// retries) makes the volume, and no image of the abandoned one is left.
+func TestCephStalledMidCreateOnRealCeph(t *testing.T) {
+	suite.Require(t)
+	c := testCeph(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	sc := cephStorageCluster(ctx, t, c, "ceph-csi-stalled", c.Monitors)
+	s := apiController(t, ControllerConfig{})
+	defer s.Close()
+	req := &csi.CreateVolumeRequest{Name: "ceph-stalled", Parameters: map[string]string{v1.ParamStorageCluster: sc.Name},
+		CapacityRange: &csi.CapacityRange{RequiredBytes: 4 << 20}, VolumeCapabilities: []*csi.VolumeCapability{blockCap()}}
+	// Connected first, so that the stall hits the create, not the connect.
+	if _, err := s.GetCapacity(ctx, &csi.GetCapacityRequest{Parameters: req.Parameters}); err != nil {
+		t.Fatal(err)
+	}
+	thaw, err := c.FreezeOSDs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer thaw()
+	callCtx, callCancel := context.WithTimeout(ctx, 3*time.Second)
+	_, err = s.CreateVolume(callCtx, req)
+	callCancel()
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "ceph") {
+		t.Fatalf("create with the OSDs stopped: %v; want Unavailable naming ceph", err)
+	}
+	t.Logf("create with the OSDs stopped: %v", err)
+	var rec v1.Volume
+	if err := env.Client.Get(ctx, client.ObjectKey{Name: "ceph-stalled"}, &rec); err == nil && rec.Status.State == v1.VolumeAvailable {
+		t.Errorf("an abandoned create left an Available Volume: %+v", rec.Status)
+	} else if err != nil && !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
+	thaw()
+	resp, err := s.CreateVolume(ctx, req)
+	if err != nil {
+		t.Fatalf("retried create after the OSDs resumed: %v", err)
+	}
+	if _, err := s.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: resp.GetVolume().GetVolumeId()}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		out, err := c.RBD(ctx, "ls", c.Pool)
+		if err == nil && !strings.Contains(string(out), "berth-") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("images left in the pool: %q, %v", out, err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}

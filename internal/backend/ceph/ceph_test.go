@@ -6,13 +6,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -371,46 +369,22 @@ func TestConnectErrors(t *testing.T) {
 // image, no volume.
 func TestCreateWithOSDsStalledReturnsAndLeavesNothing(t *testing.T) {
 	b := open(t)
-	var pids []int
-	for i := range 3 {
-		raw, err := os.ReadFile(filepath.Join(testOptions().Dir, "pids", fmt.Sprintf("osd.%d.pid", i)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		// The pid file's first line is the PID (then the command).
-		first, _, _ := strings.Cut(string(raw), "\n")
-		pid, err := strconv.Atoi(strings.TrimSpace(first))
-		if err != nil {
-			t.Fatal(err)
-		}
-		pids = append(pids, pid)
+	thaw, err := cluster.FreezeOSDs()
+	if err != nil {
+		t.Fatal(err)
 	}
-	signal := func(sig syscall.Signal) {
-		for _, pid := range pids {
-			if err := syscall.Kill(pid, sig); err != nil {
-				t.Errorf("signal osd pid %d: %v", pid, err)
-			}
-		}
-	}
-	signal(syscall.SIGSTOP)
-	resumed := false
-	defer func() {
-		if !resumed {
-			signal(syscall.SIGCONT)
-		}
-	}()
+	defer thaw()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	start := time.Now()
-	_, err := b.Create(ctx, "stalled", 8<<20)
+	_, err = b.Create(ctx, "stalled", 8<<20)
 	took := time.Since(start)
 	wantErr(t, err, context.DeadlineExceeded)
 	if took > 3*time.Second {
 		t.Fatalf("create returned after %s with a 2 s ctx", took)
 	}
 	t.Logf("create with the OSDs stopped: %v after %s", err, took.Round(time.Millisecond))
-	signal(syscall.SIGCONT)
-	resumed = true
+	thaw()
 
 	deadline := time.Now().Add(90 * time.Second)
 	for {

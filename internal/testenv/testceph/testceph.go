@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -202,6 +203,45 @@ func (c *Cluster) KillOSD(ctx context.Context, id int) error {
 func (c *Cluster) StartOSD(ctx context.Context, id int) error {
 	_, err := c.script(ctx, osdTimeout, "osd.sh", "start", strconv.Itoa(id))
 	return err
+}
+
+// FreezeOSDs stops every OSD with SIGSTOP (a Ceph that stalls: I/O waits,
+// nothing fails) and returns thaw, which sends SIGCONT; call it in every
+// case (it does nothing the second time).
+func (c *Cluster) FreezeOSDs() (thaw func(), err error) {
+	var pids []int
+	for i := 0; ; i++ {
+		raw, err := os.ReadFile(filepath.Join(c.dir, "pids", fmt.Sprintf("osd.%d.pid", i)))
+		if errors.Is(err, os.ErrNotExist) && i > 0 {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("pid of osd.%d: %w", i, err)
+		}
+		// The pid file's first line is the PID (then the command).
+		first, _, _ := strings.Cut(string(raw), "\n")
+		pid, err := strconv.Atoi(strings.TrimSpace(first))
+		if err != nil {
+			return nil, fmt.Errorf("pid file of osd.%d: %w", i, err)
+		}
+		pids = append(pids, pid)
+	}
+	signal := func(sig unix.Signal) error {
+		var errs []error
+		for _, pid := range pids {
+			if err := unix.Kill(pid, sig); err != nil {
+				errs = append(errs, fmt.Errorf("signal osd pid %d: %w", pid, err))
+			}
+		}
+		return errors.Join(errs...)
+	}
+	var once sync.Once
+	thaw = func() { once.Do(func() { _ = signal(unix.SIGCONT) }) }
+	if err := signal(unix.SIGSTOP); err != nil {
+		thaw()
+		return nil, err
+	}
+	return thaw, nil
 }
 
 // WaitHealthy starts any daemon that is not running and waits until every
