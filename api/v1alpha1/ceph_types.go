@@ -32,8 +32,10 @@ type CephSpec struct {
 
 	// SecretRef names the Secret with the cephx client berth connects as:
 	// key userID (the client's id without "client.") and key userKey (its
-	// secret). The client needs `profile rbd` on Pool (and DataPool). The
-	// key is never logged nor shown in status or Events.
+	// secret). The client needs `profile rbd` on Pool (and DataPool), and
+	// mon `allow command "osd blocklist"` so that a fenced node's client can
+	// be taken off the blocklist again. The key is never logged nor shown
+	// in status or Events.
 	SecretRef CephSecretReference `json:"secretRef"`
 
 	// ImageFeatures of the images berth makes (default layering,
