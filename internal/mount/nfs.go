@@ -3,6 +3,7 @@ package mount
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 )
 
@@ -76,4 +77,23 @@ func (m *Manager) NFSCondition(_ context.Context, path string) (abnormal bool, m
 		return true, fmt.Sprintf("share %s at %s is read-only", mi.Source, path), true
 	}
 	return false, "", true
+}
+
+// ProbeShare checks that the share mounted at path answers: a stat of the
+// mount's root goes to the server. On a hard mount it waits while the
+// server is away, so callers bound it (and abandon it when it blocks: the
+// kernel keeps the call until the server answers). A path that holds no
+// NFS mount any more is an error too: its pod lost the share.
+func (m *Manager) ProbeShare(_ context.Context, path string) error {
+	mis, err := m.mountInfo()
+	if err != nil {
+		return fmt.Errorf("read mounts: %w", err)
+	}
+	if mi := mountAt(mis, path); mi == nil || !strings.HasPrefix(mi.FsType, "nfs") {
+		return fmt.Errorf("%s holds no NFS mount", path)
+	}
+	if _, err := os.Stat(path); err != nil {
+		return fmt.Errorf("share mounted at %s: %w", path, err)
+	}
+	return nil
 }

@@ -28,6 +28,12 @@ func TestFakeMountNFS(t *testing.T) {
 	if _, _, share := f.mgr.NFSCondition(t.Context(), f.path("elsewhere")); share {
 		t.Error("an unmounted path taken for a share")
 	}
+	if err := f.mgr.ProbeShare(t.Context(), target); err != nil {
+		t.Errorf("probe of the share's mount: %v", err)
+	}
+	if err := f.mgr.ProbeShare(t.Context(), f.path("elsewhere")); err == nil {
+		t.Error("probe of a path without the share answered")
+	}
 	other := r
 	other.Source = "other.ns.svc:/vol-b"
 	if err := f.mgr.MountNFS(t.Context(), other); !errors.Is(err, ErrExists) {

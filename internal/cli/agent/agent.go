@@ -185,6 +185,7 @@ func (c Config) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("kubernetes client: %w", err)
 	}
+	mounts := mount.NewManager(mount.NewMounter(), exec, c.Log.WithName("mount"))
 	fencer := fence.New(direct, mgr.GetEventRecorderFor("berth-agent"), clock.RealClock{}, c.Log.WithName("fence"), fence.Options{Metrics: m.fence})
 	flexStaging := filepath.Join(c.RunDir, "flex-staging")
 	paths, err := nodepath.New(c.KubeletDir, flexStaging)
@@ -197,7 +198,7 @@ func (c Config) Run(ctx context.Context) error {
 	}
 	a, err := nodeagent.New(nodeagent.Config{
 		Node: c.NodeName, API: mgr.GetAPIReader(), Images: images, Loop: mount.NewLoop(exec),
-		Mounts: mount.NewManager(mount.NewMounter(), exec, c.Log.WithName("mount")), Fence: fencer,
+		Mounts: mounts, Fence: fencer,
 		Log: c.Log.WithName("agent"), LockWait: c.LockWait, Paths: paths,
 		Flex:   nodeagent.FlexConfig{StagingRoot: flexStaging, Holdings: fencer},
 		Status: direct, Clock: clock.RealClock{}, Events: mgr.GetEventRecorderFor("berth-agent"),
@@ -226,6 +227,12 @@ func (c Config) Run(ctx context.Context) error {
 	}
 	if err := (&controller.ClusterCleanupReconciler{Client: mgr.GetClient(), Node: c.NodeName, Detacher: a,
 		Recorder: mgr.GetEventRecorderFor("berth-agent"), Log: c.Log.WithName("clustercleanup")}).SetupWithManager(mgr); err != nil {
+		return err
+	}
+	// Uncached: it reads a pod only when a share failed over (the agent
+	// may get and delete pods, not list or watch them).
+	if err := (&controller.ShareMountReconciler{Client: direct, Node: c.NodeName, Probe: mounts.ProbeShare,
+		Recorder: mgr.GetEventRecorderFor("berth-agent"), Log: c.Log.WithName("sharemount")}).SetupWithManager(mgr); err != nil {
 		return err
 	}
 	locks := a.Locks()
