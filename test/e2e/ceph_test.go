@@ -127,10 +127,18 @@ func (s *scenario) cephXFSClass(cluster string) string {
 		s.t.Fatalf("create StorageClass %s: %v", name, err)
 	}
 	s.t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 		defer cancel()
-		zero := int64(0)
-		_ = s.cs.CoreV1().Pods(s.ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{})
+		// The pods first, gone for good, so that their nodes unstage and
+		// close the images (an open image cannot be removed); then the
+		// snapshots (an image with snapshots cannot be removed) and the
+		// claims.
+		_ = s.cs.CoreV1().Pods(s.ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
+		_ = wait.PollUntilContextCancel(ctx, 250*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+			pods, err := s.cs.CoreV1().Pods(s.ns).List(ctx, metav1.ListOptions{})
+			return err == nil && len(pods.Items) == 0, nil
+		})
+		_, _ = s.kubectl("-n", s.ns, "delete", "volumesnapshots", "--all", "--wait=false")
 		_ = s.cs.CoreV1().PersistentVolumeClaims(s.ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
 		err := wait.PollUntilContextCancel(ctx, 250*time.Millisecond, true, func(ctx context.Context) (bool, error) {
 			pvs, err := s.cs.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
@@ -142,7 +150,7 @@ func (s *scenario) cephXFSClass(cluster string) string {
 		if err != nil {
 			s.t.Errorf("volumes of %s still there: %v", name, err)
 		}
-		if err := s.cs.StorageV1().StorageClasses().Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+		if err := s.cs.StorageV1().StorageClasses().Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
 			s.t.Errorf("delete StorageClass %s: %v", name, err)
 		}
 	})
