@@ -4,6 +4,7 @@
 # `berth dev up --demo=false` (hack/cluster + the berth install), then
 # `go test -tags e2e ./test/e2e/...` (extra args go to go test), and always
 # `berth dev down`, which fails when anything was left behind.
+# BERTH_E2E_CEPH=0 leaves the test Ceph (and so the Ceph scenarios) out.
 #
 #   hack/e2e.sh [go test flags]          as root, after `make build`
 #   hack/e2e.sh -run 'TestE2E/NodeLossAndReturn$'   one scenario (test/e2e/scenarios_test.go lists them)
@@ -23,8 +24,24 @@ finish() {
 trap finish EXIT
 trap 'exit 130' INT TERM
 
+# The Ceph scenarios (test/e2e/ceph_test.go) run on a ceph StorageCluster
+# (berth-ceph) on the test Ceph, in its own netns on the cluster's node
+# network (hack/cluster/ceph.sh; ~20 s to boot). Without it they skip,
+# saying why; so does this script.
+ceph=(--test-ceph)
+if [ "${BERTH_E2E_CEPH:-1}" = 0 ]; then
+	ceph=()
+	echo "e2e: BERTH_E2E_CEPH=0: no test Ceph; the Ceph scenarios skip" >&2
+elif ! ldd "$BERTH" 2>/dev/null | grep -q librbd; then
+	ceph=()
+	echo "e2e: $BERTH is built without the ceph backend (make build CEPH=0): no test Ceph; the Ceph scenarios skip" >&2
+elif ! hack/install-deps.sh ceph-mon ceph-osd ceph-mgr ceph-common; then
+	ceph=()
+	echo "e2e: the ceph packages (ceph-mon ceph-osd ceph-mgr ceph-common) are missing and could not be installed: no test Ceph; the Ceph scenarios skip" >&2
+fi
+
 # Two nodes by default: the scenarios between nodes need them.
-"$BERTH" dev up --repo "$PWD" --demo=false --nodes "${BERTH_E2E_NODES:-2}"
+"$BERTH" dev up --repo "$PWD" --demo=false --nodes "${BERTH_E2E_NODES:-2}" "${ceph[@]}"
 echo "e2e: cluster with berth up after $((SECONDS - t0))s" >&2
 BERTH_E2E_ENV="${BERTH_E2E_DIR:-/var/lib/berth-e2e}/cluster.env" \
 	go test -tags e2e -count=1 -p 1 -timeout 30m -v "$@" ./test/e2e/...

@@ -68,6 +68,10 @@ for ns in "$NETNS" $(for i in $(node_indexes); do node_netns "$i"; done); do
 	done
 done
 rm -f "$PIDS"/*.pid 2>/dev/null || true
+# The test Ceph (ceph.sh), once no node is left to use it: its daemons by
+# their PIDs, its folder, netns and veth. What it cannot remove,
+# leftovers.sh reports.
+"$HERE/ceph.sh" down || log "warning: the test Ceph was not removed cleanly (hack/cluster/ceph.sh leftovers)"
 
 # 4. Each node's mounts (pod volumes, container rootfs, sandbox netns and
 #    shm, berth's folders, the node binds), deepest first, inside its mount
@@ -143,7 +147,7 @@ fi
 if [ -d "$WORKDIR" ]; then
 	# A kubelet root or plugin dir outside the work dir may be shared: kept.
 	rm -rf --one-file-system "$WORKDIR/etcd" "$NODES_DIR" "$MNTNS_DIR" "$PIDS" "$WORKDIR/cluster.env" "$NODES_LIST" \
-		"$BERTH_DATA_DIR" "$VOLUME_PLUGIN_DIR"
+		"$BERTH_DATA_DIR" "$VOLUME_PLUGIN_DIR" "$WORKDIR/berth-data-ceph"
 	# Layout of the single-node cluster (an old work dir).
 	rm -rf --one-file-system "$WORKDIR/containerd" "$WORKDIR/cni" "$WORKDIR/pod-logs" "$WORKDIR/kubelet"
 	[ -z "$purge" ] || rm -rf --one-file-system "$WORKDIR"

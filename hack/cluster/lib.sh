@@ -50,6 +50,14 @@ BERTH_RUN_DIR=/run/berth
 NODE_BINDS=(kubelet="$KUBELET_ROOT" containerd-run=/run/containerd cni=/var/lib/cni
 	log-containers=/var/log/containers run-berth="$BERTH_RUN_DIR" berth-data="$BERTH_DATA_DIR"
 	volume-plugins="$VOLUME_PLUGIN_DIR")
+# The test Ceph (hack/cluster/ceph.sh: hack/ceph's daemons) in its own
+# netns on the node bridge, reached from the nodes and their pods over the
+# cluster network as a real one would be.
+E2E_CEPH_NETNS="${BERTH_E2E_CEPH_NETNS:-$NETNS-ceph}"
+E2E_CEPH_IP="${BERTH_E2E_CEPH_IP:-$NODE_NET_PREFIX.5}"
+# Its end of the hub bridge, in the hub.
+E2E_CEPH_HUB_IF="${BERTH_E2E_CEPH_HUB_IF:-berth-ceph}"
+E2E_CEPH_DIR="$WORKDIR/ceph"
 # Persistent mount namespaces (nsfs files) live here, on a private mount.
 MNTNS_DIR="$WORKDIR/mntns"
 NODES_DIR="$WORKDIR/nodes"

@@ -38,6 +38,12 @@ type CleanerOptions struct {
 	// LockWait bounds the wait for one entry's lock (default 10s); an entry
 	// whose volume stays busy is kept for the next pass.
 	LockWait time.Duration
+	// FailedRetry is how soon a pass that left failed entries is followed
+	// by another (default 10s, doubling while entries keep failing, at most
+	// Interval): a node back from a loss whose keeper starts after its
+	// agent gets its stale stages undone, and so its Ceph clients
+	// unfenced, within seconds rather than an Interval later.
+	FailedRetry time.Duration
 	// Retry tunes the optimistic-concurrency retries.
 	Retry Options
 	// Metrics, when set, counts passes and entries processed.
@@ -66,6 +72,9 @@ func NewCleaner(c client.Client, node string, u Undoer, clk clock.Clock, log log
 	if opts.LockWait <= 0 {
 		opts.LockWait = 10 * time.Second
 	}
+	if opts.FailedRetry <= 0 {
+		opts.FailedRetry = 10 * time.Second
+	}
 	opts.Retry = opts.Retry.withDefaults()
 	return &Cleaner{c: c, node: node, u: u, clk: clk, log: log, opts: opts}
 }
@@ -84,15 +93,31 @@ type CleanResult struct {
 }
 
 // Start runs a pass at once (the agent's start) and then every interval
-// until ctx ends. It fits controller-runtime's manager.Runnable.
+// until ctx ends; after a pass that left failed entries (or failed), the
+// next comes after FailedRetry, backing off to Interval. It fits
+// controller-runtime's manager.Runnable.
 func (cl *Cleaner) Start(ctx context.Context) error {
-	return every(ctx, cl.clk, cl.opts.Interval, func() {
-		if res, err := cl.RunOnce(ctx); err != nil {
+	retry := cl.opts.FailedRetry
+	for {
+		res, err := cl.RunOnce(ctx)
+		if err != nil {
 			cl.log.Error(err, "stale-attachment pass failed", "node", cl.node)
 		} else if res != (CleanResult{}) {
 			cl.log.Info("stale-attachment pass", "node", cl.node, "undone", res.Undone, "dropped", res.Dropped, "failed", res.Failed, "refused", res.Refused)
 		}
-	})
+		next := cl.opts.Interval
+		if err != nil || res.Failed > 0 {
+			next = min(retry, cl.opts.Interval)
+			retry = min(2*retry, cl.opts.Interval)
+		} else {
+			retry = cl.opts.FailedRetry
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-cl.clk.After(next):
+		}
+	}
 }
 
 // every runs pass at once and then every interval until ctx ends.

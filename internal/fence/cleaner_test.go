@@ -83,6 +83,29 @@ func TestCleanerAfterRestart(t *testing.T) {
 	}
 }
 
+// TestCleanerRetriesFailedEntriesSoon: an undo that fails at the agent's
+// start (its keeper not up yet after the node's return) is tried again
+// after FailedRetry, not an Interval later.
+func TestCleanerRetriesFailedEntriesSoon(t *testing.T) {
+	suite.Require(t)
+	cleanupVolume(t, "vol-clr", "clr-a")
+	addStaleEntry(t, "clr-a", v1.StaleAttachment{Volume: "vol-clr", MountDir: "/later", Reason: v1.ReasonNodeOutOfService, FoundAt: metav1.Now()})
+	clk := clocktesting.NewFakeClock(time.Now())
+	u := &recordingUndoer{fail: map[string]bool{"/later": true}}
+	cl := fence.NewCleaner(env.Client, "clr-a", u, clk, testr.New(t),
+		fence.CleanerOptions{Interval: time.Hour, FailedRetry: 10 * time.Second})
+	background(t, cl.Start)
+	waitFor(t, "the failed first pass", func() bool { return getCleanup(t, "clr-a").Status.Pending == 1 && clk.HasWaiters() })
+	u.mu.Lock()
+	u.fail = nil // the keeper is up
+	u.mu.Unlock()
+	clk.Step(10 * time.Second)
+	waitFor(t, "the retry", func() bool { return len(getCleanup(t, "clr-a").Spec.Entries) == 0 })
+	if got := u.undone(); len(got) != 1 || got[0] != "vol-clr:/later" {
+		t.Fatalf("undone %v", got)
+	}
+}
+
 func TestCleanerKeepsFailedEntries(t *testing.T) {
 	nc, c := passWithBadEntry(t, "vol-clf", "clf-a", "/busy",
 		&recordingUndoer{fail: map[string]bool{"/busy": true}}, fence.CleanResult{Undone: 1, Failed: 1})

@@ -37,8 +37,10 @@ var scenarios = []func(*testing.T){
 	testReadWriteOncePodRefusesSecondPod,
 	testBlockModePVC,
 	testOnlineExpansion,
+	testCephSnapshotCloneExpand,
 	testNodeLossAndReturn,
 	testLocalVolumeOnLostNode,
+	testCephVolumeMovesOffLostNode,
 	testStorageClusterDeletionCleansNode,
 	testTwoStorageClustersOneDeleted,
 }

@@ -43,6 +43,16 @@ type Config struct {
 	// Nodes is how many nodes `up` brings up (each its own kubelet and
 	// containerd on this machine); the cluster keeps its count until down.
 	Nodes int
+	// Backend is the backend of the StorageCluster berth (BackendLocal, or
+	// "" for it, or BackendCeph: the test Ceph, hack/cluster/ceph.sh, in the cluster's
+	// network).
+	Backend string
+	// TestCeph starts the test Ceph beside a local berth too, with a ceph
+	// StorageCluster CephStorageCluster on it (the e2e scenarios on Ceph).
+	TestCeph bool
+	// UnfenceCooldown, when set, is the operator's cool-down before a node
+	// back from a loss gets its Ceph clients off the blocklist.
+	UnfenceCooldown time.Duration
 	// Timeout bounds each wait for the cluster (agent Ready, pod Running).
 	Timeout time.Duration
 	// Tick is how often a long wait prints that it is still waiting.
@@ -74,6 +84,9 @@ func (c Config) script(name string) string { return filepath.Join(c.Repo, "hack"
 var ErrNodes = errors.New("--nodes must be 1 to 9")
 
 func (c Config) check() error {
+	if c.Action == ActionUp && c.Backend != "" && c.Backend != BackendLocal && c.Backend != BackendCeph {
+		return fmt.Errorf("--backend %q: %w", c.Backend, ErrBackend)
+	}
 	if c.Nodes < 0 || c.Nodes > 9 {
 		return fmt.Errorf("--nodes %d: %w", c.Nodes, ErrNodes)
 	}
@@ -110,6 +123,9 @@ func Command() cli.Command {
 			fs.StringVar(&cfg.BerthBinary, "berth-binary", self, "berth binary for the berth image")
 			fs.BoolVar(&cfg.Demo, "demo", true, "up: create the demo PVC and writer pod")
 			fs.IntVar(&cfg.Nodes, "nodes", 1, "up: number of nodes (each its own kubelet, containerd and namespaces)")
+			fs.StringVar(&cfg.Backend, "backend", BackendLocal, "up: backend of the StorageCluster berth: local, or ceph (a test Ceph in the cluster's network, hack/cluster/ceph.sh)")
+			fs.BoolVar(&cfg.TestCeph, "test-ceph", false, "up: also start the test Ceph and a ceph StorageCluster "+CephStorageCluster+" beside a local berth")
+			fs.DurationVar(&cfg.UnfenceCooldown, "unfence-cooldown", 20*time.Second, "up: the operator's cool-down before a node back from a loss leaves Ceph's blocklist (short: a throwaway cluster)")
 			fs.DurationVar(&cfg.Timeout, "timeout", 5*time.Minute, "bound of each wait on the cluster")
 			if err := fs.Parse(args[1:]); err != nil {
 				return err

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 )
 
 // Namespace holds berth's operator and the pods it deploys.
@@ -86,8 +87,16 @@ func (c Config) runHelm(ctx context.Context, helm string, env ClusterEnv, args .
 
 // install installs (or upgrades) the chart, waits for the operator, and
 // creates the StorageCluster; the operator deploys the rest.
-func (c Config) install(ctx context.Context, k kubectl) error {
+func (c Config) install(ctx context.Context, k kubectl, cephEnv ClusterEnv) error {
 	values, err := HelmValues(k.env)
+	if err != nil {
+		return err
+	}
+	if c.UnfenceCooldown > 0 {
+		values = append(values, "--set-string", "operator.unfenceCooldown="+c.UnfenceCooldown.String(),
+			"--set-string", "operator.unfenceInterval="+unfenceInterval(c.UnfenceCooldown).String())
+	}
+	manifests, err := c.storageClusterManifests(k.env, cephEnv)
 	if err != nil {
 		return err
 	}
@@ -111,23 +120,36 @@ func (c Config) install(ctx context.Context, k kubectl) error {
 	if err != nil {
 		return err
 	}
-	_, err = k.run(ctx, strings.NewReader(StorageClusterManifest(k.env)), "apply", "-f", "-")
-	return err
+	for _, m := range manifests {
+		// kubectl's output names the objects only (a Secret's key stays in).
+		if _, err := k.run(ctx, strings.NewReader(m), "apply", "-f", "-"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// unfenceInterval is how often the operator's Unfencer looks, for a
+// cool-down: often enough that a node is unfenced soon after its cool-down.
+func unfenceInterval(cooldown time.Duration) time.Duration {
+	return max(cooldown/4, time.Second)
 }
 
 // waitDriver waits for the StorageCluster's Ready phase (agents, keepers and
 // CSI controller up) and for kubelet to have registered the driver.
 func (c Config) waitDriver(ctx context.Context, k kubectl) error {
-	err := c.waitFor(ctx, "StorageCluster Ready (agent, keeper, CSI controller)", func(ctx context.Context) (bool, string) {
-		out, err := k.run(ctx, nil, "get", "storagecluster", StorageCluster, "-o",
-			`jsonpath={.status.phase}{range .status.conditions[*]} {.type}={.status}{end}`)
+	for _, sc := range c.storageClusters() {
+		err := c.waitFor(ctx, "StorageCluster "+sc+" Ready (agent, keeper, CSI controller, backend)", func(ctx context.Context) (bool, string) {
+			out, err := k.run(ctx, nil, "get", "storagecluster", sc, "-o",
+				`jsonpath={.status.phase}{range .status.conditions[*]} {.type}={.status}{end}`)
+			if err != nil {
+				return false, err.Error()
+			}
+			return strings.HasPrefix(out, "Ready"), "phase " + out
+		})
 		if err != nil {
-			return false, err.Error()
+			return err
 		}
-		return strings.HasPrefix(out, "Ready"), "phase " + out
-	})
-	if err != nil {
-		return err
 	}
 	want := strings.Fields(k.env["NODES"])
 	return c.waitFor(ctx, "every node's CSINode lists berth.io", func(ctx context.Context) (bool, string) {

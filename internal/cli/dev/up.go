@@ -37,8 +37,16 @@ func (c Config) up(ctx context.Context) error {
 		return err
 	}
 	k := kubectl{cfg: c, env: cenv}
-	c.progress("2/4 installing berth: Helm chart deploy/berth (CRDs, operator), then StorageCluster %s", StorageCluster)
-	if err := c.install(ctx, k); err != nil {
+	var cephEnv ClusterEnv
+	if c.needsCeph() {
+		c.progress("   the test Ceph in the cluster's network: hack/cluster/ceph.sh up (1 mon, 1 mgr, 3 OSDs)")
+		if cephEnv, err = c.cephUp(ctx); err != nil {
+			return err
+		}
+	}
+	c.progress("2/4 installing berth: Helm chart deploy/berth (CRDs, operator), then StorageCluster(s) %s (backend %s)",
+		strings.Join(c.storageClusters(), ", "), c.Backend)
+	if err := c.install(ctx, k, cephEnv); err != nil {
 		return err
 	}
 	c.progress("3/4 waiting for the operator to deploy the agent, keeper and CSI controller")
@@ -61,7 +69,12 @@ func (c Config) up(ctx context.Context) error {
 
 // runScript runs hack/cluster/NAME with extra environment, output on Out.
 func (c Config) runScript(ctx context.Context, name string, env ...string) error {
-	cmd := c.Exec.CommandContext(ctx, c.script(name))
+	return c.runScriptArgs(ctx, name, nil, env...)
+}
+
+// runScriptArgs runs hack/cluster/NAME with args and extra environment.
+func (c Config) runScriptArgs(ctx context.Context, name string, args []string, env ...string) error {
+	cmd := c.Exec.CommandContext(ctx, c.script(name), args...)
 	cmd.SetEnv(append(append(os.Environ(), "BERTH_E2E_DIR="+c.WorkDir), env...))
 	cmd.SetStdout(c.Out)
 	cmd.SetStderr(c.Out)
@@ -88,7 +101,7 @@ kind: PersistentVolumeClaim
 metadata: {name: %[2]s, namespace: %[1]s}
 spec:
   accessModes: [ReadWriteOnce]
-  storageClassName: berth
+  storageClassName: %[6]s
   resources: {requests: {storage: 256Mi}}
 ---
 apiVersion: v1
@@ -107,7 +120,7 @@ spec:
 `
 
 func (c Config) demo(ctx context.Context, k kubectl) error {
-	m := fmt.Sprintf(demoManifest, DemoNamespace, DemoPVC, DemoPod, k.env["BUSYBOX_IMAGE"], DemoText)
+	m := fmt.Sprintf(demoManifest, DemoNamespace, DemoPVC, DemoPod, k.env["BUSYBOX_IMAGE"], DemoText, c.demoClass())
 	if _, err := k.run(ctx, strings.NewReader(m), "apply", "-f", "-"); err != nil {
 		return err
 	}
@@ -134,6 +147,15 @@ func (c Config) demo(ctx context.Context, k kubectl) error {
 		return strings.TrimSpace(got) == DemoText, "read " + strings.TrimSpace(got)
 	})
 	return err
+}
+
+// demoClass is the demo claim's class: the userspace one on Ceph (the
+// kernel mounter needs krbd, which test kernels lack).
+func (c Config) demoClass() string {
+	if c.Backend == BackendCeph {
+		return StorageCluster + "-userspace"
+	}
+	return StorageCluster
 }
 
 // lookAround prints the commands to look at what up made.

@@ -55,6 +55,8 @@ type Config struct {
 	// UnfenceCooldown: how long a node whose Ceph clients were blocklisted
 	// must stay back and cleaned before they are taken off the blocklist.
 	UnfenceCooldown time.Duration
+	// UnfenceInterval: how often the Unfencer looks for nodes to unfence.
+	UnfenceInterval time.Duration
 
 	Cluster     storagecluster.Options
 	LeaderElect bool
@@ -171,6 +173,7 @@ func Flags(fs *flag.FlagSet, cfg *Config, env func(string) string) {
 	fs.StringVar(&cfg.ShareManagerServiceAccount, "share-manager-service-account", "berth-share-manager", "service account of the share-manager pods of RWX volumes")
 	fs.DurationVar(&cfg.StaleListTTL, "stale-list-ttl", fence.DefaultStaleListTTL, "how long the attachment GC keeps the stale list (NodeCleanup) of a node whose Node object is gone")
 	fs.DurationVar(&cfg.UnfenceCooldown, "unfence-cooldown", fence.DefaultUnfenceCooldown, "how long a node whose Ceph clients lock breaking blocklisted must stay back and cleaned before they leave the blocklist")
+	fs.DurationVar(&cfg.UnfenceInterval, "unfence-interval", fence.DefaultUnfenceInterval, "how often the operator looks for nodes whose Ceph clients may leave the blocklist")
 }
 
 // Command is `berth operator`.
@@ -208,7 +211,7 @@ func (c Config) addAttachmentGC(ctx context.Context, mgr ctrl.Manager) error {
 	// breaking, which fences them with the stage's Ceph access.
 	bl := &fence.CephClusters{C: direct, Log: c.Log.WithName("unfence")}
 	if err := mgr.Add(fence.NewUnfencer(direct, bl, mgr.GetEventRecorderFor("berth-operator"), clock.RealClock{},
-		c.Log.WithName("unfence"), fence.UnfenceOptions{Cooldown: c.UnfenceCooldown})); err != nil {
+		c.Log.WithName("unfence"), fence.UnfenceOptions{Cooldown: c.UnfenceCooldown, Interval: c.UnfenceInterval})); err != nil {
 		return err
 	}
 	gc, err := fence.NewGC(direct, clock.RealClock{}, c.Log.WithName("attachment-gc"), metrics.Registry, fence.Options{StaleListTTL: c.StaleListTTL})
