@@ -41,8 +41,8 @@ type ProbeConfig struct {
 	// Verify are files (name to SHA-256, hex) read and checked before the
 	// write.
 	Verify map[string]string
-	Clock        clock.Clock
-	Log          logr.Logger
+	Clock  clock.Clock
+	Log    logr.Logger
 }
 
 // ProbeResult is what a probe measured.
