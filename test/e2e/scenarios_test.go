@@ -37,6 +37,7 @@ var scenarios = []func(*testing.T){
 	testReadWriteOncePodRefusesSecondPod,
 	testBlockModePVC,
 	testOnlineExpansion,
+	testReadWriteManyShare,
 	testNodeLossAndReturn,
 	testLocalVolumeOnLostNode,
 	testStorageClusterDeletionCleansNode,
