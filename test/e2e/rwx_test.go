@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -31,7 +32,8 @@ func testReadWriteManyShare(t *testing.T) {
 		t.Skip("no berth image: run up.sh with BERTH_E2E_BERTH_BINARY=bin/berth (make build)")
 	}
 	s.pvc("shared", "berth", "64Mi", corev1.ReadWriteMany, false)
-	vol := s.boundPV("shared").Spec.CSI.VolumeHandle
+	pv := s.boundPV("shared")
+	vol := pv.Spec.CSI.VolumeHandle
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, args := range [][]string{
@@ -108,8 +110,11 @@ func testReadWriteManyShare(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.waitFor("volume and its share objects gone", 2*time.Minute, func(ctx context.Context) (bool, error) {
-		out, err := s.kubectl("get", "volumes.berth.io/"+vol, "pv/"+sharemanager.Name(vol), "--ignore-not-found", "-o", "name")
+		out, err := s.kubectl("get", "volumes.berth.io/"+vol, "pv/"+pv.Name, "pv/"+sharemanager.Name(vol), "--ignore-not-found", "-o", "name")
 		if err != nil || strings.TrimSpace(out) != "" {
+			return false, nil
+		}
+		if _, err := os.Stat(s.imagePath(vol)); !os.IsNotExist(err) {
 			return false, nil
 		}
 		out, err = s.kubectl("-n", berthNamespace, "get", "sharemanager/"+vol, "pvc/"+sharemanager.Name(vol),
