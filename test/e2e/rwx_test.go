@@ -70,6 +70,12 @@ func testReadWriteManyShare(t *testing.T) {
 		t.Fatal(err)
 	}
 	first := s.shareRunning(vol, "")
+	// What the first start waited for (the claim's binding, the stage, the
+	// format, ganesha): the share-manager pod's events.
+	if out, err := s.kubectl("-n", berthNamespace, "get", "events", "--sort-by=.lastTimestamp",
+		"--field-selector", "involvedObject.name="+first.Name); err == nil {
+		t.Logf("share-manager pod's events:\n%s", out)
+	}
 	out, err := s.kubectl("-n", berthNamespace, "get", "sharemanagers")
 	t.Logf("$ kubectl get sharemanagers\n%s", out)
 	if err != nil || !regexp.MustCompile(`(?m)^`+vol+`\s+running\s+\S+\s+nfs://\S+/`+vol+`\s`).MatchString(out) {
