@@ -4,6 +4,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
+// KeepRunningAnnotation set to "true" on a ShareManager keeps its share
+// running while no workload uses the volume: for an operator who probes the
+// share (`berth share probe`), or warms it up before the workloads come.
+const KeepRunningAnnotation = "berth.io/keep-running"
+
 // ShareManagerSpec is the wanted state of a read-write-many volume's share.
 type ShareManagerSpec struct {
 	// Volume is the name of the Volume this share serves.

@@ -76,6 +76,7 @@ func (a *Agent) holdForPod(ctx context.Context, r PublishRequest, vol *v1.Volume
 	claim := fence.Request{
 		Volume: r.VolumeID, Node: a.node, PodNamespace: r.Pod.Namespace, Pod: r.Pod.Name, PodUID: r.Pod.UID,
 		MountDir: r.TargetPath, StagingPath: r.StagingPath, AccessMode: vol.Spec.AccessMode, ReadOnly: r.ReadOnly,
+		SoleDevice: shareDevice(vol, r.Block),
 	}
 	publishedBefore, err := a.mounts.IsMounted(ctx, r.TargetPath)
 	if err != nil {

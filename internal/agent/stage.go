@@ -93,7 +93,7 @@ func (a *Agent) stage(ctx context.Context, r StageRequest) (err error) {
 	}
 	claim := fence.Request{
 		Volume: r.VolumeID, Node: a.node, MountDir: r.StagingPath, StagingPath: r.StagingPath,
-		AccessMode: vol.Spec.AccessMode, ReadOnly: r.ReadOnly,
+		AccessMode: vol.Spec.AccessMode, ReadOnly: r.ReadOnly, SoleDevice: shareDevice(vol, r.Block),
 	}
 	// Another node's lock on a ceph volume is broken only after its Ceph
 	// clients are blocklisted, with this stage's client.

@@ -1,7 +1,9 @@
 package csi
 
 import (
+	"context"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -11,6 +13,7 @@ import (
 	"github.com/go-logr/logr/testr"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -21,6 +24,7 @@ import (
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/agent"
+	"github.com/berth-io/berth/internal/backend"
 	"github.com/berth-io/berth/internal/fence"
 	"github.com/berth-io/berth/internal/mount"
 )
@@ -204,4 +208,46 @@ func TestRWXPublishRecordsWorkload(t *testing.T) {
 	if e := attachmentEntries(t, name); len(e) != 0 {
 		t.Errorf("Attachment entries after unpublish: %+v", e)
 	}
+}
+
+// TestShareManagerStageIsSoleDeviceHolder: the share manager's stage of an
+// RWX filesystem volume (a block request) holds the device on one node
+// only: while another live node has it staged, the stage is refused with
+// FailedPrecondition by the real fence, before any device is attached.
+func TestShareManagerStageIsSoleDeviceHolder(t *testing.T) {
+	suite.Require(t)
+	const name = "rwx-sole-device"
+	f := rwxOnAPIServer(t, name, v1.ShareStarting, func(c *agent.Config) {
+		c.Images = imageOf{id: name, path: filepath.Join(t.TempDir(), name+".img")}
+	})
+	ctx := apiCtx(t, time.Minute)
+	create(ctx, t, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-other"}})
+	staged := "/var/lib/kubelet/plugins/kubernetes.io/csi/volumeDevices/staging/share-manager-" + name
+	att := &v1.Attachment{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1.AttachmentSpec{AccessMode: v1.ReadWriteMany,
+		Attachments: []v1.AttachmentEntry{{Node: "node-other", MountDir: staged, StagingPath: staged}}}}
+	create(ctx, t, att)
+	_, err := f.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: name, StagingTargetPath: f.staging,
+		VolumeCapability: capability(csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER, true, "")})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "node-other") {
+		t.Fatalf("stage while node-other holds the device: %v, want FailedPrecondition naming node-other", err)
+	}
+	if len(f.loop.calls) != 0 {
+		t.Errorf("a refused stage attached: %v", f.loop.calls)
+	}
+	if got := attachmentEntries(t, name); len(got) != 1 || got[0].Node != "node-other" {
+		t.Errorf("entries after the refusal: %+v", got)
+	}
+}
+
+// imageOf is oneImage for the volume id.
+type imageOf struct {
+	oneImage
+	id, path string
+}
+
+func (o imageOf) Get(_ context.Context, id string) (backend.Image, error) {
+	if id != o.id {
+		return backend.Image{}, backend.ErrNotFound
+	}
+	return backend.Image{ID: id, Path: o.path, Size: 64 << 20}, nil
 }

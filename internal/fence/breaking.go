@@ -32,10 +32,16 @@ func (f *Fencer) breakable(ctx context.Context, att *v1.Attachment, blocking []v
 	_, all := byNode(att.Spec.Attachments)
 	var out []broken
 	for _, node := range order {
+		// A sole-device request breaks only the device holds; the node's
+		// NFS clients of the share keep their entries.
+		entries := all[node]
+		if req.SoleDevice {
+			entries = blockers[node]
+		}
 		reason, ok := v1.CleanupReason(""), false
 		if node != req.Node { // our own node's holds are never broken by us
 			var err error
-			if reason, ok, err = f.verdict(ctx, node, all[node], req); err != nil {
+			if reason, ok, err = f.verdict(ctx, node, entries, req); err != nil {
 				return nil, err
 			}
 		}
@@ -44,7 +50,7 @@ func (f *Fencer) breakable(ctx context.Context, att *v1.Attachment, blocking []v
 			f.refused(att, req, ce)
 			return nil, ce
 		}
-		out = append(out, broken{node: node, reason: reason, entries: all[node]})
+		out = append(out, broken{node: node, reason: reason, entries: entries})
 	}
 	return out, nil
 }
@@ -138,15 +144,17 @@ func (f *Fencer) moveToStale(ctx context.Context, att *v1.Attachment, bs []broke
 	return nil
 }
 
-// without drops the entries of broken nodes.
+// without drops the broken entries.
 func without(entries []v1.AttachmentEntry, bs []broken) []v1.AttachmentEntry {
-	gone := map[string]bool{}
+	gone := map[[2]string]bool{}
 	for _, b := range bs {
-		gone[b.node] = true
+		for _, e := range b.entries {
+			gone[[2]string{e.Node, e.MountDir}] = true
+		}
 	}
 	out := entries[:0:0]
 	for _, e := range entries {
-		if !gone[e.Node] {
+		if !gone[[2]string{e.Node, e.MountDir}] {
 			out = append(out, e)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/fence"
 )
 
 // wantHolders wants exactly these nodes in the volume's Attachment.
@@ -115,4 +116,53 @@ func TestBreakWhenPodMovedAtPublish(t *testing.T) {
 	mustAcquire(t, f, podReq("vol-moved2", "moved2-b", successor, v1.ReadWriteOncePod))
 	wantHolders(t, "vol-moved2", "moved2-b")
 	wantStale(t, "moved2-a", "vol-moved2", 2, v1.ReasonPodMoved)
+}
+
+// TestShareDeviceOnOneNode: a shared (RWX filesystem) volume's device is
+// the share manager's alone, on one node at a time. Its stage and publish
+// (SoleDevice) are refused while another node holds the device, whatever
+// NFS clients hold; the NFS clients' entries never block it; and once the
+// old share-manager pod is gone and its successor runs on the new node,
+// the old node's device holds, and only those, are broken.
+func TestShareDeviceOnOneNode(t *testing.T) {
+	f, _ := newFencer(t)
+	const vol = "vol-share"
+	cleanupVolume(t, vol, "share-a", "share-b", "share-c")
+	for _, n := range []string{"share-a", "share-b", "share-c"} {
+		mkNode(t, n)
+	}
+	device := func(r fence.Request) fence.Request {
+		r.SoleDevice = true
+		return r
+	}
+	old := mkPod(t, "share-manager-"+vol, "share-a")
+	mustAcquire(t, f, device(stageReq(vol, "share-a", v1.ReadWriteMany)))
+	mustAcquire(t, f, device(podReq(vol, "share-a", old, v1.ReadWriteMany)))
+	// NFS clients on every node: entries with no stage record behind them.
+	for _, n := range []string{"share-a", "share-b", "share-c"} {
+		client := podReq(vol, n, fakePod("web-"+n), v1.ReadWriteMany)
+		client.StagingPath = "/var/lib/kubelet/plugins/kubernetes.io/csi/berth.io/workload/globalmount"
+		mustAcquire(t, f, client)
+	}
+
+	// The device stays on share-a while its share manager lives there.
+	mustConflict(t, f.Acquire(ctxT(t), device(stageReq(vol, "share-b", v1.ReadWriteMany))), "share-a", "")
+
+	// Failed over: the old pod gone, its successor on share-b takes the
+	// device; share-a's NFS client keeps its entry.
+	deletePod(t, old)
+	successor := mkPod(t, "share-manager-"+vol, "share-b")
+	mustAcquire(t, f, device(stageReq(vol, "share-b", v1.ReadWriteMany)))
+	mustAcquire(t, f, device(podReq(vol, "share-b", successor, v1.ReadWriteMany)))
+	wantStale(t, "share-a", vol, 2, v1.ReasonPodMoved)
+	var holds []string
+	for _, e := range getAttachment(t, vol).Spec.Attachments {
+		holds = append(holds, e.Node+"/"+e.Pod)
+	}
+	want := "share-a/web-share-a,share-b/web-share-b,share-c/web-share-c,share-b/,share-b/share-manager-" + vol
+	if strings.Join(holds, ",") != want {
+		t.Errorf("holders %v, want %s", holds, want)
+	}
+	// And share-c cannot take it from the live share-b.
+	mustConflict(t, f.Acquire(ctxT(t), device(stageReq(vol, "share-c", v1.ReadWriteMany))), "share-b", "")
 }

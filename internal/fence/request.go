@@ -23,6 +23,14 @@ type Request struct {
 	StagingPath  string
 	AccessMode   v1.AccessMode
 	ReadOnly     bool
+	// SoleDevice marks the share manager's hold on the device of a shared
+	// (ReadWriteMany filesystem) volume: one node at a time may have the
+	// device, so other nodes' device holds (their stage records and the
+	// pod entries on those staging paths) block it as under ReadWriteOnce,
+	// and are broken by the same rules, whatever the Attachment's mode.
+	// The share's NFS clients (workload entries with no stage record
+	// behind them) never block it.
+	SoleDevice bool
 	// Blocklister, for a Ceph volume, fences other nodes' Ceph clients
 	// with the access of this request (the stage's Ceph client: `profile
 	// rbd` may add to the blocklist); nil: the Fencer's Options.Blocklister.
@@ -86,6 +94,15 @@ func excluded(granted v1.AccessMode, others []v1.AttachmentEntry, r *Request) ([
 	if len(others) == 0 {
 		return nil, ""
 	}
+	if r.SoleDevice && granted == r.AccessMode {
+		var out []v1.AttachmentEntry
+		for _, e := range deviceHolds(others) {
+			if e.Node != r.Node {
+				out = append(out, e)
+			}
+		}
+		return out, "the device of a shared volume is held on one node at a time"
+	}
 	if granted != r.AccessMode {
 		// A volume is held under one mode at a time; the first holder set it.
 		return others, fmt.Sprintf("held as %s, requested as %s", granted, r.AccessMode)
@@ -110,6 +127,24 @@ func excluded(granted v1.AccessMode, others []v1.AttachmentEntry, r *Request) ([
 		}
 	}
 	return out, why
+}
+
+// deviceHolds are the entries that hold a volume's device: stage records,
+// and pod entries whose staging path is a stage record of their node.
+func deviceHolds(entries []v1.AttachmentEntry) []v1.AttachmentEntry {
+	staged := map[[2]string]bool{}
+	for _, e := range entries {
+		if e.IsStage() {
+			staged[[2]string{e.Node, e.MountDir}] = true
+		}
+	}
+	var out []v1.AttachmentEntry
+	for _, e := range entries {
+		if e.IsStage() || staged[[2]string{e.Node, e.StagingPath}] {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 // byNode groups entries by node, keeping first-seen node order.

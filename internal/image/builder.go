@@ -14,6 +14,7 @@ import (
 	utilexec "k8s.io/utils/exec"
 
 	"github.com/berth-io/berth/internal/flexvolume"
+	"github.com/berth-io/berth/internal/share"
 )
 
 // Default tags of the images the e2e cluster imports.
@@ -87,8 +88,9 @@ func (b *Builder) AgnhostSpec(busybox, agnhost, tag string) (Spec, error) {
 func BerthTools() (required, optional []string) {
 	// Stage grows an existing ext4 (a restore, a clone, a grown volume)
 	// with dumpe2fs, blockdev, e2fsck and resize2fs: all required.
+	// The share manager of an RWX volume runs nfs-ganesha.
 	return []string{"losetup", "mkfs.ext4", "mkfs.xfs", "resize2fs", "xfs_growfs", "blkid", "mount", "umount",
-			"dumpe2fs", "e2fsck", "blockdev"},
+			"dumpe2fs", "e2fsck", "blockdev", "ganesha.nfsd"},
 		[]string{"fsck", "fsck.ext4", "xfs_repair", "nsenter"}
 }
 
@@ -96,8 +98,8 @@ func BerthTools() (required, optional []string) {
 // (the entrypoint) with the shared libraries it loads (librbd, librados and
 // theirs, when it is built with the ceph backend), its static build beside
 // it when there is one (flexvolume.StaticBinary), plus the tools it execs
-// (BerthTools and extraTools, all required), each at its path on this
-// machine with the shared libraries it loads.
+// (BerthTools and extraTools, all required) and ganesha's VFS FSAL, each at
+// its path on this machine with the shared libraries it loads.
 func (b *Builder) BerthSpec(berthBinary, tag string, extraTools ...string) (Spec, error) {
 	if _, err := os.Stat(berthBinary); err != nil {
 		return Spec{}, fmt.Errorf("%w: berth binary: %w", ErrInvalidSpec, err)
@@ -149,6 +151,28 @@ func (b *Builder) BerthSpec(berthBinary, tag string, extraTools ...string) (Spec
 			add(l)
 		}
 	}
+	// ganesha loads its VFS FSAL at run time (dlopen: ldd of ganesha.nfsd
+	// does not list it), from the Plugins_Dir the share manager configures.
+	fsal := path.Join(share.PluginsDir, "libfsalvfs.so")
+	if _, err := os.Stat(fsal); err != nil {
+		return Spec{}, fmt.Errorf("%w: ganesha's VFS FSAL (Debian package nfs-ganesha-vfs): %w", ErrInvalidSpec, err)
+	}
+	add(fsal)
+	libs, err = b.sharedLibs(fsal)
+	if err != nil {
+		return Spec{}, err
+	}
+	for _, l := range libs {
+		add(l)
+	}
+	// ganesha's RPC library reads the transports from /etc/netconfig, and
+	// its VFS FSAL finds the exported filesystem in /etc/mtab; it keeps
+	// its callback credential cache under /var/run/ganesha.
+	if _, err := os.Stat("/etc/netconfig"); err != nil {
+		return Spec{}, fmt.Errorf("%w: ganesha's /etc/netconfig (Debian package libtirpc-common): %w", ErrInvalidSpec, err)
+	}
+	add("/etc/netconfig")
+	files = append(files, File{Path: "/etc/mtab", Link: "../proc/self/mounts"}, File{Path: "/var/run/ganesha", Dir: true, Mode: 0o700})
 	// mke2fs reads its defaults from here; without it mkfs.ext4 still works
 	// but with compiled-in (older) features.
 	if _, err := os.Stat("/etc/mke2fs.conf"); err == nil {

@@ -2,15 +2,19 @@ package image
 
 import (
 	"archive/tar"
+	"context"
 	"errors"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/google/go-containerregistry/pkg/name"
@@ -18,6 +22,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/berth-io/berth/internal/flexvolume"
+	"github.com/berth-io/berth/internal/share"
+	"github.com/berth-io/berth/internal/share/nfsclient"
 	"github.com/berth-io/berth/internal/testenv"
 )
 
@@ -326,6 +332,71 @@ func TestBerthImageRunsItsBerth(t *testing.T) {
 	cmd.Dir = "/"
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Errorf("losetup in the image: %v\n%s", err, b)
+	}
+	ganeshaServesFromImage(t, root)
+}
+
+// ganeshaServesFromImage runs the image's nfs-ganesha with the share
+// manager's configuration over an export that is a mount point, the way
+// the share-manager pod runs it, and asks the export over NFSv4.1. The
+// mounts are made in a private mount namespace (unshare), so they go with
+// its processes; the root is bound onto itself so that /proc/self/mounts
+// shows the export at /export, as in a container.
+func ganeshaServesFromImage(t *testing.T, root string) {
+	for _, dir := range []string{"proc", "export", "state"} {
+		if err := os.MkdirAll(filepath.Join(root, dir), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exp := t.TempDir()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	_ = l.Close()
+	conf, err := share.ExportConfig{Path: "/export", Pseudo: "/pv1", BindAddr: "127.0.0.1", Port: port,
+		RecoveryRoot: "/export/.recovery", SyncWrites: true}.Render()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "state", "ganesha.conf"), []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	script := `set -e
+mount --bind "$1" "$1"
+mount --bind "$2" "$1/export"
+mount -t proc proc "$1/proc"
+exec chroot "$1" /usr/bin/ganesha.nfsd -F -f /state/ganesha.conf -L /state/ganesha.log -p /state/ganesha.pid`
+	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", root, exp)
+	out, err := os.Create(filepath.Join(t.TempDir(), "ganesha.out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = out.Close() }()
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start ganesha in the image: %v", err)
+	}
+	defer func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		err = nfsclient.CheckExport41(ctx, net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), "/pv1", 1, "image-test")
+		cancel()
+		if err == nil {
+			t.Log("the image's ganesha serves the export over NFSv4.1")
+			return
+		}
+		if time.Now().After(deadline) {
+			log, _ := os.ReadFile(filepath.Join(root, "state", "ganesha.log"))
+			o, _ := os.ReadFile(out.Name())
+			t.Fatalf("the image's ganesha does not serve: %v\n%s\n%s", err, o, log)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 

@@ -167,7 +167,8 @@ func (c ExportConfig) Render() (string, error) {
 // rquota, UDP or rpcbind), one VFS export. Clustered is off because one
 // server serves one volume: recovery records are per volume, not per
 // cluster node. Pods on different nodes share no user database, hence
-// numeric owners.
+// numeric owners, and no idmapd.conf: UseGetpwnam keeps ganesha off
+// libnfsidmap, whose start fails without one.
 var ganeshaConf = template.Must(template.New("ganesha.conf").Parse(`# Written by berth share-manager at every start.
 NFS_CORE_PARAM {
 	Protocols = 4;
@@ -186,6 +187,7 @@ NFSv4 {
 	RecoveryBackend = fs;
 	RecoveryRoot = "{{.C.RecoveryRoot}}";
 	Only_Numeric_Owners = true;
+	UseGetpwnam = true;
 }
 EXPORT {
 	Export_Id = 1;

@@ -38,6 +38,7 @@ var scenarios = []func(*testing.T){
 	testBlockModePVC,
 	testOnlineExpansion,
 	testCephSnapshotCloneExpand,
+	testReadWriteManyShare,
 	testNodeLossAndReturn,
 	testLocalVolumeOnLostNode,
 	testCephVolumeMovesOffLostNode,

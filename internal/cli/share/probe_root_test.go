@@ -2,8 +2,11 @@ package share
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -26,5 +29,40 @@ func TestProbeAgainstRealGanesha(t *testing.T) {
 			t.Errorf("NFSv4.%d probe left %s behind: %v", minor, res.File, err)
 		}
 		t.Logf("NFSv4.%d: %d bytes in %s", minor, res.Bytes, res.Took)
+	}
+}
+
+// TestProbeKeepsAndVerifies: --keep leaves the file in the export, a later
+// probe's --verify reads it back by checksum (in each minor version), and
+// a wrong checksum or a missing file fails.
+func TestProbeKeepsAndVerifies(t *testing.T) {
+	g := sharetest.Start(t, 0, 1, 2)
+	kept, err := ProbeConfig{Endpoint: g.Endpoint, Size: 300<<10 + 3, Timeout: 30 * time.Second, MinorVersion: 1,
+		Keep: "before", Log: testr.New(t)}.Run(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(g.Dir, "before"))
+	if err != nil {
+		t.Fatalf("kept file: %v", err)
+	}
+	if sum := sha256.Sum256(data); hex.EncodeToString(sum[:]) != kept.SHA256 || kept.File != "before" {
+		t.Fatalf("kept %s with sha256 %s, the export has %x", kept.File, kept.SHA256, sum)
+	}
+	for _, minor := range []int{2, 1, 0} {
+		_, err := ProbeConfig{Endpoint: g.Endpoint, Size: 1000, Timeout: 30 * time.Second, MinorVersion: minor,
+			Verify: map[string]string{"before": kept.SHA256}, Log: testr.New(t)}.Run(context.Background())
+		if err != nil {
+			t.Errorf("NFSv4.%d verify: %v", minor, err)
+		}
+	}
+	wrong := strings.Repeat("0", 64)
+	for name, sum := range map[string]string{"before": wrong, "absent": kept.SHA256} {
+		_, err := ProbeConfig{Endpoint: g.Endpoint, Size: 1000, Timeout: 5 * time.Second, MinorVersion: 1,
+			Verify: map[string]string{name: sum}, Log: testr.New(t)}.Run(context.Background())
+		if err == nil {
+			t.Errorf("verify of %s with sha256 %s passed", name, sum)
+		}
+		t.Logf("verify %s: %v", name, err)
 	}
 }

@@ -1,7 +1,9 @@
 // Package share is the `berth share` command: operator tools for RWX
 // shares. `berth share probe nfs://host:port/export` writes a file through
 // the export with a userspace NFSv4 client, makes it durable (COMMIT),
-// reads it back and compares.
+// reads it back and compares. With --keep it leaves the file there, and
+// --verify NAME=SHA256 checks such a file first: data written before a
+// failover is read back after it.
 package share
 
 import (
@@ -13,6 +15,9 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -31,8 +36,13 @@ type ProbeConfig struct {
 	Timeout time.Duration
 	// MinorVersion is the NFSv4 minor version spoken (0, 1 or 2).
 	MinorVersion int
-	Clock        clock.Clock
-	Log          logr.Logger
+	// Keep, when set, names the file written, which stays in the export.
+	Keep string
+	// Verify are files (name to SHA-256, hex) read and checked before the
+	// write.
+	Verify map[string]string
+	Clock  clock.Clock
+	Log    logr.Logger
 }
 
 // ProbeResult is what a probe measured.
@@ -58,10 +68,18 @@ func (c ProbeConfig) Run(ctx context.Context) (ProbeResult, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
 	defer cancel()
+	for _, name := range slices.Sorted(maps.Keys(c.Verify)) {
+		if err := c.verify(ctx, name, c.Verify[name]); err != nil {
+			return ProbeResult{}, err
+		}
+	}
 	data := make([]byte, c.Size)
 	_, _ = rand.Read(data)
 	sum := sha256.Sum256(data)
 	res := ProbeResult{File: ".berth-probe-" + hex.EncodeToString(sum[:6]), Bytes: c.Size, SHA256: hex.EncodeToString(sum[:])}
+	if c.Keep != "" {
+		res.File = c.Keep
+	}
 	start := c.Clock.Now()
 	got, err := c.roundTrip(ctx, res.File, data)
 	res.Took = c.Clock.Since(start)
@@ -73,7 +91,35 @@ func (c ProbeConfig) Run(ctx context.Context) (ProbeResult, error) {
 		return res, fmt.Errorf("%s: %w: wrote %d bytes sha256 %s, read %d bytes sha256 %s",
 			res.File, ErrMismatch, len(data), res.SHA256, len(got), hex.EncodeToString(g[:]))
 	}
+	if c.Keep != "" {
+		return res, nil
+	}
 	return res, c.remove(ctx, res.File)
+}
+
+// verify reads name and compares its SHA-256 with want.
+func (c ProbeConfig) verify(ctx context.Context, name, want string) error {
+	var got []byte
+	var err error
+	if c.MinorVersion == 0 {
+		cl := nfsclient.New(c.Endpoint, nfsclient.Options{MachineName: probeMachine}, c.Clock, c.Log)
+		defer cl.Close()
+		got, err = cl.ReadFile(ctx, name)
+	} else {
+		err = nfsclient.Retry41(ctx, c.Clock, func(ctx context.Context) error {
+			got, err = nfsclient.ReadFile41(ctx, c.Endpoint, name, uint32(c.MinorVersion), probeMachine)
+			return err
+		})
+	}
+	if err != nil {
+		return fmt.Errorf("verify %s: %w", name, err)
+	}
+	sum := sha256.Sum256(got)
+	if hex.EncodeToString(sum[:]) != want {
+		return fmt.Errorf("verify %s: %w: read %d bytes sha256 %s, want sha256 %s", name, ErrMismatch, len(got), hex.EncodeToString(sum[:]), want)
+	}
+	c.Log.Info("verified", "file", name, "bytes", len(got), "sha256", want)
+	return nil
 }
 
 const probeMachine = "berth-share-probe"
@@ -124,6 +170,16 @@ func Command() cli.Command {
 			fs.IntVar(&cfg.Size, "size", 1<<20, "bytes to write")
 			fs.DurationVar(&cfg.Timeout, "timeout", time.Minute, "give up after this long (retries through a failover included)")
 			fs.IntVar(&cfg.MinorVersion, "nfs-minor-version", 1, "NFSv4 minor version: 1 or 2 (COMMIT over a session), 0 (stable writes, no COMMIT)")
+			fs.StringVar(&cfg.Keep, "keep", "", "write this file and leave it in the export (for a later --verify)")
+			cfg.Verify = map[string]string{}
+			fs.Func("verify", "NAME=SHA256: read this file first and compare (repeatable)", func(v string) error {
+				name, sum, ok := strings.Cut(v, "=")
+				if _, err := hex.DecodeString(sum); !ok || name == "" || len(sum) != 2*sha256.Size || err != nil {
+					return fmt.Errorf("want NAME=SHA256 (64 hex digits), got %q", v)
+				}
+				cfg.Verify[name] = strings.ToLower(sum)
+				return nil
+			})
 			fs.IntVar(&verbosity, "v", 0, "log verbosity")
 			if err := fs.Parse(args[1:]); err != nil {
 				return err
@@ -147,8 +203,14 @@ func Command() cli.Command {
 			if err != nil {
 				return err
 			}
+			for _, name := range slices.Sorted(maps.Keys(cfg.Verify)) {
+				fmt.Fprintf(stdio.Stdout, "verified %s sha256 %s\n", name, cfg.Verify[name])
+			}
 			fmt.Fprintf(stdio.Stdout, "ok %s: wrote, committed and read back %d bytes in %s, sha256 %s\n",
 				ep, res.Bytes, res.Took.Round(time.Microsecond), res.SHA256)
+			if cfg.Keep != "" {
+				fmt.Fprintf(stdio.Stdout, "kept %s sha256 %s\n", res.File, res.SHA256)
+			}
 			return nil
 		},
 	}

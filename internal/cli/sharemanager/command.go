@@ -22,6 +22,9 @@ func Command() cli.Command {
 			if err != nil {
 				return err
 			}
+			if cfg.readyCheck {
+				return cfg.checkReady()
+			}
 			return cfg.Run(ctx)
 		},
 	}
@@ -51,6 +54,7 @@ func parse(args []string, stdio cli.IO) (Config, error) {
 	fs.StringVar(&cfg.Lease.Name, "lease-name", "", "Lease renewed while serving (none: no lease)")
 	fs.StringVar(&cfg.Lease.Holder, "lease-holder", "", "holder identity in the Lease (the pod name)")
 	fs.DurationVar(&cfg.Lease.Duration, "lease-duration", 15*time.Second, "Lease duration")
+	fs.BoolVar(&cfg.readyCheck, "ready", false, "only tell whether the share manager of --state-dir serves (exit 0) or not: the pod's readiness probe")
 	fs.IntVar(&verbosity, "v", 0, "log verbosity")
 	cfg.Kube.Register(fs)
 	if err := fs.Parse(args); err != nil {

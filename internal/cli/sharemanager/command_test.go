@@ -1,7 +1,10 @@
 package sharemanager
 
 import (
+	"context"
 	"io"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -48,5 +51,22 @@ func TestValidateRefusesBadInput(t *testing.T) {
 	}
 	if _, err := parse([]string{"--nfs-minor-versions", "one"}, cli.IO{Stderr: io.Discard}); err == nil || !strings.Contains(err.Error(), "minor") {
 		t.Errorf("parse of a bad minor version list = %v", err)
+	}
+}
+
+// TestReadyCheck: --ready answers from the ready file of --state-dir alone.
+func TestReadyCheck(t *testing.T) {
+	dir := t.TempDir()
+	run := func() error {
+		return Command().Main(context.Background(), []string{"--state-dir", dir, "--ready"}, cli.IO{Stderr: io.Discard})
+	}
+	if err := run(); err == nil {
+		t.Error("ready without a ready file")
+	}
+	if err := os.WriteFile(filepath.Join(dir, "ready"), []byte("/pv1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := run(); err != nil {
+		t.Errorf("not ready with a ready file: %v", err)
 	}
 }

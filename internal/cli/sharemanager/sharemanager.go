@@ -38,6 +38,8 @@ type Config struct {
 	Device, MountPath, FSType string
 	// StateDir keeps ganesha's config, pid file and log.
 	StateDir string
+	// readyCheck: only check the ready file of StateDir (--ready).
+	readyCheck bool
 	// RecoveryDir is the recovery backend's root ("": on the volume).
 	RecoveryDir string
 	BindAddr    string
@@ -63,6 +65,15 @@ type Config struct {
 
 // ReadyFile is the file a readiness probe tests: present while serving.
 func (c Config) ReadyFile() string { return filepath.Join(c.StateDir, "ready") }
+
+// checkReady is the readiness probe (--ready): the image has no shell or
+// test(1), so berth itself looks for the ready file.
+func (c Config) checkReady() error {
+	if _, err := os.Stat(c.ReadyFile()); err != nil {
+		return fmt.Errorf("not serving: %w", err)
+	}
+	return nil
+}
 
 func (c Config) export() share.ExportConfig {
 	rec := c.RecoveryDir

@@ -4,10 +4,11 @@
 // Service and fails a share over when its pod fails or its Lease lapses.
 //
 // A share is needed while the Volume's Attachment lists a workload pod (an
-// entry with a pod other than the share manager's own). That is the
-// contract with the CSI node service: it records a workload's entry before
-// it waits for the share, so a pod about to mount the volume starts the
-// share, and the last workload's unpublish stops it.
+// entry with a pod other than the share manager's own), or while its
+// ShareManager carries v1.KeepRunningAnnotation. The first is the contract
+// with the CSI node service: it records a workload's entry before it waits
+// for the share, so a pod about to mount the volume starts the share, and
+// the last workload's unpublish stops it.
 //
 // States: stopped (not needed, no pod) → starting (pod pending or not
 // ready) → running (ready; endpoint set) → error (the pod failed, or the
@@ -108,6 +109,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	needed = needed || sm.Annotations[v1.KeepRunningAnnotation] == "true"
 	// A Volume on its way out needs no share: its image goes only once the
 	// share manager's attachment is released.
 	needed = needed && vol.DeletionTimestamp.IsZero()

@@ -108,7 +108,7 @@ func (r *Reconciler) podFor(sm *v1.ShareManager, vol *v1.Volume, rwx rwxSettings
 				// Mounting the device inside the container needs it.
 				SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
 				ReadinessProbe: &corev1.Probe{
-					ProbeHandler:  corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"test", "-f", stateDir + "/ready"}}},
+					ProbeHandler:  corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"berth", "share-manager", "--state-dir=" + stateDir, "--ready"}}},
 					PeriodSeconds: 2, FailureThreshold: 1,
 				},
 				VolumeDevices: []corev1.VolumeDevice{{Name: "volume", DevicePath: devicePath}},

@@ -494,3 +494,28 @@ func TestBlockVolumeGetsNoShare(t *testing.T) {
 		t.Errorf("ShareManager of a block volume: err = %v, want NotFound", err)
 	}
 }
+
+// TestKeepRunningAnnotationHoldsTheShare: with no workload, the annotation
+// alone starts the share and keeps it running; without it the share stops.
+func TestKeepRunningAnnotationHoldsTheShare(t *testing.T) {
+	suite.Require(t)
+	const vname = "pvc-rwx-keep"
+	newVolume(t, vname, v1.VolumeModeFilesystem, "", v1.RWXSpec{})
+	sm := waitShare(t, vname, v1.ShareStopped)
+	annotate := func(value *string) {
+		t.Helper()
+		patch := `{"metadata":{"annotations":{"` + v1.KeepRunningAnnotation + `":null}}}`
+		if value != nil {
+			patch = `{"metadata":{"annotations":{"` + v1.KeepRunningAnnotation + `":"` + *value + `"}}}`
+		}
+		if err := env.Client.Patch(testCtx(t), sm, client.RawPatch(types.MergePatchType, []byte(patch))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	annotate(ptr.To("true"))
+	waitShare(t, vname, v1.ShareStarting)
+	pod := sharePod(t, vname, "")
+	serve(t, kubelet{t}, vname, pod, "node-k")
+	annotate(nil)
+	waitShare(t, vname, v1.ShareStopping)
+}

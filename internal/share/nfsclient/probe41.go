@@ -47,59 +47,15 @@ func WriteCommitRead41(ctx context.Context, ep Endpoint, name string, data []byt
 		return nil, err
 	}
 	defer s.close()
-	var e xdrEnc
-	e.u32(opReclaimComplet)
-	e.u32(0) // for every filesystem
-	// NFS4ERR_COMPLETE_ALREADY and the like change nothing for a new client.
-	_, _ = s.seq(e.b.Bytes(), 1)
-
-	e = xdrEnc{}
-	n := lookupOps(&e, full, 1)
-	e.u32(opOpen)
-	e.u32(0) // seqid, unused in 4.1
-	e.u32(3) // share access: read and write
-	e.u32(0) // deny nothing
-	e.u64(s.clientID)
-	e.opaque([]byte("berth-probe"))
-	e.u32(1) // OPEN4_CREATE
-	e.u32(0) // UNCHECKED4: truncate an existing file
-	e.u32(2) // bitmap: size and mode
-	e.u32(1 << fattrSize)
-	e.u32(1 << (fattrMode - 32))
-	var attrs xdrEnc
-	attrs.u64(0)
-	attrs.u32(0o600)
-	e.opaque(attrs.b.Bytes())
-	e.u32(0) // CLAIM_NULL
-	e.opaque([]byte(path.Base(full)))
-	e.u32(opGetFH)
-	d, err := s.seq(e.b.Bytes(), n+2)
+	s.reclaimComplete()
+	stateid, fh, err := s.openFile(full, true)
 	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", full, err)
+		return nil, err
 	}
-	skipOps(d, n)
-	d.u32()
-	d.u32() // OPEN result header
-	stateid := bytes.Clone(d.fixed(16))
-	d.fixed(20) // change info
-	d.u32()     // flags
-	for i := d.u32(); i > 0 && d.err == nil; i-- {
-		d.u32() // attributes set
-	}
-	if deleg := d.u32(); d.err == nil && deleg != 0 {
-		return nil, fmt.Errorf("open %s: delegation type %d was not asked for", full, deleg)
-	}
-	d.u32()
-	d.u32() // GETFH result header
-	fh := bytes.Clone(d.opaque())
-	if d.err != nil {
-		return nil, d.err
-	}
-
 	var verf []byte
 	for off := 0; off < len(data); {
 		chunk := data[off:min(off+probeChunk, len(data))]
-		e = xdrEnc{}
+		var e xdrEnc
 		putFH(&e, fh)
 		e.u32(opWrite)
 		e.fixed(stateid)
@@ -128,12 +84,12 @@ func WriteCommitRead41(ctx context.Context, ep Endpoint, name string, data []byt
 		verf = v
 		off += int(count)
 	}
-	e = xdrEnc{}
+	var e xdrEnc
 	putFH(&e, fh)
 	e.u32(opCommit)
 	e.u64(0)
 	e.u32(0) // to the end of the file
-	d, err = s.seq(e.b.Bytes(), 2)
+	d, err := s.seq(e.b.Bytes(), 2)
 	if err != nil {
 		return nil, fmt.Errorf("commit %s: %w", full, err)
 	}
@@ -144,9 +100,102 @@ func WriteCommitRead41(ctx context.Context, ep Endpoint, name string, data []byt
 		return nil, ErrVerifierChanged
 	}
 
+	got, err := s.readAll(full, fh, stateid)
+	if err != nil {
+		return nil, err
+	}
+	return got, s.closeFile(full, fh, stateid)
+}
+
+// ReadFile41 reads name from the export over NFSv4.1+, without retrying.
+func ReadFile41(ctx context.Context, ep Endpoint, name string, minor uint32, machine string) ([]byte, error) {
+	full, err := ep.path(name)
+	if err != nil {
+		return nil, err
+	}
+	s, err := dial41(ctx, ep.Addr, minor, machine)
+	if err != nil {
+		return nil, err
+	}
+	defer s.close()
+	s.reclaimComplete()
+	stateid, fh, err := s.openFile(full, false)
+	if err != nil {
+		return nil, err
+	}
+	got, err := s.readAll(full, fh, stateid)
+	if err != nil {
+		return nil, err
+	}
+	return got, s.closeFile(full, fh, stateid)
+}
+
+// reclaimComplete tells the server this new client has nothing to reclaim;
+// NFS4ERR_COMPLETE_ALREADY and the like change nothing for it.
+func (s *session41) reclaimComplete() {
+	var e xdrEnc
+	e.u32(opReclaimComplet)
+	e.u32(0) // for every filesystem
+	_, _ = s.seq(e.b.Bytes(), 1)
+}
+
+// openFile opens full for reading and writing, created or truncated when
+// create, else as it is, and returns the open's stateid and file handle.
+func (s *session41) openFile(full string, create bool) (stateid, fh []byte, err error) {
+	var e xdrEnc
+	n := lookupOps(&e, full, 1)
+	e.u32(opOpen)
+	e.u32(0) // seqid, unused in 4.1
+	e.u32(3) // share access: read and write
+	e.u32(0) // deny nothing
+	e.u64(s.clientID)
+	e.opaque([]byte("berth-probe"))
+	if create {
+		e.u32(1) // OPEN4_CREATE
+		e.u32(0) // UNCHECKED4: truncate an existing file
+		e.u32(2) // bitmap: size and mode
+		e.u32(1 << fattrSize)
+		e.u32(1 << (fattrMode - 32))
+		var attrs xdrEnc
+		attrs.u64(0)
+		attrs.u32(0o600)
+		e.opaque(attrs.b.Bytes())
+	} else {
+		e.u32(0) // OPEN4_NOCREATE
+	}
+	e.u32(0) // CLAIM_NULL
+	e.opaque([]byte(path.Base(full)))
+	e.u32(opGetFH)
+	d, err := s.seq(e.b.Bytes(), n+2)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open %s: %w", full, err)
+	}
+	skipOps(d, n)
+	d.u32()
+	d.u32() // OPEN result header
+	stateid = bytes.Clone(d.fixed(16))
+	d.fixed(20) // change info
+	d.u32()     // flags
+	for i := d.u32(); i > 0 && d.err == nil; i-- {
+		d.u32() // attributes set
+	}
+	if deleg := d.u32(); d.err == nil && deleg != 0 {
+		return nil, nil, fmt.Errorf("open %s: delegation type %d was not asked for", full, deleg)
+	}
+	d.u32()
+	d.u32() // GETFH result header
+	fh = bytes.Clone(d.opaque())
+	if d.err != nil {
+		return nil, nil, d.err
+	}
+	return stateid, fh, nil
+}
+
+// readAll reads the open file fh from its start to its end.
+func (s *session41) readAll(full string, fh, stateid []byte) ([]byte, error) {
 	var got []byte
 	for eof := false; !eof; {
-		e = xdrEnc{}
+		var e xdrEnc
 		putFH(&e, fh)
 		e.u32(opRead)
 		e.fixed(stateid)
@@ -169,15 +218,19 @@ func WriteCommitRead41(ctx context.Context, ep Endpoint, name string, data []byt
 		}
 		got = append(got, p...)
 	}
-	e = xdrEnc{}
+	return got, nil
+}
+
+func (s *session41) closeFile(full string, fh, stateid []byte) error {
+	var e xdrEnc
 	putFH(&e, fh)
 	e.u32(opClose)
 	e.u32(0)
 	e.fixed(stateid)
 	if _, err := s.seq(e.b.Bytes(), 2); err != nil {
-		return nil, fmt.Errorf("close %s: %w", full, err)
+		return fmt.Errorf("close %s: %w", full, err)
 	}
-	return got, nil
+	return nil
 }
 
 // Remove41 removes name from the export over NFSv4.1+.

@@ -1,0 +1,205 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/controller/sharemanager"
+)
+
+// testReadWriteManyShare: an RWX filesystem claim is served by its share
+// manager over NFS. These nodes have no kernel NFS client, so a workload
+// pod's mount is refused (FailedPrecondition, in its events) with nothing
+// made; the share is held up by berth.io/keep-running instead, and the
+// userspace client of `berth share probe`, in a pod on the pod network of
+// the other node, writes and reads through the Service. The share-manager
+// pod deleted, a new one serves the data written before.
+func testReadWriteManyShare(t *testing.T) {
+	s := newScenario(t, 8*time.Minute)
+	if s.env.BerthImage == "" {
+		t.Skip("no berth image: run up.sh with BERTH_E2E_BERTH_BINARY=bin/berth (make build)")
+	}
+	s.pvc("shared", "berth", "64Mi", corev1.ReadWriteMany, false)
+	pv := s.boundPV("shared")
+	vol := pv.Spec.CSI.VolumeHandle
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, args := range [][]string{
+				{"-n", berthNamespace, "get", "sharemanagers,pods,pvc,services", "-o", "wide"},
+				{"-n", berthNamespace, "describe", "pod", sharemanager.Name(vol)},
+				{"-n", berthNamespace, "logs", "--tail=80", sharemanager.Name(vol)},
+			} {
+				out, err := s.kubectl(args...)
+				t.Logf("$ kubectl %s\n%s%v", strings.Join(args, " "), out, errOrEmpty(err))
+			}
+		}
+		// A failed run must not leave the share held up.
+		_, _ = s.kubectl("-n", berthNamespace, "annotate", "sharemanager", vol, v1.KeepRunningAnnotation+"-")
+	})
+
+	// A workload pod: refused before anything is made.
+	web := s.pod("web", "exec sleep 3600", claimSource("shared"), false)
+	s.waitRefused(web.Name, "FailedPrecondition")
+	s.waitRefused(web.Name, "no kernel NFS client")
+	for _, m := range s.nodeMounts(string(web.UID)) {
+		if strings.Contains(m, "kubernetes.io~csi") { // its service account token is mounted, as in every pod
+			t.Errorf("the refused pod has a CSI mount: %s", m)
+		}
+	}
+	if out, _ := s.kubectl("get", "attachments.berth.io", vol, "--ignore-not-found", "-o", "jsonpath={.spec.holders}"); strings.Contains(out, web.Name) {
+		t.Errorf("the refused pod holds the volume: %q", out)
+	}
+	if st := s.shareState(vol); st != v1.ShareStopped {
+		t.Errorf("share state %q with only a refused workload, want stopped", st)
+	}
+	s.deletePod(web.Name)
+
+	if _, err := s.kubectl("-n", berthNamespace, "annotate", "sharemanager", vol, v1.KeepRunningAnnotation+"=true"); err != nil {
+		t.Fatal(err)
+	}
+	first := s.shareRunning(vol, "")
+	// What the first start waited for (the claim's binding, the stage, the
+	// format, ganesha): the share-manager pod's events.
+	if out, err := s.kubectl("-n", berthNamespace, "get", "events", "--sort-by=.lastTimestamp",
+		"--field-selector", "involvedObject.name="+first.Name); err == nil {
+		t.Logf("share-manager pod's events:\n%s", out)
+	}
+	out, err := s.kubectl("-n", berthNamespace, "get", "sharemanagers")
+	t.Logf("$ kubectl get sharemanagers\n%s", out)
+	if err != nil || !regexp.MustCompile(`(?m)^`+vol+`\s+running\s+\S+\s+nfs://\S+/`+vol+`\s`).MatchString(out) {
+		t.Errorf("kubectl get sharemanagers does not show %s running with its endpoint (%v)", vol, err)
+	}
+	endpoint := sharemanager.Endpoint(berthNamespace, vol)
+
+	before := s.probe("probe-1", endpoint, "--keep", "before")
+	sum := regexp.MustCompile(`(?m)^kept before sha256 ([0-9a-f]{64})$`).FindStringSubmatch(before)
+	if sum == nil {
+		t.Fatalf("probe printed no kept checksum:\n%s", before)
+	}
+
+	// The share-manager pod deleted: a new one serves the same data.
+	start := time.Now()
+	if err := s.cs.CoreV1().Pods(berthNamespace).Delete(s.ctx, first.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	second := s.shareRunning(vol, first.UID)
+	running := time.Since(start)
+	after := s.probe("probe-2", endpoint, "--verify", "before="+sum[1], "--keep", "after", "--timeout", "2m")
+	t.Logf("share-manager pod deleted: a new one (%s) running after %s, the probe through it verified and wrote after %s",
+		second.Spec.NodeName, running.Round(10*time.Millisecond), time.Since(start).Round(10*time.Millisecond))
+	if !strings.Contains(after, "verified before sha256 "+sum[1]) {
+		t.Errorf("second probe did not verify the first one's file:\n%s", after)
+	}
+
+	// Not needed any more: the share stops, then the claim goes with
+	// everything the share made.
+	if _, err := s.kubectl("-n", berthNamespace, "annotate", "sharemanager", vol, v1.KeepRunningAnnotation+"-"); err != nil {
+		t.Fatal(err)
+	}
+	s.waitFor("share stopped", 2*time.Minute, func(ctx context.Context) (bool, error) {
+		_, err := s.cs.CoreV1().Pods(berthNamespace).Get(ctx, second.Name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err) && s.shareState(vol) == v1.ShareStopped, nil
+	})
+	if err := s.cs.CoreV1().PersistentVolumeClaims(s.ns).Delete(s.ctx, "shared", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s.waitFor("volume and its share objects gone", 2*time.Minute, func(ctx context.Context) (bool, error) {
+		out, err := s.kubectl("get", "volumes.berth.io/"+vol, "pv/"+pv.Name, "pv/"+sharemanager.Name(vol), "--ignore-not-found", "-o", "name")
+		if err != nil || strings.TrimSpace(out) != "" {
+			return false, nil
+		}
+		if _, err := os.Stat(s.imagePath(vol)); !os.IsNotExist(err) {
+			return false, nil
+		}
+		out, err = s.kubectl("-n", berthNamespace, "get", "sharemanager/"+vol, "pvc/"+sharemanager.Name(vol),
+			"service/"+sharemanager.Name(vol), "--ignore-not-found", "-o", "name")
+		return err == nil && strings.TrimSpace(out) == "", nil
+	})
+}
+
+// shareState is the state of the volume's ShareManager ("" when there is none).
+func (s *scenario) shareState(vol string) v1.ShareState {
+	out, err := s.kubectl("-n", berthNamespace, "get", "sharemanager", vol, "--ignore-not-found", "-o", "jsonpath={.status.state}")
+	if err != nil {
+		s.t.Logf("share state of %s: %v", vol, err)
+	}
+	return v1.ShareState(strings.TrimSpace(out))
+}
+
+// shareRunning waits until the volume's share runs from a ready pod other
+// than the one with UID not, and returns that pod.
+func (s *scenario) shareRunning(vol string, not types.UID) *corev1.Pod {
+	s.t.Helper()
+	var pod *corev1.Pod
+	s.waitFor("share of "+vol+" running", 3*time.Minute, func(ctx context.Context) (bool, error) {
+		p, err := s.cs.CoreV1().Pods(berthNamespace).Get(ctx, sharemanager.Name(vol), metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		if p.UID == not || !p.DeletionTimestamp.IsZero() || s.shareState(vol) != v1.ShareRunning {
+			return false, nil
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+				pod = p
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	out, _ := s.kubectl("-n", berthNamespace, "get", "sharemanager", vol, "-o", "jsonpath={.status.endpoint}")
+	if want := sharemanager.Endpoint(berthNamespace, vol); out != want {
+		s.t.Errorf("share endpoint %q, want %q", out, want)
+	}
+	return pod
+}
+
+// probe runs `berth share probe args... endpoint` in a pod of the berth
+// image on the pod network, on another node than the scenario's when
+// there is one (the share manager runs where the local volume lives), and
+// returns its output once it succeeded.
+func (s *scenario) probe(name, endpoint string, args ...string) string {
+	s.t.Helper()
+	node := s.node
+	if other := s.env.Vars["NODE_NAME_2"]; other != "" {
+		node = other
+	}
+	grace := int64(1)
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: corev1.PodSpec{
+			RestartPolicy: corev1.RestartPolicyNever, TerminationGracePeriodSeconds: &grace,
+			NodeSelector: map[string]string{hostnameLabel: node},
+			Containers: []corev1.Container{{
+				Name: "probe", Image: s.env.BerthImage, ImagePullPolicy: corev1.PullNever,
+				Command: append(append([]string{"berth", "share", "probe"}, args...), endpoint),
+			}},
+		},
+	}
+	if _, err := s.cs.CoreV1().Pods(s.ns).Create(s.ctx, p, metav1.CreateOptions{}); err != nil {
+		s.t.Fatalf("create probe pod %s: %v", name, err)
+	}
+	start := time.Now()
+	phase := waitPodDone(s.ctx, s.t, s.cs, s.ns, name)
+	out := podLogs(s.ctx, s.t, s.cs, s.ns, name, "probe")
+	s.t.Logf("probe %s on %s (%s, %s): %s", name, node, phase, time.Since(start).Round(10*time.Millisecond), out)
+	if phase != corev1.PodSucceeded {
+		s.t.Fatalf("probe %s: %s", name, phase)
+	}
+	return out
+}
