@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/mount"
 )
 
 // Events of the share-mount check, on the workload pod.
@@ -28,7 +29,8 @@ const (
 	defaultShareProbeTimeout = 10 * time.Second
 )
 
-// ShareProbe checks that the NFS mount at path answers (mount.ProbeShare).
+// ShareProbe checks that the NFS mount at path answers (mount.ProbeShare);
+// mount.ErrNotShareMount when path holds none.
 type ShareProbe func(ctx context.Context, path string) error
 
 // ShareMountReconciler runs in every node's agent. When a read-write-many
@@ -100,8 +102,13 @@ func (r *ShareMountReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 func (r *ShareMountReconciler) check(ctx context.Context, vol *v1.Volume, e v1.AttachmentEntry) error {
 	err := r.probe(ctx, e.MountDir)
 	log := r.Log.WithValues("volume", vol.Name, "pod", e.PodNamespace+"/"+e.Pod, "mountDir", e.MountDir)
-	if err == nil {
+	switch {
+	case err == nil:
 		log.Info("share mount answers after the failover")
+		return nil
+	case errors.Is(err, mount.ErrNotShareMount):
+		// The share manager's own hold on the device (a block publish),
+		// or a workload whose mount is gone: no NFS client to remount.
 		return nil
 	}
 	var pod corev1.Pod

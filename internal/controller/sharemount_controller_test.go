@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/mount"
 )
 
 // After a failover (remountRequestedAt) and once the share runs again, the
@@ -34,13 +36,16 @@ func TestShareMountRestartsPodsWithBrokenMounts(t *testing.T) {
 	owned := sharePod(ctx, t, "owned", node, true)
 	bare := sharePod(ctx, t, "bare", node, false)
 	healthy := sharePod(ctx, t, "healthy", node, true)
+	// The share manager's own pod holds the device (a block publish), no
+	// NFS mount: never restarted by this.
+	manager := sharePod(ctx, t, "share-manager", node, true)
 	elsewhere := sharePod(ctx, t, "elsewhere", "other-node", true)
 
 	vol := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "share-vol"},
 		Spec: v1.VolumeSpec{StorageCluster: "c", Size: resource.MustParse("16Mi"), AccessMode: v1.ReadWriteMany, FSType: "ext4"}}
 	mustCreate(ctx, t, vol)
 	att := &v1.Attachment{ObjectMeta: metav1.ObjectMeta{Name: vol.Name}, Spec: v1.AttachmentSpec{AccessMode: v1.ReadWriteMany}}
-	for _, p := range []*corev1.Pod{owned, bare, healthy, elsewhere} {
+	for _, p := range []*corev1.Pod{owned, bare, healthy, manager, elsewhere} {
 		att.Spec.Attachments = append(att.Spec.Attachments, v1.AttachmentEntry{Node: p.Spec.NodeName,
 			PodNamespace: p.Namespace, Pod: p.Name, PodUID: string(p.UID), MountDir: "/pods/" + p.Name + "/mount"})
 	}
@@ -56,6 +61,9 @@ func TestShareMountRestartsPodsWithBrokenMounts(t *testing.T) {
 			probed = append(probed, path)
 			if strings.Contains(path, "healthy") {
 				return nil
+			}
+			if strings.Contains(path, "share-manager") {
+				return fmt.Errorf("%s: %w", path, mount.ErrNotShareMount)
 			}
 			return errors.New("stale file handle")
 		}}
@@ -83,13 +91,13 @@ func TestShareMountRestartsPodsWithBrokenMounts(t *testing.T) {
 	}
 	reconcile()
 	reconcile() // handled once
-	if len(probed) != 3 {
-		t.Errorf("probed %v; want this node's three mounts, once", probed)
+	if len(probed) != 4 {
+		t.Errorf("probed %v; want this node's four mounts, once", probed)
 	}
 	if !going(ctx, t, owned) {
 		t.Error("the owned pod with a broken mount was not deleted")
 	}
-	for _, p := range []*corev1.Pod{bare, healthy, elsewhere} {
+	for _, p := range []*corev1.Pod{bare, healthy, manager, elsewhere} {
 		if going(ctx, t, p) {
 			t.Errorf("pod %s was deleted", p.Name)
 		}

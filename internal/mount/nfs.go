@@ -2,6 +2,7 @@ package mount
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -79,18 +80,22 @@ func (m *Manager) NFSCondition(_ context.Context, path string) (abnormal bool, m
 	return false, "", true
 }
 
+// ErrNotShareMount: the path holds no NFS mount (the share manager's own
+// block device, or a pod whose mount is gone already).
+var ErrNotShareMount = errors.New("no NFS mount there")
+
 // ProbeShare checks that the share mounted at path answers: a stat of the
 // mount's root goes to the server. On a hard mount it waits while the
 // server is away, so callers bound it (and abandon it when it blocks: the
-// kernel keeps the call until the server answers). A path that holds no
-// NFS mount any more is an error too: its pod lost the share.
+// kernel keeps the call until the server answers). ErrNotShareMount when
+// path holds no NFS mount.
 func (m *Manager) ProbeShare(_ context.Context, path string) error {
 	mis, err := m.mountInfo()
 	if err != nil {
 		return fmt.Errorf("read mounts: %w", err)
 	}
 	if mi := mountAt(mis, path); mi == nil || !strings.HasPrefix(mi.FsType, "nfs") {
-		return fmt.Errorf("%s holds no NFS mount", path)
+		return fmt.Errorf("%s: %w", path, ErrNotShareMount)
 	}
 	if _, err := os.Stat(path); err != nil {
 		return fmt.Errorf("share mounted at %s: %w", path, err)

@@ -31,8 +31,8 @@ func TestFakeMountNFS(t *testing.T) {
 	if err := f.mgr.ProbeShare(t.Context(), target); err != nil {
 		t.Errorf("probe of the share's mount: %v", err)
 	}
-	if err := f.mgr.ProbeShare(t.Context(), f.path("elsewhere")); err == nil {
-		t.Error("probe of a path without the share answered")
+	if err := f.mgr.ProbeShare(t.Context(), f.path("elsewhere")); !errors.Is(err, ErrNotShareMount) {
+		t.Errorf("probe of a path without the share: %v, want ErrNotShareMount", err)
 	}
 	other := r
 	other.Source = "other.ns.svc:/vol-b"
