@@ -38,20 +38,11 @@ var ErrVerifierChanged = errors.New("write verifier changed before COMMIT: the s
 // checks that the write verifier held, reads the file back and returns it,
 // without retrying: ProbeFile41 retries.
 func WriteCommitRead41(ctx context.Context, ep Endpoint, name string, data []byte, minor uint32, machine string) ([]byte, error) {
-	full, err := ep.path(name)
-	if err != nil {
-		return nil, err
-	}
-	s, err := dial41(ctx, ep.Addr, minor, machine)
+	s, full, stateid, fh, err := openFile41(ctx, ep, name, minor, machine, true)
 	if err != nil {
 		return nil, err
 	}
 	defer s.close()
-	s.reclaimComplete()
-	stateid, fh, err := s.openFile(full, true)
-	if err != nil {
-		return nil, err
-	}
 	var verf []byte
 	for off := 0; off < len(data); {
 		chunk := data[off:min(off+probeChunk, len(data))]
@@ -107,22 +98,30 @@ func WriteCommitRead41(ctx context.Context, ep Endpoint, name string, data []byt
 	return got, s.closeFile(full, fh, stateid)
 }
 
+// openFile41 opens a session to ep and in it the file name (made when
+// create); the caller closes the session.
+func openFile41(ctx context.Context, ep Endpoint, name string, minor uint32, machine string, create bool) (s *session41, full string, stateid, fh []byte, err error) {
+	if full, err = ep.path(name); err != nil {
+		return nil, "", nil, nil, err
+	}
+	if s, err = dial41(ctx, ep.Addr, minor, machine); err != nil {
+		return nil, "", nil, nil, err
+	}
+	s.reclaimComplete()
+	if stateid, fh, err = s.openFile(full, create); err != nil {
+		s.close()
+		return nil, "", nil, nil, err
+	}
+	return s, full, stateid, fh, nil
+}
+
 // ReadFile41 reads name from the export over NFSv4.1+, without retrying.
 func ReadFile41(ctx context.Context, ep Endpoint, name string, minor uint32, machine string) ([]byte, error) {
-	full, err := ep.path(name)
-	if err != nil {
-		return nil, err
-	}
-	s, err := dial41(ctx, ep.Addr, minor, machine)
+	s, full, stateid, fh, err := openFile41(ctx, ep, name, minor, machine, false)
 	if err != nil {
 		return nil, err
 	}
 	defer s.close()
-	s.reclaimComplete()
-	stateid, fh, err := s.openFile(full, false)
-	if err != nil {
-		return nil, err
-	}
 	got, err := s.readAll(full, fh, stateid)
 	if err != nil {
 		return nil, err
