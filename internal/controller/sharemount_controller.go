@@ -65,8 +65,11 @@ type ShareMountReconciler struct {
 // Reconcile checks one volume's share mounts on this node.
 func (r *ShareMountReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var vol v1.Volume
-	if err := r.Client.Get(ctx, req.NamespacedName, &vol); err != nil {
-		return ctrl.Result{}, client.IgnoreNotFound(err)
+	if err := r.Client.Get(ctx, req.NamespacedName, &vol); apierrors.IsNotFound(err) {
+		r.forget(req.Name)
+		return ctrl.Result{}, nil
+	} else if err != nil {
+		return ctrl.Result{}, err
 	}
 	at := vol.Status.RemountRequestedAt
 	if vol.Spec.AccessMode != v1.ReadWriteMany || at == nil || r.done(vol.Name, at.Time) {
@@ -169,6 +172,13 @@ func (r *ShareMountReconciler) markDone(volume string, at time.Time) {
 		r.handled = map[string]time.Time{}
 	}
 	r.handled[volume] = at
+}
+
+// forget drops a deleted volume's record.
+func (r *ShareMountReconciler) forget(volume string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.handled, volume)
 }
 
 // SetupWithManager watches the read-write-many Volumes.
