@@ -176,30 +176,30 @@ type finder struct {
 	calls   *inflight
 }
 
-type found struct {
+type loopMatch struct {
 	dev      string
 	readOnly bool
 }
 
-func (f finder) find(ctx context.Context, file string) (found, bool, error) {
+func (f finder) find(ctx context.Context, file string) (loopMatch, bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
 	abs, err := filepath.Abs(file)
 	if err != nil {
-		return found{}, false, err
+		return loopMatch{}, false, err
 	}
 	name, id, idErr := identify(ctx, f, abs)
 	if errors.Is(idErr, fs.ErrNotExist) || errors.Is(idErr, unix.ENOTDIR) {
 		// No such file here; a device over one of that path elsewhere is
 		// not ours.
-		return found{}, false, nil
+		return loopMatch{}, false, nil
 	}
 	if errors.Is(idErr, ErrToolTimeout) {
-		return found{}, false, idErr
+		return loopMatch{}, false, idErr
 	}
 	bound, err := f.kernel.Bound()
 	if err != nil {
-		return found{}, false, err
+		return loopMatch{}, false, err
 	}
 	var cands []boundLoop
 	for _, b := range bound {
@@ -227,28 +227,30 @@ func (f finder) find(ctx context.Context, file string) (found, bool, error) {
 		switch {
 		case errors.Is(a.err, ErrToolTimeout):
 			stalled = append(stalled, a.b.Dev)
+		case errors.Is(a.err, unix.ENXIO):
+			// Freed since listed.
 		case a.err != nil:
 			dead = append(dead, a.b)
 		case idErr == nil && a.id == id:
-			return found{a.b.Dev, a.b.ReadOnly}, true, nil
+			return loopMatch{a.b.Dev, a.b.ReadOnly}, true, nil
 		}
 	}
 	if len(stalled) > 0 {
-		return found{}, false, fmt.Errorf("loop devices %v may be over %s: %w", stalled, abs, errStalled)
+		return loopMatch{}, false, fmt.Errorf("loop devices %v may be over %s: %w", stalled, abs, errStalled)
 	}
 	if idErr == nil {
-		return found{}, false, nil
+		return loopMatch{}, false, nil
 	}
 	// Our file cannot be read (a FUSE connection that ended): a device of
 	// its path whose file cannot be read either is on that connection;
 	// one whose file can be is on another.
 	switch len(dead) {
 	case 0:
-		return found{}, false, nil
+		return loopMatch{}, false, nil
 	case 1:
-		return found{dead[0].Dev, dead[0].ReadOnly}, true, nil
+		return loopMatch{dead[0].Dev, dead[0].ReadOnly}, true, nil
 	}
-	return found{}, false, fmt.Errorf("%d loop devices are over %s or a file of that path elsewhere, and none can be read to tell which (%v): %w",
+	return loopMatch{}, false, fmt.Errorf("%d loop devices are over %s or a file of that path elsewhere, and none can be read to tell which (%v): %w",
 		len(dead), abs, dead, idErr)
 }
 
