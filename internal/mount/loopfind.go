@@ -188,7 +188,7 @@ func (f finder) find(ctx context.Context, file string) (loopMatch, bool, error) 
 	if err != nil {
 		return loopMatch{}, false, err
 	}
-	name, id, idErr := identify(ctx, f, abs)
+	name, id, idErr := f.identify(ctx, abs)
 	if errors.Is(idErr, fs.ErrNotExist) || errors.Is(idErr, unix.ENOTDIR) {
 		// No such file here; a device over one of that path elsewhere is
 		// not ours.
@@ -254,7 +254,8 @@ func (f finder) find(ctx context.Context, file string) (loopMatch, bool, error) 
 		len(dead), abs, dead, idErr)
 }
 
-func identify(ctx context.Context, f finder, file string) (string, fileID, error) {
+// identify is the kernel's name and the identity of file.
+func (f finder) identify(ctx context.Context, file string) (string, fileID, error) {
 	type named struct {
 		name string
 		id   fileID
