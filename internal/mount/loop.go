@@ -28,13 +28,23 @@ type Loop interface {
 	Refresh(ctx context.Context, dev string) error
 }
 
-// losetup drives util-linux losetup, which does the free-device search and
-// its races with other users of /dev/loop-control for us.
-type losetup struct{ exec exec.Interface }
+// losetup drives util-linux losetup to attach and detach, which does the
+// free-device search and its races with other users of /dev/loop-control
+// for us; finding reads the kernel directly (finder), since losetup's
+// --associated stats the backing file of every loop device on the node.
+type losetup struct {
+	exec   exec.Interface
+	finder finder
+}
 
 // NewLoop returns a Loop that runs losetup through e (Tools, or a plain
-// executor that gets DefaultTimeouts).
-func NewLoop(e exec.Interface) Loop { return &losetup{exec: toolsOf(e)} }
+// executor that gets DefaultTimeouts) and reads the host's sysfs.
+func NewLoop(e exec.Interface) Loop { return newLoop(e, sysLoop{sysfs: "/sys"}) }
+
+func newLoop(e exec.Interface, k loopKernel) *losetup {
+	t := toolsOf(e)
+	return &losetup{exec: t, finder: finder{kernel: k, timeout: t.timeouts.Loop, calls: &inflight{}}}
+}
 
 func (l *losetup) run(ctx context.Context, args ...string) (string, error) {
 	out, err := l.exec.CommandContext(ctx, "losetup", args...).CombinedOutput()
@@ -44,29 +54,14 @@ func (l *losetup) run(ctx context.Context, args ...string) (string, error) {
 	return string(out), nil
 }
 
-// find matches by the file's device and inode (losetup -j), so another path
-// to the same file still finds the device.
+// find matches by the file's device and inode, so that a file of the same
+// path in another mount namespace never matches.
 func (l *losetup) find(ctx context.Context, backingFile string) (dev string, readOnly, found bool, err error) {
 	if backingFile == "" {
 		return "", false, false, fmt.Errorf("empty backing file: %w", volerr.ErrInvalid)
 	}
-	out, err := l.run(ctx, "--list", "--noheadings", "--output", "NAME,RO", "--associated", backingFile)
-	if err != nil {
-		return "", false, false, err
-	}
-	dev, readOnly, found = parseAssociated(out)
-	return dev, readOnly, found, nil
-}
-
-// parseAssociated reads `losetup --list --noheadings --output NAME,RO`.
-func parseAssociated(out string) (dev string, readOnly, found bool) {
-	for _, line := range strings.Split(out, "\n") {
-		f := strings.Fields(line)
-		if len(f) == 2 && isDevPath(f[0]) {
-			return f[0], f[1] == "1", true
-		}
-	}
-	return "", false, false
+	f, ok, err := l.finder.find(ctx, backingFile)
+	return f.dev, f.readOnly, ok, err
 }
 
 // parseShown reads the device `losetup --find --show` printed last.
@@ -82,7 +77,7 @@ func parseShown(out string) (dev string) {
 }
 
 // isDevPath accepts only a loop device's name, /dev/loopN: nothing else is a
-// device that losetup prints. (A looser "clean path in one field" let
+// device that losetup prints or sysfs lists. (A looser "clean path in one field" let
 // Unicode spaces such as U+0085 through: found by FuzzLosetupOutput.)
 func isDevPath(s string) bool {
 	n, ok := strings.CutPrefix(s, "/dev/loop")

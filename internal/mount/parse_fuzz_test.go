@@ -134,39 +134,73 @@ func FuzzUnescapeOctal(f *testing.F) {
 
 // losetup's real output on this project's test machine.
 const (
-	losetupList     = "/dev/loop1  1\n/dev/loop0  0\n"
 	losetupShow     = "/dev/loop0\n"
 	losetupShowWarn = "losetup: /dev/shm/fz.img: failed to set direct io: Invalid argument\n/dev/loop0\n"
 )
 
-// FuzzLosetupOutput parses what losetup prints for find and attach: any
-// device it returns is a clean one-field path under /dev/.
+// FuzzLosetupOutput parses what losetup prints for attach: any device it
+// returns is a loop device's clean one-field path under /dev/.
 func FuzzLosetupOutput(f *testing.F) {
-	f.Add(losetupList)
 	f.Add(losetupShow)
 	f.Add(losetupShowWarn)
 	f.Add("/dev/../etc/passwd 0\n/dev/loop 7\n")
 	f.Fuzz(func(t *testing.T, out string) {
-		for _, dev := range []string{parseShown(out), func() string { d, _, _ := parseAssociated(out); return d }()} {
-			if dev != "" && (!strings.HasPrefix(dev, "/dev/") || filepath.Clean(dev) != dev || len(strings.Fields(dev)) != 1) {
-				t.Fatalf("device %q from %q", dev, out)
-			}
+		dev := parseShown(out)
+		if dev != "" && (!strings.HasPrefix(dev, "/dev/loop") || filepath.Clean(dev) != dev || len(strings.Fields(dev)) != 1) {
+			t.Fatalf("device %q from %q", dev, out)
 		}
-		dev, ro, found := parseAssociated(out)
-		if found != (dev != "") {
-			t.Fatalf("found=%v with device %q", found, dev)
+		if dev != "" && parseShown(out+"\n"+dev+"\n") != dev {
+			t.Fatalf("%q shown last not read", dev)
 		}
-		if found {
-			// The device's own line, first, is what find reads back.
-			line := dev + "  0\n"
-			if ro {
-				line = dev + "  1\n"
+	})
+}
+
+// FuzzLoopSysfs lays out /sys/block/<name>/loop/backing_file and ro as the
+// kernel would, with a fuzzed device name and contents, and checks what
+// Bound lists and which files a lookup would ask the device about.
+func FuzzLoopSysfs(f *testing.F) {
+	f.Add("loop3", "/var/lib/berth/images/pvc-1.img\n", "0\n", "/var/lib/berth/images/pvc-1.img")
+	f.Add("loop12", "/disk.img\n", "1\n", "/run/berth/fuse/pvc-2/disk.img")
+	f.Add("loop0", "/a/b.img (deleted)\n", "0\n", "/a/b.img")
+	f.Add("loop01", "/\n", "0\n", "/x")
+	f.Add("loop7", "/img\n", "0\n", "/other/img2")
+	base := f.TempDir()
+	f.Fuzz(func(t *testing.T, name, backing, ro, file string) {
+		if name == "" || name == "." || name == ".." || strings.ContainsAny(name, "/\x00") || len(name) > 200 {
+			return // not a file name
+		}
+		sysfs, err := os.MkdirTemp(base, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = os.RemoveAll(sysfs) }()
+		dir := filepath.Join(sysfs, "block", name)
+		if err := os.MkdirAll(filepath.Join(dir, "loop"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "loop", "backing_file"), []byte(backing), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "ro"), []byte(ro), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		bound, err := sysLoop{sysfs: sysfs}.Bound()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := isDevPath("/dev/" + name); len(bound) != map[bool]int{true: 1}[want] {
+			t.Fatalf("dir %q: listed %v", name, bound)
+		}
+		for _, b := range bound {
+			if b.Dev != "/dev/"+name || b.Backing != strings.TrimSuffix(backing, "\n") || b.ReadOnly != (strings.TrimSpace(ro) == "1") {
+				t.Fatalf("dir %q backing %q ro %q: listed %+v", name, backing, ro, b)
 			}
-			if d2, ro2, ok := parseAssociated(line + out); d2 != dev || ro2 != ro || !ok {
-				t.Fatalf("line %q read as %q %v %v", line, d2, ro2, ok)
-			}
-			if parseShown(out+"\n"+dev+"\n") != dev {
-				t.Fatalf("%q shown last not read", dev)
+			// A device is asked about file only when sysfs names file, or a
+			// tail of it that starts at a path component.
+			may := mayBeOver(file, b.Backing)
+			tail := strings.HasPrefix(b.Backing, "/") && b.Backing != "/" && strings.HasSuffix(file, b.Backing)
+			if may != (b.Backing == file || tail) {
+				t.Fatalf("file %q, sysfs %q: may be over: %v", file, b.Backing, may)
 			}
 		}
 	})

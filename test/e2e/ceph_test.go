@@ -251,9 +251,10 @@ spec:
 // A's lock: A's Ceph clients (the Attachment's record) are on Ceph's
 // blocklist and in A's NodeCleanup, and a write through A's leftover mount
 // fails. Node A back and the taint lifted: A's agent cleans its stale
-// stage and the pod on B keeps its data; with BERTH_E2E_CEPH_UNFENCE=1
-// (a known bug, below), A's clients leave the blocklist after the
-// operator's cool-down (berth dev up --unfence-cooldown).
+// stage and the pod on B keeps its data, and A's clients leave the
+// blocklist after the operator's cool-down (berth dev up
+// --unfence-cooldown). The nodes share one kernel: A's cleaner must not
+// take B's loop device, whose file has the same path, for the volume's.
 func testCephVolumeMovesOffLostNode(t *testing.T) {
 	s := newScenario(t, 10*time.Minute)
 	nodes := s.env.Nodes()
@@ -338,16 +339,6 @@ func testCephVolumeMovesOffLostNode(t *testing.T) {
 	if out, err := s.exec("mover", "sha256sum -c /data/f.sum && echo more > /data/g && sync && cat /data/g"); err != nil ||
 		!strings.Contains(out, "more") {
 		t.Errorf("the pod on node B after A's return: %v: %s", err, out)
-	}
-	if os.Getenv("BERTH_E2E_CEPH_UNFENCE") != "1" {
-		// Known bug, open: the nodes share one kernel here, and with A's
-		// FUSE connection dead `losetup --associated` falls back to the
-		// backing file's path, the same on every node, and finds B's loop
-		// device; A's cleaner rightly refuses the entry (not the volume's
-		// device), its NodeCleanup stays not Ready, and the Unfencer waits
-		// for the next clean pass (~5 min).
-		t.Logf("node A's unfencing not checked: BERTH_E2E_CEPH_UNFENCE=1 checks it (known bug: the stale loop device found by path on a shared kernel)")
-		return
 	}
 	s.waitFor("node A's clients off the blocklist after the cool-down", 3*time.Minute, func(context.Context) (bool, error) {
 		out, err := s.kubectl("get", "nodecleanups.berth.io", nodeA, "-o", "jsonpath={.spec.blocklisted[*].address}")
