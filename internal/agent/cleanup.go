@@ -70,12 +70,18 @@ func (a *Agent) forceUnstage(ctx context.Context, volume, staging string, broken
 	if err != nil {
 		return err
 	}
+	// Cutting a broken lock's connection (prepareForceUnstage) takes the
+	// backing file, and Find with it, away: name the staged device first.
+	held := a.heldDevice(volume, d, staged)
 	if err := a.prepareForceUnstage(ctx, volume, d, broken); err != nil {
 		return err
 	}
 	dev, err := d.Find(ctx, volume)
 	if err != nil {
 		return err
+	}
+	if dev == "" {
+		dev = held
 	}
 	if staged != "" && staged != dev {
 		if dev != "" {
@@ -192,6 +198,24 @@ func (a *Agent) detachVolume(ctx context.Context, volume string, entries []v1.At
 	}
 	a.log.Info("detached volume of a deleted cluster", "volume", volume)
 	return nil
+}
+
+// heldDevice is staged, the device mounted at the volume's staging path,
+// when sysfs names the volume's backing file for it ("" otherwise): the
+// mount is in this node's mount table, so unlike a match by path alone it
+// is never another node's device on a machine that shares one kernel.
+func (a *Agent) heldDevice(volume string, d device, staged string) string {
+	h, ok := d.(backingNamer)
+	if !ok || staged == "" {
+		return ""
+	}
+	if ok, err := h.Holds(volume, staged); err != nil || !ok {
+		if err != nil {
+			a.log.Error(err, "read the staged device's backing file", "volume", volume, "device", staged)
+		}
+		return ""
+	}
+	return staged
 }
 
 // lockBroken tells whether a stale entry's reason is another node taking

@@ -42,6 +42,19 @@ func (f fuseDevice) backing(volume string) string {
 
 func (fuseDevice) Check(string) error { return nil }
 
+// backingNamer is a device on a loop device over a backing file that
+// Stop takes away (a FUSE connection).
+type backingNamer interface {
+	// Holds tells, with no I/O on the backing file, whether dev is on
+	// the volume's backing file.
+	Holds(volume, dev string) (bool, error)
+}
+
+func (f fuseDevice) Holds(volume, dev string) (bool, error) {
+	name, found, err := f.loop.BackingName(dev)
+	return found && name == f.backing(volume), err
+}
+
 func (f fuseDevice) Attach(ctx context.Context, r attachRequest) (attachment, error) {
 	_, held, err := f.server(ctx, r.Volume)
 	if err != nil {

@@ -207,6 +207,18 @@ func (r rbdDevice) Find(ctx context.Context, volume string) (string, error) {
 	return in.Find(ctx, volume)
 }
 
+func (r rbdDevice) Holds(volume, dev string) (bool, error) {
+	in, err := r.inner(volume)
+	if err != nil {
+		return false, err
+	}
+	h, ok := in.(backingNamer)
+	if !ok {
+		return false, nil // nbd: the device goes with its server
+	}
+	return h.Holds(volume, dev)
+}
+
 func (r rbdDevice) Detach(ctx context.Context, volume, dev string) error {
 	in, err := r.inner(volume)
 	if err != nil {

@@ -87,6 +87,15 @@ func (l *fakeLoop) Detach(_ context.Context, dev string) error {
 
 func (l *fakeLoop) Refresh(context.Context, string) error { return nil }
 
+func (l *fakeLoop) BackingName(dev string) (string, bool, error) {
+	for b, d := range l.devs {
+		if d == dev {
+			return b, true, nil
+		}
+	}
+	return "", false, nil
+}
+
 // fakeFence records holds by volume and mount dir.
 type fakeFence struct {
 	holds      map[string]bool

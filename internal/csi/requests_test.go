@@ -354,6 +354,8 @@ func (l *recordingLoop) Detach(_ context.Context, dev string) error {
 	return nil
 }
 
+func (l *recordingLoop) BackingName(string) (string, bool, error) { return "", false, nil }
+
 func (l *recordingLoop) Refresh(_ context.Context, dev string) error {
 	l.calls = append(l.calls, "refresh "+dev)
 	return nil

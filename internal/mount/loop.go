@@ -26,6 +26,10 @@ type Loop interface {
 	Detach(ctx context.Context, dev string) error
 	// Refresh makes dev see its backing file's new size.
 	Refresh(ctx context.Context, dev string) error
+	// BackingName is dev's backing file as sysfs names it (found false
+	// for a free device), read without any I/O on the file: for a device
+	// whose file cannot be reached any more.
+	BackingName(dev string) (name string, found bool, err error)
 }
 
 // losetup drives util-linux losetup to attach and detach, which does the
@@ -133,6 +137,19 @@ func (l *losetup) Detach(ctx context.Context, dev string) error {
 		return nil
 	}
 	return err
+}
+
+func (l *losetup) BackingName(dev string) (string, bool, error) {
+	bound, err := l.finder.kernel.Bound()
+	if err != nil {
+		return "", false, err
+	}
+	for _, b := range bound {
+		if b.Dev == dev {
+			return b.Backing, true, nil
+		}
+	}
+	return "", false, nil
 }
 
 func (l *losetup) Refresh(ctx context.Context, dev string) error {

@@ -113,6 +113,7 @@ func TestCephFencingOnRealCeph(t *testing.T) {
 	servedBy(t, healed, watchers(t, c, spec))
 	t.Logf("after the heal: %v", healed)
 	sums := writeFiles(t, m.target, "a", 3)
+	devA := mountSource(m.staging)
 
 	// Node A is lost: tainted out-of-service. Node B's stage fences with
 	// its own (the berth) client.
@@ -227,6 +228,11 @@ func TestCephFencingOnRealCeph(t *testing.T) {
 	}
 	if dev := mountSource(m.staging); dev != "" {
 		t.Errorf("node A's staging still holds %s after its cleaner ran", dev)
+	}
+	// Cutting the connection took the backing file away; the loop device
+	// must go too, not stay bound to a file nothing can reach.
+	if b, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(devA), "loop", "backing_file")); err == nil {
+		t.Errorf("node A's loop device %s is still bound to %q after its cleaner ran", devA, strings.TrimSpace(string(b)))
 	}
 	if n := f.serverStarts(t, name) - startsBefore; n != 0 {
 		t.Errorf("node A started %d server(s), new Ceph clients, for a volume whose lock B took", n)
