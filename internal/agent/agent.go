@@ -338,6 +338,17 @@ func (a *Agent) Expand(ctx context.Context, volumeID, path string, block bool) (
 		}
 		return 0, err
 	}
+	shared, err := a.sharedVolume(ctx, volumeID, block)
+	if err != nil {
+		return 0, err
+	}
+	if shared {
+		// A workload's NFS mount: the share manager grows the filesystem
+		// on its own node (internal/cli/sharemanager), so nothing here
+		// touches a device.
+		a.log.Info("expand of a shared volume: its share manager grows it", "volume", volumeID, "path", path, "size", img.Size)
+		return img.Size, nil
+	}
 	d, err := a.device(volumeID)
 	if err != nil {
 		return 0, err
@@ -357,6 +368,19 @@ func (a *Agent) Expand(ctx context.Context, volumeID, path string, block bool) (
 		}
 	}
 	return img.Size, nil
+}
+
+// sharedVolume tells whether a request for volumeID reaches it through its
+// share (sharedFS). An image without a Volume is no shared one.
+func (a *Agent) sharedVolume(ctx context.Context, volumeID string, block bool) (bool, error) {
+	vol, err := a.readVolume(ctx, volumeID)
+	if errors.Is(err, ErrVolumeNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return sharedFS(vol, block), nil
 }
 
 // Stats reports usage of a published or staged path.
