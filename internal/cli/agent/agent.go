@@ -235,6 +235,23 @@ func (c Config) Run(ctx context.Context) error {
 		Recorder: mgr.GetEventRecorderFor("berth-agent"), Log: c.Log.WithName("sharemount")}).SetupWithManager(mgr); err != nil {
 		return err
 	}
+	// A ceph volume's share manager may run on any node: this agent's
+	// cache of its own node's Volumes lacks them, so the share devices
+	// have a cache of the ceph Volumes (labelled with no node) too.
+	cephVolumes, err := cache.New(c.Rest, cache.Options{Scheme: s, ByObject: map[client.Object]cache.ByObject{
+		&v1.Volume{}: {Label: labels.SelectorFromSet(labels.Set{v1.NodeLabel: ""})},
+	}})
+	if err != nil {
+		return fmt.Errorf("cache of ceph volumes: %w", err)
+	}
+	if err := mgr.Add(cephVolumes); err != nil {
+		return err
+	}
+	if err := (&controller.ShareDeviceReconciler{Client: direct, Node: c.NodeName,
+		Grow:     func(ctx context.Context, id string) (int64, error) { return a.Expand(ctx, id, "", true) },
+		Recorder: mgr.GetEventRecorderFor("berth-agent"), Log: c.Log.WithName("sharedevice")}).SetupWithManager(mgr, cephVolumes); err != nil {
+		return err
+	}
 	locks := a.Locks()
 	if err := mgr.Add(fence.NewCleaner(direct, c.NodeName, a, clock.RealClock{}, c.Log.WithName("stale"),
 		fence.CleanerOptions{Interval: c.StaleInterval, Lock: locks.LockContext, LockWait: c.LockWait, Metrics: m.cleanup})); err != nil {
