@@ -73,6 +73,7 @@ type Agent struct {
 	// nfs and shareWait serve RWX volumes' workloads (Config.NFS, ShareWait).
 	nfs       NFSClient
 	shareWait time.Duration
+	freezeDir string
 	// reports are the volumes whose Attachment names their live server's
 	// Ceph clients (cephclients.go).
 	reports reported
@@ -134,6 +135,10 @@ type Config struct {
 	// share to run (0: DefaultShareWait).
 	NFS       NFSClient
 	ShareWait time.Duration
+	// FreezeDir is where an RWX volume's filesystem is mounted a moment to
+	// freeze it for a copy while its share manager's pod holds the mount
+	// (mount.Manager.FreezeElsewhere; "": os.TempDir()).
+	FreezeDir string
 }
 
 // ErrConfig means that New was given an unusable Config.
@@ -180,7 +185,7 @@ func New(c Config) (*Agent, error) {
 	a := &Agent{node: c.Node, api: c.API, images: c.Images, loop: c.Loop, mounts: c.Mounts, fence: c.Fence,
 		locks: c.Locks, log: c.Log, lockWait: c.LockWait, paths: c.Paths, flex: c.Flex,
 		status: c.Status, clock: c.Clock, events: c.Events, us: us, openFencing: c.CephFencing,
-		nfs: c.NFS, shareWait: c.ShareWait}
+		nfs: c.NFS, shareWait: c.ShareWait, freezeDir: c.FreezeDir}
 	if a.nfs == nil {
 		a.nfs = mount.HostNFSClient()
 	}

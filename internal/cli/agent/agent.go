@@ -202,7 +202,7 @@ func (c Config) Run(ctx context.Context) error {
 		Log: c.Log.WithName("agent"), LockWait: c.LockWait, Paths: paths,
 		Flex:   nodeagent.FlexConfig{StagingRoot: flexStaging, Holdings: fencer},
 		Status: direct, Clock: clock.RealClock{}, Events: mgr.GetEventRecorderFor("berth-agent"),
-		Userspace: us,
+		Userspace: us, FreezeDir: filepath.Join(c.RunDir, "freeze"),
 	})
 	if err != nil {
 		return err
