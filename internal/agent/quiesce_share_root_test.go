@@ -129,4 +129,3 @@ func shareManagerMount(t *testing.T, dev string) (int, string) {
 	}
 	return cmd.Process.Pid, filepath.Join("/proc", strconv.Itoa(cmd.Process.Pid), "root", mnt)
 }
-

@@ -66,7 +66,9 @@ func TestRWXExpandSnapshotCloneLocal(t *testing.T) {
 		if err != nil {
 			t.Fatalf("create %s: %v", name, err)
 		}
-		t.Cleanup(func() { _, _ = s.DeleteVolume(context.Background(), &csi.DeleteVolumeRequest{VolumeId: resp.GetVolume().GetVolumeId()}) })
+		t.Cleanup(func() {
+			_, _ = s.DeleteVolume(context.Background(), &csi.DeleteVolumeRequest{VolumeId: resp.GetVolume().GetVolumeId()})
+		})
 		return resp.GetVolume()
 	}
 	volume := func(id string) *v1.Volume {
