@@ -375,6 +375,21 @@ func (a *Agent) Expand(ctx context.Context, volumeID, path string, block bool) (
 	return img.Size, nil
 }
 
+// GrowShareDevice grows this node's device of an RWX volume, which its
+// share manager holds as a block device, to the image's size, and returns
+// that size. A device at that size already is left alone: an agent that
+// starts looks at every such volume, and some devices cannot grow online.
+func (a *Agent) GrowShareDevice(ctx context.Context, volumeID string) (int64, error) {
+	if img, err := a.volumeImages().Get(ctx, volumeID); err == nil {
+		if dev, err := a.attachedDevice(ctx, volumeID); err == nil && dev != "" {
+			if size, err := mount.DeviceSize(dev); err == nil && size >= img.Size {
+				return img.Size, nil
+			}
+		}
+	}
+	return a.Expand(ctx, volumeID, "", true)
+}
+
 // sharedVolume tells whether a request for volumeID reaches it through its
 // share (sharedFS). An image without a Volume is no shared one.
 func (a *Agent) sharedVolume(ctx context.Context, volumeID string, block bool) (bool, error) {

@@ -17,6 +17,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
@@ -118,7 +119,9 @@ func TestShareDeviceWatchesCephVolumes(t *testing.T) {
 	mine := labels.SelectorFromSet(labels.Set{v1.NodeLabel: node})
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{Scheme: env.Scheme, Logger: testr.New(t),
 		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
-		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{&v1.Volume{}: {Label: mine}}}})
+		// -count=N makes the same controller again.
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+		Cache:      cache.Options{ByObject: map[client.Object]cache.ByObject{&v1.Volume{}: {Label: mine}}}})
 	if err != nil {
 		t.Fatal(err)
 	}

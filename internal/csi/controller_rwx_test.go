@@ -10,8 +10,10 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/go-logr/logr/testr"
 	"k8s.io/utils/exec"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
@@ -40,7 +42,9 @@ func TestRWXExpandSnapshotCloneLocal(t *testing.T) {
 		t.Fatal(err)
 	}
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{Scheme: env.Scheme, Logger: testr.New(t),
-		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0"})
+		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
+		// Other tests of this package run controllers of the same names.
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -248,7 +248,7 @@ func (c Config) Run(ctx context.Context) error {
 		return err
 	}
 	if err := (&controller.ShareDeviceReconciler{Client: direct, Node: c.NodeName,
-		Grow:     func(ctx context.Context, id string) (int64, error) { return a.Expand(ctx, id, "", true) },
+		Grow:     a.GrowShareDevice,
 		Recorder: mgr.GetEventRecorderFor("berth-agent"), Log: c.Log.WithName("sharedevice")}).SetupWithManager(mgr, cephVolumes); err != nil {
 		return err
 	}
