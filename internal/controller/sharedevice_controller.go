@@ -9,6 +9,8 @@ import (
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -97,6 +99,17 @@ func (r *ShareDeviceReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	log.Info("grew the share manager's device; the share manager grows its filesystem", "size", size)
 	r.markDone(vol.Name, want)
 	return ctrl.Result{}, nil
+}
+
+// NodelessVolumes selects the Volumes of no node: ceph's, which carry no
+// node label and which every node reaches, so an agent's cache of its own
+// node's Volumes lacks them.
+func NodelessVolumes() labels.Selector {
+	req, err := labels.NewRequirement(v1.NodeLabel, selection.DoesNotExist, nil)
+	if err != nil {
+		panic(err) // a constant, valid key
+	}
+	return labels.NewSelector().Add(*req)
 }
 
 // sharedFilesystem tells whether vol is served over NFS by a share manager.

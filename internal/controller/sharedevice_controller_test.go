@@ -126,7 +126,7 @@ func TestShareDeviceWatchesCephVolumes(t *testing.T) {
 		t.Fatal(err)
 	}
 	ceph, err := cache.New(env.Config, cache.Options{Scheme: env.Scheme, ByObject: map[client.Object]cache.ByObject{
-		&v1.Volume{}: {Label: labels.SelectorFromSet(labels.Set{v1.NodeLabel: ""})}}})
+		&v1.Volume{}: {Label: NodelessVolumes()}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,8 +139,12 @@ func TestShareDeviceWatchesCephVolumes(t *testing.T) {
 		t.Fatal(err)
 	}
 	mk := func(name, volNode string) *v1.Volume {
-		vol := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{v1.NodeLabel: volNode}},
+		vol := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: name},
 			Spec: v1.VolumeSpec{StorageCluster: "c", Node: volNode, Size: resource.MustParse("16Mi"), AccessMode: v1.ReadWriteMany, FSType: "ext4"}}
+		if volNode != "" {
+			// As the CSI controller labels them; ceph volumes get no label.
+			vol.Labels = map[string]string{v1.NodeLabel: volNode}
+		}
 		mustCreate(ctx, t, vol)
 		staged := "/var/lib/kubelet/plugins/kubernetes.io/csi/volumeDevices/staging/share-manager-" + name
 		mustCreate(ctx, t, &v1.Attachment{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1.AttachmentSpec{AccessMode: v1.ReadWriteMany,

@@ -237,9 +237,9 @@ func (c Config) Run(ctx context.Context) error {
 	}
 	// A ceph volume's share manager may run on any node: this agent's
 	// cache of its own node's Volumes lacks them, so the share devices
-	// have a cache of the ceph Volumes (labelled with no node) too.
+	// have a cache of the ceph Volumes (no node label) too.
 	cephVolumes, err := cache.New(c.Rest, cache.Options{Scheme: s, ByObject: map[client.Object]cache.ByObject{
-		&v1.Volume{}: {Label: labels.SelectorFromSet(labels.Set{v1.NodeLabel: ""})},
+		&v1.Volume{}: {Label: controller.NodelessVolumes()},
 	}})
 	if err != nil {
 		return fmt.Errorf("cache of ceph volumes: %w", err)
