@@ -141,18 +141,23 @@ func (r *ShareDeviceReconciler) forget(volume string) {
 }
 
 // SetupWithManager watches the read-write-many filesystem Volumes in the
-// manager's cache and in each of extra: an agent's cache holds its node's
-// Volumes only, while a ceph volume's share manager may run on any node,
-// so the agent adds a cache of the ceph Volumes.
+// manager's cache and in each of extra (an agent's cache of
+// NodelessVolumes: a ceph volume's share manager may run on any node).
 func (r *ShareDeviceReconciler) SetupWithManager(mgr ctrl.Manager, extra ...cache.Cache) error {
-	b := ctrl.NewControllerManagedBy(mgr).Named("sharedevice").
+	return volumeController(mgr, "sharedevice", sharedFilesystem, extra).Complete(r)
+}
+
+// volumeController is a controller of the Volumes that keep passes, in the
+// manager's cache and in each of extra.
+func volumeController(mgr ctrl.Manager, name string, keep func(*v1.Volume) bool, extra []cache.Cache) *builder.Builder {
+	b := ctrl.NewControllerManagedBy(mgr).Named(name).
 		For(&v1.Volume{}, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
 			v, ok := o.(*v1.Volume)
-			return ok && sharedFilesystem(v)
+			return ok && keep(v)
 		})))
 	for _, c := range extra {
 		b = b.WatchesRawSource(source.Kind(c, &v1.Volume{}, &handler.TypedEnqueueRequestForObject[*v1.Volume]{},
-			predicate.NewTypedPredicateFuncs(sharedFilesystem)))
+			predicate.NewTypedPredicateFuncs(keep)))
 	}
-	return b.Complete(r)
+	return b
 }

@@ -116,23 +116,7 @@ func TestShareDeviceWatchesCephVolumes(t *testing.T) {
 	suite.Require(t)
 	ctx := context.Background()
 	const node = "share-watch-node"
-	mine := labels.SelectorFromSet(labels.Set{v1.NodeLabel: node})
-	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{Scheme: env.Scheme, Logger: testr.New(t),
-		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
-		// -count=N makes the same controller again.
-		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
-		Cache:      cache.Options{ByObject: map[client.Object]cache.ByObject{&v1.Volume{}: {Label: mine}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ceph, err := cache.New(env.Config, cache.Options{Scheme: env.Scheme, ByObject: map[client.Object]cache.ByObject{
-		&v1.Volume{}: {Label: NodelessVolumes()}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := mgr.Add(ceph); err != nil {
-		t.Fatal(err)
-	}
+	mgr, ceph := agentManager(t, node)
 	grew := make(chan string, 16)
 	if err := (&ShareDeviceReconciler{Client: env.Client, Node: node, Recorder: record.NewFakeRecorder(10), Log: testr.New(t),
 		Grow: func(_ context.Context, volume string) (int64, error) { grew <- volume; return 0, nil }}).SetupWithManager(mgr, ceph); err != nil {
@@ -152,10 +136,7 @@ func TestShareDeviceWatchesCephVolumes(t *testing.T) {
 		return vol
 	}
 	local, cephVol := mk("share-watch-local", node), mk("share-watch-ceph", "")
-	mctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(mctx) }()
-	t.Cleanup(func() { stop(); <-done })
+	startManager(t, mgr)
 	for _, v := range []*v1.Volume{local, cephVol} {
 		setCapacity(ctx, t, v, "32Mi")
 		select {
@@ -167,4 +148,37 @@ func TestShareDeviceWatchesCephVolumes(t *testing.T) {
 			t.Fatalf("the capacity of %s (node %q) did not reach the reconciler", v.Name, v.Spec.Node)
 		}
 	}
+}
+
+// agentManager is a manager cached the way an agent's is (node's Volumes
+// only), with the agent's cache of NodelessVolumes added.
+func agentManager(t *testing.T, node string) (ctrl.Manager, cache.Cache) {
+	t.Helper()
+	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{Scheme: env.Scheme, Logger: testr.New(t),
+		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
+		// -count=N makes the same controllers again.
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+			&v1.Volume{}: {Label: labels.SelectorFromSet(labels.Set{v1.NodeLabel: node})}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ceph, err := cache.New(env.Config, cache.Options{Scheme: env.Scheme, ByObject: map[client.Object]cache.ByObject{
+		&v1.Volume{}: {Label: NodelessVolumes()}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mgr.Add(ceph); err != nil {
+		t.Fatal(err)
+	}
+	return mgr, ceph
+}
+
+// startManager runs mgr until the test ends.
+func startManager(t *testing.T, mgr ctrl.Manager) {
+	t.Helper()
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	t.Cleanup(func() { stop(); <-done })
 }
