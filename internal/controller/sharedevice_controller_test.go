@@ -116,12 +116,10 @@ func TestShareDeviceWatchesCephVolumes(t *testing.T) {
 	suite.Require(t)
 	ctx := context.Background()
 	const node = "share-watch-node"
-	mgr, ceph := agentManager(t, node)
 	grew := make(chan string, 16)
-	if err := (&ShareDeviceReconciler{Client: env.Client, Node: node, Recorder: record.NewFakeRecorder(10), Log: testr.New(t),
-		Grow: func(_ context.Context, volume string) (int64, error) { grew <- volume; return 0, nil }}).SetupWithManager(mgr, ceph); err != nil {
-		t.Fatal(err)
-	}
+	r := &ShareDeviceReconciler{Client: env.Client, Node: node, Recorder: record.NewFakeRecorder(10), Log: testr.New(t),
+		Grow: func(_ context.Context, volume string) (int64, error) { grew <- volume; return 0, nil }}
+	startAgentManager(t, node, r.SetupWithManager)
 	mk := func(name, volNode string) *v1.Volume {
 		vol := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: name},
 			Spec: v1.VolumeSpec{StorageCluster: "c", Node: volNode, Size: resource.MustParse("16Mi"), AccessMode: v1.ReadWriteMany, FSType: "ext4"}}
@@ -136,7 +134,6 @@ func TestShareDeviceWatchesCephVolumes(t *testing.T) {
 		return vol
 	}
 	local, cephVol := mk("share-watch-local", node), mk("share-watch-ceph", "")
-	startManager(t, mgr)
 	for _, v := range []*v1.Volume{local, cephVol} {
 		setCapacity(ctx, t, v, "32Mi")
 		select {
@@ -150,9 +147,10 @@ func TestShareDeviceWatchesCephVolumes(t *testing.T) {
 	}
 }
 
-// agentManager is a manager cached the way an agent's is (node's Volumes
-// only), with the agent's cache of NodelessVolumes added.
-func agentManager(t *testing.T, node string) (ctrl.Manager, cache.Cache) {
+// startAgentManager runs, until the test ends, a manager cached the way an
+// agent's is (its node's Volumes only) with the agent's cache of
+// NodelessVolumes added, and the controller setup makes in it.
+func startAgentManager(t *testing.T, node string, setup func(ctrl.Manager, ...cache.Cache) error) {
 	t.Helper()
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{Scheme: env.Scheme, Logger: testr.New(t),
 		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
@@ -171,12 +169,9 @@ func agentManager(t *testing.T, node string) (ctrl.Manager, cache.Cache) {
 	if err := mgr.Add(ceph); err != nil {
 		t.Fatal(err)
 	}
-	return mgr, ceph
-}
-
-// startManager runs mgr until the test ends.
-func startManager(t *testing.T, mgr ctrl.Manager) {
-	t.Helper()
+	if err := setup(mgr, ceph); err != nil {
+		t.Fatal(err)
+	}
 	ctx, stop := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()

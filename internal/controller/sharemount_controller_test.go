@@ -158,19 +158,15 @@ func TestShareMountWatchesCephVolumes(t *testing.T) {
 	suite.Require(t)
 	ctx := context.Background()
 	const node = "share-mount-ceph-node"
-	mgr, ceph := agentManager(t, node)
 	probed := make(chan string, 4)
-	if err := (&ShareMountReconciler{Client: env.Client, Node: node, Recorder: record.NewFakeRecorder(10), Log: testr.New(t),
-		Probe: func(_ context.Context, path string) error { probed <- path; return nil }}).SetupWithManager(mgr, ceph); err != nil {
-		t.Fatal(err)
-	}
+	startAgentManager(t, node, (&ShareMountReconciler{Client: env.Client, Node: node, Recorder: record.NewFakeRecorder(10), Log: testr.New(t),
+		Probe: func(_ context.Context, path string) error { probed <- path; return nil }}).SetupWithManager)
 	pod := sharePod(ctx, t, "ceph-web", node, true)
 	vol := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "share-mount-ceph"},
 		Spec: v1.VolumeSpec{StorageCluster: "c", Size: resource.MustParse("16Mi"), AccessMode: v1.ReadWriteMany, FSType: "ext4"}}
 	mustCreate(ctx, t, vol)
 	mustCreate(ctx, t, &v1.Attachment{ObjectMeta: metav1.ObjectMeta{Name: vol.Name}, Spec: v1.AttachmentSpec{AccessMode: v1.ReadWriteMany,
 		Attachments: []v1.AttachmentEntry{{Node: node, PodNamespace: pod.Namespace, Pod: pod.Name, PodUID: string(pod.UID), MountDir: "/pods/ceph-web/mount"}}}})
-	startManager(t, mgr)
 	vol.Status.RemountRequestedAt = ptr.To(metav1.Now())
 	vol.Status.ShareState = v1.ShareRunning
 	if err := env.Client.Status().Update(ctx, vol); err != nil {
