@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -21,8 +23,9 @@ import (
 // real ext4 or xfs on a loop device through a real ganesha; the image
 // grows and its loop device is refreshed (the backend's and the agent's
 // parts of an expansion), and an NFS client then sees the larger
-// filesystem, the file written before reads back intact, and a file
-// written after is stored. xfs grows online under the running ganesha;
+// filesystem, the file written before reads back intact, a client that
+// writes files all along goes on and loses none, and a file written after
+// is stored. xfs grows online under the running ganesha;
 // ext4 too where this process may (CAP_SYS_RESOURCE), else the share
 // manager stages it again (grown unmounted) under a new ganesha, which
 // the client rides as a restart. The share manager itself never exits.
@@ -52,6 +55,16 @@ func testExpansion(t *testing.T, fsType string) {
 		t.Fatalf("write before the expansion: %v", err)
 	}
 	gpid := e.ganeshaPid(t)
+	// A client keeps writing files across the growth.
+	client := &v41Client{ep: ep}
+	wctx, stopWrites := context.WithCancel(ctx)
+	w := &writer{}
+	var wg sync.WaitGroup
+	wg.Go(func() { w.run(wctx, client) })
+	defer func() { stopWrites(); wg.Wait() }()
+	if _, err := w.firstAckOver(0, 30*time.Second); err != nil {
+		t.Fatalf("no write before the expansion: %v", err)
+	}
 
 	if err := os.Truncate(filepath.Join(e.dir, "volume.img"), 1<<30); err != nil {
 		t.Fatal(err)
@@ -81,6 +94,24 @@ func testExpansion(t *testing.T, fsType string) {
 	if fsType == "xfs" && !online {
 		t.Errorf("xfs did not grow online:\n%s", e.log())
 	}
+
+	conns := client.Connects()
+	if _, err := w.firstAckOver(conns, 30*time.Second); err != nil {
+		t.Fatalf("the writer did not go on after the growth: %v\n%s", err, e.log())
+	}
+	stopWrites()
+	wg.Wait()
+	acks := w.snapshot()
+	for _, a := range acks {
+		var b []byte
+		if err := nfsclient.Retry41(ctx, clock.RealClock{}, func(ctx context.Context) error {
+			b, err = nfsclient.ReadFile41(ctx, ep, a.name, 1, machine)
+			return err
+		}); err != nil || sha256.Sum256(b) != a.sum {
+			t.Fatalf("acknowledged %s does not read back (%v)", a.name, err)
+		}
+	}
+	t.Logf("%s: %d files written across the growth read back", fsType, len(acks))
 
 	var got []byte
 	if err := nfsclient.Retry41(ctx, clock.RealClock{}, func(ctx context.Context) error {
