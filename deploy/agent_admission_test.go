@@ -81,6 +81,9 @@ func TestAgentWritesOnlyItsOwnNodesRecords(t *testing.T) {
 		mustCreate(&v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "local-" + n, Labels: map[string]string{v1.NodeLabel: "node-" + n}},
 			Spec: v1.VolumeSpec{StorageCluster: "berth", Size: resource.MustParse("1Gi"), Node: "node-" + n}})
 	}
+	// A ceph volume: no node, any node's agent may stage it.
+	mustCreate(&v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "ceph-x"},
+		Spec: v1.VolumeSpec{StorageCluster: "berth", Size: resource.MustParse("1Gi")}})
 	mustCreate(&v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "vap"}})
 	class := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "berth"}, Provisioner: v1.DriverName,
 		Parameters: map[string]string{v1.ParamStorageCluster: "berth"}}
@@ -159,6 +162,12 @@ func TestAgentWritesOnlyItsOwnNodesRecords(t *testing.T) {
 	moved := va.DeepCopy()
 	moved.Labels[v1.NodeLabel] = "node-b"
 	refused("relabel own Volume to node-b", a.Update(ctx, moved), true)
+	// A node-less Volume's status stays closed to agents, status.formatted
+	// too: its format record is its RBD image's metadata (the agent writes
+	// none there, see internal/agent/format.go).
+	vc := get(ctx, t, &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "ceph-x"}})
+	vc.Status.Formatted = &v1.VolumeFormat{FSType: "ext4", Time: metav1.Now()}
+	refused("status.formatted of a node-less Volume", a.Status().Update(ctx, vc), true)
 
 	// StorageCluster status: nothing but its own node in cleanedNodes.
 	sc := get(ctx, t, &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "vap"}})

@@ -123,9 +123,11 @@ type VolumeStatus struct {
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
-	// Formatted is set by the agent once the volume holds a filesystem.
-	// Stage never formats a volume that has it: from then on a device that
-	// shows no filesystem is unreadable or damaged, not blank.
+	// Formatted is set by the agent once a volume of a node holds a
+	// filesystem. Stage never formats a volume that has it: from then on a
+	// device that shows no filesystem is unreadable or damaged, not blank.
+	// A ceph volume (no node) keeps that record in its RBD image's metadata
+	// (berth.formatted) only.
 	// +optional
 	Formatted *VolumeFormat `json:"formatted,omitempty"`
 

@@ -20,6 +20,7 @@ import (
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/backend"
+	"github.com/berth-io/berth/internal/backend/ceph"
 	"github.com/berth-io/berth/internal/fence"
 	"github.com/berth-io/berth/internal/mount"
 	"github.com/berth-io/berth/internal/nodepath"
@@ -31,9 +32,20 @@ import (
 // record that it holds a filesystem.
 type Images interface {
 	Get(ctx context.Context, id string) (backend.Image, error)
+	FormatRecords
+}
+
+// FormatRecords keep on a volume's image the record that it holds a
+// filesystem, which stage trusts over what blkid finds: an xattr on a local
+// image file (backend.Local), metadata on an RBD image (ceph.Backend).
+type FormatRecords interface {
 	Format(ctx context.Context, id string) (rec backend.FormatRecord, found bool, err error)
 	RecordFormat(ctx context.Context, id, fsType string, at time.Time) error
 }
+
+// OpenCephRecords connects to Ceph to read and write RBD images' format
+// records (ceph.OpenRecords).
+type OpenCephRecords func(ctx context.Context, cfg ceph.Config, log logr.Logger) (ceph.Records, error)
 
 // Fencer records and checks who holds a volume (internal/fence).
 type Fencer interface {
@@ -70,9 +82,12 @@ type Agent struct {
 	events record.EventRecorder
 	// openFencing connects to Ceph to fence (Config.CephFencing).
 	openFencing OpenCephFencing
+	// openRecords connects to Ceph for format records (Config.CephRecords).
+	openRecords OpenCephRecords
 	// nfs and shareWait serve RWX volumes' workloads (Config.NFS, ShareWait).
 	nfs       NFSClient
 	shareWait time.Duration
+	// freezeDir holds the mounts that freeze shared volumes (Config.FreezeDir).
 	freezeDir string
 	// reports are the volumes whose Attachment names their live server's
 	// Ceph clients (cephclients.go).
@@ -130,6 +145,9 @@ type Config struct {
 	// Acquire must break another node's lock and blocklist its clients
 	// (nil: ceph.OpenFencing).
 	CephFencing OpenCephFencing
+	// CephRecords connects to Ceph with a stage's cephx client to read and
+	// write a ceph volume's format record (nil: ceph.OpenRecords).
+	CephRecords OpenCephRecords
 	// NFS says whether this node can mount RWX volumes' shares (nil:
 	// mount.HostNFSClient). ShareWait bounds a publish's wait for the
 	// share to run (0: DefaultShareWait).
@@ -185,7 +203,7 @@ func New(c Config) (*Agent, error) {
 	a := &Agent{node: c.Node, api: c.API, images: c.Images, loop: c.Loop, mounts: c.Mounts, fence: c.Fence,
 		locks: c.Locks, log: c.Log, lockWait: c.LockWait, paths: c.Paths, flex: c.Flex,
 		status: c.Status, clock: c.Clock, events: c.Events, us: us, openFencing: c.CephFencing,
-		nfs: c.NFS, shareWait: c.ShareWait, freezeDir: c.FreezeDir}
+		openRecords: c.CephRecords, nfs: c.NFS, shareWait: c.ShareWait, freezeDir: c.FreezeDir}
 	if a.nfs == nil {
 		a.nfs = mount.HostNFSClient()
 	}

@@ -25,8 +25,10 @@ func (a *Agent) now() metav1.Time {
 // formatPolicy says whether stage may format the volume when blkid finds
 // nothing on it: never once a filesystem was recorded (on the image or in
 // status) or when the volume is a copy, whose content is its source's;
-// otherwise only if its image reads as zeros (mount checks that).
-func (a *Agent) formatPolicy(ctx context.Context, vol *v1.Volume) (mount.FormatPolicy, error) {
+// otherwise only if its image reads as zeros (mount checks that). recs
+// hold the image's record (formatRecords); a record that cannot be read
+// fails the stage.
+func (a *Agent) formatPolicy(ctx context.Context, vol *v1.Volume, recs FormatRecords) (mount.FormatPolicy, error) {
 	img, err := a.volumeImages().Get(ctx, vol.Name)
 	if err != nil {
 		return mount.FormatPolicy{}, fmt.Errorf("image of volume %s: %w", vol.Name, err)
@@ -36,9 +38,10 @@ func (a *Agent) formatPolicy(ctx context.Context, vol *v1.Volume) (mount.FormatP
 		// A local image's file; an RBD image (POOL/IMAGE) has none.
 		p.Image = img.Path
 	}
-	rec, found, err := a.volumeImages().Format(ctx, vol.Name)
+	rec, found, err := recs.Format(ctx, vol.Name)
 	if err != nil {
-		return mount.FormatPolicy{}, fmt.Errorf("format record of volume %s: %w", vol.Name, err)
+		return mount.FormatPolicy{}, fmt.Errorf("volume %s: its format record, which says whether it holds a filesystem, "+
+			"cannot be read, so it is not staged (it might be formatted over data): %w", vol.Name, err)
 	}
 	switch src := vol.Spec.Source; {
 	case found:
@@ -54,16 +57,24 @@ func (a *Agent) formatPolicy(ctx context.Context, vol *v1.Volume) (mount.FormatP
 }
 
 // recordFormat records that the staged volume holds an fsType filesystem:
-// on its image (synced), which stage trusts, and in its status, for people
-// and for a stage after the image record was lost. A status write that
-// fails is logged; the next stage writes it again. Records that exist are
-// kept: the first time is the one that counts.
-func (a *Agent) recordFormat(ctx context.Context, vol *v1.Volume, fsType string) error {
+// on its image (recs: synced xattr, RBD image metadata), which stage
+// trusts, and in its status, for people and for a stage after the image
+// record was lost. A status write that fails is logged; the next stage
+// writes it again. Records that exist are kept: the first time is the one
+// that counts.
+//
+// A Volume without a node (a ceph volume, which any node may stage) gets
+// no status record: the admission policy lets an agent write only its own
+// node's Volumes, and widening that to every agent writing every ceph
+// Volume's status would let one node's agent block (or, with a wrong
+// record, mislead) volumes it never staged. Its record lives with its data
+// in the RBD image instead, which also copies it into clones.
+func (a *Agent) recordFormat(ctx context.Context, vol *v1.Volume, fsType string, recs FormatRecords) error {
 	at := a.now()
-	if err := a.volumeImages().RecordFormat(ctx, vol.Name, fsType, at.Time); err != nil {
+	if err := recs.RecordFormat(ctx, vol.Name, fsType, at.Time); err != nil {
 		return fmt.Errorf("record format of volume %s: %w", vol.Name, err)
 	}
-	if a.status == nil || vol.Status.Formatted != nil {
+	if a.status == nil || vol.Status.Formatted != nil || vol.Spec.Node == "" {
 		return nil
 	}
 	patch := client.MergeFrom(vol.DeepCopy())

@@ -134,7 +134,7 @@ func (a *Agent) stage(ctx context.Context, r StageRequest) (err error) {
 	if err != nil {
 		return err
 	}
-	return a.stageDevice(ctx, r, vol, att.Device, clients)
+	return a.stageDevice(ctx, r, vol, sc, att.Device, clients)
 }
 
 // undoStage undoes what a failed stage made: the device it attached (by
@@ -172,15 +172,21 @@ func (a *Agent) undoStage(ctx context.Context, r StageRequest, d device, att att
 // stageDevice formats (when blank) and mounts the volume's block device at
 // the staging path, or binds it there for a block volume.
 // clients are the Ceph client addresses serving it (none for other backends).
-func (a *Agent) stageDevice(ctx context.Context, r StageRequest, vol *v1.Volume, dev string, clients []string) error {
+func (a *Agent) stageDevice(ctx context.Context, r StageRequest, vol *v1.Volume, sc *v1.StorageCluster, dev string, clients []string) error {
 	fsType := vol.Spec.FSType
 	if r.FSType != "" {
 		fsType = r.FSType
 	}
 	var format mount.FormatPolicy
+	var recs FormatRecords
 	if !r.Block {
+		var closeRecs func()
 		var err error
-		if format, err = a.formatPolicy(ctx, vol); err != nil {
+		if recs, closeRecs, err = a.formatRecords(ctx, vol, sc, r.Secrets); err != nil {
+			return err
+		}
+		defer closeRecs()
+		if format, err = a.formatPolicy(ctx, vol, recs); err != nil {
 			return err
 		}
 	}
@@ -194,7 +200,7 @@ func (a *Agent) stageDevice(ctx context.Context, r StageRequest, vol *v1.Volume,
 		// The volume is staged and in use from here: a failed record does
 		// not undo that. The next stage writes it again, and until then
 		// mount's content check still refuses to format an image with data.
-		if err := a.recordFormat(ctx, vol, fsType); err != nil {
+		if err := a.recordFormat(ctx, vol, fsType, recs); err != nil {
 			a.log.Error(err, "volume staged, but its format is not recorded", "volume", r.VolumeID)
 		}
 	}

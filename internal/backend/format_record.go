@@ -27,6 +27,21 @@ type FormatRecord struct {
 	Time   time.Time `json:"time"`
 }
 
+// Encode is the record as stored: JSON, the time in UTC to the second.
+func (r FormatRecord) Encode() ([]byte, error) {
+	return json.Marshal(FormatRecord{FSType: r.FSType, Time: r.Time.UTC().Truncate(time.Second)})
+}
+
+// DecodeFormatRecord reads a stored record. One that does not parse still
+// says "formatted" (type "unknown", ok false): only its detail is lost, and
+// refusing mkfs is the safe reading.
+func DecodeFormatRecord(b []byte) (rec FormatRecord, ok bool) {
+	if err := json.Unmarshal(b, &rec); err != nil || rec.FSType == "" {
+		return FormatRecord{FSType: "unknown"}, false
+	}
+	return rec, true
+}
+
 // RecordFormat marks a volume's image as holding a filesystem of fsType, and
 // fsyncs the image so the mark survives a crash. An existing mark is kept.
 func (l *Local) RecordFormat(ctx context.Context, id, fsType string, at time.Time) error {
@@ -37,7 +52,7 @@ func (l *Local) RecordFormat(ctx context.Context, id, fsType string, at time.Tim
 	if fsType == "" {
 		return fmt.Errorf("record format of %s: fs type missing: %w", id, volerr.ErrInvalid)
 	}
-	b, err := json.Marshal(FormatRecord{FSType: fsType, Time: at.UTC().Truncate(time.Second)})
+	b, err := FormatRecord{FSType: fsType, Time: at}.Encode()
 	if err != nil {
 		return err
 	}
@@ -75,11 +90,9 @@ func (l *Local) Format(ctx context.Context, id string) (rec FormatRecord, found 
 	if err != nil {
 		return FormatRecord{}, false, fmt.Errorf("read format record of %s: %w", img.Path, err)
 	}
-	// A record that does not parse still says "formatted": only its detail
-	// is lost, and refusing mkfs is the safe reading.
-	if err := json.Unmarshal(buf[:n], &rec); err != nil || rec.FSType == "" {
+	rec, ok := DecodeFormatRecord(buf[:n])
+	if !ok {
 		l.log.Info("format record does not parse; treating the image as formatted", "id", id, "record", string(buf[:n]))
-		return FormatRecord{FSType: "unknown"}, true, nil
 	}
 	return rec, true, nil
 }

@@ -28,13 +28,15 @@ type Backend struct {
 	log      logr.Logger
 }
 
-var _ backend.Store = (*Backend)(nil)
+var (
+	_ backend.Store = (*Backend)(nil)
+	_ Records       = (*Backend)(nil)
+)
 
 // Names in the pool. Image names are derived from the ID so that a failed
 // create's leftover is found by name; the omap objects record which IDs
 // are complete (the commit point of a create) and their source.
 const (
-	imagePrefix   = "berth-"
 	snapPrefix    = "berth-snap-"
 	tmpSnapPrefix = "berth-tmp-"
 	volumesOmap   = "berth.volumes"
@@ -217,7 +219,5 @@ func alignSize(size int64) (int64, error) {
 	}
 	return (size + imageAlign - 1) / imageAlign * imageAlign, nil
 }
-
-func imageName(id string) string { return imagePrefix + id }
 
 func (b *Backend) spec(image string) string { return b.cfg.Pool + "/" + image }

@@ -369,15 +369,9 @@ func TestConnectErrors(t *testing.T) {
 // image, no volume.
 func TestCreateWithOSDsStalledReturnsAndLeavesNothing(t *testing.T) {
 	b := open(t)
-	thaw, err := cluster.FreezeOSDs()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer thaw()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
+	ctx, thaw := stalled(t)
 	start := time.Now()
-	_, err = b.Create(ctx, "stalled", 8<<20)
+	_, err := b.Create(ctx, "stalled", 8<<20)
 	took := time.Since(start)
 	wantErr(t, err, context.DeadlineExceeded)
 	if took > 3*time.Second {
@@ -405,6 +399,20 @@ func TestCreateWithOSDsStalledReturnsAndLeavesNothing(t *testing.T) {
 	if err := b.Delete(ctxT(t), "stalled"); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// stalled stops every OSD (SIGSTOP) until thaw or the test's end, and
+// returns a ctx that ends 2 s later.
+func stalled(t *testing.T) (context.Context, func()) {
+	t.Helper()
+	thaw, err := cluster.FreezeOSDs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(thaw)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	t.Cleanup(cancel)
+	return ctx, thaw
 }
 
 // A ctx that has already ended makes no call at all.

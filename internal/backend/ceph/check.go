@@ -19,6 +19,16 @@ func Open(ctx context.Context, cfg Config, log logr.Logger) (Store, error) {
 	return b, nil
 }
 
+// OpenRecords connects as cfg says (New), for a caller that only reads and
+// writes format records.
+func OpenRecords(ctx context.Context, cfg Config, log logr.Logger) (Records, error) {
+	b, err := New(ctx, cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
 // OpenFencing connects as cfg says (New), for a caller that only fences.
 func OpenFencing(ctx context.Context, cfg Config, log logr.Logger) (Fencing, error) {
 	b, err := New(ctx, cfg, log)

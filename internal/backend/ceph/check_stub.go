@@ -14,6 +14,9 @@ func Open(context.Context, Config, logr.Logger) (Store, error) { return nil, Err
 // OpenFencing reports that this binary cannot reach Ceph (see check.go).
 func OpenFencing(context.Context, Config, logr.Logger) (Fencing, error) { return nil, ErrNotBuilt }
 
+// OpenRecords reports that this binary cannot reach Ceph (see check.go).
+func OpenRecords(context.Context, Config, logr.Logger) (Records, error) { return nil, ErrNotBuilt }
+
 // Check reports that this binary cannot reach Ceph (see check.go for the
 // one built with the ceph tag).
 func Check(context.Context, Config, logr.Logger) error { return ErrNotBuilt }

@@ -160,3 +160,20 @@ type Fencing interface {
 	UnfenceClients(ctx context.Context, addrs []string) error
 	Close()
 }
+
+// Records keep on RBD images the record that they hold a filesystem (image
+// metadata): what the node agent reads and writes with a stage's client.
+// Open's Store has it too.
+type Records interface {
+	Format(ctx context.Context, id string) (rec backend.FormatRecord, found bool, err error)
+	RecordFormat(ctx context.Context, id, fsType string, at time.Time) error
+	Close()
+}
+
+// imagePrefix begins every image berth makes in the pool.
+const imagePrefix = "berth-"
+
+// ImageName is the RBD image of volume id: derived from the ID so that a
+// failed create's leftover is found by name, and so that the node agent
+// finds the image whose format record it reads.
+func ImageName(id string) string { return imagePrefix + id }

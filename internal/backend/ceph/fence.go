@@ -75,7 +75,7 @@ func (b *Backend) FenceClients(ctx context.Context, id string, addrs []string) e
 			return err
 		}
 	}
-	if err := b.breakLock(ctx, imageName(id), addrs); err != nil {
+	if err := b.breakLock(ctx, ImageName(id), addrs); err != nil {
 		return fmt.Errorf("break the lock of volume %s: %w", id, err)
 	}
 	b.log.Info("ceph clients fenced", "volume", id, "addresses", addrs, "expire", b.cfg.blocklistExpire())

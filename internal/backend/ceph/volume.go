@@ -41,7 +41,7 @@ func (b *Backend) CreateFromSnapshot(ctx context.Context, id, snapshotID string,
 	if err != nil {
 		return backend.Image{}, fmt.Errorf("create volume %s: source %s%s: %w", id, snapshotSource, snapshotID, err)
 	}
-	parent := imageName(snap.SourceID)
+	parent := ImageName(snap.SourceID)
 	return b.create(ctx, id, size, snapshotSource+snapshotID, snap.Size, func(name string, size int64) error {
 		return b.clone(ctx, parent, snapName(snapshotID), name, size)
 	})
@@ -55,7 +55,7 @@ func (b *Backend) CreateFromVolume(ctx context.Context, id, sourceID string, siz
 	if err != nil {
 		return backend.Image{}, fmt.Errorf("create volume %s: source %s%s: %w", id, volumeSource, sourceID, err)
 	}
-	parent, tmp := imageName(sourceID), tmpSnapPrefix+id
+	parent, tmp := ImageName(sourceID), tmpSnapPrefix+id
 	return b.create(ctx, id, size, volumeSource+sourceID, src.Size, func(name string, size int64) (err error) {
 		img, err := rbd.OpenImage(b.ioctx, parent, rbd.NoSnapshot)
 		if err != nil {
@@ -94,7 +94,7 @@ func (b *Backend) create(ctx context.Context, id string, size int64, source stri
 	if size < srcSize {
 		return backend.Image{}, fmt.Errorf("size %d smaller than source %s (%d): %w", size, source, srcSize, volerr.ErrInvalid)
 	}
-	name := imageName(id)
+	name := ImageName(id)
 	var img backend.Image
 	err = do(ctx, "", func() error {
 		rec, ok, err := b.readRecord(volumesOmap, id)
@@ -294,7 +294,7 @@ func (b *Backend) Delete(ctx context.Context, id string) error {
 	err := do(ctx, "", func() error {
 		// The image goes first: a record without an image reads as not
 		// found, and a retry removes the record.
-		if err := b.removeImage(imageName(id)); err != nil {
+		if err := b.removeImage(ImageName(id)); err != nil {
 			return err
 		}
 		return b.removeRecord(volumesOmap, id)
