@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -8,6 +9,11 @@ import (
 // running while no workload uses the volume: for an operator who probes the
 // share (`berth share probe`), or warms it up before the workloads come.
 const KeepRunningAnnotation = "berth.io/keep-running"
+
+// ShareSizeAnnotation on a share manager's Lease is the size, in bytes, of
+// the volume its filesystem fills (grown to the device's size after an
+// expansion); the controller mirrors it into ShareManagerStatus.Size.
+const ShareSizeAnnotation = "berth.io/share-size"
 
 // ShareManagerSpec is the wanted state of a read-write-many volume's share.
 type ShareManagerSpec struct {
@@ -35,6 +41,12 @@ type ShareManagerStatus struct {
 	// nfs://<service>.<namespace>.svc/<volume>, set while the share runs.
 	// +optional
 	Endpoint string `json:"endpoint,omitempty"`
+
+	// Size is the size of the volume the share serves, as its share manager
+	// last reported it: after an expansion, the new size once the served
+	// filesystem has grown.
+	// +optional
+	Size *resource.Quantity `json:"size,omitempty"`
 
 	// FailedNode is the node of the last share manager that failed or lost
 	// its Lease; the next pod avoids it when the backend allows.
@@ -64,6 +76,7 @@ type ShareManagerStatus struct {
 // +kubebuilder:printcolumn:name="State",type=string,JSONPath=`.status.state`
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.status.ownerID`
 // +kubebuilder:printcolumn:name="Endpoint",type=string,JSONPath=`.status.endpoint`
+// +kubebuilder:printcolumn:name="Size",type=string,JSONPath=`.status.size`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:printcolumn:name="Volume",type=string,JSONPath=`.spec.volume`,priority=1
 type ShareManager struct {

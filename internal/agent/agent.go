@@ -87,6 +87,8 @@ type Agent struct {
 	// nfs and shareWait serve RWX volumes' workloads (Config.NFS, ShareWait).
 	nfs       NFSClient
 	shareWait time.Duration
+	// freezeDir holds the mounts that freeze shared volumes (Config.FreezeDir).
+	freezeDir string
 	// reports are the volumes whose Attachment names their live server's
 	// Ceph clients (cephclients.go).
 	reports reported
@@ -151,6 +153,10 @@ type Config struct {
 	// share to run (0: DefaultShareWait).
 	NFS       NFSClient
 	ShareWait time.Duration
+	// FreezeDir is where an RWX volume's filesystem is mounted a moment to
+	// freeze it for a copy while its share manager's pod holds the mount
+	// (mount.Manager.FreezeElsewhere; "": os.TempDir()).
+	FreezeDir string
 }
 
 // ErrConfig means that New was given an unusable Config.
@@ -197,7 +203,7 @@ func New(c Config) (*Agent, error) {
 	a := &Agent{node: c.Node, api: c.API, images: c.Images, loop: c.Loop, mounts: c.Mounts, fence: c.Fence,
 		locks: c.Locks, log: c.Log, lockWait: c.LockWait, paths: c.Paths, flex: c.Flex,
 		status: c.Status, clock: c.Clock, events: c.Events, us: us, openFencing: c.CephFencing,
-		openRecords: c.CephRecords, nfs: c.NFS, shareWait: c.ShareWait}
+		openRecords: c.CephRecords, nfs: c.NFS, shareWait: c.ShareWait, freezeDir: c.FreezeDir}
 	if a.nfs == nil {
 		a.nfs = mount.HostNFSClient()
 	}
@@ -355,6 +361,17 @@ func (a *Agent) Expand(ctx context.Context, volumeID, path string, block bool) (
 		}
 		return 0, err
 	}
+	shared, err := a.sharedVolume(ctx, volumeID, block)
+	if err != nil {
+		return 0, err
+	}
+	if shared {
+		// A workload's NFS mount: the share manager grows the filesystem
+		// on its own node (internal/cli/sharemanager), so nothing here
+		// touches a device.
+		a.log.Info("expand of a shared volume: its share manager grows it", "volume", volumeID, "path", path, "size", img.Size)
+		return img.Size, nil
+	}
 	d, err := a.device(volumeID)
 	if err != nil {
 		return 0, err
@@ -374,6 +391,34 @@ func (a *Agent) Expand(ctx context.Context, volumeID, path string, block bool) (
 		}
 	}
 	return img.Size, nil
+}
+
+// GrowShareDevice grows this node's device of an RWX volume, which its
+// share manager holds as a block device, to the image's size, and returns
+// that size. A device at that size already is left alone: an agent that
+// starts looks at every such volume, and some devices cannot grow online.
+func (a *Agent) GrowShareDevice(ctx context.Context, volumeID string) (int64, error) {
+	if img, err := a.volumeImages().Get(ctx, volumeID); err == nil {
+		if dev, err := a.attachedDevice(ctx, volumeID); err == nil && dev != "" {
+			if size, err := mount.DeviceSize(dev); err == nil && size >= img.Size {
+				return img.Size, nil
+			}
+		}
+	}
+	return a.Expand(ctx, volumeID, "", true)
+}
+
+// sharedVolume tells whether a request for volumeID reaches it through its
+// share (sharedFS). An image without a Volume is no shared one.
+func (a *Agent) sharedVolume(ctx context.Context, volumeID string, block bool) (bool, error) {
+	vol, err := a.readVolume(ctx, volumeID)
+	if errors.Is(err, ErrVolumeNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return sharedFS(vol, block), nil
 }
 
 // Stats reports usage of a published or staged path.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/berth-io/berth/internal/backend"
@@ -37,6 +39,9 @@ func (a *Agent) Quiesce(ctx context.Context, volumeID string) (backend.Hold, err
 	}
 	thaw, err := a.mounts.Freeze(ctx, dev)
 	if errors.Is(err, mount.ErrNotFound) {
+		thaw, err = a.freezeShared(ctx, volumeID, dev)
+	}
+	if errors.Is(err, mount.ErrNotFound) {
 		return backend.Hold{Stable: false, Ctx: ctx, Release: unlock}, nil
 	}
 	if err != nil {
@@ -51,4 +56,26 @@ func (a *Agent) Quiesce(ctx context.Context, volumeID string) (backend.Hold, err
 		}
 		unlock()
 	}}, nil
+}
+
+// freezeShared freezes the filesystem of an RWX volume's device, which its
+// share manager mounts in its own pod, out of this agent's sight (dev is
+// staged here as the share manager's block device). mount.ErrNotFound: the
+// volume is no shared filesystem, or nothing mounts it.
+func (a *Agent) freezeShared(ctx context.Context, volumeID, dev string) (func() error, error) {
+	vol, err := a.readVolume(ctx, volumeID)
+	if errors.Is(err, ErrVolumeNotFound) {
+		return nil, mount.ErrNotFound
+	}
+	if err != nil {
+		return nil, err
+	}
+	if !sharedFS(vol, false) || vol.Spec.FSType == "" {
+		return nil, mount.ErrNotFound
+	}
+	dir := a.freezeDir
+	if dir == "" {
+		dir = os.TempDir()
+	}
+	return a.mounts.FreezeElsewhere(ctx, dev, vol.Spec.FSType, filepath.Join(dir, "berth-freeze-"+volumeID))
 }

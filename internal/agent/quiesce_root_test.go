@@ -17,6 +17,7 @@ import (
 	"github.com/go-logr/logr/testr"
 	"golang.org/x/sys/unix"
 	"k8s.io/utils/exec"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/berth-io/berth/internal/backend"
 	"github.com/berth-io/berth/internal/mount"
@@ -33,7 +34,7 @@ type quiesceEnv struct {
 	agent  *Agent
 }
 
-func newQuiesceEnv(t *testing.T) *quiesceEnv {
+func newQuiesceEnv(t *testing.T, objs ...client.Object) *quiesceEnv {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: real loop devices, mkfs and mounts")
@@ -44,7 +45,8 @@ func newQuiesceEnv(t *testing.T) *quiesceEnv {
 		t.Skipf("local backend: %v", err)
 	}
 	e := &quiesceEnv{images: images, loop: mount.NewLoop(exec.New()), mounts: mount.NewManager(mount.NewMounter(), exec.New(), log)}
-	a := newTestAgent(t, Config{Images: images, Loop: e.loop, Mounts: e.mounts, Log: log})
+	a := newTestAgent(t, Config{Images: images, Loop: e.loop, Mounts: e.mounts, Log: log, API: fakeAPI(t, objs...).Build(),
+		FreezeDir: t.TempDir()})
 	e.agent = a
 	images.WithQuiescer(a)
 	img, err := images.Create(t.Context(), "vol", 64<<20)

@@ -14,9 +14,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/mount"
@@ -181,13 +180,9 @@ func (r *ShareMountReconciler) forget(volume string) {
 	delete(r.handled, volume)
 }
 
-// SetupWithManager watches the read-write-many Volumes.
-func (r *ShareMountReconciler) SetupWithManager(mgr ctrl.Manager) error {
-	rwx := predicate.NewPredicateFuncs(func(o client.Object) bool {
-		v, ok := o.(*v1.Volume)
-		return ok && v.Spec.AccessMode == v1.ReadWriteMany
-	})
-	return ctrl.NewControllerManagedBy(mgr).Named("sharemount").
-		For(&v1.Volume{}, builder.WithPredicates(rwx)).
-		Complete(r)
+// SetupWithManager watches the read-write-many Volumes in the manager's
+// cache and in each of extra (an agent's cache of NodelessVolumes: ceph
+// volumes, whose workloads may run on any node).
+func (r *ShareMountReconciler) SetupWithManager(mgr ctrl.Manager, extra ...cache.Cache) error {
+	return volumeController(mgr, "sharemount", func(v *v1.Volume) bool { return v.Spec.AccessMode == v1.ReadWriteMany }, extra).Complete(r)
 }

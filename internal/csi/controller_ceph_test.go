@@ -302,3 +302,82 @@ func TestCephStalledMidCreateOnRealCeph(t *testing.T) {
 		time.Sleep(500 * time.Millisecond)
 	}
 }
+
+// An RWX volume of a ceph class (an RBD image its share manager serves)
+// expands with the node step asked for (the share manager's node grows the
+// device, the share manager the filesystem), is snapshotted and cloned,
+// and RWX volumes restored from the snapshot or cloned from it hold its
+// data; each copy is an RWX filesystem Volume with no node.
+func TestCephRWXOnRealCeph(t *testing.T) {
+	suite.Require(t)
+	c := testCeph(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cephStorageCluster(ctx, t, c, "ceph-rwx", c.Monitors)
+	s := apiController(t, ControllerConfig{})
+	defer s.Close()
+	params := map[string]string{v1.ParamStorageCluster: "ceph-rwx"}
+	image := func(id string) string { return c.Pool + "/berth-" + id }
+	var made []string
+	create := func(name string, size int64, src *csi.VolumeContentSource) *csi.Volume {
+		t.Helper()
+		resp, err := s.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, Parameters: params,
+			CapacityRange: &csi.CapacityRange{RequiredBytes: size}, VolumeCapabilities: []*csi.VolumeCapability{rwxCap()},
+			VolumeContentSource: src})
+		if err != nil {
+			t.Fatalf("create %s: %v", name, err)
+		}
+		made = append(made, resp.GetVolume().GetVolumeId())
+		obj := &v1.Volume{}
+		if err := env.Client.Get(ctx, client.ObjectKey{Name: resp.GetVolume().GetVolumeId()}, obj); err != nil {
+			t.Fatal(err)
+		}
+		if obj.Spec.AccessMode != v1.ReadWriteMany || obj.Spec.VolumeMode != v1.VolumeModeFilesystem || obj.Spec.Node != "" ||
+			resp.GetVolume().GetCapacityBytes() != size {
+			t.Errorf("%s: %s %s on %q, %d bytes; want ReadWriteMany Filesystem, no node, %d", name, obj.Spec.AccessMode,
+				obj.Spec.VolumeMode, obj.Spec.Node, resp.GetVolume().GetCapacityBytes(), size)
+		}
+		return resp.GetVolume()
+	}
+	vol := create("ceph-rwx-src", 8<<20, nil)
+	if _, err := c.RBD(ctx, "bench", "--io-type", "write", "--io-size", "64K", "--io-total", "8M", "--io-pattern", "rand", image(vol.GetVolumeId())); err != nil {
+		t.Fatal(err)
+	}
+	data := export(ctx, t, c, image(vol.GetVolumeId()))
+
+	grown, err := s.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: vol.GetVolumeId(),
+		CapacityRange: &csi.CapacityRange{RequiredBytes: 16 << 20}, VolumeCapability: rwxCap()})
+	if err != nil || grown.GetCapacityBytes() != 16<<20 || !grown.GetNodeExpansionRequired() {
+		t.Errorf("expand: %v, %v; want 16 MiB with the node step", grown, err)
+	}
+	obj := &v1.Volume{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Name: vol.GetVolumeId()}, obj); err != nil || obj.Status.Capacity.Value() != 16<<20 {
+		t.Errorf("Volume capacity after expand %v, %v; want 16 MiB (what the share device grows to)", obj.Status.Capacity, err)
+	}
+
+	snap, err := s.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "ceph-rwx-snap", SourceVolumeId: vol.GetVolumeId()})
+	if err != nil {
+		t.Fatalf("snapshot of an RWX volume: %v", err)
+	}
+	if !snap.GetSnapshot().GetReadyToUse() || snap.GetSnapshot().GetSizeBytes() != 16<<20 {
+		t.Errorf("snapshot %v: want ready, 16 MiB", snap.GetSnapshot())
+	}
+	fromSnap := create("ceph-rwx-restored", 24<<20, &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{
+		Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: snap.GetSnapshot().GetSnapshotId()}}})
+	fromVol := create("ceph-rwx-clone", 16<<20, &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{
+		Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: vol.GetVolumeId()}}})
+	for _, v := range []*csi.Volume{fromSnap, fromVol} {
+		if got := export(ctx, t, c, image(v.GetVolumeId())); !bytes.Equal(got[:len(data)], data) {
+			t.Errorf("%s does not hold the source's data", v.GetVolumeId())
+		}
+	}
+
+	if _, err := s.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: snap.GetSnapshot().GetSnapshotId()}); err != nil {
+		t.Errorf("delete snapshot: %v", err)
+	}
+	for _, id := range made {
+		if _, err := s.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+			t.Errorf("delete %s: %v", id, err)
+		}
+	}
+}

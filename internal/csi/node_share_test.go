@@ -40,7 +40,10 @@ func (n nfsAnswer) Check() error { return n.err }
 func TestNodeRWXFilesystem(t *testing.T) {
 	rwx := csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER
 	setup := func(t *testing.T, nfsErr error) *nodeFixture {
-		f := newNodeFixtureOf(t, func(c *agent.Config) { c.NFS = nfsAnswer{nfsErr} })
+		f := newNodeFixtureOf(t, func(c *agent.Config) {
+			c.NFS = nfsAnswer{nfsErr}
+			c.Images = imageOf{id: "vol-x", path: filepath.Join(t.TempDir(), "vol-x.img")}
+		})
 		vol := &v1.Volume{
 			ObjectMeta: metav1.ObjectMeta{Name: "vol-x"},
 			Spec: v1.VolumeSpec{StorageCluster: "c", AccessMode: v1.ReadWriteMany,
@@ -97,6 +100,30 @@ func TestNodeRWXFilesystem(t *testing.T) {
 		}
 		if want := []string{"acquire vol-x", "release vol-x"}; !slices.Equal(f.fence.calls, want) || len(f.loop.calls) != 0 {
 			t.Errorf("fence %v (want %v), loop %v", f.fence.calls, want, f.loop.calls)
+		}
+	})
+	// kubelet's NodeExpandVolume after a workload's PVC grew: the publish is
+	// an NFS mount, so it succeeds with the image's size and touches no
+	// device and runs no resize (the fixture fails any command run); the
+	// share manager grows the filesystem on its own node.
+	t.Run("expand is the share manager's", func(t *testing.T) {
+		f := setup(t, nil)
+		if err := publish(t, f); err != nil {
+			t.Fatalf("publish: %v", err)
+		}
+		resp, err := f.node.NodeExpandVolume(t.Context(), &csi.NodeExpandVolumeRequest{VolumeId: "vol-x", VolumePath: f.target,
+			StagingTargetPath: f.staging, VolumeCapability: reqCap(rwx), CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20}})
+		if err != nil {
+			t.Fatalf("expand of a workload's NFS publish: %v", err)
+		}
+		if resp.GetCapacityBytes() != 64<<20 {
+			t.Errorf("capacity %d, want the image's %d", resp.GetCapacityBytes(), 64<<20)
+		}
+		if len(f.loop.calls) != 0 {
+			t.Errorf("expand of an NFS publish touched a device: %v", f.loop.calls)
+		}
+		if mps, _ := f.mounter.List(); len(mps) != 1 || mps[0].Type != "nfs4" {
+			t.Errorf("mounts after expand %+v", mps)
 		}
 	})
 }

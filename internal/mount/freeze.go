@@ -2,6 +2,7 @@ package mount
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"time"
@@ -46,6 +47,11 @@ func (m *Manager) Freeze(ctx context.Context, dev string) (thaw func() error, er
 	if target == "" {
 		return nil, fmt.Errorf("no filesystem of %s is mounted: %w", dev, ErrNotFound)
 	}
+	return m.freezeAt(ctx, dev, target)
+}
+
+// freezeAt freezes the filesystem mounted at target, of dev.
+func (m *Manager) freezeAt(ctx context.Context, dev, target string) (thaw func() error, err error) {
 	f, err := os.Open(target)
 	if err != nil {
 		return nil, fmt.Errorf("open %s to freeze it: %w", target, err)
@@ -88,4 +94,42 @@ func ioctl(f *os.File, req uintptr) error {
 		return errno
 	}
 	return nil
+}
+
+// FreezeElsewhere freezes the filesystem of dev that is mounted only in
+// another mount namespace (a share manager's pod), where Freeze finds no
+// mount. A block device has one superblock however often it is mounted, so
+// a mount of dev at scratch (made here, of fsType) is that same filesystem,
+// and freezing it there freezes the other mount too. thaw also unmounts
+// scratch. ErrNotFound: dev is mounted nowhere (it opens exclusively),
+// so nothing writes through a filesystem.
+func (m *Manager) FreezeElsewhere(ctx context.Context, dev, fsType, scratch string) (thaw func() error, err error) {
+	f, err := os.OpenFile(dev, os.O_RDONLY|unix.O_EXCL, 0)
+	if err == nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("no filesystem of %s is mounted anywhere: %w", dev, ErrNotFound)
+	}
+	if !errors.Is(err, unix.EBUSY) {
+		return nil, fmt.Errorf("open %s: %w", dev, err)
+	}
+	if err := os.MkdirAll(scratch, 0o700); err != nil {
+		return nil, err
+	}
+	// The same read-write flag as the other mount, or the kernel refuses
+	// to share the superblock (EBUSY).
+	if err := m.mounter.Mount(dev, scratch, fsType, nil); err != nil {
+		_ = os.Remove(scratch)
+		return nil, fmt.Errorf("mount %s at %s to freeze it: %w", dev, scratch, err)
+	}
+	release := func() error {
+		if err := m.mounter.Unmount(scratch); err != nil {
+			return fmt.Errorf("unmount %s after the freeze: %w", scratch, err)
+		}
+		return os.Remove(scratch)
+	}
+	thawAt, err := m.freezeAt(ctx, dev, scratch)
+	if err != nil {
+		return nil, errors.Join(err, release())
+	}
+	return func() error { return errors.Join(thawAt(), release()) }, nil
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr/testr"
+	"golang.org/x/sys/unix"
 	"k8s.io/utils/clock"
 
 	"github.com/berth-io/berth/internal/share/nfsclient"
@@ -33,6 +34,18 @@ func TestRealGaneshaServesOnlyWhatItIsToldTo(t *testing.T) {
 	var st nfsclient.ErrNFSStatus
 	if err := nfsclient.CheckExport41(ctx, addr, "/other", 1, "test"); !errors.As(err, &st) {
 		t.Errorf("check of a path that is not exported = %v, want an NFS status", err)
+	}
+	// The export's size over NFS is its folder's filesystem's (statfs).
+	if sp, err := nfsclient.Statfs41(ctx, g.Endpoint, 1, "test"); err != nil {
+		t.Errorf("statfs over NFS: %v", err)
+	} else {
+		var st unix.Statfs_t
+		if err := unix.Statfs(g.Dir, &st); err != nil {
+			t.Fatal(err)
+		}
+		if want := st.Blocks * uint64(st.Bsize); sp.Total != want || sp.Avail > sp.Total {
+			t.Errorf("statfs over NFS %+v, want total %d (statfs of %s)", sp, want, g.Dir)
+		}
 	}
 	data := make([]byte, 700<<10+3)
 	_, _ = rand.Read(data)

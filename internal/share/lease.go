@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -47,6 +48,9 @@ type Lease struct {
 	leases coordclient.LeasesGetter
 	clk    clock.WithTicker
 	log    logr.Logger
+
+	mu    sync.Mutex
+	notes map[string]string // annotations the next renewal writes
 }
 
 // NewLease returns a holder of cfg's Lease through c.
@@ -184,8 +188,28 @@ func (l *Lease) renew(ctx context.Context) error {
 	}
 	now := metav1.NewMicroTime(l.clk.Now())
 	cur.Spec.RenewTime = &now
+	l.mu.Lock()
+	for k, v := range l.notes {
+		if cur.Annotations == nil {
+			cur.Annotations = map[string]string{}
+		}
+		cur.Annotations[k] = v
+	}
+	l.mu.Unlock()
 	_, err = l.leases.Leases(l.cfg.Namespace).Update(ctx, cur, metav1.UpdateOptions{})
 	return err
+}
+
+// Annotate sets an annotation that the next renewal writes on the Lease:
+// the share manager's reports reach the controller this way, with no
+// write to any other object and no request of their own.
+func (l *Lease) Annotate(key, value string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.notes == nil {
+		l.notes = map[string]string{}
+	}
+	l.notes[key] = value
 }
 
 // Release clears the holder when this process still holds the lease, so

@@ -14,6 +14,7 @@ import (
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 
+	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/share"
 	"github.com/berth-io/berth/internal/testenv"
 )
@@ -126,5 +127,33 @@ func TestLeaseSameHolderReacquiresAtOnce(t *testing.T) {
 	}
 	if err := newLease(t, cs, "share-same", "pod-a", 10*time.Second).Acquire(ctx); err != nil {
 		t.Fatalf("same holder waited: %v", err)
+	}
+}
+
+// What the share manager reports (Annotate) reaches its Lease with the
+// next renewal, and a later report replaces it.
+func TestLeaseRenewalCarriesAnnotations(t *testing.T) {
+	cs := leases(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	l := newLease(t, cs, "share-annotate", "pod-a", 3*time.Second)
+	if err := l.Acquire(ctx); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- l.Renew(ctx) }()
+	for _, size := range []string{"536870912", "1073741824"} {
+		l.Annotate(v1.ShareSizeAnnotation, size)
+		deadline := time.Now().Add(5 * time.Second)
+		for getLease(t, cs, "share-annotate").Annotations[v1.ShareSizeAnnotation] != size {
+			if time.Now().After(deadline) {
+				t.Fatalf("the Lease has annotations %v, want the size %s", getLease(t, cs, "share-annotate").Annotations, size)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }

@@ -202,7 +202,7 @@ func (c Config) Run(ctx context.Context) error {
 		Log: c.Log.WithName("agent"), LockWait: c.LockWait, Paths: paths,
 		Flex:   nodeagent.FlexConfig{StagingRoot: flexStaging, Holdings: fencer},
 		Status: direct, Clock: clock.RealClock{}, Events: mgr.GetEventRecorderFor("berth-agent"),
-		Userspace: us,
+		Userspace: us, FreezeDir: filepath.Join(c.RunDir, "freeze"),
 	})
 	if err != nil {
 		return err
@@ -229,10 +229,27 @@ func (c Config) Run(ctx context.Context) error {
 		Recorder: mgr.GetEventRecorderFor("berth-agent"), Log: c.Log.WithName("clustercleanup")}).SetupWithManager(mgr); err != nil {
 		return err
 	}
+	// A ceph volume's share manager and workloads may run on any node:
+	// this agent's cache of its own node's Volumes lacks them, so the
+	// share mounts and devices have a cache of the ceph Volumes too.
+	cephVolumes, err := cache.New(c.Rest, cache.Options{Scheme: s, ByObject: map[client.Object]cache.ByObject{
+		&v1.Volume{}: {Label: controller.NodelessVolumes()},
+	}})
+	if err != nil {
+		return fmt.Errorf("cache of ceph volumes: %w", err)
+	}
+	if err := mgr.Add(cephVolumes); err != nil {
+		return err
+	}
 	// Uncached: it reads a pod only when a share failed over (the agent
 	// may get and delete pods, not list or watch them).
 	if err := (&controller.ShareMountReconciler{Client: direct, Node: c.NodeName, Probe: mounts.ProbeShare,
-		Recorder: mgr.GetEventRecorderFor("berth-agent"), Log: c.Log.WithName("sharemount")}).SetupWithManager(mgr); err != nil {
+		Recorder: mgr.GetEventRecorderFor("berth-agent"), Log: c.Log.WithName("sharemount")}).SetupWithManager(mgr, cephVolumes); err != nil {
+		return err
+	}
+	if err := (&controller.ShareDeviceReconciler{Client: direct, Node: c.NodeName,
+		Grow:     a.GrowShareDevice,
+		Recorder: mgr.GetEventRecorderFor("berth-agent"), Log: c.Log.WithName("sharedevice")}).SetupWithManager(mgr, cephVolumes); err != nil {
 		return err
 	}
 	locks := a.Locks()

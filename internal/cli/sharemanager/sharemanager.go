@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"k8s.io/utils/clock"
 	"k8s.io/utils/exec"
 
+	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/cli"
 	"github.com/berth-io/berth/internal/mount"
 	"github.com/berth-io/berth/internal/share"
@@ -145,11 +147,35 @@ func (c Config) Run(ctx context.Context) (err error) {
 			}
 		}()
 	}
+	if err := c.stage(ctx); err != nil {
+		return err
+	}
+	defer c.unmount(ctx)
+	for {
+		err := c.serve(ctx, lease)
+		if !errors.Is(err, errGrowAtStage) {
+			return err
+		}
+		// Staged again, the filesystem grows unmounted; ganesha's client
+		// records are on the volume, so clients reclaim their state in
+		// the grace period of the next ganesha, as after a failover.
+		c.Log.Info("serving again after a new stage, which grows the filesystem", "reason", err.Error())
+		if _, err := c.Mounter.Unstage(ctx, c.MountPath); err != nil {
+			return fmt.Errorf("unmount %s to grow it: %w", c.MountPath, err)
+		}
+		if err := c.stage(ctx); err != nil {
+			return err
+		}
+	}
+}
+
+// stage mounts the device (formatting it when blank, growing its
+// filesystem to the device's size).
+func (c Config) stage(ctx context.Context) error {
 	if err := c.Mounter.Stage(ctx, mount.StageRequest{VolumeID: c.Volume, Device: c.Device, StagingPath: c.MountPath, FSType: c.FSType}); err != nil {
 		return fmt.Errorf("mount %s: %w", c.Device, err)
 	}
-	defer c.unmount(ctx)
-	return c.serve(ctx, lease)
+	return nil
 }
 
 // cleanupTimeout bounds each step of the cleanup after ctx ended.
@@ -175,6 +201,17 @@ func (c Config) serve(ctx context.Context, lease *share.Lease) error {
 	} else {
 		leaseDone <- nil
 	}
+	sizeDone := make(chan struct{})
+	go func() {
+		defer close(sizeDone)
+		if err := c.watchSize(ctx, func(size int64) {
+			if lease != nil {
+				lease.Annotate(v1.ShareSizeAnnotation, strconv.FormatInt(size, 10))
+			}
+		}); err != nil {
+			cancel(err)
+		}
+	}()
 	err := srv.Run(ctx, func() {
 		if err := os.WriteFile(c.ReadyFile(), []byte(ep.Pseudo+"\n"), 0o644); err != nil {
 			c.Log.Info("could not write the ready file", "err", err.Error())
@@ -183,6 +220,7 @@ func (c Config) serve(ctx context.Context, lease *share.Lease) error {
 	})
 	_ = os.Remove(c.ReadyFile())
 	cancel(nil)
+	<-sizeDone
 	lerr := <-leaseDone
 	if err == nil && lerr != nil {
 		err = lerr

@@ -21,6 +21,7 @@ package sharemanager
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -29,6 +30,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/clock"
@@ -146,13 +148,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, r.setStatus(ctx, sm, v1.ShareStarting, "", reasonStarting, "pod "+pod.Name+" created")
 	}
 
-	left, held, err := r.leaseLeft(ctx, vol.Name, pod, rwx)
+	left, held, size, err := r.leaseLeft(ctx, vol.Name, pod, rwx)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
 	lapsed := rwx.fastFailover && held && left <= 0
 	if reason, why := failure(pod, lapsed, rwx); reason != "" {
 		return r.failover(ctx, log, sm, vol, pod, rwx, reason, why)
+	}
+	if err := r.setSize(ctx, sm, size); err != nil {
+		return ctrl.Result{}, err
 	}
 	// Look again when the Lease would lapse without another renewal (each
 	// renewal wakes this up earlier through the Lease watch).
@@ -179,7 +184,7 @@ func (r *Reconciler) stop(ctx context.Context, log logr.Logger, volume string, p
 	opts := []client.DeleteOption{client.Preconditions{UID: &pod.UID}}
 	var res ctrl.Result
 	if !pod.DeletionTimestamp.IsZero() {
-		left, held, err := r.leaseLeft(ctx, volume, pod, rwx)
+		left, held, _, err := r.leaseLeft(ctx, volume, pod, rwx)
 		if err != nil || !rwx.fastFailover || !held {
 			return res, err
 		}
@@ -268,16 +273,17 @@ func failure(pod *corev1.Pod, lapsed bool, rwx rwxSettings) (reason, why string)
 // lost node's pods turn unready long before they go. With no Lease at all,
 // a ready pod's readiness time stands in for its last renewal (the share
 // manager takes the Lease before it is ready).
-func (r *Reconciler) leaseLeft(ctx context.Context, volume string, pod *corev1.Pod, rwx rwxSettings) (left time.Duration, held bool, err error) {
+func (r *Reconciler) leaseLeft(ctx context.Context, volume string, pod *corev1.Pod, rwx rwxSettings) (left time.Duration, held bool, size *resource.Quantity, err error) {
 	var last time.Time
 	lease := &coordinationv1.Lease{}
 	switch err := r.Client.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: volume}, lease); {
 	case err == nil:
 		if ptr.Deref(lease.Spec.HolderIdentity, "") == leaseHolder(pod) && lease.Spec.RenewTime != nil {
 			last = lease.Spec.RenewTime.Time
+			size = reportedSize(lease)
 		}
 	case !apierrors.IsNotFound(err):
-		return 0, false, fmt.Errorf("read Lease %s: %w", volume, err)
+		return 0, false, nil, fmt.Errorf("read Lease %s: %w", volume, err)
 	case podReady(pod):
 		for _, c := range pod.Status.Conditions {
 			if c.Type == corev1.PodReady {
@@ -286,9 +292,30 @@ func (r *Reconciler) leaseLeft(ctx context.Context, volume string, pod *corev1.P
 		}
 	}
 	if last.IsZero() {
-		return rwx.leaseDuration, false, nil
+		return rwx.leaseDuration, false, size, nil
 	}
-	return last.Add(rwx.leaseDuration).Sub(r.Clock.Now()), true, nil
+	return last.Add(rwx.leaseDuration).Sub(r.Clock.Now()), true, size, nil
+}
+
+// reportedSize is the size the holder of lease reported (nil: none, or
+// not a number of bytes).
+func reportedSize(lease *coordinationv1.Lease) *resource.Quantity {
+	n, err := strconv.ParseInt(lease.Annotations[v1.ShareSizeAnnotation], 10, 64)
+	if err != nil || n <= 0 {
+		return nil
+	}
+	return resource.NewQuantity(n, resource.BinarySI)
+}
+
+// setSize records the size the running share manager reported; with no
+// report the last one stands.
+func (r *Reconciler) setSize(ctx context.Context, sm *v1.ShareManager, size *resource.Quantity) error {
+	if size == nil || (sm.Status.Size != nil && sm.Status.Size.Cmp(*size) == 0) {
+		return nil
+	}
+	orig := sm.DeepCopy()
+	sm.Status.Size = size
+	return client.IgnoreNotFound(r.Client.Status().Patch(ctx, sm, client.MergeFrom(orig)))
 }
 
 func podReady(pod *corev1.Pod) bool {

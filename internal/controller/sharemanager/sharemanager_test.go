@@ -519,3 +519,55 @@ func TestKeepRunningAnnotationHoldsTheShare(t *testing.T) {
 	annotate(nil)
 	waitShare(t, vname, v1.ShareStopping)
 }
+
+// TestShareSizeFromLease: the size the running share manager reports on
+// its Lease (after an expansion, once the served filesystem grew) is the
+// ShareManager's status.size, the Size column of `kubectl get bsm`; a
+// report by a holder that is not the pod counts for nothing.
+func TestShareSizeFromLease(t *testing.T) {
+	suite.Require(t)
+	const vname = "pvc-rwx-size"
+	newVolume(t, vname, v1.VolumeModeFilesystem, "", v1.RWXSpec{})
+	useVolume(t, vname, "web-s")
+	pod := sharePod(t, vname, "")
+	serve(t, kubelet{t}, vname, pod, "node-s")
+	report := func(holder, size string) {
+		t.Helper()
+		lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: vname, Namespace: namespace}}
+		if err := env.Client.Get(testCtx(t), client.ObjectKeyFromObject(lease), lease); err != nil {
+			t.Fatal(err)
+		}
+		lease.Spec.HolderIdentity = ptr.To(holder)
+		lease.Annotations = map[string]string{v1.ShareSizeAnnotation: size}
+		if err := env.Client.Update(testCtx(t), lease); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitSize := func(want string) {
+		t.Helper()
+		deadline := time.Now().Add(waitLimit)
+		for {
+			sm := &v1.ShareManager{}
+			if err := env.Client.Get(testCtx(t), client.ObjectKey{Namespace: namespace, Name: vname}, sm); err != nil {
+				t.Fatal(err)
+			}
+			if sm.Status.Size != nil && sm.Status.Size.String() == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("share size %v, want %s", sm.Status.Size, want)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	holder := pod.Name + "_" + string(pod.UID)
+	report(holder, "536870912")
+	waitSize("512Mi")
+	report("someone-else", "2147483648")
+	time.Sleep(time.Second)
+	if sm := waitShare(t, vname, v1.ShareRunning); sm.Status.Size == nil || sm.Status.Size.String() != "512Mi" {
+		t.Errorf("size %v after another holder's report, want 512Mi", sm.Status.Size)
+	}
+	report(holder, "1073741824")
+	waitSize("1Gi")
+}

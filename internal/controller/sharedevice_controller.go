@@ -1,0 +1,163 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/client-go/tools/record"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/volerr"
+)
+
+// ReasonShareDeviceGrowsAtRestart is the Warning Event on a Volume whose
+// share manager's device cannot grow online on this node (nbd).
+const ReasonShareDeviceGrowsAtRestart = "ShareDeviceGrowsAtRestart"
+
+// DeviceGrower grows this node's device of a staged volume to its image's
+// size (the agent's Expand of a block request) and returns that size.
+type DeviceGrower func(ctx context.Context, volume string) (int64, error)
+
+// ShareDeviceReconciler runs in every node's agent. A read-write-many
+// filesystem volume's device is held by its share manager alone, whose
+// stage is the only one of the volume; no NodeExpandVolume ever reaches it
+// (workloads' publishes are NFS mounts). So when the volume's image grew
+// (status.capacity), the agent of the node holding that stage grows the
+// device, and the share manager, which watches its device's size, grows
+// the filesystem it serves. Each capacity is handled once per agent.
+type ShareDeviceReconciler struct {
+	// Client reads Volumes and Attachments; the agent's is uncached, as
+	// its cache lacks the ceph Volumes.
+	Client   client.Reader
+	Node     string
+	Grow     DeviceGrower
+	Recorder record.EventRecorder
+	Log      logr.Logger
+
+	mu      sync.Mutex
+	handled map[string]int64 // volume -> the capacity its device has
+}
+
+// +kubebuilder:rbac:groups=berth.io,resources=volumes,verbs=get;list;watch
+// +kubebuilder:rbac:groups=berth.io,resources=attachments,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+
+// Reconcile grows one volume's share device when it is on this node.
+func (r *ShareDeviceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	var vol v1.Volume
+	if err := r.Client.Get(ctx, req.NamespacedName, &vol); apierrors.IsNotFound(err) {
+		r.forget(req.Name)
+		return ctrl.Result{}, nil
+	} else if err != nil {
+		return ctrl.Result{}, err
+	}
+	if !sharedFilesystem(&vol) || vol.Status.Capacity == nil || r.done(vol.Name, vol.Status.Capacity.Value()) {
+		return ctrl.Result{}, nil
+	}
+	want := vol.Status.Capacity.Value()
+	var att v1.Attachment
+	if err := r.Client.Get(ctx, req.NamespacedName, &att); client.IgnoreNotFound(err) != nil {
+		return ctrl.Result{}, err
+	}
+	staged := false
+	for i := range att.Spec.Attachments {
+		if e := &att.Spec.Attachments[i]; e.Node == r.Node && e.IsStage() {
+			staged = true
+		}
+	}
+	if !staged {
+		// A stage made later attaches the device at the image's size.
+		r.markDone(vol.Name, want)
+		return ctrl.Result{}, nil
+	}
+	log := r.Log.WithValues("volume", vol.Name, "capacity", want)
+	size, err := r.Grow(ctx, vol.Name)
+	switch {
+	case errors.Is(err, volerr.ErrPrecondition):
+		log.Info("the share's device cannot grow online here; it grows when the share manager restarts", "err", err.Error())
+		r.Recorder.Eventf(&vol, corev1.EventTypeWarning, ReasonShareDeviceGrowsAtRestart,
+			"node %s: the device of this volume's share manager cannot grow online (%v); the share serves the new size once its share-manager pod restarts", r.Node, err)
+		r.markDone(vol.Name, want)
+		return ctrl.Result{}, nil
+	case err != nil:
+		return ctrl.Result{}, fmt.Errorf("grow the share device of volume %s: %w", vol.Name, err)
+	}
+	log.Info("grew the share manager's device; the share manager grows its filesystem", "size", size)
+	r.markDone(vol.Name, want)
+	return ctrl.Result{}, nil
+}
+
+// NodelessVolumes selects the Volumes of no node: ceph's, which carry no
+// node label and which every node reaches, so an agent's cache of its own
+// node's Volumes lacks them.
+func NodelessVolumes() labels.Selector {
+	req, err := labels.NewRequirement(v1.NodeLabel, selection.DoesNotExist, nil)
+	if err != nil {
+		panic(err) // a constant, valid key
+	}
+	return labels.NewSelector().Add(*req)
+}
+
+// sharedFilesystem tells whether vol is served over NFS by a share manager.
+func sharedFilesystem(vol *v1.Volume) bool {
+	return vol.Spec.AccessMode == v1.ReadWriteMany && vol.Spec.VolumeMode != v1.VolumeModeBlock
+}
+
+func (r *ShareDeviceReconciler) done(volume string, capacity int64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	h, ok := r.handled[volume]
+	return ok && h >= capacity
+}
+
+func (r *ShareDeviceReconciler) markDone(volume string, capacity int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.handled == nil {
+		r.handled = map[string]int64{}
+	}
+	r.handled[volume] = capacity
+}
+
+// forget drops a deleted volume's record.
+func (r *ShareDeviceReconciler) forget(volume string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.handled, volume)
+}
+
+// SetupWithManager watches the read-write-many filesystem Volumes in the
+// manager's cache and in each of extra (an agent's cache of
+// NodelessVolumes: a ceph volume's share manager may run on any node).
+func (r *ShareDeviceReconciler) SetupWithManager(mgr ctrl.Manager, extra ...cache.Cache) error {
+	return volumeController(mgr, "sharedevice", sharedFilesystem, extra).Complete(r)
+}
+
+// volumeController is a controller of the Volumes that keep passes, in the
+// manager's cache and in each of extra.
+func volumeController(mgr ctrl.Manager, name string, keep func(*v1.Volume) bool, extra []cache.Cache) *builder.Builder {
+	b := ctrl.NewControllerManagedBy(mgr).Named(name).
+		For(&v1.Volume{}, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
+			v, ok := o.(*v1.Volume)
+			return ok && keep(v)
+		})))
+	for _, c := range extra {
+		b = b.WatchesRawSource(source.Kind(c, &v1.Volume{}, &handler.TypedEnqueueRequestForObject[*v1.Volume]{},
+			predicate.NewTypedPredicateFuncs(keep)))
+	}
+	return b
+}
