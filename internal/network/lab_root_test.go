@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -45,36 +44,8 @@ type lab struct {
 	dir      Dir
 }
 
-// newNS creates an empty network namespace without moving this goroutine.
-func newNS(t *testing.T) netns.NsHandle {
-	t.Helper()
-	type result struct {
-		ns  netns.NsHandle
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			ch <- result{err: err}
-			return
-		}
-		defer func() { _ = orig.Close() }()
-		ns, err := netns.New() // enters it
-		if serr := netns.Set(orig); serr == nil {
-			runtime.UnlockOSThread()
-		}
-		ch <- result{ns, err}
-	}()
-	r := <-ch
-	if r.err != nil {
-		t.Fatalf("create network namespace: %v", r.err)
-	}
-	t.Cleanup(func() { _ = r.ns.Close() })
-	return r.ns
-}
+// newNS creates a network namespace (only lo, up) without moving this goroutine.
+func newNS(t *testing.T) netns.NsHandle { return testenv.NetNS(t) }
 
 func newLab(t *testing.T) *lab {
 	t.Helper()

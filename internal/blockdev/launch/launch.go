@@ -15,9 +15,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/network"
 )
 
 // Params starts a server process.
@@ -47,6 +49,11 @@ type Params struct {
 	Connections int
 	// Stderr receives the server's log (nil: discarded).
 	Stderr io.Writer
+	// NetNS is a network namespace to start the server in (nil: this
+	// process's): the netns mode, where a holder's namespace carries the
+	// storage network. The whole process starts there, so every socket its
+	// libraries open from their own threads (librados) is in it.
+	NetNS *os.File
 }
 
 // Transports of Params.Transport.
@@ -152,7 +159,13 @@ func Start(ctx context.Context, p Params) (*Process, error) {
 	// Its own process group: a terminal's or parent's group signal must not
 	// reach it; the owner stops it by PID.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	err = cmd.Start()
+	if p.NetNS != nil {
+		// The child is cloned from the thread that starts it, in the
+		// namespace that thread is in.
+		err = network.NewInNamespace(network.ThreadSwitcher{}).Do(netns.NsHandle(p.NetNS.Fd()), cmd.Start)
+	} else {
+		err = cmd.Start()
+	}
 	_ = w.Close()
 	if err != nil {
 		return nil, fmt.Errorf("start %s blockdev: %w", p.Binary, err)
