@@ -89,6 +89,8 @@ type Agent struct {
 	shareWait time.Duration
 	// freezeDir holds the mounts that freeze shared volumes (Config.FreezeDir).
 	freezeDir string
+	// netns runs storage network work in holders' namespaces (Config.Netns).
+	netns holderNS
 	// reports are the volumes whose Attachment names their live server's
 	// Ceph clients (cephclients.go).
 	reports reported
@@ -157,6 +159,8 @@ type Config struct {
 	// freeze it for a copy while its share manager's pod holds the mount
 	// (mount.Manager.FreezeElsewhere; "": os.TempDir()).
 	FreezeDir string
+	// Netns finds the holders' namespaces of clusters in the netns mode.
+	Netns NetnsConfig
 }
 
 // ErrConfig means that New was given an unusable Config.
@@ -203,7 +207,7 @@ func New(c Config) (*Agent, error) {
 	a := &Agent{node: c.Node, api: c.API, images: c.Images, loop: c.Loop, mounts: c.Mounts, fence: c.Fence,
 		locks: c.Locks, log: c.Log, lockWait: c.LockWait, paths: c.Paths, flex: c.Flex,
 		status: c.Status, clock: c.Clock, events: c.Events, us: us, openFencing: c.CephFencing,
-		openRecords: c.CephRecords, nfs: c.NFS, shareWait: c.ShareWait, freezeDir: c.FreezeDir}
+		openRecords: c.CephRecords, nfs: c.NFS, shareWait: c.ShareWait, freezeDir: c.FreezeDir, netns: newHolderNS(c.Netns)}
 	if a.nfs == nil {
 		a.nfs = mount.HostNFSClient()
 	}

@@ -33,11 +33,13 @@ func (a *Agent) blocklister(sc *v1.StorageCluster, secrets map[string]string) *s
 		open = ceph.OpenFencing
 	}
 	spec := sc.Spec.Ceph.DeepCopy()
+	enter := a.netns.enter("", sc)
 	return &stageFencing{open: func(ctx context.Context) (ceph.Fencing, error) {
 		cfg, err := ceph.ConfigFor(ctx, spec, secrets[secretUserID], secrets[secretUserKey], nil)
 		if err != nil {
 			return nil, fmt.Errorf("monitors of StorageCluster %s: %w", sc.Name, err)
 		}
+		cfg.Enter = enter
 		return open(ctx, cfg, a.log.WithName("fencing"))
 	}}
 }

@@ -103,7 +103,7 @@ func (a *Agent) transports() map[Transport]device {
 		TransportKRBD: krbdDevice{},
 	}
 	if a.us != nil {
-		us := userspace{cfg: a.us, procs: &a.procs, records: a.records(), node: a.node, log: a.log}
+		us := userspace{cfg: a.us, procs: &a.procs, records: a.records(), node: a.node, log: a.log, netns: a.netns}
 		t[TransportFUSE] = fuseDevice{userspace: us, loop: a.loop}
 		t[TransportNBD] = nbdDevice{userspace: us}
 		t[TransportRBD] = rbdDevice{userspace: us, fuse: t[TransportFUSE], nbd: t[TransportNBD], via: a.userspaceTransport}

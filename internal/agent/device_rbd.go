@@ -106,8 +106,18 @@ func (r rbdDevice) Attach(ctx context.Context, req attachRequest) (attachment, e
 		return attachment{}, err
 	}
 	if rec.Via == "" {
-		// A new stage: the transport is chosen once, like the record's.
-		rec = volumeRecord{Transport: TransportRBD, Via: r.via(req.Cluster)}
+		// A new stage: the transport is chosen once, like the record's,
+		// and so is the network: a cluster in the netns mode needs its
+		// holder's namespace before anything is made.
+		holders := r.netns.folder(req.Cluster)
+		if holders != "" {
+			ns, err := r.netns.open(req.Volume, holders)
+			if err != nil {
+				return attachment{}, err
+			}
+			_ = ns.Close()
+		}
+		rec = volumeRecord{Transport: TransportRBD, Via: r.via(req.Cluster), Holders: holders}
 		if err := r.records.save(req.Volume, rec); err != nil {
 			return attachment{}, err
 		}

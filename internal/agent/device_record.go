@@ -29,6 +29,11 @@ type volumeRecord struct {
 	ServerPID int `json:"serverPID,omitempty"`
 	// Via is the userspace transport (fuse or nbd) under transport rbd.
 	Via Transport `json:"via,omitempty"`
+	// Holders is the folder of the holder records of the volume's
+	// StorageCluster when it runs in the netns mode: every server of the
+	// volume, also one the healer starts after an agent restart, starts
+	// in the namespace of the live holder found there.
+	Holders string `json:"holders,omitempty"`
 }
 
 // recordVersion is the version this agent writes. Version 0 is the layout

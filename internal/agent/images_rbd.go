@@ -77,6 +77,7 @@ func (a *Agent) formatRecords(ctx context.Context, vol *v1.Volume, sc *v1.Storag
 		return nil, nil, fmt.Errorf("volume %s: monitors of StorageCluster %s: %w", vol.Name, sc.Name, err)
 	}
 	cfg.Pool = pool
+	cfg.Enter = a.netns.enter(vol.Name, sc)
 	open := a.openRecords
 	if open == nil {
 		open = ceph.OpenRecords

@@ -64,6 +64,10 @@ func (a *Agent) publishShared(ctx context.Context, r PublishRequest, vol *v1.Vol
 	if err := a.nfs.Check(); err != nil {
 		return fmt.Errorf("volume %s is ReadWriteMany, served over NFS: %w", r.VolumeID, err)
 	}
+	holders, err := a.shareHolders(ctx, r.VolumeID, vol)
+	if err != nil {
+		return err
+	}
 	release, err := a.holdForPod(ctx, r, vol)
 	if err != nil {
 		return err
@@ -75,10 +79,15 @@ func (a *Agent) publishShared(ctx context.Context, r PublishRequest, vol *v1.Vol
 		}
 		return err
 	}
-	if err := a.mounts.MountNFS(ctx, mount.NFSRequest{
-		VolumeID: r.VolumeID, Source: source, TargetPath: r.TargetPath, ReadOnly: r.ReadOnly,
-		MountFlags: append(opts, r.MountFlags...),
-	}); err != nil {
+	// The kernel's NFS client connects from the namespace of the process
+	// that mounts: in the netns mode, the holder's.
+	err = a.netns.do(r.VolumeID, holders, func() error {
+		return a.mounts.MountNFS(ctx, mount.NFSRequest{
+			VolumeID: r.VolumeID, Source: source, TargetPath: r.TargetPath, ReadOnly: r.ReadOnly,
+			MountFlags: append(opts, r.MountFlags...),
+		})
+	})
+	if err != nil {
 		release()
 		return fmt.Errorf("publish %s at %s: %w", r.VolumeID, r.TargetPath, err)
 	}
@@ -153,4 +162,23 @@ func (a *Agent) workloadStage(ctx context.Context, id, stagingPath string) (bool
 		}
 	}
 	return true, nil
+}
+
+// shareHolders is the holder folder of the namespace vol's share is
+// mounted from ("" : this one); a cluster in the netns mode without a live
+// holder here is refused before anything is made.
+func (a *Agent) shareHolders(ctx context.Context, id string, vol *v1.Volume) (string, error) {
+	sc, err := a.clusterLive(ctx, vol)
+	if err != nil {
+		return "", err
+	}
+	holders := a.netns.folder(sc)
+	if holders == "" {
+		return "", nil
+	}
+	f, err := a.netns.open(id, holders)
+	if err != nil {
+		return "", err
+	}
+	return holders, f.Close()
 }

@@ -78,6 +78,11 @@ func (a *Agent) stage(ctx context.Context, r StageRequest) (err error) {
 	if err := d.Check(r.VolumeID); err != nil {
 		return err
 	}
+	if !staged {
+		if err := a.netns.check(r.VolumeID, sc); err != nil {
+			return err
+		}
+	}
 	if err := checkMode(vol, r.VolumeID, r.Block); err != nil {
 		return err
 	}

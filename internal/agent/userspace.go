@@ -154,6 +154,7 @@ type userspace struct {
 	records records
 	node    string
 	log     logr.Logger
+	netns   holderNS
 }
 
 // start starts a blockdev server for p.Volume (either transport) with its
@@ -170,13 +171,25 @@ func (u userspace) start(ctx context.Context, p launch.Params) (Server, error) {
 		return nil, fmt.Errorf("server log of %s: %w", p.Volume, err)
 	}
 	defer func() { _ = logf.Close() }()
+	rec, _, err := u.records.load(p.Volume)
+	if err != nil {
+		return nil, err
+	}
+	if rec.Holders != "" {
+		ns, err := u.netns.open(p.Volume, rec.Holders)
+		if err != nil {
+			return nil, err
+		}
+		defer func() { _ = ns.Close() }()
+		p.NetNS = ns
+	}
 	p.Binary, p.Workers, p.Stderr = u.cfg.Binary, u.cfg.Workers, logf
 	proc, err := u.cfg.Start(ctx, p)
 	if err != nil {
 		return nil, fmt.Errorf("start blockdev server of %s (log %s): %w", p.Volume, logPath, err)
 	}
 	u.procs.put(p.Volume, proc)
-	u.log.Info("blockdev server started", "volume", p.Volume, "transport", p.Transport, "pid", proc.PID())
+	u.log.Info("blockdev server started", "volume", p.Volume, "transport", p.Transport, "pid", proc.PID(), "holders", rec.Holders)
 	return proc, nil
 }
 

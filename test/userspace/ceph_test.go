@@ -296,18 +296,25 @@ func TestCephWrongKeyOnRealCeph(t *testing.T) {
 func (f *fixture) cephMounted(t *testing.T, nc csi.NodeClient, c *testceph.Cluster, name string, mib int) mounted {
 	t.Helper()
 	_, m, secrets := f.userspaceCephVolume(t.Context(), t, c, name, mib)
+	f.stagePublish(t, nc, m, secrets)
+	return m
+}
+
+// stagePublish stages (ext4) and publishes a ceph volume; cleanup
+// unpublishes and unstages it.
+func (f *fixture) stagePublish(t *testing.T, nc csi.NodeClient, m mounted, secrets map[string]string) {
+	t.Helper()
 	if err := stageCeph(nc, m, "ext4", secrets); err != nil {
-		t.Fatalf("stage %s: %v", name, err)
+		t.Fatalf("stage %s: %v", m.name, err)
 	}
 	t.Cleanup(func() { f.unstage(t, nc, m) })
 	if err := retryBusy(func() error {
-		_, err := nc.NodePublishVolume(t.Context(), &csi.NodePublishVolumeRequest{VolumeId: name, StagingTargetPath: m.staging,
+		_, err := nc.NodePublishVolume(t.Context(), &csi.NodePublishVolumeRequest{VolumeId: m.name, StagingTargetPath: m.staging,
 			TargetPath: m.target, VolumeCapability: mountCap()})
 		return err
 	}); err != nil {
-		t.Fatalf("publish %s: %v", name, err)
+		t.Fatalf("publish %s: %v", m.name, err)
 	}
-	return m
 }
 
 // The healer's acceptance test on Ceph-backed userspace volumes: verifying

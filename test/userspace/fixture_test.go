@@ -133,6 +133,9 @@ func (f *fixture) stagingPath(name string) string {
 
 // startAgent starts the agent process, with extra flags; it returns
 // without waiting for it.
+// holdersDir is the agent's folder of netns-mode clusters' holder records.
+func (f *fixture) holdersDir() string { return filepath.Join(f.dir, "holders-netns") }
+
 func (f *fixture) startAgent(extra ...string) error {
 	log, err := os.OpenFile(f.agentLog, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
@@ -143,6 +146,7 @@ func (f *fixture) startAgent(extra ...string) error {
 		"--data-dir", filepath.Join(f.dir, "data"), "--run-dir", filepath.Join(f.dir, "run"), "--csi-endpoint", "unix://" + f.csiSock,
 		"--kubelet-dir", f.kubeletRoot(), "--agent-socket", filepath.Join(f.dir, "run", "agent.sock"), "--volume-plugin-dir", "",
 		"--keeper-socket", f.keeperSock, "--capacity-interval", "1h", "--heal-interval", "2s",
+		"--holder-netns-dir", f.holdersDir(),
 		// Not the default ports: another agent on this machine may have them.
 		"--metrics-addr", f.agentMetrics, "--health-addr", "0"}
 	args = append(args, f.agentFlags...)

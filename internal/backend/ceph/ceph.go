@@ -81,7 +81,7 @@ func New(ctx context.Context, cfg Config, log logr.Logger) (*Backend, error) {
 	}
 	b := &Backend{cfg: cfg, features: features, log: log.WithValues("pool", cfg.Pool)}
 	done := make(chan error, 1)
-	go func() { done <- b.connect() }()
+	go func() { done <- cfg.enter(b.connect) }()
 	select {
 	case err := <-done:
 		if err != nil {

@@ -35,6 +35,17 @@ type Config struct {
 	// BlocklistExpire is how long Ceph keeps a fenced client on its
 	// blocklist if berth never takes it off (zero: DefaultBlocklistExpire).
 	BlocklistExpire time.Duration
+	// Enter runs the connect (nil: as is) where the connection must start:
+	// inside a holder's network namespace in the netns mode. librados opens
+	// every socket from threads the connect starts, which stay there.
+	Enter func(connect func() error) error
+}
+
+func (c Config) enter(connect func() error) error {
+	if c.Enter == nil {
+		return connect()
+	}
+	return c.Enter(connect)
 }
 
 // DefaultBlocklistExpire: a backstop only, since berth takes a fenced

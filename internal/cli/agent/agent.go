@@ -41,6 +41,7 @@ import (
 	"github.com/berth-io/berth/internal/metrics"
 	"github.com/berth-io/berth/internal/mount"
 	"github.com/berth-io/berth/internal/nbd"
+	"github.com/berth-io/berth/internal/network"
 	"github.com/berth-io/berth/internal/nodepath"
 	"github.com/berth-io/berth/internal/scheme"
 	"github.com/berth-io/berth/internal/version"
@@ -113,6 +114,9 @@ type Config struct {
 	HealthAddr  string
 	// KeeperSocket is the keeper holding userspace volumes' FUSE connections.
 	KeeperSocket string
+	// HolderNetnsDir holds the holder records of clusters in the multus
+	// netns mode, one folder per cluster (the operator's hostPath).
+	HolderNetnsDir string
 	// BlockdevBinary runs `blockdev` servers; empty: this executable.
 	BlockdevBinary      string
 	BlockdevPassthrough bool
@@ -202,7 +206,7 @@ func (c Config) Run(ctx context.Context) error {
 		Log: c.Log.WithName("agent"), LockWait: c.LockWait, Paths: paths,
 		Flex:   nodeagent.FlexConfig{StagingRoot: flexStaging, Holdings: fencer},
 		Status: direct, Clock: clock.RealClock{}, Events: mgr.GetEventRecorderFor("berth-agent"),
-		Userspace: us, FreezeDir: filepath.Join(c.RunDir, "freeze"),
+		Userspace: us, FreezeDir: filepath.Join(c.RunDir, "freeze"), Netns: nodeagent.NetnsConfig{Dir: c.HolderNetnsDir},
 	})
 	if err != nil {
 		return err
@@ -338,6 +342,7 @@ func Command() cli.Command {
 		fs.StringVar(&cfg.HealthAddr, "health-addr", DefaultHealthAddr, "/healthz and /readyz listen address (the agent runs on the host network); 0 disables")
 		fs.DurationVar(&cfg.CapacityInterval, "capacity-interval", 30*time.Second, "how often free capacity is reported")
 		fs.DurationVar(&cfg.StaleInterval, "stale-interval", 5*time.Minute, "how often this node's stale-attachment list is processed (also at start)")
+		fs.StringVar(&cfg.HolderNetnsDir, "holder-netns-dir", network.NetnsDir, "holder records of StorageClusters in the multus netns mode, one folder per cluster: storage traffic runs in the namespace of the holder found there")
 		fs.StringVar(&cfg.KeeperSocket, "keeper-socket", "/run/berth/keeper.sock", "socket of the berth keeper (userspace volumes)")
 		fs.StringVar(&cfg.BlockdevBinary, "blockdev-binary", "", "berth binary that runs blockdev servers (default: this executable)")
 		fs.BoolVar(&cfg.BlockdevPassthrough, "blockdev-passthrough", true, "let the kernel do data I/O of userspace volumes (FUSE passthrough, kernel 6.9+; ignored where the kernel lacks it)")

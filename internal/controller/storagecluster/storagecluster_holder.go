@@ -35,7 +35,7 @@ const (
 // and no mover ever moves it.
 const (
 	MoverHolderDir = network.DefaultDir
-	NetnsHolderDir = "/var/lib/berth/network/netns"
+	NetnsHolderDir = network.NetnsDir
 )
 
 // HolderInterface is the name of the storage interface in a holder pod.

@@ -112,6 +112,9 @@ func (r *Reconciler) agentDaemonSet(plan nodeWidePlan, ds *appsv1.DaemonSet) {
 		// shared both ways so that they reach the agent and outlive its
 		// container.
 		{Name: "run-berth", MountPath: runDir, MountPropagation: bidi},
+		// The holder records of netns-mode clusters: the agent finds each
+		// cluster's holder namespace there (through the host's /proc).
+		{Name: "holders-netns", MountPath: NetnsHolderDir, ReadOnly: true},
 	}, dataMounts...)
 	ds.Spec = appsv1.DaemonSetSpec{
 		Selector:       &metav1.LabelSelector{MatchLabels: selectorLabels(NodeWide, componentAgent)},
@@ -135,6 +138,7 @@ func (r *Reconciler) agentDaemonSet(plan nodeWidePlan, ds *appsv1.DaemonSet) {
 					hostPathVolume("volume-plugin-dir", o.VolumePluginDir, corev1.HostPathDirectoryOrCreate),
 					hostPathVolume("dev", "/dev", corev1.HostPathDirectory),
 					hostPathVolume("run-berth", runDir, corev1.HostPathDirectoryOrCreate),
+					hostPathVolume("holders-netns", NetnsHolderDir, corev1.HostPathDirectoryOrCreate),
 				}, dataVols...),
 			},
 		},
