@@ -2,7 +2,6 @@ package agent
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
 	"testing"
 
@@ -125,9 +124,6 @@ func (m nsMounter) Mount(source, target, fsType string, opts []string) error {
 // test's thread stays in its own. (The kernel's NFS client is missing
 // here: the mounter is a fake that checks where it runs.)
 func TestFakePublishSharedInHolder(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: enters a network namespace")
-	}
 	ns := testenv.NetNS(t)
 	e, target, asked := netnsShareEnv(t, ns)
 	var seen uint64

@@ -16,16 +16,13 @@ import (
 // namespace has no process left) and a live one opens the live holder's
 // namespace; once that holder's process is gone too, ErrNoHolder.
 func TestOpenHolder(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates network namespaces")
-	}
+	// Namespaces the test holds by handle only: no process is in them.
+	stale, live := testenv.NetNS(t), testenv.NetNS(t)
 	dir := Dir(t.TempDir())
 	procs := ProcNamespaces{Proc: "/proc"}
 	if _, _, err := procs.OpenHolder(string(dir)); !errors.Is(err, ErrNoHolder) {
 		t.Fatalf("empty folder: %v, want ErrNoHolder", err)
 	}
-	// Namespaces the test holds by handle only: no process is in them.
-	stale, live := testenv.NetNS(t), testenv.NetNS(t)
 	if err := dir.Write(Record{PodUID: "a-stale", Interface: "net1", PID: os.Getpid(), NetNS: nsid(t, stale)}); err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"os"
 	"runtime"
 	"testing"
 
@@ -9,9 +10,13 @@ import (
 )
 
 // NetNS returns a new network namespace with its loopback up, for root
-// tests; it goes at the test's end with its last handle and process.
+// tests (it skips t unless root); it goes at the test's end with its last
+// handle and process.
 func NetNS(t testing.TB) netns.NsHandle {
 	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates a network namespace")
+	}
 	type result struct {
 		ns  netns.NsHandle
 		err error

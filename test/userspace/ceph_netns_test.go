@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -43,7 +41,7 @@ var cephNetnsLazy = &testceph.Lazy{Name: "userspace-netns", Options: testceph.Op
 // netnsCeph makes cephNetns (once; lo up) and returns its test Ceph.
 func netnsCeph(t *testing.T) *testceph.Cluster {
 	t.Helper()
-	if _, err := os.Stat(filepath.Join("/run/netns", cephNetns)); err != nil {
+	if _, err := os.Stat("/run/netns/" + cephNetns); err != nil {
 		for _, args := range [][]string{{"netns", "add", cephNetns}, {"-n", cephNetns, "link", "set", "lo", "up"}} {
 			if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
 				t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
@@ -66,7 +64,7 @@ func (f *fixture) netnsCluster(t *testing.T, name string, c *testceph.Cluster, h
 	if err := f.env.Client.Update(t.Context(), sc); err != nil {
 		t.Fatal(err)
 	}
-	dir := network.Dir(filepath.Join(f.holdersDir(), name))
+	dir := network.Dir(f.holdersDir() + "/" + name)
 	if err := os.MkdirAll(string(dir), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +96,7 @@ func netnsID(t *testing.T, path string) network.NSID {
 // inNetns fails unless process pid is in cephNetns.
 func inNetns(t *testing.T, pid int) {
 	t.Helper()
-	if got, want := netnsID(t, "/proc/"+strconv.Itoa(pid)+"/ns/net"), netnsID(t, "/run/netns/"+cephNetns); got != want {
+	if got, want := netnsID(t, fmt.Sprintf("/proc/%d/ns/net", pid)), netnsID(t, "/run/netns/"+cephNetns); got != want {
 		t.Fatalf("blockdev server %d is in network namespace %d, want the holder's %d", pid, got.Ino, want.Ino)
 	}
 }

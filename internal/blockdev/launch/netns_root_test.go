@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -22,9 +21,6 @@ import (
 // in a holder's namespace), and its process is in it; the same start
 // without NetNS cannot reach it and fails.
 func TestStartInNetNS(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates a network namespace")
-	}
 	ns := testenv.NetNS(t)
 	var ln net.Listener
 	if err := network.NewInNamespace(network.ThreadSwitcher{}).Do(ns, func() (err error) {
@@ -33,19 +29,11 @@ func TestStartInNetNS(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	// Nothing accepts: the kernel completes the connection in the backlog.
 	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			_ = c.Close()
-		}
-	}()
 	port := ln.Addr().(*net.TCPAddr).Port
 	// A stand-in server: ready only when it can connect to the listener.
-	bin := filepath.Join(t.TempDir(), "server")
+	bin := t.TempDir() + "/server"
 	script := fmt.Sprintf("#!/bin/bash\nif exec 4<>/dev/tcp/127.0.0.1/%d; then echo ready >&3; exec sleep 60; fi\necho 'error cannot reach 127.0.0.1:%d' >&3\n", port, port)
 	if err := os.WriteFile(bin, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
