@@ -111,7 +111,7 @@ func (r rbdDevice) Attach(ctx context.Context, req attachRequest) (attachment, e
 		// holder's namespace before anything is made.
 		holders := r.netns.folder(req.Cluster)
 		if holders != "" {
-			ns, err := r.netns.open(req.Volume, holders)
+			ns, err := r.netns.open(req.Volume, holders, nothingMade)
 			if err != nil {
 				return attachment{}, err
 			}

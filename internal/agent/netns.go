@@ -65,9 +65,17 @@ func (h holderNS) folder(sc *v1.StorageCluster) string {
 	return filepath.Join(h.dir, sc.Name)
 }
 
+// What the caller of open did not do when no holder is found.
+const (
+	nothingMade   = "nothing was made"
+	noServerMade  = "no blockdev server was started: the volume's I/O waits until the healer can start one there"
+	noConnectMade = "no connection was made"
+)
+
 // open opens the namespace of the live holder in folder, for volume; the
-// caller closes it. No holder is Unavailable: the pod may come back.
-func (h holderNS) open(volume, folder string) (*os.File, error) {
+// caller closes it. No holder is Unavailable (the pod may come back), and
+// the error ends with outcome, what the caller left undone.
+func (h holderNS) open(volume, folder, outcome string) (*os.File, error) {
 	ns, rec, err := h.holders.OpenHolder(folder)
 	if err != nil {
 		if volume == "" {
@@ -75,8 +83,8 @@ func (h holderNS) open(volume, folder string) (*os.File, error) {
 		}
 		return nil, fmt.Errorf("volume %s: StorageCluster %s runs its storage network in the netns mode (its holder pod's "+
 			"network namespace), and this node has no running holder pod of it: %v. Its holder DaemonSet must run a pod on "+
-			"this node (multus must give it the public network) before its storage traffic can start; nothing was made: %w",
-			volume, filepath.Base(folder), err, volerr.ErrUnavailable)
+			"this node (multus must give it the public network) before its storage traffic can start; %s: %w",
+			volume, filepath.Base(folder), err, outcome, volerr.ErrUnavailable)
 	}
 	return os.NewFile(uintptr(ns), fmt.Sprintf("network namespace of holder %s/%s", rec.PodNamespace, rec.PodName)), nil
 }
@@ -88,7 +96,7 @@ func (h holderNS) do(volume, folder string, fn func() error) error {
 	if folder == "" {
 		return fn()
 	}
-	f, err := h.open(volume, folder)
+	f, err := h.open(volume, folder, noConnectMade)
 	if err != nil {
 		return err
 	}
@@ -110,7 +118,7 @@ func (h holderNS) check(volume string, sc *v1.StorageCluster) error {
 	if folder == "" || sc.Spec.Backend != v1.BackendCeph {
 		return nil
 	}
-	f, err := h.open(volume, folder)
+	f, err := h.open(volume, folder, nothingMade)
 	if err != nil {
 		return err
 	}

@@ -176,7 +176,7 @@ func (a *Agent) shareHolders(ctx context.Context, id string, vol *v1.Volume) (st
 	if holders == "" {
 		return "", nil
 	}
-	f, err := a.netns.open(id, holders)
+	f, err := a.netns.open(id, holders, nothingMade)
 	if err != nil {
 		return "", err
 	}

@@ -176,7 +176,7 @@ func (u userspace) start(ctx context.Context, p launch.Params) (Server, error) {
 		return nil, err
 	}
 	if rec.Holders != "" {
-		ns, err := u.netns.open(p.Volume, rec.Holders)
+		ns, err := u.netns.open(p.Volume, rec.Holders, noServerMade)
 		if err != nil {
 			return nil, err
 		}

@@ -11,7 +11,11 @@
 //     name prefix and an alias that name their holder; only such copies are
 //     ever removed.
 //   - netns: Do runs an operation (a dial) on a thread that has entered the
-//     holder's namespace, moving nothing.
+//     holder's namespace, moving nothing. The agent starts a ceph volume's
+//     blockdev servers in it (the whole process, so librados' threads are
+//     there), connects to Ceph from it and mounts NFS shares from it; it
+//     finds the namespace with OpenHolder in the cluster's folder under
+//     NetnsDir, where that cluster's holders publish their records.
 //
 // How the mover finds a holder's namespace: each holder writes a Record into
 // a hostPath folder shared with the mover (one file per holder pod UID) with

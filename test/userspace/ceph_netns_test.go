@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/keeper"
 	"github.com/berth-io/berth/internal/network"
 	"github.com/berth-io/berth/internal/testenv/testceph"
 )
@@ -104,7 +105,8 @@ func inNetns(t *testing.T, pid int) {
 // The netns mode on a Ceph reachable only inside a holder's namespace: a
 // userspace ceph volume staged by the agent does I/O, its server runs in
 // the namespace, and so does each server the healer starts, after the
-// server alone is killed and after the agent and server are; the same
+// server alone is killed and after the agent and server are; while the
+// holder is gone the running server serves on and a dead one waits; the same
 // volume in a cluster on the host network fails clearly (its monitors are
 // not reachable there), and a netns-mode cluster with no holder on the
 // node is refused before anything is made. Each leaves nothing.
@@ -126,6 +128,35 @@ func TestCephNetnsMode(t *testing.T) {
 
 	// The server alone dies: the agent's healer starts one in the namespace.
 	if err := killWait(pid); err != nil {
+		t.Fatal(err)
+	}
+	pid = f.waitServer(t, name, pid, 30*time.Second)
+	inNetns(t, pid)
+	verifyFiles(t, sums)
+
+	// The holder goes (its record withdrawn): the running server keeps
+	// serving; one that dies then is not started outside the namespace,
+	// the healer waits for a holder, and starts it once one is back.
+	holders := network.Dir(f.holdersDir() + "/" + name)
+	rec, err := holders.Read("holder-" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := holders.Remove(rec.PodUID); err != nil {
+		t.Fatal(err)
+	}
+	verifyFiles(t, writeFiles(t, m.target, "noholder", 1))
+	if err := killWait(pid); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Second) // two heal passes
+	if vols, err := keeper.NewClient(f.keeperSock).List(ctx); err != nil || len(vols) != 1 || vols[0].ServerPID != 0 {
+		t.Fatalf("keeper after the holder went: %+v, %v; want the connection held, no server", vols, err)
+	}
+	if log, err := os.ReadFile(f.agentLog); err != nil || !strings.Contains(string(log), "no running holder pod") {
+		t.Errorf("the agent's log does not say the holder is missing (%v)", err)
+	}
+	if err := holders.Write(rec); err != nil {
 		t.Fatal(err)
 	}
 	pid = f.waitServer(t, name, pid, 30*time.Second)
@@ -159,7 +190,7 @@ func TestCephNetnsMode(t *testing.T) {
 	f.cephCluster(t, host, c.Monitors, c.Pool)
 	f.cephVolume(t, host, host, rbdImage(ctx, t, c, host, "64M"), "64Mi", v1.MounterUserspace)
 	hm := f.paths(t, host)
-	err := stageCeph(nc, hm, "ext4", secrets)
+	err = stageCeph(nc, hm, "ext4", secrets)
 	t.Logf("provider host: %v", err)
 	if status.Code(err) != codes.Unavailable {
 		t.Errorf("stage on the host network: %v, want Unavailable (monitors unreachable)", err)
