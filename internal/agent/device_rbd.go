@@ -109,15 +109,23 @@ func (r rbdDevice) Attach(ctx context.Context, req attachRequest) (attachment, e
 		// A new stage: the transport is chosen once, like the record's,
 		// and so is the network: a cluster in the netns mode needs its
 		// holder's namespace before anything is made.
-		holders := r.netns.folder(req.Cluster)
+		holders, via := r.netns.folder(req.Cluster), r.via(req.Cluster)
 		if holders != "" {
+			if via == TransportNBD {
+				// The server sets its nbd device up over generic netlink,
+				// which kernels without a namespace-aware nbd family
+				// answer only in the host's namespace.
+				return attachment{}, fmt.Errorf("volume %s: StorageCluster %s runs its storage network in the netns mode, where "+
+					"its blockdev servers run in the holder's network namespace, and the nbd transport is not available from there; "+
+					"set the cluster's spec.agent.userspaceTransport to %s: %w", req.Volume, req.Cluster.Name, TransportFUSE, ErrUnsupported)
+			}
 			ns, err := r.netns.open(req.Volume, holders, nothingMade)
 			if err != nil {
 				return attachment{}, err
 			}
 			_ = ns.Close()
 		}
-		rec = volumeRecord{Transport: TransportRBD, Via: r.via(req.Cluster), Holders: holders}
+		rec = volumeRecord{Transport: TransportRBD, Via: via, Holders: holders}
 		if err := r.records.save(req.Volume, rec); err != nil {
 			return attachment{}, err
 		}
