@@ -284,3 +284,27 @@ func TestRBDOverNBD(t *testing.T) {
 		t.Error("record left after stop")
 	}
 }
+
+// The nbd transport is refused in the netns mode before a server starts
+// or a record is written: its server sets the device up over generic
+// netlink, which may not answer inside a holder's namespace.
+func TestRBDOverNBDRefusedInNetns(t *testing.T) {
+	a, procs, _ := nbdAgent(t)
+	d := a.transports()[TransportRBD].(rbdDevice)
+	sc := cephCluster()
+	sc.Spec.Network = v1.NetworkSpec{Provider: v1.NetworkProviderMultus, Selectors: &v1.NetworkSelectors{Public: "default/storage"}}
+	_, err := d.Attach(t.Context(), attachRequest{Volume: "vol-1", Image: "rbd/berth-vol-1", Cluster: sc,
+		Secrets: map[string]string{"userID": "berth", "userKey": testKey}})
+	if errcode.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "userspaceTransport") {
+		t.Fatalf("Attach over nbd in the netns mode: %v, want FailedPrecondition naming the setting", err)
+	}
+	if len(procs.started) != 0 {
+		t.Errorf("servers started: %+v", procs.started)
+	}
+	if _, found, _ := a.records().load("vol-1"); found {
+		t.Error("record written")
+	}
+	if _, err := os.Stat(d.accessPath("vol-1")); err == nil {
+		t.Error("access file written")
+	}
+}
