@@ -15,7 +15,10 @@
 #     BERTH_BENCH_PVCS (default 20) claims and pods created at once, for the
 #     kernel and the userspace mounter, on a BENCH_NODES (default 2) node
 #     e2e cluster (hack/e2e.sh; test/e2e TestBenchPVCToRunning). BENCH_PVC=0
-#     leaves it out.
+#     leaves it out. On the same cluster, the RWX failover for a lapsed
+#     Lease: the share-manager pod frozen -> first verified client write,
+#     p50/p99 over BERTH_BENCH_LEASE_FAILOVERS (default 20) rounds (test/e2e
+#     TestBenchShareLeaseFailover; target <= 22 s).
 #  4. RWX failover: kill -> first acknowledged client write, p50/p99 over
 #     BERTH_SHARE_FAILOVERS (default 20) SIGKILLs of ganesha or the share
 #     manager, for an NFSv4.0 client (stable writes) and an NFSv4.1 one
@@ -94,10 +97,11 @@ pvc_rc=0
 : >"$out.pvc"
 if [ "${BENCH_PVC:-1}" != 0 ]; then
 	echo
-	echo "== PVC create -> pod Running (${BERTH_BENCH_PVCS:-20} at once per class, ${BENCH_NODES:-2}-node cluster)"
+	echo "== PVC create -> pod Running (${BERTH_BENCH_PVCS:-20} at once per class, ${BENCH_NODES:-2}-node cluster), then RWX failover on a lapsed Lease (${BERTH_BENCH_LEASE_FAILOVERS:-20} rounds)"
 	make --no-print-directory -s build
 	BERTH_E2E_NODES=${BENCH_NODES:-2} BERTH_E2E_BENCH=1 BERTH_BENCH_PVCS=${BERTH_BENCH_PVCS:-20} \
-		hack/e2e.sh -run 'TestBenchPVCToRunning$' 2>&1 | tee "$out.pvc" && pvc_rc=0 || pvc_rc=$?
+		BERTH_BENCH_LEASE_FAILOVERS=${BERTH_BENCH_LEASE_FAILOVERS:-20} \
+		hack/e2e.sh -run 'TestBench(PVCToRunning|ShareLeaseFailover)$' 2>&1 | tee "$out.pvc" && pvc_rc=0 || pvc_rc=$?
 fi
 
 echo
@@ -135,9 +139,15 @@ grep '^PVC_RUNNING_RESULT' "$out.pvc" | awk '{
 	for (i = 2; i <= NF; i++) { split($i, p, "="); v[p[1]] = p[2] }
 	printf "%-34s %10s   p99 %s (%s PVCs, %s nodes)\n", "PVC -> Running p50 (" v["class"] ")", v["p50"], v["p99"], v["pvcs"], v["nodes"]
 }' || true
+grep '^SHARE_LEASE_RESULT' "$out.pvc" | awk '{
+	for (i = 2; i <= NF; i++) { split($i, p, "="); v[p[1]] = p[2] }
+	d = v["p99"]; ms = d ~ /ms$/ ? d + 0 : (d ~ /s$/ ? d * 1000 : d)
+	printf "%-34s %10s   target %-8s %s\n", "RWX failover, lapsed Lease p99", d, "<= 22s", ms <= 22000 ? "met" : "MISSED"
+	printf "%-34s %10s   (%s failovers, Lease %s, max %s)\n", "RWX failover, lapsed Lease p50", v["p50"], v["failovers"], v["lease"], v["max"]
+}' || true
 sed -n '/^== Ceph: berth/,$p' "$out.ceph"
 [ "$ceph_rc" -eq 0 ] || echo "Ceph bench FAILED (exit $ceph_rc): its figures do not count" >&2
-[ "$pvc_rc" -eq 0 ] || echo "PVC bench FAILED (exit $pvc_rc): its figures do not count" >&2
+[ "$pvc_rc" -eq 0 ] || echo "PVC / lapsed-Lease bench FAILED (exit $pvc_rc): its figures do not count" >&2
 [ "$heal_rc" -eq 0 ] || { echo "heal test FAILED (exit $heal_rc): its figures above do not count" >&2; exit "$heal_rc"; }
 [ "$share_rc" -eq 0 ] || exit "$share_rc"
 [ "$ceph_rc" -eq 0 ] || exit "$ceph_rc"

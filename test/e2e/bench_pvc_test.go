@@ -25,16 +25,7 @@ import (
 // PVC_RUNNING_RESULT line per class; hack/bench.sh reports them. Figures are
 // reported, never asserted (CI machines are shared).
 func TestBenchPVCToRunning(t *testing.T) {
-	if os.Getenv("BERTH_E2E_BENCH") != "1" {
-		t.Skip("a benchmark: set BERTH_E2E_BENCH=1 (make bench runs it on a two-node cluster)")
-	}
-	n := 20
-	if v := os.Getenv("BERTH_BENCH_PVCS"); v != "" {
-		var err error
-		if n, err = strconv.Atoi(v); err != nil || n < 1 {
-			t.Fatalf("BERTH_BENCH_PVCS=%q: want a positive number", v)
-		}
-	}
+	n := benchRuns(t, "BERTH_BENCH_PVCS", 20)
 	for _, class := range []string{"berth", "berth-userspace"} {
 		t.Run(class, func(t *testing.T) {
 			s := newScenario(t, 10*time.Minute)
@@ -48,6 +39,24 @@ func TestBenchPVCToRunning(t *testing.T) {
 			t.Logf("pods per node: %v", nodes)
 		})
 	}
+}
+
+// benchRuns skips a benchmark unless BERTH_E2E_BENCH=1, and returns how
+// many runs the environment variable env asks for (def when unset).
+func benchRuns(t *testing.T, env string, def int) int {
+	t.Helper()
+	if os.Getenv("BERTH_E2E_BENCH") != "1" {
+		t.Skip("a benchmark: set BERTH_E2E_BENCH=1 (make bench runs it on a two-node cluster)")
+	}
+	v := os.Getenv(env)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		t.Fatalf("%s=%q: want a positive number", env, v)
+	}
+	return n
 }
 
 // pvcsToRunning creates n claims of class, each with a pod that mounts it,

@@ -4,8 +4,13 @@ package e2e
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -202,4 +207,149 @@ func (s *scenario) probe(name, endpoint string, args ...string) string {
 		s.t.Fatalf("probe %s: %s", name, phase)
 	}
 	return out
+}
+
+// TestBenchShareLeaseFailover is `make bench`'s RWX failover figure for a
+// lapsed Lease: the share-manager pod is frozen (cgroup freezer: a hung
+// share manager, alive but silent), so its Lease lapses and the controller
+// fails the share over. The figure is the time from the freeze to the first
+// write a client (`berth share probe` in a pod on the other node, started
+// at the freeze, retrying as an NFS client would) had acknowledged, read
+// back and verified the data of the first round; p50/p99 over
+// BERTH_BENCH_LEASE_FAILOVERS (default 20) rounds. It prints one
+// SHARE_LEASE_RESULT line; hack/bench.sh reports it against the target
+// (<= 22 s). Figures are reported, never asserted.
+func TestBenchShareLeaseFailover(t *testing.T) {
+	n := benchRuns(t, "BERTH_BENCH_LEASE_FAILOVERS", 20)
+	s := newScenario(t, time.Duration(n+4)*2*time.Minute)
+	if s.env.BerthImage == "" {
+		t.Skip("no berth image: run up.sh with BERTH_E2E_BERTH_BINARY=bin/berth (make build)")
+	}
+	s.pvc("shared", "berth", "64Mi", corev1.ReadWriteMany, false)
+	vol := s.boundPV("shared").Spec.CSI.VolumeHandle
+	frozen := ""
+	t.Cleanup(func() {
+		if frozen != "" { // a failed round must not leave a frozen pod behind
+			_ = os.WriteFile(filepath.Join(frozen, "freezer.state"), []byte("THAWED"), 0o644)
+		}
+		_, _ = s.kubectl("-n", berthNamespace, "annotate", "sharemanager", vol, v1.KeepRunningAnnotation+"-")
+	})
+	if _, err := s.kubectl("-n", berthNamespace, "annotate", "sharemanager", vol, v1.KeepRunningAnnotation+"=true"); err != nil {
+		t.Fatal(err)
+	}
+	lease, _ := s.kubectl("get", "storageclusters.berth.io", "-o", "jsonpath={.items[*].spec.rwx.leaseDurationSeconds}")
+	pod := s.shareRunning(vol, "")
+	endpoint := sharemanager.Endpoint(berthNamespace, vol)
+	first := s.probe("lease-0", endpoint, "--keep", "first")
+	sum := regexp.MustCompile(`(?m)^kept first sha256 ([0-9a-f]{64})$`).FindStringSubmatch(first)
+	if sum == nil {
+		t.Fatalf("probe printed no kept checksum:\n%s", first)
+	}
+
+	took := make([]time.Duration, 0, n)
+	for i := 1; i <= n; i++ {
+		cg, err := podFreezer(pod.UID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(cg, "freezer.state"), []byte("FROZEN"), 0o644); err != nil {
+			t.Fatalf("freeze share-manager pod %s: %v", pod.UID, err)
+		}
+		frozen = cg
+		start := time.Now()
+		steps := s.watchFailover(vol, pod.UID, start)
+		// The client gives up on a hung server after 5 s, as the kernel
+		// mounts berth publishes do (timeo=50), and reconnects.
+		out := s.probe(fmt.Sprintf("lease-%d", i), endpoint, "--verify", "first="+sum[1], "--timeout", "3m", "--attempt-timeout", "5s")
+		took = append(took, time.Since(start))
+		gone, ready := steps()
+		if !strings.Contains(out, "verified first sha256 "+sum[1]) {
+			t.Fatalf("round %d: the probe did not verify the first round's file:\n%s", i, out)
+		}
+		next := s.shareRunning(vol, pod.UID)
+		t.Logf("round %d: the share failed over from pod %s to %s (node %s): after the freeze, the old pod was gone at %s, the new one ready at %s, a client write at %s",
+			i, pod.UID, next.UID, next.Spec.NodeName, gone, ready, took[i-1].Round(10*time.Millisecond))
+		// The old pod is gone from the API; thawed, its processes take the
+		// kill kubelet sent and its cgroup goes. Wait for that so that no
+		// round overlaps the last one's leftovers.
+		if err := os.WriteFile(filepath.Join(cg, "freezer.state"), []byte("THAWED"), 0o644); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("thaw %s: %v", cg, err)
+		}
+		frozen = ""
+		s.waitFor("old share-manager pod's processes gone", 2*time.Minute, func(context.Context) (bool, error) {
+			_, err := os.Stat(cg)
+			return errors.Is(err, fs.ErrNotExist), nil
+		})
+		pod = next
+	}
+	p50, p99 := percentile(took, 50), percentile(took, 99)
+	fmt.Printf("SHARE_LEASE_RESULT failovers=%d lease=%ss p50=%v p99=%v max=%v\n",
+		n, strings.TrimSpace(lease), p50.Round(time.Millisecond), p99.Round(time.Millisecond), slices.Max(took).Round(time.Millisecond))
+}
+
+// watchFailover polls the share-manager pod of vol from now on and, when
+// called, says how long after start the pod with UID old was gone and a
+// new one was Ready ("-" for what was not seen).
+func (s *scenario) watchFailover(vol string, old types.UID, start time.Time) func() (gone, ready string) {
+	ctx, cancel := context.WithCancel(s.ctx)
+	var g, r time.Duration
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for r == 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			p, err := s.cs.CoreV1().Pods(berthNamespace).Get(ctx, sharemanager.Name(vol), metav1.GetOptions{})
+			switch {
+			case apierrors.IsNotFound(err) || (err == nil && p.UID != old):
+				if g == 0 {
+					g = time.Since(start)
+				}
+				if err == nil && podReady(p) {
+					r = time.Since(start)
+				}
+			}
+		}
+	}()
+	show := func(d time.Duration) string {
+		if d == 0 {
+			return "-"
+		}
+		return d.Round(10 * time.Millisecond).String()
+	}
+	return func() (string, string) {
+		cancel()
+		<-done
+		return show(g), show(r)
+	}
+}
+
+// podFreezer is the pod's cgroup in the freezer hierarchy: kubelet's
+// cgroupfs driver names it pod<UID>, under the node's cgroup root
+// (hack/cluster/nodes.sh).
+func podFreezer(uid types.UID) (string, error) {
+	want := "pod" + string(uid)
+	found := ""
+	err := filepath.WalkDir("/sys/fs/cgroup/freezer", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil // a cgroup that went while walking
+		}
+		if d.IsDir() && d.Name() == want {
+			found = path
+			return fs.SkipAll
+		}
+		return nil
+	})
+	if err != nil {
+		return "", err
+	}
+	if found == "" {
+		return "", fmt.Errorf("no freezer cgroup %s (is the cluster's cgroup driver cgroupfs on cgroup v1?)", want)
+	}
+	return found, nil
 }

@@ -34,6 +34,9 @@ type ProbeConfig struct {
 	Size int
 	// Timeout bounds the whole probe, retries through a failover included.
 	Timeout time.Duration
+	// AttemptTimeout bounds one try of an NFSv4.1+ operation; a hung
+	// server is left for a new connection after it (0: the default).
+	AttemptTimeout time.Duration
 	// MinorVersion is the NFSv4 minor version spoken (0, 1 or 2).
 	MinorVersion int
 	// Keep, when set, names the file written, which stays in the export.
@@ -106,7 +109,7 @@ func (c ProbeConfig) verify(ctx context.Context, name, want string) error {
 		defer cl.Close()
 		got, err = cl.ReadFile(ctx, name)
 	} else {
-		err = nfsclient.Retry41(ctx, c.Clock, func(ctx context.Context) error {
+		err = nfsclient.Retry41(ctx, c.Clock, c.AttemptTimeout, func(ctx context.Context) error {
 			got, err = nfsclient.ReadFile41(ctx, c.Endpoint, name, uint32(c.MinorVersion), probeMachine)
 			return err
 		})
@@ -134,7 +137,7 @@ func (c ProbeConfig) roundTrip(ctx context.Context, name string, data []byte) ([
 		return cl.ReadFile(ctx, name)
 	}
 	var got []byte
-	err := nfsclient.Retry41(ctx, c.Clock, func(ctx context.Context) error {
+	err := nfsclient.Retry41(ctx, c.Clock, c.AttemptTimeout, func(ctx context.Context) error {
 		var err error
 		got, err = nfsclient.WriteCommitRead41(ctx, c.Endpoint, name, data, uint32(c.MinorVersion), probeMachine)
 		return err
@@ -148,7 +151,7 @@ func (c ProbeConfig) remove(ctx context.Context, name string) error {
 		defer cl.Close()
 		return cl.Remove(ctx, name)
 	}
-	return nfsclient.Retry41(ctx, c.Clock, func(ctx context.Context) error {
+	return nfsclient.Retry41(ctx, c.Clock, c.AttemptTimeout, func(ctx context.Context) error {
 		return nfsclient.Remove41(ctx, c.Endpoint, name, uint32(c.MinorVersion), probeMachine)
 	})
 }
@@ -169,6 +172,8 @@ func Command() cli.Command {
 			var verbosity int
 			fs.IntVar(&cfg.Size, "size", 1<<20, "bytes to write")
 			fs.DurationVar(&cfg.Timeout, "timeout", time.Minute, "give up after this long (retries through a failover included)")
+			fs.DurationVar(&cfg.AttemptTimeout, "attempt-timeout", nfsclient.DefaultAttemptTimeout,
+				"NFSv4.1+: give up on one try after this long and reconnect (a hung server; berth's kernel mounts use timeo=50, 5s)")
 			fs.IntVar(&cfg.MinorVersion, "nfs-minor-version", 1, "NFSv4 minor version: 1 or 2 (COMMIT over a session), 0 (stable writes, no COMMIT)")
 			fs.StringVar(&cfg.Keep, "keep", "", "write this file and leave it in the export (for a later --verify)")
 			cfg.Verify = map[string]string{}

@@ -205,7 +205,7 @@ type v41Client struct {
 func (c *v41Client) Connects() uint64 { return c.attempts.Load() }
 
 func (c *v41Client) WriteFile(ctx context.Context, name string, data []byte) error {
-	return nfsclient.Retry41(ctx, clock.RealClock{}, func(ctx context.Context) error {
+	return nfsclient.Retry41(ctx, clock.RealClock{}, 0, func(ctx context.Context) error {
 		c.attempts.Add(1)
 		got, err := nfsclient.WriteCommitRead41(ctx, c.ep, name, data, 1, "failover-test")
 		if err == nil && !bytes.Equal(got, data) {

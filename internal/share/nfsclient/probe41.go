@@ -269,11 +269,18 @@ func skipOps(d *xdrDec, n int) {
 
 // Retry41 runs op, each time on a new session, until it succeeds, fails
 // for good or ctx ends: a server restart (connection lost, grace, session
-// gone, verifier changed) is waited out, as a kernel client would.
-func Retry41(ctx context.Context, clk clock.Clock, op func(ctx context.Context) error) error {
+// gone, verifier changed) is waited out, as a kernel client would. Each
+// attempt gets at most attemptTimeout (DefaultAttemptTimeout when 0): a
+// server that hangs (frozen, its node cut off) answers nothing, and only
+// a new connection reaches the server that replaced it, as a kernel
+// client's reconnect after its major timeout does.
+func Retry41(ctx context.Context, clk clock.Clock, attemptTimeout time.Duration, op func(ctx context.Context) error) error {
+	if attemptTimeout <= 0 {
+		attemptTimeout = DefaultAttemptTimeout
+	}
 	wait := 50 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		actx, cancel := context.WithTimeout(ctx, attemptTimeout)
 		err := op(actx)
 		cancel()
 		if err == nil || !retryable41(err) {
@@ -287,6 +294,9 @@ func Retry41(ctx context.Context, clk clock.Clock, op func(ctx context.Context) 
 		wait = min(2*wait, time.Second)
 	}
 }
+
+// DefaultAttemptTimeout bounds one Retry41 attempt by default.
+const DefaultAttemptTimeout = 10 * time.Second
 
 func retryable41(err error) bool {
 	var st ErrNFSStatus
