@@ -104,7 +104,7 @@ func testExpansion(t *testing.T, fsType string) {
 	acks := w.snapshot()
 	for _, a := range acks {
 		var b []byte
-		if err := nfsclient.Retry41(ctx, clock.RealClock{}, func(ctx context.Context) error {
+		if err := nfsclient.Retry41(ctx, clock.RealClock{}, 0, func(ctx context.Context) error {
 			b, err = nfsclient.ReadFile41(ctx, ep, a.name, 1, machine)
 			return err
 		}); err != nil || sha256.Sum256(b) != a.sum {
@@ -114,7 +114,7 @@ func testExpansion(t *testing.T, fsType string) {
 	t.Logf("%s: %d files written across the growth read back", fsType, len(acks))
 
 	var got []byte
-	if err := nfsclient.Retry41(ctx, clock.RealClock{}, func(ctx context.Context) error {
+	if err := nfsclient.Retry41(ctx, clock.RealClock{}, 0, func(ctx context.Context) error {
 		got, err = nfsclient.ReadFile41(ctx, ep, "before.bin", 1, machine)
 		return err
 	}); err != nil {
@@ -125,7 +125,7 @@ func testExpansion(t *testing.T, fsType string) {
 	}
 	more := make([]byte, 5<<20)
 	_, _ = rand.Read(more)
-	if err := nfsclient.Retry41(ctx, clock.RealClock{}, func(ctx context.Context) error {
+	if err := nfsclient.Retry41(ctx, clock.RealClock{}, 0, func(ctx context.Context) error {
 		got, err = nfsclient.WriteCommitRead41(ctx, ep, "after.bin", more, 1, machine)
 		return err
 	}); err != nil || !bytes.Equal(got, more) {
