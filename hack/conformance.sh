@@ -9,7 +9,9 @@
 #   hack/conformance.sh              as root, after `make build`
 #
 # Environment:
-#   CONFORMANCE_CLASSES  classes to test (default "berth berth-userspace")
+#   CONFORMANCE_CLASSES  classes to test (default "berth berth-userspace
+#                        berth-ceph-userspace"; a berth-ceph-* class brings
+#                        up the test Ceph beside the local StorageCluster)
 #   CONFORMANCE_QUICK=1  a focused subset for CI (about 10 minutes in all)
 #   CONFORMANCE_SLOW=1   also the [Slow] specs (the fs-specific xfs patterns
 #                        among them); they about double the run
@@ -79,10 +81,38 @@ QUICK_FOCUS+='|\[Testpattern: Dynamic PV \(default fs\)\(allowExpansion\)\] volu
 QUICK_FOCUS+='|\[Testpattern: Dynamic PV \(xfs\)\] \[Slow\] volumes should store data$'
 QUICK_FOCUS+='|\[Testpattern: Dynamic Snapshot \(retain policy\)\] snapshottable.*should check snapshot fields, check restore correctly works after modifying source data, check deletion \(persistent\)$'
 
-classes=(${CONFORMANCE_CLASSES:-berth berth-userspace})
+classes=(${CONFORMANCE_CLASSES:-berth berth-userspace berth-ceph-userspace})
 for c in "${classes[@]}"; do
 	[ -f "test/conformance/$c.yaml" ] || { log "no driver definition test/conformance/$c.yaml"; exit 2; }
 done
+# The classes of the ceph StorageCluster berth-ceph (berth-ceph-*) need the
+# test Ceph: `berth dev up --test-ceph` starts it in its own netns on the
+# cluster's network (hack/cluster/ceph.sh, ~20 s) and `berth dev down`
+# removes it. Where it cannot run, those classes skip, saying why.
+ceph=()
+ceph_classes=()
+for c in "${classes[@]}"; do
+	case $c in berth-ceph | berth-ceph-*) ceph_classes+=("$c") ;; esac
+done
+if [ "${#ceph_classes[@]}" -gt 0 ]; then
+	no_ceph=
+	if ! ldd "$BERTH" 2>/dev/null | grep -q librbd; then
+		no_ceph="$BERTH is built without the ceph backend (make build CEPH=0)"
+	elif ! hack/install-deps.sh ceph-mon ceph-osd ceph-mgr ceph-common >&2; then
+		no_ceph="the ceph packages (ceph-mon ceph-osd ceph-mgr ceph-common) are missing and could not be installed"
+	fi
+	if [ -z "$no_ceph" ]; then
+		ceph=(--test-ceph)
+	else
+		log "skip: classes ${ceph_classes[*]}: $no_ceph: no test Ceph"
+		keep=()
+		for c in "${classes[@]}"; do
+			case $c in berth-ceph | berth-ceph-*) ;; *) keep+=("$c") ;; esac
+		done
+		classes=("${keep[@]}")
+		[ "${#classes[@]}" -gt 0 ] || exit 0
+	fi
+fi
 focus='External.Storage'
 if [ -n "${CONFORMANCE_FOCUS:-}" ]; then
 	focus="External.Storage.*($CONFORMANCE_FOCUS)"
@@ -113,7 +143,7 @@ trap 'exit 130' INT TERM
 
 # The suite's pods run images of registry.k8s.io/e2e-test-images; up.sh
 # imports local builds of them under berth.local/e2e-test-images.
-BERTH_E2E_CONFORMANCE_IMAGES=1 "$BERTH" dev up --repo "$PWD" --demo=false --nodes "${BERTH_E2E_NODES:-2}"
+BERTH_E2E_CONFORMANCE_IMAGES=1 "$BERTH" dev up --repo "$PWD" --demo=false --nodes "${BERTH_E2E_NODES:-2}" "${ceph[@]}"
 log "cluster with berth up after $((SECONDS - t0))s"
 ENV_FILE="${BERTH_E2E_DIR:-/var/lib/berth-e2e}/cluster.env"
 KUBECONFIG=$(sed -n 's/^KUBECONFIG=//p' "$ENV_FILE")

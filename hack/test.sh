@@ -72,7 +72,9 @@ fi
 # (~/.cache/berth) plus what a cold cache adds (kube binaries, CSI sidecars,
 # snapshot-controller, CoreDNS, e2e.test). BERTH_E2E=0 / BERTH_CONFORMANCE=0
 # leave them out. The e2e run includes the Ceph scenarios on a test Ceph in
-# the cluster's network (~4 min of its ~16; BERTH_E2E_CEPH=0 leaves them out).
+# the cluster's network (~4 min of its ~16; BERTH_E2E_CEPH=0 leaves them out);
+# so does the conformance subset (class berth-ceph-userspace; a build
+# without Ceph skips it, saying why).
 cache="${BERTH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/berth}"
 kube="$cache/kube-v1.34.4-etcd-v3.6.5"
 # budget_left: seconds of CI's budget not yet spent.
@@ -110,7 +112,9 @@ if [ "${CI:-}" = true ] && [ "$(id -u)" -eq 0 ]; then
 		in_ci "the e2e scenarios (two nodes)" "$need" hack/e2e.sh
 	fi
 	if [ "${BERTH_CONFORMANCE:-1}" != 0 ]; then
-		need=$((480 + $(cold 900 "$kube/e2e.test" "$kube/agnhost" "$kube/ginkgo")))
+		# ~8 min for berth and berth-userspace, ~3 more for berth-ceph-userspace
+		# (the test Ceph's boot and its six specs)
+		need=$((660 + $(cold 900 "$kube/e2e.test" "$kube/agnhost" "$kube/ginkgo")))
 		CONFORMANCE_QUICK=1 in_ci "the conformance CI subset" "$need" hack/conformance.sh
 	fi
 fi

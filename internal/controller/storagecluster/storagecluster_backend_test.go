@@ -10,6 +10,7 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
@@ -106,7 +107,9 @@ func TestBackendReadyMonitorDoesNotResolve(t *testing.T) {
 }
 
 // A ceph cluster's classes name its Secret for NodeStageVolume: kubelet
-// hands the cephx key to the agent, which has no access to Secrets.
+// hands the cephx key to the agent, which has no access to Secrets. They
+// bind at once: no CSIStorageCapacity is published for them, so the
+// scheduler would place no pod of a claim waiting for its first consumer.
 func TestCephClassesNameNodeStageSecret(t *testing.T) {
 	suite.Require(t)
 	cephSecret(t, "ceph-classes", map[string]string{"userID": "berth", "userKey": "AQBfakefakefakefakefakefakefakefakefake=="})
@@ -117,6 +120,9 @@ func TestCephClassesNameNodeStageSecret(t *testing.T) {
 		if cls.Parameters["csi.storage.k8s.io/node-stage-secret-name"] != "ceph-classes" ||
 			cls.Parameters["csi.storage.k8s.io/node-stage-secret-namespace"] != namespace {
 			t.Errorf("class %s parameters %v: want the node-stage secret %s/ceph-classes", cls.Name, cls.Parameters, namespace)
+		}
+		if m := ptr.Deref(cls.VolumeBindingMode, ""); m != storagev1.VolumeBindingImmediate {
+			t.Errorf("class %s binding mode %s, want Immediate", cls.Name, m)
 		}
 	}
 }

@@ -84,5 +84,18 @@ func (r *Reconciler) storageClass(sc *v1.StorageCluster, cls *storagev1.StorageC
 		cls.Parameters[paramNodeStageSecretNamespace] = sc.Spec.Ceph.SecretRef.Namespace
 	}
 	cls.ReclaimPolicy = ptr.To(corev1.PersistentVolumeReclaimDelete)
-	cls.VolumeBindingMode = ptr.To(storagev1.VolumeBindingWaitForFirstConsumer)
+	cls.VolumeBindingMode = ptr.To(bindingMode(sc))
+}
+
+// bindingMode is a class's volume binding mode. A local volume lives on the
+// node its first pod is scheduled to (WaitForFirstConsumer). A ceph volume
+// has no node, and no agent publishes a CSIStorageCapacity for its class
+// (its capacity is the pool's): the scheduler would find "not enough free
+// storage" on every node for a claim waiting for its consumer (the CSIDriver
+// has storageCapacity), so ceph claims bind at once (Immediate).
+func bindingMode(sc *v1.StorageCluster) storagev1.VolumeBindingMode {
+	if sc.Spec.Backend == v1.BackendCeph {
+		return storagev1.VolumeBindingImmediate
+	}
+	return storagev1.VolumeBindingWaitForFirstConsumer
 }
