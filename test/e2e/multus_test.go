@@ -44,7 +44,31 @@ func (s *scenario) needMultus() (nad string, subnet *net.IPNet) {
 	if err != nil || s.env.Vars["PUBLIC_NAD"] == "" {
 		s.t.Fatalf("cluster.env has MULTUS=1 but PUBLIC_NAD %q, PUBLIC_NET %q (%v)", s.env.Vars["PUBLIC_NAD"], s.env.Vars["PUBLIC_NET"], err)
 	}
+	s.t.Cleanup(func() {
+		if s.t.Failed() {
+			s.multusLogs()
+		}
+	})
 	return s.env.Vars["PUBLIC_NAD"], subnet
+}
+
+// multusLogs logs the end of each node's multus log (multus.sh points it
+// there): why a sandbox got no storage interface, or could not be deleted.
+func (s *scenario) multusLogs() {
+	for _, node := range s.env.Nodes() {
+		path, err := s.env.NodePath(node, "logs", "multus.log")
+		if err != nil {
+			s.t.Log(err)
+			continue
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			s.t.Logf("%s: %v", node, err)
+			continue
+		}
+		lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+		s.t.Logf("%s: the end of %s:\n%s", node, path, strings.Join(lines[max(0, len(lines)-30):], "\n"))
+	}
 }
 
 // networkStatus is one entry of multus' network-status annotation.
