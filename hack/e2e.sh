@@ -4,7 +4,8 @@
 # `berth dev up --demo=false` (hack/cluster + the berth install), then
 # `go test -tags e2e ./test/e2e/...` (extra args go to go test), and always
 # `berth dev down`, which fails when anything was left behind.
-# BERTH_E2E_CEPH=0 leaves the test Ceph (and so the Ceph scenarios) out.
+# BERTH_E2E_CEPH=0 leaves the test Ceph (and so the Ceph scenarios) out;
+# BERTH_E2E_MULTUS=1 adds multus (and so runs the multus scenarios).
 #
 #   hack/e2e.sh [go test flags]          as root, after `make build`
 #   hack/e2e.sh -run 'TestE2E/NodeLossAndReturn$'   one scenario (test/e2e/scenarios_test.go lists them)
@@ -40,8 +41,13 @@ elif ! hack/install-deps.sh ceph-mon ceph-osd ceph-mgr ceph-common; then
 	echo "e2e: the ceph packages (ceph-mon ceph-osd ceph-mgr ceph-common) are missing and could not be installed: no test Ceph; the Ceph scenarios skip" >&2
 fi
 
+# Multus (hack/cluster/multus.sh) is opt-in for now: BERTH_E2E_MULTUS=1;
+# without it the multus scenarios skip, saying why.
+multus=()
+if [ "${BERTH_E2E_MULTUS:-0}" = 1 ]; then multus=(--multus); fi
+
 # Two nodes by default: the scenarios between nodes need them.
-"$BERTH" dev up --repo "$PWD" --demo=false --nodes "${BERTH_E2E_NODES:-2}" "${ceph[@]}"
+"$BERTH" dev up --repo "$PWD" --demo=false --nodes "${BERTH_E2E_NODES:-2}" "${ceph[@]}" "${multus[@]}"
 echo "e2e: cluster with berth up after $((SECONDS - t0))s" >&2
 BERTH_E2E_ENV="${BERTH_E2E_DIR:-/var/lib/berth-e2e}/cluster.env" \
 	go test -tags e2e -count=1 -p 1 -timeout 30m -v "$@" ./test/e2e/...

@@ -64,6 +64,13 @@ write_node_configs() {
   ]
 }
 JSON
+	local bin_dir=/usr/lib/cni
+	if multus_enabled; then
+		multus_node_conf "$i"
+		bin_dir=$CNI_BIN_DIR
+	else
+		rm -f "$cni/net.d/00-multus.conf"
+	fi
 
 	# restrict_oom_score_adj: this machine lacks CAP_SYS_RESOURCE.
 	# netns_mounts_under_state_dir and the runc Root keep every mount and
@@ -96,7 +103,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         BinaryName = "$(command -v runc)"
         Root = "$containerd/runc"
   [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
+    bin_dir = "$bin_dir"
     conf_dir = "$cni/net.d"
     max_conf_num = 1
 TOML

@@ -147,7 +147,7 @@ fi
 if [ -d "$WORKDIR" ]; then
 	# A kubelet root or plugin dir outside the work dir may be shared: kept.
 	rm -rf --one-file-system "$WORKDIR/etcd" "$NODES_DIR" "$MNTNS_DIR" "$PIDS" "$WORKDIR/cluster.env" "$NODES_LIST" \
-		"$BERTH_DATA_DIR" "$VOLUME_PLUGIN_DIR" "$WORKDIR/berth-data-ceph"
+		"$BERTH_DATA_DIR" "$VOLUME_PLUGIN_DIR" "$WORKDIR/berth-data-ceph" "$CNI_BIN_DIR" "$MULTUS_MARK"
 	# Layout of the single-node cluster (an old work dir).
 	rm -rf --one-file-system "$WORKDIR/containerd" "$WORKDIR/cni" "$WORKDIR/pod-logs" "$WORKDIR/kubelet"
 	[ -z "$purge" ] || rm -rf --one-file-system "$WORKDIR"

@@ -20,6 +20,7 @@ report netns "$(ip netns list | grep -E "^$NETNS(-n[0-9]+)?( |$)" || true)"
 report interfaces "$(ip -br link | grep -E "^($HOST_IF|$BRIDGE|$HUB_BRIDGE)[@ ]" || true)"
 report "mount namespace files" "$(ls "$MNTNS_DIR" 2>/dev/null || true)"
 report "node folders" "$(ls "$NODES_DIR" 2>/dev/null || true)"
+report "multus files" "$(ls -d "$CNI_BIN_DIR" "$MULTUS_MARK" 2>/dev/null || true)"
 # The test Ceph of ceph.sh: processes, listening sockets, folder, netns.
 "$HERE/ceph.sh" leftovers || found=1
 if [ -f "$HOST_CREATED" ]; then report "host paths made by the cluster" "$(cat "$HOST_CREATED")"; fi

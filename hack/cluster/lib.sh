@@ -44,12 +44,15 @@ VOLUME_PLUGIN_DIR="$WORKDIR/volume-plugins"
 # content (a per-node folder bound over it in the node's mount namespace).
 BERTH_DATA_DIR="$WORKDIR/berth-data"
 BERTH_RUN_DIR=/run/berth
+# The multus holders' records (network.DefaultDir and the netns-mode
+# folders below it), per node like the rest.
+BERTH_NETWORK_DIR=/var/lib/berth/network
 # Where each node's mount namespace shows its own folder
 # ($WORKDIR/nodes/<node>/<name>): "name=path" pairs. Shared mounts inside
 # the node: kubelet's root and berth's folders take Bidirectional mounts.
 NODE_BINDS=(kubelet="$KUBELET_ROOT" containerd-run=/run/containerd cni=/var/lib/cni
 	log-containers=/var/log/containers run-berth="$BERTH_RUN_DIR" berth-data="$BERTH_DATA_DIR"
-	volume-plugins="$VOLUME_PLUGIN_DIR")
+	volume-plugins="$VOLUME_PLUGIN_DIR" berth-network="$BERTH_NETWORK_DIR")
 # The test Ceph (hack/cluster/ceph.sh: hack/ceph's daemons) in its own
 # netns on the node bridge, reached from the nodes and their pods over the
 # cluster network as a real one would be.
@@ -58,6 +61,20 @@ E2E_CEPH_IP="${BERTH_E2E_CEPH_IP:-$NODE_NET_PREFIX.5}"
 # Its end of the hub bridge, in the hub.
 E2E_CEPH_HUB_IF="${BERTH_E2E_CEPH_HUB_IF:-berth-ceph}"
 E2E_CEPH_DIR="$WORKDIR/ceph"
+# Multus (multus.sh, opt-in: BERTH_E2E_MULTUS=1): the storage networks,
+# each a bridge in the hub with a veth to every node (its node end the
+# macvlan master there), addresses from whereabouts; the CNI bin folder
+# that holds multus, whereabouts and Debian's plugins; the mark that keeps
+# multus on for later ups until down.
+PUBLIC_BRIDGE="${BERTH_E2E_PUBLIC_BRIDGE:-berth-pub}"
+CLUSTER_BRIDGE="${BERTH_E2E_CLUSTER_BRIDGE:-berth-clu}"
+PUBLIC_NET_PREFIX="${BERTH_E2E_PUBLIC_NET_PREFIX:-10.253.0}"
+CLUSTER_NET_PREFIX="${BERTH_E2E_CLUSTER_NET_PREFIX:-10.254.0}"
+NODE_PUBLIC_IF=pub0
+NODE_CLUSTER_IF=clu0
+NAD_NAMESPACE=default
+CNI_BIN_DIR="$WORKDIR/cni-bin"
+MULTUS_MARK="$WORKDIR/multus"
 # Persistent mount namespaces (nsfs files) live here, on a private mount.
 MNTNS_DIR="$WORKDIR/mntns"
 NODES_DIR="$WORKDIR/nodes"
@@ -80,7 +97,8 @@ API_SERVER="https://$HUB_IP:$API_PORT"
 KUBELET_SYSCTLS=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops kernel.keys.root_maxkeys kernel.keys.root_maxbytes)
 # Host paths the nodes' bind mounts need as mount points (and `ip netns
 # add` makes /run/netns): down.sh removes those that did not exist before.
-HOST_PATHS=(/var/log/containers /var/lib/cni /run/containerd /var/lib/kubelet /run/netns "$BERTH_RUN_DIR")
+HOST_PATHS=(/var/log/containers /var/lib/cni /run/containerd /var/lib/kubelet /run/netns "$BERTH_RUN_DIR"
+	"$(dirname "$BERTH_NETWORK_DIR")" "$BERTH_NETWORK_DIR")
 # Control-plane daemons in start order; node daemons are containerd, kubelet.
 DAEMONS=(etcd kube-apiserver kube-controller-manager kube-scheduler)
 NODE_DAEMONS=(containerd kubelet)
@@ -92,6 +110,9 @@ node_pod_cidr() { echo "$POD_NET_PREFIX.$1.0/24"; }
 node_netns() { echo "$NETNS-n$1"; }
 # The node's end of the hub bridge, in the hub.
 node_hub_if() { echo "berth-n$1"; }
+# Node I's ends of the storage networks' bridges, in the hub.
+node_public_hub_if() { echo "berth-pub-n$1"; }
+node_cluster_hub_if() { echo "berth-clu-n$1"; }
 node_dir() { echo "$NODES_DIR/$(node_name "$1")"; }
 node_mntns() { echo "$MNTNS_DIR/$(node_name "$1")"; }
 node_sock() { echo "$(node_dir "$1")/containerd/containerd.sock"; }
@@ -145,6 +166,16 @@ pid_of() {
 	local f="$PIDS/$1.pid"
 	case $1 in *@*) f="$PIDS/${1%@*}-$(node_name "${1#*@}").pid" ;; esac
 	pidfile_pid "$f"
+}
+
+# module_dir MODULE@VERSION: its folder in the module cache (downloaded once).
+module_dir() {
+	local tmp dir
+	tmp=$(mktemp -d)
+	dir=$(cd "$tmp" && timeout 300 env GOFLAGS=-mod=mod go mod download -json "$1" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p') || true
+	rm -rf "$tmp"
+	[ -n "$dir" ] && [ -d "$dir" ] || die "could not download $1 from the Go module proxy"
+	echo "$dir"
 }
 
 kctl() { "$KUBECTL" --kubeconfig "$KUBECONFIG_ADMIN" "$@"; }

@@ -10,7 +10,8 @@
 #   start    start containerd and kubelet again, wait for the node Ready
 #   freeze   freeze all of the node's processes (cgroup freezer): a hung node
 #   thaw     undo freeze
-#   cut      take the node's link to the hub down: no API server, no peers
+#   cut      take the node's links to the hub down: no API server, no peers,
+#            no storage network
 #   restore  undo cut
 #   status   print running/frozen/stopped and linked/cut
 set -euo pipefail
@@ -48,11 +49,16 @@ thaw)
 	log "$name thawed"
 	;;
 cut)
-	ip -n "$NETNS" link set "$hubif" down
+	# Its storage networks' links too, where multus gave it some.
+	for l in "$hubif" "$(node_public_hub_if "$i")" "$(node_cluster_hub_if "$i")"; do
+		ip -n "$NETNS" link show "$l" >/dev/null 2>&1 && ip -n "$NETNS" link set "$l" down
+	done
 	log "$name cut off the hub"
 	;;
 restore)
-	ip -n "$NETNS" link set "$hubif" up
+	for l in "$hubif" "$(node_public_hub_if "$i")" "$(node_cluster_hub_if "$i")"; do
+		ip -n "$NETNS" link show "$l" >/dev/null 2>&1 && ip -n "$NETNS" link set "$l" up
+	done
 	log "$name linked to the hub again"
 	;;
 status)

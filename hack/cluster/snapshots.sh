@@ -32,16 +32,6 @@ CRDS=(volumesnapshotclasses volumesnapshotcontents volumesnapshots)
 KUBECTL=
 [ -f "$WORKDIR/kube-bin" ] && KUBECTL="$(cat "$WORKDIR/kube-bin")/kubectl"
 
-# module_dir MODULE@VERSION: its folder in the module cache (downloaded once).
-module_dir() {
-	local tmp dir
-	tmp=$(mktemp -d)
-	dir=$(cd "$tmp" && timeout 300 env GOFLAGS=-mod=mod go mod download -json "$1" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p') || true
-	rm -rf "$tmp"
-	[ -n "$dir" ] && [ -d "$dir" ] || die "could not download $1 from the Go module proxy"
-	echo "$dir"
-}
-
 # crd_dir: client/config/crd of the client module external-snapshotter
 # requires. Its own ./client replace is not in the downloaded module (a
 # nested module), so the controller is built against this version, and

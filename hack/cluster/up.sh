@@ -11,7 +11,8 @@
 # API_SERVER, ...). Stop with hack/cluster/down.sh; hack/cluster/node.sh
 # stops, freezes or cuts off one node.
 # Set BERTH_E2E_BERTH_BINARY to a berth binary (make build) to also build and
-# import the berth image (tag berth.local/berth:dev).
+# import the berth image (tag berth.local/berth:dev); BERTH_E2E_MULTUS=1 to
+# give the cluster multus, whereabouts and two storage networks (multus.sh).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -23,6 +24,7 @@ REPO="$(cd "$HERE/../.." && pwd)"
 . "$HERE/images.sh"
 . "$HERE/nodes.sh"
 . "$HERE/dns.sh"
+. "$HERE/multus.sh"
 
 [ "$(id -u)" -eq 0 ] || die "run as root (netns, mounts, cgroups)"
 t0=$SECONDS
@@ -83,6 +85,9 @@ for i in $(node_indexes); do setup_node_mntns "$i"; done
 setup_cgroups
 
 make_pki
+# Multus (opt-in): binaries, identities, storage networks; the node configs
+# below then put it in front of the pod network.
+if multus_enabled; then multus_prepare; fi
 write_configs
 for i in $(node_indexes); do write_node_configs "$i"; done
 kube_proxy_pki
@@ -109,6 +114,8 @@ start kube-apiserver "$KUBE_BIN/kube-apiserver" \
 	--authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
 	--allow-privileged=true --profiling=false
 wait_for "API server ready" 90 kube-apiserver kctl get --raw /readyz
+# Multus' CRDs and RBAC before any node runs a pod through it.
+if multus_enabled; then multus_apply; fi
 
 start kube-controller-manager "$KUBE_BIN/kube-controller-manager" \
 	--kubeconfig "$CONF/controller-manager.kubeconfig" \
@@ -173,6 +180,7 @@ BERTH_IMAGE=${BERTH_IMAGE_TAG:-}
 ENV
 	local_names=()
 	for i in $(node_indexes); do local_names+=("$(node_name "$i")"); done
+	multus_env
 	echo "NODES=\"${local_names[*]}\""
 	echo "NODE_COUNT=${#local_names[@]}"
 	first=$(node_indexes | head -n1)

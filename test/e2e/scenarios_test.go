@@ -27,6 +27,7 @@ var scenarios = []func(*testing.T){
 	testFlexvolumeAgentDown,
 	testDeviceHeldOpenBlocksUnstage,
 	testPodsReachAPIServer,
+	testMultusPublicNetwork,
 	testBerthImageRunsItsTools,
 	testFlexvolumePod,
 	testUserspaceSurvivesAgentRestart,
@@ -42,6 +43,7 @@ var scenarios = []func(*testing.T){
 	testNodeLossAndReturn,
 	testLocalVolumeOnLostNode,
 	testCephVolumeMovesOffLostNode,
+	testMultusStorageClusterHolders,
 	testStorageClusterDeletionCleansNode,
 	testTwoStorageClustersOneDeleted,
 }

@@ -50,6 +50,9 @@ type Config struct {
 	// TestCeph starts the test Ceph beside a local berth too, with a ceph
 	// StorageCluster CephStorageCluster on it (the e2e scenarios on Ceph).
 	TestCeph bool
+	// Multus gives the cluster multus, whereabouts and two storage
+	// networks (hack/cluster/multus.sh), kept until down.
+	Multus bool
 	// UnfenceCooldown, when set, is the operator's cool-down before a node
 	// back from a loss gets its Ceph clients off the blocklist.
 	UnfenceCooldown time.Duration
@@ -125,6 +128,7 @@ func Command() cli.Command {
 			fs.IntVar(&cfg.Nodes, "nodes", 1, "up: number of nodes (each its own kubelet, containerd and namespaces)")
 			fs.StringVar(&cfg.Backend, "backend", BackendLocal, "up: backend of the StorageCluster berth: local, or ceph (a test Ceph in the cluster's network, hack/cluster/ceph.sh)")
 			fs.BoolVar(&cfg.TestCeph, "test-ceph", false, "up: also start the test Ceph and a ceph StorageCluster "+CephStorageCluster+" beside a local berth")
+			fs.BoolVar(&cfg.Multus, "multus", false, "up: the cluster gets multus (thin plugin), whereabouts and NetworkAttachmentDefinitions default/public and default/cluster on their own bridges (hack/cluster/multus.sh)")
 			fs.DurationVar(&cfg.UnfenceCooldown, "unfence-cooldown", 20*time.Second, "up: the operator's cool-down before a node back from a loss leaves Ceph's blocklist (short: a throwaway cluster)")
 			fs.DurationVar(&cfg.Timeout, "timeout", 5*time.Minute, "bound of each wait on the cluster")
 			if err := fs.Parse(args[1:]); err != nil {

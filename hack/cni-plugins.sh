@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Builds the e2e cluster's multus CNI plugins as static binaries from the Go
+# module proxy into a cache keyed by version, so that a second run only
+# checks that they exist:
+#   multus       the thin plugin (gopkg.in/k8snetworkplumbingwg/multus-cni.v4,
+#                cmd/multus): a CNI binary that reads a pod's networks
+#                annotation through a kubeconfig and calls the delegates
+#   whereabouts  the cluster-wide IPAM (github.com/k8snetworkplumbingwg/whereabouts,
+#                cmd): allocations live in its IPPool objects
+#
+#   hack/cni-plugins.sh [name ...]   default: multus whereabouts
+#   hack/cni-plugins.sh --module NAME   prints "module@version" of NAME
+#                                       (where its CRDs are read from)
+#
+# Prints the cache folder on its last line (binaries NAME-VERSION). macvlan
+# and the other reference plugins come from Debian (containernetworking-plugins).
+# Each is built from a writable copy of the downloaded module with its own
+# go.mod and go.sum (the dependency versions it was released with); the
+# module zip keeps only vendor/modules.txt, so the vendor folder goes.
+set -euo pipefail
+
+MULTUS_VERSION="${MULTUS_VERSION:-v4.2.2}"
+WHEREABOUTS_VERSION="${WHEREABOUTS_VERSION:-v0.8.0}"
+CACHE_ROOT="${BERTH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/berth}"
+OUT="$CACHE_ROOT/cni-plugins"
+
+log() { printf '[cni-plugins] %s\n' "$*" >&2; }
+
+# module NAME: prints "module version cmd-dir ldflags" of a plugin.
+module() {
+	case "$1" in
+	multus) echo "gopkg.in/k8snetworkplumbingwg/multus-cni.v4 $MULTUS_VERSION ./cmd/multus -X=gopkg.in/k8snetworkplumbingwg/multus-cni.v4/pkg/multus.version=$MULTUS_VERSION" ;;
+	whereabouts) echo "github.com/k8snetworkplumbingwg/whereabouts $WHEREABOUTS_VERSION ./cmd -X=github.com/k8snetworkplumbingwg/whereabouts/pkg/version.Version=$WHEREABOUTS_VERSION" ;;
+	*) log "unknown plugin: $1"; exit 2 ;;
+	esac
+}
+
+if [ "${1:-}" = --module ]; then
+	read -r mod version _ < <(module "$2")
+	echo "$mod@$version"
+	exit 0
+fi
+
+names=("$@")
+[ ${#names[@]} -gt 0 ] || names=(multus whereabouts)
+
+mkdir -p "$OUT"
+work=
+trap 'if [ -n "$work" ]; then chmod -R u+w "$work" 2>/dev/null; rm -rf "$work"; fi' EXIT
+for n in "${names[@]}"; do
+	read -r mod version cmd ldflags < <(module "$n")
+	bin="$OUT/$n-$version"
+	if [ -x "$bin" ]; then
+		log "cached: $bin"
+		continue
+	fi
+	command -v go >/dev/null || { log "go is required (expected at /usr/local/go/bin)"; exit 1; }
+	[ -n "$work" ] || work=$(mktemp -d)
+	log "building $n $version from $mod (first time only, a few minutes)"
+	start=$SECONDS
+	dir=$(cd "$work" && GOFLAGS=-mod=mod go mod download -json "$mod@$version" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+	[ -n "$dir" ] || { log "could not download $mod@$version"; exit 1; }
+	cp -r "$dir" "$work/$n"
+	chmod -R u+w "$work/$n"
+	rm -rf "$work/$n/vendor"
+	(cd "$work/$n" && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags "-s -w $ldflags" -o "$bin.tmp" "$cmd")
+	mv "$bin.tmp" "$bin"
+	log "$n $version ready in $((SECONDS - start))s"
+done
+echo "$OUT"
