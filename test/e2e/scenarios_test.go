@@ -44,6 +44,7 @@ var scenarios = []func(*testing.T){
 	testCephVolumeMovesOffLostNode,
 	testStorageClusterDeletionCleansNode,
 	testTwoStorageClustersOneDeleted,
+	testStorageClusterDeletionWithAgentAway,
 }
 
 // TestE2E runs the scenarios in the order of the list above.
