@@ -102,6 +102,14 @@ func TestChartInstallsAndOperatorWorks(t *testing.T) {
 	if dep.Spec.Template.Spec.ServiceAccountName != "berth-operator" || c.Image != "berth.local/berth:test" || c.Args[0] != "operator" {
 		t.Errorf("operator Deployment: sa %q image %q args %v", dep.Spec.Template.Spec.ServiceAccountName, c.Image, c.Args)
 	}
+	for _, p := range []struct {
+		probe *corev1.Probe
+		path  string
+	}{{c.LivenessProbe, "/healthz"}, {c.ReadinessProbe, "/readyz"}} {
+		if p.probe == nil || p.probe.HTTPGet == nil || p.probe.HTTPGet.Path != p.path || p.probe.HTTPGet.Port.StrVal != "health" {
+			t.Errorf("operator probe for %s: %+v", p.path, p.probe)
+		}
+	}
 	for _, r := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
 		if _, ok := c.Resources.Requests[r]; !ok {
 			t.Errorf("operator container has no %s request: %+v", r, c.Resources)

@@ -40,19 +40,27 @@ func gcOn(t *testing.T, clk clock.Clock, opts fence.Options) (*fence.GC, *promet
 // counters reads scanned, moved and dropped from the registry.
 func counters(t *testing.T, reg *prometheus.Registry) [3]float64 {
 	t.Helper()
+	var out [3]float64
+	for i, name := range []string{"scanned", "moved", "dropped"} {
+		out[i] = counter(t, reg, "berth_attachment_gc_entries_"+name+"_total")
+	}
+	return out
+}
+
+// counter reads the unlabelled counter name from the registry (0 when it
+// has no value yet).
+func counter(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out [3]float64
 	for _, mf := range mfs {
-		for i, name := range []string{"scanned", "moved", "dropped"} {
-			if mf.GetName() == "berth_attachment_gc_entries_"+name+"_total" {
-				out[i] = mf.GetMetric()[0].GetCounter().GetValue()
-			}
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetCounter().GetValue()
 		}
 	}
-	return out
+	return 0
 }
 
 // TestGCNodeGone: the stage record and the pod entries of a gone node move
@@ -97,7 +105,8 @@ func TestGCNodeGone(t *testing.T) {
 func TestGCPrunesStaleListsOfGoneNodes(t *testing.T) {
 	suite.Require(t)
 	clk := clocktesting.NewFakeClock(time.Now())
-	g, _ := gcOn(t, clk, fence.Options{StaleListTTL: time.Hour})
+	g, reg := gcOn(t, clk, fence.Options{StaleListTTL: time.Hour})
+	const pruned = "berth_attachment_gc_stale_lists_pruned_total"
 	ctx := ctxT(t)
 	entry := v1.StaleAttachment{Volume: "vol-x", MountDir: "/var/lib/kubelet/plugins/berth.io/pv/x/globalmount",
 		Reason: v1.ReasonNodeGone, FoundAt: metav1.Now()}
@@ -125,9 +134,15 @@ func TestGCPrunesStaleListsOfGoneNodes(t *testing.T) {
 	if res, err := g.RunOnce(ctx); err != nil || res.Pruned != 0 {
 		t.Fatalf("pass within the TTL: %+v, %v", res, err)
 	}
+	if n := counter(t, reg, pruned); n != 0 {
+		t.Fatalf("%s = %v within the TTL, want 0", pruned, n)
+	}
 	clk.Step(2 * time.Minute)
 	if res, err := g.RunOnce(ctx); err != nil || res.Pruned != 1 {
 		t.Fatalf("pass after the TTL: %+v, %v", res, err)
+	}
+	if n := counter(t, reg, pruned); n != 1 {
+		t.Fatalf("%s = %v after the TTL, want 1", pruned, n)
 	}
 	if err := env.Client.Get(ctx, clientKey("prune-gone"), &v1.NodeCleanup{}); !apierrors.IsNotFound(err) {
 		t.Fatalf("the gone node's stale list after the TTL: %v", err)

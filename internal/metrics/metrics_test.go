@@ -26,6 +26,7 @@ func TestNilGroupsRecordNothing(t *testing.T) {
 		g   *metrics.GC
 		c   *metrics.Cleanup
 		h   *metrics.Heal
+		d   *metrics.FlexDriver
 	)
 	ops.Observe("mount", "OK", time.Second)
 	f.Acquired(metrics.AcquireGranted, time.Second)
@@ -37,6 +38,7 @@ func TestNilGroupsRecordNothing(t *testing.T) {
 	c.Pass(nil, 1, 1, 1, 1)
 	h.Pass(nil)
 	h.Volume("restarted", time.Second)
+	d.Set(true)
 }
 
 // TestRegisterAllOrNothing: a group that cannot register (its names taken)

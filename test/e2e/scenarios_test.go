@@ -46,6 +46,7 @@ var scenarios = []func(*testing.T){
 	testMultusStorageClusterHolders,
 	testStorageClusterDeletionCleansNode,
 	testTwoStorageClustersOneDeleted,
+	testStorageClusterDeletionWithAgentAway,
 }
 
 // TestE2E runs the scenarios in the order of the list above.

@@ -5,13 +5,14 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/berth-io/berth/internal/testenv"
 )
 
 // TestMetricsCountRealCalls: the agent's and the CSI controller's /metrics
 // endpoints count real calls on a real volume (create, stage, publish,
-// unpublish, unstage, delete: loop device, mkfs, mounts) under the gRPC code
+// expand, unpublish, unstage, delete: loop device, mkfs, mounts, resize2fs) under the gRPC code
 // they answered, refused calls under their error code, one latency
 // observation per call; fencing counts the holds taken and released; the
 // node gauge shows the volume; both health endpoints answer.
@@ -35,6 +36,20 @@ func TestMetricsCountRealCalls(t *testing.T) {
 	}
 	if _, err := c.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: mountCap()}); err != nil {
 		t.Fatal(err)
+	}
+	grown := &csi.CapacityRange{RequiredBytes: 128 << 20}
+	if _, err := c.ctrl.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: id, CapacityRange: grown, VolumeCapability: mountCap()}); err != nil {
+		t.Fatal(err)
+	}
+	// Where the kernel refuses online growth of the mounted filesystem
+	// (this machine: no CAP_SYS_RESOURCE), the agent answers
+	// FailedPrecondition (it grows at the next stage); either way the call
+	// is counted under the code it answered.
+	_, err = c.node.NodeExpandVolume(ctx, &csi.NodeExpandVolumeRequest{VolumeId: id, VolumePath: target, StagingTargetPath: staging,
+		CapacityRange: grown, VolumeCapability: mountCap()})
+	expandCode := status.Code(err).String()
+	if err != nil && status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("NodeExpandVolume: %v", err)
 	}
 	staged := testenv.ScrapeAddr(t, drv.agentMetrics)
 	if n := staged[testenv.Series("berth_volumes", "state", "Available", "transport", "loop")]; n < 1 {
@@ -63,6 +78,8 @@ func TestMetricsCountRealCalls(t *testing.T) {
 	took := func(op string) string {
 		return testenv.Series("berth_csi_request_duration_seconds_count", "operation", op)
 	}
+	testenv.WantDelta(t, "agent", agent0, agent1, req("NodeExpandVolume", expandCode), 1)
+	testenv.WantDelta(t, "agent", agent0, agent1, took("NodeExpandVolume"), 1)
 	for _, op := range []string{"NodePublishVolume", "NodeUnpublishVolume", "NodeUnstageVolume"} {
 		testenv.WantDelta(t, "agent", agent0, agent1, req(op, "OK"), 1)
 		testenv.WantDelta(t, "agent", agent0, agent1, took(op), 1)
@@ -78,6 +95,8 @@ func TestMetricsCountRealCalls(t *testing.T) {
 	testenv.WantDelta(t, "controller", ctrl0, ctrl1, req("CreateVolume", "OK"), 1)
 	testenv.WantDelta(t, "controller", ctrl0, ctrl1, req("CreateVolume", "InvalidArgument"), 1)
 	testenv.WantDelta(t, "controller", ctrl0, ctrl1, req("DeleteVolume", "OK"), 1)
+	testenv.WantDelta(t, "controller", ctrl0, ctrl1, req("ControllerExpandVolume", "OK"), 1)
+	testenv.WantDelta(t, "controller", ctrl0, ctrl1, took("ControllerExpandVolume"), 1)
 	testenv.WantDelta(t, "controller", ctrl0, ctrl1, took("CreateVolume"), 2)
 	if ctrl1[took("DeleteVolume")] < 1 || ctrl1[testenv.Series("berth_csi_request_duration_seconds_sum", "operation", "CreateVolume")] <= 0 {
 		t.Errorf("controller latency histograms: %v", ctrl1)

@@ -62,6 +62,7 @@ type agentMetrics struct {
 	fence     *metrics.Fence
 	heal      *metrics.Heal
 	cleanup   *metrics.Cleanup
+	driver    *metrics.FlexDriver
 }
 
 func newAgentMetrics() (agentMetrics, error) {
@@ -80,7 +81,10 @@ func newAgentMetrics() (agentMetrics, error) {
 	if m.heal, err = metrics.NewHeal(reg); err != nil {
 		return m, err
 	}
-	m.cleanup, err = metrics.NewCleanup(reg)
+	if m.cleanup, err = metrics.NewCleanup(reg); err != nil {
+		return m, err
+	}
+	m.driver, err = metrics.NewFlexDriver(reg)
 	return m, err
 }
 
@@ -270,12 +274,11 @@ func (c Config) Run(ctx context.Context) error {
 	}
 	sock := socket.NewServer(a, c.Log.WithName("socket"))
 	sock.Metrics = m.flex
+	// The Flexvolume driver's state is not in readiness: a failed install
+	// degrades only that path (Event, log, berth_flexvolume_driver_ready).
 	flex := &flexRunnable{server: sock, socket: c.AgentSocket, pluginDir: c.VolumePluginDir, log: c.Log.WithName("flexvolume"),
-		events: mgr.GetEventRecorderFor("berth-agent"), node: c.NodeName}
+		events: mgr.GetEventRecorderFor("berth-agent"), node: c.NodeName, metrics: m.driver}
 	if err := mgr.Add(flex); err != nil {
-		return err
-	}
-	if err := mgr.AddReadyzCheck("flexvolume", flex.Ready); err != nil {
 		return err
 	}
 	c.Log.Info("starting agent", "node", c.NodeName, "dataDirs", images.Dirs(), "runDir", c.RunDir, "csiEndpoint", c.CSIEndpoint, "version", version.Get().Version)
@@ -294,6 +297,11 @@ func (c Config) addCSI(mgr manager.Manager, a *nodeagent.Agent, m *metrics.Ops) 
 		Node:     csi.NewNode(a, 0),
 	})
 	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error { return csi.Serve(ctx, srv, l) })); err != nil {
+		return err
+	}
+	// Ready when the CSI node service answers on its socket, as kubelet
+	// will call it.
+	if err := mgr.AddReadyzCheck("csi", csiAnswers(socketPath(c.CSIEndpoint))); err != nil {
 		return err
 	}
 	if c.KubeletDir == "" {

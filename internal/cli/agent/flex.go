@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"strings"
@@ -19,14 +18,16 @@ import (
 
 	"github.com/berth-io/berth/internal/agent/socket"
 	"github.com/berth-io/berth/internal/flexvolume"
+	"github.com/berth-io/berth/internal/metrics"
 )
 
 // flexRunnable installs the Flexvolume driver, then opens the agent socket
 // and runs the driver's init the way kubelet will: the socket serves mounts
 // only after that handshake went through, and the agent is ready then. A
 // failed install or init degrades only the Flexvolume path: it is logged,
-// told in an Event on the Node and in the readiness check, and retried; the
-// agent (and its CSI node service) keeps running.
+// told in an Event on the Node and in berth_flexvolume_driver_ready, and
+// retried; the agent (and its CSI node service, which alone makes the agent
+// ready) keeps running.
 type flexRunnable struct {
 	server    *socket.Server
 	socket    string
@@ -40,12 +41,14 @@ type flexRunnable struct {
 	// retry is the first wait after a failure, doubled up to maxRetry
 	// (defaults 5s and 5m).
 	retry, maxRetry time.Duration
+	metrics         *metrics.FlexDriver
 
 	ready   atomic.Bool
 	problem atomic.Pointer[string]
 }
 
 func (f *flexRunnable) Start(ctx context.Context) error {
+	f.metrics.Set(false)
 	var driver string
 	if f.pluginDir != "" {
 		f.server.RequireHandshake = true
@@ -70,6 +73,7 @@ func (f *flexRunnable) Start(ctx context.Context) error {
 	}
 	f.problem.Store(nil)
 	f.ready.Store(true)
+	f.metrics.Set(true)
 	return <-served
 }
 
@@ -136,8 +140,9 @@ func (f *flexRunnable) init(ctx context.Context, driver string) error {
 	return nil
 }
 
-// Ready is a readiness check for the manager.
-func (f *flexRunnable) Ready(_ *http.Request) error {
+// State is nil once the driver is installed and its init went through,
+// else what is missing or failed.
+func (f *flexRunnable) State() error {
 	if f.ready.Load() {
 		return nil
 	}

@@ -23,13 +23,13 @@ func (noOps) Node() string                                             { return 
 func (noOps) FlexMount(context.Context, flexvolume.MountRequest) error { return nil }
 func (noOps) FlexUnmount(context.Context, string) error                { return nil }
 
-// TestFlexInstallFailureDegradesOnlyFlexvolume: a driver folder that cannot
-// be made fails the install, which is retried and told (readiness, an Event
+// TestFlexInstallRetriedUntilInstalled: a driver folder that cannot be
+// made fails the install, which is retried and told (its state, an Event
 // on the node) while Start keeps running, and no socket is opened; once the
 // folder can be made the driver is installed and the socket opens, serving
 // mounts only after a handshake. (The installed driver is /bin/true, whose
 // init prints no answer: the agent keeps retrying it, still not ready.)
-func TestFlexInstallFailureDegradesOnlyFlexvolume(t *testing.T) {
+func TestFlexInstallRetriedUntilInstalled(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("the agent socket admits only root peers; run as root")
 	}
@@ -55,7 +55,7 @@ func TestFlexInstallFailureDegradesOnlyFlexvolume(t *testing.T) {
 		}
 	}
 	poll("readiness naming the failed install", func() bool {
-		err := f.Ready(nil)
+		err := f.State()
 		return err != nil && strings.Contains(err.Error(), "install failed")
 	})
 	select {
@@ -82,7 +82,7 @@ func TestFlexInstallFailureDegradesOnlyFlexvolume(t *testing.T) {
 		t.Fatalf("unmount before any handshake: %+v %v", resp, err)
 	}
 	poll("readiness naming the failed init", func() bool {
-		err := f.Ready(nil)
+		err := f.State()
 		return err != nil && strings.Contains(err.Error(), "init failed")
 	})
 }

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"log/slog"
 	"os"
 
@@ -25,7 +26,10 @@ type Config struct {
 	PodName      string
 	// Interface is the storage network interface multus made in the pod.
 	Interface string
-	Log       logr.Logger
+	// ReadyCheck: only tell whether this pod's holder has published its
+	// record (--ready, the readiness probe).
+	ReadyCheck bool
+	Log        logr.Logger
 }
 
 var errNoPodUID = errors.New("berth holder: --pod-uid is required (the downward API's metadata.uid)")
@@ -35,6 +39,9 @@ func (c Config) Run(ctx context.Context) error {
 	if c.PodUID == "" {
 		return errNoPodUID
 	}
+	if c.ReadyCheck {
+		return c.checkReady()
+	}
 	st, err := network.OpenOwnStack()
 	if err != nil {
 		return err
@@ -42,6 +49,24 @@ func (c Config) Run(ctx context.Context) error {
 	defer st.Close()
 	h := network.NewHolder(st, network.SelfNSID, network.Dir(c.Dir), c.Log)
 	return h.Run(ctx, network.Record{PodUID: c.PodUID, PodNamespace: c.PodNamespace, PodName: c.PodName, Interface: c.Interface})
+}
+
+// checkReady passes once the holder of this pod (the probe runs in its
+// container: same environment and network namespace) published a record
+// of this network namespace: the mover and the netns mode can use it.
+func (c Config) checkReady() error {
+	rec, err := network.Dir(c.Dir).Read(c.PodUID)
+	if err != nil {
+		return fmt.Errorf("holder not ready: %w", err)
+	}
+	self, err := network.SelfNSID()
+	if err != nil {
+		return fmt.Errorf("own network namespace: %w", err)
+	}
+	if rec.NetNS != self {
+		return fmt.Errorf("holder not ready: the record of pod %s names another network namespace", c.PodUID)
+	}
+	return nil
 }
 
 // Parse turns the command's arguments into a Config.
@@ -54,6 +79,7 @@ func Parse(args []string, stdio cli.IO) (Config, error) {
 	fs.StringVar(&cfg.PodNamespace, "pod-namespace", os.Getenv("POD_NAMESPACE"), "this pod's namespace, for messages (default $POD_NAMESPACE)")
 	fs.StringVar(&cfg.PodName, "pod-name", os.Getenv("POD_NAME"), "this pod's name, for messages (default $POD_NAME)")
 	fs.StringVar(&cfg.Interface, "interface", "net1", "the storage network interface in this pod")
+	fs.BoolVar(&cfg.ReadyCheck, "ready", false, "only tell whether this pod's holder published its record (exit 0) or not: the pod's readiness probe")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}

@@ -22,8 +22,11 @@ func Command() cli.Command {
 			if err != nil {
 				return err
 			}
-			if cfg.readyCheck {
+			switch {
+			case cfg.readyCheck:
 				return cfg.checkReady()
+			case cfg.aliveCheck:
+				return cfg.checkAlive()
 			}
 			return cfg.Run(ctx)
 		},
@@ -55,6 +58,8 @@ func parse(args []string, stdio cli.IO) (Config, error) {
 	fs.StringVar(&cfg.Lease.Holder, "lease-holder", "", "holder identity in the Lease (the pod name)")
 	fs.DurationVar(&cfg.Lease.Duration, "lease-duration", 15*time.Second, "Lease duration")
 	fs.BoolVar(&cfg.readyCheck, "ready", false, "only tell whether the share manager of --state-dir serves (exit 0) or not: the pod's readiness probe")
+	fs.BoolVar(&cfg.aliveCheck, "alive", false, "only tell whether the share manager of --state-dir still runs (exit 0: a heartbeat within --alive-within) or not: the pod's liveness probe")
+	fs.DurationVar(&cfg.AliveWithin, "alive-within", DefaultAliveWithin, "how old the heartbeat may be for --alive")
 	fs.IntVar(&verbosity, "v", 0, "log verbosity")
 	cfg.Kube.Register(fs)
 	if err := fs.Parse(args); err != nil {

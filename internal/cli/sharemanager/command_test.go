@@ -2,10 +2,12 @@ package sharemanager
 
 import (
 	"context"
+	"errors"
 	"io"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -68,5 +70,55 @@ func TestReadyCheck(t *testing.T) {
 	}
 	if err := run(); err != nil {
 		t.Errorf("not ready with a ready file: %v", err)
+	}
+}
+
+// TestAliveWhileWaitingForTheDevice: the liveness probe (--alive) passes
+// while the share manager waits for its device (not ready, not serving),
+// fails on a heartbeat older than --alive-within or none, and the
+// heartbeat goes when Run returns.
+func TestAliveWhileWaitingForTheDevice(t *testing.T) {
+	dir := t.TempDir()
+	alive := func(extra ...string) error {
+		args := append([]string{"--state-dir", dir, "--alive"}, extra...)
+		return Command().Main(context.Background(), args, cli.IO{Stderr: io.Discard})
+	}
+	if err := alive(); err == nil {
+		t.Error("alive without a heartbeat")
+	}
+	cfg, err := parse([]string{"--volume", "pv1", "--device", filepath.Join(dir, "no-device"), "--state-dir", dir,
+		"--mount-path", filepath.Join(dir, "export")}, cli.IO{Stderr: io.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- cfg.Run(ctx) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for alive() != nil && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := alive(); err != nil {
+		t.Errorf("not alive while waiting for the device: %v", err)
+	}
+	if err := Command().Main(context.Background(), []string{"--state-dir", dir, "--ready"}, cli.IO{Stderr: io.Discard}); err == nil {
+		t.Error("ready while waiting for the device")
+	}
+	old := strconv.FormatInt(time.Now().Add(-2*time.Minute).Unix(), 10)
+	if err := os.WriteFile(filepath.Join(dir, "alive"), []byte(old), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := alive(); err == nil || !strings.Contains(err.Error(), "heartbeat") {
+		t.Errorf("alive with a heartbeat 2m old: %v", err)
+	}
+	if err := alive("--alive-within", "3m"); err != nil {
+		t.Errorf("not alive with a heartbeat 2m old, 3m allowed: %v", err)
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Errorf("Run = %v, want canceled", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "alive")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("heartbeat left after Run: %v", err)
 	}
 }

@@ -40,8 +40,10 @@ type Config struct {
 	Device, MountPath, FSType string
 	// StateDir keeps ganesha's config, pid file and log.
 	StateDir string
-	// readyCheck: only check the ready file of StateDir (--ready).
-	readyCheck bool
+	// readyCheck: only check the ready file of StateDir (--ready);
+	// aliveCheck: only check its heartbeat (--alive), at most AliveWithin old.
+	readyCheck, aliveCheck bool
+	AliveWithin            time.Duration
 	// RecoveryDir is the recovery backend's root ("": on the volume).
 	RecoveryDir string
 	BindAddr    string
@@ -128,6 +130,7 @@ func (c Config) Run(ctx context.Context) (err error) {
 		}
 	}()
 	_ = os.Remove(c.ReadyFile())
+	defer c.heartbeat(ctx)()
 	if err := c.waitDevice(ctx); err != nil {
 		return err
 	}

@@ -111,6 +111,16 @@ func (r *Reconciler) podFor(sm *v1.ShareManager, vol *v1.Volume, rwx rwxSettings
 					ProbeHandler:  corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"berth", "share-manager", "--state-dir=" + stateDir, "--ready"}}},
 					PeriodSeconds: 2, FailureThreshold: 1,
 				},
+				// Liveness reads the share manager's heartbeat, which it
+				// writes while it waits for its device or Lease and through
+				// the NFS grace period too: a kill there (the pod fails, no
+				// restart) would only start a new one that waits and
+				// graces again. Generous: three minutes without a heartbeat
+				// (written every 10 s) before the kill.
+				LivenessProbe: &corev1.Probe{
+					ProbeHandler:        corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"berth", "share-manager", "--state-dir=" + stateDir, "--alive"}}},
+					InitialDelaySeconds: 30, PeriodSeconds: 30, TimeoutSeconds: 10, FailureThreshold: 5,
+				},
 				VolumeDevices: []corev1.VolumeDevice{{Name: "volume", DevicePath: devicePath}},
 			}},
 			Volumes: []corev1.Volume{{Name: "volume", VolumeSource: corev1.VolumeSource{

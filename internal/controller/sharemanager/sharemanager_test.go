@@ -439,6 +439,20 @@ func checkPod(t *testing.T, pod *corev1.Pod, volume, avoid string) {
 	if c.Image != opts.Image || c.SecurityContext == nil || c.SecurityContext.Privileged == nil || !*c.SecurityContext.Privileged {
 		t.Errorf("container image %q security %+v", c.Image, c.SecurityContext)
 	}
+	for _, p := range []struct {
+		probe *corev1.Probe
+		flag  string
+	}{{c.ReadinessProbe, "--ready"}, {c.LivenessProbe, "--alive"}} {
+		want := []string{"berth", "share-manager", "--state-dir=/run/berth/share", p.flag}
+		if p.probe == nil || p.probe.Exec == nil || !reflect.DeepEqual(p.probe.Exec.Command, want) {
+			t.Errorf("probe %s = %+v, want exec %q", p.flag, p.probe, want)
+		}
+	}
+	// Liveness is slow to kill: a share manager waiting for its device or
+	// in NFS grace is alive; the heartbeat it reads is a minute's.
+	if lp := c.LivenessProbe; lp != nil && (lp.PeriodSeconds*lp.FailureThreshold < 120 || lp.TimeoutSeconds < 5) {
+		t.Errorf("liveness period %ds x %d failures, timeout %ds: kills too soon", lp.PeriodSeconds, lp.FailureThreshold, lp.TimeoutSeconds)
+	}
 	if ref := metav1.GetControllerOf(pod); ref == nil || ref.Kind != "ShareManager" || ref.Name != volume {
 		t.Errorf("pod controller reference = %+v", ref)
 	}

@@ -130,6 +130,16 @@ func (r *Reconciler) holderDaemonSet(sc *v1.StorageCluster, ds *appsv1.DaemonSet
 		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
 	}
 	c.VolumeMounts = []corev1.VolumeMount{{Name: "holders", MountPath: dir}}
+	// Ready once its record is published (HolderReady counts it). No
+	// liveness probe: a holder that stops withdraws its record, and the
+	// mover gives the interface back, a network cut under mounted volumes;
+	// the holder only sleeps, there is nothing to hang.
+	c.ReadinessProbe = &corev1.Probe{
+		ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{
+			Command: []string{"berth", "holder", "--dir=" + dir, "--ready"},
+		}},
+		TimeoutSeconds: 5, PeriodSeconds: 10, SuccessThreshold: 1, FailureThreshold: 3,
+	}
 	var affinity *corev1.Affinity
 	if sel := sc.Spec.Agent.NodeSelector; len(sel) > 0 {
 		affinity = placement(nodeWidePlan{nodeTerms: []corev1.NodeSelectorTerm{selectorTerm(sel)}})
@@ -160,6 +170,11 @@ func (r *Reconciler) moverDaemonSet(plan nodeWidePlan, ds *appsv1.DaemonSet) {
 		Capabilities: &corev1.Capabilities{Add: []corev1.Capability{"NET_ADMIN", "SYS_ADMIN"}},
 	}
 	c.VolumeMounts = []corev1.VolumeMount{{Name: "holders", MountPath: MoverHolderDir}}
+	// No probes on purpose. Liveness: a restart removes every copy and
+	// gives the interfaces back, the network cut OnDelete avoids; a round
+	// that fails is logged and retried, so the loop does not hang on one.
+	// Readiness: no Service selects the mover, and a round's outcome is
+	// per holder (the next round retries), not one state to probe.
 	ds.Spec = onDeleteDaemonSet(NodeWide, componentMover, nil, corev1.PodSpec{
 		AutomountServiceAccountToken: ptr.To(false),
 		PriorityClassName:            PriorityNodeCritical,

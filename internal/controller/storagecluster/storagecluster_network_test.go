@@ -277,6 +277,9 @@ func checkHolder(t *testing.T, sc *v1.StorageCluster, ds *appsv1.DaemonSet, imag
 	if sec == nil || (sec.Privileged != nil && *sec.Privileged) || sec.Capabilities == nil || !slices.Equal(sec.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sec.Capabilities.Add) != 0 {
 		t.Errorf("holder security context %+v", sec)
 	}
+	if rp := c.ReadinessProbe; rp == nil || rp.Exec == nil || !slices.Equal(rp.Exec.Command, []string{"berth", "holder", "--dir=" + dir, "--ready"}) || c.LivenessProbe != nil {
+		t.Errorf("holder probes: readiness %+v liveness %+v, want readiness only, berth holder --ready", c.ReadinessProbe, c.LivenessProbe)
+	}
 	if uid := env1(c, "POD_UID"); uid == nil || uid.ValueFrom == nil || uid.ValueFrom.FieldRef.FieldPath != "metadata.uid" {
 		t.Errorf("holder POD_UID %+v", uid)
 	}
@@ -301,6 +304,9 @@ func checkMover(t *testing.T, ds *appsv1.DaemonSet) {
 	c := p.Containers[0]
 	if !slices.Equal(c.Args, []string{"mover", "--dir=/var/lib/berth/network/holders", "--proc=/proc"}) {
 		t.Errorf("mover args %v", c.Args)
+	}
+	if c.LivenessProbe != nil || c.ReadinessProbe != nil {
+		t.Errorf("mover probes: liveness %+v readiness %+v, want none (a restart cuts the network)", c.LivenessProbe, c.ReadinessProbe)
 	}
 	sec := c.SecurityContext
 	if sec == nil || sec.Privileged == nil || !*sec.Privileged || sec.Capabilities == nil ||

@@ -210,6 +210,10 @@ func (r *Reconciler) controllerDeployment(d *appsv1.Deployment) {
 	)
 	berth.Env = append(berth.Env, podNamespaceEnv())
 	withEndpoints(&berth, ControllerMetricsPort, ControllerHealthPort)
+	// No livenessprobe sidecar: the module proxy does not serve it here
+	// (hack/csi-sidecars.sh builds these three). What it would check, the
+	// CSI controller answering, is berth's own /healthz liveness; the
+	// sidecars exit by themselves when they lose the CSI socket.
 	provisioner := r.sidecar("csi-provisioner", o.ProvisionerImage, csiAddr,
 		"--feature-gates=Topology=true", "--strict-topology", "--extra-create-metadata", "--leader-election")
 	resizer := r.sidecar("csi-resizer", o.ResizerImage, csiAddr, "--leader-election")

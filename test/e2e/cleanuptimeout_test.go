@@ -1,0 +1,196 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+)
+
+// testStorageClusterDeletionWithAgentAway: a StorageCluster (cleanup policy
+// Detach, cleanupTimeout 20s) is deleted with --cascade=foreground while
+// the agent is kept off the node that has its volume staged and in use.
+// The deletion does not hang: it completes soon after the timeout, a
+// CleanupTimedOut Event says so, and the node's entries are on its stale
+// list. Once the agent is back it undoes them: no staging mount and no
+// loop device of the volume remain.
+func testStorageClusterDeletionWithAgentAway(t *testing.T) {
+	s := newScenario(t, 14*time.Minute)
+	if s.env.Vars["BERTH_E2E_DIR"] == "" {
+		t.Fatal("cluster.env has no BERTH_E2E_DIR")
+	}
+	const cluster, timeout = "away", 20 * time.Second
+	dir := filepath.Join(s.env.Vars["BERTH_E2E_DIR"], "berth-data-away")
+	onNode := metav1.ListOptions{LabelSelector: agentPods, FieldSelector: "spec.nodeName=" + s.node}
+	untaint := func() { _, _ = s.kubectl("taint", "node", s.node, agentDownTaint+"-") }
+	// Cleanups run last first: the taint goes before the cluster and the
+	// folder every node's agent mounted.
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	t.Cleanup(func() { _, _ = s.kubectl("delete", "storagecluster", cluster, "--ignore-not-found", "--timeout=3m") })
+	t.Cleanup(untaint)
+
+	manifest := fmt.Sprintf(`apiVersion: berth.io/v1alpha1
+kind: StorageCluster
+metadata:
+  name: %s
+spec:
+  dataDir: %s
+  cleanupPolicy: Detach
+  cleanupTimeout: %s
+`, cluster, dir, timeout)
+	if _, err := s.kubectlIn(manifest, "apply", "-f", "-"); err != nil {
+		t.Fatal(err)
+	}
+	for _, sc := range []string{cluster, "berth"} {
+		s.waitFor("StorageCluster "+sc+" Ready", 4*time.Minute, func(context.Context) (bool, error) {
+			out, err := s.kubectl("get", "storagecluster", sc, "-o", "jsonpath={.status.phase}")
+			return err == nil && out == "Ready", nil
+		})
+	}
+	s.waitFor("the class of "+cluster, time.Minute, func(ctx context.Context) (bool, error) {
+		_, err := s.cs.StorageV1().StorageClasses().Get(ctx, cluster, metav1.GetOptions{})
+		return err == nil, nil
+	})
+	s.pvc("claim", cluster, "32Mi", corev1.ReadWriteOnce, false)
+	pv := s.boundPV("claim")
+	volume := pv.Spec.CSI.VolumeHandle
+	image := filepath.Join(dir, "volumes", volume+".img")
+	s.pod("user", "echo hi > /data/f && sync && exec sleep 3600", claimSource("claim"), false)
+	s.running("user")
+	dev, staging := s.stagedOn(volume)
+	if !strings.HasPrefix(dev, "/dev/loop") || staging == "" || len(s.nodeMounts(staging)) == 0 {
+		t.Fatalf("volume %s: device %q, staging %q, mounts %v; want a staged loop device", volume, dev, staging, s.nodeMounts(staging))
+	}
+	backing := filepath.Join("/sys/block", filepath.Base(dev), "loop", "backing_file")
+
+	// The agent away from the node: a taint it does not tolerate, its pod
+	// deleted. The user pod keeps running on the staged volume.
+	if out, err := s.kubectl("taint", "node", s.node, agentDownTaint+"=true:NoSchedule"); err != nil {
+		t.Fatalf("taint: %v: %s", err, out)
+	}
+	agents, err := s.cs.CoreV1().Pods(berthNamespace).List(s.ctx, onNode)
+	if err != nil || len(agents.Items) == 0 {
+		t.Fatalf("agent pods on %s: %v (%d)", s.node, err, len(agents.Items))
+	}
+	for _, p := range agents.Items {
+		if err := s.cs.CoreV1().Pods(berthNamespace).Delete(s.ctx, p.Name, metav1.DeleteOptions{}); err != nil {
+			t.Fatalf("delete agent pod: %v", err)
+		}
+	}
+	s.waitFor("no agent pod on "+s.node, 2*time.Minute, func(ctx context.Context) (bool, error) {
+		list, err := s.cs.CoreV1().Pods(berthNamespace).List(ctx, onNode)
+		return err == nil && len(list.Items) == 0, err
+	})
+
+	start := time.Now()
+	if out, err := s.kubectl("delete", "storagecluster", cluster, "--cascade=foreground", "--wait=false"); err != nil {
+		t.Fatalf("delete: %v: %s", err, out)
+	}
+	// The operator checks each cleanupTimeout's end on its poll; a minute
+	// beyond it is plenty, the agent never coming back.
+	s.waitFor("StorageCluster "+cluster+" gone without its node's agent", timeout+time.Minute, func(context.Context) (bool, error) {
+		out, err := s.kubectl("get", "storagecluster", cluster, "--ignore-not-found", "-o", "name")
+		return err == nil && strings.TrimSpace(out) == "", nil
+	})
+	// deletionTimestamp has whole seconds: the operator's wait may end up
+	// to a second before ours.
+	if took := time.Since(start); took < timeout-2*time.Second {
+		t.Errorf("deletion took %v, less than the cleanupTimeout %v: it did not wait for the node", took, timeout)
+	}
+	if evs := strings.Join(s.clusterEvents("StorageCluster", cluster), "\n"); !strings.Contains(evs, "CleanupTimedOut") || !strings.Contains(evs, s.node) {
+		t.Errorf("StorageCluster %s events %q: want CleanupTimedOut naming %s", cluster, evs, s.node)
+	}
+	entries := s.staleEntries(volume)
+	if len(entries) == 0 {
+		t.Fatalf("no entry of %s on %s's stale list after the timeout", volume, s.node)
+	}
+	for _, e := range entries {
+		if e.Reason != v1.ReasonClusterDeleted {
+			t.Errorf("stale entry %+v: reason %s, want %s", e, e.Reason, v1.ReasonClusterDeleted)
+		}
+	}
+	if len(s.nodeMounts(staging)) == 0 {
+		t.Fatal("the staging mount went without an agent")
+	}
+
+	untaint()
+	s.waitFor("an agent pod Ready on "+s.node, 2*time.Minute, func(ctx context.Context) (bool, error) {
+		list, err := s.cs.CoreV1().Pods(berthNamespace).List(ctx, onNode)
+		return err == nil && len(list.Items) == 1 && podReady(&list.Items[0]), err
+	})
+	// Loop devices are the kernel's, shared by every node of the test
+	// cluster and whatever else runs here: the device may serve another
+	// image at once; it must not serve this one.
+	var left string
+	defer func() {
+		if t.Failed() {
+			t.Logf("last seen: %s", left)
+		}
+	}()
+	s.waitFor("the agent undid the stale entries: no staging mount, no loop device", 3*time.Minute, func(context.Context) (bool, error) {
+		file, _ := os.ReadFile(backing)
+		entries, mounts := s.staleEntries(volume), s.nodeMounts(staging)
+		left = fmt.Sprintf("entries %v, mounts %v, %s backing %q", entries, mounts, dev, strings.TrimSpace(string(file)))
+		return len(entries) == 0 && len(mounts) == 0 && !strings.Contains(string(file), volume), nil
+	})
+	t.Logf("after the agent's return: %s", left)
+
+	// The claim of the deleted cluster still deletes its image (the data
+	// dir stays mounted in the agent while a Volume of it remains), and
+	// the agent then rolls out without that data dir.
+	s.deletePod("user")
+	if err := s.cs.CoreV1().PersistentVolumeClaims(s.ns).Delete(s.ctx, "claim", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s.waitFor("the PV and image gone", 3*time.Minute, func(ctx context.Context) (bool, error) {
+		_, err := s.cs.CoreV1().PersistentVolumes().Get(ctx, pv.Name, metav1.GetOptions{})
+		_, serr := os.Stat(image)
+		return apierrors.IsNotFound(err) && os.IsNotExist(serr), nil
+	})
+	s.waitFor("the agent rolled out without the data dir of "+cluster, 4*time.Minute, func(ctx context.Context) (bool, error) {
+		ds, err := s.cs.AppsV1().DaemonSets(berthNamespace).Get(ctx, "berth-agent", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		st := ds.Status
+		return !strings.Contains(strings.Join(ds.Spec.Template.Spec.Containers[0].Args, " "), dir) &&
+			st.ObservedGeneration == ds.Generation && st.UpdatedNumberScheduled == st.DesiredNumberScheduled &&
+			st.NumberAvailable == st.DesiredNumberScheduled, nil
+	})
+}
+
+// staleEntries returns the entries of volume on the scenario node's stale
+// list (none when the list is gone).
+func (s *scenario) staleEntries(volume string) []v1.StaleAttachment {
+	s.t.Helper()
+	out, err := s.kubectl("get", "nodecleanups.berth.io", s.node, "--ignore-not-found", "-o", "json")
+	if err != nil {
+		s.t.Fatalf("stale list of %s: %v: %s", s.node, err, out)
+	}
+	if strings.TrimSpace(out) == "" {
+		return nil
+	}
+	var nc v1.NodeCleanup
+	if err := json.Unmarshal([]byte(out), &nc); err != nil {
+		s.t.Fatalf("stale list of %s: %v", s.node, err)
+	}
+	var mine []v1.StaleAttachment
+	for _, e := range nc.Spec.Entries {
+		if e.Volume == volume {
+			mine = append(mine, e)
+		}
+	}
+	return mine
+}
