@@ -21,9 +21,9 @@ import (
 
 // CapacityReporter publishes the backend's free bytes as one
 // CSIStorageCapacity per berth StorageClass for this node, in berth's
-// namespace (none for a class of a ceph StorageCluster, whose capacity is the
-// pool's): the scheduler reads them (CSIDriver storageCapacity) to place
-// pods with WaitForFirstConsumer volumes, and the CSI controller to place new
+// namespace (none for a class of a ceph StorageCluster: the CSI controller
+// publishes its pool's, csi.PoolCapacityPublisher): the scheduler reads them
+// (CSIDriver storageCapacity) to place pods with WaitForFirstConsumer volumes, and the CSI controller to place new
 // volumes and answer GetCapacity. The agent writes no Node: the admission
 // policy lets it write only the capacities of its own node.
 type CapacityReporter struct {
@@ -105,7 +105,7 @@ func (r *CapacityReporter) report(ctx context.Context) (int, error) {
 				continue
 			}
 			if pool {
-				// The pool's free bytes are the CSI controller's (GetCapacity),
+				// The pool's free bytes are the CSI controller's to publish,
 				// not this node's: a node-local capacity would let the
 				// scheduler place ceph volumes by a disk they never use.
 				continue
