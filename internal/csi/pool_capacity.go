@@ -77,6 +77,7 @@ func (p *PoolCapacityPublisher) Publish(ctx context.Context) error {
 	keep := map[string]bool{}
 	// One read per cluster: its classes share the pool.
 	free := map[string]int64{}
+	unread := map[string]bool{}
 	for i := range classes.Items {
 		cls := &classes.Items[i]
 		name := cls.Parameters[v1.ParamStorageCluster]
@@ -96,10 +97,14 @@ func (p *PoolCapacityPublisher) Publish(ctx context.Context) error {
 		}
 		keep[cls.Name] = true
 		n, ok := free[name]
+		if unread[name] {
+			continue
+		}
 		if !ok {
 			var err error
 			if n, err = p.Free(ctx, &sc); err != nil {
 				p.Log.Error(err, "read pool free bytes; keeping the last published capacity", "storageCluster", name)
+				unread[name] = true
 				continue
 			}
 			free[name] = n
