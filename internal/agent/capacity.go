@@ -11,19 +11,19 @@ import (
 	"github.com/go-logr/logr"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/backend"
+	"github.com/berth-io/berth/internal/capacity"
 )
 
 // CapacityReporter publishes the backend's free bytes as one
 // CSIStorageCapacity per berth StorageClass for this node, in berth's
-// namespace (none for a class of a ceph StorageCluster, whose capacity is the
-// pool's): the scheduler reads them (CSIDriver storageCapacity) to place
-// pods with WaitForFirstConsumer volumes, and the CSI controller to place new
+// namespace (none for a class of a ceph StorageCluster: the CSI controller
+// publishes its pool's, csi.PoolCapacityPublisher): the scheduler reads them
+// (CSIDriver storageCapacity) to place pods with WaitForFirstConsumer volumes, and the CSI controller to place new
 // volumes and answer GetCapacity. The agent writes no Node: the admission
 // policy lets it write only the capacities of its own node.
 type CapacityReporter struct {
@@ -105,7 +105,7 @@ func (r *CapacityReporter) report(ctx context.Context) (int, error) {
 				continue
 			}
 			if pool {
-				// The pool's free bytes are the CSI controller's (GetCapacity),
+				// The pool's free bytes are the CSI controller's to publish,
 				// not this node's: a node-local capacity would let the
 				// scheduler place ceph volumes by a disk they never use.
 				continue
@@ -145,40 +145,9 @@ func (r *CapacityReporter) pooled(ctx context.Context, cluster string) (bool, er
 
 // publish writes the class's capacity object of this node, creating it.
 func (r *CapacityReporter) publish(ctx context.Context, cls *storagev1.StorageClass, free int64) error {
-	want := resource.NewQuantity(free, resource.BinarySI)
-	name := CapacityName(r.Node, cls.Name)
-	var c storagev1.CSIStorageCapacity
-	err := r.Client.Get(ctx, client.ObjectKey{Namespace: r.Namespace, Name: name}, &c)
-	switch {
-	case apierrors.IsNotFound(err):
-		c = storagev1.CSIStorageCapacity{
-			ObjectMeta: metav1.ObjectMeta{
-				Name: name, Namespace: r.Namespace,
-				Labels: map[string]string{v1.NodeLabel: r.Node, CapacityClassLabel: cls.Name},
-				// Gone with its class: a class deleted leaves no capacity behind.
-				OwnerReferences: []metav1.OwnerReference{{
-					APIVersion: "storage.k8s.io/v1", Kind: "StorageClass", Name: cls.Name, UID: cls.UID,
-				}},
-			},
-			NodeTopology:     &metav1.LabelSelector{MatchLabels: map[string]string{v1.TopologyNodeKey: r.Node}},
-			StorageClassName: cls.Name,
-			Capacity:         want,
-		}
-		if err := r.Client.Create(ctx, &c); err != nil {
-			return fmt.Errorf("create csistoragecapacity %s: %w", name, err)
-		}
-		return nil
-	case err != nil:
-		return fmt.Errorf("get csistoragecapacity %s: %w", name, err)
-	}
-	if c.Capacity != nil && c.Capacity.Cmp(*want) == 0 {
-		return nil
-	}
-	c.Capacity = want
-	if err := r.Client.Update(ctx, &c); err != nil {
-		return fmt.Errorf("update csistoragecapacity %s: %w", name, err)
-	}
-	return nil
+	return capacity.Publish(ctx, r.Client, r.Namespace, CapacityName(r.Node, cls.Name),
+		map[string]string{v1.NodeLabel: r.Node, CapacityClassLabel: cls.Name},
+		&metav1.LabelSelector{MatchLabels: map[string]string{v1.TopologyNodeKey: r.Node}}, cls, free)
 }
 
 // CapacityClassLabel on a CSIStorageCapacity names its StorageClass (with

@@ -30,6 +30,8 @@ type Config struct {
 	Endpoint  string
 	Namespace string
 	Wait      time.Duration
+	// CapacityInterval is how often the pools' capacities are published.
+	CapacityInterval time.Duration
 	// MetricsAddr serves /metrics, HealthAddr /healthz and /readyz; "0"
 	// turns either off.
 	MetricsAddr string
@@ -93,8 +95,13 @@ func (c Config) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	ready := func() error { return dialable(l.Addr()) }
+	pools := &csi.PoolCapacityPublisher{
+		Client: kc, Namespace: c.Namespace, Free: ctrl.PoolFree,
+		Interval: c.CapacityInterval, Log: c.Log.WithName("pool-capacity"),
+	}
 	runs := []func() error{
 		func() error { return csi.Serve(ctx, srv, l) },
+		func() error { return pools.Start(ctx) },
 		func() error { return metrics.Serve(ctx, ml, metrics.Handler(reg)) },
 		func() error { return metrics.Serve(ctx, hl, metrics.HealthHandler(ready)) },
 	}
@@ -140,8 +147,9 @@ func Command() cli.Command {
 		if ns == "" {
 			ns = "berth-system"
 		}
-		fs.StringVar(&cfg.Namespace, "namespace", ns, "berth's namespace, where agents publish CSIStorageCapacity objects (default $POD_NAMESPACE or berth-system)")
+		fs.StringVar(&cfg.Namespace, "namespace", ns, "berth's namespace, where agents and this controller publish CSIStorageCapacity objects (default $POD_NAMESPACE or berth-system)")
 		fs.DurationVar(&cfg.Wait, "agent-wait", 2*time.Minute, "how long a call waits for the node agent")
+		fs.DurationVar(&cfg.CapacityInterval, "capacity-interval", time.Minute, "how often the ceph pools' CSIStorageCapacity objects are refreshed")
 		fs.StringVar(&cfg.MetricsAddr, "metrics-addr", DefaultMetricsAddr, "Prometheus /metrics listen address; 0 disables")
 		fs.StringVar(&cfg.HealthAddr, "health-addr", DefaultHealthAddr, "/healthz and /readyz listen address; 0 disables")
 		return func(ctx context.Context, log logr.Logger, rest *rest.Config) error {
