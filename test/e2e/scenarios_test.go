@@ -42,6 +42,7 @@ var scenarios = []func(*testing.T){
 	testNodeLossAndReturn,
 	testLocalVolumeOnLostNode,
 	testCephVolumeMovesOffLostNode,
+	testCephReadWriteManyShareNodeLost,
 	testStorageClusterDeletionCleansNode,
 	testTwoStorageClustersOneDeleted,
 }
