@@ -184,6 +184,12 @@ func (s *scenario) probe(name, endpoint string, args ...string) string {
 	if other := s.env.Vars["NODE_NAME_2"]; other != "" {
 		node = other
 	}
+	return s.probeOn(node, name, endpoint, args...)
+}
+
+// probeOn is probe in a pod on node.
+func (s *scenario) probeOn(node, name, endpoint string, args ...string) string {
+	s.t.Helper()
 	grace := int64(1)
 	p := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name},

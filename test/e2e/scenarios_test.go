@@ -43,6 +43,7 @@ var scenarios = []func(*testing.T){
 	testNodeLossAndReturn,
 	testLocalVolumeOnLostNode,
 	testCephVolumeMovesOffLostNode,
+	testCephReadWriteManyShareNodeLost,
 	testMultusStorageClusterHolders,
 	testStorageClusterDeletionCleansNode,
 	testTwoStorageClustersOneDeleted,

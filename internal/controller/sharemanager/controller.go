@@ -134,7 +134,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 
 	if pod == nil {
-		if err := r.ensureClaim(ctx, sm, vol); err != nil {
+		if err := r.ensureClaim(ctx, sm, vol, rwx); err != nil {
 			return ctrl.Result{}, err
 		}
 		pod = r.podFor(sm, vol, rwx)
@@ -352,6 +352,9 @@ func (r *Reconciler) needed(ctx context.Context, volume, namespace string) (bool
 type rwxSettings struct {
 	fastFailover         bool
 	leaseDuration, grace time.Duration
+	// stageSecret is the Secret with the cephx client a ceph cluster's
+	// nodes stage with (its classes name it; nil on other backends).
+	stageSecret *corev1.SecretReference
 }
 
 func (r *Reconciler) settings(ctx context.Context, vol *v1.Volume) (rwxSettings, error) {
@@ -372,6 +375,9 @@ func (r *Reconciler) settings(ctx context.Context, vol *v1.Volume) (rwxSettings,
 	if g := sc.Spec.RWX.NFSGraceSeconds; g != nil {
 		s.grace = time.Duration(*g) * time.Second
 	}
+	if sc.Spec.Backend == v1.BackendCeph && sc.Spec.Ceph != nil {
+		s.stageSecret = &corev1.SecretReference{Name: sc.Spec.Ceph.SecretRef.Name, Namespace: sc.Spec.Ceph.SecretRef.Namespace}
+	}
 	return s, nil
 }
 
@@ -379,8 +385,8 @@ func (r *Reconciler) settings(ctx context.Context, vol *v1.Volume) (rwxSettings,
 // Volume: cluster-scoped like it) and claim (owned by the ShareManager).
 // Made once and never read back: the operator need not cache every
 // PersistentVolume of the cluster.
-func (r *Reconciler) ensureClaim(ctx context.Context, sm *v1.ShareManager, vol *v1.Volume) error {
-	pv, pvc := volumeFor(sm, vol), claimFor(sm, vol)
+func (r *Reconciler) ensureClaim(ctx context.Context, sm *v1.ShareManager, vol *v1.Volume, rwx rwxSettings) error {
+	pv, pvc := volumeFor(sm, vol, rwx.stageSecret), claimFor(sm, vol)
 	for _, o := range []struct {
 		obj   client.Object
 		owner client.Object

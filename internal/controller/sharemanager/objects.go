@@ -180,7 +180,10 @@ func claimFor(sm *v1.ShareManager, vol *v1.Volume) *corev1.PersistentVolumeClaim
 	}
 }
 
-func volumeFor(sm *v1.ShareManager, vol *v1.Volume) *corev1.PersistentVolume {
+// stageSecret, when set, is the cephx client's Secret: kubelet hands it to
+// NodeStageVolume, as for the volume's own PV (its class names it), and a
+// ceph node cannot stage without it.
+func volumeFor(sm *v1.ShareManager, vol *v1.Volume, stageSecret *corev1.SecretReference) *corev1.PersistentVolume {
 	name := Name(vol.Name)
 	// The volume context the CSI controller gives its volumes.
 	attrs := map[string]string{"mounter": string(vol.Spec.Mounter)}
@@ -197,7 +200,7 @@ func volumeFor(sm *v1.ShareManager, vol *v1.Volume) *corev1.PersistentVolume {
 			StorageClassName:              "",
 			ClaimRef:                      &corev1.ObjectReference{Kind: "PersistentVolumeClaim", APIVersion: "v1", Namespace: sm.Namespace, Name: name},
 			PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{
-				Driver: v1.DriverName, VolumeHandle: vol.Name, VolumeAttributes: attrs,
+				Driver: v1.DriverName, VolumeHandle: vol.Name, VolumeAttributes: attrs, NodeStageSecretRef: stageSecret,
 			}},
 		},
 	}

@@ -26,8 +26,14 @@ import (
 // in it, both removed at the end of the test.
 func newVolume(t *testing.T, name string, mode v1.VolumeMode, node string, rwx v1.RWXSpec) *v1.Volume {
 	t.Helper()
+	return newVolumeIn(t, name, mode, node, v1.StorageClusterSpec{RWX: rwx})
+}
+
+// newVolumeIn is newVolume in a StorageCluster of spec.
+func newVolumeIn(t *testing.T, name string, mode v1.VolumeMode, node string, spec v1.StorageClusterSpec) *v1.Volume {
+	t.Helper()
 	ctx := testCtx(t)
-	sc := &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "sc-" + name}, Spec: v1.StorageClusterSpec{RWX: rwx}}
+	sc := &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "sc-" + name}, Spec: spec}
 	vol := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1.VolumeSpec{
 		StorageCluster: sc.Name, Size: resource.MustParse("1Gi"), AccessMode: v1.ReadWriteMany, VolumeMode: mode, Node: node,
 	}}
@@ -492,6 +498,37 @@ func TestLocalVolumeShareStaysOnItsNode(t *testing.T) {
 		kubelet{t}.bind(pod, "node-l")
 		kubelet{t}.status(pod, corev1.PodFailed, false)
 		pod = sharePod(t, vname, pod.UID)
+	}
+}
+
+// TestCephShareVolumeCarriesStageSecret: the share-manager pod's PV of a
+// ceph volume names the cluster's cephx Secret for NodeStageVolume, as the
+// ceph classes do; without it no node could stage the share (seen in e2e:
+// the pod stuck in ContainerCreating, "the stage request carries no cephx
+// client"). A local volume's names none.
+func TestCephShareVolumeCarriesStageSecret(t *testing.T) {
+	suite.Require(t)
+	for _, c := range []struct {
+		name string
+		spec v1.StorageClusterSpec
+		want *corev1.SecretReference
+	}{
+		{"pvc-rwx-ceph", v1.StorageClusterSpec{Backend: v1.BackendCeph, Ceph: &v1.CephSpec{
+			Monitors: []v1.CephMonitor{"10.0.0.1:3300"}, Pool: "rbd",
+			SecretRef: v1.CephSecretReference{Name: "berth-ceph", Namespace: "berth-system"},
+		}}, &corev1.SecretReference{Name: "berth-ceph", Namespace: "berth-system"}},
+		{"pvc-rwx-nosecret", v1.StorageClusterSpec{}, nil},
+	} {
+		newVolumeIn(t, c.name, v1.VolumeModeFilesystem, "", c.spec)
+		useVolume(t, c.name, "web-"+c.name)
+		sharePod(t, c.name, "")
+		pv := &corev1.PersistentVolume{}
+		if err := env.Client.Get(testCtx(t), client.ObjectKey{Name: sharemanager.Name(c.name)}, pv); err != nil {
+			t.Fatalf("%s: share PV: %v", c.name, err)
+		}
+		if got := pv.Spec.CSI.NodeStageSecretRef; !reflect.DeepEqual(got, c.want) {
+			t.Errorf("%s: share PV's nodeStageSecretRef = %+v, want %+v", c.name, got, c.want)
+		}
 	}
 }
 

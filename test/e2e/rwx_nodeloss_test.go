@@ -1,0 +1,210 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/controller/sharemanager"
+)
+
+// testCephReadWriteManyShareNodeLost: an RWX claim of the ceph class is
+// served by its share manager on node X (the other node cordoned while it
+// starts); a probe on node Y writes and keeps a file. Node X is lost
+// (stopped) and tainted out-of-service: the share manager's Lease lapses,
+// the controller force-deletes its pod and a new one, steered away from X,
+// serves on Y, where a probe verifies the kept file and writes again. Node
+// X back: nothing of the volume is left there (mounts, its loop device) and
+// the share keeps serving.
+func testCephReadWriteManyShareNodeLost(t *testing.T) {
+	s := newScenario(t, 14*time.Minute)
+	if s.env.BerthImage == "" {
+		t.Skip("no berth image: run up.sh with BERTH_E2E_BERTH_BINARY=bin/berth (make build)")
+	}
+	nodes := s.env.Nodes()
+	if len(nodes) < 2 {
+		t.Skip("one node: node loss needs a second node (BERTH_E2E_NODES=2)")
+	}
+	cluster := s.cephCluster()
+	nodeX, nodeY := s.lossNodes(nodes)
+	s.node = nodeY
+	s.pvc("shared", cluster+"-userspace", "64Mi", corev1.ReadWriteMany, false)
+	pv := s.boundPV("shared")
+	vol := pv.Spec.CSI.VolumeHandle
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, args := range [][]string{
+				{"-n", berthNamespace, "get", "sharemanagers,pods,pvc,services,leases", "-o", "wide"},
+				{"-n", berthNamespace, "get", "sharemanager", vol, "-o", "yaml"},
+				{"get", "volumeattachments", "-o", "wide"},
+				{"-n", berthNamespace, "describe", "pod", sharemanager.Name(vol)},
+				{"-n", berthNamespace, "logs", "--tail=80", sharemanager.Name(vol)},
+				{"-n", berthNamespace, "logs", "--tail=80", "-l", "app.kubernetes.io/component=operator"},
+			} {
+				out, err := s.kubectl(args...)
+				t.Logf("$ kubectl %s\n%s%v", strings.Join(args, " "), out, errOrEmpty(err))
+			}
+		}
+		_, _ = s.kubectl("uncordon", nodeY)
+		_ = s.env.NodeAction(context.Background(), nodeX, "start")
+		_, _ = s.kubectl("taint", "node", nodeX, corev1.TaintNodeOutOfService+"-")
+		// A failed run must not leave the share held up.
+		_, _ = s.kubectl("-n", berthNamespace, "annotate", "sharemanager", vol, v1.KeepRunningAnnotation+"-")
+	})
+
+	// The share starts on X: Y takes no new pods meanwhile.
+	if out, err := s.kubectl("cordon", nodeY); err != nil {
+		t.Fatalf("cordon: %v: %s", err, out)
+	}
+	if _, err := s.kubectl("-n", berthNamespace, "annotate", "sharemanager", vol, v1.KeepRunningAnnotation+"=true"); err != nil {
+		t.Fatal(err)
+	}
+	first := s.shareRunning(vol, "")
+	if out, err := s.kubectl("uncordon", nodeY); err != nil {
+		t.Fatalf("uncordon: %v: %s", err, out)
+	}
+	if first.Spec.NodeName != nodeX {
+		t.Fatalf("share manager %s runs on %s, want %s", first.Name, first.Spec.NodeName, nodeX)
+	}
+	// The loop devices of one node's share: the agent's over the FUSE file
+	// and the one kubelet holds over the pod's device.
+	loops := s.volumeLoops(vol)
+	t.Logf("loop devices of %s with the share on X: %q", vol, loops)
+	if len(loops) == 0 {
+		t.Errorf("no loop device backs %s with the share on X", vol)
+	}
+	endpoint := sharemanager.Endpoint(berthNamespace, vol)
+	before := s.probeOn(nodeY, "probe-1", endpoint, "--keep", "before")
+	sum := regexp.MustCompile(`(?m)^kept before sha256 ([0-9a-f]{64})$`).FindStringSubmatch(before)
+	if sum == nil {
+		t.Fatalf("probe printed no kept checksum:\n%s", before)
+	}
+
+	start := time.Now()
+	if err := s.env.NodeAction(s.ctx, nodeX, "stop"); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Since(start)
+	// Known to be down (stopped): tainted at once, as an admin who knows does.
+	if out, err := s.kubectl("taint", "node", nodeX, corev1.TaintNodeOutOfService+"=nodeshutdown:NoExecute"); err != nil {
+		t.Fatalf("taint: %v: %s", err, out)
+	}
+	second := s.shareRunning(vol, first.UID)
+	running := time.Since(start)
+	if second.Spec.NodeName != nodeY {
+		t.Errorf("the new share manager runs on %s, want %s", second.Spec.NodeName, nodeY)
+	}
+	after := s.probeOn(nodeY, "probe-2", endpoint, "--verify", "before="+sum[1], "--keep", "after", "--timeout", "2m")
+	t.Logf("node X (%s) stopped in %s: the share ran on %s after %s, the probe through it verified and wrote after %s",
+		nodeX, stopped.Round(10*time.Millisecond), second.Spec.NodeName, running.Round(10*time.Millisecond),
+		time.Since(start).Round(10*time.Millisecond))
+	if !strings.Contains(after, "verified before sha256 "+sum[1]) {
+		t.Fatalf("second probe did not verify the first one's file:\n%s", after)
+	}
+	sumAfter := regexp.MustCompile(`(?m)^kept after sha256 ([0-9a-f]{64})$`).FindStringSubmatch(after)
+	if sumAfter == nil {
+		t.Fatalf("second probe printed no kept checksum:\n%s", after)
+	}
+	out, _ := s.kubectl("-n", berthNamespace, "get", "sharemanager", vol, "-o", "jsonpath={.status.failedNode} {.status.failovers}")
+	t.Logf("share manager status after the loss: failedNode, failovers = %s", out)
+
+	// X back: its agent cleans what the lost share manager left there.
+	back := time.Now()
+	if err := s.env.NodeAction(s.ctx, nodeX, "start"); err != nil {
+		t.Fatal(err)
+	}
+	waitNodeReady(s.ctx, t, s.cs, nodeX, true)
+	if out, err := s.kubectl("taint", "node", nodeX, corev1.TaintNodeOutOfService+"-"); err != nil {
+		t.Fatalf("untaint: %v: %s", err, out)
+	}
+	var left []string
+	s.waitFor("node X cleaned: no mount of the volume there, loop devices of Y's share only", 3*time.Minute, func(ctx context.Context) (bool, error) {
+		m, err := s.env.NodeMounts(ctx, nodeX, vol)
+		left = s.volumeLoops(vol)
+		return err == nil && len(m) == 0 && len(left) == len(loops), nil
+	})
+	t.Logf("node X cleaned %s after its start; loop devices of %s: %q", time.Since(back).Round(10*time.Millisecond), vol, left)
+	if st := s.shareState(vol); st != v1.ShareRunning {
+		t.Errorf("share state %q after X's return, want running", st)
+	}
+	third := s.probeOn(nodeY, "probe-3", endpoint, "--verify", "before="+sum[1], "--verify", "after="+sumAfter[1], "--keep", "again")
+	if !strings.Contains(third, "verified after sha256 "+sumAfter[1]) {
+		t.Errorf("third probe did not verify the second one's file:\n%s", third)
+	}
+
+	// Done: the share stops, the claim goes with everything it made, and
+	// X's Ceph clients leave the blocklist after the cool-down.
+	if _, err := s.kubectl("-n", berthNamespace, "annotate", "sharemanager", vol, v1.KeepRunningAnnotation+"-"); err != nil {
+		t.Fatal(err)
+	}
+	s.waitFor("share stopped", 2*time.Minute, func(ctx context.Context) (bool, error) {
+		_, err := s.cs.CoreV1().Pods(berthNamespace).Get(ctx, second.Name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err) && s.shareState(vol) == v1.ShareStopped, nil
+	})
+	if err := s.cs.CoreV1().PersistentVolumeClaims(s.ns).Delete(s.ctx, "shared", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s.waitFor("volume and its share objects gone", 3*time.Minute, func(ctx context.Context) (bool, error) {
+		out, err := s.kubectl("get", "volumes.berth.io/"+vol, "pv/"+pv.Name, "pv/"+sharemanager.Name(vol), "--ignore-not-found", "-o", "name")
+		return err == nil && strings.TrimSpace(out) == "" && len(s.volumeLoops(vol)) == 0, nil
+	})
+	s.waitFor("node X's Ceph clients off the blocklist after the cool-down", 3*time.Minute, func(context.Context) (bool, error) {
+		out, err := s.kubectl("get", "nodecleanups.berth.io", nodeX, "--ignore-not-found", "-o", "jsonpath={.spec.blocklisted[*].address}")
+		return err == nil && strings.TrimSpace(out) == "", nil
+	})
+}
+
+// lossNodes picks the node to lose (X) and the one that stays (Y): X runs
+// neither the operator (its controller must fail the share over) nor the
+// CSI controller (it attaches the volume on Y) when a node allows it.
+func (s *scenario) lossNodes(nodes []string) (x, y string) {
+	s.t.Helper()
+	busy := map[string]bool{}
+	for _, sel := range []string{"app.kubernetes.io/component=operator", controllerPods} {
+		pods, err := s.cs.CoreV1().Pods(berthNamespace).List(s.ctx, metav1.ListOptions{LabelSelector: sel})
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		for _, p := range pods.Items {
+			busy[p.Spec.NodeName] = true
+		}
+	}
+	x, y = nodes[len(nodes)-1], nodes[0]
+	if busy[x] && !busy[y] {
+		x, y = y, x
+	}
+	s.t.Logf("node X (lost) %s, node Y %s; operator/CSI controller on %v", x, y, busy)
+	return x, y
+}
+
+// volumeLoops lists the loop devices (device: backing file) bound to a
+// file named after the volume: the agent's over its FUSE file
+// (<root>/<volume>/disk.img) and kubelet's over a pod's device
+// (.../publish/share-manager-<volume>/<pod>). The nodes share one kernel:
+// these are every node's.
+func (s *scenario) volumeLoops(vol string) []string {
+	s.t.Helper()
+	files, err := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	var found []string
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err == nil && strings.Contains(string(b), vol) {
+			found = append(found, filepath.Base(filepath.Dir(filepath.Dir(f)))+": "+strings.TrimSpace(string(b)))
+		}
+	}
+	return found
+}
