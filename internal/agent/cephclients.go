@@ -10,6 +10,7 @@ import (
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/fence"
+	"github.com/berth-io/berth/internal/volmap"
 )
 
 // cephClienter is a device whose servers are Ceph clients (rbdDevice):
@@ -72,17 +73,17 @@ func (a *Agent) reportServers(ctx context.Context, volume string, d device) erro
 // failed: the API server down; or any volume after an agent restart, as
 // servers outlive the agent) is checked again on the healer's next pass,
 // so the fence never keeps a dead server's addresses for long.
-type reported struct{ volumeMap[bool] }
+type reported struct{ volmap.Map[bool] }
 
 func (r *reported) set(volume string, ok bool) {
 	if ok {
-		r.put(volume, true)
+		r.Put(volume, true)
 	} else {
-		r.take(volume)
+		r.Take(volume)
 	}
 }
 
-func (r *reported) current(volume string) bool { return r.get(volume) }
+func (r *reported) current(volume string) bool { return r.Get(volume) }
 
 // reportAfterHeal records the new server's clients; a failure is logged
 // and left to the next pass (checkReport): the server runs, so the heal

@@ -252,7 +252,7 @@ func (f fuseDevice) startServer(ctx context.Context, volume, image string) error
 // the keeper, which holds a pidfd of it. The pid the keeper reports is of
 // the keeper's PID namespace (the host's), so it is never signalled here.
 func (f fuseDevice) stopServer(ctx context.Context, volume string, live bool) error {
-	if p := f.procs.take(volume); p != nil {
+	if p := f.procs.Take(volume); p != nil {
 		if err := p.Stop(f.cfg.StopTimeout); err != nil {
 			return fmt.Errorf("stop blockdev server of %s: %w", volume, err)
 		}

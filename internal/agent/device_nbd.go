@@ -81,7 +81,7 @@ func (n nbdDevice) Stop(_ context.Context, volume string) error {
 	if err := n.cfg.NBD.Disconnect(volume); err != nil {
 		return fmt.Errorf("disconnect nbd device of %s: %w", volume, err)
 	}
-	if p := n.procs.take(volume); p != nil {
+	if p := n.procs.Take(volume); p != nil {
 		if err := p.Stop(n.cfg.StopTimeout); err != nil {
 			return fmt.Errorf("stop nbd blockdev server of %s: %w", volume, err)
 		}

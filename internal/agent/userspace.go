@@ -12,6 +12,7 @@ import (
 
 	"github.com/berth-io/berth/internal/blockdev/launch"
 	"github.com/berth-io/berth/internal/keeper"
+	"github.com/berth-io/berth/internal/volmap"
 )
 
 // Keeper is the part of the keeper client (internal/keeper) the agent uses.
@@ -36,7 +37,7 @@ type Server interface {
 // it stops them through its own handles. Servers an earlier agent started
 // are stopped through the keeper (FUSE), whose pids are of its PID
 // namespace, not necessarily this one.
-type servers = volumeMap[Server]
+type servers = volmap.Map[Server]
 
 // StartServer adapts launch.Start to UserspaceConfig.Start.
 func StartServer(ctx context.Context, p launch.Params) (Server, error) {
@@ -188,7 +189,7 @@ func (u userspace) start(ctx context.Context, p launch.Params) (Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("start blockdev server of %s (log %s): %w", p.Volume, logPath, err)
 	}
-	u.procs.put(p.Volume, proc)
+	u.procs.Put(p.Volume, proc)
 	u.log.Info("blockdev server started", "volume", p.Volume, "transport", p.Transport, "pid", proc.PID(), "holders", rec.Holders)
 	return proc, nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
@@ -22,6 +21,7 @@ import (
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/volerr"
+	"github.com/berth-io/berth/internal/volmap"
 )
 
 // ReasonShareDeviceGrowsAtRestart is the Warning Event on a Volume whose
@@ -48,8 +48,7 @@ type ShareDeviceReconciler struct {
 	Recorder record.EventRecorder
 	Log      logr.Logger
 
-	mu      sync.Mutex
-	handled map[string]int64 // volume -> the capacity its device has
+	handled volmap.Map[int64] // volume -> the capacity its device was grown to (0: none)
 }
 
 // +kubebuilder:rbac:groups=berth.io,resources=volumes,verbs=get;list;watch
@@ -60,12 +59,12 @@ type ShareDeviceReconciler struct {
 func (r *ShareDeviceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var vol v1.Volume
 	if err := r.Client.Get(ctx, req.NamespacedName, &vol); apierrors.IsNotFound(err) {
-		r.forget(req.Name)
+		r.handled.Take(req.Name)
 		return ctrl.Result{}, nil
 	} else if err != nil {
 		return ctrl.Result{}, err
 	}
-	if !sharedFilesystem(&vol) || vol.Status.Capacity == nil || r.done(vol.Name, vol.Status.Capacity.Value()) {
+	if !sharedFilesystem(&vol) || vol.Status.Capacity == nil || atLeast(r.handled.Get(vol.Name), vol.Status.Capacity.Value()) {
 		return ctrl.Result{}, nil
 	}
 	want := vol.Status.Capacity.Value()
@@ -81,7 +80,7 @@ func (r *ShareDeviceReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	}
 	if !staged {
 		// A stage made later attaches the device at the image's size.
-		r.markDone(vol.Name, want)
+		r.handled.Put(vol.Name, want)
 		return ctrl.Result{}, nil
 	}
 	log := r.Log.WithValues("volume", vol.Name, "capacity", want)
@@ -91,13 +90,13 @@ func (r *ShareDeviceReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 		log.Info("the share's device cannot grow online here; it grows when the share manager restarts", "err", err.Error())
 		r.Recorder.Eventf(&vol, corev1.EventTypeWarning, ReasonShareDeviceGrowsAtRestart,
 			"node %s: the device of this volume's share manager cannot grow online (%v); the share serves the new size once its share-manager pod restarts", r.Node, err)
-		r.markDone(vol.Name, want)
+		r.handled.Put(vol.Name, want)
 		return ctrl.Result{}, nil
 	case err != nil:
 		return ctrl.Result{}, fmt.Errorf("grow the share device of volume %s: %w", vol.Name, err)
 	}
 	log.Info("grew the share manager's device; the share manager grows its filesystem", "size", size)
-	r.markDone(vol.Name, want)
+	r.handled.Put(vol.Name, want)
 	return ctrl.Result{}, nil
 }
 
@@ -112,32 +111,12 @@ func NodelessVolumes() labels.Selector {
 	return labels.NewSelector().Add(*req)
 }
 
+// atLeast: a device grown to got needs no growing to want.
+func atLeast(got, want int64) bool { return got >= want }
+
 // sharedFilesystem tells whether vol is served over NFS by a share manager.
 func sharedFilesystem(vol *v1.Volume) bool {
 	return vol.Spec.AccessMode == v1.ReadWriteMany && vol.Spec.VolumeMode != v1.VolumeModeBlock
-}
-
-func (r *ShareDeviceReconciler) done(volume string, capacity int64) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	h, ok := r.handled[volume]
-	return ok && h >= capacity
-}
-
-func (r *ShareDeviceReconciler) markDone(volume string, capacity int64) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.handled == nil {
-		r.handled = map[string]int64{}
-	}
-	r.handled[volume] = capacity
-}
-
-// forget drops a deleted volume's record.
-func (r *ShareDeviceReconciler) forget(volume string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	delete(r.handled, volume)
 }
 
 // SetupWithManager watches the read-write-many filesystem Volumes in the

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -19,6 +18,7 @@ import (
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/mount"
+	"github.com/berth-io/berth/internal/volmap"
 )
 
 // Events of the share-mount check, on the workload pod.
@@ -52,8 +52,7 @@ type ShareMountReconciler struct {
 	// mount that blocks longer counts as broken.
 	ProbeTimeout time.Duration
 
-	mu      sync.Mutex
-	handled map[string]time.Time // volume -> the remountRequestedAt handled
+	handled volmap.Map[time.Time] // volume -> the remountRequestedAt handled (zero: none)
 }
 
 // +kubebuilder:rbac:groups=berth.io,resources=volumes,verbs=get;list;watch
@@ -65,13 +64,13 @@ type ShareMountReconciler struct {
 func (r *ShareMountReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var vol v1.Volume
 	if err := r.Client.Get(ctx, req.NamespacedName, &vol); apierrors.IsNotFound(err) {
-		r.forget(req.Name)
+		r.handled.Take(req.Name)
 		return ctrl.Result{}, nil
 	} else if err != nil {
 		return ctrl.Result{}, err
 	}
 	at := vol.Status.RemountRequestedAt
-	if vol.Spec.AccessMode != v1.ReadWriteMany || at == nil || r.done(vol.Name, at.Time) {
+	if vol.Spec.AccessMode != v1.ReadWriteMany || at == nil || notBefore(r.handled.Get(vol.Name), at.Time) {
 		return ctrl.Result{}, nil
 	}
 	if vol.Status.ShareState != v1.ShareRunning {
@@ -79,7 +78,7 @@ func (r *ShareMountReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	}
 	var att v1.Attachment
 	if err := r.Client.Get(ctx, req.NamespacedName, &att); apierrors.IsNotFound(err) {
-		r.markDone(vol.Name, at.Time)
+		r.handled.Put(vol.Name, at.Time)
 		return ctrl.Result{}, nil
 	} else if err != nil {
 		return ctrl.Result{}, err
@@ -96,7 +95,7 @@ func (r *ShareMountReconciler) Reconcile(ctx context.Context, req ctrl.Request) 
 	if err := errors.Join(errs...); err != nil {
 		return ctrl.Result{}, err
 	}
-	r.markDone(vol.Name, at.Time)
+	r.handled.Put(vol.Name, at.Time)
 	return ctrl.Result{}, nil
 }
 
@@ -157,28 +156,8 @@ func (r *ShareMountReconciler) probe(ctx context.Context, path string) error {
 	}
 }
 
-func (r *ShareMountReconciler) done(volume string, at time.Time) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	h, ok := r.handled[volume]
-	return ok && !h.Before(at)
-}
-
-func (r *ShareMountReconciler) markDone(volume string, at time.Time) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.handled == nil {
-		r.handled = map[string]time.Time{}
-	}
-	r.handled[volume] = at
-}
-
-// forget drops a deleted volume's record.
-func (r *ShareMountReconciler) forget(volume string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	delete(r.handled, volume)
-}
+// notBefore: a remount request handled at got covers one made at want.
+func notBefore(got, want time.Time) bool { return !got.Before(want) }
 
 // SetupWithManager watches the read-write-many Volumes in the manager's
 // cache and in each of extra (an agent's cache of NodelessVolumes: ceph
