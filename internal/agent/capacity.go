@@ -2,8 +2,6 @@ package agent
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -158,6 +156,5 @@ const CapacityClassLabel = "berth.io/storage-class"
 // hash of both (any join of the two names could collide, and both may be
 // long); the labels and fields say which node and class it is.
 func CapacityName(node, class string) string {
-	sum := sha256.Sum256([]byte(node + "/" + class))
-	return "berth-capacity-" + hex.EncodeToString(sum[:])[:32]
+	return capacity.Name("berth-capacity-", node+"/"+class)
 }

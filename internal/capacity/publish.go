@@ -4,6 +4,8 @@ package capacity
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 
 	storagev1 "k8s.io/api/storage/v1"
@@ -50,4 +52,11 @@ func Publish(ctx context.Context, c client.Client, namespace, name string, label
 		return fmt.Errorf("update csistoragecapacity %s: %w", name, err)
 	}
 	return nil
+}
+
+// Name is the CSIStorageCapacity name for key under prefix: a hash, since
+// class (and node) names together can exceed an object name's length.
+func Name(prefix, key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return prefix + hex.EncodeToString(sum[:])[:32]
 }

@@ -2,8 +2,6 @@ package csi
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -142,6 +140,5 @@ func (p *PoolCapacityPublisher) prune(ctx context.Context, keep map[string]bool)
 // PoolCapacityName is the name of a class's pool capacity: a hash, as a
 // class name may be as long as a name can be.
 func PoolCapacityName(class string) string {
-	sum := sha256.Sum256([]byte(class))
-	return "berth-pool-capacity-" + hex.EncodeToString(sum[:])[:32]
+	return capacity.Name("berth-pool-capacity-", class)
 }
