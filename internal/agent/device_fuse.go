@@ -42,8 +42,9 @@ func (f fuseDevice) backing(volume string) string {
 
 func (fuseDevice) Check(string) error { return nil }
 
-// backingNamer is a device on a loop device over a backing file that
-// Stop takes away (a FUSE connection).
+// backingNamer is a device on a loop device over a backing file that Find
+// may not reach when a forced unstage needs it: a FUSE connection that
+// Stop takes away, an image in a data dir no longer mounted here.
 type backingNamer interface {
 	// Holds tells, with no I/O on the backing file, whether dev is on
 	// the volume's backing file.

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
+	"github.com/berth-io/berth/internal/backend"
 	"github.com/berth-io/berth/internal/mount"
 )
 
@@ -30,6 +32,19 @@ func (l loopDevice) Find(ctx context.Context, volume string) (string, error) {
 		return "", err
 	}
 	return findLoop(ctx, l.loop, image)
+}
+
+// Holds tells whether sysfs names the volume's image file for dev: its
+// full path, or its tail below the data dir when that dir is out of this
+// agent's reach (a deleted StorageCluster's), when Find by path cannot
+// work. The caller found dev mounted at the volume's staging path, so the
+// tail is a check on the mount, not the identity itself.
+func (l loopDevice) Holds(volume, dev string) (bool, error) {
+	name, found, err := l.loop.BackingName(dev)
+	if err != nil || !found {
+		return false, err
+	}
+	return strings.HasSuffix(name, "/"+backend.VolumeFile(volume)), nil
 }
 
 func (l loopDevice) Detach(ctx context.Context, _, dev string) error {

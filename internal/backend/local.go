@@ -122,7 +122,14 @@ func alignSize(size int64) (int64, error) {
 	return (size + imageAlign - 1) / imageAlign * imageAlign, nil
 }
 
-func (l *Local) volumePath(id string) string { return filepath.Join(l.volumes, id+imageExt) }
+func (l *Local) volumePath(id string) string { return filepath.Join(l.dir, VolumeFile(id)) }
+
+// VolumeFile is where volume id's image lies below its data dir. It is also
+// the tail that sysfs names for a loop device on the image once the data
+// dir is out of the reader's reach (a deleted StorageCluster's folder, no
+// longer mounted into the agent): the kernel names the file from the root
+// of the mount it is on.
+func VolumeFile(id string) string { return filepath.Join("volumes", id+imageExt) }
 
 // Create makes an empty sparse image of at least size bytes (rounded up to
 // 4 KiB). The same id and size again returns the existing image.

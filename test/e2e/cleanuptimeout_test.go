@@ -27,14 +27,6 @@ import (
 // list. Once the agent is back it undoes them: no staging mount and no
 // loop device of the volume remain.
 func testStorageClusterDeletionWithAgentAway(t *testing.T) {
-	if os.Getenv("BERTH_E2E_KNOWN_LEAK") != "1" {
-		// CI run 12: deletion ended in 20 s with its Event, and the agent
-		// back undid the stale entries and mounts, but the volume's loop
-		// device stayed bound to its image (sysfs "/volumes/<pv>.img", the
-		// deleted cluster's data dir no longer the agent's), so this
-		// scenario fails on a real leak. Fix the leak, then drop this.
-		t.Skip("known bug: undoing a deleted cluster's stale entry leaves the volume's loop device; BERTH_E2E_KNOWN_LEAK=1 runs it")
-	}
 	s := newScenario(t, 14*time.Minute)
 	if s.env.Vars["BERTH_E2E_DIR"] == "" {
 		t.Fatal("cluster.env has no BERTH_E2E_DIR")
