@@ -12,6 +12,7 @@ import (
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/backend"
+	"github.com/berth-io/berth/internal/blockdev"
 	"github.com/berth-io/berth/internal/mount"
 )
 
@@ -92,4 +93,57 @@ func TestRootUndoFreesLoopOfUnreachableDataDir(t *testing.T) {
 	if err := a.forceUnstage(ctx, "vol", staging, false); err != nil {
 		t.Errorf("second force unstage: %v", err)
 	}
+}
+
+// TestRootFUSEHoldsDetachedConnection: the FUSE transport's Holds names a
+// loop device on the volume's disk.img, also once the connection's mount
+// is detached (sysfs then says "/disk.img"; CI found such a device left
+// after a lost share manager's node came back), and never another
+// volume's.
+func TestRootFUSEHoldsDetachedConnection(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: a tmpfs and a real loop device")
+	}
+	root := t.TempDir()
+	mp := filepath.Join(root, "vol")
+	if err := os.Mkdir(mp, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	// A tmpfs stands in for the FUSE connection: Holds reads only sysfs.
+	if err := unix.Mount("berth-test", mp, "tmpfs", 0, "size=80m"); err != nil {
+		t.Skipf("tmpfs: %v", err)
+	}
+	mounted := true
+	t.Cleanup(func() {
+		if mounted {
+			_ = unix.Unmount(mp, unix.MNT_DETACH)
+		}
+	})
+	file := filepath.Join(mp, blockdev.FileName)
+	if err := os.WriteFile(file, make([]byte, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	loop := mount.NewLoop(exec.New())
+	dev, err := loop.Attach(t.Context(), file, false)
+	if err != nil {
+		t.Skipf("loop device: %v", err)
+	}
+	t.Cleanup(func() { _ = loop.Detach(context.Background(), dev) })
+	f := fuseDevice{userspace: userspace{cfg: &UserspaceConfig{Root: root}}, loop: loop}
+	check := func(when, volume string, want bool) {
+		t.Helper()
+		if got, err := f.Holds(volume, dev); err != nil || got != want {
+			t.Errorf("%s: Holds(%s, %s) = %t, %v; want %t", when, volume, dev, got, err, want)
+		}
+	}
+	check("mounted", "vol", true)
+	check("mounted", "other", false)
+	if err := unix.Unmount(mp, unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	mounted = false
+	if name, _, _ := loop.BackingName(dev); name != "/"+blockdev.FileName {
+		t.Fatalf("sysfs names %q for a detached connection's file; this test expects %q", name, "/"+blockdev.FileName)
+	}
+	check("detached", "vol", true)
 }

@@ -51,9 +51,14 @@ type backingNamer interface {
 	Holds(volume, dev string) (bool, error)
 }
 
+// Holds also takes the bare "/disk.img": once the volume's connection is
+// unmounted (Stop, or a healer that found the keeper restarted) while the
+// loop device still holds the file, sysfs names it from the connection's
+// own root. The caller found dev mounted at the volume's staging path, so
+// the name is a check on that mount, not the identity itself.
 func (f fuseDevice) Holds(volume, dev string) (bool, error) {
 	name, found, err := f.loop.BackingName(dev)
-	return found && name == f.backing(volume), err
+	return found && (name == f.backing(volume) || name == "/"+blockdev.FileName), err
 }
 
 func (f fuseDevice) Attach(ctx context.Context, r attachRequest) (attachment, error) {

@@ -4,9 +4,13 @@ package e2e
 
 import (
 	"context"
+	"errors"
+	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -102,6 +106,11 @@ func testCephReadWriteManyShareNodeLost(t *testing.T) {
 	}
 	second := s.shareRunning(vol, first.UID)
 	running := time.Since(start)
+	xLoops := loopDevices(loops)
+	yLoops := map[string]bool{}
+	for _, d := range loopDevices(s.volumeLoops(vol)) {
+		yLoops[d] = !slices.Contains(xLoops, d)
+	}
 	if second.Spec.NodeName != nodeY {
 		t.Errorf("the new share manager runs on %s, want %s", second.Spec.NodeName, nodeY)
 	}
@@ -128,13 +137,16 @@ func testCephReadWriteManyShareNodeLost(t *testing.T) {
 	if out, err := s.kubectl("taint", "node", nodeX, corev1.TaintNodeOutOfService+"-"); err != nil {
 		t.Fatalf("untaint: %v: %s", err, out)
 	}
+	// X's devices are followed by number: once X's mounts are gone, sysfs
+	// may name their backing files only from the connection's root
+	// ("/disk.img"), which a match on the volume's name would miss.
 	var left []string
-	s.waitFor("node X cleaned: no mount of the volume there, loop devices of Y's share only", 3*time.Minute, func(ctx context.Context) (bool, error) {
+	s.waitFor("node X cleaned: no mount of the volume there, none of X's loop devices bound", 3*time.Minute, func(ctx context.Context) (bool, error) {
 		m, err := s.env.NodeMounts(ctx, nodeX, vol)
-		left = s.volumeLoops(vol)
-		return err == nil && len(m) == 0 && len(left) == len(loops), nil
+		left = s.stillBound(xLoops, yLoops)
+		return err == nil && len(m) == 0 && len(left) == 0, nil
 	})
-	t.Logf("node X cleaned %s after its start; loop devices of %s: %q", time.Since(back).Round(10*time.Millisecond), vol, left)
+	t.Logf("node X cleaned %s after its start; loop devices of %s now: %q", time.Since(back).Round(10*time.Millisecond), vol, s.volumeLoops(vol))
 	if st := s.shareState(vol); st != v1.ShareRunning {
 		t.Errorf("share state %q after X's return, want running", st)
 	}
@@ -157,12 +169,41 @@ func testCephReadWriteManyShareNodeLost(t *testing.T) {
 	}
 	s.waitFor("volume and its share objects gone", 3*time.Minute, func(ctx context.Context) (bool, error) {
 		out, err := s.kubectl("get", "volumes.berth.io/"+vol, "pv/"+pv.Name, "pv/"+sharemanager.Name(vol), "--ignore-not-found", "-o", "name")
-		return err == nil && strings.TrimSpace(out) == "" && len(s.volumeLoops(vol)) == 0, nil
+		return err == nil && strings.TrimSpace(out) == "" && len(s.volumeLoops(vol)) == 0 &&
+			len(s.stillBound(append(xLoops, slices.Collect(maps.Keys(yLoops))...), nil)) == 0, nil
 	})
 	s.waitFor("node X's Ceph clients off the blocklist after the cool-down", 3*time.Minute, func(context.Context) (bool, error) {
 		out, err := s.kubectl("get", "nodecleanups.berth.io", nodeX, "--ignore-not-found", "-o", "jsonpath={.spec.blocklisted[*].address}")
 		return err == nil && strings.TrimSpace(out) == "", nil
 	})
+}
+
+// loopDevices are the device names (loopN) of volumeLoops' entries.
+func loopDevices(entries []string) []string {
+	var devs []string
+	for _, e := range entries {
+		dev, _, _ := strings.Cut(e, ":")
+		devs = append(devs, dev)
+	}
+	return devs
+}
+
+// stillBound lists those of devs that are bound to a backing file, leaving
+// out the numbers the kernel gave to mine (free once, then reused).
+func (s *scenario) stillBound(devs []string, mine map[string]bool) []string {
+	var bound []string
+	for _, d := range devs {
+		if mine[d] {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/sys/block", d, "loop", "backing_file"))
+		if err == nil {
+			bound = append(bound, d+": "+strings.TrimSpace(string(b)))
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			s.t.Errorf("backing file of %s: %v", d, err)
+		}
+	}
+	return bound
 }
 
 // lossNodes picks the node to lose (X) and the one that stays (Y): X runs
