@@ -24,8 +24,9 @@ import (
 // the agent is kept off the node that has its volume staged and in use.
 // The deletion does not hang: it completes soon after the timeout, a
 // CleanupTimedOut Event says so, and the node's entries are on its stale
-// list. Once the agent is back it undoes them: no staging mount and no
-// loop device of the volume remain.
+// list. Once the agent is back it undoes them: no staging mount remains
+// and the volume's loop device is detached (the kernel frees it when the
+// pod still running on it is gone).
 func testStorageClusterDeletionWithAgentAway(t *testing.T) {
 	s := newScenario(t, 14*time.Minute)
 	if s.env.Vars["BERTH_E2E_DIR"] == "" {
@@ -139,18 +140,29 @@ spec:
 			t.Logf("last seen: %s", left)
 		}
 	}()
-	s.waitFor("the agent undid the stale entries: no staging mount, no loop device", 3*time.Minute, func(context.Context) (bool, error) {
+	// The user pod's container still has the filesystem mounted in its
+	// own mount namespace, which no unmount here reaches: the agent's
+	// detach leaves the device to the kernel (autoclear), which frees it
+	// once that last user is gone.
+	autoclear := filepath.Join(filepath.Dir(backing), "autoclear")
+	s.waitFor("the agent undid the stale entries: no staging mount, the loop device detached", 3*time.Minute, func(context.Context) (bool, error) {
 		file, _ := os.ReadFile(backing)
+		clear, _ := os.ReadFile(autoclear)
 		entries, mounts := s.staleEntries(volume), s.nodeMounts(staging)
-		left = fmt.Sprintf("entries %v, mounts %v, %s backing %q", entries, mounts, dev, strings.TrimSpace(string(file)))
-		return len(entries) == 0 && len(mounts) == 0 && !strings.Contains(string(file), volume), nil
+		left = fmt.Sprintf("entries %v, mounts %v, %s backing %q autoclear %q", entries, mounts, dev, strings.TrimSpace(string(file)), strings.TrimSpace(string(clear)))
+		return len(entries) == 0 && len(mounts) == 0 && (!strings.Contains(string(file), volume) || strings.TrimSpace(string(clear)) == "1"), nil
 	})
 	t.Logf("after the agent's return: %s", left)
+	s.deletePod("user")
+	s.waitFor("the loop device freed once the pod is gone", time.Minute, func(context.Context) (bool, error) {
+		file, _ := os.ReadFile(backing)
+		left = fmt.Sprintf("%s backing %q", dev, strings.TrimSpace(string(file)))
+		return !strings.Contains(string(file), volume), nil
+	})
 
 	// The claim of the deleted cluster still deletes its image (the data
 	// dir stays mounted in the agent while a Volume of it remains), and
 	// the agent then rolls out without that data dir.
-	s.deletePod("user")
 	if err := s.cs.CoreV1().PersistentVolumeClaims(s.ns).Delete(s.ctx, "claim", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
