@@ -101,6 +101,13 @@ while read -r dev back; do
 	for r in "${roots[@]}" "$KUBELET_ROOT"; do
 		case "$back" in "$r"/*) log "detaching $dev ($back)"; losetup -d "$dev" || true ;; esac
 	done
+	# A userspace volume's file once its FUSE mount is gone reads as the
+	# bare /disk.img: only berth makes those, and no node is left to own it.
+	case "$back" in /disk.img | "/disk.img (deleted)")
+		log "warning: $dev is still on a userspace volume's file after every node went (a leak): detaching it"
+		losetup -d "$dev" || true
+		;;
+	esac
 done < <(losetup -nl -O NAME,BACK-FILE 2>/dev/null)
 
 # 5. Cgroups (deepest first), netns, veths and the hub bridge (they go
