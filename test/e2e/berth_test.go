@@ -253,8 +253,15 @@ func (s *scenario) nodeMounts(subs ...string) []string {
 
 // clusterEvents returns the messages of a cluster-scoped object's events
 // (recorded in the default namespace).
-func (s *scenario) clusterEvents(kind, name string) []string {
-	list, err := s.cs.CoreV1().Events("").List(s.ctx, metav1.ListOptions{
+func (s *scenario) clusterEvents(kind, name string) []string { return s.eventsIn("", kind, name) }
+
+// events returns the messages of the object's events.
+func (s *scenario) events(kind, name string) []string { return s.eventsIn(s.ns, kind, name) }
+
+// eventsIn returns the messages of the events of an object in namespace ns
+// ("" for every namespace: a cluster-scoped object's).
+func (s *scenario) eventsIn(ns, kind, name string) []string {
+	list, err := s.cs.CoreV1().Events(ns).List(s.ctx, metav1.ListOptions{
 		FieldSelector: "involvedObject.kind=" + kind + ",involvedObject.name=" + name,
 	})
 	if err != nil {
@@ -267,17 +274,36 @@ func (s *scenario) clusterEvents(kind, name string) []string {
 	return msgs
 }
 
-// events returns the messages of the object's events.
-func (s *scenario) events(kind, name string) []string {
-	list, err := s.cs.CoreV1().Events(s.ns).List(s.ctx, metav1.ListOptions{
-		FieldSelector: "involvedObject.kind=" + kind + ",involvedObject.name=" + name,
-	})
-	if err != nil {
-		return []string{err.Error()}
-	}
+// waitEvents waits until the events of an object in namespace ns ("" for a
+// cluster-scoped object) name every one of want, logs and returns them.
+func (s *scenario) waitEvents(ns, kind, name string, timeout time.Duration, want ...string) []string {
+	s.t.Helper()
 	var msgs []string
-	for _, e := range list.Items {
-		msgs = append(msgs, e.Reason+": "+e.Message)
-	}
+	s.waitFor(fmt.Sprintf("%s %s's events naming %q", kind, name, want), timeout, func(context.Context) (bool, error) {
+		msgs = s.eventsIn(ns, kind, name)
+		all := strings.Join(msgs, "\n")
+		for _, w := range want {
+			if !strings.Contains(all, w) {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	s.t.Logf("%s %s's events: %q", kind, name, msgs)
 	return msgs
+}
+
+// createSnapshot makes the VolumeSnapshot name of claim in class.
+func (s *scenario) createSnapshot(name, class, claim string) {
+	s.t.Helper()
+	manifest := fmt.Sprintf(`apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {name: %s, namespace: %s}
+spec:
+  volumeSnapshotClassName: %s
+  source: {persistentVolumeClaimName: %s}
+`, name, s.ns, class, claim)
+	if out, err := s.kubectlIn(manifest, "apply", "-f", "-"); err != nil {
+		s.t.Fatalf("create VolumeSnapshot %s: %v: %s", name, err, out)
+	}
 }

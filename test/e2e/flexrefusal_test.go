@@ -26,13 +26,7 @@ func flexSource(handle string) corev1.VolumeSource {
 // in berth's own words: kubelet parsed the driver's answer (no JSON error).
 func (s *scenario) waitRefused(pod, want string) {
 	s.t.Helper()
-	var msgs []string
-	s.waitFor("pod "+pod+"'s mount refused with "+want, 3*time.Minute, func(context.Context) (bool, error) {
-		msgs = s.events("Pod", pod)
-		return strings.Contains(strings.Join(msgs, "\n"), want), nil
-	})
-	s.t.Logf("%s's events: %q", pod, msgs)
-	for _, m := range msgs {
+	for _, m := range s.waitEvents(s.ns, "Pod", pod, 3*time.Minute, want) {
 		if strings.Contains(m, "invalid character") || strings.Contains(m, "unmarshal") {
 			s.t.Errorf("kubelet could not parse the driver's answer: %q", m)
 		}

@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"testing"
 	"time"
 )
 
@@ -21,6 +22,17 @@ func (e Env) Nodes() []string {
 		return n
 	}
 	return []string{e.NodeName}
+}
+
+// twoNodes returns the cluster's nodes and skips the test on a cluster of
+// one node.
+func (e Env) twoNodes(t *testing.T) []string {
+	t.Helper()
+	nodes := e.Nodes()
+	if len(nodes) < 2 {
+		t.Skip("one node: this scenario needs a second node (BERTH_E2E_NODES=2)")
+	}
+	return nodes
 }
 
 // nodeVar is the per-node cluster.env value KEY_<i> of node.
