@@ -293,6 +293,19 @@ func (s *scenario) waitEvents(ns, kind, name string, timeout time.Duration, want
 	return msgs
 }
 
+// deleteStorageCluster deletes the StorageCluster name and waits until it
+// is gone (its finalizer lifted).
+func (s *scenario) deleteStorageCluster(name string) {
+	s.t.Helper()
+	if out, err := s.kubectl("delete", "storagecluster", name, "--wait=false"); err != nil {
+		s.t.Fatalf("delete StorageCluster %s: %v: %s", name, err, out)
+	}
+	s.waitFor("StorageCluster "+name+" gone", 3*time.Minute, func(context.Context) (bool, error) {
+		out, err := s.kubectl("get", "storagecluster", name, "--ignore-not-found", "-o", "name")
+		return err == nil && strings.TrimSpace(out) == "", nil
+	})
+}
+
 // createSnapshot makes the VolumeSnapshot name of claim in class.
 func (s *scenario) createSnapshot(name, class, claim string) {
 	s.t.Helper()

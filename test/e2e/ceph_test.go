@@ -277,18 +277,9 @@ func testCephVolumeMovesOffLostNode(t *testing.T) {
 		t.Fatalf("no mount of %s on node A", volume)
 	}
 
-	taint := corev1.TaintNodeOutOfService + "=nodeshutdown:NoExecute"
-	t.Cleanup(func() {
-		_ = s.env.NodeAction(context.Background(), nodeA, "start")
-		_, _ = s.kubectl("taint", "node", nodeA, corev1.TaintNodeOutOfService+"-")
-	})
-	if err := s.env.NodeAction(s.ctx, nodeA, "stop"); err != nil {
-		t.Fatal(err)
-	}
+	s.stopNode(nodeA)
 	// Known to be down (stopped): tainted at once, as an admin who knows does.
-	if out, err := s.kubectl("taint", "node", nodeA, taint); err != nil {
-		t.Fatalf("taint: %v: %s", err, out)
-	}
+	s.taintOutOfService(nodeA)
 	zero := int64(0)
 	if err := s.cs.CoreV1().Pods(s.ns).Delete(s.ctx, "writer", metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil && !apierrors.IsNotFound(err) {
 		t.Fatal(err)

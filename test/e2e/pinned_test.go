@@ -35,18 +35,9 @@ func testLocalVolumeOnLostNode(t *testing.T) {
 	s.pod("holder", "echo hello > /data/f && exec sleep 3600", claimSource("pinned"), false)
 	s.running("holder")
 
-	taint := corev1.TaintNodeOutOfService + "=nodeshutdown:NoExecute"
-	t.Cleanup(func() {
-		_ = s.env.NodeAction(context.Background(), nodeA, "start")
-		_, _ = s.kubectl("taint", "node", nodeA, corev1.TaintNodeOutOfService+"-")
-	})
-	if err := s.env.NodeAction(s.ctx, nodeA, "stop"); err != nil {
-		t.Fatal(err)
-	}
+	s.stopNode(nodeA)
 	waitNodeReady(s.ctx, t, s.cs, nodeA, false)
-	if out, err := s.kubectl("taint", "node", nodeA, taint); err != nil {
-		t.Fatalf("taint: %v: %s", err, out)
-	}
+	s.taintOutOfService(nodeA)
 	zero := int64(0)
 	if err := s.cs.CoreV1().Pods(s.ns).Delete(s.ctx, "holder", metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil && !apierrors.IsNotFound(err) {
 		t.Fatal(err)

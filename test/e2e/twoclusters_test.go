@@ -97,35 +97,36 @@ spec:
 		return err == nil && strings.TrimSpace(out) != "0" && lines() > 5, nil
 	})
 
-	if _, err := s.kubectl("delete", "storagecluster", "second", "--wait=false"); err != nil {
-		t.Fatal(err)
-	}
-	s.waitFor("StorageCluster second gone (its volume detached on the node)", 3*time.Minute, func(context.Context) (bool, error) {
-		out, err := s.kubectl("get", "storagecluster", "second", "--ignore-not-found", "-o", "name")
-		return err == nil && strings.TrimSpace(out) == "", nil
-	})
+	// Gone once its volume is detached on the node.
+	s.deleteStorageCluster("second")
 	if m := s.nodeMounts(otherPV.Name); len(m) > 0 {
 		t.Errorf("the deleted cluster's volume is still mounted: %v", m)
 	}
-	before := lines()
-	s.waitFor("the first cluster's writer to go on writing", time.Minute, func(context.Context) (bool, error) {
-		return lines() > before+10, nil
-	})
+	// unharmed: the first cluster's writer goes on writing without an
+	// error or a restart, and the keepers are the same pods.
+	unharmed := func(after string, timeout time.Duration) {
+		t.Helper()
+		before := lines()
+		s.waitFor("the first cluster's writer to go on writing "+after, timeout, func(context.Context) (bool, error) {
+			return lines() > before+10, nil
+		})
+		p, err := s.cs.CoreV1().Pods(s.ns).Get(s.ctx, "writer-first", metav1.GetOptions{})
+		if err != nil || p.Status.Phase != corev1.PodRunning || p.Status.ContainerStatuses[0].RestartCount != 0 {
+			t.Fatalf("writer-first %s: %v, %+v; want Running without restarts", after, err, p.Status)
+		}
+		if logs, _ := s.kubectl("-n", s.ns, "logs", "writer-first"); strings.Contains(logs, "WRITE-ERROR") {
+			t.Fatalf("the first cluster's writer saw an error %s: %s", after, logs)
+		}
+		if now := s.podUIDs("app.kubernetes.io/name=berth,app.kubernetes.io/component=keeper"); !sameUIDs(keepers, now) {
+			t.Errorf("keeper pods changed %s: %v -> %v", after, keepers, now)
+		}
+	}
+	unharmed("after the deletion", time.Minute)
 	if out, err := s.exec("writer-first", "echo still-here > /data/check && sync && cat /data/check"); err != nil || strings.TrimSpace(out) != "still-here" {
 		t.Errorf("write and read on the first cluster's volume: %q, %v", out, err)
 	}
 	if len(s.nodeMounts(firstPV.Name)) == 0 {
 		t.Error("the first cluster's volume is not mounted any more")
-	}
-	p, err := s.cs.CoreV1().Pods(s.ns).Get(s.ctx, "writer-first", metav1.GetOptions{})
-	if err != nil || p.Status.Phase != corev1.PodRunning || p.Status.ContainerStatuses[0].RestartCount != 0 {
-		t.Fatalf("writer-first: %v, %+v; want Running without restarts", err, p.Status)
-	}
-	if logs, _ := s.kubectl("-n", s.ns, "logs", "writer-first"); strings.Contains(logs, "WRITE-ERROR") {
-		t.Fatalf("the first cluster's writer saw an error: %s", logs)
-	}
-	if now := s.podUIDs("app.kubernetes.io/name=berth,app.kubernetes.io/component=keeper"); !sameUIDs(keepers, now) {
-		t.Errorf("keeper pods changed: %v -> %v", keepers, now)
 	}
 	if d, err := s.cs.StorageV1().CSIDrivers().Get(s.ctx, "berth.io", metav1.GetOptions{}); err != nil || d.UID != driver.UID {
 		t.Errorf("the CSIDriver changed or went: %v", err)
@@ -157,20 +158,7 @@ spec:
 	})
 	// That rollout restarted the agent under the userspace volume: healed,
 	// the writer never saw an error.
-	before = lines()
-	s.waitFor("the first cluster's writer to go on writing after the agent rollout", 2*time.Minute, func(context.Context) (bool, error) {
-		return lines() > before+10, nil
-	})
-	p, err = s.cs.CoreV1().Pods(s.ns).Get(s.ctx, "writer-first", metav1.GetOptions{})
-	if err != nil || p.Status.Phase != corev1.PodRunning || p.Status.ContainerStatuses[0].RestartCount != 0 {
-		t.Fatalf("writer-first after the rollout: %v, %+v; want Running without restarts", err, p.Status)
-	}
-	if logs, _ := s.kubectl("-n", s.ns, "logs", "writer-first"); strings.Contains(logs, "WRITE-ERROR") {
-		t.Fatalf("the first cluster's writer saw an error across the agent rollout: %s", logs)
-	}
-	if now := s.podUIDs("app.kubernetes.io/name=berth,app.kubernetes.io/component=keeper"); !sameUIDs(keepers, now) {
-		t.Errorf("keeper pods changed across the agent rollout: %v -> %v", keepers, now)
-	}
+	unharmed("after the agent rollout", 2*time.Minute)
 }
 
 // podUIDs returns the UIDs of berth's pods matching selector.
