@@ -306,6 +306,43 @@ func (s *scenario) deleteStorageCluster(name string) {
 	})
 }
 
+// appendingWriter is a pod's script that appends a numbered line to
+// /data/log every 0.2 s and stops at the first failed write, saying
+// WRITE-ERROR.
+const appendingWriter = `i=0; while true; do echo $i >> /data/log || { echo WRITE-ERROR $i; exit 1; }; i=$((i+1)); sleep 0.2; done`
+
+// logLines counts the lines of /data/log in pod.
+func (s *scenario) logLines(pod string) int {
+	s.t.Helper()
+	out, err := s.exec(pod, "wc -l < /data/log")
+	if err != nil {
+		s.t.Fatalf("count lines: %v", err)
+	}
+	var n int
+	_, _ = fmt.Sscan(out, &n)
+	return n
+}
+
+// writerUnharmed waits until the appendingWriter pod wrote ten more lines
+// and checks that it runs without a restart and never failed a write.
+func (s *scenario) writerUnharmed(pod, after string, timeout time.Duration) {
+	s.t.Helper()
+	before := s.logLines(pod)
+	s.waitFor(pod+" to go on writing "+after, timeout, func(context.Context) (bool, error) {
+		return s.logLines(pod) > before+10, nil
+	})
+	p, err := s.cs.CoreV1().Pods(s.ns).Get(s.ctx, pod, metav1.GetOptions{})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if p.Status.Phase != corev1.PodRunning || len(p.Status.ContainerStatuses) == 0 || p.Status.ContainerStatuses[0].RestartCount != 0 {
+		s.t.Fatalf("%s %s: %+v; want Running without restarts", pod, after, p.Status)
+	}
+	if logs, _ := s.kubectl("-n", s.ns, "logs", pod); strings.Contains(logs, "WRITE-ERROR") {
+		s.t.Fatalf("%s saw a write error %s: %s", pod, after, logs)
+	}
+}
+
 // createSnapshot makes the VolumeSnapshot name of claim in class.
 func (s *scenario) createSnapshot(name, class, claim string) {
 	s.t.Helper()

@@ -78,23 +78,13 @@ spec:
 	if _, err := os.Stat(image); err != nil {
 		t.Fatalf("the second cluster's image is not in its data dir: %v", err)
 	}
-	writer := `i=0; while true; do echo $i >> /data/log || { echo WRITE-ERROR $i; exit 1; }; i=$((i+1)); sleep 0.2; done`
-	s.pod("writer-first", writer, claimSource("first"), false)
+	s.pod("writer-first", appendingWriter, claimSource("first"), false)
 	s.pod("writer-other", `while true; do date >> /data/log; sleep 0.2; done`, claimSource("other"), false)
 	s.running("writer-first")
 	s.running("writer-other")
-	lines := func() int {
-		out, err := s.exec("writer-first", "wc -l < /data/log")
-		if err != nil {
-			t.Fatalf("count lines: %v", err)
-		}
-		var n int
-		_, _ = fmt.Sscan(out, &n)
-		return n
-	}
 	s.waitFor("both writing", time.Minute, func(context.Context) (bool, error) {
 		out, err := s.exec("writer-other", "wc -l < /data/log")
-		return err == nil && strings.TrimSpace(out) != "0" && lines() > 5, nil
+		return err == nil && strings.TrimSpace(out) != "0" && s.logLines("writer-first") > 5, nil
 	})
 
 	// Gone once its volume is detached on the node.
@@ -106,17 +96,7 @@ spec:
 	// error or a restart, and the keepers are the same pods.
 	unharmed := func(after string, timeout time.Duration) {
 		t.Helper()
-		before := lines()
-		s.waitFor("the first cluster's writer to go on writing "+after, timeout, func(context.Context) (bool, error) {
-			return lines() > before+10, nil
-		})
-		p, err := s.cs.CoreV1().Pods(s.ns).Get(s.ctx, "writer-first", metav1.GetOptions{})
-		if err != nil || p.Status.Phase != corev1.PodRunning || p.Status.ContainerStatuses[0].RestartCount != 0 {
-			t.Fatalf("writer-first %s: %v, %+v; want Running without restarts", after, err, p.Status)
-		}
-		if logs, _ := s.kubectl("-n", s.ns, "logs", "writer-first"); strings.Contains(logs, "WRITE-ERROR") {
-			t.Fatalf("the first cluster's writer saw an error %s: %s", after, logs)
-		}
+		s.writerUnharmed("writer-first", after, timeout)
 		if now := s.podUIDs("app.kubernetes.io/name=berth,app.kubernetes.io/component=keeper"); !sameUIDs(keepers, now) {
 			t.Errorf("keeper pods changed %s: %v -> %v", after, keepers, now)
 		}
