@@ -24,10 +24,7 @@ import (
 // listener on the host's end of the hub's veth is reached from neither:
 // nothing of the nodes is forwarded to the host.
 func testPodsReachAPIServer(t *testing.T) {
-	env, cs := needCluster(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	ns := testNamespace(ctx, t, cs)
+	env, cs, ctx, ns := clusterNamespace(t, 4*time.Minute)
 
 	hostIP := env.Vars["HOST_IP"]
 	if hostIP == "" {
