@@ -15,7 +15,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
@@ -51,15 +50,8 @@ func cephStorageCluster(ctx context.Context, t *testing.T, c *testceph.Cluster, 
 		t.Fatal(err)
 	}
 	cephSecret(ctx, t, name, c.Client, key)
-	sc := &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1.StorageClusterSpec{
-		Backend: v1.BackendCeph, DataDir: "/srv/berth",
-		Ceph: &v1.CephSpec{Monitors: []v1.CephMonitor{v1.CephMonitor(monitors)}, Pool: c.Pool,
-			SecretRef: v1.CephSecretReference{Name: name, Namespace: "default"}},
-	}}
-	if err := env.Client.Create(ctx, sc); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), sc) })
+	sc := cephCluster(name, monitors, c.Pool)
+	create(ctx, t, sc)
 	return sc
 }
 
