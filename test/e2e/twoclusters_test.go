@@ -117,25 +117,8 @@ spec:
 
 	// The second cluster's claim goes: its image goes from its data dir
 	// (still mounted in the agent while a Volume of it remains).
-	s.deletePod("writer-other")
-	if err := s.cs.CoreV1().PersistentVolumeClaims(s.ns).Delete(s.ctx, "other", metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	s.waitFor("the second cluster's PV and image gone", 3*time.Minute, func(ctx context.Context) (bool, error) {
-		_, err := s.cs.CoreV1().PersistentVolumes().Get(ctx, otherPV.Name, metav1.GetOptions{})
-		_, serr := os.Stat(image)
-		return apierrors.IsNotFound(err) && os.IsNotExist(serr), nil
-	})
-	s.waitFor("the agent rolled out without the second data dir", 4*time.Minute, func(ctx context.Context) (bool, error) {
-		ds, err := s.cs.AppsV1().DaemonSets(berthNamespace).Get(ctx, "berth-agent", metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
-		st := ds.Status
-		return !strings.Contains(strings.Join(ds.Spec.Template.Spec.Containers[0].Args, " "), dir) &&
-			st.ObservedGeneration == ds.Generation && st.UpdatedNumberScheduled == st.DesiredNumberScheduled &&
-			st.NumberAvailable == st.DesiredNumberScheduled, nil
-	})
+	s.deleteClaimAndImage("writer-other", "other", otherPV.Name, image)
+	s.waitAgentWithout(dir)
 	// That rollout restarted the agent under the userspace volume: healed,
 	// the writer never saw an error.
 	unharmed("after the agent rollout", 2*time.Minute)
