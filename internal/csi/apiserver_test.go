@@ -7,11 +7,8 @@ import (
 
 	"github.com/go-logr/logr/testr"
 	"k8s.io/utils/exec"
-	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/berth-io/berth/internal/controller"
 	"github.com/berth-io/berth/internal/mount"
@@ -41,24 +38,13 @@ func create(ctx context.Context, t *testing.T, obj client.Object) {
 // controller waits for when it makes volumes and snapshots.
 func runNodeReconcilers(t *testing.T, node string, images controller.Backend) {
 	t.Helper()
-	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{Scheme: env.Scheme, Logger: testr.New(t),
-		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
-		// Other tests of this package run controllers of the same names.
-		Controller: config.Controller{SkipNameValidation: ptr.To(true)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := (&controller.VolumeReconciler{Client: mgr.GetClient(), Node: node, Backend: images,
-		Loop: mount.NewLoop(exec.New()), Log: testr.New(t)}).SetupWithManager(mgr); err != nil {
-		t.Fatal(err)
-	}
-	if err := (&controller.SnapshotReconciler{Client: mgr.GetClient(), Node: node, Backend: images, Log: testr.New(t)}).SetupWithManager(mgr); err != nil {
-		t.Fatal(err)
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
-	t.Cleanup(func() { stop(); <-done })
+	env.RunManager(t, ctrl.Options{}, func(mgr ctrl.Manager) error {
+		if err := (&controller.VolumeReconciler{Client: mgr.GetClient(), Node: node, Backend: images,
+			Loop: mount.NewLoop(exec.New()), Log: testr.New(t)}).SetupWithManager(mgr); err != nil {
+			return err
+		}
+		return (&controller.SnapshotReconciler{Client: mgr.GetClient(), Node: node, Backend: images, Log: testr.New(t)}).SetupWithManager(mgr)
+	})
 }
 
 // apiController is a CSI controller on the test API server, logging to t.
