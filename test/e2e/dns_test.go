@@ -22,10 +22,7 @@ import (
 func testClusterDNS(t *testing.T) {
 	env, cs, ctx, ns := clusterNamespace(t, 3*time.Minute)
 
-	dnsIP := env.Vars["DNS_SERVICE_IP"]
-	if dnsIP == "" {
-		t.Error("cluster.env lacks DNS_SERVICE_IP: the cluster has no DNS (hack/cluster/dns.sh)")
-	}
+	dnsIP := env.need(t, "DNS_SERVICE_IP", "the cluster has no DNS (hack/cluster/dns.sh)")
 	kubeSvc, err := cs.CoreV1().Services("default").Get(ctx, "kubernetes", metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("kubernetes Service: %v", err)

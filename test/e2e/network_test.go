@@ -26,10 +26,7 @@ import (
 func testPodsReachAPIServer(t *testing.T) {
 	env, cs, ctx, ns := clusterNamespace(t, 4*time.Minute)
 
-	hostIP := env.Vars["HOST_IP"]
-	if hostIP == "" {
-		t.Fatal("cluster.env lacks HOST_IP")
-	}
+	hostIP := env.need(t, "HOST_IP", "the host's end of the hub's veth")
 	ln, err := net.Listen("tcp", net.JoinHostPort(hostIP, "0"))
 	if err != nil {
 		t.Fatalf("listen on the host's veth address: %v", err)

@@ -26,6 +26,17 @@ func (e Env) Nodes() []string {
 	return []string{e.NodeName}
 }
 
+// need returns the cluster.env value of key and fails the test where it is
+// missing; what says what the value is.
+func (e Env) need(t *testing.T, key, what string) string {
+	t.Helper()
+	v := e.Vars[key]
+	if v == "" {
+		t.Fatalf("cluster.env lacks %s (%s)", key, what)
+	}
+	return v
+}
+
 // twoNodes returns the cluster's nodes and skips the test on a cluster of
 // one node.
 func (e Env) twoNodes(t *testing.T) []string {

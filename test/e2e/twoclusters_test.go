@@ -27,10 +27,7 @@ import (
 // data dir and goes when its claim does.
 func testTwoStorageClustersOneDeleted(t *testing.T) {
 	s := newScenario(t, 12*time.Minute)
-	dir := filepath.Join(s.env.Vars["BERTH_E2E_DIR"], "berth-data-second")
-	if s.env.Vars["BERTH_E2E_DIR"] == "" {
-		t.Fatal("cluster.env has no BERTH_E2E_DIR")
-	}
+	dir := filepath.Join(s.env.need(t, "BERTH_E2E_DIR", "the cluster's folder"), "berth-data-second")
 	// Runs last (cleanups run last first): the folder every node's agent
 	// mounted (the nodes share it: it is not one of their own binds).
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
