@@ -69,11 +69,10 @@ func (s *scenario) agentBack() {
 
 func (s *scenario) untaintAgentDown() { _, _ = s.kubectl("taint", "node", s.node, agentDownTaint+"-") }
 
-// deleteClaimAndImage deletes pod and then claim, and waits until the
-// claim's PV (pv) and its image file are gone.
-func (s *scenario) deleteClaimAndImage(pod, claim, pv, image string) {
+// deleteClaimAndImage deletes claim (its pods gone) and waits until its PV
+// (pv) and the PV's image file are gone.
+func (s *scenario) deleteClaimAndImage(claim, pv, image string) {
 	s.t.Helper()
-	s.deletePod(pod)
 	if err := s.cs.CoreV1().PersistentVolumeClaims(s.ns).Delete(s.ctx, claim, metav1.DeleteOptions{}); err != nil {
 		s.t.Fatal(err)
 	}

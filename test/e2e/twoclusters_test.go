@@ -114,7 +114,8 @@ spec:
 
 	// The second cluster's claim goes: its image goes from its data dir
 	// (still mounted in the agent while a Volume of it remains).
-	s.deleteClaimAndImage("writer-other", "other", otherPV.Name, image)
+	s.deletePod("writer-other")
+	s.deleteClaimAndImage("other", otherPV.Name, image)
 	s.waitAgentWithout(dir)
 	// That rollout restarted the agent under the userspace volume: healed,
 	// the writer never saw an error.
