@@ -21,10 +21,12 @@ set -euo pipefail
 
 MULTUS_VERSION="${MULTUS_VERSION:-v4.2.2}"
 WHEREABOUTS_VERSION="${WHEREABOUTS_VERSION:-v0.8.0}"
-CACHE_ROOT="${BERTH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/berth}"
-OUT="$CACHE_ROOT/cni-plugins"
 
 log() { printf '[cni-plugins] %s\n' "$*" >&2; }
+
+# shellcheck source=lib/gobuild.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/gobuild.sh"
+OUT="$CACHE_ROOT/cni-plugins"
 
 # module NAME: prints "module version cmd-dir ldflags" of a plugin.
 module() {
@@ -44,27 +46,12 @@ fi
 names=("$@")
 [ ${#names[@]} -gt 0 ] || names=(multus whereabouts)
 
+# drop_vendor: the module zip keeps only vendor/modules.txt.
+drop_vendor() { rm -rf vendor; }
+
 mkdir -p "$OUT"
-work=
-trap 'if [ -n "$work" ]; then chmod -R u+w "$work" 2>/dev/null; rm -rf "$work"; fi' EXIT
 for n in "${names[@]}"; do
 	read -r mod version cmd ldflags < <(module "$n")
-	bin="$OUT/$n-$version"
-	if [ -x "$bin" ]; then
-		log "cached: $bin"
-		continue
-	fi
-	command -v go >/dev/null || { log "go is required (expected at /usr/local/go/bin)"; exit 1; }
-	[ -n "$work" ] || work=$(mktemp -d)
-	log "building $n $version from $mod (first time only, a few minutes)"
-	start=$SECONDS
-	dir=$(cd "$work" && GOFLAGS=-mod=mod go mod download -json "$mod@$version" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
-	[ -n "$dir" ] || { log "could not download $mod@$version"; exit 1; }
-	cp -r "$dir" "$work/$n"
-	chmod -R u+w "$work/$n"
-	rm -rf "$work/$n/vendor"
-	(cd "$work/$n" && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags "-s -w $ldflags" -o "$bin.tmp" "$cmd")
-	mv "$bin.tmp" "$bin"
-	log "$n $version ready in $((SECONDS - start))s"
+	build_module_command "$n" "$mod" "$version" "$cmd" "$OUT/$n-$version" "-s -w $ldflags" drop_vendor
 done
 echo "$OUT"

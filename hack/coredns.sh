@@ -13,7 +13,8 @@
 set -euo pipefail
 
 COREDNS_VERSION="${COREDNS_VERSION:-v1.12.4}"
-CACHE_ROOT="${BERTH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/berth}"
+# shellcheck source=lib/gobuild.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/gobuild.sh"
 OUT="$CACHE_ROOT/coredns"
 BIN="$OUT/coredns-$COREDNS_VERSION"
 
@@ -24,10 +25,9 @@ if [ -x "$BIN" ]; then
 	echo "$BIN"
 	exit 0
 fi
-command -v go >/dev/null || { log "go is required (expected at /usr/local/go/bin)"; exit 1; }
+need_go
 mkdir -p "$OUT"
-work=$(mktemp -d)
-trap 'chmod -R u+w "$work" 2>/dev/null; rm -rf "$work"' EXIT
+scratch
 
 log "building CoreDNS $COREDNS_VERSION (first time only, a few minutes)"
 start=$SECONDS

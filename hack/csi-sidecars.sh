@@ -15,13 +15,15 @@ set -euo pipefail
 PROVISIONER_VERSION="${PROVISIONER_VERSION:-v5.3.0}"
 RESIZER_VERSION="${RESIZER_VERSION:-v1.14.0}"
 SNAPSHOTTER_VERSION="${SNAPSHOTTER_VERSION:-v8.3.0}"
-CACHE_ROOT="${BERTH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/berth}"
-OUT="$CACHE_ROOT/csi-sidecars"
 
 names=("$@")
 [ ${#names[@]} -gt 0 ] || names=(csi-provisioner csi-resizer csi-snapshotter)
 
 log() { printf '[csi-sidecars] %s\n' "$*" >&2; }
+
+# shellcheck source=lib/gobuild.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/gobuild.sh"
+OUT="$CACHE_ROOT/csi-sidecars"
 
 # module NAME: prints "module version cmd-dir" of a sidecar.
 module() {
@@ -34,29 +36,19 @@ module() {
 	esac
 }
 
+# drop_local_replaces: replaces into the module's own folders
+# (external-snapshotter's ./client) are not in the downloaded module, so
+# the required version is used.
+drop_local_replaces() {
+	local r
+	for r in $(sed -n 's#^[[:space:]]*\(replace[[:space:]]\+\)\?\([^[:space:]]\+\)\( v[^[:space:]]*\)\? => \./.*#\2#p' go.mod); do
+		go mod edit -dropreplace="$r"
+	done
+}
+
 mkdir -p "$OUT"
-work=
-trap 'if [ -n "$work" ]; then chmod -R u+w "$work" 2>/dev/null; rm -rf "$work"; fi' EXIT
 for n in "${names[@]}"; do
 	read -r mod version cmd < <(module "$n")
-	bin="$OUT/$n-$version"
-	if [ -x "$bin" ]; then
-		log "cached: $bin"
-		continue
-	fi
-	command -v go >/dev/null || { log "go is required (expected at /usr/local/go/bin)"; exit 1; }
-	[ -n "$work" ] || work=$(mktemp -d)
-	log "building $n $version from $mod (first time only, a few minutes)"
-	dir=$(cd "$work" && GOFLAGS=-mod=mod go mod download -json "$mod@$version" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
-	[ -n "$dir" ] || { log "could not download $mod@$version"; exit 1; }
-	cp -r "$dir" "$work/$n"
-	chmod -R u+w "$work/$n"
-	# Replaces into the module's own folders (external-snapshotter's
-	# ./client) are not in the downloaded module: use the required version.
-	for r in $(sed -n 's#^[[:space:]]*\(replace[[:space:]]\+\)\?\([^[:space:]]\+\)\( v[^[:space:]]*\)\? => \./.*#\2#p' "$work/$n/go.mod"); do
-		(cd "$work/$n" && go mod edit -dropreplace="$r")
-	done
-	(cd "$work/$n" && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags "-X main.version=$version" -o "$bin.tmp" "./$cmd")
-	mv "$bin.tmp" "$bin"
+	build_module_command "$n" "$mod" "$version" "./$cmd" "$OUT/$n-$version" "-X main.version=$version" drop_local_replaces
 done
 echo "$OUT"

@@ -18,7 +18,8 @@ set -euo pipefail
 
 KUBE_VERSION="${KUBE_VERSION:-v1.34.4}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.5}"
-CACHE_ROOT="${BERTH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/berth}"
+# shellcheck source=lib/gobuild.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/gobuild.sh"
 OUT="$CACHE_ROOT/kube-$KUBE_VERSION-etcd-$ETCD_VERSION"
 
 components=("$@")
@@ -41,10 +42,9 @@ if [ ${#missing[@]} -eq 0 ]; then
 	exit 0
 fi
 
-command -v go >/dev/null || { log "go is required (expected at /usr/local/go/bin)"; exit 1; }
+need_go
 
-work=$(mktemp -d)
-trap 'chmod -R u+w "$work" 2>/dev/null; rm -rf "$work"' EXIT
+scratch
 
 build_etcd() {
 	log "building etcd $ETCD_VERSION (first time only)"

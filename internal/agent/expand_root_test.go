@@ -7,10 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
-	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/mount"
 )
 
@@ -56,14 +52,9 @@ func TestRootExpandWithoutCapabilitySaysNextStage(t *testing.T) {
 // (staged here as a block device) grows to the image's new size; at that
 // size already, it is left as it is.
 func TestRootGrowShareDevice(t *testing.T) {
-	e := newQuiesceEnv(t, &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "vol"}, Spec: v1.VolumeSpec{StorageCluster: "c",
-		Size: resource.MustParse("64Mi"), AccessMode: v1.ReadWriteMany, VolumeMode: v1.VolumeModeFilesystem, FSType: "ext4"}})
+	e := newRWXQuiesceEnv(t)
 	ctx := t.Context()
-	staging := filepath.Join(t.TempDir(), "staging")
-	if err := e.mounts.Stage(ctx, mount.StageRequest{VolumeID: "vol", Device: e.dev, StagingPath: staging, Block: true}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _, _ = e.mounts.Unstage(context.Background(), staging) })
+	e.stage(t, true)
 	if size, err := e.agent.GrowShareDevice(ctx, "vol"); err != nil || size != 64<<20 {
 		t.Fatalf("at the image's size: %d, %v", size, err)
 	}

@@ -16,9 +16,12 @@ import (
 
 	"github.com/go-logr/logr/testr"
 	"golang.org/x/sys/unix"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/exec"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/backend"
 	"github.com/berth-io/berth/internal/mount"
 )
@@ -72,9 +75,24 @@ func newQuiesceEnv(t *testing.T, objs ...client.Object) *quiesceEnv {
 // by chunk while the filesystem keeps changing: a torn, stale copy.
 func TestRootSnapshotOfStagedVolumeIsConsistent(t *testing.T) {
 	e := newQuiesceEnv(t)
-	ctx := t.Context()
+	staging := e.stage(t, false)
+
+	e.checkFrozen(t, e.copiesUnderWriter(t, staging, false))
+}
+
+// newRWXQuiesceEnv is a quiesceEnv whose volume is an RWX one (a share manager
+// serves its filesystem; the agent stages it as a block device).
+func newRWXQuiesceEnv(t *testing.T) *quiesceEnv {
+	return newQuiesceEnv(t, &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "vol"}, Spec: v1.VolumeSpec{StorageCluster: "c",
+		Size: resource.MustParse("64Mi"), AccessMode: v1.ReadWriteMany, VolumeMode: v1.VolumeModeFilesystem, FSType: "ext4"}})
+}
+
+// stage stages the volume's device at a new staging path (as a raw block
+// device with block) and unstages it when the test ends.
+func (e *quiesceEnv) stage(t *testing.T, block bool) string {
+	t.Helper()
 	staging := filepath.Join(t.TempDir(), "staging")
-	if err := e.mounts.Stage(ctx, mount.StageRequest{VolumeID: "vol", Device: e.dev, StagingPath: staging}); err != nil {
+	if err := e.mounts.Stage(t.Context(), mount.StageRequest{VolumeID: "vol", Device: e.dev, StagingPath: staging, Block: block}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -82,39 +100,62 @@ func TestRootSnapshotOfStagedVolumeIsConsistent(t *testing.T) {
 			t.Errorf("unstage: %v", err)
 		}
 	})
+	return staging
+}
 
+// copiesUnderWriter takes three snapshots of the volume (and a clone, with
+// clone) while a writer keeps adding files in dir, the volume's filesystem
+// mounted somewhere, and returns the copies' image paths.
+func (e *quiesceEnv) copiesUnderWriter(t *testing.T, dir string, clone bool) []string {
+	t.Helper()
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	var writeErr error
-	wg.Go(func() { writeErr = writeFiles(staging, stop) })
-	var snaps []backend.Snapshot
+	wg.Go(func() { writeErr = writeFiles(dir, stop) })
+	fail := func(format string, args ...any) {
+		close(stop)
+		wg.Wait()
+		t.Fatalf(format, args...)
+	}
+	var copies []string
 	for i := range 3 {
 		time.Sleep(200 * time.Millisecond)
-		s, err := e.images.CreateSnapshot(ctx, fmt.Sprintf("snap-%d", i), "vol")
+		s, err := e.images.CreateSnapshot(t.Context(), fmt.Sprintf("snap-%d", i), "vol")
 		if err != nil {
-			close(stop)
-			wg.Wait()
-			t.Fatalf("snapshot %d: %v", i, err)
+			fail("snapshot %d: %v", i, err)
 		}
-		snaps = append(snaps, s)
+		copies = append(copies, s.Path)
+	}
+	if clone {
+		c, err := e.images.CreateFromVolume(t.Context(), "clone", "vol", 64<<20)
+		if err != nil {
+			fail("clone: %v", err)
+		}
+		copies = append(copies, c.Path)
 	}
 	close(stop)
 	wg.Wait()
 	if writeErr != nil {
 		t.Fatalf("writer: %v", writeErr)
 	}
+	return copies
+}
 
-	for _, s := range snaps {
-		out, err := exec.New().Command("e2fsck", "-fn", s.Path).CombinedOutput()
+// checkFrozen checks that each copy is a clean filesystem taken frozen
+// (its journal needs no recovery) holding whole files.
+func (e *quiesceEnv) checkFrozen(t *testing.T, copies []string) {
+	t.Helper()
+	for _, p := range copies {
+		out, err := exec.New().Command("e2fsck", "-fn", p).CombinedOutput()
 		if err != nil {
-			t.Errorf("snapshot %s is not a clean filesystem: %v\n%s", s.ID, err, out)
+			t.Errorf("copy %s is not a clean filesystem: %v\n%s", p, err, out)
 			continue
 		}
 		// A frozen ext4 has flushed its journal: nothing to recover.
-		if out, err := exec.New().Command("dumpe2fs", "-h", s.Path).CombinedOutput(); err != nil || strings.Contains(string(out), "needs_recovery") {
-			t.Errorf("snapshot %s was not taken frozen (journal needs recovery): %v\n%s", s.ID, err, out)
+		if out, err := exec.New().Command("dumpe2fs", "-h", p).CombinedOutput(); err != nil || strings.Contains(string(out), "needs_recovery") {
+			t.Errorf("copy %s was not taken frozen (journal needs recovery): %v\n%s", p, err, out)
 		}
-		checkFiles(t, e.loop, s.Path)
+		checkFiles(t, e.loop, p)
 	}
 }
 

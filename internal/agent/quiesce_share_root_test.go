@@ -1,23 +1,15 @@
 package agent
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
-
-	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
-	v1 "github.com/berth-io/berth/api/v1alpha1"
-	"github.com/berth-io/berth/internal/mount"
 )
 
 // TestRootSnapshotOfSharedVolumeIsConsistent: an RWX volume's device is
@@ -29,59 +21,15 @@ import (
 // manager's mount stays, and the agent's own is gone afterwards. Today's
 // main sees no mount to freeze and refuses every copy (ErrSourceInUse).
 func TestRootSnapshotOfSharedVolumeIsConsistent(t *testing.T) {
-	e := newQuiesceEnv(t, &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "vol"}, Spec: v1.VolumeSpec{StorageCluster: "c",
-		Size: resource.MustParse("64Mi"), AccessMode: v1.ReadWriteMany, VolumeMode: v1.VolumeModeFilesystem, FSType: "ext4"}})
+	e := newRWXQuiesceEnv(t)
 	ctx := t.Context()
-	staging := filepath.Join(t.TempDir(), "staging")
-	if err := e.mounts.Stage(ctx, mount.StageRequest{VolumeID: "vol", Device: e.dev, StagingPath: staging, Block: true}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if _, err := e.mounts.Unstage(context.Background(), staging); err != nil {
-			t.Errorf("unstage: %v", err)
-		}
-	})
+	e.stage(t, true)
 	if out, err := exec.Command("mkfs.ext4", "-q", e.dev).CombinedOutput(); err != nil {
 		t.Fatalf("mkfs: %v: %s", err, out)
 	}
 	pid, export := shareManagerMount(t, e.dev)
 
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	var writeErr error
-	wg.Go(func() { writeErr = writeFiles(export, stop) })
-	var copies []string
-	for i := range 3 {
-		time.Sleep(200 * time.Millisecond)
-		s, err := e.images.CreateSnapshot(ctx, fmt.Sprintf("snap-%d", i), "vol")
-		if err != nil {
-			close(stop)
-			wg.Wait()
-			t.Fatalf("snapshot %d of the shared volume: %v", i, err)
-		}
-		copies = append(copies, s.Path)
-	}
-	clone, err := e.images.CreateFromVolume(ctx, "clone", "vol", 64<<20)
-	close(stop)
-	wg.Wait()
-	if err != nil {
-		t.Fatalf("clone of the shared volume: %v", err)
-	}
-	copies = append(copies, clone.Path)
-	if writeErr != nil {
-		t.Fatalf("writer in the share manager's namespace: %v", writeErr)
-	}
-	for _, p := range copies {
-		out, err := exec.Command("e2fsck", "-fn", p).CombinedOutput()
-		if err != nil {
-			t.Errorf("copy %s is not a clean filesystem: %v\n%s", p, err, out)
-			continue
-		}
-		if out, err := exec.Command("dumpe2fs", "-h", p).CombinedOutput(); err != nil || strings.Contains(string(out), "needs_recovery") {
-			t.Errorf("copy %s was not taken frozen (journal needs recovery): %v\n%s", p, err, out)
-		}
-		checkFiles(t, e.loop, p)
-	}
+	e.checkFrozen(t, e.copiesUnderWriter(t, export, true))
 	mounts, err := os.ReadFile(fmt.Sprintf("/proc/%d/mounts", pid))
 	if err != nil || !strings.Contains(string(mounts), e.dev+" ") {
 		t.Errorf("the share manager's mount of %s is gone (%v)", e.dev, err)

@@ -17,8 +17,6 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/volerr"
@@ -152,28 +150,16 @@ func TestShareDeviceWatchesCephVolumes(t *testing.T) {
 // NodelessVolumes added, and the controller setup makes in it.
 func startAgentManager(t *testing.T, node string, setup func(ctrl.Manager, ...cache.Cache) error) {
 	t.Helper()
-	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{Scheme: env.Scheme, Logger: testr.New(t),
-		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
-		// -count=N makes the same controllers again.
-		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
-		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
-			&v1.Volume{}: {Label: labels.SelectorFromSet(labels.Set{v1.NodeLabel: node})}}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ceph, err := cache.New(env.Config, cache.Options{Scheme: env.Scheme, ByObject: map[client.Object]cache.ByObject{
-		&v1.Volume{}: {Label: NodelessVolumes()}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := mgr.Add(ceph); err != nil {
-		t.Fatal(err)
-	}
-	if err := setup(mgr, ceph); err != nil {
-		t.Fatal(err)
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
-	t.Cleanup(func() { stop(); <-done })
+	env.RunManager(t, ctrl.Options{Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
+		&v1.Volume{}: {Label: labels.SelectorFromSet(labels.Set{v1.NodeLabel: node})}}}}, func(mgr ctrl.Manager) error {
+		ceph, err := cache.New(env.Config, cache.Options{Scheme: env.Scheme, ByObject: map[client.Object]cache.ByObject{
+			&v1.Volume{}: {Label: NodelessVolumes()}}})
+		if err != nil {
+			return err
+		}
+		if err := mgr.Add(ceph); err != nil {
+			return err
+		}
+		return setup(mgr, ceph)
+	})
 }

@@ -6,8 +6,12 @@ import (
 	"time"
 
 	"github.com/go-logr/logr/testr"
+	"k8s.io/utils/exec"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/berth-io/berth/internal/controller"
+	"github.com/berth-io/berth/internal/mount"
 	"github.com/berth-io/berth/internal/testenv"
 )
 
@@ -27,6 +31,20 @@ func create(ctx context.Context, t *testing.T, obj client.Object) {
 		t.Fatalf("create %T %s: %v", obj, obj.GetName(), err)
 	}
 	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), obj) })
+}
+
+// runNodeReconcilers runs, until the test ends, the Volume and Snapshot
+// reconcilers an agent on node runs, with a real backend: what the CSI
+// controller waits for when it makes volumes and snapshots.
+func runNodeReconcilers(t *testing.T, node string, images controller.Backend) {
+	t.Helper()
+	env.RunManager(t, ctrl.Options{}, func(mgr ctrl.Manager) error {
+		if err := (&controller.VolumeReconciler{Client: mgr.GetClient(), Node: node, Backend: images,
+			Loop: mount.NewLoop(exec.New()), Log: testr.New(t)}).SetupWithManager(mgr); err != nil {
+			return err
+		}
+		return (&controller.SnapshotReconciler{Client: mgr.GetClient(), Node: node, Backend: images, Log: testr.New(t)}).SetupWithManager(mgr)
+	})
 }
 
 // apiController is a CSI controller on the test API server, logging to t.

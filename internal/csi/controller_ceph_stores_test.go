@@ -24,6 +24,16 @@ func cephSecret(ctx context.Context, t *testing.T, name, client, key string) *co
 	return secret
 }
 
+// cephCluster is a ceph StorageCluster named name on pool at monitors,
+// its client's key in the Secret of the same name in "default".
+func cephCluster(name, monitors, pool string) *v1.StorageCluster {
+	return &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1.StorageClusterSpec{
+		Backend: v1.BackendCeph, DataDir: "/srv/berth",
+		Ceph: &v1.CephSpec{Monitors: []v1.CephMonitor{v1.CephMonitor(monitors)}, Pool: pool,
+			SecretRef: v1.CephSecretReference{Name: name, Namespace: "default"}},
+	}}
+}
+
 // countedStore is a ceph.Store that only counts its Close calls (the real
 // connection path is TestCephUnreachableOnRealCeph's).
 type countedStore struct {
@@ -38,9 +48,8 @@ func (c *countedStore) Close() { c.closed++ }
 func TestCephConnectionReplacedWhenSecretChanges(t *testing.T) {
 	ctx := apiCtx(t, time.Minute)
 	secret := cephSecret(ctx, t, "ceph-conns", "berth", "AQBkey1==")
-	sc := &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "ceph-conns", Generation: 1}, Spec: v1.StorageClusterSpec{
-		Backend: v1.BackendCeph, Ceph: &v1.CephSpec{Monitors: []v1.CephMonitor{"127.0.0.1:3300"}, Pool: "rbd",
-			SecretRef: v1.CephSecretReference{Name: secret.Name, Namespace: "default"}}}}
+	sc := cephCluster(secret.Name, "127.0.0.1:3300", "rbd")
+	sc.Generation = 1
 	var opened []*countedStore
 	p := &cephStores{log: testr.New(t), open: func(context.Context, ceph.Config, logr.Logger) (ceph.Store, error) {
 		s := &countedStore{}

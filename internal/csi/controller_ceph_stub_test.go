@@ -11,7 +11,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
@@ -22,11 +21,7 @@ import (
 func TestCephClassRefusedWithoutCephBuild(t *testing.T) {
 	ctx := apiCtx(t, time.Minute)
 	secret := cephSecret(ctx, t, "ceph-stub", "berth", "AQBfake==")
-	sc := &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "ceph-stub"}, Spec: v1.StorageClusterSpec{
-		Backend: v1.BackendCeph, DataDir: "/srv/berth",
-		Ceph: &v1.CephSpec{Monitors: []v1.CephMonitor{"127.0.0.1:3300"}, Pool: "rbd",
-			SecretRef: v1.CephSecretReference{Name: secret.Name, Namespace: "default"}},
-	}}
+	sc := cephCluster(secret.Name, "127.0.0.1:3300", "rbd")
 	create(ctx, t, sc)
 
 	s := apiController(t, ControllerConfig{})

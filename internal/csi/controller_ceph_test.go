@@ -15,7 +15,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
@@ -30,6 +29,18 @@ var cephLazy = &testceph.Lazy{Name: "csi", Options: testceph.Options{Dir: "/var/
 
 func testCeph(t *testing.T) *testceph.Cluster { t.Helper(); return cephLazy.Get(t) }
 
+// onRealCeph needs the test API server and the CSI tests' Ceph, and returns
+// a context that ends with the test or after d, that Ceph, and a CSI
+// controller closed when the test ends.
+func onRealCeph(t *testing.T, d time.Duration) (context.Context, *testceph.Cluster, *Controller) {
+	t.Helper()
+	ctx := apiCtx(t, d)
+	c := testCeph(t)
+	s := apiController(t, ControllerConfig{})
+	t.Cleanup(s.Close)
+	return ctx, c, s
+}
+
 // cephStorageCluster makes a ceph StorageCluster named name on c's pool,
 // with its Secret, both gone when the test ends.
 func cephStorageCluster(ctx context.Context, t *testing.T, c *testceph.Cluster, name, monitors string) *v1.StorageCluster {
@@ -39,15 +50,8 @@ func cephStorageCluster(ctx context.Context, t *testing.T, c *testceph.Cluster, 
 		t.Fatal(err)
 	}
 	cephSecret(ctx, t, name, c.Client, key)
-	sc := &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1.StorageClusterSpec{
-		Backend: v1.BackendCeph, DataDir: "/srv/berth",
-		Ceph: &v1.CephSpec{Monitors: []v1.CephMonitor{v1.CephMonitor(monitors)}, Pool: c.Pool,
-			SecretRef: v1.CephSecretReference{Name: name, Namespace: "default"}},
-	}}
-	if err := env.Client.Create(ctx, sc); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), sc) })
+	sc := cephCluster(name, monitors, c.Pool)
+	create(ctx, t, sc)
 	return sc
 }
 
@@ -73,13 +77,8 @@ func export(ctx context.Context, t *testing.T, c *testceph.Cluster, spec string)
 // node, reachable from all, every call answered from the pool, each
 // repeated call the same answer, and nothing left after the deletes.
 func TestCephVolumesOnRealCeph(t *testing.T) {
-	suite.Require(t)
-	c := testCeph(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
+	ctx, c, s := onRealCeph(t, 5*time.Minute)
 	cephStorageCluster(ctx, t, c, "ceph-csi", c.Monitors)
-	s := apiController(t, ControllerConfig{})
-	defer s.Close()
 	params := map[string]string{v1.ParamStorageCluster: "ceph-csi"}
 	image := func(id string) string { return c.Pool + "/berth-" + id }
 	create := func(name string, size int64, src *csi.VolumeContentSource) (*csi.Volume, error) {
@@ -211,13 +210,8 @@ func TestCephVolumesOnRealCeph(t *testing.T) {
 // Monitors that do not answer: CreateVolume says Unavailable and records
 // nothing; a changed Secret (here: the cluster fixed) reconnects.
 func TestCephUnreachableOnRealCeph(t *testing.T) {
-	suite.Require(t)
-	c := testCeph(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+	ctx, c, s := onRealCeph(t, 2*time.Minute)
 	sc := cephStorageCluster(ctx, t, c, "ceph-csi-down", strings.Replace(c.Monitors, ":3313", ":1", 1))
-	s := apiController(t, ControllerConfig{})
-	defer s.Close()
 	params := map[string]string{v1.ParamStorageCluster: sc.Name}
 	req := &csi.CreateVolumeRequest{Name: "ceph-down", Parameters: params,
 		CapacityRange: &csi.CapacityRange{RequiredBytes: 4 << 20}, VolumeCapabilities: []*csi.VolumeCapability{blockCap()}}
@@ -251,13 +245,8 @@ func TestCephUnreachableOnRealCeph(t *testing.T) {
 // the OSDs run again, the retried call (as the external-provisioner
 // retries) makes the volume, and no image of the abandoned one is left.
 func TestCephStalledMidCreateOnRealCeph(t *testing.T) {
-	suite.Require(t)
-	c := testCeph(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
+	ctx, c, s := onRealCeph(t, 3*time.Minute)
 	sc := cephStorageCluster(ctx, t, c, "ceph-csi-stalled", c.Monitors)
-	s := apiController(t, ControllerConfig{})
-	defer s.Close()
 	req := &csi.CreateVolumeRequest{Name: "ceph-stalled", Parameters: map[string]string{v1.ParamStorageCluster: sc.Name},
 		CapacityRange: &csi.CapacityRange{RequiredBytes: 4 << 20}, VolumeCapabilities: []*csi.VolumeCapability{blockCap()}}
 	// Connected first, so that the stall hits the create, not the connect.
@@ -309,13 +298,8 @@ func TestCephStalledMidCreateOnRealCeph(t *testing.T) {
 // and RWX volumes restored from the snapshot or cloned from it hold its
 // data; each copy is an RWX filesystem Volume with no node.
 func TestCephRWXOnRealCeph(t *testing.T) {
-	suite.Require(t)
-	c := testCeph(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
+	ctx, c, s := onRealCeph(t, 5*time.Minute)
 	cephStorageCluster(ctx, t, c, "ceph-rwx", c.Monitors)
-	s := apiController(t, ControllerConfig{})
-	defer s.Close()
 	params := map[string]string{v1.ParamStorageCluster: "ceph-rwx"}
 	image := func(id string) string { return c.Pool + "/berth-" + id }
 	var made []string

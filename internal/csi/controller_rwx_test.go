@@ -9,17 +9,10 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/go-logr/logr/testr"
-	"k8s.io/utils/exec"
-	"k8s.io/utils/ptr"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/backend"
-	"github.com/berth-io/berth/internal/controller"
-	"github.com/berth-io/berth/internal/mount"
 )
 
 // rwxCap is what an RWX PVC asks for: many nodes writing, a filesystem.
@@ -41,24 +34,7 @@ func TestRWXExpandSnapshotCloneLocal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{Scheme: env.Scheme, Logger: testr.New(t),
-		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
-		// Other tests of this package run controllers of the same names.
-		Controller: config.Controller{SkipNameValidation: ptr.To(true)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := (&controller.VolumeReconciler{Client: mgr.GetClient(), Node: node, Backend: images,
-		Loop: mount.NewLoop(exec.New()), Log: testr.New(t)}).SetupWithManager(mgr); err != nil {
-		t.Fatal(err)
-	}
-	if err := (&controller.SnapshotReconciler{Client: mgr.GetClient(), Node: node, Backend: images, Log: testr.New(t)}).SetupWithManager(mgr); err != nil {
-		t.Fatal(err)
-	}
-	mctx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(mctx) }()
-	t.Cleanup(func() { stop(); <-done })
+	runNodeReconcilers(t, node, images)
 
 	s := apiController(t, ControllerConfig{Wait: 30 * time.Second})
 	params := map[string]string{v1.ParamStorageCluster: "c"}

@@ -15,15 +15,10 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/exec"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/backend"
-	"github.com/berth-io/berth/internal/controller"
-	"github.com/berth-io/berth/internal/mount"
 	"github.com/berth-io/berth/internal/testenv"
 )
 
@@ -60,22 +55,7 @@ func TestCreateSnapshotFailureLeavesNothing(t *testing.T) {
 	if err != nil {
 		t.Skipf("local backend on tmpfs: %v", err)
 	}
-	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{Scheme: env.Scheme, Logger: testr.New(t),
-		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := (&controller.VolumeReconciler{Client: mgr.GetClient(), Node: node, Backend: images,
-		Loop: mount.NewLoop(exec.New()), Log: testr.New(t)}).SetupWithManager(mgr); err != nil {
-		t.Fatal(err)
-	}
-	if err := (&controller.SnapshotReconciler{Client: mgr.GetClient(), Node: node, Backend: images, Log: testr.New(t)}).SetupWithManager(mgr); err != nil {
-		t.Fatal(err)
-	}
-	mctx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(mctx) }()
-	t.Cleanup(func() { stop(); <-done })
+	runNodeReconcilers(t, node, images)
 
 	full := nodeVolume(ctx, t, node, "snap-full", "16Mi")
 	// Fill the image for real: a copy now needs 16 MiB, the disk has ~8.

@@ -8,6 +8,7 @@ package testenv
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -18,6 +19,8 @@ import (
 
 	"github.com/go-logr/logr"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -127,6 +130,32 @@ func BuildBerth(dir string) (string, error) {
 			strings.Join(args, " "), err, b)
 	}
 	return out, nil
+}
+
+// BerthHost is where a test package runs berth's own processes against the
+// API server, as one node: a folder (under the temp dir, not a test's:
+// the package removes the mounts below it itself), berth built there and a
+// kubeconfig of the API server there.
+type BerthHost struct {
+	Dir, Berth, Kubeconfig string
+}
+
+// NewBerthHost makes a BerthHost in a new folder named prefix* and the Node
+// object node. On an error the folder, if made, is in Dir for the caller
+// to remove.
+func (e *Env) NewBerthHost(prefix, node string) (BerthHost, error) {
+	dir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		return BerthHost{}, err
+	}
+	h := BerthHost{Dir: dir, Kubeconfig: filepath.Join(dir, "kubeconfig")}
+	if h.Berth, err = BuildBerth(dir); err != nil {
+		return h, err
+	}
+	if err := e.WriteKubeconfig(h.Kubeconfig); err != nil {
+		return h, err
+	}
+	return h, e.Client.Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}})
 }
 
 // NodeSkipReason says why a test of real node work (mounts, loop devices,

@@ -3,18 +3,11 @@ package testenv
 import (
 	"context"
 	"fmt"
-	"os"
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 )
 
 // Context is a context for a test's calls that ends after d, or at the
@@ -56,34 +49,4 @@ func (e *Env) WaitGet(t testing.TB, timeout time.Duration, obj client.Object) {
 		err := e.Client.Get(ctx, client.ObjectKeyFromObject(obj), obj)
 		return err == nil, client.IgnoreNotFound(err)
 	})
-}
-
-// StartManager makes the namespaces, then starts a controller-runtime
-// manager on the API server (no metrics listener, development logs to
-// stderr) with what setup registers, and returns the function that stops
-// it and waits for it.
-func (e *Env) StartManager(setup func(ctrl.Manager, logr.Logger) error, namespaces ...string) (stop func() error, err error) {
-	for _, ns := range namespaces {
-		if err := e.Client.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
-			return nil, fmt.Errorf("namespace %s: %w", ns, err)
-		}
-	}
-	log := zap.New(zap.WriteTo(os.Stderr), zap.UseDevMode(true))
-	mgr, err := ctrl.NewManager(e.Config, ctrl.Options{Scheme: e.Scheme, Logger: log, Metrics: metricsserver.Options{BindAddress: "0"}})
-	if err != nil {
-		return nil, err
-	}
-	if err := setup(mgr, log); err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
-	return func() error {
-		cancel()
-		if err := <-done; err != nil {
-			return fmt.Errorf("manager: %w", err)
-		}
-		return nil
-	}, nil
 }

@@ -253,8 +253,15 @@ func (s *scenario) nodeMounts(subs ...string) []string {
 
 // clusterEvents returns the messages of a cluster-scoped object's events
 // (recorded in the default namespace).
-func (s *scenario) clusterEvents(kind, name string) []string {
-	list, err := s.cs.CoreV1().Events("").List(s.ctx, metav1.ListOptions{
+func (s *scenario) clusterEvents(kind, name string) []string { return s.eventsIn("", kind, name) }
+
+// events returns the messages of the object's events.
+func (s *scenario) events(kind, name string) []string { return s.eventsIn(s.ns, kind, name) }
+
+// eventsIn returns the messages of the events of an object in namespace ns
+// ("" for every namespace: a cluster-scoped object's).
+func (s *scenario) eventsIn(ns, kind, name string) []string {
+	list, err := s.cs.CoreV1().Events(ns).List(s.ctx, metav1.ListOptions{
 		FieldSelector: "involvedObject.kind=" + kind + ",involvedObject.name=" + name,
 	})
 	if err != nil {
@@ -267,17 +274,86 @@ func (s *scenario) clusterEvents(kind, name string) []string {
 	return msgs
 }
 
-// events returns the messages of the object's events.
-func (s *scenario) events(kind, name string) []string {
-	list, err := s.cs.CoreV1().Events(s.ns).List(s.ctx, metav1.ListOptions{
-		FieldSelector: "involvedObject.kind=" + kind + ",involvedObject.name=" + name,
-	})
-	if err != nil {
-		return []string{err.Error()}
-	}
+// waitEvents waits until the events of an object in namespace ns ("" for a
+// cluster-scoped object) name every one of want, logs and returns them.
+func (s *scenario) waitEvents(ns, kind, name string, timeout time.Duration, want ...string) []string {
+	s.t.Helper()
 	var msgs []string
-	for _, e := range list.Items {
-		msgs = append(msgs, e.Reason+": "+e.Message)
-	}
+	s.waitFor(fmt.Sprintf("%s %s's events naming %q", kind, name, want), timeout, func(context.Context) (bool, error) {
+		msgs = s.eventsIn(ns, kind, name)
+		all := strings.Join(msgs, "\n")
+		for _, w := range want {
+			if !strings.Contains(all, w) {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	s.t.Logf("%s %s's events: %q", kind, name, msgs)
 	return msgs
+}
+
+// deleteStorageCluster deletes the StorageCluster name and waits until it
+// is gone (its finalizer lifted).
+func (s *scenario) deleteStorageCluster(name string) {
+	s.t.Helper()
+	if out, err := s.kubectl("delete", "storagecluster", name, "--wait=false"); err != nil {
+		s.t.Fatalf("delete StorageCluster %s: %v: %s", name, err, out)
+	}
+	s.waitFor("StorageCluster "+name+" gone", 3*time.Minute, func(context.Context) (bool, error) {
+		out, err := s.kubectl("get", "storagecluster", name, "--ignore-not-found", "-o", "name")
+		return err == nil && strings.TrimSpace(out) == "", nil
+	})
+}
+
+// appendingWriter is a pod's script that appends a numbered line to
+// /data/log every 0.2 s and stops at the first failed write, saying
+// WRITE-ERROR.
+const appendingWriter = `i=0; while true; do echo $i >> /data/log || { echo WRITE-ERROR $i; exit 1; }; i=$((i+1)); sleep 0.2; done`
+
+// logLines counts the lines of /data/log in pod.
+func (s *scenario) logLines(pod string) int {
+	s.t.Helper()
+	out, err := s.exec(pod, "wc -l < /data/log")
+	if err != nil {
+		s.t.Fatalf("count lines: %v", err)
+	}
+	var n int
+	_, _ = fmt.Sscan(out, &n)
+	return n
+}
+
+// writerUnharmed waits until the appendingWriter pod wrote ten more lines
+// and checks that it runs without a restart and never failed a write.
+func (s *scenario) writerUnharmed(pod, after string, timeout time.Duration) {
+	s.t.Helper()
+	before := s.logLines(pod)
+	s.waitFor(pod+" to go on writing "+after, timeout, func(context.Context) (bool, error) {
+		return s.logLines(pod) > before+10, nil
+	})
+	p, err := s.cs.CoreV1().Pods(s.ns).Get(s.ctx, pod, metav1.GetOptions{})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if p.Status.Phase != corev1.PodRunning || len(p.Status.ContainerStatuses) == 0 || p.Status.ContainerStatuses[0].RestartCount != 0 {
+		s.t.Fatalf("%s %s: %+v; want Running without restarts", pod, after, p.Status)
+	}
+	if logs, _ := s.kubectl("-n", s.ns, "logs", pod); strings.Contains(logs, "WRITE-ERROR") {
+		s.t.Fatalf("%s saw a write error %s: %s", pod, after, logs)
+	}
+}
+
+// createSnapshot makes the VolumeSnapshot name of claim in class.
+func (s *scenario) createSnapshot(name, class, claim string) {
+	s.t.Helper()
+	manifest := fmt.Sprintf(`apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {name: %s, namespace: %s}
+spec:
+  volumeSnapshotClassName: %s
+  source: {persistentVolumeClaimName: %s}
+`, name, s.ns, class, claim)
+	if out, err := s.kubectlIn(manifest, "apply", "-f", "-"); err != nil {
+		s.t.Fatalf("create VolumeSnapshot %s: %v: %s", name, err, out)
+	}
 }

@@ -183,16 +183,7 @@ func testCephSnapshotCloneExpand(t *testing.T) {
 	s.pod("writer", writeChecked, claimSource("src"), false)
 	s.checked("writer", "written")
 
-	snap := fmt.Sprintf(`apiVersion: snapshot.storage.k8s.io/v1
-kind: VolumeSnapshot
-metadata: {name: snap, namespace: %s}
-spec:
-  volumeSnapshotClassName: %s
-  source: {persistentVolumeClaimName: src}
-`, s.ns, cluster)
-	if out, err := s.kubectlIn(snap, "apply", "-f", "-"); err != nil {
-		t.Fatalf("create VolumeSnapshot: %v: %s", err, out)
-	}
+	s.createSnapshot("snap", cluster, "src")
 	s.waitFor("VolumeSnapshot readyToUse", 3*time.Minute, func(context.Context) (bool, error) {
 		out, err := s.kubectl("-n", s.ns, "get", "volumesnapshot", "snap", "-o", "jsonpath={.status.readyToUse}")
 		return err == nil && out == "true", nil
@@ -257,10 +248,7 @@ spec:
 // take B's loop device, whose file has the same path, for the volume's.
 func testCephVolumeMovesOffLostNode(t *testing.T) {
 	s := newScenario(t, 10*time.Minute)
-	nodes := s.env.Nodes()
-	if len(nodes) < 2 {
-		t.Skip("one node: node loss needs a second node (BERTH_E2E_NODES=2)")
-	}
+	nodes := s.env.twoNodes(t)
 	cluster := s.cephCluster()
 	class := cluster + "-userspace"
 	// Node A runs no operator: the Unfencer must run while A is lost.
@@ -289,18 +277,9 @@ func testCephVolumeMovesOffLostNode(t *testing.T) {
 		t.Fatalf("no mount of %s on node A", volume)
 	}
 
-	taint := corev1.TaintNodeOutOfService + "=nodeshutdown:NoExecute"
-	t.Cleanup(func() {
-		_ = s.env.NodeAction(context.Background(), nodeA, "start")
-		_, _ = s.kubectl("taint", "node", nodeA, corev1.TaintNodeOutOfService+"-")
-	})
-	if err := s.env.NodeAction(s.ctx, nodeA, "stop"); err != nil {
-		t.Fatal(err)
-	}
+	s.stopNode(nodeA)
 	// Known to be down (stopped): tainted at once, as an admin who knows does.
-	if out, err := s.kubectl("taint", "node", nodeA, taint); err != nil {
-		t.Fatalf("taint: %v: %s", err, out)
-	}
+	s.taintOutOfService(nodeA)
 	zero := int64(0)
 	if err := s.cs.CoreV1().Pods(s.ns).Delete(s.ctx, "writer", metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil && !apierrors.IsNotFound(err) {
 		t.Fatal(err)

@@ -3,7 +3,6 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -21,15 +20,9 @@ import (
 // another pod through a Service by its short name, and a name outside the
 // cluster domain is refused (nothing is forwarded off the machine).
 func testClusterDNS(t *testing.T) {
-	env, cs := needCluster(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	ns := testNamespace(ctx, t, cs)
+	env, cs, ctx, ns := clusterNamespace(t, 3*time.Minute)
 
-	dnsIP := env.Vars["DNS_SERVICE_IP"]
-	if dnsIP == "" {
-		t.Error("cluster.env lacks DNS_SERVICE_IP: the cluster has no DNS (hack/cluster/dns.sh)")
-	}
+	dnsIP := env.need(t, "DNS_SERVICE_IP", "the cluster has no DNS (hack/cluster/dns.sh)")
 	kubeSvc, err := cs.CoreV1().Services("default").Get(ctx, "kubernetes", metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("kubernetes Service: %v", err)

@@ -12,10 +12,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// agentDownTaint keeps the agent off a node: its DaemonSet must not
-// tolerate it.
-const agentDownTaint = "e2e.berth.io/agent-down"
-
 func flexSource(handle string) corev1.VolumeSource {
 	return corev1.VolumeSource{FlexVolume: &corev1.FlexVolumeSource{
 		Driver: "berth.io/berth", FSType: "ext4", Options: map[string]string{"volume": handle},
@@ -26,13 +22,7 @@ func flexSource(handle string) corev1.VolumeSource {
 // in berth's own words: kubelet parsed the driver's answer (no JSON error).
 func (s *scenario) waitRefused(pod, want string) {
 	s.t.Helper()
-	var msgs []string
-	s.waitFor("pod "+pod+"'s mount refused with "+want, 3*time.Minute, func(context.Context) (bool, error) {
-		msgs = s.events("Pod", pod)
-		return strings.Contains(strings.Join(msgs, "\n"), want), nil
-	})
-	s.t.Logf("%s's events: %q", pod, msgs)
-	for _, m := range msgs {
+	for _, m := range s.waitEvents(s.ns, "Pod", pod, 3*time.Minute, want) {
 		if strings.Contains(m, "invalid character") || strings.Contains(m, "unmarshal") {
 			s.t.Errorf("kubelet could not parse the driver's answer: %q", m)
 		}
@@ -81,30 +71,7 @@ func testFlexvolumeAgentDown(t *testing.T) {
 	s.pvc("down", "berth", "32Mi", corev1.ReadWriteOnce, false)
 	handle := s.boundPV("down").Spec.CSI.VolumeHandle
 
-	onNode := metav1.ListOptions{LabelSelector: agentPods, FieldSelector: "spec.nodeName=" + s.node}
-	untaint := func() { _, _ = s.kubectl("taint", "node", s.node, agentDownTaint+"-") }
-	t.Cleanup(untaint)
-	if out, err := s.kubectl("taint", "node", s.node, agentDownTaint+"=true:NoSchedule"); err != nil {
-		t.Fatalf("taint: %v: %s", err, out)
-	}
-	agents, err := s.cs.CoreV1().Pods(berthNamespace).List(s.ctx, onNode)
-	if err != nil || len(agents.Items) == 0 {
-		t.Fatalf("agent pods on %s: %v (%d)", s.node, err, len(agents.Items))
-	}
-	for _, tol := range agents.Items[0].Spec.Tolerations {
-		if tol.ToleratesTaint(&corev1.Taint{Key: agentDownTaint, Value: "true", Effect: corev1.TaintEffectNoSchedule}) {
-			t.Fatalf("the agent tolerates %s (%+v): it would come back at once", agentDownTaint, tol)
-		}
-	}
-	for _, p := range agents.Items {
-		if err := s.cs.CoreV1().Pods(berthNamespace).Delete(s.ctx, p.Name, metav1.DeleteOptions{}); err != nil {
-			t.Fatalf("delete agent pod: %v", err)
-		}
-	}
-	s.waitFor("no agent pod on "+s.node, 2*time.Minute, func(ctx context.Context) (bool, error) {
-		list, err := s.cs.CoreV1().Pods(berthNamespace).List(ctx, onNode)
-		return err == nil && len(list.Items) == 0, err
-	})
+	s.agentDown()
 
 	pod := s.podWith("flex", "echo back > /data/f && sync && exec sleep 3600", flexSource(handle), false, func(p *corev1.Pod) {
 		p.Spec.Tolerations = []corev1.Toleration{{Key: agentDownTaint, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}}
@@ -115,11 +82,7 @@ func testFlexvolumeAgentDown(t *testing.T) {
 		t.Errorf("pod events %q: no Failure status from the driver", all)
 	}
 
-	untaint()
-	s.waitFor("an agent pod Ready on "+s.node, 2*time.Minute, func(ctx context.Context) (bool, error) {
-		list, err := s.cs.CoreV1().Pods(berthNamespace).List(ctx, onNode)
-		return err == nil && len(list.Items) == 1 && podReady(&list.Items[0]), err
-	})
+	s.agentBack()
 	s.running(pod.Name)
 	if got, err := s.exec(pod.Name, "cat /data/f"); err != nil || strings.TrimSpace(got) != "back" {
 		t.Fatalf("read back %q (%v)", got, err)

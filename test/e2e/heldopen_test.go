@@ -40,12 +40,7 @@ func testDeviceHeldOpenBlocksUnstage(t *testing.T) {
 	holder = s.running(holder.Name)
 	s.deletePod("user")
 
-	var msgs []string
-	s.waitFor("DeviceHeldOpen on Volume "+volume, 3*time.Minute, func(context.Context) (bool, error) {
-		msgs = s.clusterEvents("Volume", volume)
-		return strings.Contains(strings.Join(msgs, "\n"), "DeviceHeldOpen"), nil
-	})
-	t.Logf("Volume events: %q", msgs)
+	msgs := s.waitEvents("", "Volume", volume, 3*time.Minute, "DeviceHeldOpen")
 	all := strings.Join(msgs, "\n")
 	if !strings.Contains(all, "(sleep)") || !strings.Contains(all, string(holder.UID)) || !strings.Contains(all, dev) {
 		t.Errorf("Volume events %q do not name the device %s, the command and the holder pod %s", msgs, dev, holder.UID)

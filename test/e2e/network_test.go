@@ -24,15 +24,9 @@ import (
 // listener on the host's end of the hub's veth is reached from neither:
 // nothing of the nodes is forwarded to the host.
 func testPodsReachAPIServer(t *testing.T) {
-	env, cs := needCluster(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	ns := testNamespace(ctx, t, cs)
+	env, cs, ctx, ns := clusterNamespace(t, 4*time.Minute)
 
-	hostIP := env.Vars["HOST_IP"]
-	if hostIP == "" {
-		t.Fatal("cluster.env lacks HOST_IP")
-	}
+	hostIP := env.need(t, "HOST_IP", "the host's end of the hub's veth")
 	ln, err := net.Listen("tcp", net.JoinHostPort(hostIP, "0"))
 	if err != nil {
 		t.Fatalf("listen on the host's veth address: %v", err)

@@ -22,10 +22,7 @@ import (
 // kubelet, containerd and pods' processes are gone; started, Ready again.
 func testNodeLossAndReturn(t *testing.T) {
 	env, cs := needCluster(t)
-	nodes := env.Nodes()
-	if len(nodes) < 2 {
-		t.Skip("one node: node loss needs a second node (BERTH_E2E_NODES=2)")
-	}
+	nodes := env.twoNodes(t)
 	node := nodes[len(nodes)-1]
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()

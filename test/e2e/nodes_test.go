@@ -12,7 +12,10 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"testing"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
 )
 
 // Nodes are the cluster's node names (NODES), the first one first.
@@ -21,6 +24,50 @@ func (e Env) Nodes() []string {
 		return n
 	}
 	return []string{e.NodeName}
+}
+
+// need returns the cluster.env value of key and fails the test where it is
+// missing; what says what the value is.
+func (e Env) need(t *testing.T, key, what string) string {
+	t.Helper()
+	v := e.Vars[key]
+	if v == "" {
+		t.Fatalf("cluster.env lacks %s (%s)", key, what)
+	}
+	return v
+}
+
+// twoNodes returns the cluster's nodes and skips the test on a cluster of
+// one node.
+func (e Env) twoNodes(t *testing.T) []string {
+	t.Helper()
+	nodes := e.Nodes()
+	if len(nodes) < 2 {
+		t.Skip("one node: this scenario needs a second node (BERTH_E2E_NODES=2)")
+	}
+	return nodes
+}
+
+// stopNode stops node (its kubelet, containerd and pods' processes), and
+// starts it and lifts the out-of-service taint when the test ends.
+func (s *scenario) stopNode(node string) {
+	s.t.Helper()
+	s.t.Cleanup(func() {
+		_ = s.env.NodeAction(context.Background(), node, "start")
+		_, _ = s.kubectl("taint", "node", node, corev1.TaintNodeOutOfService+"-")
+	})
+	if err := s.env.NodeAction(s.ctx, node, "stop"); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// taintOutOfService taints node out-of-service, as an admin does for a node
+// known to be down: its pods and attachments may go elsewhere.
+func (s *scenario) taintOutOfService(node string) {
+	s.t.Helper()
+	if out, err := s.kubectl("taint", "node", node, corev1.TaintNodeOutOfService+"=nodeshutdown:NoExecute"); err != nil {
+		s.t.Fatalf("taint: %v: %s", err, out)
+	}
 }
 
 // nodeVar is the per-node cluster.env value KEY_<i> of node.

@@ -22,10 +22,7 @@ import (
 // the old pod's hold on node A is gone.
 func testLocalVolumeOnLostNode(t *testing.T) {
 	s := newScenario(t, 12*time.Minute)
-	nodes := s.env.Nodes()
-	if len(nodes) < 2 {
-		t.Skip("one node: node loss needs a second node (BERTH_E2E_NODES=2)")
-	}
+	nodes := s.env.twoNodes(t)
 	// Node A is one that runs no operator: the operator tells.
 	nodeA := nodes[len(nodes)-1]
 	ops, err := s.cs.CoreV1().Pods(berthNamespace).List(s.ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=operator"})
@@ -38,18 +35,9 @@ func testLocalVolumeOnLostNode(t *testing.T) {
 	s.pod("holder", "echo hello > /data/f && exec sleep 3600", claimSource("pinned"), false)
 	s.running("holder")
 
-	taint := corev1.TaintNodeOutOfService + "=nodeshutdown:NoExecute"
-	t.Cleanup(func() {
-		_ = s.env.NodeAction(context.Background(), nodeA, "start")
-		_, _ = s.kubectl("taint", "node", nodeA, corev1.TaintNodeOutOfService+"-")
-	})
-	if err := s.env.NodeAction(s.ctx, nodeA, "stop"); err != nil {
-		t.Fatal(err)
-	}
+	s.stopNode(nodeA)
 	waitNodeReady(s.ctx, t, s.cs, nodeA, false)
-	if out, err := s.kubectl("taint", "node", nodeA, taint); err != nil {
-		t.Fatalf("taint: %v: %s", err, out)
-	}
+	s.taintOutOfService(nodeA)
 	zero := int64(0)
 	if err := s.cs.CoreV1().Pods(s.ns).Delete(s.ctx, "holder", metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil && !apierrors.IsNotFound(err) {
 		t.Fatal(err)
@@ -57,13 +45,8 @@ func testLocalVolumeOnLostNode(t *testing.T) {
 	s.node = "" // the replacement goes wherever the scheduler can put it
 	s.pod("mover", "cat /data/f && exec sleep 3600", claimSource("pinned"), false)
 
-	var msgs []string
-	s.waitFor("berth's Event on the waiting pod naming "+nodeA, 3*time.Minute, func(context.Context) (bool, error) {
-		msgs = s.events("Pod", "mover")
-		all := strings.Join(msgs, "\n")
-		return strings.Contains(all, "VolumePinnedToLostNode") && strings.Contains(all, nodeA), nil
-	})
-	t.Logf("mover's events: %q", msgs)
+	// berth's Event on the waiting pod names node A.
+	s.waitEvents(s.ns, "Pod", "mover", 3*time.Minute, "VolumePinnedToLostNode", nodeA)
 	volume := pv.Spec.CSI.VolumeHandle
 	cond := func() string {
 		out, _ := s.kubectl("get", "volumes.berth.io", volume, "-o",

@@ -19,10 +19,7 @@ import (
 // testPodWritesAndReadsEmptyDir proves the node runs real pods: an init
 // container writes a file to an emptyDir, the main container reads it back.
 func testPodWritesAndReadsEmptyDir(t *testing.T) {
-	env, cs := needCluster(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	ns := testNamespace(ctx, t, cs)
+	env, cs, ctx, ns := clusterNamespace(t, 3*time.Minute)
 
 	token := fmt.Sprintf("berth-e2e-%d", time.Now().UnixNano())
 	busybox := func(name, script string) corev1.Container {
@@ -75,6 +72,16 @@ func waitPodDone(ctx context.Context, t *testing.T, cs kubernetes.Interface, ns,
 		t.Fatalf("wait for pod %s/%s (phase %q): %v", ns, name, phase, err)
 	}
 	return phase
+}
+
+// clusterNamespace skips without a cluster; it returns the cluster, a
+// context that ends with the test or after d, and a namespace of the test.
+func clusterNamespace(t *testing.T, d time.Duration) (Env, kubernetes.Interface, context.Context, string) {
+	t.Helper()
+	env, cs := needCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return env, cs, ctx, testNamespace(ctx, t, cs)
 }
 
 // testNamespace makes a namespace that is deleted, and waited for, when t ends.

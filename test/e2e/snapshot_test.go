@@ -53,16 +53,7 @@ func snapshotRestore(t *testing.T, class string) {
 		return err == nil && strings.TrimSpace(got) == before, nil
 	})
 
-	manifest := fmt.Sprintf(`apiVersion: snapshot.storage.k8s.io/v1
-kind: VolumeSnapshot
-metadata: {name: snap, namespace: %s}
-spec:
-  volumeSnapshotClassName: %s
-  source: {persistentVolumeClaimName: src}
-`, s.ns, snapshotClass)
-	if out, err := s.kubectlIn(manifest, "apply", "-f", "-"); err != nil {
-		t.Fatalf("create VolumeSnapshot: %v: %s", err, out)
-	}
+	s.createSnapshot("snap", snapshotClass, "src")
 	var size string
 	s.waitFor("VolumeSnapshot readyToUse", 3*time.Minute, func(context.Context) (bool, error) {
 		out, err := s.kubectl("-n", s.ns, "get", "volumesnapshot", "snap", "-o",

@@ -53,13 +53,8 @@ func testStorageClusterDeletionCleansNode(t *testing.T) {
 	// unmount needs an agent again.
 	t.Cleanup(func() { s.restoreStorageCluster(string(recreate)) })
 
-	if _, err := s.kubectl("delete", "storagecluster", "berth", "--wait=false"); err != nil {
-		t.Fatal(err)
-	}
-	s.waitFor("the StorageCluster gone (its finalizer lifted after the node's cleanup)", 3*time.Minute, func(context.Context) (bool, error) {
-		out, err := s.kubectl("get", "storagecluster", "berth", "--ignore-not-found", "-o", "name")
-		return err == nil && strings.TrimSpace(out) == "", nil
-	})
+	// Its finalizer is lifted after the node's cleanup.
+	s.deleteStorageCluster("berth")
 	if m := s.nodeMounts(pv.Name); len(m) > 0 {
 		t.Fatalf("mounts of the volume left after cleanup: %v", m)
 	}

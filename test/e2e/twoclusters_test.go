@@ -27,10 +27,7 @@ import (
 // data dir and goes when its claim does.
 func testTwoStorageClustersOneDeleted(t *testing.T) {
 	s := newScenario(t, 12*time.Minute)
-	dir := filepath.Join(s.env.Vars["BERTH_E2E_DIR"], "berth-data-second")
-	if s.env.Vars["BERTH_E2E_DIR"] == "" {
-		t.Fatal("cluster.env has no BERTH_E2E_DIR")
-	}
+	dir := filepath.Join(s.env.need(t, "BERTH_E2E_DIR", "the cluster's folder"), "berth-data-second")
 	// Runs last (cleanups run last first): the folder every node's agent
 	// mounted (the nodes share it: it is not one of their own binds).
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
@@ -78,54 +75,35 @@ spec:
 	if _, err := os.Stat(image); err != nil {
 		t.Fatalf("the second cluster's image is not in its data dir: %v", err)
 	}
-	writer := `i=0; while true; do echo $i >> /data/log || { echo WRITE-ERROR $i; exit 1; }; i=$((i+1)); sleep 0.2; done`
-	s.pod("writer-first", writer, claimSource("first"), false)
+	s.pod("writer-first", appendingWriter, claimSource("first"), false)
 	s.pod("writer-other", `while true; do date >> /data/log; sleep 0.2; done`, claimSource("other"), false)
 	s.running("writer-first")
 	s.running("writer-other")
-	lines := func() int {
-		out, err := s.exec("writer-first", "wc -l < /data/log")
-		if err != nil {
-			t.Fatalf("count lines: %v", err)
-		}
-		var n int
-		_, _ = fmt.Sscan(out, &n)
-		return n
-	}
 	s.waitFor("both writing", time.Minute, func(context.Context) (bool, error) {
 		out, err := s.exec("writer-other", "wc -l < /data/log")
-		return err == nil && strings.TrimSpace(out) != "0" && lines() > 5, nil
+		return err == nil && strings.TrimSpace(out) != "0" && s.logLines("writer-first") > 5, nil
 	})
 
-	if _, err := s.kubectl("delete", "storagecluster", "second", "--wait=false"); err != nil {
-		t.Fatal(err)
-	}
-	s.waitFor("StorageCluster second gone (its volume detached on the node)", 3*time.Minute, func(context.Context) (bool, error) {
-		out, err := s.kubectl("get", "storagecluster", "second", "--ignore-not-found", "-o", "name")
-		return err == nil && strings.TrimSpace(out) == "", nil
-	})
+	// Gone once its volume is detached on the node.
+	s.deleteStorageCluster("second")
 	if m := s.nodeMounts(otherPV.Name); len(m) > 0 {
 		t.Errorf("the deleted cluster's volume is still mounted: %v", m)
 	}
-	before := lines()
-	s.waitFor("the first cluster's writer to go on writing", time.Minute, func(context.Context) (bool, error) {
-		return lines() > before+10, nil
-	})
+	// unharmed: the first cluster's writer goes on writing without an
+	// error or a restart, and the keepers are the same pods.
+	unharmed := func(after string, timeout time.Duration) {
+		t.Helper()
+		s.writerUnharmed("writer-first", after, timeout)
+		if now := s.podUIDs("app.kubernetes.io/name=berth,app.kubernetes.io/component=keeper"); !sameUIDs(keepers, now) {
+			t.Errorf("keeper pods changed %s: %v -> %v", after, keepers, now)
+		}
+	}
+	unharmed("after the deletion", time.Minute)
 	if out, err := s.exec("writer-first", "echo still-here > /data/check && sync && cat /data/check"); err != nil || strings.TrimSpace(out) != "still-here" {
 		t.Errorf("write and read on the first cluster's volume: %q, %v", out, err)
 	}
 	if len(s.nodeMounts(firstPV.Name)) == 0 {
 		t.Error("the first cluster's volume is not mounted any more")
-	}
-	p, err := s.cs.CoreV1().Pods(s.ns).Get(s.ctx, "writer-first", metav1.GetOptions{})
-	if err != nil || p.Status.Phase != corev1.PodRunning || p.Status.ContainerStatuses[0].RestartCount != 0 {
-		t.Fatalf("writer-first: %v, %+v; want Running without restarts", err, p.Status)
-	}
-	if logs, _ := s.kubectl("-n", s.ns, "logs", "writer-first"); strings.Contains(logs, "WRITE-ERROR") {
-		t.Fatalf("the first cluster's writer saw an error: %s", logs)
-	}
-	if now := s.podUIDs("app.kubernetes.io/name=berth,app.kubernetes.io/component=keeper"); !sameUIDs(keepers, now) {
-		t.Errorf("keeper pods changed: %v -> %v", keepers, now)
 	}
 	if d, err := s.cs.StorageV1().CSIDrivers().Get(s.ctx, "berth.io", metav1.GetOptions{}); err != nil || d.UID != driver.UID {
 		t.Errorf("the CSIDriver changed or went: %v", err)
@@ -137,40 +115,11 @@ spec:
 	// The second cluster's claim goes: its image goes from its data dir
 	// (still mounted in the agent while a Volume of it remains).
 	s.deletePod("writer-other")
-	if err := s.cs.CoreV1().PersistentVolumeClaims(s.ns).Delete(s.ctx, "other", metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	s.waitFor("the second cluster's PV and image gone", 3*time.Minute, func(ctx context.Context) (bool, error) {
-		_, err := s.cs.CoreV1().PersistentVolumes().Get(ctx, otherPV.Name, metav1.GetOptions{})
-		_, serr := os.Stat(image)
-		return apierrors.IsNotFound(err) && os.IsNotExist(serr), nil
-	})
-	s.waitFor("the agent rolled out without the second data dir", 4*time.Minute, func(ctx context.Context) (bool, error) {
-		ds, err := s.cs.AppsV1().DaemonSets(berthNamespace).Get(ctx, "berth-agent", metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
-		st := ds.Status
-		return !strings.Contains(strings.Join(ds.Spec.Template.Spec.Containers[0].Args, " "), dir) &&
-			st.ObservedGeneration == ds.Generation && st.UpdatedNumberScheduled == st.DesiredNumberScheduled &&
-			st.NumberAvailable == st.DesiredNumberScheduled, nil
-	})
+	s.deleteClaimAndImage("other", otherPV.Name, image)
+	s.waitAgentWithout(dir)
 	// That rollout restarted the agent under the userspace volume: healed,
 	// the writer never saw an error.
-	before = lines()
-	s.waitFor("the first cluster's writer to go on writing after the agent rollout", 2*time.Minute, func(context.Context) (bool, error) {
-		return lines() > before+10, nil
-	})
-	p, err = s.cs.CoreV1().Pods(s.ns).Get(s.ctx, "writer-first", metav1.GetOptions{})
-	if err != nil || p.Status.Phase != corev1.PodRunning || p.Status.ContainerStatuses[0].RestartCount != 0 {
-		t.Fatalf("writer-first after the rollout: %v, %+v; want Running without restarts", err, p.Status)
-	}
-	if logs, _ := s.kubectl("-n", s.ns, "logs", "writer-first"); strings.Contains(logs, "WRITE-ERROR") {
-		t.Fatalf("the first cluster's writer saw an error across the agent rollout: %s", logs)
-	}
-	if now := s.podUIDs("app.kubernetes.io/name=berth,app.kubernetes.io/component=keeper"); !sameUIDs(keepers, now) {
-		t.Errorf("keeper pods changed across the agent rollout: %v -> %v", keepers, now)
-	}
+	unharmed("after the agent rollout", 2*time.Minute)
 }
 
 // podUIDs returns the UIDs of berth's pods matching selector.

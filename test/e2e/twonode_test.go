@@ -21,10 +21,7 @@ import (
 // holds it on node A.
 func testReadWriteOnceRefusedOnSecondNode(t *testing.T) {
 	s := newScenario(t, 5*time.Minute)
-	nodes := s.env.Nodes()
-	if len(nodes) < 2 {
-		t.Skip("one node: this scenario needs a second node (BERTH_E2E_NODES=2)")
-	}
+	nodes := s.env.twoNodes(t)
 	nodeA, nodeB := nodes[0], nodes[1]
 	s.pvc("rwo", "berth", "32Mi", corev1.ReadWriteOnce, false)
 	pv := s.boundPV("rwo")
@@ -33,12 +30,7 @@ func testReadWriteOnceRefusedOnSecondNode(t *testing.T) {
 
 	// The same claim on node B: unschedulable, and the scheduler says why.
 	s.podOn(nodeB, "same-claim", claimSource("rwo"))
-	var msgs []string
-	s.waitFor("the scheduler's refusal of the same claim on "+nodeB, time.Minute, func(context.Context) (bool, error) {
-		msgs = s.events("Pod", "same-claim")
-		return strings.Contains(strings.Join(msgs, "\n"), "didn't match PersistentVolume's node affinity"), nil
-	})
-	t.Logf("same-claim events: %q", msgs)
+	s.waitEvents(s.ns, "Pod", "same-claim", time.Minute, "didn't match PersistentVolume's node affinity")
 
 	// The same volume through a PV without node affinity: berth refuses.
 	static := &corev1.PersistentVolume{
@@ -75,18 +67,8 @@ func testReadWriteOnceRefusedOnSecondNode(t *testing.T) {
 	}
 	s.boundPV("static")
 	s.podOn(nodeB, "intruder", claimSource("static"))
-	want := []string{"pod " + s.ns + "/holder", "on node " + nodeA, nodeB}
-	s.waitFor("an Event on the intruder naming the holder", 2*time.Minute, func(context.Context) (bool, error) {
-		msgs = s.events("Pod", "intruder")
-		all := strings.Join(msgs, "\n")
-		for _, w := range want {
-			if !strings.Contains(all, w) {
-				return false, nil
-			}
-		}
-		return true, nil
-	})
-	t.Logf("intruder events: %q", msgs)
+	// berth's Event on the intruder names the holder.
+	s.waitEvents(s.ns, "Pod", "intruder", 2*time.Minute, "pod "+s.ns+"/holder", "on node "+nodeA, nodeB)
 	for _, name := range []string{"same-claim", "intruder"} {
 		p, err := s.cs.CoreV1().Pods(s.ns).Get(s.ctx, name, metav1.GetOptions{})
 		if err != nil {

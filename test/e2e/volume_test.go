@@ -84,12 +84,7 @@ func testReadWriteOncePodRefusesSecondPod(t *testing.T) {
 	s.pod("first", "exec sleep 3600", claimSource("once"), false)
 	s.running("first")
 	s.pod("second", "exec sleep 3600", claimSource("once"), false)
-	var msgs []string
-	s.waitFor("an event on the second pod naming ReadWriteOncePod", time.Minute, func(context.Context) (bool, error) {
-		msgs = s.events("Pod", "second")
-		return strings.Contains(strings.Join(msgs, "\n"), "ReadWriteOncePod"), nil
-	})
-	t.Logf("second pod's events: %q", msgs)
+	s.waitEvents(s.ns, "Pod", "second", time.Minute, "ReadWriteOncePod")
 	p, err := s.cs.CoreV1().Pods(s.ns).Get(s.ctx, "second", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)

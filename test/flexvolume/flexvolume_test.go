@@ -57,21 +57,12 @@ func TestMain(m *testing.M) { os.Exit(testenv.Main(m, suite)) }
 
 func (f *fixture) start(env *testenv.Env) error {
 	f.env = env
-	var err error
-	if f.dir, err = os.MkdirTemp("", "berth-flex-"); err != nil {
-		return err
-	}
-	berth, err := testenv.BuildBerth(f.dir)
+	host, err := env.NewBerthHost("berth-flex-", node)
+	f.dir = host.Dir
 	if err != nil {
 		return err
 	}
-	kubeconfig := filepath.Join(f.dir, "kubeconfig")
-	if err := f.env.WriteKubeconfig(kubeconfig); err != nil {
-		return err
-	}
-	if err := f.env.Client.Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}); err != nil {
-		return err
-	}
+	berth, kubeconfig := host.Berth, host.Kubeconfig
 	plugins := filepath.Join(f.dir, "volume-plugins")
 	f.sock = filepath.Join(f.dir, "run", "agent.sock")
 	f.kubeletDir = filepath.Join(f.dir, "kubelet")

@@ -21,8 +21,6 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/berth-io/berth/internal/keeper"
 	"github.com/berth-io/berth/internal/testenv"
@@ -65,20 +63,11 @@ func TestMain(m *testing.M) { os.Exit(testenv.Main(m, suite)) }
 
 func (f *fixture) start(env *testenv.Env) error {
 	f.env = env
-	var err error
-	// Not under /tmp's test dirs: mounts below are removed explicitly.
-	if f.dir, err = os.MkdirTemp("", "berth-us-"); err != nil {
-		return err
-	}
-	// As `make build` builds it (with the ceph backend unless BERTH_CEPH=0).
-	if f.berth, err = testenv.BuildBerth(f.dir); err != nil {
-		return err
-	}
-	f.kubeconfig = filepath.Join(f.dir, "kubeconfig")
-	if err := f.env.WriteKubeconfig(f.kubeconfig); err != nil {
-		return err
-	}
-	if err := f.env.Client.Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}); err != nil {
+	// berth as `make build` builds it (with the ceph backend unless
+	// BERTH_CEPH=0).
+	host, err := env.NewBerthHost("berth-us-", node)
+	f.dir, f.berth, f.kubeconfig = host.Dir, host.Berth, host.Kubeconfig
+	if err != nil {
 		return err
 	}
 	f.keeperSock = filepath.Join(f.dir, "run", "keeper.sock")
