@@ -13,7 +13,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
@@ -34,13 +33,10 @@ func testStorageClusterDeletionWithAgentAway(t *testing.T) {
 	}
 	const cluster, timeout = "away", 20 * time.Second
 	dir := filepath.Join(s.env.Vars["BERTH_E2E_DIR"], "berth-data-away")
-	onNode := metav1.ListOptions{LabelSelector: agentPods, FieldSelector: "spec.nodeName=" + s.node}
-	untaint := func() { _, _ = s.kubectl("taint", "node", s.node, agentDownTaint+"-") }
-	// Cleanups run last first: the taint goes before the cluster and the
-	// folder every node's agent mounted.
+	// Cleanups run last first: the taint (agentDown's, registered later)
+	// goes before the cluster and the folder every node's agent mounted.
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	t.Cleanup(func() { _, _ = s.kubectl("delete", "storagecluster", cluster, "--ignore-not-found", "--timeout=3m") })
-	t.Cleanup(untaint)
 
 	manifest := fmt.Sprintf(`apiVersion: berth.io/v1alpha1
 kind: StorageCluster
@@ -76,24 +72,9 @@ spec:
 	}
 	backing := filepath.Join("/sys/block", filepath.Base(dev), "loop", "backing_file")
 
-	// The agent away from the node: a taint it does not tolerate, its pod
-	// deleted. The user pod keeps running on the staged volume.
-	if out, err := s.kubectl("taint", "node", s.node, agentDownTaint+"=true:NoSchedule"); err != nil {
-		t.Fatalf("taint: %v: %s", err, out)
-	}
-	agents, err := s.cs.CoreV1().Pods(berthNamespace).List(s.ctx, onNode)
-	if err != nil || len(agents.Items) == 0 {
-		t.Fatalf("agent pods on %s: %v (%d)", s.node, err, len(agents.Items))
-	}
-	for _, p := range agents.Items {
-		if err := s.cs.CoreV1().Pods(berthNamespace).Delete(s.ctx, p.Name, metav1.DeleteOptions{}); err != nil {
-			t.Fatalf("delete agent pod: %v", err)
-		}
-	}
-	s.waitFor("no agent pod on "+s.node, 2*time.Minute, func(ctx context.Context) (bool, error) {
-		list, err := s.cs.CoreV1().Pods(berthNamespace).List(ctx, onNode)
-		return err == nil && len(list.Items) == 0, err
-	})
+	// The agent away from the node. The user pod keeps running on the
+	// staged volume.
+	s.agentDown()
 
 	start := time.Now()
 	if out, err := s.kubectl("delete", "storagecluster", cluster, "--cascade=foreground", "--wait=false"); err != nil {
@@ -126,11 +107,7 @@ spec:
 		t.Fatal("the staging mount went without an agent")
 	}
 
-	untaint()
-	s.waitFor("an agent pod Ready on "+s.node, 2*time.Minute, func(ctx context.Context) (bool, error) {
-		list, err := s.cs.CoreV1().Pods(berthNamespace).List(ctx, onNode)
-		return err == nil && len(list.Items) == 1 && podReady(&list.Items[0]), err
-	})
+	s.agentBack()
 	// Loop devices are the kernel's, shared by every node of the test
 	// cluster and whatever else runs here: the device may serve another
 	// image at once; it must not serve this one.
@@ -163,24 +140,8 @@ spec:
 	// The claim of the deleted cluster still deletes its image (the data
 	// dir stays mounted in the agent while a Volume of it remains), and
 	// the agent then rolls out without that data dir.
-	if err := s.cs.CoreV1().PersistentVolumeClaims(s.ns).Delete(s.ctx, "claim", metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	s.waitFor("the PV and image gone", 3*time.Minute, func(ctx context.Context) (bool, error) {
-		_, err := s.cs.CoreV1().PersistentVolumes().Get(ctx, pv.Name, metav1.GetOptions{})
-		_, serr := os.Stat(image)
-		return apierrors.IsNotFound(err) && os.IsNotExist(serr), nil
-	})
-	s.waitFor("the agent rolled out without the data dir of "+cluster, 4*time.Minute, func(ctx context.Context) (bool, error) {
-		ds, err := s.cs.AppsV1().DaemonSets(berthNamespace).Get(ctx, "berth-agent", metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
-		st := ds.Status
-		return !strings.Contains(strings.Join(ds.Spec.Template.Spec.Containers[0].Args, " "), dir) &&
-			st.ObservedGeneration == ds.Generation && st.UpdatedNumberScheduled == st.DesiredNumberScheduled &&
-			st.NumberAvailable == st.DesiredNumberScheduled, nil
-	})
+	s.deleteClaimAndImage("claim", pv.Name, image)
+	s.waitAgentWithout(dir)
 }
 
 // staleEntries returns the entries of volume on the scenario node's stale
