@@ -39,18 +39,57 @@ func (f *poolFrees) read(_ context.Context, sc *v1.StorageCluster) (int64, error
 	return f.free[sc.Name], nil
 }
 
+// poolCapacitySetup makes the namespace ns and a ceph StorageCluster named
+// cluster (never reached: the tests read pools through poolFrees).
+func poolCapacitySetup(ctx context.Context, t *testing.T, ns, cluster string) {
+	t.Helper()
+	create(ctx, t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
+	create(ctx, t, &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: cluster}, Spec: v1.StorageClusterSpec{
+		Backend: v1.BackendCeph, DataDir: "/srv/berth",
+		Ceph: &v1.CephSpec{Monitors: []v1.CephMonitor{"127.0.0.1:3300"}, Pool: "rbd",
+			SecretRef: v1.CephSecretReference{Name: "ceph", Namespace: "default"}},
+	}})
+}
+
+// startPublisher runs p.Start until the test ends.
+func startPublisher(ctx context.Context, t *testing.T, p *PoolCapacityPublisher) {
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- p.Start(runCtx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+}
+
+// waitPoolCapacity waits up to within for the capacity of class cls in ns to
+// be free bytes.
+func waitPoolCapacity(ctx context.Context, t *testing.T, ns, cls string, free int64, within time.Duration) {
+	t.Helper()
+	deadline := time.After(within)
+	for {
+		var c storagev1.CSIStorageCapacity
+		err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: PoolCapacityName(cls)}, &c)
+		if err == nil && c.Capacity != nil && c.Capacity.Value() == free {
+			return
+		}
+		select {
+		case <-deadline:
+			t.Fatalf("capacity of %s not %d within %v (last: %v, %v)", cls, free, within, c.Capacity, err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
 // The publisher writes one capacity per ceph class, matching every node,
 // with the pool's free bytes; updates it; keeps it while Ceph is unreachable;
 // removes it with its class; and writes none for a local class.
 func TestPoolCapacityPublisher(t *testing.T) {
 	ctx := apiCtx(t, time.Minute)
 	const ns = "pool-capacity"
-	create(ctx, t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
-	create(ctx, t, &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "pool-ceph"}, Spec: v1.StorageClusterSpec{
-		Backend: v1.BackendCeph, DataDir: "/srv/berth",
-		Ceph: &v1.CephSpec{Monitors: []v1.CephMonitor{"127.0.0.1:3300"}, Pool: "rbd",
-			SecretRef: v1.CephSecretReference{Name: "ceph", Namespace: "default"}},
-	}})
+	poolCapacitySetup(ctx, t, ns, "pool-ceph")
 	create(ctx, t, &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "pool-local"}, Spec: v1.StorageClusterSpec{
 		Backend: v1.BackendLocal, DataDir: "/srv/berth"}})
 	class := func(name, cluster string) *storagev1.StorageClass {
@@ -139,42 +178,35 @@ func TestPoolCapacityPublisher(t *testing.T) {
 func TestPoolCapacityPublisherStart(t *testing.T) {
 	ctx := apiCtx(t, time.Minute)
 	const ns = "pool-capacity-start"
-	create(ctx, t, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})
-	create(ctx, t, &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "pool-start"}, Spec: v1.StorageClusterSpec{
-		Backend: v1.BackendCeph, DataDir: "/srv/berth",
-		Ceph: &v1.CephSpec{Monitors: []v1.CephMonitor{"127.0.0.1:3300"}, Pool: "rbd",
-			SecretRef: v1.CephSecretReference{Name: "ceph", Namespace: "default"}},
-	}})
+	poolCapacitySetup(ctx, t, ns, "pool-start")
 	create(ctx, t, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "pool-start"}, Provisioner: v1.DriverName,
 		Parameters: map[string]string{v1.ParamStorageCluster: "pool-start"}})
 	frees := &poolFrees{free: map[string]int64{"pool-start": 1 << 30}}
-	p := &PoolCapacityPublisher{Client: env.Client, Namespace: ns, Free: frees.read,
-		Interval: 100 * time.Millisecond, Log: testr.New(t)}
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- p.Start(runCtx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
-	waitCapacity := func(free int64) {
-		t.Helper()
-		for {
-			var c storagev1.CSIStorageCapacity
-			err := env.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: PoolCapacityName("pool-start")}, &c)
-			if err == nil && c.Capacity != nil && c.Capacity.Value() == free {
-				return
-			}
-			select {
-			case <-ctx.Done():
-				t.Fatalf("capacity never %d (last: %v, %v)", free, c.Capacity, err)
-			case <-time.After(50 * time.Millisecond):
-			}
-		}
-	}
-	waitCapacity(1 << 30)
+	startPublisher(ctx, t, &PoolCapacityPublisher{Client: env.Client, Namespace: ns, Free: frees.read,
+		Interval: 100 * time.Millisecond, Log: testr.New(t)})
+	waitPoolCapacity(ctx, t, ns, "pool-start", 1<<30, 30*time.Second)
 	frees.set("pool-start", 2<<30, nil)
-	waitCapacity(2 << 30)
+	waitPoolCapacity(ctx, t, ns, "pool-start", 2<<30, 30*time.Second)
+}
+
+// With a watching client, Start publishes the capacity of a class added
+// after it started at once, not an Interval later: the first pod of a new
+// WaitForFirstConsumer class is not left unschedulable meanwhile.
+func TestPoolCapacityPublisherNewClass(t *testing.T) {
+	ctx := apiCtx(t, time.Minute)
+	const ns = "pool-capacity-new-class"
+	poolCapacitySetup(ctx, t, ns, "pool-new-class")
+	wc, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	frees := &poolFrees{free: map[string]int64{"pool-new-class": 3 << 30}}
+	// An hour: only the watch can publish within the test.
+	startPublisher(ctx, t, &PoolCapacityPublisher{Client: wc, Namespace: ns, Free: frees.read,
+		Interval: time.Hour, Log: testr.New(t)})
+	// Past Start's first rounds, so that the class is new to it.
+	time.Sleep(2 * time.Second)
+	create(ctx, t, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "pool-new-class"}, Provisioner: v1.DriverName,
+		Parameters: map[string]string{v1.ParamStorageCluster: "pool-new-class"}})
+	waitPoolCapacity(ctx, t, ns, "pool-new-class", 3<<30, 10*time.Second)
 }
