@@ -88,4 +88,3 @@ func waitHolderEvents(t *testing.T, name string, n int) []corev1.Event {
 	})
 	return evs.Items
 }
-
