@@ -4,13 +4,16 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -68,9 +71,10 @@ func multusAgentRestarts(t *testing.T, mode v1.MultusMode) {
 
 	// The writer on the first node, checksummed data first.
 	s.pvc("vol", class, "128Mi", corev1.ReadWriteOnce, false)
-	s.boundPV("vol")
+	handle := s.boundPV("vol").Spec.CSI.VolumeHandle
 	s.pod("writer", strings.TrimSuffix(writeChecked, "exec sleep 3600")+syncingWriter, claimSource("vol"), false)
 	s.checked("writer", "written")
+	s.serverInMode(name, mode, handle)
 
 	// The share, held up, with a file kept by a client on the second node.
 	s.pvc("shared", class, "64Mi", corev1.ReadWriteMany, false)
@@ -101,6 +105,7 @@ func multusAgentRestarts(t *testing.T, mode v1.MultusMode) {
 		}
 		s.keepThrough(nodes[1], fmt.Sprintf("probe-%d", round), endpoint, kept)
 	}
+	s.serverInMode(name, mode, handle)
 	t.Logf("%s: the writer wrote %d lines through %d agent restarts on %v", mode, s.logLines("writer"), agentRestarts, restartNodes)
 
 	// The data, from Ceph: the writer gone (its node unstages), the volume
@@ -347,4 +352,76 @@ func (s *scenario) waitAgentWith(dir string) {
 			st.ObservedGeneration == ds.Generation && st.UpdatedNumberScheduled == st.DesiredNumberScheduled &&
 			st.NumberAvailable == st.DesiredNumberScheduled, nil
 	})
+}
+
+// serverInMode checks that the blockdev server of volume on the scenario's
+// node runs in the network namespace mode gives it: the node's own with the
+// mover (its copy is there), the namespace of cluster's holder on the node
+// in the netns mode (as its record names it).
+func (s *scenario) serverInMode(cluster string, mode v1.MultusMode, volume string) {
+	s.t.Helper()
+	var want string
+	if mode == v1.MultusModeMover {
+		netns, err := s.env.nodeVar("NODE_NETNS", s.node)
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		want = nsInode("/run/netns/" + netns)
+	} else {
+		holder := s.holderOn(cluster, s.node)
+		path, err := s.env.NodePath(s.node, "berth-network", "netns", cluster, string(holder.UID)+".json")
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		var rec network.Record
+		if err := json.Unmarshal(data, &rec); err != nil {
+			s.t.Fatalf("holder record %s: %v", path, err)
+		}
+		want = strconv.FormatUint(rec.NetNS.Ino, 10)
+	}
+	pids := serverPIDs(volume)
+	if len(pids) == 0 {
+		s.t.Fatalf("no blockdev server of %s on this machine", volume)
+	}
+	for _, pid := range pids {
+		if got := nsInode(fmt.Sprintf("/proc/%d/ns/net", pid)); got != want {
+			s.t.Errorf("blockdev server %d of %s in netns %s, want %s (%s mode)", pid, volume, got, want, mode)
+		}
+	}
+	s.t.Logf("%s mode: the blockdev server(s) %v of %s run in netns %s", mode, pids, volume, want)
+}
+
+// serverPIDs are the processes of this machine that serve volume (berth
+// blockdev ... --volume volume).
+func serverPIDs(volume string) []int {
+	entries, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmd, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(cmd), "\x00")
+		if slices.Contains(args, "blockdev") && slices.Contains(args, volume) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// nsInode is the inode of the namespace file path ("" when unreadable).
+func nsInode(path string) string {
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		return ""
+	}
+	return strconv.FormatUint(st.Ino, 10)
 }
