@@ -143,3 +143,8 @@ func apply(s Stack, name string, addrs []netlink.Addr, routes []netlink.Route, t
 }
 
 func macEqual(a, b net.HardwareAddr) bool { return a.String() == b.String() }
+
+// IsCopyName tells whether name is one CopyName makes.
+func IsCopyName(name string) bool {
+	return strings.HasPrefix(name, copyPrefix) && len(name) == len(copyPrefix)+12
+}

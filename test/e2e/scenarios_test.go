@@ -45,6 +45,8 @@ var scenarios = []func(*testing.T){
 	testCephVolumeMovesOffLostNode,
 	testCephReadWriteManyShareNodeLost,
 	testMultusStorageClusterHolders,
+	testMultusMoverAgentRestarts,
+	testMultusNetnsAgentRestarts,
 	testStorageClusterDeletionCleansNode,
 	testTwoStorageClustersOneDeleted,
 	testStorageClusterDeletionWithAgentAway,

@@ -121,6 +121,11 @@ func (c Config) Run(ctx context.Context) error {
 	if err := r.SetupWithManager(mgr); err != nil {
 		return err
 	}
+	holders := &storagecluster.HolderEvents{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorderFor("berth-operator"),
+		Namespace: c.Cluster.Namespace, Log: c.Log.WithName("holder-events")}
+	if err := holders.SetupWithManager(mgr); err != nil {
+		return err
+	}
 	if err := c.addAttachmentGC(ctx, mgr); err != nil {
 		return err
 	}

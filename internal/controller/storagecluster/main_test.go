@@ -58,7 +58,12 @@ func startManager(e *testenv.Env) error {
 		r := &storagecluster.Reconciler{Client: mgr.GetClient(), Options: opts, Log: log.WithName("storagecluster"), CleanupPoll: 200 * time.Millisecond,
 			Direct: env.Client, Recorder: mgr.GetEventRecorderFor("berth-operator"), CephConnectTimeout: cephConnectTimeout,
 			NetworkRecheck: 300 * time.Millisecond}
-		return r.SetupWithManager(mgr)
+		if err := r.SetupWithManager(mgr); err != nil {
+			return err
+		}
+		h := &storagecluster.HolderEvents{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorderFor("berth-operator"),
+			Namespace: namespace, Log: log.WithName("holder-events")}
+		return h.SetupWithManager(mgr)
 	}, namespace)
 	if err != nil {
 		return err
