@@ -23,6 +23,12 @@ type LeaseConfig struct {
 	// Duration is the lease's length; RenewInterval the time between
 	// renewals (default Duration/3); APITimeout bounds one request.
 	Duration, RenewInterval, APITimeout time.Duration
+	// SeenVersion and SeenFor are what the controller that made this
+	// process knew: it had seen the Lease at resourceVersion SeenVersion,
+	// unchanged, for SeenFor by its own clock before it did. Acquire counts
+	// that time toward the lapse (see Acquire); empty: nothing known.
+	SeenVersion string
+	SeenFor     time.Duration
 }
 
 func (c LeaseConfig) withDefaults() LeaseConfig {
@@ -66,14 +72,23 @@ func NewLease(cfg LeaseConfig, c coordclient.LeasesGetter, clk clock.WithTicker,
 }
 
 // Acquire takes the Lease: creates it, renews it when this holder has it,
-// takes it over once another holder has not renewed it for Duration (as
-// this process saw it: no trust in other nodes' clocks), and otherwise
-// waits until ctx ends.
+// takes it over once another holder has not renewed it for Duration, and
+// otherwise waits until ctx ends.
+//
+// "Not renewed for Duration" is measured without trusting any clock's
+// time of day, only clocks' rates: from the moment a resourceVersion was
+// first seen. Seen by this process, or by the controller that made it
+// (SeenVersion, SeenFor): its sighting was made before this process
+// started, so the version was unchanged for at least SeenFor when Acquire
+// starts, and every moment since adds to that. Without the controller's
+// sighting a replacement waits a whole Duration more after the controller
+// already saw the old holder lapse. The takeover itself is an update at
+// the seen resourceVersion, so a renewal that raced it makes it fail.
 func (l *Lease) Acquire(ctx context.Context) error {
-	var seenVersion string
-	var seenAt time.Time
-	tick := l.clk.NewTicker(l.cfg.RenewInterval)
-	defer tick.Stop()
+	seenVersion, seenAt := "", time.Time{}
+	if l.cfg.SeenVersion != "" {
+		seenVersion, seenAt = l.cfg.SeenVersion, l.clk.Now().Add(-l.cfg.SeenFor)
+	}
 	for {
 		done, err := l.tryAcquire(ctx, &seenVersion, &seenAt)
 		if done {
@@ -82,10 +97,19 @@ func (l *Lease) Acquire(ctx context.Context) error {
 		if err != nil {
 			l.log.Info("acquiring the lease", "err", err.Error())
 		}
+		// Look again after RenewInterval, or right when the version seen
+		// would lapse if that is sooner: a takeover is not put off to the
+		// next renewal tick.
+		wait := l.cfg.RenewInterval
+		if seenVersion != "" {
+			if left := l.cfg.Duration - l.clk.Since(seenAt); left > 0 && left < wait {
+				wait = left
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("acquire lease %s/%s: %w", l.cfg.Namespace, l.cfg.Name, ctx.Err())
-		case <-tick.C():
+		case <-l.clk.After(wait):
 		}
 	}
 }
@@ -121,9 +145,10 @@ func (l *Lease) tryAcquire(ctx context.Context, seenVersion *string, seenAt *tim
 			return false, nil
 		}
 		if l.clk.Since(*seenAt) < l.cfg.Duration {
+			l.log.V(1).Info("lease held by another holder, not lapsed yet", "holder", holder, "unchangedFor", l.clk.Since(*seenAt).String())
 			return false, nil
 		}
-		l.log.Info("taking over a lapsed lease", "from", holder)
+		l.log.Info("taking over a lapsed lease", "from", holder, "unchangedFor", l.clk.Since(*seenAt).String())
 	}
 	now := metav1.NewMicroTime(l.clk.Now())
 	if holder != l.cfg.Holder {

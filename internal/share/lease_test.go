@@ -157,3 +157,54 @@ func TestLeaseRenewalCarriesAnnotations(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// What the controller saw of the old holder's Lease (SeenVersion for
+// SeenFor) counts toward its lapse: seen for a whole Duration, the Lease
+// is taken over at once; seen for part of it, after the rest (not at the
+// next renewal tick); a version the old holder has renewed since counts
+// nothing, and the new holder waits a whole Duration.
+func TestLeaseTakeoverCountsTheControllersSighting(t *testing.T) {
+	cs := leases(t)
+	ctx := context.Background()
+	const d = 3 * time.Second
+	for _, c := range []struct {
+		name          string
+		seenFor       time.Duration
+		renewedSince  bool
+		least, before time.Duration
+	}{
+		{name: "lapsed", seenFor: d, least: 0, before: time.Second},
+		{name: "partly", seenFor: d - 1500*time.Millisecond, least: 1400 * time.Millisecond, before: 2500 * time.Millisecond},
+		{name: "renewed", seenFor: d, renewedSince: true, least: d, before: d + 2*time.Second},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			name := "share-seen-" + c.name
+			old := newLease(t, cs, name, "pod-old", d)
+			if err := old.Acquire(ctx); err != nil {
+				t.Fatal(err)
+			}
+			seen := getLease(t, cs, name).ResourceVersion
+			if c.renewedSince {
+				// The old holder took its own Lease again: a renewal.
+				if err := newLease(t, cs, name, "pod-old", d).Acquire(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			next, err := share.NewLease(share.LeaseConfig{Namespace: "default", Name: name, Holder: "pod-new", Duration: d,
+				SeenVersion: seen, SeenFor: c.seenFor}, cs.CoordinationV1(), clock.RealClock{}, testr.New(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			if err := next.Acquire(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if waited := time.Since(start); waited < c.least || waited >= c.before {
+				t.Errorf("took the Lease over after %s, want from %s to %s", waited, c.least, c.before)
+			}
+			if h := ptr.Deref(getLease(t, cs, name).Spec.HolderIdentity, ""); h != "pod-new" {
+				t.Errorf("holder %q", h)
+			}
+		})
+	}
+}
