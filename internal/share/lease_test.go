@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	coordclient "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 
@@ -206,5 +208,62 @@ func TestLeaseTakeoverCountsTheControllersSighting(t *testing.T) {
 				t.Errorf("holder %q", h)
 			}
 		})
+	}
+}
+
+// hangingLeases passes Lease requests to the API server until cut, then
+// holds each until its context ends: an API server the holder no longer
+// reaches (a partition), with requests that hang rather than fail.
+type hangingLeases struct {
+	coordclient.LeasesGetter
+	cut atomic.Bool
+}
+
+func (h *hangingLeases) Leases(ns string) coordclient.LeaseInterface {
+	return hangingLease{h.LeasesGetter.Leases(ns), &h.cut}
+}
+
+type hangingLease struct {
+	coordclient.LeaseInterface
+	cut *atomic.Bool
+}
+
+func (h hangingLease) Get(ctx context.Context, name string, o metav1.GetOptions) (*coordinationv1.Lease, error) {
+	if h.cut.Load() {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return h.LeaseInterface.Get(ctx, name, o)
+}
+
+// A holder cut off from the API server gives its Lease up a Duration after
+// its last renewal was sent, even while a renewal hangs (its APITimeout is
+// longer): no later than a new holder may take the Lease over.
+func TestLeaseHolderGivesUpAtTheLapseWhenRequestsHang(t *testing.T) {
+	cs := leases(t)
+	const d = 2 * time.Second
+	h := &hangingLeases{LeasesGetter: cs.CoordinationV1()}
+	l, err := share.NewLease(share.LeaseConfig{Namespace: "default", Name: "share-hang", Holder: "pod-a", Duration: d, APITimeout: 10 * time.Second},
+		h, clock.RealClock{}, testr.New(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := l.Acquire(ctx); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- l.Renew(ctx) }()
+	time.Sleep(time.Second)
+	h.cut.Store(true)
+	cut := time.Now()
+	err = <-done
+	if !errors.Is(err, share.ErrLeaseLost) {
+		t.Fatalf("Renew = %v, want ErrLeaseLost", err)
+	}
+	// The last renewal that got through was sent before the cut.
+	if after := time.Since(cut); after > d+300*time.Millisecond {
+		t.Errorf("gave the Lease up %s after the cut, more than its %s", after, d)
 	}
 }
