@@ -276,7 +276,7 @@ func TestBenchShareLeaseFailover(t *testing.T) {
 		next := s.shareRunning(vol, pod.UID)
 		t.Logf("round %d: the share failed over from pod %s to %s (node %s): after the freeze, the old pod was gone at %s, the new one created at %s and ready at %s, a client write at %s; the new share manager's steps: %s",
 			i, pod.UID, next.UID, next.Spec.NodeName, gone, created, ready, took[i-1].Round(10*time.Millisecond),
-			shareSteps(podLogs(s.ctx, t, s.cs, berthNamespace, next.Name, "share-manager"), start))
+			s.shareSteps(next.Name, start))
 		// The old pod is gone from the API; thawed, its processes take the
 		// kill kubelet sent and its cgroup goes. Wait for that so that no
 		// round overlaps the last one's leftovers.
@@ -296,20 +296,25 @@ func TestBenchShareLeaseFailover(t *testing.T) {
 }
 
 // shareSteps is where the time went in a share manager's start: the
-// messages of its log (JSON lines, "ts" in Unix seconds) up to "serving",
-// each with its time after start (same host clock as the test).
-func shareSteps(logs string, start time.Time) string {
+// messages of its pod's log up to "serving", each with its time after
+// start by the kubelet's timestamps (same host clock as the test; the
+// log's own are whole seconds).
+func (s *scenario) shareSteps(pod string, start time.Time) string {
+	b, err := s.cs.CoreV1().Pods(berthNamespace).GetLogs(pod, &corev1.PodLogOptions{Container: "share-manager", Timestamps: true}).DoRaw(s.ctx)
+	if err != nil {
+		return err.Error()
+	}
 	var steps []string
-	for _, line := range strings.Split(logs, "\n") {
+	for _, line := range strings.Split(string(b), "\n") {
+		ts, rest, _ := strings.Cut(line, " ")
+		at, err := time.Parse(time.RFC3339Nano, ts)
 		var l struct {
-			TS  float64 `json:"ts"`
-			Msg string  `json:"msg"`
+			Msg string `json:"msg"`
 		}
-		if json.Unmarshal([]byte(line), &l) != nil || l.TS == 0 {
+		if err != nil || json.Unmarshal([]byte(rest), &l) != nil {
 			continue
 		}
-		at := time.Unix(0, int64(l.TS*1e9)).Sub(start)
-		steps = append(steps, fmt.Sprintf("%.2fs %s", at.Seconds(), l.Msg))
+		steps = append(steps, fmt.Sprintf("%.2fs %s", at.Sub(start).Seconds(), l.Msg))
 		if l.Msg == "serving" {
 			break
 		}
