@@ -137,6 +137,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	sm := &v1.ShareManager{}
 	if err := r.Client.Get(ctx, req.NamespacedName, sm); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.seen.Take(req.Name) // named after its volume, as its Lease
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !sm.DeletionTimestamp.IsZero() {
