@@ -23,6 +23,12 @@ type LeaseConfig struct {
 	// Duration is the lease's length; RenewInterval the time between
 	// renewals (default Duration/3); APITimeout bounds one request.
 	Duration, RenewInterval, APITimeout time.Duration
+	// SeenVersion and SeenFor are what the controller that made this
+	// process knew: it had seen the Lease at resourceVersion SeenVersion,
+	// unchanged, for SeenFor by its own clock before it did. Acquire counts
+	// that time toward the lapse (see Acquire); empty: nothing known.
+	SeenVersion string
+	SeenFor     time.Duration
 }
 
 func (c LeaseConfig) withDefaults() LeaseConfig {
@@ -51,6 +57,9 @@ type Lease struct {
 
 	mu    sync.Mutex
 	notes map[string]string // annotations the next renewal writes
+	// renewed is when the last write that took or renewed the Lease was
+	// sent (before it landed): the holder's lapse counts from there.
+	renewed time.Time
 }
 
 // NewLease returns a holder of cfg's Lease through c.
@@ -66,14 +75,23 @@ func NewLease(cfg LeaseConfig, c coordclient.LeasesGetter, clk clock.WithTicker,
 }
 
 // Acquire takes the Lease: creates it, renews it when this holder has it,
-// takes it over once another holder has not renewed it for Duration (as
-// this process saw it: no trust in other nodes' clocks), and otherwise
-// waits until ctx ends.
+// takes it over once another holder has not renewed it for Duration, and
+// otherwise waits until ctx ends.
+//
+// "Not renewed for Duration" is measured without trusting any clock's
+// time of day, only clocks' rates: from the moment a resourceVersion was
+// first seen. Seen by this process, or by the controller that made it
+// (SeenVersion, SeenFor): its sighting was made before this process
+// started, so the version was unchanged for at least SeenFor when Acquire
+// starts, and every moment since adds to that. Without the controller's
+// sighting a replacement waits a whole Duration more after the controller
+// already saw the old holder lapse. The takeover itself is an update at
+// the seen resourceVersion, so a renewal that raced it makes it fail.
 func (l *Lease) Acquire(ctx context.Context) error {
-	var seenVersion string
-	var seenAt time.Time
-	tick := l.clk.NewTicker(l.cfg.RenewInterval)
-	defer tick.Stop()
+	seenVersion, seenAt := "", time.Time{}
+	if l.cfg.SeenVersion != "" {
+		seenVersion, seenAt = l.cfg.SeenVersion, l.clk.Now().Add(-l.cfg.SeenFor)
+	}
 	for {
 		done, err := l.tryAcquire(ctx, &seenVersion, &seenAt)
 		if done {
@@ -82,10 +100,19 @@ func (l *Lease) Acquire(ctx context.Context) error {
 		if err != nil {
 			l.log.Info("acquiring the lease", "err", err.Error())
 		}
+		// Look again after RenewInterval, or right when the version seen
+		// would lapse if that is sooner: a takeover is not put off to the
+		// next renewal tick.
+		wait := l.cfg.RenewInterval
+		if seenVersion != "" {
+			if left := l.cfg.Duration - l.clk.Since(seenAt); left > 0 && left < wait {
+				wait = left
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("acquire lease %s/%s: %w", l.cfg.Namespace, l.cfg.Name, ctx.Err())
-		case <-tick.C():
+		case <-l.clk.After(wait):
 		}
 	}
 }
@@ -95,7 +122,8 @@ func (l *Lease) tryAcquire(ctx context.Context, seenVersion *string, seenAt *tim
 	defer cancel()
 	cur, err := l.leases.Leases(l.cfg.Namespace).Get(ctx, l.cfg.Name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		now := metav1.NewMicroTime(l.clk.Now())
+		sent := l.clk.Now()
+		now := metav1.NewMicroTime(sent)
 		_, err = l.leases.Leases(l.cfg.Namespace).Create(ctx, &coordinationv1.Lease{
 			ObjectMeta: metav1.ObjectMeta{Namespace: l.cfg.Namespace, Name: l.cfg.Name},
 			Spec: coordinationv1.LeaseSpec{
@@ -106,6 +134,7 @@ func (l *Lease) tryAcquire(ctx context.Context, seenVersion *string, seenAt *tim
 			},
 		}, metav1.CreateOptions{})
 		if err == nil {
+			l.setRenewed(sent)
 			l.log.Info("lease created", "holder", l.cfg.Holder)
 		}
 		return err == nil, err
@@ -121,11 +150,13 @@ func (l *Lease) tryAcquire(ctx context.Context, seenVersion *string, seenAt *tim
 			return false, nil
 		}
 		if l.clk.Since(*seenAt) < l.cfg.Duration {
+			l.log.V(1).Info("lease held by another holder, not lapsed yet", "holder", holder, "unchangedFor", l.clk.Since(*seenAt).String())
 			return false, nil
 		}
-		l.log.Info("taking over a lapsed lease", "from", holder)
+		l.log.Info("taking over a lapsed lease", "from", holder, "unchangedFor", l.clk.Since(*seenAt).String())
 	}
-	now := metav1.NewMicroTime(l.clk.Now())
+	sent := l.clk.Now()
+	now := metav1.NewMicroTime(sent)
 	if holder != l.cfg.Holder {
 		cur.Spec.AcquireTime = &now
 		cur.Spec.LeaseTransitions = ptr.To(ptr.Deref(cur.Spec.LeaseTransitions, 0) + 1)
@@ -136,6 +167,7 @@ func (l *Lease) tryAcquire(ctx context.Context, seenVersion *string, seenAt *tim
 	if _, err := l.leases.Leases(l.cfg.Namespace).Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
 		return false, err
 	}
+	l.setRenewed(sent)
 	l.log.Info("lease acquired", "holder", l.cfg.Holder)
 	return true, nil
 }
@@ -145,32 +177,68 @@ func (l *Lease) durationSeconds() int32 {
 }
 
 // Renew renews the lease every RenewInterval until ctx ends (nil) or the
-// lease is lost (ErrLeaseLost): renewals failed for Duration, or another
-// holder has it now.
+// lease is lost (ErrLeaseLost): another holder has it now, or it was not
+// renewed for Duration. That Duration counts from when the last successful
+// renewal was sent, and a renewal still under way then is given up: the
+// write landed after it was sent, so whoever saw it (a new holder, or the
+// controller for it, see Acquire) can take the Lease over no sooner than
+// this holder gives up.
 func (l *Lease) Renew(ctx context.Context) error {
 	tick := l.clk.NewTicker(l.cfg.RenewInterval)
 	defer tick.Stop()
-	lastRenew := l.clk.Now()
+	lost := func(last time.Time, err error) error {
+		if err == nil {
+			return fmt.Errorf("%w: not renewed for %s", ErrLeaseLost, l.clk.Since(last).Round(time.Millisecond))
+		}
+		return fmt.Errorf("%w: not renewed for %s: %w", ErrLeaseLost, l.clk.Since(last).Round(time.Millisecond), err)
+	}
 	for {
+		last := l.lastRenewed()
+		left := l.cfg.Duration - l.clk.Since(last)
+		if left <= 0 {
+			return lost(last, nil)
+		}
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-l.clk.After(left):
+			return lost(last, nil)
 		case <-tick.C():
 		}
-		err := l.renew(ctx)
+		sent := l.clk.Now()
+		rctx, cancel := context.WithTimeout(ctx, l.cfg.Duration-l.clk.Since(last))
+		err := l.renew(rctx)
+		cancel()
 		switch {
 		case err == nil:
-			lastRenew = l.clk.Now()
+			l.setRenewed(sent)
 		case errors.Is(err, ErrLeaseLost):
 			return err
 		case ctx.Err() != nil:
 			return nil
-		case l.clk.Since(lastRenew) >= l.cfg.Duration:
-			return fmt.Errorf("%w: not renewed for %s: %w", ErrLeaseLost, l.clk.Since(lastRenew).Round(time.Millisecond), err)
+		case l.clk.Since(last) >= l.cfg.Duration:
+			return lost(last, err)
 		default:
-			l.log.Info("lease renewal failed; retrying", "err", err.Error(), "sinceRenewal", l.clk.Since(lastRenew).String())
+			l.log.Info("lease renewal failed; retrying", "err", err.Error(), "sinceRenewal", l.clk.Since(last).String())
 		}
 	}
+}
+
+func (l *Lease) setRenewed(t time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.renewed = t
+}
+
+// lastRenewed is when the last successful write was sent; before any,
+// now (Renew without Acquire: a holder that took the Lease some other way).
+func (l *Lease) lastRenewed() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.renewed.IsZero() {
+		l.renewed = l.clk.Now()
+	}
+	return l.renewed
 }
 
 func (l *Lease) renew(ctx context.Context) error {

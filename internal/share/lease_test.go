@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	coordclient "k8s.io/client-go/kubernetes/typed/coordination/v1"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 
@@ -155,5 +157,113 @@ func TestLeaseRenewalCarriesAnnotations(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// What the controller saw of the old holder's Lease (SeenVersion for
+// SeenFor) counts toward its lapse: seen for a whole Duration, the Lease
+// is taken over at once; seen for part of it, after the rest (not at the
+// next renewal tick); a version the old holder has renewed since counts
+// nothing, and the new holder waits a whole Duration.
+func TestLeaseTakeoverCountsTheControllersSighting(t *testing.T) {
+	cs := leases(t)
+	ctx := context.Background()
+	const d = 3 * time.Second
+	for _, c := range []struct {
+		name          string
+		seenFor       time.Duration
+		renewedSince  bool
+		least, before time.Duration
+	}{
+		{name: "lapsed", seenFor: d, least: 0, before: time.Second},
+		{name: "partly", seenFor: d - 1500*time.Millisecond, least: 1400 * time.Millisecond, before: 2500 * time.Millisecond},
+		{name: "renewed", seenFor: d, renewedSince: true, least: d, before: d + 2*time.Second},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			name := "share-seen-" + c.name
+			old := newLease(t, cs, name, "pod-old", d)
+			if err := old.Acquire(ctx); err != nil {
+				t.Fatal(err)
+			}
+			seen := getLease(t, cs, name).ResourceVersion
+			if c.renewedSince {
+				// The old holder took its own Lease again: a renewal.
+				if err := newLease(t, cs, name, "pod-old", d).Acquire(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			next, err := share.NewLease(share.LeaseConfig{Namespace: "default", Name: name, Holder: "pod-new", Duration: d,
+				SeenVersion: seen, SeenFor: c.seenFor}, cs.CoordinationV1(), clock.RealClock{}, testr.New(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			if err := next.Acquire(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if waited := time.Since(start); waited < c.least || waited >= c.before {
+				t.Errorf("took the Lease over after %s, want from %s to %s", waited, c.least, c.before)
+			}
+			if h := ptr.Deref(getLease(t, cs, name).Spec.HolderIdentity, ""); h != "pod-new" {
+				t.Errorf("holder %q", h)
+			}
+		})
+	}
+}
+
+// hangingLeases passes Lease requests to the API server until cut, then
+// holds each until its context ends: an API server the holder no longer
+// reaches (a partition), with requests that hang rather than fail.
+type hangingLeases struct {
+	coordclient.LeasesGetter
+	cut atomic.Bool
+}
+
+func (h *hangingLeases) Leases(ns string) coordclient.LeaseInterface {
+	return hangingLease{h.LeasesGetter.Leases(ns), &h.cut}
+}
+
+type hangingLease struct {
+	coordclient.LeaseInterface
+	cut *atomic.Bool
+}
+
+func (h hangingLease) Get(ctx context.Context, name string, o metav1.GetOptions) (*coordinationv1.Lease, error) {
+	if h.cut.Load() {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return h.LeaseInterface.Get(ctx, name, o)
+}
+
+// A holder cut off from the API server gives its Lease up a Duration after
+// its last renewal was sent, even while a renewal hangs (its APITimeout is
+// longer): no later than a new holder may take the Lease over.
+func TestLeaseHolderGivesUpAtTheLapseWhenRequestsHang(t *testing.T) {
+	cs := leases(t)
+	const d = 2 * time.Second
+	h := &hangingLeases{LeasesGetter: cs.CoordinationV1()}
+	l, err := share.NewLease(share.LeaseConfig{Namespace: "default", Name: "share-hang", Holder: "pod-a", Duration: d, APITimeout: 10 * time.Second},
+		h, clock.RealClock{}, testr.New(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := l.Acquire(ctx); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- l.Renew(ctx) }()
+	time.Sleep(time.Second)
+	h.cut.Store(true)
+	cut := time.Now()
+	err = <-done
+	if !errors.Is(err, share.ErrLeaseLost) {
+		t.Fatalf("Renew = %v, want ErrLeaseLost", err)
+	}
+	// The last renewal that got through was sent before the cut.
+	if after := time.Since(cut); after > d+300*time.Millisecond {
+		t.Errorf("gave the Lease up %s after the cut, more than its %s", after, d)
 	}
 }

@@ -92,7 +92,7 @@ var ErrFailed = errors.New("share server failed")
 
 // Run writes the config, starts ganesha, calls ready once the pid file
 // exists and the export answers, and watches until ctx ends (then stops
-// ganesha and returns nil) or something fails (then returns an error
+// ganesha, killing it when ctx's cause is ErrLeaseLost, and returns nil) or something fails (then returns an error
 // wrapping ErrFailed, with ganesha stopped).
 func (s *Server) Run(ctx context.Context, ready func()) error {
 	conf, err := s.cfg.Export.Render()
@@ -132,6 +132,14 @@ func (s *Server) Run(ctx context.Context, ready func()) error {
 	s.log.Info("ganesha started", "pid", proc.Pid(), "config", s.cfg.ConfigFile(), "endpoint", s.cfg.Export.Endpoint())
 
 	err = s.watch(ctx, exited, func() error { return waitErr }, ready)
+	if errors.Is(context.Cause(ctx), ErrLeaseLost) {
+		// The Lease is gone: a new server may take over from now on, so
+		// this one stops serving at once rather than after a clean
+		// shutdown. Nothing acknowledged is lost (stable writes, client
+		// records on the volume); clients resend the rest to the next.
+		s.log.Info("lease lost: killing ganesha", "pid", proc.Pid())
+		_ = proc.Signal(syscall.SIGKILL)
+	}
 	s.stop(proc, exited)
 	return err
 }

@@ -3,6 +3,7 @@ package share
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -181,5 +182,18 @@ func TestServerKillsGaneshaThatIgnoresTerm(t *testing.T) {
 	}
 	if got := e.procs[0].got(); !slices.Equal(got, []os.Signal{syscall.SIGTERM, syscall.SIGKILL}) {
 		t.Errorf("signals = %v, want SIGTERM then SIGKILL", got)
+	}
+}
+
+// A server whose Lease is lost is killed at once, not asked to stop.
+func TestServerKilledAtOnceWhenTheLeaseIsLost(t *testing.T) {
+	e := &fakeExec{}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	err := runFake(t, ctx, e, Checks{Device: ok, Export: ok}, func() { cancel(fmt.Errorf("%w: not renewed for 10s", ErrLeaseLost)) })
+	if err != nil {
+		t.Fatalf("Run = %v, want nil after cancel", err)
+	}
+	if got := e.procs[0].got(); len(got) == 0 || got[0] != syscall.SIGKILL {
+		t.Errorf("signals = %v, want SIGKILL first", got)
 	}
 }

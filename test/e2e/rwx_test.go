@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -268,13 +269,14 @@ func TestBenchShareLeaseFailover(t *testing.T) {
 		// mounts berth publishes do (timeo=50), and reconnects.
 		out := s.probe(fmt.Sprintf("lease-%d", i), endpoint, "--verify", "first="+sum[1], "--timeout", "3m", "--attempt-timeout", "5s")
 		took = append(took, time.Since(start))
-		gone, ready := steps()
+		gone, created, ready := steps()
 		if !strings.Contains(out, "verified first sha256 "+sum[1]) {
 			t.Fatalf("round %d: the probe did not verify the first round's file:\n%s", i, out)
 		}
 		next := s.shareRunning(vol, pod.UID)
-		t.Logf("round %d: the share failed over from pod %s to %s (node %s): after the freeze, the old pod was gone at %s, the new one ready at %s, a client write at %s",
-			i, pod.UID, next.UID, next.Spec.NodeName, gone, ready, took[i-1].Round(10*time.Millisecond))
+		t.Logf("round %d: the share failed over from pod %s to %s (node %s): after the freeze, the old pod was gone at %s, the new one created at %s and ready at %s, a client write at %s; the new share manager's steps: %s",
+			i, pod.UID, next.UID, next.Spec.NodeName, gone, created, ready, took[i-1].Round(10*time.Millisecond),
+			s.shareSteps(next.Name, start))
 		// The old pod is gone from the API; thawed, its processes take the
 		// kill kubelet sent and its cgroup goes. Wait for that so that no
 		// round overlaps the last one's leftovers.
@@ -293,12 +295,39 @@ func TestBenchShareLeaseFailover(t *testing.T) {
 		n, strings.TrimSpace(lease), p50.Round(time.Millisecond), p99.Round(time.Millisecond), slices.Max(took).Round(time.Millisecond))
 }
 
+// shareSteps is where the time went in a share manager's start: the
+// messages of its pod's log up to "serving", each with its time after
+// start by the kubelet's timestamps (same host clock as the test; the
+// log's own are whole seconds).
+func (s *scenario) shareSteps(pod string, start time.Time) string {
+	b, err := s.cs.CoreV1().Pods(berthNamespace).GetLogs(pod, &corev1.PodLogOptions{Container: "share-manager", Timestamps: true}).DoRaw(s.ctx)
+	if err != nil {
+		return err.Error()
+	}
+	var steps []string
+	for _, line := range strings.Split(string(b), "\n") {
+		ts, rest, _ := strings.Cut(line, " ")
+		at, err := time.Parse(time.RFC3339Nano, ts)
+		var l struct {
+			Msg string `json:"msg"`
+		}
+		if err != nil || json.Unmarshal([]byte(rest), &l) != nil {
+			continue
+		}
+		steps = append(steps, fmt.Sprintf("%.2fs %s", at.Sub(start).Seconds(), l.Msg))
+		if l.Msg == "serving" {
+			break
+		}
+	}
+	return strings.Join(steps, "; ")
+}
+
 // watchFailover polls the share-manager pod of vol from now on and, when
-// called, says how long after start the pod with UID old was gone and a
-// new one was Ready ("-" for what was not seen).
-func (s *scenario) watchFailover(vol string, old types.UID, start time.Time) func() (gone, ready string) {
+// called, says how long after start the pod with UID old was gone, a new
+// one was there and Ready ("-" for what was not seen).
+func (s *scenario) watchFailover(vol string, old types.UID, start time.Time) func() (gone, created, ready string) {
 	ctx, cancel := context.WithCancel(s.ctx)
-	var g, r time.Duration
+	var g, c, r time.Duration
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -316,6 +345,9 @@ func (s *scenario) watchFailover(vol string, old types.UID, start time.Time) fun
 				if g == 0 {
 					g = time.Since(start)
 				}
+				if err == nil && c == 0 {
+					c = time.Since(start)
+				}
 				if err == nil && podReady(p) {
 					r = time.Since(start)
 				}
@@ -328,10 +360,10 @@ func (s *scenario) watchFailover(vol string, old types.UID, start time.Time) fun
 		}
 		return d.Round(10 * time.Millisecond).String()
 	}
-	return func() (string, string) {
+	return func() (string, string, string) {
 		cancel()
 		<-done
-		return show(g), show(r)
+		return show(g), show(c), show(r)
 	}
 }
 

@@ -57,6 +57,8 @@ func parse(args []string, stdio cli.IO) (Config, error) {
 	fs.StringVar(&cfg.Lease.Name, "lease-name", "", "Lease renewed while serving (none: no lease)")
 	fs.StringVar(&cfg.Lease.Holder, "lease-holder", "", "holder identity in the Lease (the pod name)")
 	fs.DurationVar(&cfg.Lease.Duration, "lease-duration", 15*time.Second, "Lease duration")
+	fs.StringVar(&cfg.Lease.SeenVersion, "lease-seen-version", "", "resourceVersion of the Lease that the controller had seen unchanged for --lease-seen-for before it made this pod; that time counts toward the old holder's lapse")
+	fs.DurationVar(&cfg.Lease.SeenFor, "lease-seen-for", 0, "how long the controller had seen --lease-seen-version unchanged")
 	fs.BoolVar(&cfg.readyCheck, "ready", false, "only tell whether the share manager of --state-dir serves (exit 0) or not: the pod's readiness probe")
 	fs.BoolVar(&cfg.aliveCheck, "alive", false, "only tell whether the share manager of --state-dir still runs (exit 0: a heartbeat within --alive-within) or not: the pod's liveness probe")
 	fs.DurationVar(&cfg.AliveWithin, "alive-within", DefaultAliveWithin, "how old the heartbeat may be for --alive")

@@ -42,6 +42,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/volmap"
 )
 
 // Options of both controllers.
@@ -76,6 +77,55 @@ type Reconciler struct {
 	Clock    clock.PassiveClock
 	Recorder record.EventRecorder
 	Log      logr.Logger
+
+	// seen is, per volume, the version of its Lease this controller saw
+	// and since when (sighting): what a replacement share manager may
+	// count toward the old holder's lapse.
+	seen volmap.Map[sighting]
+}
+
+// sighting is a Lease's resourceVersion and when this controller first
+// saw it, by its own clock.
+type sighting struct {
+	version string
+	at      time.Time
+}
+
+// observe records lease's version, keeping the time of the first sighting
+// while the version stays the same.
+func (r *Reconciler) observe(volume string, lease *coordinationv1.Lease) sighting {
+	s := r.seen.Get(volume)
+	if s.version != lease.ResourceVersion {
+		s = sighting{version: lease.ResourceVersion, at: r.Clock.Now()}
+		r.seen.Put(volume, s)
+	}
+	return s
+}
+
+// leaseSeen is what a new share-manager pod is told of the volume's Lease
+// (zero: nothing, or nothing to wait for): the version held by another
+// holder and how long this controller has seen it unchanged. The pod
+// counts that toward the lapse it must see before it takes the Lease over
+// (share.Lease.Acquire), so after a failover on a lapsed Lease it takes
+// over at once instead of watching the old holder for a whole Lease
+// duration more. Safe: the sighting was made before the pod existed, it
+// measures only this controller's clock's rate, and it counts only while
+// the Lease is still at that version when the pod takes it (a renewal by
+// the old holder changes the version and the pod waits in full).
+func (r *Reconciler) leaseSeen(ctx context.Context, volume, namespace string) (version string, unchangedFor time.Duration, err error) {
+	lease := &coordinationv1.Lease{}
+	switch err := r.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: volume}, lease); {
+	case apierrors.IsNotFound(err):
+		r.seen.Take(volume)
+		return "", 0, nil
+	case err != nil:
+		return "", 0, fmt.Errorf("read Lease %s: %w", volume, err)
+	}
+	s := r.observe(volume, lease)
+	if ptr.Deref(lease.Spec.HolderIdentity, "") == "" {
+		return "", 0, nil // released: taken at once anyway
+	}
+	return s.version, r.Clock.Since(s.at), nil
 }
 
 // Reconcile implements reconcile.Reconciler.
@@ -87,6 +137,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	sm := &v1.ShareManager{}
 	if err := r.Client.Get(ctx, req.NamespacedName, sm); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.seen.Take(req.Name) // named after its volume, as its Lease
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !sm.DeletionTimestamp.IsZero() {
@@ -137,7 +190,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		if err := r.ensureClaim(ctx, sm, vol, rwx); err != nil {
 			return ctrl.Result{}, err
 		}
-		pod = r.podFor(sm, vol, rwx)
+		seenVersion, seenFor, err := r.leaseSeen(ctx, vol.Name, sm.Namespace)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		pod = r.podFor(sm, vol, rwx, seenVersion, seenFor)
 		if err := controllerutil.SetControllerReference(sm, pod, r.Client.Scheme()); err != nil {
 			return ctrl.Result{}, err
 		}
@@ -278,16 +335,20 @@ func (r *Reconciler) leaseLeft(ctx context.Context, volume string, pod *corev1.P
 	lease := &coordinationv1.Lease{}
 	switch err := r.Client.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: volume}, lease); {
 	case err == nil:
+		r.observe(volume, lease)
 		if ptr.Deref(lease.Spec.HolderIdentity, "") == leaseHolder(pod) && lease.Spec.RenewTime != nil {
 			last = lease.Spec.RenewTime.Time
 			size = reportedSize(lease)
 		}
 	case !apierrors.IsNotFound(err):
 		return 0, false, nil, fmt.Errorf("read Lease %s: %w", volume, err)
-	case podReady(pod):
-		for _, c := range pod.Status.Conditions {
-			if c.Type == corev1.PodReady {
-				last = c.LastTransitionTime.Time
+	default:
+		r.seen.Take(volume)
+		if podReady(pod) {
+			for _, c := range pod.Status.Conditions {
+				if c.Type == corev1.PodReady {
+					last = c.LastTransitionTime.Time
+				}
 			}
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strconv"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -63,7 +64,10 @@ func labels(volume string) map[string]string {
 // attachment on its node), so the share manager mounts and formats it
 // itself. Restarts are left to the controller (restartPolicy Never): a pod
 // that failed is replaced, possibly on another node, never restarted in place.
-func (r *Reconciler) podFor(sm *v1.ShareManager, vol *v1.Volume, rwx rwxSettings) *corev1.Pod {
+//
+// seenVersion and seenFor (leaseSeen), when set, tell the share manager how
+// long the controller has seen the Lease's current version unchanged.
+func (r *Reconciler) podFor(sm *v1.ShareManager, vol *v1.Volume, rwx rwxSettings, seenVersion string, seenFor time.Duration) *corev1.Pod {
 	name := Name(vol.Name)
 	args := []string{
 		"share-manager",
@@ -77,6 +81,9 @@ func (r *Reconciler) podFor(sm *v1.ShareManager, vol *v1.Volume, rwx rwxSettings
 		"--lease-holder=$(POD_NAME)_$(POD_UID)",
 		"--lease-duration=" + strconv.Itoa(int(rwx.leaseDuration.Seconds())) + "s",
 		"--nfs-grace=" + strconv.Itoa(int(rwx.grace.Seconds())) + "s",
+	}
+	if seenVersion != "" {
+		args = append(args, "--lease-seen-version="+seenVersion, "--lease-seen-for="+seenFor.Truncate(time.Millisecond).String())
 	}
 	if vol.Spec.FSType != "" {
 		args = append(args, "--fs-type="+vol.Spec.FSType)
@@ -107,9 +114,13 @@ func (r *Reconciler) podFor(sm *v1.ShareManager, vol *v1.Volume, rwx rwxSettings
 				Ports:           []corev1.ContainerPort{{Name: "nfs", ContainerPort: nfsPort, Protocol: corev1.ProtocolTCP}},
 				// Mounting the device inside the container needs it.
 				SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
+				// Every second: after a failover clients reach the new
+				// pod only once the Service lists it, i.e. once it is
+				// Ready, so each second of probe period is failover time.
+				// The probe only looks for a file.
 				ReadinessProbe: &corev1.Probe{
 					ProbeHandler:  corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"berth", "share-manager", "--state-dir=" + stateDir, "--ready"}}},
-					PeriodSeconds: 2, FailureThreshold: 1,
+					PeriodSeconds: 1, FailureThreshold: 1,
 				},
 				// Liveness reads the share manager's heartbeat, which it
 				// writes while it waits for its device or Lease and through

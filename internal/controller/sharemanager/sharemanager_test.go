@@ -260,6 +260,9 @@ func TestShareManagerStateMachine(t *testing.T) {
 	waitShare(t, vname, v1.ShareStarting)
 	pod := sharePod(t, vname, "")
 	checkPod(t, pod, vname, "")
+	if args := strings.Join(pod.Spec.Containers[0].Args, " "); strings.Contains(args, "--lease-seen") {
+		t.Errorf("first pod, with no Lease yet, is told of one: %s", args)
+	}
 	if labels := pod.Labels; labels[sharemanager.LabelShare] != svc.Name {
 		t.Errorf("pod labels %v do not match the service selector %v", labels, svc.Spec.Selector)
 	}
@@ -342,7 +345,34 @@ func failedOver(t *testing.T, volume string, old *corev1.Pod, node string, count
 		t.Errorf("remountRequestedAt = %v, want %v", got, at)
 	}
 	checkPod(t, pod, volume, node)
+	checkSeen(t, pod, volume)
 	return pod
+}
+
+// checkSeen checks what a replacement pod is told of the old holder's
+// Lease: its current version, and a time seen unchanged no longer than the
+// controller's clock moved since that renewal (more would let the new
+// share manager take over before the old one lapsed).
+func checkSeen(t *testing.T, pod *corev1.Pod, volume string) {
+	t.Helper()
+	lease := &coordinationv1.Lease{}
+	if err := env.Client.Get(testCtx(t), client.ObjectKey{Namespace: namespace, Name: volume}, lease); err != nil {
+		t.Fatal(err)
+	}
+	var version, seenFor string
+	for _, a := range pod.Spec.Containers[0].Args {
+		if v, ok := strings.CutPrefix(a, "--lease-seen-version="); ok {
+			version = v
+		}
+		if v, ok := strings.CutPrefix(a, "--lease-seen-for="); ok {
+			seenFor = v
+		}
+	}
+	d, err := time.ParseDuration(seenFor)
+	if version != lease.ResourceVersion || err != nil || d < 0 || d > clk.Since(lease.Spec.RenewTime.Time) {
+		t.Errorf("new pod told the Lease was seen at version %q for %q (%v); want version %s, for at most %s since its renewal",
+			version, seenFor, err, lease.ResourceVersion, clk.Since(lease.Spec.RenewTime.Time))
+	}
 }
 
 // serve plays a share manager that comes up on node: bound, Lease taken,
