@@ -217,7 +217,12 @@ func (c *v41Client) WriteFile(ctx context.Context, name string, data []byte) err
 
 func (w *writer) run(ctx context.Context, c fileClient) {
 	for i := 0; ctx.Err() == nil; i++ {
-		data := make([]byte, 1+mrand.IntN(256<<10))
+		// Up to 64 KiB a file: every acknowledged file is kept to be read
+		// back at the end, and with up to 256 KiB 20 rounds could fill the
+		// 512 MiB volume. A full volume is then an endless retry here: the
+		// NFSv4.0 library's WRITE error is lost in its deferred CLOSE, so
+		// it reports a short write of 0 bytes and no error.
+		data := make([]byte, 1+mrand.IntN(64<<10))
 		_, _ = rand.Read(data)
 		name := fmt.Sprintf("f%06d.bin", i)
 		err := c.WriteFile(ctx, name, data)
