@@ -127,29 +127,7 @@ func (s *scenario) cephXFSClass(cluster string) string {
 		s.t.Fatalf("create StorageClass %s: %v", name, err)
 	}
 	s.t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-		defer cancel()
-		// The pods first, gone for good, so that their nodes unstage and
-		// close the images (an open image cannot be removed); then the
-		// snapshots (an image with snapshots cannot be removed) and the
-		// claims.
-		_ = s.cs.CoreV1().Pods(s.ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
-		_ = wait.PollUntilContextCancel(ctx, 250*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-			pods, err := s.cs.CoreV1().Pods(s.ns).List(ctx, metav1.ListOptions{})
-			return err == nil && len(pods.Items) == 0, nil
-		})
-		_, _ = s.kubectl("-n", s.ns, "delete", "volumesnapshots", "--all", "--wait=false")
-		_ = s.cs.CoreV1().PersistentVolumeClaims(s.ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
-		err := wait.PollUntilContextCancel(ctx, 250*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-			pvs, err := s.cs.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
-			if err != nil {
-				return false, err
-			}
-			return !slices.ContainsFunc(pvs.Items, func(pv corev1.PersistentVolume) bool { return pv.Spec.StorageClassName == name }), nil
-		})
-		if err != nil {
-			s.t.Errorf("volumes of %s still there: %v", name, err)
-		}
+		s.removeVolumesOf(name)
 		if err := s.cs.StorageV1().StorageClasses().Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
 			s.t.Errorf("delete StorageClass %s: %v", name, err)
 		}
@@ -357,5 +335,31 @@ func (s *scenario) writeFails(node string, mounts []string) {
 			continue
 		}
 		s.t.Logf("write through %s on the lost node: %v: %s", m, err, strings.TrimSpace(string(out)))
+	}
+}
+
+// removeVolumesOf deletes the namespace's pods, snapshots and claims and
+// waits until no PV of class is left: the pods first, gone for good, so
+// that their nodes unstage and close the images (an open image cannot be
+// removed), then the snapshots (an image with snapshots cannot be removed).
+func (s *scenario) removeVolumesOf(class string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	_ = s.cs.CoreV1().Pods(s.ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
+	_ = wait.PollUntilContextCancel(ctx, 250*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		pods, err := s.cs.CoreV1().Pods(s.ns).List(ctx, metav1.ListOptions{})
+		return err == nil && len(pods.Items) == 0, nil
+	})
+	_, _ = s.kubectl("-n", s.ns, "delete", "volumesnapshots", "--all", "--wait=false")
+	_ = s.cs.CoreV1().PersistentVolumeClaims(s.ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
+	err := wait.PollUntilContextCancel(ctx, 250*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		pvs, err := s.cs.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		return !slices.ContainsFunc(pvs.Items, func(pv corev1.PersistentVolume) bool { return pv.Spec.StorageClassName == class }), nil
+	})
+	if err != nil {
+		s.t.Errorf("volumes of %s still there: %v", class, err)
 	}
 }

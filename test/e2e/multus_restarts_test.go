@@ -20,7 +20,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/controller/sharemanager"
@@ -309,30 +308,6 @@ func (s *scenario) keepThrough(node, probe, endpoint string, kept map[string]str
 		s.t.Fatalf("probe %s printed no kept checksum:\n%s", probe, out)
 	}
 	kept[probe] = m[1]
-}
-
-// removeVolumesOf deletes the namespace's pods and claims and waits until
-// no PV of class is left (pods first, so their nodes unstage and close the
-// images).
-func (s *scenario) removeVolumesOf(class string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	_ = s.cs.CoreV1().Pods(s.ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
-	_ = wait.PollUntilContextCancel(ctx, 250*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		pods, err := s.cs.CoreV1().Pods(s.ns).List(ctx, metav1.ListOptions{})
-		return err == nil && len(pods.Items) == 0, nil
-	})
-	_ = s.cs.CoreV1().PersistentVolumeClaims(s.ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
-	err := wait.PollUntilContextCancel(ctx, 250*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		pvs, err := s.cs.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return false, err
-		}
-		return !slices.ContainsFunc(pvs.Items, func(pv corev1.PersistentVolume) bool { return pv.Spec.StorageClassName == class }), nil
-	})
-	if err != nil {
-		s.t.Errorf("volumes of %s still there: %v", class, err)
-	}
 }
 
 // waitAgentWith waits until the agent DaemonSet rolled out with an
