@@ -72,7 +72,7 @@ func TestProbeKeepsAndVerifies(t *testing.T) {
 // TestProbeOnAFullShareSaysNoSpace probes a share on a 1 MiB tmpfs with
 // 2 MiB, in NFSv4.1 and in 4.0, whose library loses the WRITE's error:
 // the probe fails at once with ENOSPC instead of retrying until its
-// timeout.
+// timeout, and removes what it wrote.
 func TestProbeOnAFullShareSaysNoSpace(t *testing.T) {
 	g := sharetest.StartOnTmpfs(t, 1<<20, 0, 1)
 	for _, minor := range []int{1, 0} {
@@ -87,5 +87,8 @@ func TestProbeOnAFullShareSaysNoSpace(t *testing.T) {
 			t.Errorf("NFSv4.%d probe of a full share took %s: it retried", minor, took)
 		}
 		t.Logf("NFSv4.%d: %v after %s", minor, err, took)
+		if left, _ := filepath.Glob(filepath.Join(g.Dir, ".berth-probe-*")); len(left) != 0 {
+			t.Errorf("NFSv4.%d probe left %q on the full share", minor, left)
+		}
 	}
 }
