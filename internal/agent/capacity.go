@@ -32,41 +32,27 @@ type CapacityReporter struct {
 	Namespace string
 	// Free returns the free bytes of a StorageCluster's data dir on this
 	// node; backend.ErrNoDataDir: this agent does not serve that cluster.
-	Free     func(ctx context.Context, cluster string) (int64, error)
-	Interval time.Duration
-	// Timeout bounds one report's API calls (default 30s).
-	Timeout time.Duration
-	Log     logr.Logger
+	Free func(ctx context.Context, cluster string) (int64, error)
+	// Schedule: every 30s by default, and when a berth class is added or
+	// changed.
+	capacity.Schedule
+	Log logr.Logger
 }
 
 // +kubebuilder:rbac:groups=storage.k8s.io,resources=storageclasses,verbs=get;list;watch
 // +kubebuilder:rbac:groups=berth.io,resources=storageclusters,verbs=get
 // +kubebuilder:rbac:groups=storage.k8s.io,namespace=berth-system,resources=csistoragecapacities,verbs=get;create;update
 
-// Start reports now and then every Interval until ctx ends (manager.Runnable).
+// Start reports now and then on the Schedule until ctx ends
+// (manager.Runnable). A round that published nothing runs again soon: no
+// class yet (the operator makes them beside this agent), no StorageCluster
+// yet, or the API server failed; the scheduler places no volume on this
+// node until a capacity is published.
 func (r *CapacityReporter) Start(ctx context.Context) error {
-	interval := r.Interval
-	if interval <= 0 {
-		interval = 30 * time.Second
-	}
-	for {
-		wait := interval
+	return r.Schedule.Run(ctx, 30*time.Second, r.Log, func(ctx context.Context) (bool, error) {
 		n, err := r.report(ctx)
-		if err != nil {
-			r.Log.Error(err, "report capacity")
-		}
-		if n == 0 {
-			// No class yet (the operator makes them beside this agent), or
-			// the API server failed: the scheduler places no volume on this
-			// node until a capacity is published, so look again soon.
-			wait = min(interval, time.Second)
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(wait):
-		}
-	}
+		return n == 0, err
+	})
 }
 
 // Report publishes the free bytes once, for every berth StorageClass.
@@ -77,11 +63,7 @@ func (r *CapacityReporter) Report(ctx context.Context) error {
 
 // report returns how many capacities it published.
 func (r *CapacityReporter) report(ctx context.Context) (int, error) {
-	timeout := r.Timeout
-	if timeout <= 0 {
-		timeout = 30 * time.Second
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	ctx, cancel := context.WithTimeout(ctx, r.RoundTimeout())
 	defer cancel()
 	var classes storagev1.StorageClassList
 	if err := r.Client.List(ctx, &classes); err != nil {

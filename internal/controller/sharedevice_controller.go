@@ -10,6 +10,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -58,10 +59,7 @@ type ShareDeviceReconciler struct {
 // Reconcile grows one volume's share device when it is on this node.
 func (r *ShareDeviceReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var vol v1.Volume
-	if err := r.Client.Get(ctx, req.NamespacedName, &vol); apierrors.IsNotFound(err) {
-		r.handled.Take(req.Name)
-		return ctrl.Result{}, nil
-	} else if err != nil {
+	if found, err := getVolumeOrForget(ctx, r.Client, req.NamespacedName, &vol, &r.handled); !found {
 		return ctrl.Result{}, err
 	}
 	if !sharedFilesystem(&vol) || vol.Status.Capacity == nil || atLeast(r.handled.Get(vol.Name), vol.Status.Capacity.Value()) {
@@ -139,4 +137,16 @@ func volumeController(mgr ctrl.Manager, name string, keep func(*v1.Volume) bool,
 			predicate.NewTypedPredicateFuncs(keep)))
 	}
 	return b
+}
+
+// getVolumeOrForget reads the Volume name into vol; when it is gone it
+// forgets what handled holds for it (a volume of the same name later is
+// another one) and returns false.
+func getVolumeOrForget[T any](ctx context.Context, c client.Reader, name types.NamespacedName, vol *v1.Volume, handled *volmap.Map[T]) (bool, error) {
+	err := c.Get(ctx, name, vol)
+	if apierrors.IsNotFound(err) {
+		handled.Take(name.Name)
+		return false, nil
+	}
+	return err == nil, err
 }

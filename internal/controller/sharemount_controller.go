@@ -63,10 +63,7 @@ type ShareMountReconciler struct {
 // Reconcile checks one volume's share mounts on this node.
 func (r *ShareMountReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	var vol v1.Volume
-	if err := r.Client.Get(ctx, req.NamespacedName, &vol); apierrors.IsNotFound(err) {
-		r.handled.Take(req.Name)
-		return ctrl.Result{}, nil
-	} else if err != nil {
+	if found, err := getVolumeOrForget(ctx, r.Client, req.NamespacedName, &vol, &r.handled); !found {
 		return ctrl.Result{}, err
 	}
 	at := vol.Status.RemountRequestedAt

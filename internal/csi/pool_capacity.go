@@ -10,7 +10,6 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/watch"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
@@ -30,101 +29,28 @@ type PoolCapacityPublisher struct {
 	Client    client.Client
 	Namespace string
 	// Free returns the free bytes of a ceph StorageCluster's pool.
-	Free     func(ctx context.Context, sc *v1.StorageCluster) (int64, error)
-	Interval time.Duration
-	// Timeout bounds one round (default 30s).
-	Timeout time.Duration
-	Log     logr.Logger
+	Free func(ctx context.Context, sc *v1.StorageCluster) (int64, error)
+	// Schedule: every minute by default, and when a berth class is added
+	// or changed.
+	capacity.Schedule
+	Log logr.Logger
 }
 
 // +kubebuilder:rbac:groups=storage.k8s.io,resources=storageclasses,verbs=get;list;watch
 // +kubebuilder:rbac:groups=storage.k8s.io,namespace=berth-system,resources=csistoragecapacities,verbs=get;list;create;update;delete
 
-// Start publishes now, then every Interval and whenever a berth
-// StorageClass is added, until ctx ends. Without the latter, the first pod of
-// a new WaitForFirstConsumer class waits up to an Interval for a capacity.
+// Start publishes now, then on the Schedule, until ctx ends.
 func (p *PoolCapacityPublisher) Start(ctx context.Context) error {
-	interval := p.Interval
-	if interval <= 0 {
-		interval = time.Minute
-	}
-	added := make(chan struct{}, 1)
-	if wc, ok := p.Client.(client.WithWatch); ok {
-		go p.watchClasses(ctx, wc, added)
-	}
-	for {
-		if err := p.Publish(ctx); err != nil {
-			p.Log.Error(err, "publish pool capacities")
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(interval):
-		case <-added:
-		}
-	}
-}
-
-// watchClasses signals added (without blocking: one pending round covers
-// any number of classes) for every berth StorageClass added, until ctx ends.
-func (p *PoolCapacityPublisher) watchClasses(ctx context.Context, wc client.WithWatch, added chan<- struct{}) {
-	for ctx.Err() == nil {
-		started := time.Now()
-		if err := p.followClasses(ctx, wc, added); err != nil && ctx.Err() == nil {
-			p.Log.Error(err, "watch storage classes; the interval still publishes")
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(rewatchEvery - time.Since(started)):
-		}
-	}
-}
-
-// followClasses lists the classes and follows their watch until it ends.
-// Each list signals once too: a class may have been added before the watch
-// (between two watches, or since Start's first round).
-func (p *PoolCapacityPublisher) followClasses(ctx context.Context, wc client.WithWatch, added chan<- struct{}) error {
-	signal := func() {
-		select {
-		case added <- struct{}{}:
-		default:
-		}
-	}
-	var list storagev1.StorageClassList
-	if err := wc.List(ctx, &list); err != nil {
-		return fmt.Errorf("list storage classes: %w", err)
-	}
-	signal()
-	w, err := wc.Watch(ctx, &list, &client.ListOptions{Raw: &metav1.ListOptions{ResourceVersion: list.ResourceVersion}})
-	if err != nil {
-		return fmt.Errorf("watch storage classes: %w", err)
-	}
-	defer w.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case ev, ok := <-w.ResultChan():
-			if !ok || ev.Type == watch.Error {
-				return nil // ended or expired: list again
-			}
-			cls, isClass := ev.Object.(*storagev1.StorageClass)
-			if ev.Type == watch.Added && isClass && cls.Provisioner == v1.DriverName {
-				signal()
-			}
-		}
-	}
+	return p.Schedule.Run(ctx, time.Minute, p.Log, func(ctx context.Context) (bool, error) {
+		return false, p.Publish(ctx)
+	})
 }
 
 // Publish writes the capacity of every ceph class once and removes those of
 // classes gone or no longer ceph. A pool that cannot be read keeps its last
 // capacity: an outage of Ceph is no reason to tell the scheduler it is full.
 func (p *PoolCapacityPublisher) Publish(ctx context.Context) error {
-	timeout := p.Timeout
-	if timeout <= 0 {
-		timeout = 30 * time.Second
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	ctx, cancel := context.WithTimeout(ctx, p.RoundTimeout())
 	defer cancel()
 	var classes storagev1.StorageClassList
 	if err := p.Client.List(ctx, &classes); err != nil {

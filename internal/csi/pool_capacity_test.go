@@ -12,9 +12,11 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/capacity"
 )
 
 // poolFrees is a fake pool read: free bytes or an error per cluster.
@@ -183,7 +185,7 @@ func TestPoolCapacityPublisherStart(t *testing.T) {
 		Parameters: map[string]string{v1.ParamStorageCluster: "pool-start"}})
 	frees := &poolFrees{free: map[string]int64{"pool-start": 1 << 30}}
 	startPublisher(ctx, t, &PoolCapacityPublisher{Client: env.Client, Namespace: ns, Free: frees.read,
-		Interval: 100 * time.Millisecond, Log: testr.New(t)})
+		Schedule: capacity.Schedule{Interval: 100 * time.Millisecond}, Log: testr.New(t)})
 	waitPoolCapacity(ctx, t, ns, "pool-start", 1<<30, 30*time.Second)
 	frees.set("pool-start", 2<<30, nil)
 	waitPoolCapacity(ctx, t, ns, "pool-start", 2<<30, 30*time.Second)
@@ -196,14 +198,14 @@ func TestPoolCapacityPublisherNewClass(t *testing.T) {
 	ctx := apiCtx(t, time.Minute)
 	const ns = "pool-capacity-new-class"
 	poolCapacitySetup(ctx, t, ns, "pool-new-class")
-	wc, err := client.NewWithWatch(env.Config, client.Options{Scheme: env.Scheme})
+	classes, err := kubernetes.NewForConfig(env.Config)
 	if err != nil {
 		t.Fatal(err)
 	}
 	frees := &poolFrees{free: map[string]int64{"pool-new-class": 3 << 30}}
 	// An hour: only the watch can publish within the test.
-	startPublisher(ctx, t, &PoolCapacityPublisher{Client: wc, Namespace: ns, Free: frees.read,
-		Interval: time.Hour, Log: testr.New(t)})
+	startPublisher(ctx, t, &PoolCapacityPublisher{Client: env.Client, Namespace: ns, Free: frees.read,
+		Schedule: capacity.Schedule{Classes: classes, Interval: time.Hour}, Log: testr.New(t)})
 	// Past Start's first rounds, so that the class is new to it.
 	time.Sleep(2 * time.Second)
 	create(ctx, t, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "pool-new-class"}, Provisioner: v1.DriverName,

@@ -100,9 +100,23 @@ func (s *scenario) dump() {
 		{"-n", berthNamespace, "logs", "--tail=60", "-l", agentPods, "--all-containers"},
 		{"-n", berthNamespace, "logs", "--tail=60", "-l", controllerPods, "--all-containers"},
 	} {
-		out, err := s.kubectl(args...)
-		s.t.Logf("$ kubectl %s\n%s%v", strings.Join(args, " "), out, errOrEmpty(err))
+		s.logKubectl(args...)
 	}
+}
+
+// needBerthImage skips the test when the cluster has no berth image (the
+// share manager and the probe pods run it).
+func (s *scenario) needBerthImage() {
+	s.t.Helper()
+	if s.env.BerthImage == "" {
+		s.t.Skip("no berth image: run up.sh with BERTH_E2E_BERTH_BINARY=bin/berth (make build)")
+	}
+}
+
+// logKubectl logs what kubectl says to args.
+func (s *scenario) logKubectl(args ...string) {
+	out, err := s.kubectl(args...)
+	s.t.Logf("$ kubectl %s\n%s%v", strings.Join(args, " "), out, errOrEmpty(err))
 }
 
 func errOrEmpty(err error) string {

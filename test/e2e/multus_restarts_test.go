@@ -60,9 +60,7 @@ func testMultusNetnsAgentRestarts(t *testing.T) { multusAgentRestarts(t, v1.Mult
 func multusAgentRestarts(t *testing.T, mode v1.MultusMode) {
 	s := newScenario(t, 20*time.Minute)
 	nad, _ := s.needMultus()
-	if s.env.BerthImage == "" {
-		t.Skip("no berth image: run up.sh with BERTH_E2E_BERTH_BINARY=bin/berth (make build)")
-	}
+	s.needBerthImage()
 	base := s.cephCluster()
 	nodes := s.env.twoNodes(t)
 	name := "multus-" + string(mode)
@@ -78,12 +76,7 @@ func multusAgentRestarts(t *testing.T, mode v1.MultusMode) {
 	// The share, held up, with a file kept by a client on the second node.
 	s.pvc("shared", class, "64Mi", corev1.ReadWriteMany, false)
 	vol := s.boundPV("shared").Spec.CSI.VolumeHandle
-	t.Cleanup(func() {
-		_, _ = s.kubectl("-n", berthNamespace, "annotate", "sharemanager", vol, v1.KeepRunningAnnotation+"-")
-	})
-	if _, err := s.kubectl("-n", berthNamespace, "annotate", "sharemanager", vol, v1.KeepRunningAnnotation+"=true"); err != nil {
-		t.Fatal(err)
-	}
+	s.keepShareRunning(vol)
 	share := s.shareRunning(vol, "")
 	endpoint := sharemanager.Endpoint(berthNamespace, vol)
 	kept := map[string]string{}

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
@@ -33,9 +32,7 @@ import (
 // the share keeps serving.
 func testCephReadWriteManyShareNodeLost(t *testing.T) {
 	s := newScenario(t, 14*time.Minute)
-	if s.env.BerthImage == "" {
-		t.Skip("no berth image: run up.sh with BERTH_E2E_BERTH_BINARY=bin/berth (make build)")
-	}
+	s.needBerthImage()
 	nodes := s.env.Nodes()
 	if len(nodes) < 2 {
 		t.Skip("one node: node loss needs a second node (BERTH_E2E_NODES=2)")
@@ -47,33 +44,19 @@ func testCephReadWriteManyShareNodeLost(t *testing.T) {
 	pv := s.boundPV("shared")
 	vol := pv.Spec.CSI.VolumeHandle
 	t.Cleanup(func() {
-		if t.Failed() {
-			for _, args := range [][]string{
-				{"-n", berthNamespace, "get", "sharemanagers,pods,pvc,services,leases", "-o", "wide"},
-				{"-n", berthNamespace, "get", "sharemanager", vol, "-o", "yaml"},
-				{"get", "volumeattachments", "-o", "wide"},
-				{"-n", berthNamespace, "describe", "pod", sharemanager.Name(vol)},
-				{"-n", berthNamespace, "logs", "--tail=80", sharemanager.Name(vol)},
-				{"-n", berthNamespace, "logs", "--tail=80", "-l", "app.kubernetes.io/component=operator"},
-			} {
-				out, err := s.kubectl(args...)
-				t.Logf("$ kubectl %s\n%s%v", strings.Join(args, " "), out, errOrEmpty(err))
-			}
-		}
 		_, _ = s.kubectl("uncordon", nodeY)
 		_ = s.env.NodeAction(context.Background(), nodeX, "start")
 		_, _ = s.kubectl("taint", "node", nodeX, corev1.TaintNodeOutOfService+"-")
-		// A failed run must not leave the share held up.
-		_, _ = s.kubectl("-n", berthNamespace, "annotate", "sharemanager", vol, v1.KeepRunningAnnotation+"-")
 	})
 
 	// The share starts on X: Y takes no new pods meanwhile.
 	if out, err := s.kubectl("cordon", nodeY); err != nil {
 		t.Fatalf("cordon: %v: %s", err, out)
 	}
-	if _, err := s.kubectl("-n", berthNamespace, "annotate", "sharemanager", vol, v1.KeepRunningAnnotation+"=true"); err != nil {
-		t.Fatal(err)
-	}
+	s.keepShareRunning(vol,
+		[]string{"-n", berthNamespace, "get", "sharemanager", vol, "-o", "yaml"},
+		[]string{"get", "volumeattachments", "-o", "wide"},
+		[]string{"-n", berthNamespace, "logs", "--tail=80", "-l", "app.kubernetes.io/component=operator"})
 	first := s.shareRunning(vol, "")
 	if out, err := s.kubectl("uncordon", nodeY); err != nil {
 		t.Fatalf("uncordon: %v: %s", err, out)
@@ -157,16 +140,7 @@ func testCephReadWriteManyShareNodeLost(t *testing.T) {
 
 	// Done: the share stops, the claim goes with everything it made, and
 	// X's Ceph clients leave the blocklist after the cool-down.
-	if _, err := s.kubectl("-n", berthNamespace, "annotate", "sharemanager", vol, v1.KeepRunningAnnotation+"-"); err != nil {
-		t.Fatal(err)
-	}
-	s.waitFor("share stopped", 2*time.Minute, func(ctx context.Context) (bool, error) {
-		_, err := s.cs.CoreV1().Pods(berthNamespace).Get(ctx, second.Name, metav1.GetOptions{})
-		return apierrors.IsNotFound(err) && s.shareState(vol) == v1.ShareStopped, nil
-	})
-	if err := s.cs.CoreV1().PersistentVolumeClaims(s.ns).Delete(s.ctx, "shared", metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	s.stopShareThenDeleteClaim(vol, second.Name, "shared")
 	s.waitFor("volume and its share objects gone", 3*time.Minute, func(ctx context.Context) (bool, error) {
 		out, err := s.kubectl("get", "volumes.berth.io/"+vol, "pv/"+pv.Name, "pv/"+sharemanager.Name(vol), "--ignore-not-found", "-o", "name")
 		return err == nil && strings.TrimSpace(out) == "" && len(s.volumeLoops(vol)) == 0 &&

@@ -34,26 +34,10 @@ import (
 // pod deleted, a new one serves the data written before.
 func testReadWriteManyShare(t *testing.T) {
 	s := newScenario(t, 8*time.Minute)
-	if s.env.BerthImage == "" {
-		t.Skip("no berth image: run up.sh with BERTH_E2E_BERTH_BINARY=bin/berth (make build)")
-	}
+	s.needBerthImage()
 	s.pvc("shared", "berth", "64Mi", corev1.ReadWriteMany, false)
 	pv := s.boundPV("shared")
 	vol := pv.Spec.CSI.VolumeHandle
-	t.Cleanup(func() {
-		if t.Failed() {
-			for _, args := range [][]string{
-				{"-n", berthNamespace, "get", "sharemanagers,pods,pvc,services", "-o", "wide"},
-				{"-n", berthNamespace, "describe", "pod", sharemanager.Name(vol)},
-				{"-n", berthNamespace, "logs", "--tail=80", sharemanager.Name(vol)},
-			} {
-				out, err := s.kubectl(args...)
-				t.Logf("$ kubectl %s\n%s%v", strings.Join(args, " "), out, errOrEmpty(err))
-			}
-		}
-		// A failed run must not leave the share held up.
-		_, _ = s.kubectl("-n", berthNamespace, "annotate", "sharemanager", vol, v1.KeepRunningAnnotation+"-")
-	})
 
 	// A workload pod: refused before anything is made.
 	web := s.pod("web", "exec sleep 3600", claimSource("shared"), false)
@@ -72,9 +56,7 @@ func testReadWriteManyShare(t *testing.T) {
 	}
 	s.deletePod(web.Name)
 
-	if _, err := s.kubectl("-n", berthNamespace, "annotate", "sharemanager", vol, v1.KeepRunningAnnotation+"=true"); err != nil {
-		t.Fatal(err)
-	}
+	s.keepShareRunning(vol)
 	first := s.shareRunning(vol, "")
 	// What the first start waited for (the claim's binding, the stage, the
 	// format, ganesha): the share-manager pod's events.
@@ -111,16 +93,7 @@ func testReadWriteManyShare(t *testing.T) {
 
 	// Not needed any more: the share stops, then the claim goes with
 	// everything the share made.
-	if _, err := s.kubectl("-n", berthNamespace, "annotate", "sharemanager", vol, v1.KeepRunningAnnotation+"-"); err != nil {
-		t.Fatal(err)
-	}
-	s.waitFor("share stopped", 2*time.Minute, func(ctx context.Context) (bool, error) {
-		_, err := s.cs.CoreV1().Pods(berthNamespace).Get(ctx, second.Name, metav1.GetOptions{})
-		return apierrors.IsNotFound(err) && s.shareState(vol) == v1.ShareStopped, nil
-	})
-	if err := s.cs.CoreV1().PersistentVolumeClaims(s.ns).Delete(s.ctx, "shared", metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	s.stopShareThenDeleteClaim(vol, second.Name, "shared")
 	s.waitFor("volume and its share objects gone", 2*time.Minute, func(ctx context.Context) (bool, error) {
 		out, err := s.kubectl("get", "volumes.berth.io/"+vol, "pv/"+pv.Name, "pv/"+sharemanager.Name(vol), "--ignore-not-found", "-o", "name")
 		if err != nil || strings.TrimSpace(out) != "" {
@@ -142,6 +115,46 @@ func (s *scenario) shareState(vol string) v1.ShareState {
 		s.t.Logf("share state of %s: %v", vol, err)
 	}
 	return v1.ShareState(strings.TrimSpace(out))
+}
+
+// keepShareRunning holds the volume's share up (berth.io/keep-running)
+// until the test ends or stopShareThenDeleteClaim: a failed run must not
+// leave it held up. A failed run logs first the share's objects, its pod
+// and log, and what kubectl says to each of more.
+func (s *scenario) keepShareRunning(vol string, more ...[]string) {
+	s.t.Helper()
+	s.t.Cleanup(func() {
+		if s.t.Failed() {
+			for _, args := range append([][]string{
+				{"-n", berthNamespace, "get", "sharemanagers,pods,pvc,services,leases", "-o", "wide"},
+				{"-n", berthNamespace, "describe", "pod", sharemanager.Name(vol)},
+				{"-n", berthNamespace, "logs", "--tail=80", sharemanager.Name(vol)},
+			}, more...) {
+				s.logKubectl(args...)
+			}
+		}
+		_, _ = s.kubectl("-n", berthNamespace, "annotate", "sharemanager", vol, v1.KeepRunningAnnotation+"-")
+	})
+	if _, err := s.kubectl("-n", berthNamespace, "annotate", "sharemanager", vol, v1.KeepRunningAnnotation+"=true"); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// stopShareThenDeleteClaim lets the volume's share go (no
+// berth.io/keep-running), waits until its pod is gone and it is stopped,
+// then deletes the claim.
+func (s *scenario) stopShareThenDeleteClaim(vol, pod, claim string) {
+	s.t.Helper()
+	if _, err := s.kubectl("-n", berthNamespace, "annotate", "sharemanager", vol, v1.KeepRunningAnnotation+"-"); err != nil {
+		s.t.Fatal(err)
+	}
+	s.waitFor("share stopped", 2*time.Minute, func(ctx context.Context) (bool, error) {
+		_, err := s.cs.CoreV1().Pods(berthNamespace).Get(ctx, pod, metav1.GetOptions{})
+		return apierrors.IsNotFound(err) && s.shareState(vol) == v1.ShareStopped, nil
+	})
+	if err := s.cs.CoreV1().PersistentVolumeClaims(s.ns).Delete(s.ctx, claim, metav1.DeleteOptions{}); err != nil {
+		s.t.Fatal(err)
+	}
 }
 
 // shareRunning waits until the volume's share runs from a ready pod other
@@ -229,9 +242,7 @@ func (s *scenario) probeOn(node, name, endpoint string, args ...string) string {
 func TestBenchShareLeaseFailover(t *testing.T) {
 	n := benchRuns(t, "BERTH_BENCH_LEASE_FAILOVERS", 20)
 	s := newScenario(t, time.Duration(n+4)*2*time.Minute)
-	if s.env.BerthImage == "" {
-		t.Skip("no berth image: run up.sh with BERTH_E2E_BERTH_BINARY=bin/berth (make build)")
-	}
+	s.needBerthImage()
 	s.pvc("shared", "berth", "64Mi", corev1.ReadWriteMany, false)
 	vol := s.boundPV("shared").Spec.CSI.VolumeHandle
 	frozen := ""
@@ -239,11 +250,8 @@ func TestBenchShareLeaseFailover(t *testing.T) {
 		if frozen != "" { // a failed round must not leave a frozen pod behind
 			_ = os.WriteFile(filepath.Join(frozen, "freezer.state"), []byte("THAWED"), 0o644)
 		}
-		_, _ = s.kubectl("-n", berthNamespace, "annotate", "sharemanager", vol, v1.KeepRunningAnnotation+"-")
 	})
-	if _, err := s.kubectl("-n", berthNamespace, "annotate", "sharemanager", vol, v1.KeepRunningAnnotation+"=true"); err != nil {
-		t.Fatal(err)
-	}
+	s.keepShareRunning(vol)
 	lease, _ := s.kubectl("get", "storageclusters.berth.io", "-o", "jsonpath={.items[*].spec.rwx.leaseDurationSeconds}")
 	pod := s.shareRunning(vol, "")
 	endpoint := sharemanager.Endpoint(berthNamespace, vol)

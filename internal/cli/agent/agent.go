@@ -14,6 +14,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 	utilexec "k8s.io/utils/exec"
@@ -31,6 +32,7 @@ import (
 	"github.com/berth-io/berth/internal/backend"
 	"github.com/berth-io/berth/internal/blockdev"
 	"github.com/berth-io/berth/internal/blockdev/launch"
+	"github.com/berth-io/berth/internal/capacity"
 	"github.com/berth-io/berth/internal/cli"
 	"github.com/berth-io/berth/internal/controller"
 	"github.com/berth-io/berth/internal/csi"
@@ -265,8 +267,12 @@ func (c Config) Run(ctx context.Context) error {
 		fence.CleanerOptions{Interval: c.StaleInterval, Lock: locks.LockContext, LockWait: c.LockWait, Metrics: m.cleanup})); err != nil {
 		return err
 	}
+	classes, err := kubernetes.NewForConfig(c.Rest)
+	if err != nil {
+		return fmt.Errorf("kubernetes clientset: %w", err)
+	}
 	if err := mgr.Add(&nodeagent.CapacityReporter{Client: direct, Node: c.NodeName, Namespace: c.Namespace, Free: clusterCapacity(mgr.GetClient(), images),
-		Interval: c.CapacityInterval, Log: c.Log.WithName("capacity")}); err != nil {
+		Schedule: capacity.Schedule{Classes: classes, Interval: c.CapacityInterval}, Log: c.Log.WithName("capacity")}); err != nil {
 		return err
 	}
 	if err := c.addCSI(mgr, a, m.csi); err != nil {

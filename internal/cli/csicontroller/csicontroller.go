@@ -14,10 +14,12 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/capacity"
 	"github.com/berth-io/berth/internal/cli"
 	"github.com/berth-io/berth/internal/csi"
 	"github.com/berth-io/berth/internal/metrics"
@@ -58,6 +60,11 @@ func (c Config) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("kubernetes client: %w", err)
 	}
+	// The pool capacities follow StorageClasses through an informer.
+	classes, err := kubernetes.NewForConfig(c.Rest)
+	if err != nil {
+		return fmt.Errorf("kubernetes clientset: %w", err)
+	}
 	// No manager here: a registry of its own, served by promhttp.
 	reg := prometheus.NewRegistry()
 	if err := reg.Register(collectors.NewGoCollector()); err != nil {
@@ -97,7 +104,7 @@ func (c Config) Run(ctx context.Context) error {
 	ready := func() error { return dialable(l.Addr()) }
 	pools := &csi.PoolCapacityPublisher{
 		Client: kc, Namespace: c.Namespace, Free: ctrl.PoolFree,
-		Interval: c.CapacityInterval, Log: c.Log.WithName("pool-capacity"),
+		Schedule: capacity.Schedule{Classes: classes, Interval: c.CapacityInterval}, Log: c.Log.WithName("pool-capacity"),
 	}
 	runs := []func() error{
 		func() error { return csi.Serve(ctx, srv, l) },

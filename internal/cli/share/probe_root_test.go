@@ -4,9 +4,11 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -64,5 +66,29 @@ func TestProbeKeepsAndVerifies(t *testing.T) {
 			t.Errorf("verify of %s with sha256 %s passed", name, sum)
 		}
 		t.Logf("verify %s: %v", name, err)
+	}
+}
+
+// TestProbeOnAFullShareSaysNoSpace probes a share on a 1 MiB tmpfs with
+// 2 MiB, in NFSv4.1 and in 4.0, whose library loses the WRITE's error:
+// the probe fails at once with ENOSPC instead of retrying until its
+// timeout, and removes what it wrote.
+func TestProbeOnAFullShareSaysNoSpace(t *testing.T) {
+	g := sharetest.StartOnTmpfs(t, 1<<20, 0, 1)
+	for _, minor := range []int{1, 0} {
+		start := time.Now()
+		_, err := ProbeConfig{Endpoint: g.Endpoint, Size: 2 << 20, Timeout: 30 * time.Second, MinorVersion: minor,
+			Log: testr.New(t)}.Run(context.Background())
+		took := time.Since(start)
+		if !errors.Is(err, syscall.ENOSPC) {
+			t.Errorf("NFSv4.%d probe of a full share: %v, want ENOSPC", minor, err)
+		}
+		if took > 10*time.Second {
+			t.Errorf("NFSv4.%d probe of a full share took %s: it retried", minor, took)
+		}
+		t.Logf("NFSv4.%d: %v after %s", minor, err, took)
+		if left, _ := filepath.Glob(filepath.Join(g.Dir, ".berth-probe-*")); len(left) != 0 {
+			t.Errorf("NFSv4.%d probe left %q on the full share", minor, left)
+		}
 	}
 }

@@ -87,6 +87,13 @@ func (c ProbeConfig) Run(ctx context.Context) (ProbeResult, error) {
 	got, err := c.roundTrip(ctx, res.File, data)
 	res.Took = c.Clock.Since(start)
 	if err != nil {
+		if c.Keep == "" && ctx.Err() == nil {
+			// Failed for good (a full share): what was written would only
+			// fill it more.
+			if rerr := c.remove(ctx, res.File); rerr != nil {
+				c.Log.Error(rerr, "remove the probe's file after the failed probe", "file", res.File)
+			}
+		}
 		return res, err
 	}
 	if !bytes.Equal(got, data) {

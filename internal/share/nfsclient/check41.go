@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -159,7 +160,25 @@ const (
 // ErrNFSStatus is a compound that the server answered with an error.
 type ErrNFSStatus struct{ Status uint32 }
 
-func (e ErrNFSStatus) Error() string { return fmt.Sprintf("NFS status %d", e.Status) }
+func (e ErrNFSStatus) Error() string {
+	if errno := e.Unwrap(); errno != nil {
+		return fmt.Sprintf("NFS status %d: %v", e.Status, errno)
+	}
+	return fmt.Sprintf("NFS status %d", e.Status)
+}
+
+// Unwrap gives the errno of the statuses that RFC 7530 numbers like
+// Linux's errnos, so that errors.Is(err, syscall.ENOSPC) works and the
+// message says "no space left on device".
+func (e ErrNFSStatus) Unwrap() error {
+	switch errno := syscall.Errno(e.Status); errno {
+	case syscall.EPERM, syscall.ENOENT, syscall.EIO, syscall.ENXIO, syscall.EACCES, syscall.EEXIST,
+		syscall.ENOTDIR, syscall.EISDIR, syscall.EINVAL, syscall.EFBIG, syscall.ENOSPC, syscall.EROFS,
+		syscall.EMLINK, syscall.ENAMETOOLONG, syscall.ENOTEMPTY, syscall.EDQUOT:
+		return errno
+	}
+	return nil
+}
 
 type session41 struct {
 	conn        net.Conn

@@ -104,7 +104,9 @@ func (c *Client) WriteFile(ctx context.Context, name string, data []byte) error 
 	return c.do(ctx, "write "+p, func(n *nfs4.NfsClient) error {
 		written, err := n.ReWriteFile(p, bytes.NewReader(data))
 		if err == nil && written != uint64(len(data)) {
-			return fmt.Errorf("wrote %d of %d bytes", written, len(data))
+			// A failed WRITE, its error lost (see writeStatus40): a blind
+			// retry would fail the same way until ctx ends.
+			return c.shortWrite(ctx, p, data, written)
 		}
 		return err
 	})
@@ -286,8 +288,13 @@ func needsNewClient(err error) bool {
 // retryable: everything but an NFS error that a retry cannot change.
 func retryable(err error) bool {
 	var n *nfs4.NfsError
-	if !errors.As(err, &n) {
-		return true // the connection or the server went away
+	var st ErrNFSStatus
+	switch {
+	case errors.As(err, &n):
+		return transientCodes[n.ErrorCode] || newClientCodes[n.ErrorCode]
+	case errors.As(err, &st):
+		code := nfs4.NfsErrorCode(st.Status)
+		return transientCodes[code] || newClientCodes[code]
 	}
-	return transientCodes[n.ErrorCode] || newClientCodes[n.ErrorCode]
+	return true // the connection or the server went away
 }

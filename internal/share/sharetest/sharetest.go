@@ -4,6 +4,7 @@ package sharetest
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr/testr"
+	"golang.org/x/sys/unix"
 	"k8s.io/utils/clock"
 
 	"github.com/berth-io/berth/internal/share"
@@ -30,6 +32,18 @@ type Ganesha struct {
 // it when the test ends.
 func Start(t *testing.T, minors ...int) *Ganesha {
 	t.Helper()
+	return start(t, 0, minors)
+}
+
+// StartOnTmpfs is Start with the export on a tmpfs of size bytes of its
+// own, for tests of a share that fills up.
+func StartOnTmpfs(t *testing.T, size int64, minors ...int) *Ganesha {
+	t.Helper()
+	return start(t, size, minors)
+}
+
+func start(t *testing.T, tmpfsSize int64, minors []int) *Ganesha {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: nfs-ganesha")
 	}
@@ -43,6 +57,17 @@ func Start(t *testing.T, minors ...int) *Ganesha {
 	export := filepath.Join(dir, "export")
 	if err := os.MkdirAll(export, 0o755); err != nil {
 		t.Fatal(err)
+	}
+	if tmpfsSize > 0 {
+		if err := unix.Mount("tmpfs", export, "tmpfs", 0, fmt.Sprintf("size=%d", tmpfsSize)); err != nil {
+			t.Fatalf("mount a tmpfs on the export: %v", err)
+		}
+		// Registered before ganesha's stop, so it runs after it.
+		t.Cleanup(func() {
+			if err := unix.Unmount(export, 0); err != nil {
+				t.Errorf("unmount the export's tmpfs: %v", err)
+			}
+		})
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
