@@ -110,11 +110,21 @@ func TestCephBench(t *testing.T) {
 		t.Logf("rbd bench --rbd_cache=false %s: %.0f %s", w.label, rbdNoCache[w.label], w.unit())
 	}
 
-	fuse := map[string]float64{}
-	withRBDFuse(t, c, spec, func(dev string) {
+	// rbd-fuse as it comes (librbd's cache on, as for rbd bench) and, for
+	// writes, with the cache off: berth's durability.
+	fuse, fuseNoCache := map[string]float64{}, map[string]float64{}
+	withRBDFuse(t, c, spec, nil, func(dev string) {
 		for _, w := range cephWorkloads {
 			fuse[w.label] = w.figure(fioOps(t, dev, w, seconds))
 			t.Logf("rbd-fuse %s: %.0f %s", w.label, fuse[w.label], w.unit())
+		}
+	})
+	withRBDFuse(t, c, spec, []string{"--rbd_cache=false"}, func(dev string) {
+		for _, w := range cephWorkloads {
+			if w.rbdType == "write" {
+				fuseNoCache[w.label] = w.figure(fioOps(t, dev, w, seconds))
+				t.Logf("rbd-fuse --rbd_cache=false %s: %.0f %s", w.label, fuseNoCache[w.label], w.unit())
+			}
 		}
 	})
 
@@ -126,8 +136,8 @@ func TestCephBench(t *testing.T) {
 	}
 
 	for _, w := range cephWorkloads {
-		fmt.Printf("CEPH_BENCH_RESULT workload=%s unit=%s rbd_bench=%.0f rbd_bench_nocache=%.0f rbd_fuse=%.0f berth=%.0f\n",
-			strings.ReplaceAll(w.label, " ", "_"), w.unit(), rbdBench[w.label], rbdNoCache[w.label], fuse[w.label], berth[w.label])
+		fmt.Printf("CEPH_BENCH_RESULT workload=%s unit=%s rbd_bench=%.0f rbd_bench_nocache=%.0f rbd_fuse=%.0f rbd_fuse_nocache=%.0f berth=%.0f\n",
+			strings.ReplaceAll(w.label, " ", "_"), w.unit(), rbdBench[w.label], rbdNoCache[w.label], fuse[w.label], fuseNoCache[w.label], berth[w.label])
 	}
 }
 
@@ -176,9 +186,10 @@ func fioOps(t *testing.T, dev string, w cephWorkload, seconds int) float64 {
 }
 
 // withRBDFuse serves spec (POOL/IMAGE) with rbd-fuse as the berth client,
-// puts a direct-io loop device on its file and calls run with it; then
-// detaches the loop device, stops rbd-fuse by its PID and unmounts.
-func withRBDFuse(t *testing.T, c *testceph.Cluster, spec string, run func(dev string)) {
+// with the extra Ceph options, puts a direct-io loop device on its file and
+// calls run with it; then detaches the loop device, stops rbd-fuse by its
+// PID and unmounts.
+func withRBDFuse(t *testing.T, c *testceph.Cluster, spec string, extra []string, run func(dev string)) {
 	t.Helper()
 	pool, image, _ := strings.Cut(spec, "/")
 	mnt := filepath.Join(t.TempDir(), "rbd-fuse")
@@ -191,7 +202,8 @@ func withRBDFuse(t *testing.T, c *testceph.Cluster, spec string, run func(dev st
 	}
 	defer func() { _ = logf.Close() }()
 	// -f: in the foreground, so that its PID is ours to stop.
-	cmd := exec.Command("rbd-fuse", "-f", "-c", c.Conf, "--id", c.Client, "--keyring", c.Keyring, "-p", pool, "-r", image, mnt)
+	args := append([]string{"-f", "-c", c.Conf, "--id", c.Client, "--keyring", c.Keyring}, extra...)
+	cmd := exec.Command("rbd-fuse", append(args, "-p", pool, "-r", image, mnt)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
