@@ -178,6 +178,11 @@ func (s *Server) doRead(b *buffers, h inHeader, body []byte) error {
 	}
 	off := int64(le.Uint64(body[8:]))
 	size := min(int(le.Uint32(body[16:])), maxWrite)
+	if s.async != nil {
+		return s.startAsync(b, h, "read", off, size, func(done func(int, error)) error {
+			return s.async.StartRead(b.data(size), off, done)
+		}, func(n int) int { return n })
+	}
 	n, err := s.cfg.Image.ReadAt(b.data(size), off)
 	if err != nil {
 		s.cfg.Log.Error(err, "read failed", "offset", off, "size", size)
@@ -195,6 +200,16 @@ func (s *Server) doWrite(b *buffers, h inHeader, body []byte) error {
 	data := body[writeInSize:]
 	if size > len(data) {
 		return s.reply(b, h.unique, unix.EINVAL, 0)
+	}
+	if s.async != nil {
+		return s.startAsync(b, h, "write", off, size, func(done func(int, error)) error {
+			return s.async.StartWrite(data[:size], off, done)
+		}, func(n int) int {
+			out := b.data(8)
+			le.PutUint32(out[0:], uint32(n))
+			le.PutUint32(out[4:], 0)
+			return 8
+		})
 	}
 	n, err := s.cfg.Image.WriteAt(data[:size], off)
 	if err != nil {

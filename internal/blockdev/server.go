@@ -53,6 +53,10 @@ type Server struct {
 	stopping atomic.Bool
 	inflight atomic.Int64
 	start    uint64 // mtime of the file: the server's start, in seconds
+	// async is the image's asynchronous I/O, nil if it has none; spare
+	// holds the buffers of requests it finished, for the next ones.
+	async backing.Async
+	spare chan *buffers
 }
 
 // NewServer checks cfg; Serve starts the work.
@@ -67,6 +71,9 @@ func NewServer(cfg Config) (*Server, error) {
 		cfg.OnInit = func(Settings) error { return nil }
 	}
 	s := &Server{cfg: cfg, ready: make(chan struct{}), start: uint64(time.Now().Unix())}
+	if a, ok := cfg.Image.(backing.Async); ok {
+		s.async, s.spare = a, make(chan *buffers, spareBuffers)
+	}
 	if cfg.Saved != nil {
 		saved := *cfg.Saved
 		s.settings.Store(&saved)
@@ -133,7 +140,7 @@ func (s *Server) worker() error {
 	if err != nil {
 		return err
 	}
-	defer b.free()
+	defer func() { b.free() }()
 	w := uint32(initMaxWrite)
 	if set := s.settings.Load(); set != nil {
 		w = set.Out.MaxWrite // a takeover: what the connection has
@@ -163,9 +170,39 @@ func (s *Server) worker() error {
 		}
 		err = s.handle(b, n)
 		s.inflight.Add(-1)
+		if errors.Is(err, errLent) {
+			// An asynchronous request took b along (its end gives it
+			// back): b is no longer this worker's to look at.
+			b, err = s.buffers()
+		}
 		if err != nil {
 			return err
 		}
+	}
+}
+
+// spareBuffers is how many buffers of finished asynchronous requests a
+// server keeps for the next ones; more in flight at once are mapped anew
+// and unmapped when they end.
+const spareBuffers = 64
+
+// buffers returns a spare buffer set or maps a new one.
+func (s *Server) buffers() (*buffers, error) {
+	select {
+	case b := <-s.spare:
+		return b, nil
+	default:
+		return newBuffers()
+	}
+}
+
+// giveBack keeps the buffers of a finished asynchronous request as a
+// spare, or unmaps them.
+func (s *Server) giveBack(b *buffers) {
+	select {
+	case s.spare <- b:
+	default:
+		b.free()
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	"k8s.io/mount-utils"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/keeper"
 	"github.com/berth-io/berth/internal/testenv/testceph"
 )
 
@@ -110,24 +111,35 @@ func TestCephBench(t *testing.T) {
 		t.Logf("rbd bench --rbd_cache=false %s: %.0f %s", w.label, rbdNoCache[w.label], w.unit())
 	}
 
-	fuse := map[string]float64{}
-	withRBDFuse(t, c, spec, func(dev string) {
+	// rbd-fuse as it comes (librbd's cache on, as for rbd bench) and, for
+	// writes, with the cache off: berth's durability.
+	fuse, fuseNoCache := map[string]float64{}, map[string]float64{}
+	withRBDFuse(t, c, spec, nil, func(dev string, pid int) {
 		for _, w := range cephWorkloads {
-			fuse[w.label] = w.figure(fioOps(t, dev, w, seconds))
+			fuse[w.label] = w.figure(fioCPU(t, "rbd-fuse", pid, dev, w, seconds))
 			t.Logf("rbd-fuse %s: %.0f %s", w.label, fuse[w.label], w.unit())
+		}
+	})
+	withRBDFuse(t, c, spec, []string{"--rbd_cache=false"}, func(dev string, pid int) {
+		for _, w := range cephWorkloads {
+			if w.rbdType == "write" {
+				fuseNoCache[w.label] = w.figure(fioCPU(t, "rbd-fuse/nc", pid, dev, w, seconds))
+				t.Logf("rbd-fuse --rbd_cache=false %s: %.0f %s", w.label, fuseNoCache[w.label], w.unit())
+			}
 		}
 	})
 
 	berth := map[string]float64{}
 	dev := f.stageCephBlock(t, nc, c, name, spec, mib)
+	server := serverPID(t, keeper.NewClient(f.keeperSock), name)
 	for _, w := range cephWorkloads {
-		berth[w.label] = w.figure(fioOps(t, dev, w, seconds))
+		berth[w.label] = w.figure(fioCPU(t, "berth", server, dev, w, seconds))
 		t.Logf("berth %s: %.0f %s", w.label, berth[w.label], w.unit())
 	}
 
 	for _, w := range cephWorkloads {
-		fmt.Printf("CEPH_BENCH_RESULT workload=%s unit=%s rbd_bench=%.0f rbd_bench_nocache=%.0f rbd_fuse=%.0f berth=%.0f\n",
-			strings.ReplaceAll(w.label, " ", "_"), w.unit(), rbdBench[w.label], rbdNoCache[w.label], fuse[w.label], berth[w.label])
+		fmt.Printf("CEPH_BENCH_RESULT workload=%s unit=%s rbd_bench=%.0f rbd_bench_nocache=%.0f rbd_fuse=%.0f rbd_fuse_nocache=%.0f berth=%.0f\n",
+			strings.ReplaceAll(w.label, " ", "_"), w.unit(), rbdBench[w.label], rbdNoCache[w.label], fuse[w.label], fuseNoCache[w.label], berth[w.label])
 	}
 }
 
@@ -148,6 +160,32 @@ func rbdBenchOps(ctx context.Context, c *testceph.Cluster, spec string, w cephWo
 		}
 	}
 	return 0, fmt.Errorf("rbd bench %s: no ops/sec in %q", w.label, out)
+}
+
+// fioCPU is fioOps, and logs the CPU time that the process pid (the
+// server under the block device) spent per operation meanwhile: where a
+// 2-core machine's time goes.
+func fioCPU(t *testing.T, who string, pid int, dev string, w cephWorkload, seconds int) float64 {
+	t.Helper()
+	before := procCPU(pid)
+	ops := fioOps(t, dev, w, seconds)
+	if used := procCPU(pid) - before; ops > 0 {
+		t.Logf("%s %s: server CPU %.2f cores, %.0f µs per operation", who, w.label,
+			used.Seconds()/float64(seconds), float64(used.Microseconds())/(ops*float64(seconds)))
+	}
+	return ops
+}
+
+// procCPU is the user and system time the process pid has used.
+func procCPU(pid int) time.Duration {
+	f := procStat(pid)
+	if len(f) < 13 {
+		return 0
+	}
+	// utime and stime (fields 14 and 15 of stat), in clock ticks of 1/100 s.
+	u, _ := strconv.ParseInt(f[11], 10, 64)
+	s, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(u+s) * 10 * time.Millisecond
 }
 
 // fioOps runs fio (direct, libaio) on dev for w and returns its IOPS.
@@ -176,9 +214,10 @@ func fioOps(t *testing.T, dev string, w cephWorkload, seconds int) float64 {
 }
 
 // withRBDFuse serves spec (POOL/IMAGE) with rbd-fuse as the berth client,
-// puts a direct-io loop device on its file and calls run with it; then
-// detaches the loop device, stops rbd-fuse by its PID and unmounts.
-func withRBDFuse(t *testing.T, c *testceph.Cluster, spec string, run func(dev string)) {
+// with the extra Ceph options, puts a direct-io loop device on its file and
+// calls run with it; then detaches the loop device, stops rbd-fuse by its
+// PID and unmounts.
+func withRBDFuse(t *testing.T, c *testceph.Cluster, spec string, extra []string, run func(dev string, pid int)) {
 	t.Helper()
 	pool, image, _ := strings.Cut(spec, "/")
 	mnt := filepath.Join(t.TempDir(), "rbd-fuse")
@@ -191,7 +230,8 @@ func withRBDFuse(t *testing.T, c *testceph.Cluster, spec string, run func(dev st
 	}
 	defer func() { _ = logf.Close() }()
 	// -f: in the foreground, so that its PID is ours to stop.
-	cmd := exec.Command("rbd-fuse", "-f", "-c", c.Conf, "--id", c.Client, "--keyring", c.Keyring, "-p", pool, "-r", image, mnt)
+	args := append([]string{"-f", "-c", c.Conf, "--id", c.Client, "--keyring", c.Keyring}, extra...)
+	cmd := exec.Command("rbd-fuse", append(args, "-p", pool, "-r", image, mnt)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
@@ -243,7 +283,7 @@ func withRBDFuse(t *testing.T, c *testceph.Cluster, spec string, run func(dev st
 	if b, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(dev), "loop", "dio")); err != nil || strings.TrimSpace(string(b)) != "1" {
 		t.Logf("rbd-fuse: %s has no direct I/O on its file (dio %q, %v)", dev, b, err)
 	}
-	run(dev)
+	run(dev, cmd.Process.Pid)
 }
 
 // stageCephBlock makes the berth Volume of the RBD image spec as a block

@@ -57,6 +57,16 @@ type Parallel interface {
 	Workers() int
 }
 
+// Async is an Image that starts reads and writes and reports each one's end
+// to done, on a thread of its own (librbd's AIO): a server then holds no
+// thread per request in flight. p must stay put until done: it must not be
+// Go memory (the servers' request buffers are mapped). A start that fails
+// returns its error and never calls done.
+type Async interface {
+	StartRead(p []byte, off int64, done func(n int, err error)) error
+	StartWrite(p []byte, off int64, done func(n int, err error)) error
+}
+
 // Open opens the image spec names: rbdimage.Spec's form for an RBD image,
 // else the path of an image file.
 func Open(spec string, direct bool) (Image, error) {

@@ -5,12 +5,10 @@ package rbdimage
 import (
 	"errors"
 	"fmt"
-	"io"
 	"sync/atomic"
 	"syscall"
 
 	"github.com/ceph/go-ceph/rados"
-	"github.com/ceph/go-ceph/rbd"
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-io/berth/internal/backend/ceph"
@@ -27,7 +25,7 @@ const connectTimeout = "10"
 type Image struct {
 	conn  *rados.Conn
 	ioctx *rados.IOContext
-	img   *rbd.Image
+	img   *rbdHandle
 	size  atomic.Int64
 }
 
@@ -91,12 +89,12 @@ func (i *Image) open(a Access) error {
 		return fmt.Errorf("open pool %s: %w", a.Pool, explain(err))
 	}
 	i.ioctx = ioctx
-	img, err := rbd.OpenImage(ioctx, a.Image, rbd.NoSnapshot)
+	img, err := openRBD(ioctx, a.Image)
 	if err != nil {
 		return fmt.Errorf("open RBD image %s/%s: %w", a.Pool, a.Image, explain(err))
 	}
 	i.img = img
-	size, err := img.GetSize()
+	size, err := img.size()
 	if err != nil {
 		return fmt.Errorf("size of RBD image %s/%s: %w", a.Pool, a.Image, err)
 	}
@@ -123,7 +121,7 @@ func explain(err error) error {
 
 func (i *Image) close() {
 	if i.img != nil {
-		_ = i.img.Close()
+		_ = i.img.close()
 	}
 	if i.ioctx != nil {
 		i.ioctx.Destroy()
@@ -144,14 +142,8 @@ func (i *Image) Close() error {
 // handed its connection on); librbd blocklists the owner's client as it
 // breaks the lock, so a writer still alive could not go on anyway.
 func (i *Image) TakeOver() error {
-	owners, err := i.img.LockGetOwners()
-	if err != nil {
-		return fmt.Errorf("owners of the RBD image's lock: %w", err)
-	}
-	for _, o := range owners {
-		if err := i.img.LockBreak(o.Mode, o.Owner); err != nil && !errors.Is(err, rbd.ErrNotFound) {
-			return fmt.Errorf("break the RBD image's lock held by %s: %w", o.Owner, err)
-		}
+	if err := i.img.breakLocks(); err != nil {
+		return fmt.Errorf("break the RBD image's lock: %w", err)
 	}
 	return nil
 }
@@ -162,7 +154,7 @@ func (i *Image) Size() int64 { return i.size.Load() }
 // Restat asks librbd for the size, which it refreshes when the controller
 // resizes the image (online expansion).
 func (i *Image) Restat() (int64, error) {
-	size, err := i.img.GetSize()
+	size, err := i.img.size()
 	if err != nil {
 		return i.size.Load(), fmt.Errorf("size of RBD image: %w", err)
 	}
@@ -170,13 +162,13 @@ func (i *Image) Restat() (int64, error) {
 	return int64(size), nil
 }
 
-// workers is the FUSE server's request workers on an RBD image: each has
-// one synchronous librbd request in flight, so it takes as many as a
-// deep queue (QD64 and the loop device's own) keeps busy; the default 16
-// would cap random I/O at a quarter of what librbd does with 64 in flight.
-const workers = 64
+// workers is the FUSE server's request workers on an RBD image. Reads and
+// writes are asynchronous (StartRead, StartWrite): a worker only takes
+// requests and starts them, so a few keep librbd's queue full; the rest
+// (fsync, discard, resize) wait on librbd, rare enough for the few.
+const workers = 8
 
-// Workers is how many requests the server should have in librbd at once.
+// Workers is how many request workers the server should run.
 func (*Image) Workers() int { return workers }
 
 // Direct: librbd has no page cache here (rbd_cache off).
@@ -194,14 +186,56 @@ func (i *Image) ReadAt(p []byte, off int64) (int, error) {
 		}
 		p = p[:size-off]
 	}
-	n, err := i.img.ReadAt(p, off)
-	if errors.Is(err, io.EOF) {
-		err = nil
-	}
+	n, err := i.img.rw(false, p, off)
 	if err != nil {
 		return n, fmt.Errorf("read RBD image at %d: %w", off, err)
 	}
 	return n, nil
+}
+
+// StartRead starts reading len(p) bytes at off; done gets how many were
+// read (fewer only at the end of the image).
+func (i *Image) StartRead(p []byte, off int64, done func(int, error)) error {
+	if off < 0 {
+		return unix.EINVAL
+	}
+	if size := i.size.Load(); off+int64(len(p)) > size {
+		if off >= size {
+			done(0, nil)
+			return nil
+		}
+		p = p[:size-off]
+	}
+	if len(p) == 0 {
+		done(0, nil)
+		return nil
+	}
+	return i.img.aio(false, p, off, func(n int, err error) {
+		if err != nil {
+			err = fmt.Errorf("read RBD image at %d: %w", off, err)
+		}
+		done(n, err)
+	})
+}
+
+// StartWrite starts writing all of p at off; done gets len(p) once the
+// OSDs have it (no cache: what done acknowledges survives this process).
+func (i *Image) StartWrite(p []byte, off int64, done func(int, error)) error {
+	if off < 0 {
+		return unix.EINVAL
+	}
+	if len(p) == 0 {
+		done(0, nil)
+		return nil
+	}
+	// A write's completion returns 0, not the bytes written.
+	return i.img.aio(true, p, off, func(_ int, err error) {
+		if err != nil {
+			done(0, fmt.Errorf("write RBD image at %d: %w", off, err))
+			return
+		}
+		done(len(p), nil)
+	})
 }
 
 // WriteAt writes all of p.
@@ -209,7 +243,7 @@ func (i *Image) WriteAt(p []byte, off int64) (int, error) {
 	if off < 0 {
 		return 0, unix.EINVAL
 	}
-	n, err := i.img.WriteAt(p, off)
+	n, err := i.img.rw(true, p, off)
 	if err != nil {
 		return n, fmt.Errorf("write RBD image at %d: %w", off, err)
 	}
@@ -219,7 +253,7 @@ func (i *Image) WriteAt(p []byte, off int64) (int, error) {
 // Sync waits for every write to be in Ceph (there is no cache, so it is
 // cheap).
 func (i *Image) Sync() error {
-	if err := i.img.Flush(); err != nil {
+	if err := i.img.flush(); err != nil {
 		return fmt.Errorf("flush RBD image: %w", err)
 	}
 	return nil
@@ -230,7 +264,7 @@ func (i *Image) Truncate(size int64) error {
 	if size < 0 {
 		return unix.EINVAL
 	}
-	if err := i.img.Resize(uint64(size)); err != nil {
+	if err := i.img.resize(size); err != nil {
 		return fmt.Errorf("resize RBD image: %w", err)
 	}
 	i.size.Store(size)
@@ -253,7 +287,7 @@ func (i *Image) Fallocate(mode uint32, off, length int64) error {
 		if off >= size {
 			return nil
 		}
-		if _, err := i.img.Discard(uint64(off), uint64(min(length, size-off))); err != nil {
+		if err := i.img.discard(off, min(length, size-off)); err != nil {
 			return fmt.Errorf("discard RBD image at %d+%d: %w", off, length, err)
 		}
 		return nil
