@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/blockdev"
 	"github.com/berth-io/berth/internal/blockdev/launch"
+	"github.com/berth-io/berth/internal/blockdev/rbdimage"
 	"github.com/berth-io/berth/internal/keeper"
 )
 
@@ -127,6 +129,26 @@ func TestStopOwnServerByHandle(t *testing.T) {
 	}
 	if _, err := os.Stat(serverLog(a.us.Root, "vol-1")); !os.IsNotExist(err) {
 		t.Errorf("server log of vol-1 left: %v", err)
+	}
+}
+
+// TestSlimBinaryForFileImages: the servers of file images run the slim
+// binary when there is one; rbd images need the full one (librbd).
+func TestSlimBinaryForFileImages(t *testing.T) {
+	var ran []string
+	a := newTestAgent(t, Config{Images: fakeImages{path: "/images/vol-1.img"},
+		Userspace: &UserspaceConfig{Root: t.TempDir(), Keeper: &hostKeeper{}, Binary: "/bin/berth", SlimBinary: "/bin/berth-blockdev",
+			Start: func(_ context.Context, p launch.Params) (Server, error) {
+				ran = append(ran, p.Binary)
+				return stoppable{pid: 7, stopped: new(int)}, nil
+			}}})
+	for _, img := range []string{"/images/vol-1.img", rbdimage.Spec("/images/vol-1.rbd")} {
+		if _, err := fuseOf(a).start(context.Background(), launch.Params{Volume: "vol-1", Image: img}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if want := []string{"/bin/berth-blockdev", "/bin/berth"}; !slices.Equal(ran, want) {
+		t.Fatalf("servers ran %v, want %v (file image, rbd image)", ran, want)
 	}
 }
 

@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
 
 	"github.com/berth-io/berth/internal/blockdev/launch"
+	"github.com/berth-io/berth/internal/blockdev/rbdimage"
 	"github.com/berth-io/berth/internal/keeper"
 	"github.com/berth-io/berth/internal/volmap"
 )
@@ -58,6 +60,10 @@ type UserspaceConfig struct {
 	Root string
 	// Binary is the berth executable that runs the servers.
 	Binary string
+	// SlimBinary, when set, runs the servers of file images instead
+	// (launch.SlimBinary): an agent restart starts them all at once, and
+	// it is the cheaper one to start. Rbd images need Binary's librbd.
+	SlimBinary string
 	// KeeperSocket is the keeper's socket, named in errors that tell
 	// how to fix a keeper this agent cannot reach or see.
 	KeeperSocket string
@@ -185,6 +191,9 @@ func (u userspace) start(ctx context.Context, p launch.Params) (Server, error) {
 		p.NetNS = ns
 	}
 	p.Binary, p.Workers, p.Stderr = u.cfg.Binary, u.cfg.Workers, logf
+	if u.cfg.SlimBinary != "" && !strings.HasPrefix(p.Image, rbdimage.Prefix) {
+		p.Binary = u.cfg.SlimBinary
+	}
 	proc, err := u.cfg.Start(ctx, p)
 	if err != nil {
 		return nil, fmt.Errorf("start blockdev server of %s (log %s): %w", p.Volume, logPath, err)

@@ -13,6 +13,7 @@ import (
 	"github.com/go-logr/logr"
 	utilexec "k8s.io/utils/exec"
 
+	"github.com/berth-io/berth/internal/blockdev/launch"
 	"github.com/berth-io/berth/internal/flexvolume"
 	"github.com/berth-io/berth/internal/share"
 )
@@ -126,6 +127,11 @@ func (b *Builder) BerthSpec(berthBinary, tag string, extraTools ...string) (Spec
 	// as the host's Flexvolume driver.
 	if driver := flexvolume.DriverBinary(berthBinary); driver != berthBinary {
 		files = append(files, File{Path: path.Join("/usr/local/bin", flexvolume.StaticBinary), Source: driver, Mode: 0o755})
+	}
+	// The agent runs the slim server binary beside berth, when there is
+	// one, for file images' blockdev servers.
+	if slim := launch.SlimBinary(berthBinary); slim != "" {
+		files = append(files, File{Path: path.Join("/usr/local/bin", launch.SlimBinaryName), Source: slim, Mode: 0o755})
 	}
 	required, optional := BerthTools()
 	required = append(required, extraTools...)

@@ -129,6 +129,15 @@ func BuildBerth(dir string) (string, error) {
 		return "", fmt.Errorf("go %s ./cmd/berth: %w (hack/install-deps.sh --ceph-build installs the Ceph libraries; BERTH_CEPH=0 builds without them)\n%s",
 			strings.Join(args, " "), err, b)
 	}
+	// The slim server binary beside it, as `make build` puts it: the
+	// agent runs it for file images when it is there. Its name is
+	// launch.SlimBinaryName (not imported: launch's tests import testenv).
+	cmd = exec.Command("go", "build", "-o", filepath.Join(dir, "berth-blockdev"), "./cmd/berth-blockdev")
+	cmd.Dir = RepoRoot()
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build ./cmd/berth-blockdev: %w\n%s", err, b)
+	}
 	return out, nil
 }
 

@@ -47,8 +47,9 @@ type writer struct {
 	// the agent's start to time each volume's own recovery.
 	mark, resumed atomic.Int64
 
-	stop chan struct{}
-	done chan struct{}
+	stop     chan struct{}
+	haltOnce sync.Once
+	done     chan struct{}
 }
 
 func alignedBlock() []byte {
@@ -164,7 +165,7 @@ func (w *writer) check(idx int) error {
 
 // Stop ends the writes, verifies every written block and closes the file.
 func (w *writer) Stop(timeout time.Duration) error {
-	close(w.stop)
+	w.halt()
 	select {
 	case <-w.done:
 	case <-time.After(timeout):
@@ -178,6 +179,9 @@ func (w *writer) Stop(timeout time.Duration) error {
 	}
 	return errors.Join(w.Errors()...)
 }
+
+// halt asks the writer to stop after the write in hand, without waiting.
+func (w *writer) halt() { w.haltOnce.Do(func() { close(w.stop) }) }
 
 // startWriter starts a verifying writer on a file in m; seed picks its data.
 func startWriter(t *testing.T, m mounted, seed uint64) *writer {

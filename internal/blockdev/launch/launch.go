@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -54,6 +55,21 @@ type Params struct {
 	// storage network. The whole process starts there, so every socket its
 	// libraries open from their own threads (librados) is in it.
 	NetNS *os.File
+}
+
+// SlimBinaryName is the file name, beside the berth binary, of
+// cmd/berth-blockdev: `berth blockdev` alone, static, without the ceph
+// backend, and so several times cheaper to start (see its package comment).
+const SlimBinaryName = "berth-blockdev"
+
+// SlimBinary is the slim server binary beside berth (SlimBinaryName), or
+// "" when there is none; it serves file images, not rbd ones.
+func SlimBinary(berth string) string {
+	slim := filepath.Join(filepath.Dir(berth), SlimBinaryName)
+	if fi, err := os.Stat(slim); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+		return slim
+	}
+	return ""
 }
 
 // Transports of Params.Transport.

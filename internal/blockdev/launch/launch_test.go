@@ -2,6 +2,8 @@ package launch
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -67,5 +69,26 @@ func TestErrorLine(t *testing.T) {
 	_, err := parseReady(line)
 	if err == nil || err.Error() != "connect to ceph: key refused" {
 		t.Fatalf("parsed %v", err)
+	}
+}
+
+func TestSlimBinary(t *testing.T) {
+	dir := t.TempDir()
+	berth := filepath.Join(dir, "berth")
+	if got := SlimBinary(berth); got != "" {
+		t.Fatalf("none beside berth: %q", got)
+	}
+	slim := filepath.Join(dir, SlimBinaryName)
+	if err := os.WriteFile(slim, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := SlimBinary(berth); got != "" {
+		t.Fatalf("not executable: %q", got)
+	}
+	if err := os.Chmod(slim, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got := SlimBinary(berth); got != slim {
+		t.Fatalf("got %q, want %q", got, slim)
 	}
 }

@@ -358,7 +358,7 @@ func Command() cli.Command {
 		fs.DurationVar(&cfg.StaleInterval, "stale-interval", 5*time.Minute, "how often this node's stale-attachment list is processed (also at start)")
 		fs.StringVar(&cfg.HolderNetnsDir, "holder-netns-dir", network.NetnsDir, "holder records of StorageClusters in the multus netns mode, one folder per cluster: storage traffic runs in the namespace of the holder found there")
 		fs.StringVar(&cfg.KeeperSocket, "keeper-socket", "/run/berth/keeper.sock", "socket of the berth keeper (userspace volumes)")
-		fs.StringVar(&cfg.BlockdevBinary, "blockdev-binary", "", "berth binary that runs blockdev servers (default: this executable)")
+		fs.StringVar(&cfg.BlockdevBinary, "blockdev-binary", "", "berth binary that runs blockdev servers (default: this executable); the servers of file images run its static build berth-blockdev beside it when there is one")
 		fs.BoolVar(&cfg.BlockdevPassthrough, "blockdev-passthrough", true, "let the kernel do data I/O of userspace volumes (FUSE passthrough, kernel 6.9+; ignored where the kernel lacks it)")
 		fs.IntVar(&cfg.BlockdevWorkers, "blockdev-workers", 0, "request workers per blockdev server (0: the server's default)")
 		fs.StringVar(&cfg.UserspaceTransport, "userspace-transport", "fuse", "how newly staged userspace volumes reach the kernel: fuse (keeper + loop) or nbd (needs the nbd module)")
@@ -403,7 +403,7 @@ func (c Config) userspace() (*nodeagent.UserspaceConfig, error) {
 		c.Log.Error(nodeagent.ErrNBDUnavailable, "userspace transport nbd set, but this node cannot serve it", "reason", reason)
 	}
 	return &nodeagent.UserspaceConfig{
-		Root: filepath.Join(c.RunDir, "blockdev"), Binary: bin, KeeperSocket: c.KeeperSocket,
+		Root: filepath.Join(c.RunDir, "blockdev"), Binary: bin, SlimBinary: launch.SlimBinary(bin), KeeperSocket: c.KeeperSocket,
 		Keeper: keeper.NewClient(c.KeeperSocket), Start: nodeagent.StartServer, StopPID: launch.StopPID,
 		CheckMount: blockdev.CheckMount, Workers: c.BlockdevWorkers, Passthrough: c.BlockdevPassthrough,
 		Transport: transport, NBD: nbdDevs, DeadConnTimeout: c.NBDDeadConnTimeout,
