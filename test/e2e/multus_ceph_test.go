@@ -149,11 +149,12 @@ func (s *scenario) cephJSON(v any, args ...string) {
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	// The CLI may print a status line before the JSON.
+	// The output has stderr too: a status line may come before the JSON
+	// ("dumped monmap epoch 1" comes after it).
 	if i := strings.IndexByte(out, '{'); i > 0 {
 		out = out[i:]
 	}
-	if err := json.Unmarshal([]byte(out), v); err != nil {
+	if err := json.NewDecoder(strings.NewReader(out)).Decode(v); err != nil {
 		s.t.Fatalf("ceph %s: %v: %s", strings.Join(args, " "), err, out)
 	}
 }
