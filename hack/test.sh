@@ -75,6 +75,8 @@ fi
 # the cluster's network (~4 min of its ~16; BERTH_E2E_CEPH=0 leaves them out);
 # so does the conformance subset (class berth-ceph-userspace; a build
 # without Ceph skips it, saying why).
+# Last, with what budget is left, the two multus restart scenarios in a
+# cluster of their own (BERTH_E2E_MULTUS_CI=0 leaves them out).
 cache="${BERTH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/berth}"
 kube="$cache/kube-v1.34.4-etcd-v3.6.5"
 # budget_left: seconds of CI's budget not yet spent.
