@@ -33,7 +33,9 @@ ceph=(--test-ceph)
 if [ "${BERTH_E2E_CEPH:-1}" = 0 ]; then
 	ceph=()
 	echo "e2e: BERTH_E2E_CEPH=0: no test Ceph; the Ceph scenarios skip" >&2
-elif ! ldd "$BERTH" 2>/dev/null | grep -q librbd; then
+# (grep reads all of ldd's output: with -q it may exit first, and under
+# pipefail ldd's SIGPIPE would read as "no librbd".)
+elif ! ldd "$BERTH" 2>/dev/null | grep librbd >/dev/null; then
 	ceph=()
 	echo "e2e: $BERTH is built without the ceph backend (make build CEPH=0): no test Ceph; the Ceph scenarios skip" >&2
 elif ! hack/install-deps.sh ceph-mon ceph-osd ceph-mgr ceph-common; then

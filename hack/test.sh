@@ -75,6 +75,8 @@ fi
 # the cluster's network (~4 min of its ~16; BERTH_E2E_CEPH=0 leaves them out);
 # so does the conformance subset (class berth-ceph-userspace; a build
 # without Ceph skips it, saying why).
+# Last, with what budget is left, the two multus restart scenarios in a
+# cluster of their own (BERTH_E2E_MULTUS_CI=0 leaves them out).
 cache="${BERTH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/berth}"
 kube="$cache/kube-v1.34.4-etcd-v3.6.5"
 # budget_left: seconds of CI's budget not yet spent.
@@ -116,6 +118,18 @@ if [ "${CI:-}" = true ] && [ "$(id -u)" -eq 0 ]; then
 		# (the test Ceph's boot and its six specs)
 		need=$((660 + $(cold 900 "$kube/e2e.test" "$kube/agnhost" "$kube/ginkgo")))
 		CONFORMANCE_QUICK=1 in_ci "the conformance CI subset" "$need" hack/conformance.sh
+	fi
+	if [ "${BERTH_E2E:-1}" != 0 ] && [ "${BERTH_E2E_MULTUS_CI:-1}" != 0 ]; then
+		# Last, so only budget the runs above left: the two multus restart
+		# scenarios in a bring-up of their own (BERTH_E2E_MULTUS=1: multus,
+		# whereabouts, the test Ceph on the storage networks only). A warm
+		# run took 793 s here (bring-up, 143 s of tests, down, on two busy
+		# cores); a cold cache builds multus and whereabouts (~2 min here)
+		# on top of the e2e cluster's own builds.
+		need=$((800 + $(cold 300 "$cache/cni-plugins/multus-v4.2.2" "$cache/cni-plugins/whereabouts-v0.8.0") +
+			$(cold 2400 "$kube/kubelet" "$kube/kube-proxy" "$cache/csi-sidecars/csi-resizer-v1.14.0")))
+		BERTH_E2E_MULTUS=1 in_ci "the multus e2e scenarios" "$need" \
+			hack/e2e.sh -run 'TestE2E/(MultusMoverAgentRestarts|MultusNetnsAgentRestarts)$'
 	fi
 fi
 

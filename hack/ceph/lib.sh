@@ -11,6 +11,14 @@ CEPH_DIR="${BERTH_CEPH_DIR:-/var/lib/berth-ceph}"
 # interfaces) runs the daemons and up.sh's own ceph commands inside it.
 CEPH_ADDR="${BERTH_CEPH_ADDR:-127.0.0.1}"
 CEPH_NETNS="${BERTH_CEPH_NETNS:-}"
+# The OSDs' replication address (cluster_addr), on an interface of the
+# netns too: by default the public address (one network). With
+# BERTH_CEPH_PUBLIC_NETWORK and BERTH_CEPH_CLUSTER_NETWORK (CIDRs holding
+# the two addresses) the daemons also get public_network/cluster_network,
+# so that replication between OSDs stays on the cluster network.
+CEPH_CLUSTER_ADDR="${BERTH_CEPH_CLUSTER_ADDR:-$CEPH_ADDR}"
+CEPH_PUBLIC_NETWORK="${BERTH_CEPH_PUBLIC_NETWORK:-}"
+CEPH_CLUSTER_NETWORK="${BERTH_CEPH_CLUSTER_NETWORK:-}"
 # The monitor speaks msgr2 only (every client berth uses is Pacific or newer).
 MON_PORT="${BERTH_CEPH_MON_PORT:-3300}"
 # mgr and OSDs bind ports in this range (each OSD takes four).

@@ -14,6 +14,12 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 start=$SECONDS
 "$HERE/../install-deps.sh" ceph-mon ceph-osd ceph-mgr ceph-common
 
+# networks: the public_network/cluster_network lines, when both are set.
+networks() {
+	[ -n "$CEPH_PUBLIC_NETWORK" ] && [ -n "$CEPH_CLUSTER_NETWORK" ] || return 0
+	printf 'public_network = %s\ncluster_network = %s\n' "$CEPH_PUBLIC_NETWORK" "$CEPH_CLUSTER_NETWORK"
+}
+
 write_conf() {
 	local fsid=$1
 	# Daemon settings name their own paths through Ceph's $type/$id/$name so
@@ -23,8 +29,8 @@ write_conf() {
 fsid = $fsid
 mon_host = [v2:$CEPH_ADDR:$MON_PORT]
 public_addr = $CEPH_ADDR
-cluster_addr = $CEPH_ADDR
-ms_bind_msgr1 = false
+cluster_addr = $CEPH_CLUSTER_ADDR
+$(networks)ms_bind_msgr1 = false
 ms_bind_port_min = $PORT_MIN
 ms_bind_port_max = $PORT_MAX
 auth_cluster_required = cephx

@@ -3,8 +3,11 @@
 # run in their own network namespace ($E2E_CEPH_NETNS), whose eth0
 # ($E2E_CEPH_IP) hangs off the hub's node bridge like a node's, so that the
 # nodes and their pods reach its monitor over the cluster network, as they
-# would a real Ceph. Its files live in $E2E_CEPH_DIR (inside the cluster's
-# work dir).
+# would a real Ceph. In a cluster with multus (multus.sh) it hangs off the
+# storage networks instead: eth0 ($E2E_CEPH_PUBLIC_IP) on the public
+# bridge, eth1 ($E2E_CEPH_CLUSTER_IP, the OSDs' cluster_network) on the
+# cluster bridge, so that only a storage interface reaches it. Its files
+# live in $E2E_CEPH_DIR (inside the cluster's work dir).
 #
 #   hack/cluster/ceph.sh up       start it (idempotent); prints its ceph.env
 #   hack/cluster/ceph.sh down     stop its daemons by PID, remove its folder, netns and veth
@@ -17,27 +20,55 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=lib.sh
 . "$HERE/lib.sh"
 
-# hack/ceph's scripts, pointed at this cluster's folder, netns and address.
-ceph_env=(BERTH_CEPH_DIR="$E2E_CEPH_DIR" BERTH_CEPH_NETNS="$E2E_CEPH_NETNS" BERTH_CEPH_ADDR="$E2E_CEPH_IP")
+# With multus (up.sh made the storage networks: its mark is there), the
+# test Ceph lives on them only, as behind a real storage network: public
+# address on the public bridge, OSD replication on the cluster bridge, no
+# link to the node network. Without, one address on the node bridge.
+ceph_on_storage_networks() { [ -e "$MULTUS_MARK" ]; }
+
+# hack/ceph's scripts, pointed at this cluster's folder, netns and addresses.
+ceph_env=(BERTH_CEPH_DIR="$E2E_CEPH_DIR" BERTH_CEPH_NETNS="$E2E_CEPH_NETNS")
+if ceph_on_storage_networks; then
+	ceph_env+=(BERTH_CEPH_ADDR="$E2E_CEPH_PUBLIC_IP" BERTH_CEPH_CLUSTER_ADDR="$E2E_CEPH_CLUSTER_IP"
+		BERTH_CEPH_PUBLIC_NETWORK="$PUBLIC_NET_PREFIX.0/24" BERTH_CEPH_CLUSTER_NETWORK="$CLUSTER_NET_PREFIX.0/24")
+else
+	ceph_env+=(BERTH_CEPH_ADDR="$E2E_CEPH_IP")
+fi
 hack_ceph() {
 	local name=$1
 	shift
 	env "${ceph_env[@]}" "$HERE/../ceph/$name" "$@"
 }
 
-# setup_net: the netns, its veth on the hub bridge, and routes back to
-# every node's pod CIDR through that node (the hub forwards nothing).
-# Nothing else is routed: Ceph reaches only the node network.
+# ceph_link HUB_IF IF BRIDGE IP: a veth from BRIDGE in the hub to IF (IP/24)
+# in the Ceph netns, up.
+ceph_link() {
+	local hub_if=$1 ifname=$2 bridge=$3 ip=$4
+	ip -n "$NETNS" link show "$bridge" >/dev/null 2>&1 || die "no bridge $bridge in $NETNS: run hack/cluster/up.sh first"
+	ip -n "$NETNS" link show "$hub_if" >/dev/null 2>&1 ||
+		ip -n "$NETNS" link add "$hub_if" type veth peer name "$ifname" netns "$E2E_CEPH_NETNS"
+	ip -n "$NETNS" link set "$hub_if" master "$bridge" up
+	ip -n "$E2E_CEPH_NETNS" addr replace "$ip/24" dev "$ifname"
+	ip -n "$E2E_CEPH_NETNS" link set "$ifname" up
+}
+
+# setup_net: the netns and its links. On the node bridge it routes back to
+# every node's pod CIDR through that node (the hub forwards nothing), and
+# nothing else: Ceph reaches only the node network. On the storage
+# networks it needs no route: their /24s are on its links, and a client
+# comes from a storage interface (a pod's, a holder's, the mover's copy).
 setup_net() {
 	local i
 	[ -e "/run/netns/$NETNS" ] || die "no hub netns $NETNS: run hack/cluster/up.sh first"
-	[ -e "/run/netns/$E2E_CEPH_NETNS" ] || { log "netns $E2E_CEPH_NETNS ($E2E_CEPH_IP)"; ip netns add "$E2E_CEPH_NETNS"; }
+	[ -e "/run/netns/$E2E_CEPH_NETNS" ] || { log "netns $E2E_CEPH_NETNS"; ip netns add "$E2E_CEPH_NETNS"; }
 	ip -n "$E2E_CEPH_NETNS" link set lo up
-	ip -n "$NETNS" link show "$E2E_CEPH_HUB_IF" >/dev/null 2>&1 ||
-		ip -n "$NETNS" link add "$E2E_CEPH_HUB_IF" type veth peer name eth0 netns "$E2E_CEPH_NETNS"
-	ip -n "$NETNS" link set "$E2E_CEPH_HUB_IF" master "$HUB_BRIDGE" up
-	ip -n "$E2E_CEPH_NETNS" addr replace "$E2E_CEPH_IP/24" dev eth0
-	ip -n "$E2E_CEPH_NETNS" link set eth0 up
+	if ceph_on_storage_networks; then
+		log "test Ceph on the storage networks: public $E2E_CEPH_PUBLIC_IP ($PUBLIC_BRIDGE), cluster $E2E_CEPH_CLUSTER_IP ($CLUSTER_BRIDGE)"
+		ceph_link "$E2E_CEPH_PUBLIC_HUB_IF" eth0 "$PUBLIC_BRIDGE" "$E2E_CEPH_PUBLIC_IP"
+		ceph_link "$E2E_CEPH_CLUSTER_HUB_IF" eth1 "$CLUSTER_BRIDGE" "$E2E_CEPH_CLUSTER_IP"
+		return
+	fi
+	ceph_link "$E2E_CEPH_HUB_IF" eth0 "$HUB_BRIDGE" "$E2E_CEPH_IP"
 	for i in $(node_indexes); do
 		ip -n "$E2E_CEPH_NETNS" route replace "$(node_pod_cidr "$i")" via "$(node_ip "$i")"
 	done
@@ -61,10 +92,12 @@ down)
 		log "deleting netns $E2E_CEPH_NETNS"
 		ip netns del "$E2E_CEPH_NETNS"
 	fi
-	# Its veth went with the netns; a hub end left by a half-made up:
-	if [ -e "/run/netns/$NETNS" ] && ip -n "$NETNS" link show "$E2E_CEPH_HUB_IF" >/dev/null 2>&1; then
-		ip -n "$NETNS" link del "$E2E_CEPH_HUB_IF"
-	fi
+	# Its veths went with the netns; hub ends left by a half-made up:
+	for hub_if in "$E2E_CEPH_HUB_IF" "$E2E_CEPH_PUBLIC_HUB_IF" "$E2E_CEPH_CLUSTER_HUB_IF"; do
+		if [ -e "/run/netns/$NETNS" ] && ip -n "$NETNS" link show "$hub_if" >/dev/null 2>&1; then
+			ip -n "$NETNS" link del "$hub_if"
+		fi
+	done
 	;;
 env)
 	[ -f "$E2E_CEPH_DIR/ceph.env" ] || die "no test Ceph in the cluster ($E2E_CEPH_DIR/ceph.env): hack/cluster/ceph.sh up"

@@ -75,6 +75,16 @@ NODE_CLUSTER_IF=clu0
 NAD_NAMESPACE=default
 CNI_BIN_DIR="$WORKDIR/cni-bin"
 MULTUS_MARK="$WORKDIR/multus"
+# With multus, the test Ceph sits on the storage networks only, not on the
+# node bridge: its public address (monitor, OSDs' client side) on
+# $PUBLIC_BRIDGE, its OSDs' replication address on $CLUSTER_BRIDGE, both
+# below .10, where the definitions' whereabouts ranges start (no pod gets
+# them). Nodes and pods reach it only through a storage interface.
+E2E_CEPH_PUBLIC_IP="${BERTH_E2E_CEPH_PUBLIC_IP:-$PUBLIC_NET_PREFIX.5}"
+E2E_CEPH_CLUSTER_IP="${BERTH_E2E_CEPH_CLUSTER_IP:-$CLUSTER_NET_PREFIX.5}"
+# Its ends of the two bridges, in the hub.
+E2E_CEPH_PUBLIC_HUB_IF="${BERTH_E2E_CEPH_PUBLIC_HUB_IF:-berth-ceph-pub}"
+E2E_CEPH_CLUSTER_HUB_IF="${BERTH_E2E_CEPH_CLUSTER_HUB_IF:-berth-ceph-clu}"
 # Persistent mount namespaces (nsfs files) live here, on a private mount.
 MNTNS_DIR="$WORKDIR/mntns"
 NODES_DIR="$WORKDIR/nodes"

@@ -65,6 +65,8 @@ func multusAgentRestarts(t *testing.T, mode v1.MultusMode) {
 	nodes := s.env.twoNodes(t)
 	name := "multus-" + string(mode)
 	class := s.multusCephCluster(name, base, nad, mode)
+	// The bytes below can only travel on the storage networks.
+	s.cephOnStorageNetworks(mode)
 
 	// The writer on the first node, checksummed data first.
 	s.pvc("vol", class, "128Mi", corev1.ReadWriteOnce, false)

@@ -112,8 +112,15 @@ stringData:
 }
 
 // CephStorageClusterManifest is a ceph StorageCluster named name on the
-// test Ceph of cenv, with dataDir (the agent's folder for the cluster).
-func CephStorageClusterManifest(name, dataDir string, cenv ClusterEnv) string {
+// test Ceph of cenv, with dataDir (the agent's folder for the cluster). In
+// a cluster with multus (publicNAD set) the test Ceph is on the storage
+// networks only, so the cluster is on that public network (netns mode:
+// the default), or no agent would reach it.
+func CephStorageClusterManifest(name, dataDir string, cenv ClusterEnv, publicNAD string) string {
+	var network string
+	if publicNAD != "" {
+		network = fmt.Sprintf("  network:\n    provider: multus\n    selectors: {public: %s}\n", publicNAD)
+	}
 	return fmt.Sprintf(`apiVersion: berth.io/v1alpha1
 kind: StorageCluster
 metadata: {name: %s}
@@ -124,7 +131,7 @@ spec:
     monitors: [%q]
     pool: %s
     secretRef: {name: %s, namespace: %s}
-`, name, dataDir, cenv["BERTH_CEPH_MONITORS"], cenv["BERTH_CEPH_POOL"], CephSecret, Namespace)
+%s`, name, dataDir, cenv["BERTH_CEPH_MONITORS"], cenv["BERTH_CEPH_POOL"], CephSecret, Namespace, network)
 }
 
 // cephDataDir is the data dir of the ceph StorageCluster name: berth's own
@@ -135,6 +142,15 @@ func cephDataDir(name string, env ClusterEnv) string {
 		return env["BERTH_DATA_DIR"]
 	}
 	return filepath.Join(env["BERTH_E2E_DIR"], "berth-data-ceph")
+}
+
+// publicNAD is the public storage network of a cluster with multus ("":
+// none).
+func publicNAD(env ClusterEnv) string {
+	if env["MULTUS"] != "1" {
+		return ""
+	}
+	return env["PUBLIC_NAD"]
 }
 
 // storageClusterManifests are the StorageClusters up applies (with the
@@ -153,7 +169,7 @@ func (c Config) storageClusterManifests(env, cenv ClusterEnv) ([]string, error) 
 	}
 	out = append(out, CephSecretManifest(cenv, key))
 	for _, name := range c.cephClusters() {
-		out = append(out, CephStorageClusterManifest(name, cephDataDir(name, env), cenv))
+		out = append(out, CephStorageClusterManifest(name, cephDataDir(name, env), cenv, publicNAD(env)))
 	}
 	return out, nil
 }

@@ -141,6 +141,39 @@ func TestStorageClusterManifestsPerBackend(t *testing.T) {
 	}
 }
 
+// TestStorageClusterManifestsMultus: with multus the test Ceph is on the
+// storage networks only, so the ceph cluster up makes is on the public one
+// (the netns mode, by default) and the local one stays on the host network.
+func TestStorageClusterManifestsMultus(t *testing.T) {
+	env, err := LoadClusterEnv(writeEnv(t, fullEnv+"MULTUS=1\nPUBLIC_NAD=default/public\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms, err := (Config{TestCeph: true}).storageClusterManifests(env, cephEnvFile(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range decodeAll(t, ms) {
+		if d.Kind != "StorageCluster" {
+			continue
+		}
+		n := d.Spec.Network
+		onPublic := n.Provider == v1.NetworkProviderMultus && n.Selectors != nil && n.Selectors.Public == "default/public" &&
+			n.MultusMode() == v1.MultusModeNetns
+		if onPublic != (d.Spec.Backend == v1.BackendCeph) {
+			t.Errorf("%s (backend %q) network %+v", d.Metadata["name"], d.Spec.Backend, n)
+		}
+	}
+	args, err := HelmValues(env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := strings.Join(args, " ")
+	if !strings.Contains(got, "operator.networks=default/public") || strings.Contains(got, "hostNetwork") {
+		t.Errorf("helm values with multus %q: want the operator on the public network, not the host's", got)
+	}
+}
+
 func TestDemoClassAndUnfenceInterval(t *testing.T) {
 	if c := (Config{Backend: BackendCeph}).demoClass(); c != "berth-userspace" {
 		t.Errorf("demo class on ceph %q", c)

@@ -41,6 +41,12 @@ func HelmValues(env ClusterEnv) ([]string, error) {
 	} {
 		args = append(args, "--set-string", kv[0]+"="+kv[1])
 	}
+	if pub := publicNAD(env); pub != "" {
+		// The test Ceph is on the storage networks only (ceph.sh): the
+		// operator joins the public one from the pod network, as the node's
+		// own network never reaches Ceph.
+		return append(args, "--set-string", "operator.networks="+pub), nil
+	}
 	return append(args, "--set", "operator.hostNetwork=true"), nil
 }
 

@@ -109,6 +109,21 @@ func holderNetworks(public string) string {
 	return string(b)
 }
 
+// controllerNetworks is the CSI controller pod's multus annotation: the
+// public networks of plan (nil without any).
+func controllerNetworks(plan nodeWidePlan) map[string]string {
+	if len(plan.publicNetworks) == 0 {
+		return nil
+	}
+	nets := make([]map[string]string, 0, len(plan.publicNetworks))
+	for _, pub := range plan.publicNetworks {
+		ns, name, _ := strings.Cut(pub, "/")
+		nets = append(nets, map[string]string{"name": name, "namespace": ns})
+	}
+	b, _ := json.Marshal(nets) // strings always marshal
+	return map[string]string{AnnotationNetworks: string(b)}
+}
+
 // holderDaemonSet renders sc's holder: a tiny process on the public
 // network that only keeps the interface and publishes a record of it. It
 // needs no privilege, host namespace or API access; it is replaced only

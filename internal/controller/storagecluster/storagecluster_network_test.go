@@ -317,3 +317,38 @@ func checkMover(t *testing.T, ds *appsv1.DaemonSet) {
 		t.Errorf("mover volumes %+v", p.Volumes)
 	}
 }
+
+// TestNetworkControllerJoinsPublicNetworks: the CSI controller pod joins
+// the public network of every ceph cluster on multus (once each, sorted),
+// not a local cluster's, and leaves them when those clusters go.
+func TestNetworkControllerJoinsPublicNetworks(t *testing.T) {
+	suite.Require(t)
+	multus := func(spec v1.StorageClusterSpec, dir, public string) v1.StorageClusterSpec {
+		spec.DataDir = dir
+		spec.Network = v1.NetworkSpec{Provider: v1.NetworkProviderMultus, Selectors: &v1.NetworkSelectors{Public: public}}
+		return spec
+	}
+	ceph := cephClusterSpec([]string{"192.0.2.1:3300"}, "rbd", "no-such-secret")
+	newCluster(t, "ctl-ceph-b", multus(ceph, "/srv/ctl-b", "net-b/public"))
+	newCluster(t, "ctl-ceph-a", multus(ceph, "/srv/ctl-a", "net-a/public"))
+	newCluster(t, "ctl-ceph-a2", multus(ceph, "/srv/ctl-a2", "net-a/public"))
+	newCluster(t, "ctl-local", multus(v1.StorageClusterSpec{}, "/srv/ctl-local", "net-c/public"))
+	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: storagecluster.ObjectName("csi-controller"), Namespace: namespace}}
+	want := `[{"name":"public","namespace":"net-a"},{"name":"public","namespace":"net-b"}]`
+	eventually(t, "the CSI controller on net-a and net-b", func(ctx context.Context) (bool, error) {
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(dep), dep)
+		return err == nil && dep.Spec.Template.Annotations[storagecluster.AnnotationNetworks] == want, client.IgnoreNotFound(err)
+	})
+	for _, name := range []string{"ctl-ceph-a", "ctl-ceph-a2", "ctl-ceph-b"} {
+		removeCluster(t, name)
+	}
+	eventually(t, "the CSI controller on no storage network", func(ctx context.Context) (bool, error) {
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(dep), dep)
+		if apierrors.IsNotFound(err) {
+			return true, nil
+		}
+		_, on := dep.Spec.Template.Annotations[storagecluster.AnnotationNetworks]
+
+		return err == nil && !on, err
+	})
+}

@@ -59,6 +59,10 @@ type nodeWidePlan struct {
 	tolerations []corev1.Toleration
 	// mover: some served cluster's holders are in the mover mode.
 	mover bool
+	// publicNetworks are the public networks (NADs, "namespace/name",
+	// sorted, once each) of the served ceph clusters on multus: the CSI
+	// controller joins them to reach those clusters' monitors.
+	publicNetworks []string
 }
 
 // dataDirs returns the served data dirs, sorted (a deterministic template).
@@ -118,6 +122,9 @@ func planNodeWide(clusters []v1.StorageCluster, kept map[string]string, withVolu
 		if wantsHolder(sc) && sc.Spec.Network.MultusMode() == v1.MultusModeMover {
 			p.mover = true
 		}
+		if pub := sc.Spec.Network.Selectors; wantsHolder(sc) && sc.Spec.Backend == v1.BackendCeph && !slices.Contains(p.publicNetworks, pub.Public) {
+			p.publicNetworks = append(p.publicNetworks, pub.Public)
+		}
 		if len(sc.Spec.Agent.NodeSelector) == 0 {
 			everywhere = true
 		} else if t := selectorTerm(sc.Spec.Agent.NodeSelector); !slices.ContainsFunc(p.nodeTerms, func(o corev1.NodeSelectorTerm) bool {
@@ -134,6 +141,7 @@ func planNodeWide(clusters []v1.StorageCluster, kept map[string]string, withVolu
 	if everywhere {
 		p.nodeTerms = nil
 	}
+	slices.Sort(p.publicNetworks)
 	return p
 }
 
@@ -213,7 +221,13 @@ func (r *Reconciler) applyNodeWide(ctx context.Context) (observed, nodeWidePlan,
 	var errs []error
 	errs = append(errs, r.ensureNodeWide(ctx, obs.agent, func() { r.agentDaemonSet(plan, obs.agent) }))
 	errs = append(errs, r.ensureNodeWide(ctx, obs.keeper, func() { r.keeperDaemonSet(plan, obs.keeper) }))
-	errs = append(errs, r.ensureNodeWide(ctx, obs.controller, func() { r.controllerDeployment(obs.controller) }))
+	// A controller that leaves its last storage network loses the
+	// annotation: a removal.
+	errs = append(errs, r.ensureNodeWideChanged(ctx, obs.controller, func() bool {
+		was := obs.controller.Spec.Template.Annotations[AnnotationNetworks]
+		r.controllerDeployment(plan, obs.controller)
+		return was != obs.controller.Spec.Template.Annotations[AnnotationNetworks]
+	}))
 	errs = append(errs, r.applyMover(ctx, plan, obs.mover))
 	for _, component := range []string{componentAgent, componentController} {
 		port := int32(AgentMetricsPort)
@@ -233,15 +247,22 @@ func (r *Reconciler) applyNodeWide(ctx context.Context) (observed, nodeWidePlan,
 // StorageCluster: an owner reference to one, left from when each cluster
 // had its own set, is dropped so that deleting that cluster keeps it.
 func (r *Reconciler) ensureNodeWide(ctx context.Context, obj client.Object, mutate func()) error {
+	return r.ensureNodeWideChanged(ctx, obj, func() bool { mutate(); return false })
+}
+
+// ensureNodeWideChanged is ensureNodeWide with a mutate that says whether
+// it removed something: createOrUpdate keeps an object whose read fields
+// merely lack what was rendered, so a removal must say it changed.
+func (r *Reconciler) ensureNodeWideChanged(ctx context.Context, obj client.Object, mutate func() bool) error {
 	return r.createOrUpdate(ctx, obj, func() (bool, error) {
-		mutate()
+		changed := mutate()
 		refs := obj.GetOwnerReferences()
 		kept := slices.DeleteFunc(slices.Clone(refs), func(o metav1.OwnerReference) bool {
 			gv, err := schema.ParseGroupVersion(o.APIVersion)
 			return err == nil && gv.Group == v1.GroupVersion.Group && o.Kind == "StorageCluster"
 		})
 		if len(kept) == len(refs) {
-			return false, nil
+			return changed, nil
 		}
 		obj.SetOwnerReferences(kept)
 		return true, nil

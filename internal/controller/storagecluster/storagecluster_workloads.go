@@ -198,8 +198,13 @@ func onDeleteDaemonSet(instance, component string, annotations map[string]string
 // socket in an emptyDir, so they run on the pod network, as a non-root user
 // with no capabilities; with APIServerHost set they reach the API server
 // there (clusters without kube-proxy). It serves every cluster: a class's
-// storageCluster parameter names a new volume's.
-func (r *Reconciler) controllerDeployment(d *appsv1.Deployment) {
+// storageCluster parameter names a new volume's. A ceph cluster on multus
+// has its monitors on the public network only, so the pod joins every such
+// cluster's public network (as Rook gives its CSI provisioner the
+// CephCluster's public network). It needs no holder: it mounts nothing, so
+// a restart cuts no volume's network, and a new pod's new interface is all
+// it needs.
+func (r *Reconciler) controllerDeployment(plan nodeWidePlan, d *appsv1.Deployment) {
 	o := r.Options
 	setLabels(&d.ObjectMeta, objectLabels(NodeWide, componentController))
 	socket := []corev1.VolumeMount{{Name: "socket-dir", MountPath: csiSocketDir}}
@@ -232,7 +237,7 @@ func (r *Reconciler) controllerDeployment(d *appsv1.Deployment) {
 		Replicas: ptr.To[int32](1),
 		Selector: &metav1.LabelSelector{MatchLabels: selectorLabels(NodeWide, componentController)},
 		Template: corev1.PodTemplateSpec{
-			ObjectMeta: metav1.ObjectMeta{Labels: objectLabels(NodeWide, componentController)},
+			ObjectMeta: metav1.ObjectMeta{Labels: objectLabels(NodeWide, componentController), Annotations: controllerNetworks(plan)},
 			Spec: corev1.PodSpec{
 				ServiceAccountName: o.ControllerServiceAccount,
 				SecurityContext: &corev1.PodSecurityContext{
