@@ -7,7 +7,8 @@
 #   stop     SIGKILL everything of the node (kubelet, containerd, its shims,
 #            its pods' processes: all of its cgroup), as a power loss would;
 #            its mounts and loop devices stay (the kernel is shared)
-#   start    start containerd and kubelet again, wait for the node Ready
+#   start    start containerd, kubelet and kube-proxy again, wait for the
+#            node Ready
 #   freeze   freeze all of the node's processes (cgroup freezer): a hung node
 #   thaw     undo freeze
 #   cut      take the node's links to the hub down: no API server, no peers,
@@ -19,6 +20,8 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=lib.sh
 . "$HERE/lib.sh"
 . "$HERE/nodes.sh"
+# shellcheck source=dns.sh
+. "$HERE/dns.sh"
 
 [ $# -eq 2 ] || die "usage: $0 NODE stop|start|freeze|thaw|cut|restore|status"
 [ "$(id -u)" -eq 0 ] || die "run as root"
@@ -32,12 +35,17 @@ hubif=$(node_hub_if "$i")
 case $2 in
 stop)
 	node_kill "$i"
-	rm -f "$PIDS/kubelet-$name.pid" "$PIDS/containerd-$name.pid"
+	rm -f "$PIDS/kubelet-$name.pid" "$PIDS/containerd-$name.pid" "$PIDS/kube-proxy-$name.pid"
 	log "$name stopped"
 	;;
 start)
 	node_thaw "$i"
 	start_node "$i"
+	# kube-proxy died with the node (it runs in the node's cgroup): a real
+	# node's comes back with it. Without it the node's Service rules stay
+	# as they were at the loss, pointing at pods that are gone (a pod there
+	# then gets no answer from cluster DNS).
+	start_kube_proxy "$name" "$(node_netns "$i")" "$(node_ip "$i")" "$(node_freezer "$i")/daemons"
 	wait_node_ready "$i"
 	;;
 freeze)
