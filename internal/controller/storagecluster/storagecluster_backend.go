@@ -104,6 +104,9 @@ func (r *Reconciler) backendCondition(ctx context.Context, log logr.Logger, sc *
 	}
 	cond, recheck := r.checkCeph(ctx, log, sc)
 	cond.Type = ConditionBackendReady
+	if cond.Reason == ReasonMonitorsUnreachable {
+		cond.Message += publicNetworkHint(sc)
+	}
 	r.conditionEvent(sc, cond, cond.Status != metav1.ConditionTrue)
 	return cond, recheck
 }
@@ -151,6 +154,20 @@ func (r *Reconciler) checkCeph(ctx context.Context, log logr.Logger, sc *v1.Stor
 	cond, recheck := r.dialCeph(ctx, log, spec, secret, timeout)
 	r.cephChecks.put(sc.UID, cephCheckResult{input: input, cond: cond, at: now})
 	return cond, recheck
+}
+
+// publicNetworkHint names, for a cluster whose Ceph clients use a Multus
+// public network, the likely cause of unreachable monitors: the check runs
+// from the operator's own pod, which the StorageCluster does not place on
+// that network (the agents' holders and the CSI controller it does).
+func publicNetworkHint(sc *v1.StorageCluster) string {
+	sel := sc.Spec.Network.Selectors
+	if sc.Spec.Network.Provider != v1.NetworkProviderMultus || sel == nil || sel.Public == "" {
+		return ""
+	}
+	return fmt.Sprintf("; this cluster's Ceph public network is the Multus network %s: "+
+		"the operator checks from its own pod, which reaches the monitors only when it is on that network too "+
+		"(Helm value operator.networks=%s)", sel.Public, sel.Public)
 }
 
 // dialCeph runs the connection check; ctx bounds it.

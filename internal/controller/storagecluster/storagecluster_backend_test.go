@@ -106,6 +106,23 @@ func TestBackendReadyMonitorDoesNotResolve(t *testing.T) {
 	}
 }
 
+// On a Multus public network, unreachable monitors name the likely cause:
+// the operator's own pod is not on that network.
+func TestBackendReadyMonitorsUnreachableNamesPublicNetwork(t *testing.T) {
+	suite.Require(t)
+	cephSecret(t, "ceph-multus", map[string]string{"userID": "berth", "userKey": "AQBfakefakefakefakefakefakefakefakefake=="})
+	spec := cephClusterSpec([]string{"mon.invalid:3300"}, "rbd", "ceph-multus")
+	spec.Network = v1.NetworkSpec{Provider: v1.NetworkProviderMultus, Selectors: &v1.NetworkSelectors{Public: "berth-system/public"}}
+	sc := newCluster(t, "ceph-multus", spec)
+	waitCondition(t, sc, storagecluster.ConditionBackendReady, metav1.ConditionFalse, storagecluster.ReasonMonitorsUnreachable)
+	c := meta.FindStatusCondition(sc.Status.Conditions, storagecluster.ConditionBackendReady)
+	for _, want := range []string{"monitor host mon.invalid does not resolve", "Multus network berth-system/public", "operator.networks=berth-system/public"} {
+		if !strings.Contains(c.Message, want) {
+			t.Errorf("message %q lacks %q", c.Message, want)
+		}
+	}
+}
+
 // A ceph cluster's classes name its Secret for NodeStageVolume: kubelet
 // hands the cephx key to the agent, which has no access to Secrets. They
 // bind at once: no CSIStorageCapacity is published for them, so the
