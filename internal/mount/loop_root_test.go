@@ -12,10 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr/testr"
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-io/berth/internal/blockdev"
+	"github.com/berth-io/berth/internal/blockdev/blockdevtest"
 	"github.com/berth-io/berth/internal/blockdev/imagefile"
 	"github.com/berth-io/berth/internal/keeper"
 )
@@ -56,58 +56,42 @@ func stalledFUSEFile(t *testing.T, e *rootEnv) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mp := t.TempDir()
-	k := keeper.HostKernel{}
-	fd, err := k.OpenFUSE()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := k.MountFUSE(fd, "berth-test", mp); err != nil {
-		_ = unix.Close(fd)
-		t.Fatal(err)
-	}
-	srv, err := blockdev.NewServer(blockdev.Config{Dev: fd, Image: img, Workers: 1, Log: testr.New(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	serveCtx, stop := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(serveCtx) }()
+	srv := blockdevtest.Serve(t, img, 1)
 	var dev string
 	ctl := t.TempDir()
 	t.Cleanup(func() {
-		stop()
+		srv.Stop()
 		if err := unix.Mount("fusectl", ctl, "fusectl", 0, ""); err != nil {
 			t.Errorf("mount fusectl to abort the test's connection: %v", err)
 		} else {
-			abort := filepath.Join(ctl, strconv.Itoa(int(connMinor(t, mp))), "abort")
+			abort := filepath.Join(ctl, strconv.Itoa(int(connMinor(t, srv.Mountpoint))), "abort")
 			if err := os.WriteFile(abort, []byte("1"), 0); err != nil {
 				t.Errorf("abort the test's FUSE connection: %v", err)
 			}
 			_ = unix.Unmount(ctl, 0)
 		}
-		<-served
-		_ = unix.Close(fd)
+		<-srv.Done
+		_ = unix.Close(srv.FD)
 		if dev != "" {
 			if err := e.loop.Detach(e.ctx, dev); err != nil {
 				t.Errorf("detach %s: %v", dev, err)
 			}
 		}
-		if err := k.Unmount(mp); err != nil {
+		if err := (keeper.HostKernel{}).Unmount(srv.Mountpoint); err != nil {
 			t.Error(err)
 		}
 		_ = img.Close()
 	})
 	select {
-	case <-srv.Ready():
-	case err := <-served:
+	case <-srv.Server.Ready():
+	case err := <-srv.Done:
 		t.Fatalf("FUSE server ended: %v", err)
 	case <-time.After(10 * time.Second):
 		t.Fatal("FUSE server not ready after 10 s")
 	}
-	file := filepath.Join(mp, blockdev.FileName)
+	file := filepath.Join(srv.Mountpoint, blockdev.FileName)
 	dev = e.attach(t, file)
-	stop()
+	srv.Stop()
 	// Once the kernel's cached attributes expire (blockdev's attrValid,
 	// 1 s), a stat of the file waits for a server.
 	time.Sleep(1500 * time.Millisecond)

@@ -5,13 +5,15 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+
+	"github.com/berth-io/berth/internal/blockdev/blockdevtest"
 )
 
 // BenchmarkServe4kRandRead: 4 KiB random reads at queue depth 64 over a
 // socketpair from a real (page-cached) image; reports IOPS.
 func BenchmarkServe4kRandRead(b *testing.B) {
 	const size, qd, bs = 64 << 20, 64, 4096
-	img, _ := newImage(b, size, false)
+	img, _ := blockdevtest.ImageFile(b, size, false)
 	s := startServe(b, img, DefaultWorkers)
 	fill := make([]byte, 1<<20)
 	for off := int64(0); off < size; off += int64(len(fill)) {

@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/berth-io/berth/internal/blockdev/blockdevtest"
 )
 
 func TestDevicesFindAndDisconnect(t *testing.T) {
@@ -23,7 +25,7 @@ func TestDevicesFindAndDisconnect(t *testing.T) {
 		t.Fatalf("Disconnect of a volume without a device: %v", err)
 	}
 
-	_, image := newImage(t, 8<<20, false)
+	_, image := blockdevtest.ImageFile(t, 8<<20, false)
 	r := startRun(t, k, image, nil)
 	if dev := r.waitReady(t); dev != "/dev/nbd0" {
 		t.Fatalf("device %q", dev)
@@ -61,8 +63,8 @@ func TestDevicesOfNodesSharingAKernel(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(k.sysfs, "module", "nbd"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	_, imageA := newImage(t, 8<<20, false)
-	_, imageB := newImage(t, 8<<20, false)
+	_, imageA := blockdevtest.ImageFile(t, 8<<20, false)
+	_, imageB := blockdevtest.ImageFile(t, 8<<20, false)
 	ra := startRun(t, k, imageA, func(c *RunConfig) { c.Node = "node-a" })
 	devA := ra.waitReady(t)
 	rb := startRun(t, k, imageB, func(c *RunConfig) { c.Node = "node-b" })

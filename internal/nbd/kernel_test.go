@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/berth-io/berth/internal/blockdev/blockdevtest"
 	"github.com/berth-io/berth/internal/testenv"
 )
 
@@ -40,7 +41,7 @@ func needNBD(t *testing.T) {
 func TestKernelNBD(t *testing.T) {
 	needNBD(t)
 	k := NewNetlink()
-	_, image := newImage(t, 256<<20, true)
+	_, image := blockdevtest.ImageFile(t, 256<<20, true)
 	volume := "nbd-test-" + strconv.Itoa(os.Getpid())
 	mnt := t.TempDir()
 	// Servers stop last: cleanups run in reverse, so unmount comes first,

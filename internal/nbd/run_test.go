@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/berth-io/berth/internal/blockdev/blockdevtest"
 )
 
 // fakeKernel behaves like the nbd driver towards Run: it keeps its own
@@ -188,7 +190,7 @@ func (r *running) ended(t *testing.T, stuck string) error {
 func serving(t *testing.T) (*fakeKernel, *running, *fakeDev) {
 	t.Helper()
 	k := newFakeKernelDriver(t)
-	_, image := newImage(t, 1<<20, false)
+	_, image := blockdevtest.ImageFile(t, 1<<20, false)
 	r := startRun(t, k, image, nil)
 	r.waitReady(t)
 	return k, r, k.dev(0)
@@ -196,7 +198,7 @@ func serving(t *testing.T) (*fakeKernel, *running, *fakeDev) {
 
 func TestRunConnectReconnectDisconnect(t *testing.T) {
 	k := newFakeKernelDriver(t)
-	_, image := newImage(t, 8<<20, false)
+	_, image := blockdevtest.ImageFile(t, 8<<20, false)
 
 	first := startRun(t, k, image, nil)
 	if dev := first.waitReady(t); dev != "/dev/nbd0" {
@@ -305,7 +307,7 @@ func TestRunAllConnectionsLost(t *testing.T) {
 
 func TestRunRefusesBadConfig(t *testing.T) {
 	k := newFakeKernelDriver(t)
-	_, image := newImage(t, 1<<20, false)
+	_, image := blockdevtest.ImageFile(t, 1<<20, false)
 	for name, mod := range map[string]func(*RunConfig){
 		"no kernel":         func(c *RunConfig) { c.Kernel = nil },
 		"no volume":         func(c *RunConfig) { c.Volume = "" },

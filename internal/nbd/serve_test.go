@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,26 +15,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/berth-io/berth/internal/blockdev/imagefile"
+	"github.com/berth-io/berth/internal/blockdev/blockdevtest"
 )
-
-// newImage makes a real image file of size bytes and opens it.
-func newImage(t testing.TB, size int64, direct bool) (*imagefile.Image, string) {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "disk.img")
-	if err := os.WriteFile(path, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(path, size); err != nil {
-		t.Fatal(err)
-	}
-	img, err := imagefile.Open(path, direct)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = img.Close() })
-	return img, path
-}
 
 func mustDo(t testing.TB, c *testClient, cmd, flags uint16, off uint64, length uint32, data []byte) []byte {
 	t.Helper()
@@ -56,7 +37,7 @@ func TestServeConcurrentReadWrite(t *testing.T) {
 	for _, direct := range []bool{false, true} {
 		t.Run(fmt.Sprintf("direct=%v", direct), func(t *testing.T) {
 			const size, stripe, goroutines, ops = 8 << 20, 64 << 10, 8, 150
-			img, path := newImage(t, size, direct)
+			img, path := blockdevtest.ImageFile(t, size, direct)
 			s := startServe(t, img, 8)
 			model := make([]byte, size)
 			var wg sync.WaitGroup
@@ -161,7 +142,7 @@ func fill(t *testing.T, c *testClient, size int) {
 
 func TestServeTrimPunchesHole(t *testing.T) {
 	const size, off, n = 4 << 20, 1 << 20, 1 << 20
-	img, path := newImage(t, size, false)
+	img, path := blockdevtest.ImageFile(t, size, false)
 	s := startServe(t, img, 4)
 	fill(t, s.client, size)
 	before := blocks(t, path)
@@ -184,7 +165,7 @@ func TestServeTrimPunchesHole(t *testing.T) {
 
 func TestServeWriteZeroes(t *testing.T) {
 	const size, n = 4 << 20, 1 << 20
-	img, path := newImage(t, size, false)
+	img, path := blockdevtest.ImageFile(t, size, false)
 	s := startServe(t, img, 4)
 	fill(t, s.client, size)
 	before := blocks(t, path)
