@@ -71,10 +71,12 @@ type Healer struct {
 // DefaultParallel is how many volumes a pass heals at once. Healing is
 // CPU-bound (a server process to start per volume) and competes with the
 // I/O of the volumes healed first, so a wide pass gets every server going
-// before that I/O takes the CPU: 100 volumes under writers on 2 cores,
-// time to each volume's first write, p50/p99: 16 at once 1.05s/1.95s,
-// 64 0.85s/1.84s, 128 0.68s/1.63s (make bench's heal at scale). The bound
-// keeps a node with thousands of volumes from forking them all at once.
+// before that I/O takes the CPU. Measured with make bench's heal at scale
+// (100 volumes under writers, 2 cores, passthrough on), time to each
+// volume's first write, p50/p99 over interleaved runs: 128 at once
+// 0.66-0.78s / 1.46-1.92s (3 runs), 16 at once 0.80-0.96s / 1.96-2.48s
+// (2 runs). The bound keeps a node with thousands of volumes from forking
+// them all at once.
 const DefaultParallel = 128
 
 // NeedLeaderElection is false: every node's agent heals its own volumes.
