@@ -58,8 +58,10 @@ type Fencer interface {
 
 // Agent runs volume operations on one node.
 type Agent struct {
-	node   string
-	api    client.Reader
+	node string
+	api  client.Reader
+	// cached reads this node's Volumes from a watch's cache (Config.Volumes).
+	cached client.Reader
 	images Images
 	loop   mount.Loop
 	mounts *mount.Manager
@@ -109,6 +111,14 @@ type Config struct {
 	// API reads Volume and StorageCluster objects, uncached, so that a
 	// volume made a moment ago is found.
 	API client.Reader
+	// Volumes reads this node's Volume objects from a cache kept by a
+	// watch (the manager's). The healer reads there first, so that an
+	// agent restart heals its volumes without an API round trip each
+	// (100 of them at once loaded the API server the heal waits on). A
+	// Volume the cache lacks (made a moment ago, a node-less ceph volume)
+	// is read through API, which alone says that a Volume is gone (nil:
+	// every read goes to API).
+	Volumes client.Reader
 	// Images finds a volume's backend image and its format record.
 	Images Images
 	// Loop attaches image files as loop devices (the kernel mounter, and
@@ -204,7 +214,7 @@ func New(c Config) (*Agent, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	a := &Agent{node: c.Node, api: c.API, images: c.Images, loop: c.Loop, mounts: c.Mounts, fence: c.Fence,
+	a := &Agent{node: c.Node, api: c.API, cached: c.Volumes, images: c.Images, loop: c.Loop, mounts: c.Mounts, fence: c.Fence,
 		locks: c.Locks, log: c.Log, lockWait: c.LockWait, paths: c.Paths, flex: c.Flex,
 		status: c.Status, clock: c.Clock, events: c.Events, us: us, openFencing: c.CephFencing,
 		openRecords: c.CephRecords, nfs: c.NFS, shareWait: c.ShareWait, freezeDir: c.FreezeDir, netns: newHolderNS(c.Netns)}
@@ -270,6 +280,26 @@ func (a *Agent) volume(ctx context.Context, id string) (*v1.Volume, error) {
 		return nil, err
 	}
 	return vol, a.checkNode(ctx, vol)
+}
+
+// cachedVolumeWait bounds a read from the cache of Volumes: one not
+// synced yet must not hold a heal up longer than the API server would.
+const cachedVolumeWait = 2 * time.Second
+
+// cachedVolume is volume, read from the cache of this node's Volumes when
+// it holds the Volume: the healer's read. A Volume it lacks is read from
+// the API server, which alone says that a Volume is gone.
+func (a *Agent) cachedVolume(ctx context.Context, id string) (*v1.Volume, error) {
+	if a.cached != nil {
+		cctx, cancel := context.WithTimeout(ctx, cachedVolumeWait)
+		vol := &v1.Volume{}
+		err := a.cached.Get(cctx, client.ObjectKey{Name: id}, vol)
+		cancel()
+		if err == nil {
+			return vol, a.checkNode(ctx, vol)
+		}
+	}
+	return a.volume(ctx, id)
 }
 
 // readVolume reads the Volume object, wherever it lives.

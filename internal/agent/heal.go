@@ -54,7 +54,9 @@ func (a *Agent) Heal(ctx context.Context, volumeID string) (*v1.Volume, HealResu
 	if d, err = a.device(volumeID); err != nil {
 		return nil, HealSkipped, err
 	}
-	vol, err := a.volume(ctx, volumeID)
+	// From the cache when it has the Volume: an agent restart heals every
+	// volume at once, and the API server is busy enough then.
+	vol, err := a.cachedVolume(ctx, volumeID)
 	if err != nil && !errors.Is(err, ErrVolumeNotFound) {
 		return nil, HealSkipped, err
 	}

@@ -207,7 +207,7 @@ func (c Config) Run(ctx context.Context) error {
 		return err
 	}
 	a, err := nodeagent.New(nodeagent.Config{
-		Node: c.NodeName, API: mgr.GetAPIReader(), Images: images, Loop: mount.NewLoop(exec),
+		Node: c.NodeName, API: mgr.GetAPIReader(), Volumes: mgr.GetClient(), Images: images, Loop: mount.NewLoop(exec),
 		Mounts: mounts, Fence: fencer,
 		Log: c.Log.WithName("agent"), LockWait: c.LockWait, Paths: paths,
 		Flex:   nodeagent.FlexConfig{StagingRoot: flexStaging, Holdings: fencer},
