@@ -14,6 +14,13 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PATH="/usr/local/go/bin:$PATH"
 BERTH="${BERTH:-$PWD/bin/berth}"
 [ -x "$BERTH" ] || { echo "e2e: $BERTH missing: run make build" >&2; exit 1; }
+# This script does not build: a binary of another commit (and the image
+# made from it) would be tested without a word. Say so.
+built=$("$BERTH" version 2>/dev/null | sed -n 's/.*(commit \([0-9a-f]*\),.*/\1/p' || true)
+head=$(git rev-parse --short HEAD 2>/dev/null || true)
+if [ -n "$head" ] && [ "$built" != "$head" ]; then
+	echo "e2e: warning: $BERTH was built from commit ${built:-unknown}, HEAD is $head: run make build to test this tree" >&2
+fi
 t0=$SECONDS
 
 finish() {
