@@ -85,7 +85,9 @@ func loadRestConfig(path string) (*rest.Config, error) {
 }
 
 // NewLogger returns a structured logger writing to w; verbosity 0 logs Info,
-// higher values log V(n) too.
+// higher values log V(n) too. Times carry milliseconds: a heal or a
+// failover is told by the order of lines within one second.
 func NewLogger(w io.Writer, verbosity int, name string) logr.Logger {
-	return zap.New(zap.WriteTo(w), zap.Level(zapcore.Level(-verbosity)), zap.UseDevMode(false)).WithName(name)
+	return zap.New(zap.WriteTo(w), zap.Level(zapcore.Level(-verbosity)), zap.UseDevMode(false),
+		func(o *zap.Options) { o.TimeEncoder = zapcore.ISO8601TimeEncoder }).WithName(name)
 }

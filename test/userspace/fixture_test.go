@@ -265,6 +265,12 @@ func (f *fixture) stop(failed bool) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	f.stopAgent()
+	// BERTH_KEEP_AGENT_LOG=FILE keeps the agent's log of a passing run too
+	// (a heal's timeline is read from it; the folder is removed below).
+	if keep := os.Getenv("BERTH_KEEP_AGENT_LOG"); keep != "" {
+		b, _ := os.ReadFile(f.agentLog)
+		_ = os.WriteFile(keep, b, 0o600)
+	}
 	if failed && f.agentLog != "" {
 		b, _ := os.ReadFile(f.agentLog)
 		fmt.Fprintf(os.Stderr, "agent log (tail):\n%s\n", tail(string(b), 8000))
