@@ -78,6 +78,7 @@ helm-path: $(HELM) ## Print the pinned helm binary's path (building it first).
 
 .PHONY: image
 image: build ## Write berth's OCI image (contents: internal/image BerthSpec) to _output/berth-image.tar.
+	hack/install-deps.sh e2fsprogs xfsprogs nfs-ganesha nfs-ganesha-vfs
 	rm -rf _output/.image && mkdir -p _output/.image
 	go run ./hack/images -out _output/.image -pause "" -busybox "" -berth $(BIN)/berth
 	mv _output/.image/berth.tar _output/berth-image.tar && rmdir _output/.image

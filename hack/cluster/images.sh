@@ -48,6 +48,9 @@ build_and_import_images() {
 	if [ -n "${BERTH_E2E_BERTH_BINARY:-}" ]; then
 		[ -x "$BERTH_E2E_BERTH_BINARY" ] || die "BERTH_E2E_BERTH_BINARY=$BERTH_E2E_BERTH_BINARY is not an executable"
 		BERTH_IMAGE_TAG=berth.local/berth:dev
+		# The berth image carries the node's mkfs/resize tools and ganesha
+		# (internal/image BerthSpec): on a fresh machine they come first.
+		"$REPO/hack/install-deps.sh" e2fsprogs xfsprogs nfs-ganesha nfs-ganesha-vfs
 		# Extra programs for the berth image, e.g. BERTH_E2E_BERTH_EXTRA_TOOLS=fio.
 		args+=(-berth-extra-tools "${BERTH_E2E_BERTH_EXTRA_TOOLS:-}")
 		stale "$IMAGES/berth.tar" "$BERTH_E2E_BERTH_BINARY" "$tool" && args+=(-berth "$BERTH_E2E_BERTH_BINARY") need=1
