@@ -89,10 +89,10 @@ func (r *Reconciler) storageClass(sc *v1.StorageCluster, cls *storagev1.StorageC
 
 // bindingMode is a class's volume binding mode. A local volume lives on the
 // node its first pod is scheduled to (WaitForFirstConsumer). A ceph volume
-// has no node, and no agent publishes a CSIStorageCapacity for its class
-// (its capacity is the pool's): the scheduler would find "not enough free
-// storage" on every node for a claim waiting for its consumer (the CSIDriver
-// has storageCapacity), so ceph claims bind at once (Immediate).
+// has no node (every node reaches its image), so there is nothing to wait
+// for: ceph claims bind at once (Immediate). A ceph class that waits would
+// work too: the CSI controller publishes its pool's capacity
+// (csi.PoolCapacityPublisher).
 func bindingMode(sc *v1.StorageCluster) storagev1.VolumeBindingMode {
 	if sc.Spec.Backend == v1.BackendCeph {
 		return storagev1.VolumeBindingImmediate
