@@ -45,7 +45,7 @@ func NewNode(reg prometheus.Registerer, src NodeSource, log logr.Logger) (*Node,
 	n := &Node{
 		src: src, log: log, timeout: 5 * time.Second,
 		volumes: prometheus.NewDesc(namespace+"_volumes",
-			"Volumes on this node, by status.state and transport (loop: kernel mounter; fuse, nbd: userspace mounter, as staged here or as this agent stages new ones).",
+			"Volumes on this node, by status.state and transport (loop: kernel mounter; fuse, nbd: userspace mounter, rbd: a userspace ceph volume staged here; a volume not staged here: the transport this agent would stage it with).",
 			[]string{"state", "transport"}, nil),
 		keeperUp: prometheus.NewDesc(namespace+"_keeper_up",
 			"1 when the keeper answered the agent at this scrape, 0 when it did not.", nil, nil),
