@@ -98,6 +98,25 @@ func (a *Agent) Heal(ctx context.Context, volumeID string) (*v1.Volume, HealResu
 	return vol, res, err
 }
 
+// StagedHere lists the volumes staged over a userspace transport on this
+// node, by the agent's own records, whose images are files in this node's
+// data dirs: the healer heals those without the API server. An RBD image
+// is not among them: another node may hold it once this one was fenced,
+// which only its Attachment tells.
+func (a *Agent) StagedHere() ([]string, error) {
+	staged, err := a.records().list()
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, v := range staged {
+		if _, err := a.images.Get(context.Background(), v); err == nil {
+			out = append(out, v)
+		}
+	}
+	return out, nil
+}
+
 // prepareUnstage readies a volume for unmount and detach: a server must
 // run, or flushing the file system would wait for one. With the keeper
 // down or the connection gone, I/O fails fast: there is nothing to wait
