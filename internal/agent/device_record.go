@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -111,6 +112,39 @@ func (r records) loadLegacy(volume string) (volumeRecord, bool, error) {
 		return none, false, fmt.Errorf("server log of volume %s: %w", volume, err)
 	}
 	return none, false, nil
+}
+
+// list returns the volumes that have a record here, of either version, in
+// name order: the volumes staged over a userspace transport on this node.
+func (r records) list() ([]string, error) {
+	if r.dir == "" {
+		return nil, nil
+	}
+	names := map[string]bool{}
+	for _, d := range []struct{ dir, suffix string }{
+		{filepath.Join(r.dir, recordsDir), ".json"},
+		{r.dir, ".nbd"},
+		{r.dir, ".log"}, // version 0 FUSE marker; a version 1 volume has one too
+	} {
+		entries, err := os.ReadDir(d.dir)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("volume records: %w", err)
+		}
+		for _, e := range entries {
+			if name, ok := strings.CutSuffix(e.Name(), d.suffix); ok && e.Type().IsRegular() && name != "" {
+				names[name] = true
+			}
+		}
+	}
+	out := make([]string, 0, len(names))
+	for n := range names {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out, nil
 }
 
 // save writes the volume's record in this agent's version; a version 0

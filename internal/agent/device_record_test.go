@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 )
 
@@ -81,5 +82,37 @@ func TestRecordVersions(t *testing.T) {
 	// Without a userspace root nothing is written and every volume is on a loop device.
 	if made, err := (records{}).create("x", TransportLoop); err != nil || made {
 		t.Errorf("create without a root: %t, %v", made, err)
+	}
+}
+
+// TestRecordsList: the volumes with a record of either version, once each,
+// in name order; nothing else in the folder counts.
+func TestRecordsList(t *testing.T) {
+	dir := t.TempDir()
+	r := records{dir: dir}
+	if got, err := r.list(); err != nil || len(got) != 0 {
+		t.Fatalf("list of an empty root = %v, %v", got, err)
+	}
+	if err := r.save("vol-b", volumeRecord{Transport: TransportFUSE}); err != nil {
+		t.Fatal(err)
+	}
+	for name, body := range map[string]string{
+		"vol-b.log": "", // a version 1 volume's server log
+		"vol-a.nbd": "42\n",
+		"vol-c.log": "", // version 0 FUSE marker
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Mkdir(filepath.Join(dir, "vol-d"), 0o700); err != nil { // a mountpoint
+		t.Fatal(err)
+	}
+	got, err := r.list()
+	if err != nil || !slices.Equal(got, []string{"vol-a", "vol-b", "vol-c"}) {
+		t.Fatalf("list = %v, %v; want vol-a vol-b vol-c", got, err)
+	}
+	if got, err := (records{}).list(); err != nil || got != nil {
+		t.Errorf("list without a userspace root = %v, %v", got, err)
 	}
 }

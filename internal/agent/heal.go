@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 )
@@ -30,10 +31,12 @@ const (
 // a healer that waited would take the lock the moment that call let go of
 // it, so kubelet's next call (publish right after stage) would fail as
 // busy. ErrBusy (HealBusy) makes the healer try again after its busy retry.
-// It returns the
-// Volume (nil when gone), ErrKeeperDown or ErrConnectionLost when the
-// volume cannot be healed, ErrVolumeNotFound (with HealSkipped) when a
-// staged userspace volume's Volume object or image is gone.
+// It returns the Volume (nil when gone), ErrKeeperDown or ErrConnectionLost
+// when the volume cannot be healed, ErrVolumeNotFound (with HealSkipped)
+// when a staged userspace volume's image is gone, or, for an image that is
+// not a file of this node (RBD), its Volume object. An image file still
+// here is served even when its Volume object was deleted by hand: the
+// volume is staged and its pods' I/O waits on it.
 func (a *Agent) Heal(ctx context.Context, volumeID string) (*v1.Volume, HealResult, error) {
 	d, err := a.device(volumeID)
 	if err != nil {
@@ -49,10 +52,26 @@ func (a *Agent) Heal(ctx context.Context, volumeID string) (*v1.Volume, HealResu
 	if err != nil {
 		return nil, HealBusy, err
 	}
-	defer unlock()
+	release := sync.OnceFunc(unlock)
+	defer release()
 	// Read again under the lock: an unstage may have ended meanwhile.
 	if d, err = a.device(volumeID); err != nil {
 		return nil, HealSkipped, err
+	}
+	// An image file in this node's data dirs is found with a stat: its
+	// server starts before any read of the API server or its cache, which
+	// after an agent restart are still filling while every volume of the
+	// node waits. The Volume is read afterwards, for the Event only.
+	if img, ierr := a.images.Get(ctx, volumeID); ierr == nil {
+		res, err := d.Heal(ctx, volumeID, func(context.Context) (string, error) { return img.Path, nil })
+		if err == nil && res == HealRestarted {
+			a.reportAfterHeal(ctx, volumeID, d)
+		}
+		// Not under the lock: a cache still filling must not hold up
+		// kubelet's calls on a volume that is served again.
+		release()
+		vol, _ := a.cachedVolume(ctx, volumeID)
+		return vol, res, err
 	}
 	// From the cache when it has the Volume: an agent restart heals every
 	// volume at once, and the API server is busy enough then.
@@ -77,6 +96,25 @@ func (a *Agent) Heal(ctx context.Context, volumeID string) (*v1.Volume, HealResu
 		a.reportAfterHeal(ctx, volumeID, d)
 	}
 	return vol, res, err
+}
+
+// StagedHere lists the volumes staged over a userspace transport on this
+// node, by the agent's own records, whose images are files in this node's
+// data dirs: the healer heals those without the API server. An RBD image
+// is not among them: another node may hold it once this one was fenced,
+// which only its Attachment tells.
+func (a *Agent) StagedHere() ([]string, error) {
+	staged, err := a.records().list()
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, v := range staged {
+		if _, err := a.images.Get(context.Background(), v); err == nil {
+			out = append(out, v)
+		}
+	}
+	return out, nil
 }
 
 // prepareUnstage readies a volume for unmount and detach: a server must

@@ -61,23 +61,46 @@ func TestHealReadsVolumeFromCache(t *testing.T) {
 }
 
 // TestHealVolumeMissingFromCache: a Volume the cache lacks is read from
-// the API server; one gone there too gives the clear error and no server.
+// the API server.
 func TestHealVolumeMissingFromCache(t *testing.T) {
 	var gets atomic.Int32
-	a, procs := healAgent(t, countingAPI(t, &gets, false, userspaceVolume()), fakeAPI(t).Build())
+	a, _ := healAgent(t, countingAPI(t, &gets, false, userspaceVolume()), fakeAPI(t).Build())
 	if vol, res, err := a.Heal(context.Background(), "vol-1"); err != nil || res != HealRestarted || vol == nil {
 		t.Fatalf("Heal = %v, %s, %v; want restarted with the Volume read from the API server", vol, res, err)
 	}
 	if gets.Load() == 0 {
 		t.Error("the API server was not read for a Volume the cache lacks")
 	}
+}
+
+// TestHealImageFileBeforeVolume: a volume whose image is a file here gets
+// its server even while the API server does not answer (right after an
+// agent restart, every volume waits on those reads), and even when its
+// Volume object is gone: the volume is staged and its I/O waits. Gone
+// image and Volume: the clear error, and no server.
+func TestHealImageFileBeforeVolume(t *testing.T) {
+	var gets atomic.Int32
+	down := countingAPI(t, &gets, true)
+	a, procs := healAgent(t, down, down)
+	if vol, res, err := a.Heal(context.Background(), "vol-1"); err != nil || res != HealRestarted || vol != nil {
+		t.Fatalf("Heal with the API server down = %v, %s, %v; want restarted, no Volume", vol, res, err)
+	}
+	if len(procs.started) != 2 {
+		t.Errorf("started %d servers, want a second one", len(procs.started))
+	}
 
 	a, procs = healAgent(t, countingAPI(t, &gets, false), fakeAPI(t).Build())
+	if vol, res, err := a.Heal(context.Background(), "vol-1"); err != nil || res != HealRestarted || vol != nil {
+		t.Fatalf("Heal of a volume whose Volume is gone = %v, %s, %v; want restarted from its image file", vol, res, err)
+	}
+
+	a, procs = healAgent(t, countingAPI(t, &gets, false), fakeAPI(t).Build())
+	a.images = fakeImages{gone: true}
 	vol, res, err := a.Heal(context.Background(), "vol-1")
 	if !errors.Is(err, ErrVolumeNotFound) || res != HealSkipped || vol != nil || !strings.Contains(err.Error(), "Volume object is gone") {
 		t.Fatalf("Heal = %v, %s, %v; want skipped with ErrVolumeNotFound saying the Volume is gone", vol, res, err)
 	}
 	if len(procs.started) != 1 {
-		t.Errorf("a server was started for a volume whose Volume is gone")
+		t.Errorf("a server was started for a volume whose Volume and image are gone")
 	}
 }

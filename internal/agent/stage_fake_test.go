@@ -34,9 +34,14 @@ type fakeImages struct {
 	path string
 	// formatted is the image's format record; nil: none.
 	formatted *backend.FormatRecord
+	// gone: no image (Get says backend.ErrNotFound).
+	gone bool
 }
 
 func (f fakeImages) Get(_ context.Context, id string) (backend.Image, error) {
+	if f.gone {
+		return backend.Image{}, fmt.Errorf("volume %s: %w", id, backend.ErrNotFound)
+	}
 	return backend.Image{ID: id, Path: f.path, Size: 64 << 20}, nil
 }
 

@@ -61,6 +61,14 @@ type Healer struct {
 	BusyRetry time.Duration
 	// Metrics, when set, counts passes and volumes healed.
 	Metrics *metrics.Heal
+	// Local lists the volumes staged here, by the agent's own records, whose
+	// images are files here (agent.Agent.StagedHere): no other node can
+	// hold them, so a pass heals them first, without the API server, and
+	// still when it cannot list this node's Attachments. nil: none.
+	Local func() ([]string, error)
+	// ListTimeout bounds the listing of the Attachments (0: 10s); an API
+	// server that does not answer must not hold the volumes' I/O longer.
+	ListTimeout time.Duration
 
 	mu sync.Mutex
 	// warned is the last warning reason per volume, so that a lasting
@@ -116,32 +124,58 @@ func (h *Healer) busyRetry() time.Duration {
 type Summary map[agent.HealResult]int
 
 // Pass heals every volume this node has staged, concurrently, and returns
-// what it did; a busy volume does not hold up the others. Volumes that fail are logged and reported as Events; the
-// error is only for a failed listing.
+// what it did; a busy volume does not hold up the others. First those of
+// Local, which need no API server: their I/O goes on before, and even
+// without, the listing of this node's Attachments; then the other volumes
+// that listing names. Volumes that fail are logged and reported as Events;
+// the error is only for a failed listing.
 func (h *Healer) Pass(ctx context.Context) (Summary, error) {
-	listCtx, cancel := context.WithTimeout(ctx, h.timeout())
+	sum := Summary{}
+	healed := map[string]bool{}
+	if h.Local != nil {
+		local, err := h.Local()
+		if err != nil {
+			h.Log.Error(err, "volume records not read: healing the volumes of this node's Attachments only")
+		}
+		h.healAll(ctx, local, healed, sum)
+	}
+	listTimeout := h.ListTimeout
+	if listTimeout <= 0 {
+		listTimeout = 10 * time.Second
+	}
+	listCtx, cancel := context.WithTimeout(ctx, listTimeout)
 	holds, err := h.Holdings.ListForNode(listCtx, h.Node)
 	cancel()
 	h.Metrics.Pass(err)
 	if err != nil {
-		return nil, err
+		return sum, err
 	}
-	staged := map[string]bool{}
+	var rest []string
 	for _, hd := range holds {
 		// Stage records have no pod; pod records imply one.
-		staged[hd.Volume] = true
+		rest = append(rest, hd.Volume)
 	}
+	h.healAll(ctx, rest, healed, sum)
+	return sum, nil
+}
+
+// healAll heals vols not in healed at once (up to Parallel), marks them
+// healed and counts their results in sum.
+func (h *Healer) healAll(ctx context.Context, vols []string, healed map[string]bool, sum Summary) {
 	parallel := h.Parallel
 	if parallel <= 0 {
 		parallel = DefaultParallel
 	}
 	sem := make(chan struct{}, parallel)
 	var (
-		wg  sync.WaitGroup
-		mu  sync.Mutex
-		sum = Summary{}
+		wg sync.WaitGroup
+		mu sync.Mutex
 	)
-	for vol := range staged {
+	for _, vol := range vols {
+		if healed[vol] {
+			continue
+		}
+		healed[vol] = true
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {
@@ -153,7 +187,6 @@ func (h *Healer) Pass(ctx context.Context) (Summary, error) {
 		}()
 	}
 	wg.Wait()
-	return sum, nil
 }
 
 func (h *Healer) timeout() time.Duration {

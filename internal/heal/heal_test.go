@@ -279,3 +279,48 @@ func (g gone) Heal(ctx context.Context, id string) (*v1.Volume, agent.HealResult
 	}
 	return vol, res, err
 }
+
+// downHoldings fails as an API server that does not answer.
+type downHoldings struct{}
+
+func (downHoldings) ListForNode(context.Context, string) ([]fence.Hold, error) {
+	return nil, fmt.Errorf("list Attachments: connection refused")
+}
+
+// TestPassHealsLocalRecordsWhenAttachmentsCannotBeListed: with the API
+// server away, a pass heals the volumes the agent's own records name, and
+// still reports the failed listing; without Local it heals nothing.
+func TestPassHealsLocalRecordsWhenAttachmentsCannotBeListed(t *testing.T) {
+	v := &volumes{calls: map[string]int{}, table: map[string]outcome{
+		"a": {res: agent.HealRestarted}, "b": {res: agent.HealServing},
+	}}
+	h := &heal.Healer{Node: "n1", Holdings: downHoldings{}, Volumes: v, Log: logr.Discard(),
+		Local: func() ([]string, error) { return []string{"a", "b"}, nil }}
+	sum, err := h.Pass(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "connection refused") {
+		t.Errorf("Pass error = %v; want the failed listing", err)
+	}
+	if sum[agent.HealRestarted] != 1 || sum[agent.HealServing] != 1 || v.calls["a"] != 1 || v.calls["b"] != 1 {
+		t.Errorf("Pass = %v, calls %v; want a restarted and b serving, each healed once", sum, v.calls)
+	}
+
+	v = &volumes{calls: map[string]int{}, table: map[string]outcome{"a": {res: agent.HealRestarted}}}
+	h = &heal.Healer{Node: "n1", Holdings: downHoldings{}, Volumes: v, Log: logr.Discard()}
+	if _, err := h.Pass(context.Background()); err == nil || len(v.calls) != 0 {
+		t.Errorf("Pass without Local = %v, calls %v; want the error and no heal", err, v.calls)
+	}
+}
+
+// TestPassHealsLocalFirstAndOnce: a volume both the local records and the
+// Attachments name is healed once, in the local phase.
+func TestPassHealsLocalFirstAndOnce(t *testing.T) {
+	v := &volumes{calls: map[string]int{}, table: map[string]outcome{
+		"a": {res: agent.HealRestarted}, "b": {res: agent.HealRestarted},
+	}}
+	h := &heal.Healer{Node: "n1", Holdings: holdings{hold("a", "n1", ""), hold("b", "n1", "")}, Volumes: v, Log: logr.Discard(),
+		Local: func() ([]string, error) { return []string{"a"}, nil }}
+	sum, err := h.Pass(context.Background())
+	if err != nil || sum[agent.HealRestarted] != 2 || v.calls["a"] != 1 || v.calls["b"] != 1 {
+		t.Errorf("Pass = %v, %v, calls %v; want a and b restarted, each once", sum, err, v.calls)
+	}
+}

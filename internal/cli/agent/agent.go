@@ -219,7 +219,7 @@ func (c Config) Run(ctx context.Context) error {
 	}
 	// Snapshots and clones hold their source still through the agent.
 	images.WithQuiescer(a)
-	if err := mgr.Add(&heal.Healer{Node: c.NodeName, Holdings: fencer, Volumes: a,
+	if err := mgr.Add(&heal.Healer{Node: c.NodeName, Holdings: fencer, Volumes: a, Local: a.StagedHere,
 		Recorder: mgr.GetEventRecorderFor("berth-agent"), Log: c.Log.WithName("heal"), Interval: c.HealInterval, Metrics: m.heal}); err != nil {
 		return err
 	}

@@ -1,0 +1,148 @@
+package userspace
+
+import (
+	"context"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/berth-io/berth/internal/keeper"
+)
+
+// apiCut is a TCP proxy to the API server on 127.0.0.1 that can cut every
+// connection and refuse new ones, as a control plane gone away would.
+type apiCut struct {
+	l      net.Listener
+	target string
+	mu     sync.Mutex
+	cut    bool
+	conns  []net.Conn
+}
+
+func newAPICut(t *testing.T, target string) *apiCut {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &apiCut{l: l, target: target}
+	t.Cleanup(func() { _ = l.Close(); p.setCut(true) })
+	go p.serve()
+	return p
+}
+
+func (p *apiCut) serve() {
+	for {
+		c, err := p.l.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		if p.cut {
+			p.mu.Unlock()
+			_ = c.Close()
+			continue
+		}
+		up, err := net.DialTimeout("tcp", p.target, 5*time.Second)
+		if err != nil {
+			p.mu.Unlock()
+			_ = c.Close()
+			continue
+		}
+		p.conns = append(p.conns, c, up)
+		p.mu.Unlock()
+		go func() { _, _ = io.Copy(up, c); _ = up.Close() }()
+		go func() { _, _ = io.Copy(c, up); _ = c.Close() }()
+	}
+}
+
+// setCut cuts (closing every connection) or lets connections through again.
+func (p *apiCut) setCut(cut bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = cut
+	if cut {
+		for _, c := range p.conns {
+			_ = c.Close()
+		}
+		p.conns = nil
+	}
+}
+
+// TestHealWhileAPIServerAway: the agent runs, the API server goes away
+// (every connection cut), and a volume's blockdev server dies. The
+// healer heals the volumes its own records name whose images are files
+// here before it lists this node's Attachments, which fails: the
+// verifying writer goes on without an error. The API server comes back and the
+// agent goes on as before.
+func TestHealWhileAPIServerAway(t *testing.T) {
+	f := setup(t)
+	nc := f.node(t)
+	m := f.userspaceVolume(t, nc, "heal-noapi")
+	w := startWriter(t, m, 11)
+
+	cfg, err := os.ReadFile(f.kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	server := regexp.MustCompile(`server: https://([^\s/]+)`).FindSubmatch(cfg)
+	if server == nil {
+		t.Fatalf("no server line in the kubeconfig:\n%s", cfg)
+	}
+	p := newAPICut(t, string(server[1]))
+	proxied := filepath.Join(t.TempDir(), "kubeconfig-proxied")
+	if err := os.WriteFile(proxied, []byte(strings.Replace(string(cfg), string(server[0]), "server: https://"+p.l.Addr().String(), 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// The agent through the proxy (its blockdev server lives on).
+	f.killAgent()
+	if err := f.startAgent("--kubeconfig", proxied); err != nil {
+		t.Fatal(err)
+	}
+	waitCSI(t, nc)
+	time.Sleep(3 * time.Second) // its first passes, with the API server there
+
+	p.setCut(true)
+	ctx := context.Background()
+	vols, err := keeper.NewClient(f.keeperSock).List(ctx)
+	if err != nil || len(vols) != 1 || vols[0].ServerPID == 0 {
+		t.Fatalf("keeper: %+v, %v; want one volume with a live server", vols, err)
+	}
+	killed := time.Now()
+	if err := killWait(vols[0].ServerPID); err != nil {
+		t.Fatal(err)
+	}
+	w.waitWrite(t, killed, 60*time.Second)
+	t.Logf("first write %s after the server was killed, the API server away", time.Since(killed).Round(time.Millisecond))
+	// The heal is logged once its Volume was read, from the agent's cache.
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		log, err := os.ReadFile(f.agentLog)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(log), "healed: a new blockdev server took over") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the agent log does not say that it healed the volume:\n%s", tail(string(log), 4000))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	p.setCut(false)
+	f.killAgent()
+	if err := f.startAgent(); err != nil {
+		t.Fatal(err)
+	}
+	waitCSI(t, nc)
+	if err := w.Stop(30 * time.Second); err != nil {
+		t.Errorf("writer: %v", err)
+	}
+	checkReadWrite(t, []mounted{m})
+}
