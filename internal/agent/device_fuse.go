@@ -217,19 +217,16 @@ func (f fuseDevice) Condition(ctx context.Context, volume string) (abnormal bool
 // server returns the keeper's record of volume (found false when the keeper
 // holds no connection for it).
 func (f fuseDevice) server(ctx context.Context, volume string) (keeper.Volume, bool, error) {
-	vols, err := f.cfg.Keeper.List(ctx)
+	// One volume's entry, not the whole List: a pass after an agent
+	// restart asks for every volume at once.
+	v, found, err := f.cfg.Keeper.Status(ctx, volume)
 	if err != nil {
 		if errors.Is(err, keeper.ErrUnavailable) {
 			return keeper.Volume{}, false, fmt.Errorf("%w: %w", ErrKeeperDown, err)
 		}
-		return keeper.Volume{}, false, fmt.Errorf("list keeper connections: %w", err)
+		return keeper.Volume{}, false, fmt.Errorf("keeper connection of %s: %w", volume, err)
 	}
-	for _, v := range vols {
-		if v.Name == volume {
-			return v, true, nil
-		}
-	}
-	return keeper.Volume{}, false, nil
+	return v, found, nil
 }
 
 // ensureServer makes sure a server serves volume, starting one when none

@@ -36,6 +36,15 @@ func (k *hostKeeper) List(context.Context) ([]keeper.Volume, error) {
 	defer k.mu.Unlock()
 	return append([]keeper.Volume(nil), k.vols...), nil
 }
+func (k *hostKeeper) Status(ctx context.Context, volume string) (keeper.Volume, bool, error) {
+	vols, _ := k.List(ctx)
+	for _, v := range vols {
+		if v.Name == volume {
+			return v, true, nil
+		}
+	}
+	return keeper.Volume{}, false, nil
+}
 func (k *hostKeeper) Close(_ context.Context, v string) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()

@@ -21,6 +21,8 @@ import (
 type Keeper interface {
 	Ping(ctx context.Context) error
 	List(ctx context.Context) ([]keeper.Volume, error)
+	// Status is one volume's entry of List (found false: not held).
+	Status(ctx context.Context, volume string) (v keeper.Volume, found bool, err error)
 	Close(ctx context.Context, volume string) error
 	// Stop ends the volume's server through the keeper's handle on it.
 	Stop(ctx context.Context, volume string) error

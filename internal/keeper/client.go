@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -86,6 +87,33 @@ func (c *Client) List(ctx context.Context) ([]Volume, error) {
 	return resp.Volumes, err
 }
 
+// Status returns volume's entry of List; found false when the keeper holds
+// no connection for it. A keeper older than OpStatus (keepers update only
+// when their pod is deleted) is asked with List.
+func (c *Client) Status(ctx context.Context, volume string) (Volume, bool, error) {
+	resp, _, err := c.call(ctx, request{Op: OpStatus, Volume: volume})
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return Volume{}, false, nil
+	case errors.Is(err, volerr.ErrInvalid) && strings.Contains(err.Error(), "unknown op"):
+		vols, err := c.List(ctx)
+		if err != nil {
+			return Volume{}, false, err
+		}
+		for _, v := range vols {
+			if v.Name == volume {
+				return v, true, nil
+			}
+		}
+		return Volume{}, false, nil
+	case err != nil:
+		return Volume{}, false, err
+	case len(resp.Volumes) != 1 || resp.Volumes[0].Name != volume:
+		return Volume{}, false, fmt.Errorf("%w: status of %s answered with %d entries", ErrUnavailable, volume, len(resp.Volumes))
+	}
+	return resp.Volumes[0], true, nil
+}
+
 func (c *Client) conn(ctx context.Context, req request) (*Conn, error) {
 	resp, f, err := c.call(ctx, req)
 	if err != nil {
@@ -118,11 +146,18 @@ func (c *Client) call(ctx context.Context, req request) (response, *os.File, err
 	// A keeper at its client limit answers (busy) and closes before it
 	// reads: read its answer even when the write failed.
 	_, werr := conn.Write(b)
-	buf := make([]byte, maxMessage)
+	size := maxMessage
+	if req.Op == OpList {
+		size = maxListReply
+	}
+	buf := make([]byte, size)
 	oob := make([]byte, unix.CmsgSpace(4))
-	n, oobn, _, _, err := conn.ReadMsgUnix(buf, oob)
+	n, oobn, flags, _, err := conn.ReadMsgUnix(buf, oob)
 	if err == nil && n == 0 && werr != nil {
 		err = werr
+	}
+	if err == nil && flags&unix.MSG_TRUNC != 0 {
+		err = fmt.Errorf("reply longer than %d bytes", len(buf))
 	}
 	if err != nil {
 		if werr != nil {

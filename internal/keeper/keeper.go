@@ -180,6 +180,18 @@ func send(c *net.UnixConn, resp response, fd int) error {
 	if err != nil {
 		return fmt.Errorf("encode reply: %w", err)
 	}
+	if len(b) > maxListReply {
+		return fmt.Errorf("reply of %d bytes is over %d", len(b), maxListReply)
+	}
+	if len(b) > 64<<10 {
+		// One SOCK_SEQPACKET message must fit the send buffer (~208 KiB by
+		// default): a long List gets room for itself.
+		if rc, err := c.SyscallConn(); err == nil {
+			_ = rc.Control(func(fd uintptr) {
+				_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, 2*len(b))
+			})
+		}
+	}
 	var oob []byte
 	if fd >= 0 {
 		oob = unix.UnixRights(fd)
@@ -199,6 +211,12 @@ func (s *Service) handle(req request, pid int32) (response, int) {
 		return response{}, -1
 	case OpList:
 		return response{Volumes: s.Held()}, -1
+	case OpStatus:
+		v, ok := s.status(req.Volume)
+		if !ok {
+			return errorResponse(fmt.Errorf("%w: %s", ErrNotFound, req.Volume)), -1
+		}
+		return response{Volumes: []Volume{v}}, -1
 	case OpOpen:
 		h, err := s.open(req.Volume, req.Mountpoint)
 		if err == nil {
@@ -385,6 +403,21 @@ func (s *Service) list() []Volume {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
+}
+
+// status is volume's entry of list.
+func (s *Service) status(volume string) (Volume, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h, ok := s.vols[volume]
+	if !ok {
+		return Volume{}, false
+	}
+	v := Volume{Name: volume, Mountpoint: h.mountpoint, Initialized: len(h.settings) > 0}
+	if h.server != nil && h.server.Alive() {
+		v.ServerPID = int(h.serverPID)
+	}
+	return v, true
 }
 
 // Held lists the held connections.

@@ -23,7 +23,11 @@ const (
 	OpSaveInit = "save-init"
 	OpClose    = "close"
 	OpList     = "list"
-	OpPing     = "ping"
+	// OpStatus is one volume's entry of List (not-found when not held):
+	// its reply stays small whatever the volumes held. Keepers before it
+	// answer "unknown op"; the client then lists.
+	OpStatus = "status"
+	OpPing   = "ping"
 	// OpStop ends the volume's server: SIGTERM, then SIGKILL. The keeper
 	// signals it through its own pidfd, valid whatever PID namespace the
 	// caller is in.
@@ -84,14 +88,18 @@ type Volume struct {
 	ServerPID int `json:"serverPID,omitempty"`
 }
 
-// maxMessage bounds a request or reply.
+// maxMessage bounds a request or a reply other than List's.
 const maxMessage = 64 << 10
+
+// maxListReply bounds List's reply, one message: about 180 bytes a volume,
+// so ~5800 volumes (64 KiB held only ~350, and a longer reply was cut).
+const maxListReply = 1 << 20
 
 func (r request) validate() error {
 	switch r.Op {
 	case OpList, OpPing:
 		return nil
-	case OpOpen, OpGet, OpSaveInit, OpClose, OpStop:
+	case OpOpen, OpGet, OpSaveInit, OpClose, OpStop, OpStatus:
 	default:
 		return fmt.Errorf("%w: unknown op %q", volerr.ErrInvalid, r.Op)
 	}
