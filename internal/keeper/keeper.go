@@ -395,11 +395,7 @@ func (s *Service) close(volume string) error {
 func (s *Service) list() []Volume {
 	out := make([]Volume, 0, len(s.vols))
 	for name, h := range s.vols {
-		v := Volume{Name: name, Mountpoint: h.mountpoint, Initialized: len(h.settings) > 0}
-		if h.server != nil && h.server.Alive() {
-			v.ServerPID = int(h.serverPID)
-		}
-		out = append(out, v)
+		out = append(out, h.entry(name))
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
@@ -413,11 +409,16 @@ func (s *Service) status(volume string) (Volume, bool) {
 	if !ok {
 		return Volume{}, false
 	}
-	v := Volume{Name: volume, Mountpoint: h.mountpoint, Initialized: len(h.settings) > 0}
+	return h.entry(volume), true
+}
+
+// entry is h's line of List, held under mu.
+func (h *held) entry(name string) Volume {
+	v := Volume{Name: name, Mountpoint: h.mountpoint, Initialized: len(h.settings) > 0}
 	if h.server != nil && h.server.Alive() {
 		v.ServerPID = int(h.serverPID)
 	}
-	return v, true
+	return v
 }
 
 // Held lists the held connections.

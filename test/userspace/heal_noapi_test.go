@@ -43,16 +43,14 @@ func (p *apiCut) serve() {
 		if err != nil {
 			return
 		}
-		p.mu.Lock()
-		if p.cut {
-			p.mu.Unlock()
-			_ = c.Close()
-			continue
-		}
 		up, err := net.DialTimeout("tcp", p.target, 5*time.Second)
-		if err != nil {
+		p.mu.Lock()
+		if err != nil || p.cut {
 			p.mu.Unlock()
 			_ = c.Close()
+			if up != nil {
+				_ = up.Close()
+			}
 			continue
 		}
 		p.conns = append(p.conns, c, up)
