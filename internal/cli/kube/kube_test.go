@@ -1,17 +1,24 @@
-package cli
+package kube
 
 import (
+	"bytes"
+	"context"
 	"flag"
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/go-logr/logr"
+	"k8s.io/client-go/rest"
+
+	"github.com/berth-io/berth/internal/cli"
 )
 
 // TestRestConfigTimeout: every component's API requests time out.
 func TestRestConfigTimeout(t *testing.T) {
 	path := writeKubeconfig(t)
 	fs := flag.NewFlagSet("test", flag.ContinueOnError)
-	var k KubeFlags
+	var k Flags
 	k.Register(fs)
 	if err := fs.Parse([]string{"--kubeconfig", path}); err != nil {
 		t.Fatal(err)
@@ -47,4 +54,20 @@ current-context: x
 		t.Fatal(err)
 	}
 	return path
+}
+
+// TestCommand: the kube flags and -v come with the command's own.
+func TestCommand(t *testing.T) {
+	var got *rest.Config
+	c := Command("x", "test", func(fs *flag.FlagSet) Run {
+		fs.String("own", "", "the command's own flag")
+		return func(_ context.Context, _ logr.Logger, rest *rest.Config) error { got = rest; return nil }
+	})
+	t.Setenv("KUBECONFIG", writeKubeconfig(t))
+	if err := c.Main(t.Context(), []string{"--own=a", "-v=2", "--kube-api-qps=7"}, cli.IO{Stderr: &bytes.Buffer{}}); err != nil {
+		t.Fatal(err)
+	}
+	if got == nil || got.QPS != 7 || got.Timeout != APITimeout {
+		t.Errorf("rest config %+v; want qps 7 and the API timeout", got)
+	}
 }
