@@ -3,9 +3,12 @@ package kube
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"flag"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/go-logr/logr"
@@ -69,5 +72,31 @@ func TestCommand(t *testing.T) {
 	}
 	if got == nil || got.QPS != 7 || got.Timeout != APITimeout {
 		t.Errorf("rest config %+v; want qps 7 and the API timeout", got)
+	}
+}
+
+// TestNewLoggerKeepsEveryLine: a burst of one message (a heal of hundreds
+// of volumes) is logged in full, with millisecond times, V(n) only at -v n.
+func TestNewLoggerKeepsEveryLine(t *testing.T) {
+	var out bytes.Buffer
+	log := NewLogger(&out, 1, "agent")
+	for i := range 500 {
+		log.Info("healed", "volume", i)
+	}
+	log.V(1).Info("verbose")
+	log.V(2).Info("too verbose")
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 501 {
+		t.Fatalf("%d lines logged, want 501", len(lines))
+	}
+	var first struct{ Level, TS, Logger, Msg string }
+	if err := json.Unmarshal([]byte(lines[0]), &first); err != nil {
+		t.Fatal(err)
+	}
+	if first.Level != "info" || first.Logger != "agent" || first.Msg != "healed" || !regexp.MustCompile(`T\d\d:\d\d:\d\d\.\d{3}`).MatchString(first.TS) {
+		t.Errorf("first line %s", lines[0])
+	}
+	if !strings.Contains(lines[500], `"verbose"`) {
+		t.Errorf("last line %s; want the V(1) line", lines[500])
 	}
 }
