@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/container-storage-interface/spec/lib/go/csi"
+
 	"github.com/berth-io/berth/internal/keeper"
 )
 
@@ -148,6 +150,14 @@ func TestHealWhileAPIServerAway(t *testing.T) {
 	f.waitAgentLog(t, "healed: a new blockdev server took over", 20*time.Second)
 
 	p.setCut(false)
+	f.verifyWithDirectAgent(t, nc, w, m)
+}
+
+// verifyWithDirectAgent restarts the agent without the proxy (the
+// fixture's cleanup unstages through it), then stops the writer, which
+// verifies every block, and reads and writes the volume.
+func (f *fixture) verifyWithDirectAgent(t *testing.T, nc csi.NodeClient, w *writer, m mounted) {
+	t.Helper()
 	f.killAgent()
 	if err := f.startAgent(); err != nil {
 		t.Fatal(err)
@@ -195,14 +205,5 @@ func TestAgentStartedWhileAPIServerAwayHeals(t *testing.T) {
 		t.Fatalf("the agent exited:\n%s", tail(string(log), 4000))
 	default:
 	}
-	// The fixture's cleanup unstages through an agent without the proxy.
-	f.killAgent()
-	if err := f.startAgent(); err != nil {
-		t.Fatal(err)
-	}
-	waitCSI(t, nc)
-	if err := w.Stop(30 * time.Second); err != nil {
-		t.Errorf("writer: %v", err)
-	}
-	checkReadWrite(t, []mounted{m})
+	f.verifyWithDirectAgent(t, nc, w, m)
 }
