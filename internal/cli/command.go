@@ -9,9 +9,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-
-	"github.com/go-logr/logr"
-	"k8s.io/client-go/rest"
 )
 
 // ErrReported marks a failure the command has already told its caller in
@@ -68,30 +65,4 @@ func FlagCommand(name, summary string, flags func(fs *flag.FlagSet, stdio IO) fu
 		}
 		return run(ctx)
 	}}
-}
-
-// KubeRun runs a command that talks to the API server, with its logger
-// (named after the command, at the -v verbosity) and the API server's
-// config from the kube flags.
-type KubeRun func(ctx context.Context, log logr.Logger, rest *rest.Config) error
-
-// KubeCommand is a FlagCommand that talks to the API server: besides the
-// flags that flags defines it takes the KubeFlags and -v.
-func KubeCommand(name, summary string, flags func(fs *flag.FlagSet) KubeRun) Command {
-	return FlagCommand(name, summary, func(fs *flag.FlagSet, stdio IO) func(context.Context) error {
-		var (
-			kube      KubeFlags
-			verbosity int
-		)
-		run := flags(fs)
-		kube.Register(fs)
-		fs.IntVar(&verbosity, "v", 0, "log verbosity")
-		return func(ctx context.Context) error {
-			cfg, err := kube.RestConfig()
-			if err != nil {
-				return err
-			}
-			return run(ctx, NewLogger(stdio.Stderr, verbosity, name), cfg)
-		}
-	})
 }

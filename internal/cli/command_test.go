@@ -6,9 +6,6 @@ import (
 	"flag"
 	"strings"
 	"testing"
-
-	"github.com/go-logr/logr"
-	"k8s.io/client-go/rest"
 )
 
 // TestFlagCommand: run sees the parsed flags; a stray argument or a bad
@@ -29,21 +26,5 @@ func TestFlagCommand(t *testing.T) {
 	}
 	if err := c.Main(t.Context(), []string{"--nope"}, IO{Stderr: &stderr}); err == nil || !strings.Contains(stderr.String(), "berth x") {
 		t.Errorf("unknown flag: %v, stderr %q; want refused with the command's name", err, stderr.String())
-	}
-}
-
-// TestKubeCommand: the kube flags and -v come with the command's own.
-func TestKubeCommand(t *testing.T) {
-	var got *rest.Config
-	c := KubeCommand("x", "test", func(fs *flag.FlagSet) KubeRun {
-		fs.String("own", "", "the command's own flag")
-		return func(_ context.Context, _ logr.Logger, rest *rest.Config) error { got = rest; return nil }
-	})
-	t.Setenv("KUBECONFIG", writeKubeconfig(t))
-	if err := c.Main(t.Context(), []string{"--own=a", "-v=2", "--kube-api-qps=7"}, IO{Stderr: &bytes.Buffer{}}); err != nil {
-		t.Fatal(err)
-	}
-	if got == nil || got.QPS != 7 || got.Timeout != APITimeout {
-		t.Errorf("rest config %+v; want qps 7 and the API timeout", got)
 	}
 }

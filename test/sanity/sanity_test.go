@@ -26,9 +26,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
-	"github.com/berth-io/berth/internal/cli"
 	agentcli "github.com/berth-io/berth/internal/cli/agent"
 	"github.com/berth-io/berth/internal/cli/csicontroller"
+	"github.com/berth-io/berth/internal/cli/kube"
 	"github.com/berth-io/berth/internal/testenv"
 )
 
@@ -120,7 +120,7 @@ func (d *driver) start(env *testenv.Env) error {
 			return err
 		}
 	}
-	log := cli.NewLogger(GinkgoWriter, 0, "sanity")
+	log := kube.NewLogger(GinkgoWriter, 0, "sanity")
 	d.nodeSock = filepath.Join(work, "node.sock")
 	d.ctrlSock = filepath.Join(work, "controller.sock")
 	d.dataDir = filepath.Join(work, "data") // the StorageCluster's too

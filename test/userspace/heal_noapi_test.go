@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/container-storage-interface/spec/lib/go/csi"
+
 	"github.com/berth-io/berth/internal/keeper"
 )
 
@@ -73,18 +75,10 @@ func (p *apiCut) setCut(cut bool) {
 	}
 }
 
-// TestHealWhileAPIServerAway: the agent runs, the API server goes away
-// (every connection cut), and a volume's blockdev server dies. The
-// healer heals the volumes its own records name whose images are files
-// here before it lists this node's Attachments, which fails: the
-// verifying writer goes on without an error. The API server comes back and the
-// agent goes on as before.
-func TestHealWhileAPIServerAway(t *testing.T) {
-	f := setup(t)
-	nc := f.node(t)
-	m := f.userspaceVolume(t, nc, "heal-noapi")
-	w := startWriter(t, m, 11)
-
+// proxiedAPI returns a proxy to the fixture's API server and a kubeconfig
+// that reaches the API server through it.
+func (f *fixture) proxiedAPI(t *testing.T) (*apiCut, string) {
+	t.Helper()
 	cfg, err := os.ReadFile(f.kubeconfig)
 	if err != nil {
 		t.Fatal(err)
@@ -98,6 +92,40 @@ func TestHealWhileAPIServerAway(t *testing.T) {
 	if err := os.WriteFile(proxied, []byte(strings.Replace(string(cfg), string(server[0]), "server: https://"+p.l.Addr().String(), 1)), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	return p, proxied
+}
+
+// waitAgentLog waits until the agent's log holds want.
+func (f *fixture) waitAgentLog(t *testing.T, want string, limit time.Duration) {
+	t.Helper()
+	for deadline := time.Now().Add(limit); ; {
+		log, err := os.ReadFile(f.agentLog)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(log), want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the agent log does not say %q:\n%s", want, tail(string(log), 4000))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestHealWhileAPIServerAway: the agent runs, the API server goes away
+// (every connection cut), and a volume's blockdev server dies. The
+// healer heals the volumes its own records name whose images are files
+// here before it lists this node's Attachments, which fails: the
+// verifying writer goes on without an error. The API server comes back and the
+// agent goes on as before.
+func TestHealWhileAPIServerAway(t *testing.T) {
+	f := setup(t)
+	nc := f.node(t)
+	m := f.userspaceVolume(t, nc, "heal-noapi")
+	w := startWriter(t, m, 11)
+
+	p, proxied := f.proxiedAPI(t)
 	// The agent through the proxy (its blockdev server lives on).
 	f.killAgent()
 	if err := f.startAgent("--kubeconfig", proxied); err != nil {
@@ -119,21 +147,17 @@ func TestHealWhileAPIServerAway(t *testing.T) {
 	w.waitWrite(t, killed, 60*time.Second)
 	t.Logf("first write %s after the server was killed, the API server away", time.Since(killed).Round(time.Millisecond))
 	// The heal is logged once its Volume was read, from the agent's cache.
-	for deadline := time.Now().Add(20 * time.Second); ; {
-		log, err := os.ReadFile(f.agentLog)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if strings.Contains(string(log), "healed: a new blockdev server took over") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the agent log does not say that it healed the volume:\n%s", tail(string(log), 4000))
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	f.waitAgentLog(t, "healed: a new blockdev server took over", 20*time.Second)
 
 	p.setCut(false)
+	f.verifyWithDirectAgent(t, nc, w, m)
+}
+
+// verifyWithDirectAgent restarts the agent without the proxy (the
+// fixture's cleanup unstages through it), then stops the writer, which
+// verifies every block, and reads and writes the volume.
+func (f *fixture) verifyWithDirectAgent(t *testing.T, nc csi.NodeClient, w *writer, m mounted) {
+	t.Helper()
 	f.killAgent()
 	if err := f.startAgent(); err != nil {
 		t.Fatal(err)
@@ -143,4 +167,43 @@ func TestHealWhileAPIServerAway(t *testing.T) {
 		t.Errorf("writer: %v", err)
 	}
 	checkReadWrite(t, []mounted{m})
+}
+
+// TestAgentStartedWhileAPIServerAwayHeals: the agent and every blockdev
+// server are killed, and the agent starts again while the API server is
+// away (every connection refused): it is built without the API server
+// (berth's kinds need no discovery) and heals the volumes staged here
+// whose images are files here, so the verifying writer goes on without an
+// error. Once the API server is back, the agent runs on.
+func TestAgentStartedWhileAPIServerAwayHeals(t *testing.T) {
+	f := setup(t)
+	nc := f.node(t)
+	m := f.userspaceVolume(t, nc, "start-noapi")
+	w := startWriter(t, m, 12)
+	p, proxied := f.proxiedAPI(t)
+
+	p.setCut(true)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	err := f.killAll(ctx)
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	if err := f.startAgent("--kubeconfig", proxied); err != nil {
+		t.Fatal(err)
+	}
+	w.waitWrite(t, killed, 60*time.Second)
+	t.Logf("first write %s after the agent started, the API server away", time.Since(killed).Round(time.Millisecond))
+	f.waitAgentLog(t, "healed: a new blockdev server took over", 20*time.Second)
+
+	p.setCut(false)
+	time.Sleep(3 * time.Second) // a heal pass with the API server back
+	select {
+	case <-f.agentDone:
+		log, _ := os.ReadFile(f.agentLog)
+		t.Fatalf("the agent exited:\n%s", tail(string(log), 4000))
+	default:
+	}
+	f.verifyWithDirectAgent(t, nc, w, m)
 }

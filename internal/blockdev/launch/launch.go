@@ -19,7 +19,6 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/network"
 )
 
@@ -72,10 +71,13 @@ func SlimBinary(berth string) string {
 	return ""
 }
 
-// Transports of Params.Transport.
+// Transports of Params.Transport: the values of the API's
+// UserspaceTransport (TestTransportsMatchTheAPI), spelled out here so that
+// the server binary, which imports this package, links no Kubernetes API
+// package (their init costs every server start).
 const (
-	TransportFUSE = string(v1.TransportFUSE)
-	TransportNBD  = string(v1.TransportNBD)
+	TransportFUSE = "fuse"
+	TransportNBD  = "nbd"
 )
 
 // args is the server's command line (its ready pipe is fd 3).

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
 )
 
 func TestParamsArgs(t *testing.T) {
@@ -90,5 +92,12 @@ func TestSlimBinary(t *testing.T) {
 	}
 	if got := SlimBinary(berth); got != slim {
 		t.Fatalf("got %q, want %q", got, slim)
+	}
+}
+
+// TestTransportsMatchTheAPI: the transports are the API's values.
+func TestTransportsMatchTheAPI(t *testing.T) {
+	if TransportFUSE != string(v1.TransportFUSE) || TransportNBD != string(v1.TransportNBD) {
+		t.Errorf("transports %q, %q; the API has %q, %q", TransportFUSE, TransportNBD, v1.TransportFUSE, v1.TransportNBD)
 	}
 }

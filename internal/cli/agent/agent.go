@@ -8,11 +8,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -21,6 +23,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -34,6 +37,7 @@ import (
 	"github.com/berth-io/berth/internal/blockdev/launch"
 	"github.com/berth-io/berth/internal/capacity"
 	"github.com/berth-io/berth/internal/cli"
+	"github.com/berth-io/berth/internal/cli/kube"
 	"github.com/berth-io/berth/internal/controller"
 	"github.com/berth-io/berth/internal/csi"
 	"github.com/berth-io/berth/internal/fence"
@@ -167,6 +171,15 @@ func (c Config) Run(ctx context.Context) error {
 		Logger:                 c.Log,
 		Metrics:                metricsserver.Options{BindAddress: c.MetricsAddr},
 		HealthProbeBindAddress: c.HealthAddr,
+		// berth's kinds are known without the API server, so the agent is
+		// built, and heals its volumes, while the API server is away.
+		MapperProvider: func(cfg *rest.Config, hc *http.Client) (meta.RESTMapper, error) {
+			dynamic, err := apiutil.NewDynamicRESTMapper(cfg, hc)
+			if err != nil {
+				return nil, err
+			}
+			return scheme.WithBerthKinds(dynamic), nil
+		},
 		// Each agent caches only its own node's volumes and snapshots.
 		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
 			&v1.Volume{}:   {Label: mine},
@@ -242,7 +255,7 @@ func (c Config) Run(ctx context.Context) error {
 	// A ceph volume's share manager and workloads may run on any node:
 	// this agent's cache of its own node's Volumes lacks them, so the
 	// share mounts and devices have a cache of the ceph Volumes too.
-	cephVolumes, err := cache.New(c.Rest, cache.Options{Scheme: s, ByObject: map[client.Object]cache.ByObject{
+	cephVolumes, err := cache.New(c.Rest, cache.Options{Scheme: s, Mapper: mgr.GetRESTMapper(), ByObject: map[client.Object]cache.ByObject{
 		&v1.Volume{}: {Label: controller.NodelessVolumes()},
 	}})
 	if err != nil {
@@ -343,7 +356,7 @@ func socketPath(endpoint string) string {
 
 // Command is `berth agent`.
 func Command() cli.Command {
-	return cli.KubeCommand("agent", "run the node agent (CSI node service, volume images, kubelet registration)", func(fs *flag.FlagSet) cli.KubeRun {
+	return kube.Command("agent", "run the node agent (CSI node service, volume images, kubelet registration)", func(fs *flag.FlagSet) kube.Run {
 		var cfg Config
 		fs.StringVar(&cfg.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
 		fs.StringVar(&cfg.Namespace, "namespace", envOr("POD_NAMESPACE", "berth-system"), "berth's namespace, for this node's CSIStorageCapacity objects (default $POD_NAMESPACE or berth-system)")

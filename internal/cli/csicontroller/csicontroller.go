@@ -21,6 +21,7 @@ import (
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/capacity"
 	"github.com/berth-io/berth/internal/cli"
+	"github.com/berth-io/berth/internal/cli/kube"
 	"github.com/berth-io/berth/internal/csi"
 	"github.com/berth-io/berth/internal/metrics"
 	"github.com/berth-io/berth/internal/scheme"
@@ -147,7 +148,7 @@ func closeAll(ls ...net.Listener) {
 
 // Command is `berth csi-controller`.
 func Command() cli.Command {
-	return cli.KubeCommand("csi-controller", "serve the CSI Identity and Controller services", func(fs *flag.FlagSet) cli.KubeRun {
+	return kube.Command("csi-controller", "serve the CSI Identity and Controller services", func(fs *flag.FlagSet) kube.Run {
 		var cfg Config
 		fs.StringVar(&cfg.Endpoint, "endpoint", "unix:///csi/csi.sock", "CSI endpoint (unix socket)")
 		ns := os.Getenv("POD_NAMESPACE")

@@ -29,6 +29,7 @@ import (
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/cli"
+	"github.com/berth-io/berth/internal/cli/kube"
 	"github.com/berth-io/berth/internal/controller/pinned"
 	"github.com/berth-io/berth/internal/controller/sharemanager"
 	"github.com/berth-io/berth/internal/controller/storagecluster"
@@ -183,7 +184,7 @@ func Flags(fs *flag.FlagSet, cfg *Config, env func(string) string) {
 
 // Command is `berth operator`.
 func Command() cli.Command {
-	return cli.KubeCommand("operator", "reconcile StorageClusters into agents, keepers, the CSI controller and classes", func(fs *flag.FlagSet) cli.KubeRun {
+	return kube.Command("operator", "reconcile StorageClusters into agents, keepers, the CSI controller and classes", func(fs *flag.FlagSet) kube.Run {
 		var cfg Config
 		Flags(fs, &cfg, os.Getenv)
 		return func(ctx context.Context, log logr.Logger, rest *rest.Config) error {

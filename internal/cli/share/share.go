@@ -24,6 +24,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/berth-io/berth/internal/cli"
+	"github.com/berth-io/berth/internal/cli/kube"
 	"github.com/berth-io/berth/internal/share/nfsclient"
 )
 
@@ -210,7 +211,7 @@ func Command() cli.Command {
 				return fmt.Errorf("--nfs-minor-version %d: 0, 1 or 2", cfg.MinorVersion)
 			}
 			cfg.Endpoint = ep
-			cfg.Log = cli.NewLogger(stdio.Stderr, verbosity, "share-probe")
+			cfg.Log = kube.NewLogger(stdio.Stderr, verbosity, "share-probe")
 			res, err := cfg.Run(ctx)
 			if err != nil {
 				return err

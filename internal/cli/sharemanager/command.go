@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/berth-io/berth/internal/cli"
+	"github.com/berth-io/berth/internal/cli/kube"
 	"github.com/berth-io/berth/internal/share"
 )
 
@@ -77,6 +78,6 @@ func parse(args []string, stdio cli.IO) (Config, error) {
 		}
 		cfg.MinorVersions = append(cfg.MinorVersions, v)
 	}
-	cfg.Log = cli.NewLogger(stdio.Stderr, verbosity, "share-manager")
+	cfg.Log = kube.NewLogger(stdio.Stderr, verbosity, "share-manager")
 	return cfg, nil
 }

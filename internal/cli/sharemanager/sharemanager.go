@@ -20,7 +20,7 @@ import (
 	"k8s.io/utils/exec"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
-	"github.com/berth-io/berth/internal/cli"
+	"github.com/berth-io/berth/internal/cli/kube"
 	"github.com/berth-io/berth/internal/mount"
 	"github.com/berth-io/berth/internal/share"
 	"github.com/berth-io/berth/internal/share/nfsclient"
@@ -57,7 +57,7 @@ type Config struct {
 	CheckInterval time.Duration
 	// Lease is renewed while serving; no name: no lease (outside Kubernetes).
 	Lease share.LeaseConfig
-	Kube  cli.KubeFlags
+	Kube  kube.Flags
 	Log   logr.Logger
 
 	// Seams; nil: the real ones.

@@ -1,6 +1,11 @@
-package cli
+// Package kube holds what the berth commands that talk to the API server
+// share: the kube flags, the client config they make, the logger, and
+// Command. It is apart from package cli so that the blockdev server, which
+// starts once per volume on every heal, links no Kubernetes client.
+package kube
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"io"
@@ -8,10 +13,14 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/go-logr/zapr"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
-	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	crzap "sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"github.com/berth-io/berth/internal/cli"
 )
 
 // APITimeout bounds every request to the API server: an API server that
@@ -28,8 +37,8 @@ const (
 	APIBurst = 100
 )
 
-// KubeFlags are the API server flags of every command that talks to one.
-type KubeFlags struct {
+// Flags are the API server flags of every command that talks to one.
+type Flags struct {
 	// Kubeconfig is the kubeconfig file; "": $KUBECONFIG, else in-cluster.
 	Kubeconfig string
 	// QPS and Burst are the client-side rate limit.
@@ -39,7 +48,7 @@ type KubeFlags struct {
 
 // Register adds --kubeconfig, --kube-api-qps and --kube-api-burst to fs,
 // with APIQPS and APIBurst as defaults.
-func (k *KubeFlags) Register(fs *flag.FlagSet) {
+func (k *Flags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&k.Kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG or in-cluster)")
 	fs.Float64Var(&k.QPS, "kube-api-qps", APIQPS, "requests per second to the API server (client-side limit)")
 	fs.IntVar(&k.Burst, "kube-api-burst", APIBurst, "burst of requests to the API server above --kube-api-qps")
@@ -48,7 +57,7 @@ func (k *KubeFlags) Register(fs *flag.FlagSet) {
 // RestConfig loads the kubeconfig file when one is named (flag or
 // $KUBECONFIG), else the in-cluster service account; requests time out
 // after APITimeout and are limited to QPS/Burst (APIQPS/APIBurst when 0).
-func (k KubeFlags) RestConfig() (*rest.Config, error) {
+func (k Flags) RestConfig() (*rest.Config, error) {
 	cfg, err := loadRestConfig(k.Kubeconfig)
 	if err != nil {
 		return nil, err
@@ -84,10 +93,42 @@ func loadRestConfig(path string) (*rest.Config, error) {
 	return cfg, nil
 }
 
-// NewLogger returns a structured logger writing to w; verbosity 0 logs Info,
-// higher values log V(n) too. Times carry milliseconds: a heal or a
-// failover is told by the order of lines within one second.
+// NewLogger returns a structured logger writing JSON lines to w;
+// verbosity 0 logs Info, higher values log V(n) too. Times carry
+// milliseconds: a heal or a failover is told by the order of lines within
+// one second. It does not sample, as controller-runtime's production
+// logger does (100 lines of one message a second, then 1 in 100): an agent
+// restart heals hundreds of volumes in a second and logs a line for each.
 func NewLogger(w io.Writer, verbosity int, name string) logr.Logger {
-	return zap.New(zap.WriteTo(w), zap.Level(zapcore.Level(-verbosity)), zap.UseDevMode(false),
-		func(o *zap.Options) { o.TimeEncoder = zapcore.ISO8601TimeEncoder }).WithName(name)
+	enc := zap.NewProductionEncoderConfig()
+	enc.EncodeTime = zapcore.ISO8601TimeEncoder
+	sink := zapcore.AddSync(w)
+	core := zapcore.NewCore(&crzap.KubeAwareEncoder{Encoder: zapcore.NewJSONEncoder(enc)}, sink, zapcore.Level(-verbosity))
+	return zapr.NewLogger(zap.New(core, zap.AddStacktrace(zapcore.ErrorLevel), zap.ErrorOutput(sink))).WithName(name)
+}
+
+// Run runs a command that talks to the API server, with its logger
+// (named after the command, at the -v verbosity) and the API server's
+// config from the kube flags.
+type Run func(ctx context.Context, log logr.Logger, rest *rest.Config) error
+
+// Command is a cli.FlagCommand that talks to the API server: besides the
+// flags that flags defines it takes the Flags and -v.
+func Command(name, summary string, flags func(fs *flag.FlagSet) Run) cli.Command {
+	return cli.FlagCommand(name, summary, func(fs *flag.FlagSet, stdio cli.IO) func(context.Context) error {
+		var (
+			kf        Flags
+			verbosity int
+		)
+		run := flags(fs)
+		kf.Register(fs)
+		fs.IntVar(&verbosity, "v", 0, "log verbosity")
+		return func(ctx context.Context) error {
+			cfg, err := kf.RestConfig()
+			if err != nil {
+				return err
+			}
+			return run(ctx, NewLogger(stdio.Stderr, verbosity, name), cfg)
+		}
+	})
 }

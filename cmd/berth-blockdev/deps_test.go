@@ -1,0 +1,25 @@
+package main
+
+import (
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+)
+
+// TestLinksNoKubernetesPackage: the server binary starts once per volume
+// on every heal, and the init of the Kubernetes client and API packages
+// was most of its start-up cost.
+func TestLinksNoKubernetesPackage(t *testing.T) {
+	out, err := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "list", "-deps", ".").Output()
+	if err != nil {
+		t.Fatalf("go list -deps: %v", err)
+	}
+	for _, pkg := range strings.Fields(string(out)) {
+		if strings.HasPrefix(pkg, "k8s.io/") || strings.HasPrefix(pkg, "sigs.k8s.io/") ||
+			strings.HasPrefix(pkg, "github.com/berth-io/berth/api/") {
+			t.Errorf("berth-blockdev links %s: see the package comment", pkg)
+		}
+	}
+}
