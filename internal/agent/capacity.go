@@ -45,9 +45,9 @@ type CapacityReporter struct {
 
 // Start reports now and then on the Schedule until ctx ends
 // (manager.Runnable). A round that published nothing runs again soon: no
-// class yet (the operator makes them beside this agent), no StorageCluster
-// yet, or the API server failed; the scheduler places no volume on this
-// node until a capacity is published.
+// class yet (the operator makes them beside this agent) or no StorageCluster
+// yet; one that failed (the API server), within 10s (capacity.Schedule).
+// The scheduler places no volume on this node until a capacity is published.
 func (r *CapacityReporter) Start(ctx context.Context) error {
 	return r.Schedule.Run(ctx, 30*time.Second, r.Log, func(ctx context.Context) (bool, error) {
 		n, err := r.report(ctx)
