@@ -32,9 +32,9 @@ func (s Schedule) RoundTimeout() time.Duration { return cmp.Or(s.Timeout, 30*tim
 
 // Run runs round now, then on s, until ctx ends (interval, when s has
 // none). A round that returns soon runs again within a second: it found
-// nothing to publish yet. A round that fails runs again after a wait that
-// doubles with each failure in a row, up to 10s (retryWait): an API server
-// away for minutes gets a few requests and log lines, not one a second.
+// nothing to publish yet; one that also failed, after a wait that doubles
+// with each failure in a row, up to 10s (nextWait): an API server away for
+// minutes gets a few requests and log lines, not one a second.
 func (s Schedule) Run(ctx context.Context, interval time.Duration, log logr.Logger,
 	round func(ctx context.Context) (soon bool, err error)) error {
 	if s.Interval > 0 {
@@ -54,16 +54,14 @@ func (s Schedule) Run(ctx context.Context, interval time.Duration, log logr.Logg
 		rctx, cancel := context.WithTimeout(ctx, s.RoundTimeout())
 		soon, err := round(rctx)
 		cancel()
-		wait := interval
-		if soon {
-			wait = min(interval, time.Second)
-		}
 		if err != nil {
 			failures++
-			wait = retryWait(failures, interval)
-			log.Error(err, "publish capacities", "failuresInARow", failures, "retryIn", wait)
 		} else {
 			failures = 0
+		}
+		wait := nextWait(soon, failures, interval)
+		if err != nil {
+			log.Error(err, "publish capacities", "failuresInARow", failures, "retryIn", wait)
 		}
 		select {
 		case <-ctx.Done():
@@ -74,14 +72,23 @@ func (s Schedule) Run(ctx context.Context, interval time.Duration, log logr.Logg
 	}
 }
 
-// maxRetryWait bounds the wait after failed rounds: a failure is mostly
-// the API server's, and the scheduler places no volume of a class before
-// its capacity is published.
+// maxRetryWait bounds the wait after failed rounds that asked to run soon:
+// a failure is mostly the API server's, and the scheduler places no volume
+// of a class before its capacity is published.
 const maxRetryWait = 10 * time.Second
 
-// retryWait is the wait before the next round after failures rounds in a
-// row failed: 1s, 2s, 4s and so on, up to maxRetryWait or interval.
-func retryWait(failures int, interval time.Duration) time.Duration {
+// nextWait is the wait before the next round: interval; a round that asks
+// to run soon, within a second, or, after failures rounds in a row failed,
+// 1s, 2s, 4s and so on up to maxRetryWait. A failure never makes the wait
+// shorter than the round's own (a pool that cannot be read is not asked
+// again sooner than every interval).
+func nextWait(soon bool, failures int, interval time.Duration) time.Duration {
+	if !soon {
+		return interval
+	}
+	if failures == 0 {
+		return min(interval, time.Second)
+	}
 	return min(interval, maxRetryWait, time.Second<<min(failures-1, 10))
 }
 

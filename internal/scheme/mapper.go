@@ -2,6 +2,7 @@ package scheme
 
 import (
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	berthv1 "github.com/berth-io/berth/api/v1alpha1"
 )
@@ -25,9 +26,13 @@ var berthKinds = []struct {
 // every other kind. A component whose caches and controllers are about
 // berth's kinds is then built without the API server: the agent heals its
 // volumes first, while the API server may still be away (an agent
-// restarted during a control-plane outage).
+// restarted during a control-plane outage). Only for components that do
+// not tell "kind not installed" from a discovery failure by NoMatch errors:
+// with the API server away, another kind's lookup fails with an aggregate
+// error that meta.IsNoMatchError takes for one.
 func WithBerthKinds(next meta.RESTMapper) meta.RESTMapper {
-	own := meta.NewDefaultRESTMapper(nil)
+	// Its default version answers a lookup that names none.
+	own := meta.NewDefaultRESTMapper([]schema.GroupVersion{berthv1.GroupVersion})
 	for _, k := range berthKinds {
 		scope := meta.RESTScopeRoot
 		if k.namespaced {

@@ -95,15 +95,27 @@ func (f *fixture) proxiedAPI(t *testing.T) (*apiCut, string) {
 	return p, proxied
 }
 
-// waitAgentLog waits until the agent's log holds want.
-func (f *fixture) waitAgentLog(t *testing.T, want string, limit time.Duration) {
+// agentLogSize is how long the agent's log is now (the log is the whole
+// suite's): waitAgentLog then reads only what comes after.
+func (f *fixture) agentLogSize(t *testing.T) int64 {
+	t.Helper()
+	fi, err := os.Stat(f.agentLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fi.Size()
+}
+
+// waitAgentLog waits until the agent's log holds want after its first
+// since bytes.
+func (f *fixture) waitAgentLog(t *testing.T, want string, since int64, limit time.Duration) {
 	t.Helper()
 	for deadline := time.Now().Add(limit); ; {
 		log, err := os.ReadFile(f.agentLog)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if strings.Contains(string(log), want) {
+		if int64(len(log)) > since && strings.Contains(string(log[since:]), want) {
 			return
 		}
 		if time.Now().After(deadline) {
@@ -140,6 +152,7 @@ func TestHealWhileAPIServerAway(t *testing.T) {
 	if err != nil || len(vols) != 1 || vols[0].ServerPID == 0 {
 		t.Fatalf("keeper: %+v, %v; want one volume with a live server", vols, err)
 	}
+	logged := f.agentLogSize(t)
 	killed := time.Now()
 	if err := killWait(vols[0].ServerPID); err != nil {
 		t.Fatal(err)
@@ -147,7 +160,7 @@ func TestHealWhileAPIServerAway(t *testing.T) {
 	w.waitWrite(t, killed, 60*time.Second)
 	t.Logf("first write %s after the server was killed, the API server away", time.Since(killed).Round(time.Millisecond))
 	// The heal is logged once its Volume was read, from the agent's cache.
-	f.waitAgentLog(t, "healed: a new blockdev server took over", 20*time.Second)
+	f.waitAgentLog(t, "healed: a new blockdev server took over", logged, 20*time.Second)
 
 	p.setCut(false)
 	f.verifyWithDirectAgent(t, nc, w, m)
@@ -174,7 +187,8 @@ func (f *fixture) verifyWithDirectAgent(t *testing.T, nc csi.NodeClient, w *writ
 // away (every connection refused): it is built without the API server
 // (berth's kinds need no discovery) and heals the volumes staged here
 // whose images are files here, so the verifying writer goes on without an
-// error. Once the API server is back, the agent runs on.
+// error. Once the API server is back, its controllers start and it runs
+// on.
 func TestAgentStartedWhileAPIServerAwayHeals(t *testing.T) {
 	f := setup(t)
 	nc := f.node(t)
@@ -189,16 +203,20 @@ func TestAgentStartedWhileAPIServerAwayHeals(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	logged := f.agentLogSize(t)
 	killed := time.Now()
 	if err := f.startAgent("--kubeconfig", proxied); err != nil {
 		t.Fatal(err)
 	}
 	w.waitWrite(t, killed, 60*time.Second)
 	t.Logf("first write %s after the agent started, the API server away", time.Since(killed).Round(time.Millisecond))
-	f.waitAgentLog(t, "healed: a new blockdev server took over", 20*time.Second)
+	f.waitAgentLog(t, "healed: a new blockdev server took over", logged, 20*time.Second)
 
+	// The API server back, the agent's caches fill and its controllers
+	// start (they would give up, and the agent exit, two minutes after
+	// its start).
 	p.setCut(false)
-	time.Sleep(3 * time.Second) // a heal pass with the API server back
+	f.waitAgentLog(t, `"msg":"Starting workers","controller":"volume"`, logged, 90*time.Second)
 	select {
 	case <-f.agentDone:
 		log, _ := os.ReadFile(f.agentLog)
