@@ -356,7 +356,7 @@ func socketPath(endpoint string) string {
 
 // Command is `berth agent`.
 func Command() cli.Command {
-	return kube.Command("agent", "run the node agent (CSI node service, volume images, kubelet registration)", func(fs *flag.FlagSet) kube.Run {
+	return kube.NewCommand("agent", "run the node agent (CSI node service, volume images, kubelet registration)", func(fs *flag.FlagSet) kube.Run {
 		var cfg Config
 		fs.StringVar(&cfg.NodeName, "node-name", os.Getenv("NODE_NAME"), "this node's name (default $NODE_NAME)")
 		fs.StringVar(&cfg.Namespace, "namespace", envOr("POD_NAMESPACE", "berth-system"), "berth's namespace, for this node's CSIStorageCapacity objects (default $POD_NAMESPACE or berth-system)")

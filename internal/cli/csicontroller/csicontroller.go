@@ -148,7 +148,7 @@ func closeAll(ls ...net.Listener) {
 
 // Command is `berth csi-controller`.
 func Command() cli.Command {
-	return kube.Command("csi-controller", "serve the CSI Identity and Controller services", func(fs *flag.FlagSet) kube.Run {
+	return kube.NewCommand("csi-controller", "serve the CSI Identity and Controller services", func(fs *flag.FlagSet) kube.Run {
 		var cfg Config
 		fs.StringVar(&cfg.Endpoint, "endpoint", "unix:///csi/csi.sock", "CSI endpoint (unix socket)")
 		ns := os.Getenv("POD_NAMESPACE")

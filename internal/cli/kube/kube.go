@@ -112,9 +112,9 @@ func NewLogger(w io.Writer, verbosity int, name string) logr.Logger {
 // config from the kube flags.
 type Run func(ctx context.Context, log logr.Logger, rest *rest.Config) error
 
-// Command is a cli.FlagCommand that talks to the API server: besides the
+// NewCommand is a cli.FlagCommand that talks to the API server: besides the
 // flags that flags defines it takes the Flags and -v.
-func Command(name, summary string, flags func(fs *flag.FlagSet) Run) cli.Command {
+func NewCommand(name, summary string, flags func(fs *flag.FlagSet) Run) cli.Command {
 	return cli.FlagCommand(name, summary, func(fs *flag.FlagSet, stdio cli.IO) func(context.Context) error {
 		var (
 			kf        Flags

@@ -59,10 +59,10 @@ current-context: x
 	return path
 }
 
-// TestCommand: the kube flags and -v come with the command's own.
-func TestCommand(t *testing.T) {
+// TestNewCommand: the kube flags and -v come with the command's own.
+func TestNewCommand(t *testing.T) {
 	var got *rest.Config
-	c := Command("x", "test", func(fs *flag.FlagSet) Run {
+	c := NewCommand("x", "test", func(fs *flag.FlagSet) Run {
 		fs.String("own", "", "the command's own flag")
 		return func(_ context.Context, _ logr.Logger, rest *rest.Config) error { got = rest; return nil }
 	})

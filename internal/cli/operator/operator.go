@@ -184,7 +184,7 @@ func Flags(fs *flag.FlagSet, cfg *Config, env func(string) string) {
 
 // Command is `berth operator`.
 func Command() cli.Command {
-	return kube.Command("operator", "reconcile StorageClusters into agents, keepers, the CSI controller and classes", func(fs *flag.FlagSet) kube.Run {
+	return kube.NewCommand("operator", "reconcile StorageClusters into agents, keepers, the CSI controller and classes", func(fs *flag.FlagSet) kube.Run {
 		var cfg Config
 		Flags(fs, &cfg, os.Getenv)
 		return func(ctx context.Context, log logr.Logger, rest *rest.Config) error {
