@@ -113,6 +113,18 @@ type AgentSpec struct {
 	// +kubebuilder:default=fuse
 	// +optional
 	UserspaceTransport UserspaceTransport `json:"userspaceTransport,omitempty"`
+
+	// Resources of the agent container, which also runs the blockdev server
+	// of every userspace volume on the node: about 15 MiB of memory and 30
+	// threads per Ceph volume (librbd), 2 MiB and 16 threads per local one;
+	// size limits.memory for the userspace volumes a node may hold. Unset:
+	// requests cpu 100m and memory 128Mi, limits memory 2Gi, and no CPU
+	// limit, which would throttle every userspace volume's I/O on the node
+	// at once. The agent serves every StorageCluster: it gets, per resource,
+	// the largest request any cluster asks and the largest limit (none if
+	// any cluster sets none), never below the request.
+	// +optional
+	Resources *corev1.ResourceRequirements `json:"resources,omitempty"`
 }
 
 // MultusMode is how host-network processes (the agents) use the public

@@ -145,8 +145,14 @@ func TestNodeWideObjects(t *testing.T) {
 		err := env.Client.Get(ctx, client.ObjectKeyFromObject(drv), drv)
 		return ptr.Deref(drv.Spec.FSGroupPolicy, "") == storagev1.FileFSGroupPolicy, err
 	})
-	for _, pod := range []corev1.PodSpec{agent.Spec.Template.Spec, keeper.Spec.Template.Spec, dep.Spec.Template.Spec} {
+	for _, pod := range []corev1.PodSpec{keeper.Spec.Template.Spec, dep.Spec.Template.Spec} {
 		checkResources(t, pod)
+	}
+	// The agent's container is the node's userspace data path: no CPU
+	// limit to throttle every volume's I/O at once.
+	if got := agent.Spec.Template.Spec.Containers[0].Resources; got.Requests.Cpu().IsZero() || got.Requests.Memory().IsZero() ||
+		got.Limits.Memory().Cmp(*got.Requests.Memory()) < 0 || !got.Limits.Cpu().IsZero() {
+		t.Errorf("agent resources %+v, want CPU and memory requests, a memory limit and no CPU limit", got)
 	}
 	for name, mounter := range map[string]string{"alpha": "kernel", "alpha-userspace": "userspace"} {
 		cls := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: name}}

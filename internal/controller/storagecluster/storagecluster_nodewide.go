@@ -63,6 +63,9 @@ type nodeWidePlan struct {
 	// sorted, once each) of the served ceph clusters on multus: the CSI
 	// controller joins them to reach those clusters' monitors.
 	publicNetworks []string
+	// agentResources are the agent container's, merged from the served
+	// clusters' spec.agent.resources.
+	agentResources corev1.ResourceRequirements
 }
 
 // dataDirs returns the served data dirs, sorted (a deterministic template).
@@ -108,6 +111,7 @@ func planNodeWide(clusters []v1.StorageCluster, kept map[string]string, withVolu
 		}
 	}
 	everywhere := len(clusters) == 0
+	var served []*v1.StorageCluster
 	for i := range clusters {
 		sc := &clusters[i]
 		if err := v1.ValidateDataDir(sc.Spec.DataDir); err != nil {
@@ -119,6 +123,7 @@ func planNodeWide(clusters []v1.StorageCluster, kept map[string]string, withVolu
 			continue
 		}
 		p.dirs[sc.Name] = sc.Spec.DataDir
+		served = append(served, sc)
 		if wantsHolder(sc) && sc.Spec.Network.MultusMode() == v1.MultusModeMover {
 			p.mover = true
 		}
@@ -142,6 +147,7 @@ func planNodeWide(clusters []v1.StorageCluster, kept map[string]string, withVolu
 		p.nodeTerms = nil
 	}
 	slices.Sort(p.publicNetworks)
+	p.agentResources = agentResources(served)
 	return p
 }
 

@@ -2,6 +2,7 @@ package storagecluster_test
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -27,6 +28,23 @@ func agentArgs(ctx context.Context) ([]string, error) {
 	return agent.Spec.Template.Spec.Containers[0].Args, nil
 }
 
+// resourceSummary is "requests k=v ... limits k=v ...", names sorted.
+func resourceSummary(r corev1.ResourceRequirements) string {
+	var b strings.Builder
+	for _, part := range []struct {
+		name string
+		list corev1.ResourceList
+	}{{"requests", r.Requests}, {"limits", r.Limits}} {
+		names := slices.Sorted(maps.Keys(part.list))
+		b.WriteString(" " + part.name)
+		for _, n := range names {
+			q := part.list[n]
+			b.WriteString(" " + string(n) + "=" + q.String())
+		}
+	}
+	return strings.TrimSpace(b.String())
+}
+
 // dataDirArgs returns the agent's --data-dir values, in order.
 func dataDirArgs(args []string) []string {
 	var dirs []string
@@ -45,7 +63,11 @@ func dataDirArgs(args []string) []string {
 // CSIDriver stay the very same objects.
 func TestTwoClustersShareTheNodeWideSet(t *testing.T) {
 	suite.Require(t)
-	newCluster(t, "one", v1.StorageClusterSpec{DataDir: "/srv/one", Agent: v1.AgentSpec{NodeSelector: map[string]string{"pool": "one"}}})
+	oneRes := &corev1.ResourceRequirements{
+		Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("500m"), corev1.ResourceMemory: resource.MustParse("256Mi")},
+		Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Gi")},
+	}
+	newCluster(t, "one", v1.StorageClusterSpec{DataDir: "/srv/one", Agent: v1.AgentSpec{NodeSelector: map[string]string{"pool": "one"}, Resources: oneRes}})
 	two := newCluster(t, "two", v1.StorageClusterSpec{DataDir: "/srv/two", CleanupPolicy: v1.CleanupRetain,
 		Agent: v1.AgentSpec{NodeSelector: map[string]string{"pool": "two"}}})
 	eventually(t, "the agent serves both data dirs", func(ctx context.Context) (bool, error) {
@@ -57,6 +79,11 @@ func TestTwoClustersShareTheNodeWideSet(t *testing.T) {
 	get(t, agent)
 	if got := nodeTerms(agent.Spec.Template.Spec); got != "pool=one|pool=two" {
 		t.Errorf("agent node terms %q, want pool=one|pool=two", got)
+	}
+	// one's requests are the larger; two (the defaults) has the larger
+	// memory limit.
+	if got := resourceSummary(agent.Spec.Template.Spec.Containers[0].Resources); got != "requests cpu=500m memory=256Mi limits memory=2Gi" {
+		t.Errorf("agent resources %q, want one's requests and the default memory limit", got)
 	}
 	for _, cluster := range []string{"one", "two"} {
 		for _, name := range []string{cluster, cluster + "-userspace"} {
@@ -96,7 +123,8 @@ func TestTwoClustersShareTheNodeWideSet(t *testing.T) {
 	eventually(t, "the agent serves one's data dir only, placed for one", func(ctx context.Context) (bool, error) {
 		err := env.Client.Get(ctx, client.ObjectKeyFromObject(agent), agent)
 		d := dataDirArgs(agent.Spec.Template.Spec.Containers[0].Args)
-		return slices.Contains(d, "/srv/one") && !slices.Contains(d, "/srv/two") && nodeTerms(agent.Spec.Template.Spec) == "pool=one", err
+		return slices.Contains(d, "/srv/one") && !slices.Contains(d, "/srv/two") && nodeTerms(agent.Spec.Template.Spec) == "pool=one" &&
+			resourceSummary(agent.Spec.Template.Spec.Containers[0].Resources) == "requests cpu=500m memory=256Mi limits memory=1Gi", err
 	})
 	for _, o := range stay {
 		if err := env.Client.Get(testCtx(t), client.ObjectKeyFromObject(o), o); err != nil || string(o.GetUID()) != uids[o.GetName()] {

@@ -100,7 +100,7 @@ func (r *Reconciler) agentDaemonSet(plan nodeWidePlan, ds *appsv1.DaemonSet) {
 		FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "spec.nodeName"},
 	}}, podNamespaceEnv())
 	c.SecurityContext = &corev1.SecurityContext{Privileged: ptr.To(true)}
-	c.Resources = agentResources
+	c.Resources = plan.agentResources
 	c.VolumeMounts = append([]corev1.VolumeMount{
 		{Name: "pods-dir", MountPath: podsDir, MountPropagation: bidi},
 		{Name: "plugins-dir", MountPath: pluginsDir, MountPropagation: bidi},
