@@ -145,14 +145,15 @@ func TestNodeWideObjects(t *testing.T) {
 		err := env.Client.Get(ctx, client.ObjectKeyFromObject(drv), drv)
 		return ptr.Deref(drv.Spec.FSGroupPolicy, "") == storagev1.FileFSGroupPolicy, err
 	})
-	for _, pod := range []corev1.PodSpec{keeper.Spec.Template.Spec, dep.Spec.Template.Spec} {
-		checkResources(t, pod)
-	}
-	// The agent's container is the node's userspace data path: no CPU
-	// limit to throttle every volume's I/O at once.
-	if got := agent.Spec.Template.Spec.Containers[0].Resources; got.Requests.Cpu().IsZero() || got.Requests.Memory().IsZero() ||
-		got.Limits.Memory().Cmp(*got.Requests.Memory()) < 0 || !got.Limits.Cpu().IsZero() {
-		t.Errorf("agent resources %+v, want CPU and memory requests, a memory limit and no CPU limit", got)
+	checkResources(t, dep.Spec.Template.Spec)
+	// The agent's container is the node's userspace data path, and the
+	// keeper answers its healer for every volume at once: no CPU limit to
+	// throttle every volume's I/O.
+	for name, pod := range map[string]corev1.PodSpec{"agent": agent.Spec.Template.Spec, "keeper": keeper.Spec.Template.Spec} {
+		if got := pod.Containers[0].Resources; got.Requests.Cpu().IsZero() || got.Requests.Memory().IsZero() ||
+			got.Limits.Memory().Cmp(*got.Requests.Memory()) < 0 || !got.Limits.Cpu().IsZero() {
+			t.Errorf("%s resources %+v, want CPU and memory requests, a memory limit and no CPU limit", name, got)
+		}
 	}
 	for name, mounter := range map[string]string{"alpha": "kernel", "alpha-userspace": "userspace"} {
 		cls := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: name}}

@@ -12,9 +12,14 @@ const nonRootUID int64 = 65532
 
 // Requests and limits of berth's pods. The keeper holds every FUSE
 // connection of the node; killing it drops them all, so its memory limit
-// leaves wide room over what it uses (a few MiB).
+// leaves wide room over what it uses (a few MiB). It answers the healer
+// for every userspace volume at once after an agent restart, while the
+// volumes' I/O waits: no CPU limit to throttle that burst.
 var (
-	keeperResources     = resources("10m", "16Mi", "500m", "256Mi")
+	keeperResources = corev1.ResourceRequirements{
+		Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("20m"), corev1.ResourceMemory: resource.MustParse("16Mi")},
+		Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")},
+	}
 	controllerResources = resources("10m", "32Mi", "500m", "256Mi")
 )
 
