@@ -115,16 +115,43 @@ type AgentSpec struct {
 	UserspaceTransport UserspaceTransport `json:"userspaceTransport,omitempty"`
 
 	// Resources of the agent container, which also runs the blockdev server
-	// of every userspace volume on the node: about 15 MiB of memory and 30
-	// threads per Ceph volume (librbd), 2 MiB and 16 threads per local one;
-	// size limits.memory for the userspace volumes a node may hold. Unset:
-	// requests cpu 100m and memory 128Mi, limits memory 2Gi, and no CPU
-	// limit, which would throttle every userspace volume's I/O on the node
-	// at once. The agent serves every StorageCluster: it gets, per resource,
-	// the largest request any cluster asks and the largest limit (none if
-	// any cluster sets none), never below the request.
+	// of every userspace volume on the node and the mkfs, fsck and resize
+	// tools (see AgentResources). Changing them rolls the agent on every
+	// node: its userspace volumes are healed, kernel ones do not notice.
 	// +optional
-	Resources *corev1.ResourceRequirements `json:"resources,omitempty"`
+	Resources *AgentResources `json:"resources,omitempty"`
+}
+
+// AgentResources are the agent container's CPU and memory requests and
+// limits. The blockdev servers take about 15 MiB of memory and 30 threads
+// per Ceph volume (librbd), 2 MiB and 16 threads per local one, idle; size
+// limits.memory, with room for fsck on the largest file system, for the
+// userspace volumes a node may hold, and the node's pod pids limit for
+// their threads. Reaching the memory limit kills every server of the node
+// at once where the kubelet kills the whole container (cgroup v2): their
+// volumes' I/O waits until the healer has started them again.
+//
+// Unset (or empty): requests cpu 100m and memory 128Mi, limits memory 2Gi,
+// and no CPU limit, which would throttle every userspace volume's I/O on
+// the node at once. Set, it replaces those whole; a limit without a
+// request requests the limit, as for a pod, and a zero limit is none. The
+// agent serves every StorageCluster: it gets, per resource, the largest
+// request any served cluster asks and the largest limit (none if any sets
+// none), never below the request.
+type AgentResources struct {
+	// Requests are the CPU and memory the scheduler keeps for the agent;
+	// the CPU request is its weight against the workloads when the node
+	// is busy.
+	// +kubebuilder:validation:XValidation:rule="self.all(k, k == 'cpu' || k == 'memory')",message="only cpu and memory"
+	// +kubebuilder:validation:XValidation:rule="self.all(k, quantity(string(self[k])).sign() >= 0)",message="must not be negative"
+	// +optional
+	Requests corev1.ResourceList `json:"requests,omitempty"`
+
+	// Limits cap the agent's CPU and memory.
+	// +kubebuilder:validation:XValidation:rule="self.all(k, k == 'cpu' || k == 'memory')",message="only cpu and memory"
+	// +kubebuilder:validation:XValidation:rule="self.all(k, quantity(string(self[k])).sign() >= 0)",message="must not be negative"
+	// +optional
+	Limits corev1.ResourceList `json:"limits,omitempty"`
 }
 
 // MultusMode is how host-network processes (the agents) use the public

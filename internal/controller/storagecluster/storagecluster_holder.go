@@ -44,9 +44,9 @@ const HolderInterface = "net1"
 // AnnotationNetworks is multus' pod annotation that selects networks.
 const AnnotationNetworks = "k8s.v1.cni.cncf.io/networks"
 
-// PriorityNodeCritical is the highest priority class: holders and movers
-// are the last pods a node evicts, since their loss cuts mounted volumes'
-// network.
+// PriorityNodeCritical is the highest priority class: holders, movers,
+// the agent and the keeper are the last pods a node evicts, since their
+// loss cuts mounted volumes' network or I/O.
 const PriorityNodeCritical = "system-node-critical"
 
 var (

@@ -225,8 +225,12 @@ func (r *Reconciler) applyNodeWide(ctx context.Context) (observed, nodeWidePlan,
 	plan := planNodeWide(list.Items, kept, withVolumes)
 
 	var errs []error
-	errs = append(errs, r.ensureNodeWide(ctx, obs.agent, func() { r.agentDaemonSet(plan, obs.agent) }))
-	errs = append(errs, r.ensureNodeWide(ctx, obs.keeper, func() { r.keeperDaemonSet(plan, obs.keeper) }))
+	errs = append(errs, r.ensureNodeWideChanged(ctx, obs.agent, func() bool {
+		return resourcesChanged(obs.agent, func() { r.agentDaemonSet(plan, obs.agent) })
+	}))
+	errs = append(errs, r.ensureNodeWideChanged(ctx, obs.keeper, func() bool {
+		return resourcesChanged(obs.keeper, func() { r.keeperDaemonSet(plan, obs.keeper) })
+	}))
 	// A controller that leaves its last storage network loses the
 	// annotation: a removal.
 	errs = append(errs, r.ensureNodeWideChanged(ctx, obs.controller, func() bool {

@@ -28,6 +28,60 @@ func agentArgs(ctx context.Context) ([]string, error) {
 	return agent.Spec.Template.Spec.Containers[0].Args, nil
 }
 
+func list(kv ...string) corev1.ResourceList {
+	l := corev1.ResourceList{}
+	for i := 0; i < len(kv); i += 2 {
+		l[corev1.ResourceName(kv[i])] = resource.MustParse(kv[i+1])
+	}
+	return l
+}
+
+func setAgentResources(t *testing.T, cluster string, r *v1.AgentResources) {
+	t.Helper()
+	sc := &v1.StorageCluster{}
+	if err := env.Client.Get(testCtx(t), client.ObjectKey{Name: cluster}, sc); err != nil {
+		t.Fatal(err)
+	}
+	sc.Spec.Agent.Resources = r
+	if err := env.Client.Update(testCtx(t), sc); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func waitAgentResources(t *testing.T, want string) {
+	t.Helper()
+	eventually(t, "agent resources "+want, func(ctx context.Context) (bool, error) {
+		agent := &appsv1.DaemonSet{}
+		err := env.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "berth-agent"}, agent)
+		return err == nil && resourceSummary(agent.Spec.Template.Spec.Containers[0].Resources) == want, client.IgnoreNotFound(err)
+	})
+}
+
+// TestAgentResourcesRefused: the CRD takes only CPU and memory, and no
+// negative amount.
+func TestAgentResourcesRefused(t *testing.T) {
+	suite.Require(t)
+	for _, tc := range []struct {
+		res  v1.AgentResources
+		want string
+	}{
+		{v1.AgentResources{Requests: list("nvidia.com/gpu", "1")}, "only cpu and memory"},
+		{v1.AgentResources{Limits: list("hugepages-2Mi", "1Gi")}, "only cpu and memory"},
+		{v1.AgentResources{Requests: list("cpu", "-1")}, "must not be negative"},
+		{v1.AgentResources{Limits: list("memory", "-1Gi")}, "must not be negative"},
+	} {
+		sc := &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "refused"},
+			Spec: v1.StorageClusterSpec{DataDir: "/srv/refused", Agent: v1.AgentSpec{Resources: &tc.res}}}
+		err := env.Client.Create(testCtx(t), sc)
+		if err == nil {
+			_ = env.Client.Delete(testCtx(t), sc)
+		}
+		if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: %v, want Invalid: %s", tc.res, err, tc.want)
+		}
+	}
+}
+
 // resourceSummary is "requests k=v ... limits k=v ...", names sorted.
 func resourceSummary(r corev1.ResourceRequirements) string {
 	var b strings.Builder
@@ -63,7 +117,7 @@ func dataDirArgs(args []string) []string {
 // CSIDriver stay the very same objects.
 func TestTwoClustersShareTheNodeWideSet(t *testing.T) {
 	suite.Require(t)
-	oneRes := &corev1.ResourceRequirements{
+	oneRes := &v1.AgentResources{
 		Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("500m"), corev1.ResourceMemory: resource.MustParse("256Mi")},
 		Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Gi")},
 	}
@@ -131,6 +185,12 @@ func TestTwoClustersShareTheNodeWideSet(t *testing.T) {
 			t.Errorf("%T %s after deleting two: %v (uid %s, was %s)", o, o.GetName(), err, o.GetUID(), uids[o.GetName()])
 		}
 	}
+	// A CPU limit one adds reaches the agent, and so does its removal,
+	// which leaves the rendered container a part of the one read.
+	setAgentResources(t, "one", &v1.AgentResources{Requests: oneRes.Requests, Limits: list("cpu", "1", "memory", "1Gi")})
+	waitAgentResources(t, "requests cpu=500m memory=256Mi limits cpu=1 memory=1Gi")
+	setAgentResources(t, "one", oneRes)
+	waitAgentResources(t, "requests cpu=500m memory=256Mi limits memory=1Gi")
 	// The keeper's template changed (placement) but it is OnDelete: its pods
 	// are not replaced; nothing of it depended on two's data dir.
 	if stay[0].GetGeneration() < keeperGen {

@@ -1,7 +1,9 @@
 package storagecluster
 
 import (
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
@@ -45,50 +47,71 @@ func resources(cpuReq, memReq, cpuLim, memLim string) corev1.ResourceRequirement
 	}
 }
 
-// agentResources merges what the clusters ask of the one agent that
-// serves them all (defaults for a cluster that asks nothing): per
-// resource, the largest request, and the largest limit, or none when any
-// cluster sets none for it. A limit is never below the request, which the
-// API server would refuse for the whole DaemonSet.
-func agentResources(clusters []*v1.StorageCluster) corev1.ResourceRequirements {
-	asked := make([]corev1.ResourceRequirements, 0, len(clusters))
-	for _, sc := range clusters {
-		if r := sc.Spec.Agent.Resources; r != nil {
-			asked = append(asked, *r)
-		} else {
-			asked = append(asked, defaultAgentResources())
-		}
-	}
-	if len(asked) == 0 {
+// agentResourceNames are what spec.agent.resources may set (the CRD
+// refuses others).
+var agentResourceNames = []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory}
+
+// askOf is what one cluster asks of the agent: the defaults when it sets
+// nothing, else its own, read as a pod's are (a limit without a request
+// requests the limit; a zero limit is none).
+func askOf(sc *v1.StorageCluster) corev1.ResourceRequirements {
+	r := sc.Spec.Agent.Resources
+	if r == nil || (len(r.Requests) == 0 && len(r.Limits) == 0) {
 		return defaultAgentResources()
 	}
-	out := corev1.ResourceRequirements{Requests: corev1.ResourceList{}, Limits: corev1.ResourceList{}}
-	for _, r := range asked {
-		for name, q := range r.Requests {
-			if cur, ok := out.Requests[name]; !ok || q.Cmp(cur) > 0 {
-				out.Requests[name] = q.DeepCopy()
-			}
+	ask := corev1.ResourceRequirements{Requests: corev1.ResourceList{}, Limits: corev1.ResourceList{}}
+	for _, name := range agentResourceNames {
+		lim, limited := r.Limits[name]
+		limited = limited && lim.Sign() > 0
+		if limited {
+			ask.Limits[name] = lim.DeepCopy()
+		}
+		if req, ok := r.Requests[name]; ok && req.Sign() > 0 {
+			ask.Requests[name] = req.DeepCopy()
+		} else if !ok && limited {
+			ask.Requests[name] = lim.DeepCopy()
 		}
 	}
-	unlimited := map[corev1.ResourceName]bool{}
-	limited := unionKeys(asked)
-	for _, r := range asked {
-		for name := range limited {
-			q, ok := r.Limits[name]
+	return ask
+}
+
+// agentResources merges what the served clusters ask of the one agent
+// that serves them all: per resource, the largest request, and the
+// largest limit, or none when any cluster sets none. A limit is never
+// below the request, which the API server would refuse for the whole
+// DaemonSet.
+func agentResources(clusters []*v1.StorageCluster) corev1.ResourceRequirements {
+	asks := []corev1.ResourceRequirements{defaultAgentResources()}
+	if len(clusters) > 0 {
+		asks = asks[:0]
+		for _, sc := range clusters {
+			asks = append(asks, askOf(sc))
+		}
+	}
+	out := corev1.ResourceRequirements{Requests: corev1.ResourceList{}, Limits: corev1.ResourceList{}}
+	for _, name := range agentResourceNames {
+		limited := true
+		for _, a := range asks {
+			if q, ok := a.Requests[name]; ok {
+				if cur, had := out.Requests[name]; !had || q.Cmp(cur) > 0 {
+					out.Requests[name] = q.DeepCopy()
+				}
+			}
+			q, ok := a.Limits[name]
 			if !ok {
-				unlimited[name] = true
+				limited = false
 				continue
 			}
 			if cur, had := out.Limits[name]; !had || q.Cmp(cur) > 0 {
 				out.Limits[name] = q.DeepCopy()
 			}
 		}
-	}
-	for name := range unlimited {
-		delete(out.Limits, name)
-	}
-	for name, lim := range out.Limits {
-		if req, ok := out.Requests[name]; ok && lim.Cmp(req) < 0 {
+		lim, had := out.Limits[name]
+		req, requested := out.Requests[name]
+		switch {
+		case !limited || !had:
+			delete(out.Limits, name)
+		case requested && lim.Cmp(req) < 0:
 			out.Limits[name] = req.DeepCopy()
 		}
 	}
@@ -101,13 +124,18 @@ func agentResources(clusters []*v1.StorageCluster) corev1.ResourceRequirements {
 	return out
 }
 
-// unionKeys is every resource any of rs limits.
-func unionKeys(rs []corev1.ResourceRequirements) map[corev1.ResourceName]bool {
-	keys := map[corev1.ResourceName]bool{}
-	for _, r := range rs {
-		for name := range r.Limits {
-			keys[name] = true
-		}
+// resourcesChanged renders ds with render and tells whether its first
+// container's resources changed: createOrUpdate does not see a request or
+// limit that was removed (a CPU limit taken out), so it must be told.
+func resourcesChanged(ds *appsv1.DaemonSet, render func()) bool {
+	was := containerResources(ds)
+	render()
+	return !equality.Semantic.DeepEqual(was, containerResources(ds))
+}
+
+func containerResources(ds *appsv1.DaemonSet) corev1.ResourceRequirements {
+	if cs := ds.Spec.Template.Spec.Containers; len(cs) > 0 {
+		return *cs[0].Resources.DeepCopy()
 	}
-	return keys
+	return corev1.ResourceRequirements{}
 }

@@ -123,7 +123,10 @@ func (r *Reconciler) agentDaemonSet(plan nodeWidePlan, ds *appsv1.DaemonSet) {
 			ObjectMeta: metav1.ObjectMeta{Labels: objectLabels(NodeWide, componentAgent)},
 			Spec: corev1.PodSpec{
 				ServiceAccountName: o.AgentServiceAccount,
-				HostNetwork:        true,
+				// The node's userspace data path: the last pod the node
+				// evicts, the last the OOM killer picks.
+				PriorityClassName: PriorityNodeCritical,
+				HostNetwork:       true,
 				// Unstage refuses while any process on the node holds the
 				// device open; only the host's PID namespace shows them all.
 				HostPID:     true,
@@ -166,6 +169,8 @@ func (r *Reconciler) keeperDaemonSet(plan nodeWidePlan, ds *appsv1.DaemonSet) {
 	ds.Spec = onDeleteDaemonSet(NodeWide, componentKeeper, nil, corev1.PodSpec{
 		// The keeper never talks to the API server.
 		AutomountServiceAccountToken: ptr.To(false),
+		// Its loss drops every userspace volume's kernel connection.
+		PriorityClassName: PriorityNodeCritical,
 		// The keeper watches its clients (servers the agent starts in
 		// the agent's pod) by pid: SO_PEERCRED gives 0 for a peer in
 		// a pid namespace the keeper cannot see.
