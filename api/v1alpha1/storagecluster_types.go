@@ -134,7 +134,7 @@ type AgentSpec struct {
 // Unset (or empty): requests cpu 100m and memory 128Mi, limits memory 2Gi,
 // and no CPU limit, which would throttle every userspace volume's I/O on
 // the node at once. Set, it replaces those whole; a limit without a
-// request requests the limit, as for a pod, and a zero limit is none. The
+// request requests the limit, as for a pod, and a zero or negative amount is none. The
 // agent serves every StorageCluster: it gets, per resource, the largest
 // request any served cluster asks and the largest limit (none if any sets
 // none), never below the request.
@@ -143,13 +143,11 @@ type AgentResources struct {
 	// the CPU request is its weight against the workloads when the node
 	// is busy.
 	// +kubebuilder:validation:XValidation:rule="self.all(k, k == 'cpu' || k == 'memory')",message="only cpu and memory"
-	// +kubebuilder:validation:XValidation:rule="self.all(k, quantity(string(self[k])).sign() >= 0)",message="must not be negative"
 	// +optional
 	Requests corev1.ResourceList `json:"requests,omitempty"`
 
 	// Limits cap the agent's CPU and memory.
 	// +kubebuilder:validation:XValidation:rule="self.all(k, k == 'cpu' || k == 'memory')",message="only cpu and memory"
-	// +kubebuilder:validation:XValidation:rule="self.all(k, quantity(string(self[k])).sign() >= 0)",message="must not be negative"
 	// +optional
 	Limits corev1.ResourceList `json:"limits,omitempty"`
 }

@@ -57,8 +57,7 @@ func waitAgentResources(t *testing.T, want string) {
 	})
 }
 
-// TestAgentResourcesRefused: the CRD takes only CPU and memory, and no
-// negative amount.
+// TestAgentResourcesRefused: the CRD takes only CPU and memory.
 func TestAgentResourcesRefused(t *testing.T) {
 	suite.Require(t)
 	for _, tc := range []struct {
@@ -67,8 +66,6 @@ func TestAgentResourcesRefused(t *testing.T) {
 	}{
 		{v1.AgentResources{Requests: list("nvidia.com/gpu", "1")}, "only cpu and memory"},
 		{v1.AgentResources{Limits: list("hugepages-2Mi", "1Gi")}, "only cpu and memory"},
-		{v1.AgentResources{Requests: list("cpu", "-1")}, "must not be negative"},
-		{v1.AgentResources{Limits: list("memory", "-1Gi")}, "must not be negative"},
 	} {
 		sc := &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "refused"},
 			Spec: v1.StorageClusterSpec{DataDir: "/srv/refused", Agent: v1.AgentSpec{Resources: &tc.res}}}
