@@ -18,10 +18,7 @@ const nonRootUID int64 = 65532
 // for every userspace volume at once after an agent restart, while the
 // volumes' I/O waits: no CPU limit to throttle that burst.
 var (
-	keeperResources = corev1.ResourceRequirements{
-		Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("20m"), corev1.ResourceMemory: resource.MustParse("16Mi")},
-		Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")},
-	}
+	keeperResources     = noCPULimit("20m", "16Mi", "256Mi")
 	controllerResources = resources("10m", "32Mi", "500m", "256Mi")
 )
 
@@ -33,11 +30,13 @@ var (
 // throttling would stall every userspace volume's I/O at once. An OOM kill
 // there stalls volume I/O too: the memory limit holds about a hundred Ceph
 // volumes' servers (see AgentSpec.Resources).
-func defaultAgentResources() corev1.ResourceRequirements {
-	return corev1.ResourceRequirements{
-		Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("128Mi")},
-		Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("2Gi")},
-	}
+func defaultAgentResources() corev1.ResourceRequirements { return noCPULimit("100m", "128Mi", "2Gi") }
+
+// noCPULimit requests CPU and memory and limits memory only.
+func noCPULimit(cpuReq, memReq, memLim string) corev1.ResourceRequirements {
+	r := resources(cpuReq, memReq, "0", memLim)
+	delete(r.Limits, corev1.ResourceCPU)
+	return r
 }
 
 func resources(cpuReq, memReq, cpuLim, memLim string) corev1.ResourceRequirements {
@@ -106,12 +105,10 @@ func agentResources(clusters []*v1.StorageCluster) corev1.ResourceRequirements {
 				out.Limits[name] = q.DeepCopy()
 			}
 		}
-		lim, had := out.Limits[name]
-		req, requested := out.Requests[name]
-		switch {
-		case !limited || !had:
+		// asks is never empty: limited means every ask set a limit.
+		if !limited {
 			delete(out.Limits, name)
-		case requested && lim.Cmp(req) < 0:
+		} else if lim, req := out.Limits[name], out.Requests[name]; lim.Cmp(req) < 0 {
 			out.Limits[name] = req.DeepCopy()
 		}
 	}
