@@ -19,14 +19,17 @@ func TestLinksNoKubernetesPackage(t *testing.T) {
 	if err != nil {
 		t.Skip("no go tool on PATH (and no GOROOT): cannot list the binary's packages")
 	}
-	out, err := exec.Command(goTool, "list", "-deps", ".").Output()
-	if err != nil {
-		t.Fatalf("go list -deps: %v", err)
-	}
-	for _, pkg := range strings.Fields(string(out)) {
-		if strings.HasPrefix(pkg, "k8s.io/") || strings.HasPrefix(pkg, "sigs.k8s.io/") ||
-			strings.HasPrefix(pkg, "github.com/berth-io/berth/api/") {
-			t.Errorf("berth-blockdev links %s: see the package comment", pkg)
+	// The default build, and the one that serves RBD images (librbd).
+	for _, tags := range []string{"", "ceph,pacific"} {
+		out, err := exec.Command(goTool, "list", "-tags", tags, "-deps", ".").Output()
+		if err != nil {
+			t.Fatalf("go list -tags %q -deps: %v", tags, err)
+		}
+		for _, pkg := range strings.Fields(string(out)) {
+			if strings.HasPrefix(pkg, "k8s.io/") || strings.HasPrefix(pkg, "sigs.k8s.io/") ||
+				strings.HasPrefix(pkg, "github.com/berth-io/berth/api/") {
+				t.Errorf("berth-blockdev (tags %q) links %s: see the package comment", tags, pkg)
+			}
 		}
 	}
 }

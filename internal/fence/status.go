@@ -20,7 +20,7 @@ type Staged struct {
 	DevicePath  string
 	StagingPath string
 	// CephClients are the Ceph client addresses of the server(s) serving
-	// a Ceph volume on the node (ceph.ClientAddrs of their connections):
+	// a Ceph volume on the node (cephaddr.Client of their connections):
 	// lock breaking blocklists them. Empty for other backends.
 	CephClients []string
 }

@@ -2,13 +2,6 @@
 
 package ceph
 
-/*
-#cgo LDFLAGS: -lrados
-#include <stdlib.h>
-#include <rados/librados.h>
-*/
-import "C"
-
 import (
 	"bytes"
 	"context"
@@ -16,52 +9,9 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
-	"syscall"
-	"unsafe"
 
-	"github.com/ceph/go-ceph/rados"
 	"github.com/ceph/go-ceph/rbd"
 )
-
-// ClientAddrs returns the addresses of conn's Ceph client instance
-// ("IP:PORT/NONCE", one per messenger protocol it speaks): what Ceph's
-// blocklist takes to fence exactly this client, and what the node side
-// records in the Attachment's status (cephClients) when it stages a volume.
-// go-ceph v0.30.0 has no wrapper for rados_getaddrs.
-func ClientAddrs(conn *rados.Conn) ([]string, error) {
-	var out *C.char
-	// rados_t is a pointer: ClusterRef carries it unchanged.
-	cluster := C.rados_t(unsafe.Pointer(conn.Cluster()))
-	if ret := C.rados_getaddrs(cluster, &out); ret < 0 {
-		return nil, fmt.Errorf("ceph client address: %w", syscall.Errno(-ret))
-	}
-	defer C.free(unsafe.Pointer(out))
-	return parseAddrs(C.GoString(out))
-}
-
-// parseAddrs turns an entity_addrvec_t's text ("1.2.3.4:0/123" or
-// "[v2:1.2.3.4:0/123,v1:1.2.3.4:0/123]") into blocklist addresses, without
-// the protocol prefix and without repeats.
-func parseAddrs(s string) ([]string, error) {
-	s = strings.TrimSuffix(strings.TrimPrefix(strings.TrimSpace(s), "["), "]")
-	var out []string
-	for _, a := range strings.Split(s, ",") {
-		if _, rest, ok := strings.Cut(a, ":"); ok && (strings.HasPrefix(a, "v1:") || strings.HasPrefix(a, "v2:") || strings.HasPrefix(a, "any:")) {
-			a = rest
-		}
-		if a == "" || !strings.Contains(a, "/") {
-			return nil, fmt.Errorf("ceph client address %q: want IP:PORT/NONCE", s)
-		}
-		if !slices.Contains(out, a) {
-			out = append(out, a)
-		}
-	}
-	return out, nil
-}
-
-// ClientAddrs returns the backend's own client addresses (ClientAddrs).
-func (b *Backend) ClientAddrs() ([]string, error) { return ClientAddrs(b.conn) }
 
 // FenceClients puts addrs on Ceph's blocklist for cfg.BlocklistExpire, then
 // breaks the exclusive lock on volume id's image that any of them holds

@@ -15,6 +15,7 @@ import (
 	"github.com/go-logr/logr/testr"
 
 	"github.com/berth-io/berth/internal/backend/ceph"
+	"github.com/berth-io/berth/internal/backend/ceph/cephaddr"
 )
 
 // nodeClient is a Ceph client standing for one node's blockdev server:
@@ -108,9 +109,9 @@ func TestFencingOnRealCeph(t *testing.T) {
 	if owner, err := a.img.LockIsExclusiveOwner(); err != nil || !owner {
 		t.Fatalf("A owns the exclusive lock: %v, %v", owner, err)
 	}
-	addrsA, err := ceph.ClientAddrs(a.conn)
+	addrsA, err := cephaddr.Client(a.conn)
 	if err != nil || len(addrsA) == 0 {
-		t.Fatalf("ClientAddrs: %v, %v", addrsA, err)
+		t.Fatalf("cephaddr.Client: %v, %v", addrsA, err)
 	}
 	t.Logf("node A's client: %v", addrsA)
 

@@ -11,7 +11,7 @@ import (
 	"github.com/ceph/go-ceph/rados"
 	"golang.org/x/sys/unix"
 
-	"github.com/berth-io/berth/internal/backend/ceph"
+	"github.com/berth-io/berth/internal/backend/ceph/cephaddr"
 )
 
 // Built tells whether this binary can serve RBD images.
@@ -47,7 +47,7 @@ func Open(path string) (*Image, error) {
 	}
 	// Failing here fails the start: a server that says ready has always
 	// replaced the addresses of the one before.
-	addrs, err := ceph.ClientAddrs(conn)
+	addrs, err := cephaddr.Client(conn)
 	if err == nil {
 		err = writeClients(path, addrs)
 	}

@@ -1,13 +1,13 @@
 //go:build ceph
 
-package ceph
+package cephaddr
 
 import (
 	"slices"
 	"testing"
 )
 
-func TestParseAddrs(t *testing.T) {
+func TestParse(t *testing.T) {
 	for in, want := range map[string][]string{
 		"127.0.0.1:0/3701837422":                  {"127.0.0.1:0/3701837422"},
 		"[v2:10.0.0.1:0/42,v1:10.0.0.1:0/42]":     {"10.0.0.1:0/42"},
@@ -15,13 +15,13 @@ func TestParseAddrs(t *testing.T) {
 		"[any:10.0.0.2:0/9]":                      {"10.0.0.2:0/9"},
 		"[v2:10.0.0.1:6800/1,v1:10.0.0.1:6801/1]": {"10.0.0.1:6800/1", "10.0.0.1:6801/1"},
 	} {
-		if got, err := parseAddrs(in); err != nil || !slices.Equal(got, want) {
-			t.Errorf("parseAddrs(%q) = %q, %v; want %q", in, got, err, want)
+		if got, err := Parse(in); err != nil || !slices.Equal(got, want) {
+			t.Errorf("Parse(%q) = %q, %v; want %q", in, got, err, want)
 		}
 	}
 	for _, bad := range []string{"", "[]", "10.0.0.1:0"} {
-		if got, err := parseAddrs(bad); err == nil {
-			t.Errorf("parseAddrs(%q) = %q, want an error", bad, got)
+		if got, err := Parse(bad); err == nil {
+			t.Errorf("Parse(%q) = %q, want an error", bad, got)
 		}
 	}
 }
