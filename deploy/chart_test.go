@@ -136,7 +136,7 @@ func TestChartInstallsAndOperatorWorks(t *testing.T) {
 	if err := as.List(ctx, &appsv1.DaemonSetList{}, client.InNamespace("default")); !apierrors.IsForbidden(err) {
 		t.Errorf("operator listing DaemonSets in default: %v, want Forbidden", err)
 	}
-	runOperatorAs(ctx, t, opUser)
+	runOperatorAs(t, opUser)
 	sc := &v1.StorageCluster{}
 	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		if err := env.Client.Get(ctx, client.ObjectKey{Name: "berth"}, sc); err != nil {
@@ -186,7 +186,7 @@ func isGone(ctx context.Context, sc *v1.StorageCluster) bool {
 
 // runOperatorAs runs `berth operator` in this process with the API
 // identity of user, leader election on (its Lease is part of the RBAC).
-func runOperatorAs(ctx context.Context, t *testing.T, user string) {
+func runOperatorAs(t *testing.T, user string) {
 	t.Helper()
 	var oc operator.Config
 	fs := flag.NewFlagSet("operator", flag.ContinueOnError)
@@ -195,15 +195,7 @@ func runOperatorAs(ctx context.Context, t *testing.T, user string) {
 		t.Fatal(err)
 	}
 	oc.Rest, oc.Log = impersonate(user), logr.Discard()
-	opCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- oc.Run(opCtx) }()
-	t.Cleanup(func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("operator: %v", err)
-		}
-	})
+	testenv.Serve(t, "operator", oc.Run)
 }
 
 // impersonate returns a config that acts as service account user, with

@@ -99,11 +99,36 @@ func (s *Set) find(ctx context.Context, id string, get func(*Local) error) (*Loc
 }
 
 func (s *Set) findVolume(ctx context.Context, id string) (*Local, error) {
-	return s.find(ctx, id, func(l *Local) error { _, err := l.Get(ctx, id); return err })
+	return s.find(ctx, id, hasVolume(ctx, id))
 }
 
 func (s *Set) findSnapshot(ctx context.Context, id string) (*Local, error) {
-	return s.find(ctx, id, func(l *Local) error { _, err := l.GetSnapshot(ctx, id); return err })
+	return s.find(ctx, id, hasSnapshot(ctx, id))
+}
+
+func hasVolume(ctx context.Context, id string) func(*Local) error {
+	return func(l *Local) error { _, err := l.Get(ctx, id); return err }
+}
+
+func hasSnapshot(ctx context.Context, id string) func(*Local) error {
+	return func(l *Local) error { _, err := l.GetSnapshot(ctx, id); return err }
+}
+
+// forCopy returns the backend a new volume id copied from source goes to.
+// A copy never crosses data dirs (they may be on different filesystems):
+// a source (what: volume or snapshot, found by has) that is only in
+// another data dir is refused.
+func (s *Set) forCopy(ctx context.Context, id, what, source string, has func(*Local) error) (*Local, error) {
+	l, err := s.forNew(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if err := has(l); errors.Is(err, ErrNotFound) {
+		if _, ferr := s.find(ctx, source, has); ferr == nil {
+			return nil, fmt.Errorf("%w: %s %s belongs to another StorageCluster's data dir than volume %s", volerr.ErrInvalid, what, source, id)
+		}
+	}
+	return l, nil
 }
 
 // Create makes volume id's image in its cluster's data dir.
@@ -115,31 +140,20 @@ func (s *Set) Create(ctx context.Context, id string, size int64) (Image, error) 
 	return l.Create(ctx, id, size)
 }
 
-// CreateFromSnapshot restores a snapshot of the same data dir (a copy never
-// crosses data dirs: they may be on different filesystems).
+// CreateFromSnapshot restores a snapshot of the same data dir.
 func (s *Set) CreateFromSnapshot(ctx context.Context, id, snapshotID string, size int64) (Image, error) {
-	l, err := s.forNew(ctx, id)
+	l, err := s.forCopy(ctx, id, "snapshot", snapshotID, hasSnapshot(ctx, snapshotID))
 	if err != nil {
 		return Image{}, err
-	}
-	if _, err := l.GetSnapshot(ctx, snapshotID); errors.Is(err, ErrNotFound) {
-		if _, ferr := s.findSnapshot(ctx, snapshotID); ferr == nil {
-			return Image{}, fmt.Errorf("%w: snapshot %s belongs to another StorageCluster's data dir than volume %s", volerr.ErrInvalid, snapshotID, id)
-		}
 	}
 	return l.CreateFromSnapshot(ctx, id, snapshotID, size)
 }
 
 // CreateFromVolume clones a volume of the same data dir.
 func (s *Set) CreateFromVolume(ctx context.Context, id, sourceID string, size int64) (Image, error) {
-	l, err := s.forNew(ctx, id)
+	l, err := s.forCopy(ctx, id, "volume", sourceID, hasVolume(ctx, sourceID))
 	if err != nil {
 		return Image{}, err
-	}
-	if _, err := l.Get(ctx, sourceID); errors.Is(err, ErrNotFound) {
-		if _, ferr := s.findVolume(ctx, sourceID); ferr == nil {
-			return Image{}, fmt.Errorf("%w: volume %s belongs to another StorageCluster's data dir than volume %s", volerr.ErrInvalid, sourceID, id)
-		}
 	}
 	return l.CreateFromVolume(ctx, id, sourceID, size)
 }

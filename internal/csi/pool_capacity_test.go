@@ -17,6 +17,7 @@ import (
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/capacity"
+	"github.com/berth-io/berth/internal/testenv"
 )
 
 // poolFrees is a fake pool read: free bytes or an error per cluster.
@@ -54,16 +55,8 @@ func poolCapacitySetup(ctx context.Context, t *testing.T, ns, cluster string) {
 }
 
 // startPublisher runs p.Start until the test ends.
-func startPublisher(ctx context.Context, t *testing.T, p *PoolCapacityPublisher) {
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- p.Start(runCtx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	})
+func startPublisher(t *testing.T, p *PoolCapacityPublisher) {
+	testenv.Serve(t, "pool capacity publisher", p.Start)
 }
 
 // waitPoolCapacity waits up to within for the capacity of class cls in ns to
@@ -184,7 +177,7 @@ func TestPoolCapacityPublisherStart(t *testing.T) {
 	create(ctx, t, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "pool-start"}, Provisioner: v1.DriverName,
 		Parameters: map[string]string{v1.ParamStorageCluster: "pool-start"}})
 	frees := &poolFrees{free: map[string]int64{"pool-start": 1 << 30}}
-	startPublisher(ctx, t, &PoolCapacityPublisher{Client: env.Client, Namespace: ns, Free: frees.read,
+	startPublisher(t, &PoolCapacityPublisher{Client: env.Client, Namespace: ns, Free: frees.read,
 		Schedule: capacity.Schedule{Interval: 100 * time.Millisecond}, Log: testr.New(t)})
 	waitPoolCapacity(ctx, t, ns, "pool-start", 1<<30, 30*time.Second)
 	frees.set("pool-start", 2<<30, nil)
@@ -204,7 +197,7 @@ func TestPoolCapacityPublisherNewClass(t *testing.T) {
 	}
 	frees := &poolFrees{free: map[string]int64{"pool-new-class": 3 << 30}}
 	// An hour: only the watch can publish within the test.
-	startPublisher(ctx, t, &PoolCapacityPublisher{Client: env.Client, Namespace: ns, Free: frees.read,
+	startPublisher(t, &PoolCapacityPublisher{Client: env.Client, Namespace: ns, Free: frees.read,
 		Schedule: capacity.Schedule{Classes: classes, Interval: time.Hour}, Log: testr.New(t)})
 	// Past Start's first rounds, so that the class is new to it.
 	time.Sleep(2 * time.Second)

@@ -62,7 +62,7 @@ func TestCleanerAfterRestart(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Now())
 	u := &recordingUndoer{}
 	cl := fence.NewCleaner(env.Client, "cl-a", u, clk, testr.New(t), fence.CleanerOptions{Interval: time.Minute})
-	background(t, cl.Start)
+	testenv.Serve(t, "cleaner", cl.Start)
 
 	waitFor(t, "first pass at start", func() bool { return len(u.undone()) == 2 && clk.HasWaiters() })
 	nc := getCleanup(t, "cl-a")
@@ -94,7 +94,7 @@ func TestCleanerRetriesFailedEntriesSoon(t *testing.T) {
 	u := &recordingUndoer{fail: map[string]bool{"/later": true}}
 	cl := fence.NewCleaner(env.Client, "clr-a", u, clk, testr.New(t),
 		fence.CleanerOptions{Interval: time.Hour, FailedRetry: 10 * time.Second})
-	background(t, cl.Start)
+	testenv.Serve(t, "cleaner", cl.Start)
 	waitFor(t, "the failed first pass", func() bool { return getCleanup(t, "clr-a").Status.Pending == 1 && clk.HasWaiters() })
 	u.mu.Lock()
 	u.fail = nil // the keeper is up

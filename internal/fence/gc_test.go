@@ -13,6 +13,7 @@ import (
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/fence"
+	"github.com/berth-io/berth/internal/testenv"
 )
 
 // newGC returns a GC with its own metrics registry. The GC sweeps every
@@ -205,7 +206,7 @@ func TestGCInterval(t *testing.T) {
 
 	cleanupVolume(t, "vol-gc4", "gc-tick")
 	f, _ := newFencer(t)
-	background(t, g.Start)
+	testenv.Serve(t, "GC", g.Start)
 	waitFor(t, "first sweep", clk.HasWaiters)
 	mustAcquire(t, f, podReq("vol-gc4", "gc-tick", fakePod("gc-tick-pod"), v1.ReadWriteOnce)) // node gone
 	clk.Step(3 * time.Second)
@@ -223,7 +224,7 @@ func TestGCWakeAppliesNewInterval(t *testing.T) {
 	}
 	clk := clocktesting.NewFakeClock(time.Now())
 	g, reg := gcOn(t, clk, fence.Options{})
-	background(t, g.Start)
+	testenv.Serve(t, "GC", g.Start)
 	waitFor(t, "first sweep, then the wait of a day", clk.HasWaiters)
 	create(t, &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "gc-woken"},
 		Spec: v1.StorageClusterSpec{AttachmentGC: v1.AttachmentGCSpec{Interval: &metav1.Duration{Duration: 2 * time.Second}}}})

@@ -129,19 +129,6 @@ func mustGet[T client.Object](t *testing.T, name string, obj T) T {
 	return obj
 }
 
-// background runs a Runnable until the test ends.
-func background(t *testing.T, start func(context.Context) error) {
-	ctx, cancel := context.WithCancel(ctxT(t))
-	done := make(chan error, 1)
-	go func() { done <- start(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("runnable: %v", err)
-		}
-	})
-}
-
 func isExists(err error) bool { return apierrors.IsAlreadyExists(err) }
 
 func clientKey(name string) client.ObjectKey { return client.ObjectKey{Name: name} }

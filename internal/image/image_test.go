@@ -349,12 +349,7 @@ func ganeshaServesFromImage(t *testing.T, root string) {
 		}
 	}
 	exp := t.TempDir()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
+	port := testenv.FreePort(t)
 	conf, err := share.ExportConfig{Path: "/export", Pseudo: "/pv1", BindAddr: "127.0.0.1", Port: port,
 		RecoveryRoot: "/export/.recovery", SyncWrites: true}.Render()
 	if err != nil {

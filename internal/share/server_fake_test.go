@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -17,6 +16,8 @@ import (
 
 	"github.com/go-logr/logr/testr"
 	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/berth-io/berth/internal/testenv"
 )
 
 // fakeExec starts fakeProcs; the real path is the root test in
@@ -90,12 +91,7 @@ func runFake(t *testing.T, ctx context.Context, e *fakeExec, checks Checks, read
 		}
 	}()
 	dir := t.TempDir()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
+	port := testenv.FreePort(t)
 	cfg := ServerConfig{
 		Export:           ExportConfig{Path: "/export", Pseudo: "/pv1", RecoveryRoot: filepath.Join(dir, "rec"), BindAddr: "127.0.0.1", Port: port},
 		Dir:              filepath.Join(dir, "state"),

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"sort"
 	"strings"
 	"testing"
@@ -24,6 +25,16 @@ func FreeAddr() (string, error) {
 	}
 	addr := l.Addr().String()
 	return addr, l.Close()
+}
+
+// FreePort is the port of FreeAddr, for a server a test configures by port.
+func FreePort(tb testing.TB) int {
+	tb.Helper()
+	addr, err := FreeAddr()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return int(netip.MustParseAddrPort(addr).Port())
 }
 
 // Samples are scraped metric values by series: `name{label="value",...}`

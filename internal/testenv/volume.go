@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -72,4 +73,24 @@ func LoopsOf(t testing.TB, image string) []string {
 		t.Fatalf("losetup -j %s: %v", image, err)
 	}
 	return strings.Fields(string(out))
+}
+
+// WriteSynced writes data to the file name and fsyncs it, so that it is on
+// the volume's device, not only in the page cache.
+func WriteSynced(t testing.TB, name string, data []byte) {
+	t.Helper()
+	fh, err := os.Create(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = fh.Close() }()
+	if _, err := fh.Write(data); err != nil {
+		t.Fatalf("write %s: %v", name, err)
+	}
+	if err := fh.Sync(); err != nil {
+		t.Fatalf("fsync %s: %v", name, err)
+	}
+	if err := fh.Close(); err != nil {
+		t.Fatalf("close %s: %v", name, err)
+	}
 }

@@ -55,10 +55,7 @@ func (s *scenario) cephCluster() string {
 			"unless BERTH_E2E_CEPH=0, the ceph packages are missing or bin/berth was built without Ceph (CEPH=0); its log says which")
 	}
 	name := names[0]
-	s.waitFor("StorageCluster "+name+" Ready", 2*time.Minute, func(context.Context) (bool, error) {
-		out, err := s.kubectl("get", "storagecluster", name, "-o", "jsonpath={.status.phase}")
-		return err == nil && out == "Ready", nil
-	})
+	s.waitClustersReady(2*time.Minute, name)
 	return name
 }
 

@@ -28,34 +28,11 @@ import (
 // pod still running on it is gone).
 func testStorageClusterDeletionWithAgentAway(t *testing.T) {
 	s := newScenario(t, 14*time.Minute)
-	if s.env.Vars["BERTH_E2E_DIR"] == "" {
-		t.Fatal("cluster.env has no BERTH_E2E_DIR")
-	}
 	const cluster, timeout = "away", 20 * time.Second
-	dir := filepath.Join(s.env.Vars["BERTH_E2E_DIR"], "berth-data-away")
 	// Cleanups run last first: the taint (agentDown's, registered later)
-	// goes before the cluster and the folder every node's agent mounted.
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	t.Cleanup(func() { _, _ = s.kubectl("delete", "storagecluster", cluster, "--ignore-not-found", "--timeout=3m") })
-
-	manifest := fmt.Sprintf(`apiVersion: berth.io/v1alpha1
-kind: StorageCluster
-metadata:
-  name: %s
-spec:
-  dataDir: %s
-  cleanupPolicy: Detach
-  cleanupTimeout: %s
-`, cluster, dir, timeout)
-	if _, err := s.kubectlIn(manifest, "apply", "-f", "-"); err != nil {
-		t.Fatal(err)
-	}
-	for _, sc := range []string{cluster, "berth"} {
-		s.waitFor("StorageCluster "+sc+" Ready", 4*time.Minute, func(context.Context) (bool, error) {
-			out, err := s.kubectl("get", "storagecluster", sc, "-o", "jsonpath={.status.phase}")
-			return err == nil && out == "Ready", nil
-		})
-	}
+	// goes before the cluster and its folder.
+	dir := s.storageCluster(cluster, fmt.Sprintf("  cleanupTimeout: %s\n", timeout))
+	s.waitClustersReady(4*time.Minute, cluster, "berth")
 	s.waitFor("the class of "+cluster, time.Minute, func(ctx context.Context) (bool, error) {
 		_, err := s.cs.StorageV1().StorageClasses().Get(ctx, cluster, metav1.GetOptions{})
 		return err == nil, nil

@@ -132,24 +132,7 @@ func (s *scenario) multusCephCluster(name, base, nad string, mode v1.MultusMode)
 	if err != nil || len(parts) != 4 {
 		t.Fatalf("the ceph spec of %s: %q %v", base, ceph, err)
 	}
-	dir := filepath.Join(s.env.need(t, "BERTH_E2E_DIR", "the cluster's work dir"), "berth-data-"+name)
-	class := name + "-userspace"
-	// Cleanups run last first: the folder, after the cluster, after its
-	// volumes.
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	t.Cleanup(func() {
-		if out, err := s.kubectl("delete", "storagecluster", name, "--ignore-not-found", "--timeout=3m"); err != nil {
-			t.Errorf("delete StorageCluster %s: %v: %s", name, err, out)
-		}
-	})
-	t.Cleanup(func() { s.removeVolumesOf(class) })
-	manifest := fmt.Sprintf(`apiVersion: berth.io/v1alpha1
-kind: StorageCluster
-metadata: {name: %s}
-spec:
-  dataDir: %s
-  cleanupPolicy: Detach
-  backend: ceph
+	dir := s.storageCluster(name, fmt.Sprintf(`  backend: ceph
   ceph:
     monitors: [%q]
     pool: %s
@@ -158,14 +141,11 @@ spec:
     provider: multus
     selectors: {public: %s}
     multus: {mode: %s}
-`, name, dir, parts[0], parts[1], parts[2], parts[3], nad, mode)
-	if out, err := s.kubectlIn(manifest, "apply", "-f", "-"); err != nil {
-		t.Fatalf("apply StorageCluster %s: %v: %s", name, err, out)
-	}
-	s.waitFor("StorageCluster "+name+" Ready", 4*time.Minute, func(context.Context) (bool, error) {
-		out, err := s.kubectl("get", "storagecluster", name, "-o", "jsonpath={.status.phase}")
-		return err == nil && out == "Ready", nil
-	})
+`, parts[0], parts[1], parts[2], parts[3], nad, mode))
+	class := name + "-userspace"
+	// Cleanups run last first: the volumes go before the cluster.
+	t.Cleanup(func() { s.removeVolumesOf(class) })
+	s.waitClustersReady(4*time.Minute, name)
 	nodes := s.env.Nodes()
 	s.waitFor(fmt.Sprintf("%d holders of %s Ready", len(nodes), name), 3*time.Minute, func(ctx context.Context) (bool, error) {
 		holders, err := s.holders(ctx, name)

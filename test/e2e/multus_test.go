@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -167,32 +166,11 @@ func testMultusStorageClusterHolders(t *testing.T) {
 	s := newScenario(t, 8*time.Minute)
 	nad, subnet := s.needMultus()
 	const name = "multus"
-	dir := filepath.Join(s.env.Vars["BERTH_E2E_DIR"], "berth-data-multus")
-	if s.env.Vars["BERTH_E2E_DIR"] == "" {
-		t.Fatal("cluster.env has no BERTH_E2E_DIR")
-	}
-	// Runs last: the folder the agents mounted (shared by the nodes).
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	t.Cleanup(func() {
-		if out, err := s.kubectl("delete", "storagecluster", name, "--ignore-not-found", "--timeout=3m"); err != nil {
-			t.Errorf("delete StorageCluster %s: %v: %s", name, err, out)
-		}
-	})
-	manifest := fmt.Sprintf(`apiVersion: berth.io/v1alpha1
-kind: StorageCluster
-metadata:
-  name: %s
-spec:
-  dataDir: %s
-  cleanupPolicy: Detach
-  network:
+	s.storageCluster(name, fmt.Sprintf(`  network:
     provider: multus
     selectors:
       public: %s
-`, name, dir, nad)
-	if _, err := s.kubectlIn(manifest, "apply", "-f", "-"); err != nil {
-		t.Fatal(err)
-	}
+`, nad))
 
 	var reason, message string
 	s.waitFor("condition NetworkReady of "+name, 2*time.Minute, func(context.Context) (bool, error) {

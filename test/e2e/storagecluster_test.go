@@ -5,6 +5,9 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -75,4 +78,45 @@ func (s *scenario) restoreStorageCluster(manifest string) {
 		out, err := s.kubectl("get", "storagecluster", "berth", "-o", "jsonpath={.status.phase}")
 		return err == nil && out == "Ready", nil
 	})
+}
+
+// storageCluster applies a StorageCluster name (cleanup policy Detach) whose
+// data dir is a folder of its own under the cluster's work dir, and returns
+// that folder; spec is the rest of its spec, YAML indented as under spec.
+// At the end the cluster goes, then the folder (the nodes share it: it is
+// not one of their own binds).
+func (s *scenario) storageCluster(name, spec string) string {
+	s.t.Helper()
+	t := s.t
+	dir := filepath.Join(s.env.need(t, "BERTH_E2E_DIR", "the cluster's work dir"), "berth-data-"+name)
+	// Cleanups run last first: the folder after the cluster.
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	t.Cleanup(func() {
+		if out, err := s.kubectl("delete", "storagecluster", name, "--ignore-not-found", "--timeout=3m"); err != nil {
+			t.Errorf("delete StorageCluster %s: %v: %s", name, err, out)
+		}
+	})
+	manifest := fmt.Sprintf(`apiVersion: berth.io/v1alpha1
+kind: StorageCluster
+metadata:
+  name: %s
+spec:
+  dataDir: %s
+  cleanupPolicy: Detach
+%s`, name, dir, spec)
+	if _, err := s.kubectlIn(manifest, "apply", "-f", "-"); err != nil {
+		t.Fatalf("apply StorageCluster %s: %v", name, err)
+	}
+	return dir
+}
+
+// waitClustersReady waits until each StorageCluster's phase is Ready.
+func (s *scenario) waitClustersReady(limit time.Duration, names ...string) {
+	s.t.Helper()
+	for _, name := range names {
+		s.waitFor("StorageCluster "+name+" Ready", limit, func(context.Context) (bool, error) {
+			out, err := s.kubectl("get", "storagecluster", name, "-o", "jsonpath={.status.phase}")
+			return err == nil && out == "Ready", nil
+		})
+	}
 }

@@ -4,7 +4,6 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -27,38 +26,14 @@ import (
 // data dir and goes when its claim does.
 func testTwoStorageClustersOneDeleted(t *testing.T) {
 	s := newScenario(t, 12*time.Minute)
-	dir := filepath.Join(s.env.need(t, "BERTH_E2E_DIR", "the cluster's folder"), "berth-data-second")
-	// Runs last (cleanups run last first): the folder every node's agent
-	// mounted (the nodes share it: it is not one of their own binds).
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	t.Cleanup(func() {
-		// Whatever a failure left: the cluster, then its class.
-		_, _ = s.kubectl("delete", "storagecluster", "second", "--ignore-not-found", "--timeout=3m")
-	})
-
 	keepers := s.podUIDs("app.kubernetes.io/name=berth,app.kubernetes.io/component=keeper")
 	driver, err := s.cs.StorageV1().CSIDrivers().Get(s.ctx, "berth.io", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	manifest := fmt.Sprintf(`apiVersion: berth.io/v1alpha1
-kind: StorageCluster
-metadata:
-  name: second
-spec:
-  dataDir: %s
-  cleanupPolicy: Detach
-`, dir)
-	if _, err := s.kubectlIn(manifest, "apply", "-f", "-"); err != nil {
-		t.Fatal(err)
-	}
+	dir := s.storageCluster("second", "")
 	// The agent rolls out with the second data dir; both clusters Ready.
-	for _, sc := range []string{"second", "berth"} {
-		s.waitFor("StorageCluster "+sc+" Ready", 4*time.Minute, func(context.Context) (bool, error) {
-			out, err := s.kubectl("get", "storagecluster", sc, "-o", "jsonpath={.status.phase}")
-			return err == nil && out == "Ready", nil
-		})
-	}
+	s.waitClustersReady(4*time.Minute, "second", "berth")
 	s.waitFor("the class of second", time.Minute, func(ctx context.Context) (bool, error) {
 		cls, err := s.cs.StorageV1().StorageClasses().Get(ctx, "second", metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {

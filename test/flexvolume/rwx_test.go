@@ -8,6 +8,7 @@ import (
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	flex "github.com/berth-io/berth/internal/flexvolume"
+	"github.com/berth-io/berth/internal/testenv"
 )
 
 // TestPodsShareOneStaging: two pods on this node mount one ReadWriteOnce
@@ -33,7 +34,7 @@ func TestPodsShareOneStaging(t *testing.T) {
 		t.Fatalf("two pods mounted: staging mounted %t, loop devices %d, entries %+v; want one staging, one device, stage record + 2 pods",
 			mounted(t, staging), loops(t, image), entries(t, f, vol))
 	}
-	writeSynced(t, filepath.Join(dirA, "from-a"), "written by A")
+	testenv.WriteSynced(t, filepath.Join(dirA, "from-a"), []byte("written by A"))
 
 	res, _ := f.run(t, "unmount", dirA)
 	want(t, "unmount of the first pod", res, flex.StatusSuccess)
@@ -61,7 +62,7 @@ func TestPodsShareOneStaging(t *testing.T) {
 	}
 	for i := range 20 {
 		name := filepath.Join(dirB, fmt.Sprintf("from-b-%d", i))
-		writeSynced(t, name, name)
+		testenv.WriteSynced(t, name, []byte(name))
 		if b, err := os.ReadFile(name); err != nil || string(b) != name {
 			t.Fatalf("B reads back %s: %q %v", name, b, err)
 		}
@@ -72,23 +73,5 @@ func TestPodsShareOneStaging(t *testing.T) {
 	if mounted(t, dirB) || mounted(t, staging) || loops(t, image) != 0 || entries(t, f, vol) != nil {
 		t.Fatalf("after the last unmount: B mounted %t, staging mounted %t, loop devices %d, entries %+v; want nothing left",
 			mounted(t, dirB), mounted(t, staging), loops(t, image), entries(t, f, vol))
-	}
-}
-
-// writeSynced writes a file and fsyncs it.
-func writeSynced(t *testing.T, name, content string) {
-	t.Helper()
-	fh, err := os.Create(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := fh.WriteString(content); err != nil {
-		t.Fatal(err)
-	}
-	if err := fh.Sync(); err != nil {
-		t.Fatal(err)
-	}
-	if err := fh.Close(); err != nil {
-		t.Fatal(err)
 	}
 }

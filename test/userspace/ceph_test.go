@@ -25,6 +25,7 @@ import (
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/keeper"
+	"github.com/berth-io/berth/internal/testenv"
 	"github.com/berth-io/berth/internal/testenv/testceph"
 )
 
@@ -102,17 +103,7 @@ func writeFiles(t *testing.T, dir, prefix string, n int) map[string][32]byte {
 		b := make([]byte, 1<<20)
 		_, _ = rand.Read(b)
 		p := filepath.Join(dir, fmt.Sprintf("%s-%d", prefix, i))
-		fh, err := os.Create(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := fh.Write(b); err != nil {
-			t.Fatal(err)
-		}
-		if err := fh.Sync(); err != nil {
-			t.Fatalf("fsync %s: %v", p, err)
-		}
-		_ = fh.Close()
+		testenv.WriteSynced(t, p, b)
 		sums[p] = sha256.Sum256(b)
 	}
 	return sums

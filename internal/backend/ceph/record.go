@@ -3,9 +3,13 @@
 package ceph
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
+
+	"github.com/berth-io/berth/internal/backend"
 )
 
 // record is an omap value: what a complete volume or snapshot is made of.
@@ -74,4 +78,44 @@ func (b *Backend) recordIDs(oid string) ([]string, error) {
 	}
 	sort.Strings(ids)
 	return ids, nil
+}
+
+// getRecord is a Get of a volume or snapshot (what): get reads id's record
+// and what it names, under do.
+func getRecord[T any](ctx context.Context, what, id string, get func(id string) (T, error)) (T, error) {
+	var v T
+	if err := backend.ValidateID(id); err != nil {
+		return v, err
+	}
+	err := do(ctx, "get "+what+" "+id, func() error {
+		var err error
+		v, err = get(id)
+		return err
+	})
+	return v, err
+}
+
+// listRecords is a List of the volumes or snapshots (what) recorded in oid,
+// in ID order, each read by get; one whose image or snapshot is gone
+// (ErrNotFound) is left out.
+func listRecords[T any](ctx context.Context, b *Backend, what, oid string, get func(id string) (T, error)) ([]T, error) {
+	var out []T
+	err := do(ctx, "list "+what, func() error {
+		ids, err := b.recordIDs(oid)
+		if err != nil {
+			return err
+		}
+		for _, id := range ids {
+			v, err := get(id)
+			if errors.Is(err, backend.ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			out = append(out, v)
+		}
+		return nil
+	})
+	return out, err
 }

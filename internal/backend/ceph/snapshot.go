@@ -4,7 +4,6 @@ package ceph
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"syscall"
 	"time"
@@ -133,16 +132,7 @@ func removeSnap(img *rbd.Image, name string) error {
 // GetSnapshot returns a snapshot; ErrNotFound when missing. Path is
 // POOL/IMAGE@SNAP.
 func (b *Backend) GetSnapshot(ctx context.Context, id string) (backend.Snapshot, error) {
-	if err := backend.ValidateID(id); err != nil {
-		return backend.Snapshot{}, err
-	}
-	var snap backend.Snapshot
-	err := do(ctx, "get snapshot "+id, func() error {
-		var err error
-		snap, err = b.getSnapshot(id)
-		return err
-	})
-	return snap, err
+	return getRecord(ctx, "snapshot", id, b.getSnapshot)
 }
 
 func (b *Backend) getSnapshot(id string) (backend.Snapshot, error) {
@@ -192,25 +182,7 @@ func (b *Backend) snapshotOf(id string, rec record) (backend.Snapshot, error) {
 
 // ListSnapshots returns all snapshots, in ID order.
 func (b *Backend) ListSnapshots(ctx context.Context) ([]backend.Snapshot, error) {
-	var out []backend.Snapshot
-	err := do(ctx, "list snapshots", func() error {
-		ids, err := b.recordIDs(snapsOmap)
-		if err != nil {
-			return err
-		}
-		for _, id := range ids {
-			s, err := b.getSnapshot(id)
-			if errors.Is(err, backend.ErrNotFound) {
-				continue
-			}
-			if err != nil {
-				return err
-			}
-			out = append(out, s)
-		}
-		return nil
-	})
-	return out, err
+	return listRecords(ctx, b, "snapshots", snapsOmap, b.getSnapshot)
 }
 
 // DeleteSnapshot removes a snapshot; a missing one is not an error.

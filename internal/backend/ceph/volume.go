@@ -221,22 +221,20 @@ func (b *Backend) removeImage(name string) error {
 
 // Get returns a volume's image; Path is POOL/IMAGE.
 func (b *Backend) Get(ctx context.Context, id string) (backend.Image, error) {
-	if err := backend.ValidateID(id); err != nil {
+	return getRecord(ctx, "volume", id, b.getVolume)
+}
+
+// getVolume reads a volume's record and its image; ErrNotFound when either
+// is missing.
+func (b *Backend) getVolume(id string) (backend.Image, error) {
+	rec, ok, err := b.readRecord(volumesOmap, id)
+	if err != nil {
 		return backend.Image{}, err
 	}
-	var img backend.Image
-	err := do(ctx, "get volume "+id, func() error {
-		rec, ok, err := b.readRecord(volumesOmap, id)
-		if err != nil {
-			return err
-		}
-		if !ok {
-			return fmt.Errorf("volume %s: %w", id, backend.ErrNotFound)
-		}
-		img, err = b.getImage(id, rec)
-		return err
-	})
-	return img, err
+	if !ok {
+		return backend.Image{}, fmt.Errorf("volume %s: %w", id, backend.ErrNotFound)
+	}
+	return b.getImage(id, rec)
 }
 
 func (b *Backend) getImage(id string, rec record) (backend.Image, error) {
@@ -257,32 +255,7 @@ func (b *Backend) getImage(id string, rec record) (backend.Image, error) {
 
 // List returns all volumes, in ID order.
 func (b *Backend) List(ctx context.Context) ([]backend.Image, error) {
-	var out []backend.Image
-	err := do(ctx, "list volumes", func() error {
-		ids, err := b.recordIDs(volumesOmap)
-		if err != nil {
-			return err
-		}
-		for _, id := range ids {
-			rec, ok, err := b.readRecord(volumesOmap, id)
-			if err != nil {
-				return err
-			}
-			if !ok {
-				continue
-			}
-			img, err := b.getImage(id, rec)
-			if errors.Is(err, backend.ErrNotFound) {
-				continue
-			}
-			if err != nil {
-				return err
-			}
-			out = append(out, img)
-		}
-		return nil
-	})
-	return out, err
+	return listRecords(ctx, b, "volumes", volumesOmap, b.getVolume)
 }
 
 // Delete removes a volume; a missing one is not an error. A volume with

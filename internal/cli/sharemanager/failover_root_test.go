@@ -63,7 +63,7 @@ func newShareEnv(t testing.TB) *shareEnv {
 	if err != nil {
 		t.Fatalf("losetup: %v: %s", err, out)
 	}
-	e := &shareEnv{dir: dir, dev: strings.TrimSpace(string(out)), port: freePort(t), volume: "pvc-share"}
+	e := &shareEnv{dir: dir, dev: strings.TrimSpace(string(out)), port: testenv.FreePort(t), volume: "pvc-share"}
 	t.Cleanup(func() {
 		mnt := e.mountPath()
 		for i := 0; i < 5 && exec.Command("mountpoint", "-q", mnt).Run() == nil; i++ {
@@ -81,15 +81,6 @@ func (e *shareEnv) mountPath() string { return filepath.Join(e.dir, "mnt") }
 func (e *shareEnv) stateDir() string  { return filepath.Join(e.dir, "state") }
 func (e *shareEnv) endpoint() nfsclient.Endpoint {
 	return nfsclient.Endpoint{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(e.port)), Export: "/" + e.volume}
-}
-
-func freePort(t testing.TB) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = l.Close() }()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 var (
