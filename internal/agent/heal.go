@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/blockdev/launch"
 )
 
 // HealResult says what Heal found or did.
@@ -38,6 +39,11 @@ const (
 // here is served even when its Volume object was deleted by hand: the
 // volume is staged and its pods' I/O waits on it.
 func (a *Agent) Heal(ctx context.Context, volumeID string) (*v1.Volume, HealResult, error) {
+	// The heal pass's hold group learns that this volume's server is
+	// started (or needs none) as soon as it is, not when the Event below
+	// has waited for the cache.
+	started := sync.OnceFunc(launch.HoldFrom(ctx).Done)
+	defer started()
 	d, err := a.device(volumeID)
 	if err != nil {
 		return nil, HealSkipped, err
@@ -64,6 +70,7 @@ func (a *Agent) Heal(ctx context.Context, volumeID string) (*v1.Volume, HealResu
 	// node waits. The Volume is read afterwards, for the Event only.
 	if img, ierr := a.images.Get(ctx, volumeID); ierr == nil {
 		res, err := d.Heal(ctx, volumeID, func(context.Context) (string, error) { return img.Path, nil })
+		started()
 		if err == nil && res == HealRestarted {
 			a.reportAfterHeal(ctx, volumeID, d)
 		}
@@ -92,6 +99,7 @@ func (a *Agent) Heal(ctx context.Context, volumeID string) (*v1.Volume, HealResu
 		return image, err
 	}
 	res, err := d.Heal(ctx, volumeID, image)
+	started()
 	if err == nil && res == HealRestarted {
 		a.reportAfterHeal(ctx, volumeID, d)
 	}

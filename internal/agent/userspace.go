@@ -193,6 +193,9 @@ func (u userspace) start(ctx context.Context, p launch.Params) (Server, error) {
 		p.NetNS = ns
 	}
 	p.Binary, p.Workers, p.Stderr = u.cfg.Binary, u.cfg.Workers, logf
+	// A heal pass holds the I/O of the servers it starts until all are
+	// started (launch.HoldGroup).
+	p.Hold = launch.HoldFrom(ctx)
 	if u.cfg.SlimBinary != "" && !strings.HasPrefix(p.Image, rbdimage.Prefix) {
 		p.Binary = u.cfg.SlimBinary
 	}

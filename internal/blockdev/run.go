@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -36,7 +37,30 @@ type RunConfig struct {
 	Workers int
 	// OnReady is called once the server answers requests.
 	OnReady func()
-	Log     logr.Logger
+	// Hold (a takeover only), when set, returns when the volume's I/O may
+	// resume (HoldFor); nil: at once.
+	Hold func()
+	Log  logr.Logger
+}
+
+// HoldFor is a RunConfig.Hold that waits until the agent closes r's other
+// end (or dies), or max has passed: a bound, so that no volume waits long
+// for the others of its heal pass.
+func HoldFor(r io.ReadCloser, max time.Duration) func() {
+	return func() {
+		done := make(chan struct{})
+		go func() {
+			_, _ = io.Copy(io.Discard, r)
+			close(done)
+		}()
+		timer := time.NewTimer(max)
+		defer timer.Stop()
+		select {
+		case <-done:
+		case <-timer.C:
+		}
+		_ = r.Close()
+	}
 }
 
 // servedWait bounds how long a new server waits for the previous one to be
@@ -112,6 +136,7 @@ func Run(ctx context.Context, c RunConfig) error {
 			return nil
 		},
 		Workers:     workers,
+		Hold:        c.Hold,
 		Passthrough: c.Passthrough && hasFd,
 		Log:         log,
 	})

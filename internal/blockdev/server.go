@@ -40,7 +40,11 @@ type Config struct {
 	Passthrough bool
 	// Workers is the number of goroutines reading requests (default 16).
 	Workers int
-	Log     logr.Logger
+	// Hold, when set, is called on a takeover once the server is ready and
+	// before the requests in the kernel are resent: it returns when the
+	// agent lets the volume's I/O resume (launch.HoldGroup).
+	Hold func()
+	Log  logr.Logger
 }
 
 // Server answers FUSE requests for one image.
@@ -94,6 +98,10 @@ func (s *Server) Serve(ctx context.Context) error {
 	if s.cfg.Saved != nil {
 		if err := s.ensureBacking(); err != nil {
 			return err
+		}
+		if s.cfg.Hold != nil {
+			s.markReady()
+			s.cfg.Hold()
 		}
 		if err := s.requestResend(); err != nil {
 			return err

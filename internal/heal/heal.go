@@ -18,6 +18,7 @@ import (
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/agent"
+	"github.com/berth-io/berth/internal/blockdev/launch"
 	"github.com/berth-io/berth/internal/fence"
 	"github.com/berth-io/berth/internal/metrics"
 )
@@ -166,16 +167,24 @@ func (h *Healer) healAll(ctx context.Context, vols []string, healed map[string]b
 	if parallel <= 0 {
 		parallel = DefaultParallel
 	}
+	var todo []string
+	for _, vol := range vols {
+		if !healed[vol] {
+			healed[vol] = true
+			todo = append(todo, vol)
+		}
+	}
+	// The servers these heals start resume their I/O together, once all
+	// are started (or at their bound): see launch.HoldGroup.
+	hold := launch.NewHoldGroup(len(todo))
+	defer hold.Release()
+	ctx = launch.WithHold(ctx, hold)
 	sem := make(chan struct{}, parallel)
 	var (
 		wg sync.WaitGroup
 		mu sync.Mutex
 	)
-	for _, vol := range vols {
-		if healed[vol] {
-			continue
-		}
-		healed[vol] = true
+	for _, vol := range todo {
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {

@@ -19,6 +19,7 @@ import (
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/agent"
+	"github.com/berth-io/berth/internal/blockdev/launch"
 	"github.com/berth-io/berth/internal/fence"
 	"github.com/berth-io/berth/internal/heal"
 )
@@ -322,5 +323,34 @@ func TestPassHealsLocalFirstAndOnce(t *testing.T) {
 	sum, err := h.Pass(context.Background())
 	if err != nil || sum[agent.HealRestarted] != 2 || v.calls["a"] != 1 || v.calls["b"] != 1 {
 		t.Errorf("Pass = %v, %v, calls %v; want a and b restarted, each once", sum, err, v.calls)
+	}
+}
+
+// groupVolumes records the hold group each heal ran under.
+type groupVolumes struct {
+	mu     sync.Mutex
+	groups map[string]*launch.HoldGroup
+}
+
+func (g *groupVolumes) Heal(ctx context.Context, id string) (*v1.Volume, agent.HealResult, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.groups[id] = launch.HoldFrom(ctx)
+	return nil, agent.HealRestarted, nil
+}
+
+// TestPassHoldsEachStepTogether: the servers a pass starts resume their
+// I/O together, the local volumes' apart from those the Attachments name
+// (which wait for the API server).
+func TestPassHoldsEachStepTogether(t *testing.T) {
+	g := &groupVolumes{groups: map[string]*launch.HoldGroup{}}
+	h := &heal.Healer{Node: "n1", Holdings: holdings{hold("a", "n1", ""), hold("b", "n1", ""), hold("c", "n1", "")}, Volumes: g, Log: logr.Discard(),
+		Local: func() ([]string, error) { return []string{"a"}, nil }}
+	if _, err := h.Pass(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	a, b, c := g.groups["a"], g.groups["b"], g.groups["c"]
+	if a == nil || b == nil || a == b || b != c {
+		t.Fatalf("hold groups a %p, b %p, c %p: want a of its own, b and c one", a, b, c)
 	}
 }

@@ -54,6 +54,9 @@ type Params struct {
 	// storage network. The whole process starts there, so every socket its
 	// libraries open from their own threads (librados) is in it.
 	NetNS *os.File
+	// Hold (fuse), when set, holds the server's I/O after its takeover
+	// until the group releases (HoldGroup); the server's hold pipe is fd 4.
+	Hold *HoldGroup
 }
 
 // SlimBinaryName is the file name, beside the berth binary, of
@@ -80,7 +83,8 @@ const (
 	TransportNBD  = "nbd"
 )
 
-// args is the server's command line (its ready pipe is fd 3).
+// args is the server's command line (its ready pipe is fd 3, its hold pipe
+// fd 4).
 func (p Params) args() ([]string, error) {
 	if p.Binary == "" || p.Volume == "" || p.Image == "" {
 		return nil, errors.New("blockdev: Start needs binary, volume and image")
@@ -93,9 +97,13 @@ func (p Params) args() ([]string, error) {
 		if p.KeeperSocket == "" || p.Mountpoint == "" {
 			return nil, errors.New("blockdev: the fuse transport needs a keeper socket and a mountpoint")
 		}
-		return append(append([]string{"blockdev"}, common...),
+		args := append(append([]string{"blockdev"}, common...),
 			"--keeper-socket", p.KeeperSocket, "--mountpoint", p.Mountpoint,
-			"--passthrough="+strconv.FormatBool(p.Passthrough)), nil
+			"--passthrough="+strconv.FormatBool(p.Passthrough))
+		if p.Hold != nil {
+			args = append(args, "--hold-fd", "4")
+		}
+		return args, nil
 	case TransportNBD:
 		args := append([]string{"blockdev", "--transport", TransportNBD}, common...)
 		if p.DeadConnTimeout > 0 {
@@ -174,6 +182,16 @@ func Start(ctx context.Context, p Params) (*Process, error) {
 	cmd.Stdout = p.Stderr
 	cmd.Stderr = p.Stderr
 	cmd.ExtraFiles = []*os.File{w}
+	var hold *os.File
+	if p.Hold != nil && p.Transport != TransportNBD {
+		hr, hw, err := os.Pipe()
+		if err != nil {
+			_ = w.Close()
+			return nil, fmt.Errorf("hold pipe: %w", err)
+		}
+		defer func() { _ = hr.Close() }()
+		cmd.ExtraFiles, hold = append(cmd.ExtraFiles, hr), hw
+	}
 	// Its own process group: a terminal's or parent's group signal must not
 	// reach it; the owner stops it by PID.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -186,7 +204,13 @@ func Start(ctx context.Context, p Params) (*Process, error) {
 	}
 	_ = w.Close()
 	if err != nil {
+		if hold != nil {
+			_ = hold.Close()
+		}
 		return nil, fmt.Errorf("start %s blockdev: %w", p.Binary, err)
+	}
+	if hold != nil {
+		p.Hold.hold(hold)
 	}
 	proc := &Process{cmd: cmd, done: make(chan struct{})}
 	go func() {

@@ -46,6 +46,11 @@ type Config struct {
 	// ReadyFD, if > 0, gets "ready\n" (fuse) or "ready <device>\n" (nbd)
 	// once the server answers, then closed.
 	ReadyFD int
+	// HoldFD (fuse), if > 0, holds the volume's I/O after a takeover until
+	// its other end is closed, or MaxHold has passed (launch.HoldGroup).
+	HoldFD int
+	// MaxHold bounds the hold (0: DefaultMaxHold).
+	MaxHold time.Duration
 	// Kernel drives nbd (nil: netlink).
 	Kernel nbd.Kernel
 	Log    logr.Logger
@@ -55,7 +60,7 @@ type Config struct {
 // with the other transport, it is refused rather than silently ignored.
 func flagTransport(name string) string {
 	switch name {
-	case "keeper-socket", "mountpoint", "passthrough":
+	case "keeper-socket", "mountpoint", "passthrough", "hold-fd", "max-hold":
 		return launch.TransportFUSE
 	case "dead-conn-timeout", "connections", "node":
 		return launch.TransportNBD
@@ -136,7 +141,26 @@ func (c Config) serve(ctx context.Context, say func(string)) error {
 		Workers:     c.Workers,
 		Log:         c.Log,
 		OnReady:     func() { say("ready") },
+		Hold:        c.hold(),
 	})
+}
+
+// DefaultMaxHold bounds how long a healed volume's I/O waits for the other
+// servers of its heal pass: about the time 100 servers take to start on 2
+// busy cores, so that a larger pass, or a start that hangs, costs a volume
+// at most that much more.
+const DefaultMaxHold = time.Second
+
+// hold is the RunConfig.Hold of HoldFD, or nil.
+func (c Config) hold() func() {
+	if c.HoldFD <= 0 {
+		return nil
+	}
+	max := c.MaxHold
+	if max <= 0 {
+		max = DefaultMaxHold
+	}
+	return blockdev.HoldFor(os.NewFile(uintptr(c.HoldFD), "hold"), max)
 }
 
 func (c Config) runNBD(ctx context.Context, say func(string)) error {
@@ -182,6 +206,8 @@ func Command() cli.Command {
 		fs.DurationVar(&cfg.DeadConnTimeout, "dead-conn-timeout", nbd.DefaultDeadConnTimeout, "how long the kernel queues I/O while no server is connected, before failing it until one reconnects (nbd)")
 		fs.IntVar(&cfg.Connections, "connections", nbd.DefaultConnections, "sockets of a new nbd device (nbd)")
 		fs.IntVar(&cfg.ReadyFD, "ready-fd", 0, "fd to write \"ready\" (fuse) or \"ready <device>\" (nbd) to once serving")
+		fs.IntVar(&cfg.HoldFD, "hold-fd", 0, "fd whose close (by the agent) lets the volume's I/O resume after a takeover (fuse)")
+		fs.DurationVar(&cfg.MaxHold, "max-hold", DefaultMaxHold, "the longest --hold-fd holds the volume's I/O (fuse)")
 		return func(ctx context.Context) error {
 			set := map[string]bool{}
 			fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
