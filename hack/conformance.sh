@@ -96,7 +96,9 @@ for c in "${classes[@]}"; do
 done
 if [ "${#ceph_classes[@]}" -gt 0 ]; then
 	no_ceph=
-	if ! ldd "$BERTH" 2>/dev/null | grep -q librbd; then
+	# grep reads all of ldd's output: with -q it could exit first, and under
+	# pipefail the SIGPIPE that ldd then gets read as "no librbd" (CI run 20).
+	if ! ldd "$BERTH" 2>/dev/null | grep librbd >/dev/null; then
 		no_ceph="$BERTH is built without the ceph backend (make build CEPH=0)"
 	elif ! hack/install-deps.sh ceph-mon ceph-osd ceph-mgr ceph-common >&2; then
 		no_ceph="the ceph packages (ceph-mon ceph-osd ceph-mgr ceph-common) are missing and could not be installed"

@@ -59,7 +59,8 @@ image() {
 	for i in $(node_indexes); do
 		local ctr_=(ctr -a "$(node_sock "$i")" -n k8s.io)
 		mark="$tar.imported.$(node_name "$i")"
-		if ! "${ctr_[@]}" images ls -q | grep -qxF "$CONTROLLER_IMAGE" || [ "$tar" -nt "$mark" ]; then
+		# grep without -q: under pipefail, a ctr cut off by SIGPIPE would read as "not imported".
+		if ! "${ctr_[@]}" images ls -q | grep -xF "$CONTROLLER_IMAGE" >/dev/null || [ "$tar" -nt "$mark" ]; then
 			log "importing $CONTROLLER_IMAGE into $(node_name "$i")"
 			"${ctr_[@]}" images import --platform linux/amd64 "$tar" >/dev/null
 			touch "$mark"
