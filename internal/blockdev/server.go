@@ -86,7 +86,9 @@ func NewServer(cfg Config) (*Server, error) {
 }
 
 // Ready is closed once the server answers requests: after INIT on a fresh
-// connection, after the resend request on a takeover.
+// connection, after the resend request on a takeover; on a held takeover
+// (Config.Hold) before the hold, so that the agent knows the start is done
+// while the volume's I/O still waits.
 func (s *Server) Ready() <-chan struct{} { return s.ready }
 
 func (s *Server) markReady() { s.readyOne.Do(func() { close(s.ready) }) }
