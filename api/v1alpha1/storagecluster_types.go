@@ -134,20 +134,25 @@ type AgentSpec struct {
 // Unset (or empty): requests cpu 100m and memory 128Mi, limits memory 2Gi,
 // and no CPU limit, which would throttle every userspace volume's I/O on
 // the node at once. Set, it replaces those whole; a limit without a
-// request requests the limit, as for a pod, and a zero or negative amount is none. The
-// agent serves every StorageCluster: it gets, per resource, the largest
-// request any served cluster asks and the largest limit (none if any sets
-// none), never below the request.
+// request requests the limit, as for a pod, and a zero amount is none. The
+// API server refuses a negative amount (one stored before that rule counts
+// as none). The agent serves every StorageCluster: it gets, per resource,
+// the largest request any served cluster asks and the largest limit (none
+// if any sets none), never below the request.
 type AgentResources struct {
 	// Requests are the CPU and memory the scheduler keeps for the agent;
 	// the CPU request is its weight against the workloads when the node
 	// is busy.
 	// +kubebuilder:validation:XValidation:rule="self.all(k, k == 'cpu' || k == 'memory')",message="only cpu and memory"
+	// +kubebuilder:validation:XValidation:rule="!has(self.cpu) || (type(self.cpu) == string ? !self.cpu.startsWith('-') : self.cpu >= 0)",message="cpu must not be negative"
+	// +kubebuilder:validation:XValidation:rule="!has(self.memory) || (type(self.memory) == string ? !self.memory.startsWith('-') : self.memory >= 0)",message="memory must not be negative"
 	// +optional
 	Requests corev1.ResourceList `json:"requests,omitempty"`
 
 	// Limits cap the agent's CPU and memory.
 	// +kubebuilder:validation:XValidation:rule="self.all(k, k == 'cpu' || k == 'memory')",message="only cpu and memory"
+	// +kubebuilder:validation:XValidation:rule="!has(self.cpu) || (type(self.cpu) == string ? !self.cpu.startsWith('-') : self.cpu >= 0)",message="cpu must not be negative"
+	// +kubebuilder:validation:XValidation:rule="!has(self.memory) || (type(self.memory) == string ? !self.memory.startsWith('-') : self.memory >= 0)",message="memory must not be negative"
 	// +optional
 	Limits corev1.ResourceList `json:"limits,omitempty"`
 }

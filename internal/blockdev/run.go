@@ -38,16 +38,17 @@ type RunConfig struct {
 	// OnReady is called once the server answers requests.
 	OnReady func()
 	// Hold (a takeover only), when set, returns when the volume's I/O may
-	// resume (HoldFor); nil: at once.
-	Hold func()
+	// resume (HoldFor) or ctx ends; nil: at once.
+	Hold func(ctx context.Context)
 	Log  logr.Logger
 }
 
 // HoldFor is a RunConfig.Hold that waits until the agent closes r's other
 // end (or dies), or max has passed: a bound, so that no volume waits long
 // for the others of its heal pass.
-func HoldFor(r io.ReadCloser, max time.Duration) func() {
-	return func() {
+// A stop (ctx) ends the hold at once, so that SIGTERM is not kept waiting.
+func HoldFor(r io.ReadCloser, max time.Duration) func(context.Context) {
+	return func(ctx context.Context) {
 		done := make(chan struct{})
 		go func() {
 			_, _ = io.Copy(io.Discard, r)
@@ -58,6 +59,7 @@ func HoldFor(r io.ReadCloser, max time.Duration) func() {
 		select {
 		case <-done:
 		case <-timer.C:
+		case <-ctx.Done():
 		}
 		_ = r.Close()
 	}

@@ -42,8 +42,8 @@ type Config struct {
 	Workers int
 	// Hold, when set, is called on a takeover once the server is ready and
 	// before the requests in the kernel are resent: it returns when the
-	// agent lets the volume's I/O resume (launch.HoldGroup).
-	Hold func()
+	// agent lets the volume's I/O resume (launch.HoldGroup), or ctx ends.
+	Hold func(context.Context)
 	Log  logr.Logger
 }
 
@@ -103,7 +103,7 @@ func (s *Server) Serve(ctx context.Context) error {
 		}
 		if s.cfg.Hold != nil {
 			s.markReady()
-			s.cfg.Hold()
+			s.cfg.Hold(ctx)
 		}
 		if err := s.requestResend(); err != nil {
 			return err

@@ -83,11 +83,12 @@ func WriteSynced(t testing.TB, name string, data []byte) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = fh.Close() }()
 	if _, err := fh.Write(data); err != nil {
+		_ = fh.Close()
 		t.Fatalf("write %s: %v", name, err)
 	}
 	if err := fh.Sync(); err != nil {
+		_ = fh.Close()
 		t.Fatalf("fsync %s: %v", name, err)
 	}
 	if err := fh.Close(); err != nil {

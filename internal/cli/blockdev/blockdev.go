@@ -152,7 +152,7 @@ func (c Config) serve(ctx context.Context, say func(string)) error {
 const DefaultMaxHold = time.Second
 
 // hold is the RunConfig.Hold of HoldFD, or nil.
-func (c Config) hold() func() {
+func (c Config) hold() func(context.Context) {
 	if c.HoldFD <= 0 {
 		return nil
 	}

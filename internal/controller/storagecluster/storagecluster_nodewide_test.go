@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
@@ -57,7 +58,8 @@ func waitAgentResources(t *testing.T, want string) {
 	})
 }
 
-// TestAgentResourcesRefused: the CRD takes only CPU and memory.
+// TestAgentResourcesRefused: the CRD takes only CPU and memory, and no
+// negative amount.
 func TestAgentResourcesRefused(t *testing.T) {
 	suite.Require(t)
 	for _, tc := range []struct {
@@ -66,6 +68,8 @@ func TestAgentResourcesRefused(t *testing.T) {
 	}{
 		{v1.AgentResources{Requests: list("nvidia.com/gpu", "1")}, "only cpu and memory"},
 		{v1.AgentResources{Limits: list("hugepages-2Mi", "1Gi")}, "only cpu and memory"},
+		{v1.AgentResources{Requests: list("cpu", "-100m")}, "cpu must not be negative"},
+		{v1.AgentResources{Limits: list("memory", "-1Gi")}, "memory must not be negative"},
 	} {
 		sc := &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "refused"},
 			Spec: v1.StorageClusterSpec{DataDir: "/srv/refused", Agent: v1.AgentSpec{Resources: &tc.res}}}
@@ -76,6 +80,20 @@ func TestAgentResourcesRefused(t *testing.T) {
 		if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: %v, want Invalid: %s", tc.res, err, tc.want)
 		}
+	}
+	// A bare YAML number reaches the API server as an integer, not a string.
+	raw := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": v1.GroupVersion.String(), "kind": "StorageCluster",
+		"metadata": map[string]any{"name": "refused"},
+		"spec": map[string]any{"dataDir": "/srv/refused",
+			"agent": map[string]any{"resources": map[string]any{"limits": map[string]any{"cpu": int64(-1)}}}},
+	}}
+	err := env.Client.Create(testCtx(t), raw)
+	if err == nil {
+		_ = env.Client.Delete(testCtx(t), raw)
+	}
+	if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "cpu must not be negative") {
+		t.Errorf("limits cpu -1 (an integer): %v, want Invalid: cpu must not be negative", err)
 	}
 }
 
