@@ -62,38 +62,35 @@ func waitAgentResources(t *testing.T, want string) {
 // negative amount.
 func TestAgentResourcesRefused(t *testing.T) {
 	suite.Require(t)
-	for _, tc := range []struct {
-		res  v1.AgentResources
-		want string
-	}{
-		{v1.AgentResources{Requests: list("nvidia.com/gpu", "1")}, "only cpu and memory"},
-		{v1.AgentResources{Limits: list("hugepages-2Mi", "1Gi")}, "only cpu and memory"},
-		{v1.AgentResources{Requests: list("cpu", "-100m")}, "cpu must not be negative"},
-		{v1.AgentResources{Limits: list("memory", "-1Gi")}, "memory must not be negative"},
-	} {
-		sc := &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "refused"},
-			Spec: v1.StorageClusterSpec{DataDir: "/srv/refused", Agent: v1.AgentSpec{Resources: &tc.res}}}
-		err := env.Client.Create(testCtx(t), sc)
-		if err == nil {
-			_ = env.Client.Delete(testCtx(t), sc)
-		}
-		if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%+v: %v, want Invalid: %s", tc.res, err, tc.want)
-		}
+	typed := func(res v1.AgentResources) client.Object {
+		return &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "refused"},
+			Spec: v1.StorageClusterSpec{DataDir: "/srv/refused", Agent: v1.AgentSpec{Resources: &res}}}
 	}
 	// A bare YAML number reaches the API server as an integer, not a string.
-	raw := &unstructured.Unstructured{Object: map[string]any{
+	bareInt := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": v1.GroupVersion.String(), "kind": "StorageCluster",
 		"metadata": map[string]any{"name": "refused"},
 		"spec": map[string]any{"dataDir": "/srv/refused",
 			"agent": map[string]any{"resources": map[string]any{"limits": map[string]any{"cpu": int64(-1)}}}},
 	}}
-	err := env.Client.Create(testCtx(t), raw)
-	if err == nil {
-		_ = env.Client.Delete(testCtx(t), raw)
-	}
-	if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "cpu must not be negative") {
-		t.Errorf("limits cpu -1 (an integer): %v, want Invalid: cpu must not be negative", err)
+	for _, tc := range []struct {
+		name string
+		obj  client.Object
+		want string
+	}{
+		{"gpu request", typed(v1.AgentResources{Requests: list("nvidia.com/gpu", "1")}), "only cpu and memory"},
+		{"hugepages limit", typed(v1.AgentResources{Limits: list("hugepages-2Mi", "1Gi")}), "only cpu and memory"},
+		{"cpu request -100m", typed(v1.AgentResources{Requests: list("cpu", "-100m")}), "cpu must not be negative"},
+		{"memory limit -1Gi", typed(v1.AgentResources{Limits: list("memory", "-1Gi")}), "memory must not be negative"},
+		{"cpu limit -1 (an integer)", bareInt, "cpu must not be negative"},
+	} {
+		err := env.Client.Create(testCtx(t), tc.obj)
+		if err == nil {
+			_ = env.Client.Delete(testCtx(t), tc.obj)
+		}
+		if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want Invalid: %s", tc.name, err, tc.want)
+		}
 	}
 }
 
