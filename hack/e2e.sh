@@ -25,6 +25,7 @@ t0=$SECONDS
 
 finish() {
 	local rc=$?
+	rm -f "${out:-}"
 	"$BERTH" dev down --repo "$PWD" || rc=1
 	echo "e2e: done in $((SECONDS - t0))s (exit $rc)" >&2
 	exit "$rc"
@@ -58,5 +59,17 @@ if [ "${BERTH_E2E_MULTUS:-0}" = 1 ]; then multus=(--multus); fi
 # Two nodes by default: the scenarios between nodes need them.
 "$BERTH" dev up --repo "$PWD" --demo=false --nodes "${BERTH_E2E_NODES:-2}" "${ceph[@]}" "${multus[@]}"
 echo "e2e: cluster with berth up after $((SECONDS - t0))s" >&2
+# The output is kept to say, after a failure, what the failed scenarios
+# logged (hack/lib/faildigest.sh), next to the result.
+out=$(mktemp /tmp/berth-e2e-XXXXXX.log)
+set +e
 BERTH_E2E_ENV="${BERTH_E2E_DIR:-/var/lib/berth-e2e}/cluster.env" \
-	go test -tags e2e -count=1 -p 1 -timeout 30m -v "$@" ./test/e2e/...
+	go test -tags e2e -count=1 -p 1 -timeout 30m -v "$@" ./test/e2e/... 2>&1 | tee "$out"
+rc=${PIPESTATUS[0]}
+set -e
+if [ "$rc" -ne 0 ]; then
+	# shellcheck source=hack/lib/faildigest.sh
+	. hack/lib/faildigest.sh
+	fail_digest "$out"
+fi
+exit "$rc"
