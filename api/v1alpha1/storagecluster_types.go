@@ -138,7 +138,8 @@ type AgentSpec struct {
 // API server refuses a negative amount (one stored before that rule counts
 // as none). The agent serves every StorageCluster: it gets, per resource,
 // the largest request any served cluster asks and the largest limit (none
-// if any sets none), never below the request.
+// if any sets none), never below the request; a deleted cluster whose
+// Volumes remain asks the defaults until they are gone.
 type AgentResources struct {
 	// Requests are the CPU and memory the scheduler keeps for the agent;
 	// the CPU request is its weight against the workloads when the node

@@ -104,6 +104,12 @@ func (s *Server) Serve(ctx context.Context) error {
 		if s.cfg.Hold != nil {
 			s.markReady()
 			s.cfg.Hold(ctx)
+			if ctx.Err() != nil {
+				// Stopped while held: the waiting requests stay queued
+				// for the next server's resend; workers now would only
+				// read them to leave them again.
+				return nil
+			}
 		}
 		if err := s.requestResend(); err != nil {
 			return err

@@ -73,7 +73,7 @@ func readPID(t *testing.T, path string) int {
 // NotReady takes the controller-manager's node-monitor grace period (~50 s).
 func waitNodeReady(ctx context.Context, t *testing.T, cs kubernetes.Interface, node string, ready bool) {
 	t.Helper()
-	err := wait.PollUntilContextTimeout(ctx, time.Second, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(ctx, time.Second, 3*time.Minute, true, tolerant(t, func(ctx context.Context) (bool, error) {
 		n, err := cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 		if err != nil {
 			return false, err
@@ -84,7 +84,7 @@ func waitNodeReady(ctx context.Context, t *testing.T, cs kubernetes.Interface, n
 			}
 		}
 		return !ready, nil
-	})
+	}))
 	if err != nil {
 		t.Fatalf("node %s Ready=%t: %v", node, ready, err)
 	}

@@ -60,14 +60,14 @@ func testPodWritesAndReadsEmptyDir(t *testing.T) {
 func waitPodDone(ctx context.Context, t *testing.T, cs kubernetes.Interface, ns, name string) corev1.PodPhase {
 	t.Helper()
 	var phase corev1.PodPhase
-	err := wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, tolerant(t, func(ctx context.Context) (bool, error) {
 		p, err := cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
 		phase = p.Status.Phase
 		return phase == corev1.PodSucceeded || phase == corev1.PodFailed, nil
-	})
+	}))
 	if err != nil {
 		t.Fatalf("wait for pod %s/%s (phase %q): %v", ns, name, phase, err)
 	}

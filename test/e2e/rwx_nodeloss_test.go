@@ -19,7 +19,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/controller/sharemanager"
 )
 
@@ -131,8 +130,11 @@ func testCephReadWriteManyShareNodeLost(t *testing.T) {
 		return err == nil && len(m) == 0 && len(left) == 0, nil
 	})
 	t.Logf("node X cleaned %s after its start; loop devices of %s now: %q", time.Since(back).Round(10*time.Millisecond), vol, s.volumeLoops(vol))
-	if st := s.shareState(vol); st != v1.ShareRunning {
-		t.Errorf("share state %q after X's return, want running", st)
+	// Still the same share manager, running (a probe that timed out on
+	// the busy node may have made it unready for a moment: that is no
+	// failover).
+	if p := s.shareRunning(vol, ""); p.UID != second.UID {
+		t.Errorf("the share manager was replaced after X's return: %s, was %s", p.UID, second.UID)
 	}
 	third := s.probeOn(nodeY, "probe-3", endpoint, "--verify", "before="+sum[1], "--verify", "after="+sumAfter[1], "--keep", "again")
 	if !strings.Contains(third, "verified after sha256 "+sumAfter[1]) {
@@ -179,7 +181,10 @@ func (s *scenario) stillBound(devs []string, mine map[string]bool) []string {
 		// (this polls devices that are being detached).
 		case errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENXIO) || errors.Is(err, syscall.ENODEV):
 		default:
-			s.t.Errorf("backing file of %s: %v", d, err)
+			// Counted as bound: the poll asks again, and its timeout
+			// says what stayed.
+			s.t.Logf("backing file of %s: %v", d, err)
+			bound = append(bound, d+": "+err.Error())
 		}
 	}
 	return bound

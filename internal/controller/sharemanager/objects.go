@@ -117,10 +117,14 @@ func (r *Reconciler) podFor(sm *v1.ShareManager, vol *v1.Volume, rwx rwxSettings
 				// Every second: after a failover clients reach the new
 				// pod only once the Service lists it, i.e. once it is
 				// Ready, so each second of probe period is failover time.
-				// The probe only looks for a file.
+				// The probe only looks for a file, but it execs the berth
+				// binary, which can take over a second on a busy node: a
+				// single slow probe must not take a serving share out of
+				// its Service (clients stall). Failover itself rests on
+				// the Lease, not on readiness.
 				ReadinessProbe: &corev1.Probe{
 					ProbeHandler:  corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"berth", "share-manager", "--state-dir=" + stateDir, "--ready"}}},
-					PeriodSeconds: 1, FailureThreshold: 1,
+					PeriodSeconds: 1, TimeoutSeconds: 5, FailureThreshold: 3,
 				},
 				// Liveness reads the share manager's heartbeat, which it
 				// writes while it waits for its device or Lease and through

@@ -105,9 +105,11 @@ func planNodeWide(clusters []v1.StorageCluster, kept map[string]string, withVolu
 	}
 	// A gone cluster's data dir stays while its Volumes do; it was served
 	// before any cluster made since, so it is taken first.
+	gone := false
 	for _, name := range sortedKeys(kept) {
 		if !exists[name] && withVolumes[name] && v1.ValidateDataDir(kept[name]) == nil {
 			p.dirs[name] = kept[name]
+			gone = true
 		}
 	}
 	everywhere := len(clusters) == 0
@@ -147,7 +149,14 @@ func planNodeWide(clusters []v1.StorageCluster, kept map[string]string, withVolu
 		p.nodeTerms = nil
 	}
 	slices.Sort(p.publicNetworks)
-	p.agentResources = agentResources(served)
+	asks := served
+	if gone {
+		// The agent still serves a gone cluster's volumes, and its spec
+		// (its ask) went with it: it asks the defaults, so that the other
+		// clusters' smaller asks do not starve those volumes' servers.
+		asks = append(slices.Clip(served), &v1.StorageCluster{})
+	}
+	p.agentResources = agentResources(asks)
 	return p
 }
 

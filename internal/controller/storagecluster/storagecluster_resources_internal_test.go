@@ -75,6 +75,32 @@ func TestAgentResources(t *testing.T) {
 	}
 }
 
+// TestGoneClusterAsksTheDefaults: a deleted cluster whose Volumes the
+// agent still serves counts with the default ask (its spec is gone); once
+// its Volumes are gone it counts no more.
+func TestGoneClusterAsksTheDefaults(t *testing.T) {
+	small := asking(&v1.AgentResources{Requests: list("cpu", "10m", "memory", "32Mi"), Limits: list("memory", "64Mi")})
+	small.Name, small.Spec.DataDir = "small", "/var/lib/berth-small"
+	kept := map[string]string{"small": "/var/lib/berth-small", "gone": "/var/lib/berth-gone"}
+	for _, tc := range []struct {
+		name        string
+		withVolumes map[string]bool
+		want        corev1.ResourceRequirements
+	}{
+		{"gone cluster with volumes: defaults merged", map[string]bool{"gone": true},
+			corev1.ResourceRequirements{Requests: list("cpu", "100m", "memory", "128Mi"), Limits: list("memory", "2Gi")}},
+		{"gone cluster without volumes: the served cluster's own", nil,
+			corev1.ResourceRequirements{Requests: list("cpu", "10m", "memory", "32Mi"), Limits: list("memory", "64Mi")}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := planNodeWide([]v1.StorageCluster{*small}, kept, tc.withVolumes)
+			if got := p.agentResources; !equality.Semantic.DeepEqual(got, tc.want) {
+				t.Errorf("got %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
 // TestResourcesChangedSeesARemovedLimit: createOrUpdate keeps an object
 // whose read fields merely hold more than was rendered, so a CPU limit
 // taken out must be reported as a change; the same resources, spelled
