@@ -35,11 +35,19 @@ kube_proxy_pki() {
 # process's packets; the hub's SERVICE_IP on lo still answers for
 # 10.252.0.1 before kube-proxy's first sync.
 start_kube_proxy() {
-	local node=$1 netns=$2 node_ip=$3 cg=${4:-} cfg="$CONF/kube-proxy-$1.yaml"
+	local node=$1 netns=$2 node_ip=$3 cg=${4:-} cfg="$CONF/kube-proxy-$1.yaml" pid
+	# kube-proxy exits when its config file is written (it watches the
+	# file): a second start of a running node (a test's cleanup after its
+	# own start) must not touch it, or the node is left without kube-proxy
+	# and its Service rules go stale (cluster DNS unanswered there).
+	if pid=$(pid_of "kube-proxy-$node"); then
+		log "kube-proxy-$node already runs (pid $pid)"
+		return 0
+	fi
 	# conntrack: every 0 leaves the kernel's value alone (nf_conntrack_max
 	# and hashsize are global; the timeouts are per netns but need no tuning).
 	# oomScoreAdj 0: lowering it needs CAP_SYS_RESOURCE, absent here.
-	cat >"$cfg" <<YAML
+	cat >"$cfg.new" <<YAML
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 clientConnection:
@@ -64,6 +72,9 @@ conntrack:
   udpTimeout: 0s
   udpStreamTimeout: 0s
 YAML
+	# Written only when it changed: the same guard, for a kube-proxy that
+	# another start is just launching.
+	if cmp -s "$cfg.new" "$cfg"; then rm -f "$cfg.new"; else mv -f "$cfg.new" "$cfg"; fi
 	launch "kube-proxy-$node" "$LOGS/kube-proxy-$node.log" "$cg" --net="/run/netns/$netns" -- \
 		"$KUBE_BIN/kube-proxy" --config "$cfg" --v 1
 	wait_for "kube-proxy of $node: kubernetes Service rules" 60 "kube-proxy-$node" \

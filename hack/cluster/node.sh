@@ -47,6 +47,9 @@ start)
 	# then gets no answer from cluster DNS).
 	start_kube_proxy "$name" "$(node_netns "$i")" "$(node_ip "$i")" "$(node_freezer "$i")/daemons"
 	wait_node_ready "$i"
+	# A node whose kube-proxy died has stale Service rules: say so here,
+	# not as a DNS timeout in whatever test runs next.
+	pid_of "kube-proxy-$name" >/dev/null || die "kube-proxy of $name exited (log: $LOGS/kube-proxy-$name.log)"
 	;;
 freeze)
 	node_freeze "$i"
