@@ -47,7 +47,7 @@ start_kube_proxy() {
 	# conntrack: every 0 leaves the kernel's value alone (nf_conntrack_max
 	# and hashsize are global; the timeouts are per netns but need no tuning).
 	# oomScoreAdj 0: lowering it needs CAP_SYS_RESOURCE, absent here.
-	cat >"$cfg.new" <<YAML
+	cat >"$cfg" <<YAML
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 clientConnection:
@@ -72,9 +72,6 @@ conntrack:
   udpTimeout: 0s
   udpStreamTimeout: 0s
 YAML
-	# Written only when it changed: the same guard, for a kube-proxy that
-	# another start is just launching.
-	if cmp -s "$cfg.new" "$cfg"; then rm -f "$cfg.new"; else mv -f "$cfg.new" "$cfg"; fi
 	launch "kube-proxy-$node" "$LOGS/kube-proxy-$node.log" "$cg" --net="/run/netns/$netns" -- \
 		"$KUBE_BIN/kube-proxy" --config "$cfg" --v 1
 	wait_for "kube-proxy of $node: kubernetes Service rules" 60 "kube-proxy-$node" \
