@@ -19,6 +19,9 @@
 #   CONFORMANCE_SKIP     a regexp of specs to skip besides the standard skips
 #   CONFORMANCE_PROCS    parallel Ginkgo processes (default 5: the specs mostly
 #                        wait for pods and the API server)
+#   BERTH_KEEP_CLUSTER=1 leave the cluster up for the next run (make test
+#                        runs the e2e scenarios on it next); a cluster that
+#                        is up already is reused
 #
 # Writes _output/conformance/<class>/junit_01.xml and prints, per class,
 # passed / failed / skipped and the reason of every skip. Exit 1 when a
@@ -136,7 +139,11 @@ finish() {
 		pkill -KILL -P "$ginkgo_pid" || true
 		kill -KILL "$ginkgo_pid" 2>/dev/null || true
 	fi
-	"$BERTH" dev down --repo "$PWD" || rc=1
+	if [ "${BERTH_KEEP_CLUSTER:-0}" = 1 ]; then
+		log "BERTH_KEEP_CLUSTER=1: the cluster stays up"
+	else
+		"$BERTH" dev down --repo "$PWD" || rc=1
+	fi
 	log "done in $((SECONDS - t0))s (exit $rc)"
 	exit "$rc"
 }

@@ -6,6 +6,9 @@
 # `berth dev down`, which fails when anything was left behind.
 # BERTH_E2E_CEPH=0 leaves the test Ceph (and so the Ceph scenarios) out;
 # BERTH_E2E_MULTUS=1 adds multus (and so runs the multus scenarios).
+# BERTH_KEEP_CLUSTER=1 leaves the cluster up for the next run (no
+# `berth dev down`); a cluster that is up already is reused, as
+# `berth dev up` only adds what is missing.
 #
 #   hack/e2e.sh [go test flags]          as root, after `make build`
 #   hack/e2e.sh -run 'TestE2E/NodeLossAndReturn$'   one scenario (test/e2e/scenarios_test.go lists them)
@@ -26,7 +29,11 @@ t0=$SECONDS
 finish() {
 	local rc=$?
 	rm -f "${out:-}"
-	"$BERTH" dev down --repo "$PWD" || rc=1
+	if [ "${BERTH_KEEP_CLUSTER:-0}" = 1 ]; then
+		echo "e2e: BERTH_KEEP_CLUSTER=1: the cluster stays up" >&2
+	else
+		"$BERTH" dev down --repo "$PWD" || rc=1
+	fi
 	echo "e2e: done in $((SECONDS - t0))s (exit $rc)" >&2
 	exit "$rc"
 }

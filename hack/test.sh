@@ -16,7 +16,8 @@ make --no-print-directory -s helm >&2
 echo "test: setup done in $((SECONDS - start))s (KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS)"
 
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+prebuild_pid=
+trap '[ -z "$prebuild_pid" ] || kill "$prebuild_pid" 2>/dev/null; rm -f "$log" "$log.prebuild"' EXIT
 rc=0
 # The default build has the ceph backend (cgo against Debian's librbd and
 # librados, build tags ceph,pacific), so every test runs tagged, and the
@@ -33,112 +34,96 @@ if [ "${BERTH_CEPH:-1}" != 0 ] && ! hack/install-deps.sh --ceph-build; then
 fi
 tags=(-tags ceph,pacific)
 [ "${BERTH_CEPH:-1}" = 0 ] && tags=()
-# -p 1: packages that start API servers or touch loop devices run one at a
-# time on our 2-core machines. As root this includes the tests on a real
-# Ceph (internal/testenv/testceph: ~20-45 s to start one per package that
-# uses one, plus ~50 s once to install Debian's ceph packages), among them
-# csi-sanity on a ceph class in test/sanity (~80 s more than the local
-# classes' suites).
-set +e
-go test "${tags[@]}" -p 1 -count=1 -timeout 30m -v "$@" ./... 2>&1 | tee -a "$log" | grep -vE '^=== (RUN|PAUSE|CONT)'
-r=${PIPESTATUS[0]}
-[ "$r" -eq 0 ] || rc=$r
 
-# The build without Ceph (`make build CEPH=0`) keeps working: its own tests
-# (what a ceph StorageCluster gets from a binary without the backend) run
-# untagged and static.
-if [ ${#tags[@]} -gt 0 ]; then
-	CGO_ENABLED=0 go test -p 1 -count=1 -timeout 10m -v -run 'WithoutTheTag|CephNotBuilt|WithoutCephBuild' "$@" \
-		./internal/backend/ceph/ ./internal/blockdev/rbdimage/ ./internal/controller/storagecluster/ ./internal/csi/ 2>&1 | tee -a "$log" | grep -vE '^=== (RUN|PAUSE|CONT)'
-	r=${PIPESTATUS[0]}
-	[ "$r" -eq 0 ] || rc=$r
-fi
-set -e
-
-# In CI every fuzz target also runs a few seconds beyond its seed corpus
-# (which the go test run above already ran).
-if [ "${CI:-}" = true ]; then
-	set +e
-	FUZZTIME=3s hack/fuzz.sh 2>&1 | tee -a "$log"
-	fuzz=${PIPESTATUS[0]}
-	set -e
-	[ "$fuzz" -eq 0 ] || rc=$fuzz
-fi
-
-# In CI (CI=true, as root) the end-to-end scenarios (a two-node cluster) and
-# then the CI subset of the Kubernetes storage conformance suite
-# (CONFORMANCE_QUICK=1) run too, each when the rest of CI's budget
-# (BERTH_CI_BUDGET_SECONDS, 90 min) still fits it: their time with the cache
-# (~/.cache/berth) plus what a cold cache adds (kube binaries, CSI sidecars,
-# snapshot-controller, CoreDNS, e2e.test). BERTH_E2E=0 / BERTH_CONFORMANCE=0
-# leave them out. The e2e run includes the Ceph scenarios on a test Ceph in
-# the cluster's network (~4 min of its ~16; BERTH_E2E_CEPH=0 leaves them out);
-# so does the conformance subset (class berth-ceph-userspace; a build
-# without Ceph skips it, saying why).
-# Last, with what budget is left, the two multus restart scenarios in a
-# cluster of their own (BERTH_E2E_MULTUS_CI=0 leaves them out).
-cache="${BERTH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/berth}"
-kube="$cache/kube-v1.34.4-etcd-v3.6.5"
-# budget_left: seconds of CI's budget not yet spent.
-budget_left() { echo $((${BERTH_CI_BUDGET_SECONDS:-5400} - (SECONDS - start))); }
-# cold SECONDS FILE...: SECONDS when any FILE is missing, else 0.
-cold() {
-	local s=$1 f
+ci=
+[ "${CI:-}" = true ] && [ "$(id -u)" -eq 0 ] && ci=1
+# Each tier's name, time and exit code, for the table at the end.
+tiers=()
+# tier NAME CMD...: runs CMD (its output into the log too), records its time
+# and exit code; a failure fails the run but the next tier still runs.
+tier() {
+	local name=$1 s=$SECONDS r
 	shift
-	for f in "$@"; do [ -x "$f" ] || { echo "$s"; return; }; done
-	echo 0
-}
-# in_ci NAME NEED CMD...: runs CMD (output into the log) when CI's budget
-# still fits NEED seconds; says so either way.
-in_ci() {
-	local name=$1 need=$2 left
-	shift 2
-	left=$(budget_left)
-	if [ "$left" -le "$need" ]; then
-		echo "test: $name left out: it needs about ${need}s, ${left}s of CI's budget left"
-		return 0
-	fi
-	echo "test: running $name (about ${need}s; ${left}s of CI's budget left)"
-	local r
+	echo "test: tier $name: starting at $((SECONDS - start))s"
 	set +e
 	"$@" 2>&1 | tee -a "$log" | grep -vE '^=== (RUN|PAUSE|CONT)'
 	r=${PIPESTATUS[0]}
 	set -e
 	[ "$r" -eq 0 ] || rc=$r
+	tiers+=("$(printf '%-28s %6ss  exit %s' "$name" "$((SECONDS - s))" "$r")")
+	echo "test: tier $name: exit $r in $((SECONDS - s))s"
 }
-if [ "${CI:-}" = true ] && [ "$(id -u)" -eq 0 ]; then
+# left_out NAME WHY: a tier that does not run says so, in the table too.
+left_out() {
+	echo "test: tier $1: left out: $2"
+	tiers+=("$(printf '%-28s %7s  left out: %s' "$1" "-" "$2")")
+}
+
+# In CI the cluster tiers' binaries (kubelet, the e2e suite, sidecars,
+# CoreDNS, multus) build at the lowest priority while the Go tests run one
+# package at a time (hack/prebuild.sh); the cluster tiers wait for it.
+if [ -n "$ci" ] && [ "${BERTH_E2E:-1}" != 0 ]; then
+	nice -n 19 hack/prebuild.sh >"$log.prebuild" 2>&1 &
+	prebuild_pid=$!
+fi
+
+# -p 1 for running: packages that start API servers or touch loop devices
+# run one at a time on our 2-core machines; hack/gotest.sh compiles their
+# test binaries first, in parallel. As root this includes the tests on a
+# real Ceph (internal/testenv/testceph: ~20-45 s to start one per package
+# that uses one, plus ~50 s once to install Debian's ceph packages), among
+# them csi-sanity on a ceph class in test/sanity.
+tier "go tests" hack/gotest.sh "${tags[@]}" -v "$@"
+
+# The build without Ceph (`make build CEPH=0`) keeps working: its own tests
+# (what a ceph StorageCluster gets from a binary without the backend) run
+# untagged and static.
+if [ ${#tags[@]} -gt 0 ]; then
+	tier "go tests without ceph" env CGO_ENABLED=0 go test -p 1 -count=1 -timeout 10m -v -run 'WithoutTheTag|CephNotBuilt|WithoutCephBuild' "$@" \
+		./internal/backend/ceph/ ./internal/blockdev/rbdimage/ ./internal/controller/storagecluster/ ./internal/csi/
+fi
+
+# The go test run above ran every fuzz target's seed corpus. CI fuzzes no
+# further: compiling 16 instrumented builds cost ~8 of CI's 90 minutes on a
+# cold machine; `make fuzz` (hack/fuzz.sh) is where targets run for a time.
+[ -z "$ci" ] || left_out "fuzzing beyond the seeds" "seeds ran with the go tests; make fuzz runs the targets"
+
+# In CI (CI=true, as root) the cluster tiers run too, every one, always:
+# the CI subset of the Kubernetes storage conformance suite
+# (CONFORMANCE_QUICK=1) and then the end-to-end scenarios on one two-node
+# cluster brought up once (conformance keeps it, e2e takes it down with the
+# leftovers check), the Ceph scenarios and class on a test Ceph in the
+# cluster's network; last the two multus restart scenarios in a cluster of
+# their own. BERTH_E2E=0 / BERTH_CONFORMANCE=0 / BERTH_E2E_MULTUS_CI=0 leave
+# them out, saying so.
+if [ -n "$ci" ]; then
 	make --no-print-directory -s build
-	if [ "${BERTH_E2E:-1}" != 0 ]; then
-		# Cold parts, measured on a fresh 2-core machine (CI run 17), where the
-		# setup's kube-apiserver build leaves Go's build cache warm: kubectl,
-		# controller-manager, scheduler, kubelet, kube-proxy 74 s in all;
-		# CSI sidecars 174 s; CoreDNS 73 s; the bring-up 439 s against ~120 s
-		# warm. The numbers below leave room for a cold Go cache (kubelet
-		# ~3 min alone); the old 2400 s left e2e out of every fresh machine.
-		need=$((1240 + $(cold 600 "$kube/kubelet" "$kube/kube-proxy") +
-			$(cold 300 "$cache/csi-sidecars/csi-resizer-v1.14.0" "$cache/csi-sidecars/snapshot-controller-v8.3.0") +
-			$(cold 150 "$cache/coredns/coredns-v1.12.4")))
-		in_ci "the e2e scenarios (two nodes)" "$need" hack/e2e.sh
+	if [ -n "$prebuild_pid" ]; then
+		echo "test: waiting for the cluster tiers' builds (hack/prebuild.sh)"
+		wait "$prebuild_pid" || true
+		prebuild_pid=
+		cat "$log.prebuild"
+		rm -f "$log.prebuild"
 	fi
 	if [ "${BERTH_CONFORMANCE:-1}" != 0 ]; then
-		# ~8 min for berth and berth-userspace, ~3 more for berth-ceph-userspace
-		# (the test Ceph's boot and its six specs)
-		# e2e.test, agnhost, ginkgo: 145 s cold in CI run 17 (the whole subset
-		# took 809 s there, cold cluster included, e2e having been left out).
-		need=$((660 + $(cold 300 "$kube/e2e.test" "$kube/agnhost" "$kube/ginkgo")))
-		CONFORMANCE_QUICK=1 in_ci "the conformance CI subset" "$need" hack/conformance.sh
+		keep=0
+		[ "${BERTH_E2E:-1}" = 0 ] || keep=1
+		tier "conformance CI subset" env CONFORMANCE_QUICK=1 BERTH_KEEP_CLUSTER=$keep hack/conformance.sh
+	else
+		left_out "conformance CI subset" "BERTH_CONFORMANCE=0"
+	fi
+	if [ "${BERTH_E2E:-1}" != 0 ]; then
+		tier "e2e scenarios" hack/e2e.sh
+	else
+		left_out "e2e scenarios" "BERTH_E2E=0"
 	fi
 	if [ "${BERTH_E2E:-1}" != 0 ] && [ "${BERTH_E2E_MULTUS_CI:-1}" != 0 ]; then
-		# Last, so only budget the runs above left: the two multus restart
-		# scenarios in a bring-up of their own (BERTH_E2E_MULTUS=1: multus,
-		# whereabouts, the test Ceph on the storage networks only). A warm
-		# run took 793 s here (bring-up, 143 s of tests, down, on two busy
-		# cores); a cold cache builds multus and whereabouts (~2 min here)
-		# on top of the e2e cluster's own builds.
-		need=$((800 + $(cold 300 "$cache/cni-plugins/multus-v4.2.2" "$cache/cni-plugins/whereabouts-v0.8.0") +
-			$(cold 600 "$kube/kubelet" "$kube/kube-proxy") + $(cold 300 "$cache/csi-sidecars/csi-resizer-v1.14.0")))
-		BERTH_E2E_MULTUS=1 in_ci "the multus e2e scenarios" "$need" \
+		# A bring-up of their own (BERTH_E2E_MULTUS=1: multus, whereabouts,
+		# the test Ceph on the storage networks only).
+		tier "multus e2e scenarios" env BERTH_E2E_MULTUS=1 \
 			hack/e2e.sh -run 'TestE2E/(MultusMoverAgentRestarts|MultusNetnsAgentRestarts)$'
+	else
+		left_out "multus e2e scenarios" "BERTH_E2E=0 or BERTH_E2E_MULTUS_CI=0"
 	fi
 fi
 
@@ -150,6 +135,8 @@ if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
 	grep -E '^(FAIL|#|.*\.go:[0-9]+:[0-9]+:)' "$log" | head -40 >&2 || true
 	failed=1
 fi
+echo "test: tiers:"
+printf '  %s\n' "${tiers[@]}"
 echo "test: finished in $((SECONDS - start))s"
 echo "$passed passed, $failed failed, $skipped skipped"
 exit "$rc"

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Builds, into berth's cache, every pinned binary that the cluster tiers
+# (e2e, conformance, multus) would otherwise build at their first bring-up:
+# the node and control-plane binaries, the e2e suite, the CSI sidecars and
+# snapshot-controller, CoreDNS, multus and whereabouts. Each builder skips
+# what is cached, so a warm run costs a few file checks.
+#
+# `make test` in CI runs this at the lowest CPU priority while the Go tests
+# run one package at a time (they leave a core idle much of the time), so a
+# cold machine's builds mostly fill idle time instead of adding to the run.
+# A failed build here is reported and not fatal: the bring-up builds what is
+# missing and fails there if it must.
+#   hack/prebuild.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PATH="/usr/local/go/bin:$PATH"
+
+rc=0
+step() {
+	local s=$SECONDS
+	if "$@" >/dev/null; then
+		echo "prebuild: $* ready in $((SECONDS - s))s"
+	else
+		echo "prebuild: $* failed after $((SECONDS - s))s (the bring-up will try again)"
+		rc=1
+	fi
+}
+start=$SECONDS
+step hack/kube-binaries.sh kube-controller-manager kube-scheduler kubelet kube-proxy kubectl
+step hack/csi-sidecars.sh csi-provisioner csi-resizer csi-snapshotter snapshot-controller
+step hack/coredns.sh
+step hack/kube-binaries.sh e2e.test agnhost ginkgo
+step hack/cni-plugins.sh multus whereabouts
+echo "prebuild: done in $((SECONDS - start))s"
+exit "$rc"
