@@ -23,6 +23,8 @@ type PublishRequest struct {
 	ReadOnly    bool
 	MountFlags  []string
 	Pod         Pod
+	// ShareDevice: as StageRequest's.
+	ShareDevice bool
 }
 
 // Publish fences the volume for the pod (ReadWriteOncePod is decided here)
@@ -38,6 +40,9 @@ func (a *Agent) publish(ctx context.Context, r PublishRequest) (err error) {
 		return err
 	}
 	if err := checkMode(vol, r.VolumeID, r.Block); err != nil {
+		return err
+	}
+	if err := checkShareDevice(vol, r.VolumeID, r.ShareDevice, r.Block); err != nil {
 		return err
 	}
 	if sharedFS(vol, r.Block) {

@@ -14,13 +14,16 @@ import (
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/mount"
 	"github.com/berth-io/berth/internal/volerr"
+	"github.com/berth-io/berth/internal/volid"
 )
 
 // Read-write-many filesystem volumes reach workload pods over NFS from the
 // volume's share manager, which alone holds the device. The share manager's
-// own pod claims the same volume (a static PV with the same handle) as a
-// raw block device: that request is an ordinary stage and publish, told
-// apart from a workload's by asking for block mode.
+// own pod claims the same volume as a raw block device through a static PV
+// whose handle is volid.ShareDevice of the volume (another volume to
+// kubelet, which keys its state by handle): that request is an ordinary
+// stage and publish, told apart from a workload's by asking for block mode.
+// PVs made before that handle carry the volume ID itself, and still work.
 
 // NFSClient tells whether this node can mount NFS with the kernel client
 // (mount.HostNFSClient is the real one).
@@ -53,6 +56,17 @@ func checkMode(vol *v1.Volume, id string, block bool) error {
 		return nil
 	}
 	return fmt.Errorf("volume %s is %s, the request asks otherwise: %w", id, vol.Spec.VolumeMode, volerr.ErrInvalid)
+}
+
+// checkShareDevice refuses a request made through the share manager's
+// handle (viaShare) that is not the block request of a shared volume: the
+// handle names nothing else.
+func checkShareDevice(vol *v1.Volume, id string, viaShare, block bool) error {
+	if !viaShare || shareDevice(vol, block) {
+		return nil
+	}
+	return fmt.Errorf("volume %s is %s %s: handle %s names only the share manager's block device of a ReadWriteMany filesystem volume: %w",
+		id, vol.Spec.AccessMode, vol.Spec.VolumeMode, volid.ShareDevice(id), volerr.ErrInvalid)
 }
 
 // publishShared mounts the volume's share at the pod's target path. The

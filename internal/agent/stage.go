@@ -18,6 +18,10 @@ type StageRequest struct {
 	MountFlags []string
 	Block      bool
 	ReadOnly   bool
+	// ShareDevice: the request names the volume by its share manager's
+	// handle (volid.ShareDevice), which only the block stage of a
+	// read-write-many filesystem volume may.
+	ShareDevice bool
 	// Secrets are the stage secrets (kubelet's NodeStageVolume): a ceph
 	// volume's cephx client. Never logged.
 	Secrets map[string]string
@@ -46,6 +50,9 @@ func (a *Agent) withLock(volume string, fn func() error) error {
 func (a *Agent) stage(ctx context.Context, r StageRequest) (err error) {
 	vol, err := a.readVolume(ctx, r.VolumeID)
 	if err != nil {
+		return err
+	}
+	if err := checkShareDevice(vol, r.VolumeID, r.ShareDevice, r.Block); err != nil {
 		return err
 	}
 	if sharedFS(vol, r.Block) {

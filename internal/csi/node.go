@@ -10,6 +10,7 @@ import (
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/agent"
 	"github.com/berth-io/berth/internal/agent/errcode"
+	"github.com/berth-io/berth/internal/volid"
 )
 
 // Pod information kubelet passes in the volume context (podInfoOnMount).
@@ -19,7 +20,10 @@ const (
 	ctxPodUID       = "csi.storage.k8s.io/pod.uid"
 )
 
-// Node is the CSI Node service over the agent's volume operations.
+// Node is the CSI Node service over the agent's volume operations. A
+// request's volume handle is the volume ID, or volid.ShareDevice of it: the
+// share manager's PersistentVolume of a read-write-many filesystem volume,
+// which stage and publish pass on as the request's ShareDevice.
 type Node struct {
 	csi.UnimplementedNodeServer
 	agent   *agent.Agent
@@ -57,12 +61,13 @@ func (s *Node) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRequ
 
 // NodeStageVolume implements csi.NodeServer.
 func (s *Node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
-	volMode, fsType, err := s.checkAttach(req.GetVolumeId(), req.GetVolumeCapability(), text("staging target path", req.GetStagingTargetPath()))
+	id, viaShare := volid.ParseHandle(req.GetVolumeId())
+	volMode, fsType, err := s.checkAttach(id, req.GetVolumeCapability(), text("staging target path", req.GetStagingTargetPath()))
 	if err != nil {
 		return nil, err
 	}
 	err = s.agent.Stage(ctx, agent.StageRequest{
-		VolumeID: req.GetVolumeId(), StagingPath: req.GetStagingTargetPath(), FSType: fsType,
+		VolumeID: id, ShareDevice: viaShare, StagingPath: req.GetStagingTargetPath(), FSType: fsType,
 		MountFlags: req.GetVolumeCapability().GetMount().GetMountFlags(), Block: volMode == v1.VolumeModeBlock,
 		ReadOnly: readOnlyMode(req.GetVolumeCapability()), Secrets: req.GetSecrets(),
 	})
@@ -84,13 +89,14 @@ func (s *Node) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolume
 func (s *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
 	staging := text("staging target path", req.GetStagingTargetPath())
 	staging.hint = ": berth stages volumes first (STAGE_UNSTAGE_VOLUME)"
-	volMode, _, err := s.checkAttach(req.GetVolumeId(), req.GetVolumeCapability(), text("target path", req.GetTargetPath()), staging)
+	id, viaShare := volid.ParseHandle(req.GetVolumeId())
+	volMode, _, err := s.checkAttach(id, req.GetVolumeCapability(), text("target path", req.GetTargetPath()), staging)
 	if err != nil {
 		return nil, err
 	}
 	vc := req.GetVolumeContext()
 	err = s.agent.Publish(ctx, agent.PublishRequest{
-		VolumeID: req.GetVolumeId(), StagingPath: req.GetStagingTargetPath(), TargetPath: req.GetTargetPath(),
+		VolumeID: id, ShareDevice: viaShare, StagingPath: req.GetStagingTargetPath(), TargetPath: req.GetTargetPath(),
 		Block: volMode == v1.VolumeModeBlock, ReadOnly: req.GetReadonly() || readOnlyMode(req.GetVolumeCapability()),
 		MountFlags: req.GetVolumeCapability().GetMount().GetMountFlags(),
 		Pod:        agent.Pod{Namespace: vc[ctxPodNamespace], Name: vc[ctxPodName], UID: vc[ctxPodUID]},
@@ -111,14 +117,15 @@ func (s *Node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVo
 
 // NodeGetVolumeStats implements csi.NodeServer.
 func (s *Node) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
-	if err := s.checkVolume(req.GetVolumeId(), req.GetVolumePath()); err != nil {
+	id, _ := volid.ParseHandle(req.GetVolumeId())
+	if err := s.checkVolume(id, req.GetVolumePath()); err != nil {
 		return nil, err
 	}
-	st, err := s.agent.Stats(ctx, req.GetVolumeId(), req.GetVolumePath())
+	st, err := s.agent.Stats(ctx, id, req.GetVolumePath())
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	abnormal, msg := s.agent.Condition(ctx, req.GetVolumeId(), req.GetVolumePath())
+	abnormal, msg := s.agent.Condition(ctx, id, req.GetVolumePath())
 	resp := &csi.NodeGetVolumeStatsResponse{VolumeCondition: &csi.VolumeCondition{Abnormal: abnormal, Message: msg}}
 	resp.Usage = []*csi.VolumeUsage{{Unit: csi.VolumeUsage_BYTES, Total: st.TotalBytes, Used: st.UsedBytes, Available: st.AvailableBytes}}
 	if !st.Block {
@@ -129,7 +136,8 @@ func (s *Node) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeSta
 
 // NodeExpandVolume implements csi.NodeServer.
 func (s *Node) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
-	if err := s.checkVolume(req.GetVolumeId(), req.GetVolumePath(), req.GetStagingTargetPath()); err != nil {
+	id, _ := volid.ParseHandle(req.GetVolumeId())
+	if err := s.checkVolume(id, req.GetVolumePath(), req.GetStagingTargetPath()); err != nil {
 		return nil, err
 	}
 	block := req.GetVolumeCapability().GetBlock() != nil
@@ -142,7 +150,7 @@ func (s *Node) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRe
 	if req.GetStagingTargetPath() != "" && !block {
 		path = req.GetStagingTargetPath()
 	}
-	size, err := s.agent.Expand(ctx, req.GetVolumeId(), path, block)
+	size, err := s.agent.Expand(ctx, id, path, block)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -205,9 +213,10 @@ func (s *Node) checkAttach(id string, c *csi.VolumeCapability, paths ...arg) (v1
 	return volMode, fsType, nil
 }
 
-// undo is unstage and unpublish: both take a volume ID and one path, check
-// them alike, and hand them to the agent (op).
-func (s *Node) undo(ctx context.Context, id string, path arg, op func(ctx context.Context, id, path string) error) error {
+// undo is unstage and unpublish: both take a volume handle and one path,
+// check them alike, and hand the volume ID and path to the agent (op).
+func (s *Node) undo(ctx context.Context, handle string, path arg, op func(ctx context.Context, id, path string) error) error {
+	id, _ := volid.ParseHandle(handle)
 	if err := required(text("volume ID", id), path); err != nil {
 		return err
 	}

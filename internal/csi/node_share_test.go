@@ -27,6 +27,7 @@ import (
 	"github.com/berth-io/berth/internal/backend"
 	"github.com/berth-io/berth/internal/fence"
 	"github.com/berth-io/berth/internal/mount"
+	"github.com/berth-io/berth/internal/volid"
 )
 
 type nfsAnswer struct{ err error }
@@ -277,4 +278,39 @@ func (o imageOf) Get(_ context.Context, id string) (backend.Image, error) {
 		return backend.Image{}, backend.ErrNotFound
 	}
 	return backend.Image{ID: id, Path: o.path, Size: 64 << 20}, nil
+}
+
+// The share manager's handle names only its block device: a filesystem
+// request through it, or one for a volume that is not shared, is refused
+// with InvalidArgument before anything is made.
+func TestShareDeviceHandleIsBlockOfSharedVolumeOnly(t *testing.T) {
+	const name = "rwx-handle-refused"
+	f := rwxOnAPIServer(t, name, v1.ShareStarting, func(c *agent.Config) {
+		c.Images = imageOf{id: name, path: filepath.Join(t.TempDir(), name+".img")}
+	})
+	ctx := apiCtx(t, time.Minute)
+	rwo := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: name + "-rwo"}, Spec: v1.VolumeSpec{StorageCluster: "c",
+		Size: resource.MustParse("64Mi"), AccessMode: v1.ReadWriteOnce, VolumeMode: v1.VolumeModeFilesystem, FSType: "ext4"}}
+	create(ctx, t, rwo)
+	for _, c := range []struct {
+		what string
+		id   string
+		cap  *csi.VolumeCapability
+	}{
+		{"filesystem of a shared volume", volid.ShareDevice(name), reqCap(csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER)},
+		{"block of a ReadWriteOnce volume", volid.ShareDevice(rwo.Name), capability(csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER, true, "")},
+	} {
+		_, err := f.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: c.id, StagingTargetPath: f.staging, VolumeCapability: c.cap})
+		if status.Code(err) != codes.InvalidArgument {
+			t.Errorf("stage, %s: %v, want InvalidArgument", c.what, err)
+		}
+		_, err = f.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: c.id, StagingTargetPath: f.staging,
+			TargetPath: f.target, VolumeCapability: c.cap})
+		if status.Code(err) != codes.InvalidArgument {
+			t.Errorf("publish, %s: %v, want InvalidArgument", c.what, err)
+		}
+	}
+	if len(f.loop.calls) != 0 || len(attachmentEntries(t, name)) != 0 || len(attachmentEntries(t, rwo.Name)) != 0 {
+		t.Errorf("refused requests made: loop %v, Attachments %+v %+v", f.loop.calls, attachmentEntries(t, name), attachmentEntries(t, rwo.Name))
+	}
 }

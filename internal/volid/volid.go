@@ -5,6 +5,7 @@ package volid
 import (
 	"fmt"
 	"regexp"
+	"strings"
 
 	"github.com/berth-io/berth/internal/volerr"
 )
@@ -30,4 +31,27 @@ func Valid(id string) error {
 			id, MaxLength, volerr.ErrInvalid)
 	}
 	return nil
+}
+
+// shareDeviceSuffix ends the CSI volume handle of a share manager's
+// PersistentVolume. '@' is in no ID, so no volume's own handle ends so.
+const shareDeviceSuffix = "@share"
+
+// ShareDevice is the CSI volume handle through which the share manager of
+// a read-write-many filesystem volume reaches its device (a raw block
+// PersistentVolume of the same image). It is not the volume's own handle
+// because kubelet keys a node's volume state by driver and handle: a
+// workload's filesystem stage and the share manager's block stage of one
+// handle on one node would be one volume to kubelet, and it would skip the
+// second stage or tear it down as the first one.
+func ShareDevice(volume string) string { return volume + shareDeviceSuffix }
+
+// ParseHandle returns the volume ID a CSI volume handle names, and whether
+// the handle is the volume's ShareDevice handle. Any other handle is the
+// volume ID itself (Valid tells whether it is one).
+func ParseHandle(handle string) (volume string, shareDevice bool) {
+	if v, ok := strings.CutSuffix(handle, shareDeviceSuffix); ok && v != "" {
+		return v, true
+	}
+	return handle, false
 }

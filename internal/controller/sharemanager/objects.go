@@ -13,6 +13,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/volid"
 )
 
 // Labels on share-manager pods and Services.
@@ -177,10 +178,14 @@ func placement(vol *v1.Volume, failedNode string) *corev1.Affinity {
 }
 
 // claimFor and volumeFor bind the share-manager pod to its volume as a raw
-// block device: a static PersistentVolume on the same backend image (the
-// volume ID is the Volume's name) and a claim in the pod's namespace,
-// pre-bound to each other. Retain: removing them never deletes the image,
-// which stays the user's volume.
+// block device: a static PersistentVolume on the same backend image and a
+// claim in the pod's namespace, pre-bound to each other. The PV's handle is
+// volid.ShareDevice of the volume, not the volume's own: kubelet keys its
+// volume state by driver and handle, and with one handle for both a
+// workload's filesystem stage on the share manager's node made kubelet skip
+// the share manager's block stage ("volume is not staged on this node"), or
+// tear it down as the workload's and leave it staged. Retain: removing them
+// never deletes the image, which stays the user's volume.
 func claimFor(sm *v1.ShareManager, vol *v1.Volume) *corev1.PersistentVolumeClaim {
 	name := Name(vol.Name)
 	return &corev1.PersistentVolumeClaim{
@@ -215,7 +220,7 @@ func volumeFor(sm *v1.ShareManager, vol *v1.Volume, stageSecret *corev1.SecretRe
 			StorageClassName:              "",
 			ClaimRef:                      &corev1.ObjectReference{Kind: "PersistentVolumeClaim", APIVersion: "v1", Namespace: sm.Namespace, Name: name},
 			PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{
-				Driver: v1.DriverName, VolumeHandle: vol.Name, VolumeAttributes: attrs, NodeStageSecretRef: stageSecret,
+				Driver: v1.DriverName, VolumeHandle: volid.ShareDevice(vol.Name), VolumeAttributes: attrs, NodeStageSecretRef: stageSecret,
 			}},
 		},
 	}

@@ -20,6 +20,7 @@ import (
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/controller/sharemanager"
 	"github.com/berth-io/berth/internal/testenv"
+	"github.com/berth-io/berth/internal/volid"
 )
 
 // newVolume makes a StorageCluster with the given rwx settings and a Volume
@@ -405,12 +406,49 @@ func checkClaim(t *testing.T, pod *corev1.Pod, vol *v1.Volume) {
 		t.Errorf("claim spec %+v", pvc.Spec)
 	}
 	c := pv.Spec.CSI
-	if c == nil || c.Driver != v1.DriverName || c.VolumeHandle != vol.Name || pv.Spec.PersistentVolumeReclaimPolicy != corev1.PersistentVolumeReclaimRetain ||
+	if c == nil || c.Driver != v1.DriverName || c.VolumeHandle != volid.ShareDevice(vol.Name) || pv.Spec.PersistentVolumeReclaimPolicy != corev1.PersistentVolumeReclaimRetain ||
 		pv.Spec.ClaimRef == nil || pv.Spec.ClaimRef.Name != name || pv.Spec.ClaimRef.Namespace != namespace {
 		t.Errorf("persistent volume spec %+v", pv.Spec)
 	}
 	if ref := metav1.GetControllerOf(pv); ref == nil || ref.Kind != "Volume" || ref.UID != vol.UID {
 		t.Errorf("persistent volume controller reference = %+v, want the Volume", ref)
+	}
+}
+
+// kubeletVolumeName is the name kubelet keys a CSI PersistentVolume's state
+// by on a node (its actual and desired state of the world, and whether the
+// device is staged): driver^handle, as in k8s.io/kubernetes
+// pkg/volume/csi/csi_plugin.go GetVolumeName.
+func kubeletVolumeName(pv *corev1.PersistentVolume) string {
+	return "kubernetes.io/csi/" + pv.Spec.CSI.Driver + "^" + pv.Spec.CSI.VolumeHandle
+}
+
+// TestSharePVIsAnotherVolumeToKubelet: the share manager's PV and the
+// claim's PV of the same volume are two volumes to kubelet. With one
+// handle they were one: a workload's filesystem stage of the claim on the
+// share manager's node marked the device staged, so kubelet skipped the
+// share manager's block NodeStageVolume and its NodePublishVolume failed
+// "volume is not staged on this node" for good (issue #33); or kubelet
+// tore the block stage down as the filesystem one, which left it staged.
+func TestSharePVIsAnotherVolumeToKubelet(t *testing.T) {
+	suite.Require(t)
+	const name = "pvc-rwx-kubelet-name"
+	newVolume(t, name, v1.VolumeModeFilesystem, "node-a", v1.RWXSpec{})
+	useVolume(t, name, "web-0")
+	sharePod(t, name, "")
+	share := &corev1.PersistentVolume{}
+	if err := env.Client.Get(testCtx(t), client.ObjectKey{Name: sharemanager.Name(name)}, share); err != nil {
+		t.Fatalf("share PV: %v", err)
+	}
+	// The claim's PV as the CSI provisioner makes it: the handle is the
+	// volume ID CreateVolume returned, the Volume's name.
+	claim := &corev1.PersistentVolume{Spec: corev1.PersistentVolumeSpec{PersistentVolumeSource: corev1.PersistentVolumeSource{
+		CSI: &corev1.CSIPersistentVolumeSource{Driver: v1.DriverName, VolumeHandle: name}}}}
+	if kubeletVolumeName(share) == kubeletVolumeName(claim) {
+		t.Fatalf("kubelet names both the share PV and the claim's PV %s: one volume to it on the share manager's node", kubeletVolumeName(share))
+	}
+	if v, viaShare := volid.ParseHandle(share.Spec.CSI.VolumeHandle); v != name || !viaShare {
+		t.Errorf("share PV handle %q names volume %q (share device %v), want %s", share.Spec.CSI.VolumeHandle, v, viaShare, name)
 	}
 }
 
