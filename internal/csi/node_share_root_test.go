@@ -22,78 +22,130 @@ import (
 	"github.com/berth-io/berth/internal/volid"
 )
 
-// kubeletVolumes plays the one rule of kubelet's volume manager that issue
-// #33 ran into: a node's volume state is keyed by driver^handle
-// (k8s.io/kubernetes pkg/volume/csi/csi_plugin.go GetVolumeName), and a
-// volume already staged under that key is not staged again for the next
-// pod: MountVolume skips MountDevice and MapVolume skips SetUpDevice (so
-// NodeStageVolume) when the device is DeviceGloballyMounted
-// (pkg/volume/util/operationexecutor/operation_generator.go). The volume is
-// unstaged, at the staging path it was staged at, once its last pod went.
+// kubeletVolumes plays the rules of kubelet's volume manager (v1.34) that
+// issue #33 ran into, over the real node service:
+//   - a node's volume state is keyed by driver^handle
+//     (k8s.io/kubernetes pkg/volume/csi/csi_plugin.go GetVolumeName), and
+//     keeps the spec (filesystem or block) of the pod that added it;
+//   - the device is staged for a pod unless that state is already
+//     DeviceGloballyMounted: MountVolume skips MountDevice and MapVolume
+//     skips SetUpDevice (pkg/volume/util/operationexecutor/
+//     operation_generator.go); a filesystem stage records its staging
+//     path (and kubelet's vol_data.json beside it), a block one its global
+//     map path;
+//   - once the last pod went the device is torn down by the kept spec
+//     (operation_executor.go UnmountDevice): a block one at its staging
+//     path; a filesystem one by csiAttacher.UnmountDevice, which sends
+//     NodeUnstageVolume only when it finds vol_data.json beside the
+//     recorded path, and else skips it as done;
+//   - a failed unstage leaves the state DeviceMountUncertain, retried
+//     while no pod wants the volume.
 type kubeletVolumes struct {
-	node   *Node
-	staged map[string]string // driver^handle -> the staging path of its NodeStageVolume
-	pods   map[string]int    // driver^handle -> pods that use it
+	node *Node
+	vols map[string]*kubeletVolume
 }
+
+// kubeletVolume is the state of one driver^handle on the node.
+type kubeletVolume struct {
+	podVolume        // of the pod that added it
+	state     string // "", mounted, uncertain
+	device    string // the recorded device mount path
+	data      string // the path whose folder holds vol_data.json ("": none)
+	pods      int
+}
+
+// podVolume is a pod's volume as kubelet derives it from the pod's PV.
+type podVolume struct {
+	handle    string
+	block     bool
+	staging   string // the PV's staging path
+	globalMap string // block: the PV's global map path
+	target    string
+	podUID    string
+	cap       *csi.VolumeCapability
+}
+
+const (
+	deviceMounted   = "mounted"
+	deviceUncertain = "uncertain"
+)
 
 func kubeletName(handle string) string { return "kubernetes.io/csi/" + v1.DriverName + "^" + handle }
 
-// setUp is one pod's MountVolume (MapVolume for block): NodeStageVolume
-// unless the volume is staged on the node already, then NodePublishVolume.
-func (k *kubeletVolumes) setUp(ctx context.Context, handle, staging, target string, c *csi.VolumeCapability, podUID string) error {
-	key := kubeletName(handle)
-	k.pods[key]++
-	if _, done := k.staged[key]; !done {
-		if _, err := k.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: handle, StagingTargetPath: staging, VolumeCapability: c}); err != nil {
+// setUp is one pod's MountVolume (MapVolume for block).
+func (k *kubeletVolumes) setUp(ctx context.Context, pv podVolume) error {
+	key := kubeletName(pv.handle)
+	v := k.vols[key]
+	if v == nil {
+		v = &kubeletVolume{podVolume: pv}
+		k.vols[key] = v
+	}
+	v.pods++
+	if v.state != deviceMounted {
+		_, err := k.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: pv.handle, StagingTargetPath: pv.staging, VolumeCapability: pv.cap})
+		if err != nil {
 			return err
 		}
-		k.staged[key] = staging
+		v.state, v.device, v.data = deviceMounted, pv.staging, pv.staging
+		if pv.block {
+			v.device, v.data = pv.globalMap, ""
+		}
 	}
-	// The staging path is the pod's volume's own (kubelet derives it from
-	// the PV), staged there or not.
-	_, err := k.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: handle, StagingTargetPath: staging,
-		TargetPath: target, VolumeCapability: c, VolumeContext: map[string]string{
-			ctxPodNamespace: "default", ctxPodName: "pod-" + podUID, ctxPodUID: podUID}})
+	_, err := k.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: pv.handle, StagingTargetPath: pv.staging,
+		TargetPath: pv.target, VolumeCapability: pv.cap, VolumeContext: map[string]string{
+			ctxPodNamespace: "default", ctxPodName: "pod-" + pv.podUID, ctxPodUID: pv.podUID}})
 	return err
 }
 
 // tearDown is one pod gone: NodeUnpublishVolume of its target when it was
-// published, then NodeUnstageVolume once the volume's last pod went.
-func (k *kubeletVolumes) tearDown(ctx context.Context, handle, target string, published bool) error {
-	key := kubeletName(handle)
+// published, then the device's teardown once the volume's last pod went.
+func (k *kubeletVolumes) tearDown(ctx context.Context, pv podVolume, published bool) error {
 	if published {
-		if _, err := k.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: handle, TargetPath: target}); err != nil {
+		if _, err := k.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: pv.handle, TargetPath: pv.target}); err != nil {
 			return err
 		}
 	}
-	if k.pods[key]--; k.pods[key] > 0 {
-		return nil
+	k.vols[kubeletName(pv.handle)].pods--
+	return k.settle(ctx)
+}
+
+// settle tears down every device no pod wants, as kubelet's reconciler does.
+func (k *kubeletVolumes) settle(ctx context.Context) error {
+	for key, v := range k.vols {
+		if v.pods > 0 {
+			continue
+		}
+		var err error
+		switch {
+		case v.state == "":
+		case v.block:
+			_, err = k.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: v.handle, StagingTargetPath: v.staging})
+		case v.data == v.device:
+			_, err = k.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: v.handle, StagingTargetPath: v.device})
+		}
+		if err != nil {
+			v.state = deviceUncertain
+			return err
+		}
+		delete(k.vols, key)
 	}
-	staging, ok := k.staged[key]
-	if !ok {
-		return nil
-	}
-	if _, err := k.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: handle, StagingTargetPath: staging}); err != nil {
-		return err
-	}
-	delete(k.staged, key)
 	return nil
 }
 
-// TestRootShareManagerBesideRefusedWorkload is issue #33's first report on
-// one node, with real loop devices and mounts, the test API server and the
-// real fence: a workload pod of an RWX filesystem claim is refused
-// (FailedPrecondition: no NFS client) and stays, retrying, while the share
-// manager's pod stages and publishes the same volume as a raw block device
-// through its own PV. With the claim's handle on that PV too, kubelet took
-// the workload's stage for the share manager's and skipped its
-// NodeStageVolume: its NodePublishVolume failed "volume is not staged on
-// this node" for as long as the workload stayed. With its own handle the
-// share manager's device is staged and published, the workload's unstage
-// leaves it alone, and its own teardown leaves nothing: no loop device on
-// the image, no Attachment (what the Volume's image deletion waits for).
-func TestRootShareManagerBesideRefusedWorkload(t *testing.T) {
-	const name = "rwx-beside-workload"
+// rwxBesideWorkload is an RWX filesystem volume on this node with real
+// loop devices and mounts, the test API server and the real fence, the
+// node's kubelet, and its two pods' volumes: a workload's of the claim
+// (refused: no NFS client, as on this machine, also where one is) and the
+// share manager's through its PV.
+type rwxBesideWorkload struct {
+	f            *nodeFixture
+	k            *kubeletVolumes
+	image        string
+	workload, sm podVolume
+}
+
+func newRWXBesideWorkload(t *testing.T, name string) *rwxBesideWorkload {
+	t.Helper()
 	image := filepath.Join(t.TempDir(), name+".img")
 	if err := os.WriteFile(image, nil, 0o600); err != nil {
 		t.Fatal(err)
@@ -105,57 +157,114 @@ func TestRootShareManagerBesideRefusedWorkload(t *testing.T) {
 		c.Images = imageOf{id: name, path: image}
 		c.Loop = mount.NewLoop(utilexec.New())
 		c.Mounts = mount.NewManager(mount.NewMounter(), utilexec.New(), testr.New(t))
-		c.NFS = nfsAnswer{mount.ErrNoNFSClient} // as on this machine, also where one is
+		c.NFS = nfsAnswer{mount.ErrNoNFSClient}
 	})
 	t.Cleanup(func() { leaveNothing(t, f.kubelet, image) })
-	ctx := apiCtx(t, 2*time.Minute)
-	k := &kubeletVolumes{node: f.node, staged: map[string]string{}, pods: map[string]int{}}
+	blockRoot := filepath.Join(f.kubelet, "plugins", "kubernetes.io", "csi", "volumeDevices")
+	smPV := "share-manager-" + name
+	return &rwxBesideWorkload{
+		f: f, k: &kubeletVolumes{node: f.node, vols: map[string]*kubeletVolume{}}, image: image,
+		workload: podVolume{handle: name, staging: f.staging, target: f.target, podUID: "uid-web",
+			cap: reqCap(csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER)},
+		// The share manager's PV as the operator makes it.
+		sm: podVolume{handle: volid.ShareDevice(name), block: true, staging: filepath.Join(blockRoot, "staging", smPV),
+			globalMap: filepath.Join(blockRoot, smPV, "dev"), target: filepath.Join(blockRoot, "publish", smPV, "uid-sm"), podUID: "uid-sm",
+			cap: capability(csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER, true, "")},
+	}
+}
 
-	// The workload: kubelet's filesystem staging path of the claim's handle,
-	// and the refusal before anything is made.
-	rwx := csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER
-	workloadStaging := f.staging
-	if err := k.setUp(ctx, name, workloadStaging, f.target, reqCap(rwx), "uid-web"); status.Code(err) != codes.FailedPrecondition ||
-		!strings.Contains(err.Error(), "no kernel NFS client") {
+// refusedWorkload sets the workload's volume up: staged, publish refused.
+func (e *rwxBesideWorkload) refusedWorkload(ctx context.Context, t *testing.T) {
+	t.Helper()
+	if err := e.k.setUp(ctx, e.workload); status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "no kernel NFS client") {
 		t.Fatalf("workload's publish: %v, want FailedPrecondition: no kernel NFS client", err)
 	}
+}
 
-	// The share manager's pod, on the same node, through its PV's handle.
-	handle := volid.ShareDevice(name)
-	blockRoot := filepath.Join(f.kubelet, "plugins", "kubernetes.io", "csi", "volumeDevices")
-	smStaging := filepath.Join(blockRoot, "staging", "share-manager-"+name)
-	smTarget := filepath.Join(blockRoot, "publish", "share-manager-"+name, "uid-sm")
-	device := capability(csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER, true, "")
-	if err := k.setUp(ctx, handle, smStaging, smTarget, device, "uid-sm"); err != nil {
-		t.Fatalf("share manager's stage and publish beside the refused workload: %v", err)
+// shareRuns sets the share manager's volume up and checks that its device
+// is the image's loop device, staged and published.
+func (e *rwxBesideWorkload) shareRuns(ctx context.Context, t *testing.T) {
+	t.Helper()
+	if err := e.k.setUp(ctx, e.sm); err != nil {
+		t.Fatalf("share manager's stage and publish beside the workload: %v", err)
 	}
-	dev := stagedLoop(t, smStaging, image)
-	if !sameDeviceAt(t, smTarget, dev) {
-		t.Errorf("the share manager's target %s is not %s", smTarget, dev)
+	if dev := stagedLoop(t, e.sm.staging, e.image); !sameDeviceAt(t, e.sm.target, dev) {
+		t.Errorf("the share manager's target %s is not %s", e.sm.target, dev)
 	}
+}
 
-	// The workload goes (its publish never succeeded): kubelet unstages its
-	// stage; the share manager's device stays staged and published.
-	if err := k.tearDown(ctx, name, f.target, false); err != nil {
+// shareStops tears the share manager's volume down and checks that
+// nothing is left that the Volume's image deletion waits for: a loop
+// device on the image, an Attachment entry.
+func (e *rwxBesideWorkload) shareStops(ctx context.Context, t *testing.T, name string) {
+	t.Helper()
+	if err := e.k.tearDown(ctx, e.sm, true); err != nil {
+		t.Fatalf("share manager's teardown: %v", err)
+	}
+	if d, found, err := mount.NewLoop(utilexec.New()).Find(ctx, e.image); err != nil || found {
+		t.Errorf("a loop device (%q) is left on the image (%v): the Volume's image deletion waits for it", d, err)
+	}
+	if got := attachmentEntries(t, name); len(got) != 0 {
+		t.Errorf("Attachment entries left: %+v: the Volume's image deletion waits for them", got)
+	}
+}
+
+// TestRootShareManagerBesideRefusedWorkload is issue #33's first report on
+// one node: a workload pod of an RWX claim is refused and stays, retrying,
+// while the share manager's pod comes up. With the claim's handle on the
+// share manager's PV, kubelet took the workload's stage for the share
+// manager's and skipped its NodeStageVolume: its NodePublishVolume failed
+// "volume is not staged on this node" for as long as the workload stayed.
+// With its own handle the device is staged and published, the workload's
+// unstage leaves it alone, and the share's teardown leaves nothing.
+func TestRootShareManagerBesideRefusedWorkload(t *testing.T) {
+	const name = "rwx-beside-workload"
+	e := newRWXBesideWorkload(t, name)
+	ctx := apiCtx(t, 2*time.Minute)
+	e.refusedWorkload(ctx, t)
+	e.shareRuns(ctx, t)
+	if err := e.k.tearDown(ctx, e.workload, false); err != nil {
 		t.Fatalf("workload's unstage: %v", err)
 	}
-	if got := stagedLoop(t, smStaging, image); got != dev || !sameDeviceAt(t, smTarget, dev) {
-		t.Errorf("after the workload's unstage the share manager's device is %q (was %s)", got, dev)
+	if got := stagedLoop(t, e.sm.staging, e.image); !sameDeviceAt(t, e.sm.target, got) {
+		t.Errorf("after the workload's unstage the share manager's device %s is not at %s", got, e.sm.target)
 	}
-	if e := attachmentEntries(t, name); len(e) != 2 {
-		t.Errorf("Attachment entries after the workload's unstage: %+v, want the share manager's stage and pod", e)
+	if got := attachmentEntries(t, name); len(got) != 2 {
+		t.Errorf("Attachment entries after the workload's unstage: %+v, want the share manager's stage and pod", got)
 	}
+	e.shareStops(ctx, t, name)
+}
 
-	// The share stops: nothing is left for the image's deletion to wait on.
-	if err := k.tearDown(ctx, handle, smTarget, true); err != nil {
-		t.Fatalf("share manager's unpublish and unstage: %v", err)
+// TestRootShareTeardownAfterWorkloadUnstageFailed is issue #33's second
+// report: the share ran and stopped, the claim was deleted, and the
+// Volume stayed. The workload's unstage failed once (here: another
+// operation held the volume, Aborted), so kubelet kept the volume's state,
+// uncertain, with the workload's filesystem spec; the share manager's pod
+// came meanwhile. With the claim's handle on its PV that was the same
+// state: its stage ran (uncertain is not staged) and the share served, but
+// kubelet tore it down by the kept filesystem spec, found no vol_data.json
+// beside the block map path and never sent NodeUnstageVolume. The device
+// stayed staged and the Attachment held, which the Volume's image deletion
+// waits for. With its own handle each is torn down by its own spec.
+func TestRootShareTeardownAfterWorkloadUnstageFailed(t *testing.T) {
+	const name = "rwx-after-failed-unstage"
+	e := newRWXBesideWorkload(t, name)
+	ctx := apiCtx(t, 2*time.Minute)
+	e.refusedWorkload(ctx, t)
+	locks := e.f.node.agent.Locks()
+	if !locks.TryLock(name) {
+		t.Fatal("the volume's lock is held")
 	}
-	if d, found, err := mount.NewLoop(utilexec.New()).Find(ctx, image); err != nil || found {
-		t.Errorf("a loop device (%q) is left on the image (%v)", d, err)
+	err := e.k.tearDown(ctx, e.workload, false)
+	locks.Unlock(name)
+	if status.Code(err) != codes.Aborted {
+		t.Fatalf("workload's unstage while another operation holds the volume: %v, want Aborted", err)
 	}
-	if e := attachmentEntries(t, name); len(e) != 0 {
-		t.Errorf("Attachment entries left: %+v", e)
+	e.shareRuns(ctx, t)
+	if err := e.k.settle(ctx); err != nil {
+		t.Fatalf("workload's unstage retried: %v", err)
 	}
+	e.shareStops(ctx, t, name)
 }
 
 // stagedLoop is the loop device staged at staging, which must be the one
