@@ -36,9 +36,12 @@ import (
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
@@ -532,16 +535,25 @@ func readyStatus(s v1.ShareState) metav1.ConditionStatus {
 // +kubebuilder:rbac:groups="",namespace=berth-system,resources=events,verbs=create;patch
 
 // SetupWithManager registers the reconciler: its pods and Services, the
-// Leases and Attachments named after the volumes, and the StorageClusters'
-// rwx settings all wake the ShareManager they concern.
+// Volumes and the Leases and Attachments named after them all wake the
+// ShareManager they concern. A Volume wakes it when its spec changes or
+// its deletion starts or ends (a Volume on its way out needs no share, and
+// its image waits for the share manager's stage: a share left starting,
+// with no Lease or pod change to come, would hold it for good); its status
+// (the share state mirrored into it) does not.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	byVolume := func(_ context.Context, o client.Object) []reconcile.Request {
 		return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: r.Options.Namespace, Name: o.GetName()}}}
 	}
+	volumeChanged := predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		return e.ObjectOld.GetGeneration() != e.ObjectNew.GetGeneration() ||
+			e.ObjectOld.GetDeletionTimestamp().IsZero() != e.ObjectNew.GetDeletionTimestamp().IsZero()
+	}}
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&v1.ShareManager{}).
 		Owns(&corev1.Pod{}).
 		Owns(&corev1.Service{}).
+		Watches(&v1.Volume{}, handler.EnqueueRequestsFromMapFunc(byVolume), builder.WithPredicates(volumeChanged)).
 		Watches(&coordinationv1.Lease{}, handler.EnqueueRequestsFromMapFunc(byVolume)).
 		Watches(&v1.Attachment{}, handler.EnqueueRequestsFromMapFunc(byVolume)).
 		Named("sharemanager").

@@ -639,6 +639,44 @@ func TestKeepRunningAnnotationHoldsTheShare(t *testing.T) {
 	waitShare(t, vname, v1.ShareStopping)
 }
 
+// TestDeletedVolumeStopsItsStartingShare: a Volume deleted while its share
+// starts (the pod bound, not ready, no Lease taken: nothing else changes)
+// stops the share at once: the image's deletion waits for the share
+// manager's stage, so a share left starting would hold the Volume for good.
+func TestDeletedVolumeStopsItsStartingShare(t *testing.T) {
+	suite.Require(t)
+	const vname = "pvc-rwx-deleted-starting"
+	vol := newVolume(t, vname, v1.VolumeModeFilesystem, "node-d", v1.RWXSpec{})
+	useVolume(t, vname, "web-0")
+	pod := sharePod(t, vname, "")
+	kubelet{t}.bind(pod, "node-d")
+	waitShare(t, vname, v1.ShareStarting)
+	useVolume(t, vname, "web-0") // still used: only the deletion stops it
+
+	// The agent's image finalizer keeps the Volume while its image stays.
+	ctx := testCtx(t)
+	patch := client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":["`+v1.ImageFinalizer+`"]}}`))
+	if err := env.Client.Patch(ctx, vol, patch); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = env.Client.Patch(context.Background(), vol, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`)))
+	})
+	if err := env.Client.Delete(ctx, vol); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, waitLimit, "share of the deleted volume stopping", func(ctx context.Context) (bool, error) {
+		sm := &v1.ShareManager{}
+		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: vname}, sm); err != nil {
+			return false, err
+		}
+		p := &corev1.Pod{}
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(pod), p)
+		gone := apierrors.IsNotFound(err) || err == nil && !p.DeletionTimestamp.IsZero()
+		return sm.Status.State == v1.ShareStopping && gone, client.IgnoreNotFound(err)
+	})
+}
+
 // TestShareSizeFromLease: the size the running share manager reports on
 // its Lease (after an expansion, once the served filesystem grew) is the
 // ShareManager's status.size, the Size column of `kubectl get bsm`; a
