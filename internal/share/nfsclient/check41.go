@@ -327,28 +327,62 @@ func (e *xdrEnc) opaque(p []byte) {
 }
 
 // xdrDec reads XDR; the first short read sets err and every later read
-// returns zeros.
+// returns zeros. Nothing it returns is larger than the reply: lengths come
+// from the wire, and a short reply claiming 4 GiB must not get them.
 type xdrDec struct {
 	b   []byte
 	err error
 }
 
+// take returns the next n bytes, or nil when the reply holds fewer.
 func (d *xdrDec) take(n int) []byte {
 	if d.err != nil || n > len(d.b) || n < 0 {
 		if d.err == nil {
 			d.err = errors.New("short NFS reply")
 		}
-		return make([]byte, max(n, 0))
+		return nil
 	}
 	p := d.b[:n]
 	d.b = d.b[n:]
 	return p
 }
-func (d *xdrDec) u32() uint32 { return binary.BigEndian.Uint32(d.take(4)) }
-func (d *xdrDec) u64() uint64 { return binary.BigEndian.Uint64(d.take(8)) }
+func (d *xdrDec) u32() uint32 {
+	if p := d.take(4); p != nil {
+		return binary.BigEndian.Uint32(p)
+	}
+	return 0
+}
+func (d *xdrDec) u64() uint64 {
+	if p := d.take(8); p != nil {
+		return binary.BigEndian.Uint64(p)
+	}
+	return 0
+}
 func (d *xdrDec) fixed(n int) []byte {
 	p := d.take(n)
 	d.take((4 - n%4) % 4)
 	return p
 }
-func (d *xdrDec) opaque() []byte { return d.fixed(int(d.u32())) }
+
+// opaque reads a length and that many bytes; a length beyond the reply's
+// end (up to 4 GiB on a 32-bit field) is a short reply at once.
+func (d *xdrDec) opaque() []byte {
+	n := d.u32()
+	if uint64(n) > uint64(len(d.b)) {
+		d.take(len(d.b) + 1)
+		return nil
+	}
+	return d.fixed(int(n))
+}
+
+// count reads a length of items of at least size bytes each, 0 (and a
+// short reply) when the rest of the reply cannot hold that many: a
+// caller allocates by it.
+func (d *xdrDec) count(size int) int {
+	n := d.u32()
+	if uint64(n)*uint64(size) > uint64(len(d.b)) {
+		d.take(len(d.b) + 1)
+		return 0
+	}
+	return int(n)
+}

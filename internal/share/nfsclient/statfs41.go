@@ -37,7 +37,7 @@ func Statfs41(ctx context.Context, ep Endpoint, minor uint32, machine string) (S
 	skipOps(d, nops)
 	d.u32() // GETATTR
 	d.u32() // status
-	words := make([]uint32, d.u32())
+	words := make([]uint32, d.count(4))
 	for i := range words {
 		words[i] = d.u32()
 	}
