@@ -89,8 +89,10 @@ type Agent struct {
 	// nfs and shareWait serve RWX volumes' workloads (Config.NFS, ShareWait).
 	nfs       NFSClient
 	shareWait time.Duration
-	// freezeDir holds the mounts that freeze shared volumes (Config.FreezeDir).
-	freezeDir string
+	// freezeDir holds the mounts that freeze shared volumes and the freeze
+	// records (Config.FreezeDir); freezeLimit bounds a freeze (Config.FreezeLimit).
+	freezeDir   string
+	freezeLimit time.Duration
 	// netns runs storage network work in holders' namespaces (Config.Netns).
 	netns holderNS
 	// reports are the volumes whose Attachment names their live server's
@@ -167,8 +169,13 @@ type Config struct {
 	ShareWait time.Duration
 	// FreezeDir is where an RWX volume's filesystem is mounted a moment to
 	// freeze it for a copy while its share manager's pod holds the mount
-	// (mount.Manager.FreezeElsewhere; "": os.TempDir()).
+	// (mount.Manager.FreezeElsewhere; "": os.TempDir()), and where the
+	// records of freezes live until the thaw (ThawLeftovers): it must
+	// outlive the agent's container, not the node's boot.
 	FreezeDir string
+	// FreezeLimit bounds how long a filesystem stays frozen for a copy,
+	// even when the copy hangs (0: DefaultFreezeLimit).
+	FreezeLimit time.Duration
 	// Netns finds the holders' namespaces of clusters in the netns mode.
 	Netns NetnsConfig
 }
@@ -197,6 +204,9 @@ func New(c Config) (*Agent, error) {
 	if c.LockWait < 0 {
 		bad("LockWait %v is negative", c.LockWait)
 	}
+	if c.FreezeLimit < 0 {
+		bad("FreezeLimit %v is negative", c.FreezeLimit)
+	}
 	if c.Flex.StagingRoot != "" && !filepath.IsAbs(c.Flex.StagingRoot) {
 		bad("Flex.StagingRoot %q is not an absolute path", c.Flex.StagingRoot)
 	}
@@ -217,7 +227,7 @@ func New(c Config) (*Agent, error) {
 	a := &Agent{node: c.Node, api: c.API, cached: c.Volumes, images: c.Images, loop: c.Loop, mounts: c.Mounts, fence: c.Fence,
 		locks: c.Locks, log: c.Log, lockWait: c.LockWait, paths: c.Paths, flex: c.Flex,
 		status: c.Status, clock: c.Clock, events: c.Events, us: us, openFencing: c.CephFencing,
-		openRecords: c.CephRecords, nfs: c.NFS, shareWait: c.ShareWait, freezeDir: c.FreezeDir, netns: newHolderNS(c.Netns)}
+		openRecords: c.CephRecords, nfs: c.NFS, shareWait: c.ShareWait, freezeDir: c.FreezeDir, freezeLimit: c.FreezeLimit, netns: newHolderNS(c.Netns)}
 	if a.nfs == nil {
 		a.nfs = mount.HostNFSClient()
 	}
@@ -229,6 +239,9 @@ func New(c Config) (*Agent, error) {
 	}
 	if a.lockWait == 0 {
 		a.lockWait = DefaultLockWait
+	}
+	if a.freezeLimit == 0 {
+		a.freezeLimit = DefaultFreezeLimit
 	}
 	return a, nil
 }

@@ -59,5 +59,10 @@ func (l *Local) copyFrom(ctx context.Context, volumeID, srcPath string, dst *os.
 		}
 		return fmt.Errorf("copy volume %s: %w", volumeID, err)
 	}
+	if hold.Stable && hold.Ctx.Err() != nil && ctx.Err() == nil {
+		// The hold ended (the filesystem thawed at its limit) while the
+		// copy's last reads ran: they may have seen writes.
+		return fmt.Errorf("copy volume %s: the hold ended before the copy did: %w", volumeID, ErrSourceInUse)
+	}
 	return nil
 }

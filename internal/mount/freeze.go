@@ -26,28 +26,33 @@ const freezeTimeout = 30 * time.Second
 // caller must call, however its copy ended. ErrNotFound: no filesystem of
 // dev is mounted (a block staging, or nothing).
 func (m *Manager) Freeze(ctx context.Context, dev string) (thaw func() error, err error) {
-	major, minor, found, err := m.devNumber(dev)
+	target, err := m.mountOf(dev)
 	if err != nil {
 		return nil, err
 	}
+	return m.freezeAt(ctx, dev, target)
+}
+
+// mountOf returns a mount point of dev's filesystem in this namespace;
+// ErrNotFound when there is none.
+func (m *Manager) mountOf(dev string) (string, error) {
+	major, minor, found, err := m.devNumber(dev)
+	if err != nil {
+		return "", err
+	}
 	if !found {
-		return nil, fmt.Errorf("device %s: %w", dev, ErrNotFound)
+		return "", fmt.Errorf("device %s: %w", dev, ErrNotFound)
 	}
 	mis, err := m.mountInfo()
 	if err != nil {
-		return nil, err
+		return "", err
 	}
-	var target string
 	for _, mi := range mis {
 		if mi.Major == major && mi.Minor == minor {
-			target = mi.MountPoint
-			break
+			return mi.MountPoint, nil
 		}
 	}
-	if target == "" {
-		return nil, fmt.Errorf("no filesystem of %s is mounted: %w", dev, ErrNotFound)
-	}
-	return m.freezeAt(ctx, dev, target)
+	return "", fmt.Errorf("no filesystem of %s is mounted: %w", dev, ErrNotFound)
 }
 
 // freezeAt freezes the filesystem mounted at target, of dev.
@@ -132,4 +137,74 @@ func (m *Manager) FreezeElsewhere(ctx context.Context, dev, fsType, scratch stri
 		return nil, errors.Join(err, release())
 	}
 	return func() error { return errors.Join(thawAt(), release()) }, nil
+}
+
+// Thaw thaws the filesystem of dev mounted here (FITHAW on one of its
+// mounts) and tells whether it was frozen: FITHAW of a filesystem that is
+// not frozen fails with EINVAL, which is no error here. ErrNotFound: no
+// filesystem of dev is mounted in this namespace.
+func (m *Manager) Thaw(_ context.Context, dev string) (wasFrozen bool, err error) {
+	target, err := m.mountOf(dev)
+	if err != nil {
+		return false, err
+	}
+	return m.thawAt(dev, target)
+}
+
+// ThawElsewhere is Thaw for a filesystem of dev mounted only in another
+// mount namespace, which FreezeElsewhere froze through a mount at scratch
+// that may be gone (it was in a dead agent's namespace): dev is mounted
+// at scratch again, thawed there and unmounted. Nothing mounted anywhere
+// is nothing frozen.
+func (m *Manager) ThawElsewhere(_ context.Context, dev, fsType, scratch string) (wasFrozen bool, err error) {
+	f, err := os.OpenFile(dev, os.O_RDONLY|unix.O_EXCL, 0)
+	if err == nil {
+		_ = f.Close()
+		return false, m.dropScratch(scratch)
+	}
+	if errors.Is(err, os.ErrNotExist) {
+		return false, m.dropScratch(scratch)
+	}
+	if !errors.Is(err, unix.EBUSY) {
+		return false, fmt.Errorf("open %s: %w", dev, err)
+	}
+	if err := os.MkdirAll(scratch, 0o700); err != nil {
+		return false, err
+	}
+	// Mounting a frozen filesystem's device again works: it shares the
+	// frozen superblock, and nothing in the mount waits for the thaw.
+	if err := m.mounter.Mount(dev, scratch, fsType, nil); err != nil {
+		return false, fmt.Errorf("mount %s at %s to thaw it: %w", dev, scratch, err)
+	}
+	wasFrozen, err = m.thawAt(dev, scratch)
+	return wasFrozen, errors.Join(err, m.dropScratch(scratch))
+}
+
+// dropScratch unmounts everything at scratch (a dead agent's mount may be
+// there under the one just made) and removes it.
+func (m *Manager) dropScratch(scratch string) error {
+	if err := m.unmountAll(scratch); err != nil {
+		return err
+	}
+	if err := os.Remove(scratch); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// thawAt thaws the filesystem mounted at target, of dev.
+func (m *Manager) thawAt(dev, target string) (wasFrozen bool, err error) {
+	f, err := os.Open(target)
+	if err != nil {
+		return false, fmt.Errorf("open %s to thaw it: %w", target, err)
+	}
+	defer func() { _ = f.Close() }()
+	switch err := ioctl(f, ioctlFITHAW); {
+	case errors.Is(err, unix.EINVAL):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("thaw %s: %w", target, err)
+	}
+	m.log.Info("thawed filesystem", "device", dev, "path", target)
+	return true, nil
 }

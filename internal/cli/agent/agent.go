@@ -230,6 +230,13 @@ func (c Config) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// A filesystem an earlier agent froze for a copy and died before the
+	// thaw stays frozen for good: thaw it before anything else runs.
+	if n, err := a.ThawLeftovers(ctx); err != nil {
+		c.Log.Error(err, "thaw filesystems left frozen by an earlier agent", "thawed", n)
+	} else if n > 0 {
+		c.Log.Info("thawed filesystems left frozen by an earlier agent", "thawed", n)
+	}
 	// Snapshots and clones hold their source still through the agent.
 	images.WithQuiescer(a)
 	if err := mgr.Add(&heal.Healer{Node: c.NodeName, Holdings: fencer, Volumes: a, Local: a.StagedHere,
