@@ -252,7 +252,7 @@ func (c Config) addShareManagers(mgr ctrl.Manager) error {
 	if err := v.SetupWithManager(mgr); err != nil {
 		return err
 	}
-	r := &sharemanager.Reconciler{Client: mgr.GetClient(), Options: o, Clock: clock.RealClock{},
+	r := &sharemanager.Reconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Options: o, Clock: clock.RealClock{},
 		Recorder: mgr.GetEventRecorderFor("berth-operator"), Log: c.Log.WithName("sharemanager")}
 	return r.SetupWithManager(mgr)
 }

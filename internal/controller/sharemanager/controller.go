@@ -74,7 +74,10 @@ const (
 
 // Reconciler runs ShareManagers.
 type Reconciler struct {
-	Client  client.Client
+	Client client.Client
+	// Reader reads a share's PersistentVolume uncached (the operator
+	// caches no PersistentVolumes); nil: Client.
+	Reader  client.Reader
 	Options Options
 	// Clock decides when a Lease has lapsed.
 	Clock    clock.PassiveClock
@@ -190,8 +193,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 
 	if pod == nil {
-		if err := r.ensureClaim(ctx, sm, vol, rwx); err != nil {
-			return ctrl.Result{}, err
+		if ready, err := r.ensureClaim(ctx, log, sm, vol, rwx); err != nil || !ready {
+			return ctrl.Result{RequeueAfter: claimRetry}, err
 		}
 		seenVersion, seenFor, err := r.leaseSeen(ctx, vol.Name, sm.Namespace)
 		if err != nil {
@@ -445,24 +448,74 @@ func (r *Reconciler) settings(ctx context.Context, vol *v1.Volume) (rwxSettings,
 	return s, nil
 }
 
+// claimRetry is how often a share start looks again at a claim being
+// made anew (its old PersistentVolume and claim still going).
+const claimRetry = time.Second
+
 // ensureClaim makes the share-manager pod's PersistentVolume (owned by the
-// Volume: cluster-scoped like it) and claim (owned by the ShareManager).
-// Made once and never read back: the operator need not cache every
-// PersistentVolume of the cluster.
-func (r *Reconciler) ensureClaim(ctx context.Context, sm *v1.ShareManager, vol *v1.Volume, rwx rwxSettings) error {
+// Volume: cluster-scoped like it) and claim (owned by the ShareManager),
+// and tells whether both are there for a pod. A PersistentVolume made
+// before the share device handle (volid.ShareDevice), with the volume ID
+// as its handle, is one volume with the claim's to kubelet (issue #33):
+// it and its claim are deleted (Retain: the image stays) and made anew
+// once gone. That is safe only here, where no share-manager pod exists.
+func (r *Reconciler) ensureClaim(ctx context.Context, log logr.Logger, sm *v1.ShareManager, vol *v1.Volume, rwx rwxSettings) (bool, error) {
 	pv, pvc := volumeFor(sm, vol, rwx.stageSecret), claimFor(sm, vol)
-	for _, o := range []struct {
-		obj   client.Object
-		owner client.Object
-	}{{pv, vol}, {pvc, sm}} {
-		if err := controllerutil.SetControllerReference(o.owner, o.obj, r.Client.Scheme()); err != nil {
-			return err
-		}
-		if err := r.Client.Create(ctx, o.obj); err != nil && !apierrors.IsAlreadyExists(err) {
-			return fmt.Errorf("create %T %s: %w", o.obj, o.obj.GetName(), err)
-		}
+	if err := controllerutil.SetControllerReference(vol, pv, r.Client.Scheme()); err != nil {
+		return false, err
 	}
-	return nil
+	if err := controllerutil.SetControllerReference(sm, pvc, r.Client.Scheme()); err != nil {
+		return false, err
+	}
+	if err := r.Client.Create(ctx, pv); apierrors.IsAlreadyExists(err) {
+		if ready, err := r.replaceOldClaim(ctx, log, pv, pvc); err != nil || !ready {
+			return false, err
+		}
+	} else if err != nil {
+		return false, fmt.Errorf("create PersistentVolume %s: %w", pv.Name, err)
+	}
+	if err := r.Client.Create(ctx, pvc); err != nil && !apierrors.IsAlreadyExists(err) {
+		return false, fmt.Errorf("create PersistentVolumeClaim %s: %w", pvc.Name, err)
+	}
+	return true, nil
+}
+
+// replaceOldClaim looks at the share's existing PersistentVolume: ready
+// when it is want's; while an old one (another handle) exists, it and
+// its claim are deleted, and the start waits.
+func (r *Reconciler) replaceOldClaim(ctx context.Context, log logr.Logger, want *corev1.PersistentVolume, pvc *corev1.PersistentVolumeClaim) (bool, error) {
+	reader := r.Reader
+	if reader == nil {
+		reader = r.Client
+	}
+	have := &corev1.PersistentVolume{}
+	if err := reader.Get(ctx, client.ObjectKeyFromObject(want), have); err != nil {
+		return false, client.IgnoreNotFound(err) // gone meanwhile: made at the next try
+	}
+	if have.Spec.CSI != nil && have.Spec.CSI.VolumeHandle == want.Spec.CSI.VolumeHandle && have.DeletionTimestamp.IsZero() {
+		return true, nil
+	}
+	if !have.DeletionTimestamp.IsZero() {
+		return false, nil
+	}
+	log.Info("replacing the share's PersistentVolume and claim: made with the volume's own handle",
+		"persistentVolume", have.Name, "handle", handleOf(have), "want", want.Spec.CSI.VolumeHandle)
+	if err := r.Client.Delete(ctx, pvc); client.IgnoreNotFound(err) != nil {
+		return false, fmt.Errorf("delete PersistentVolumeClaim %s: %w", pvc.Name, err)
+	}
+	uid := have.UID
+	if err := r.Client.Delete(ctx, have, client.Preconditions{UID: &uid}); client.IgnoreNotFound(err) != nil {
+		return false, fmt.Errorf("delete PersistentVolume %s: %w", have.Name, err)
+	}
+	return false, nil
+}
+
+// handleOf is pv's CSI volume handle, "" when it has none.
+func handleOf(pv *corev1.PersistentVolume) string {
+	if pv.Spec.CSI == nil {
+		return ""
+	}
+	return pv.Spec.CSI.VolumeHandle
 }
 
 func (r *Reconciler) ensureService(ctx context.Context, sm *v1.ShareManager) error {
@@ -525,11 +578,12 @@ func readyStatus(s v1.ShareState) metav1.ConditionStatus {
 // (finalizers: a controller reference blocks owner deletion, which needs it
 // where OwnerReferencesPermissionEnforcement is on.)
 // What it runs, in the operator's namespace only: the pod (force-deleted
-// on failover), its claim (and the claim's PersistentVolume), the Service,
-// and an Event per failover; Leases are only read.
+// on failover), its claim (and the claim's PersistentVolume, read to
+// replace one made with an older handle), the Service, and an Event per
+// failover; Leases are only read.
 // +kubebuilder:rbac:groups="",namespace=berth-system,resources=pods,verbs=get;list;watch;create;delete
-// +kubebuilder:rbac:groups="",namespace=berth-system,resources=persistentvolumeclaims,verbs=create
-// +kubebuilder:rbac:groups="",resources=persistentvolumes,verbs=create
+// +kubebuilder:rbac:groups="",namespace=berth-system,resources=persistentvolumeclaims,verbs=create;delete
+// +kubebuilder:rbac:groups="",resources=persistentvolumes,verbs=get;create;delete
 // +kubebuilder:rbac:groups="",namespace=berth-system,resources=services,verbs=get;list;watch;create;update;patch
 // +kubebuilder:rbac:groups=coordination.k8s.io,namespace=berth-system,resources=leases,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",namespace=berth-system,resources=events,verbs=create;patch

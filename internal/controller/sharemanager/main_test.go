@@ -43,7 +43,7 @@ func startManager(e *testenv.Env) error {
 	env = e
 	var err error
 	stop, err = env.StartManager(func(mgr ctrl.Manager, log logr.Logger) error {
-		r := &sharemanager.Reconciler{Client: mgr.GetClient(), Options: opts, Clock: clk,
+		r := &sharemanager.Reconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Options: opts, Clock: clk,
 			Recorder: mgr.GetEventRecorderFor("berth-operator"), Log: log.WithName("sharemanager")}
 		if err := r.SetupWithManager(mgr); err != nil {
 			return err

@@ -452,6 +452,56 @@ func TestSharePVIsAnotherVolumeToKubelet(t *testing.T) {
 	}
 }
 
+// TestOldSharePVReplaced: a share PersistentVolume made before the share
+// device handle (the volume ID as its handle: one volume with the claim's
+// to kubelet) is deleted with its claim when the share starts, and made
+// anew with the share device handle before the pod is.
+func TestOldSharePVReplaced(t *testing.T) {
+	suite.Require(t)
+	const vname = "pvc-rwx-old-handle"
+	vol := newVolume(t, vname, v1.VolumeModeFilesystem, "node-o", v1.RWXSpec{})
+	ctx := testCtx(t)
+	name := sharemanager.Name(vname)
+	old := &corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.PersistentVolumeSpec{
+		AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}, VolumeMode: ptr.To(corev1.PersistentVolumeBlock),
+		Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
+		PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
+		ClaimRef:                      &corev1.ObjectReference{Kind: "PersistentVolumeClaim", APIVersion: "v1", Namespace: namespace, Name: name},
+		PersistentVolumeSource:        corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{Driver: v1.DriverName, VolumeHandle: vname}},
+	}}
+	oldClaim := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}, Spec: corev1.PersistentVolumeClaimSpec{
+		AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}, VolumeMode: ptr.To(corev1.PersistentVolumeBlock),
+		StorageClassName: ptr.To(""), VolumeName: name,
+		Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
+	}}
+	for _, o := range []client.Object{old, oldClaim} {
+		if err := env.Client.Create(ctx, o); err != nil {
+			t.Fatalf("create the old %T: %v", o, err)
+		}
+	}
+	useVolume(t, vname, "web-0")
+	// No storage-protection controllers run here: what is deleted goes.
+	release := func(ctx context.Context, o client.Object) error {
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(o), o); err != nil || o.GetDeletionTimestamp().IsZero() {
+			return client.IgnoreNotFound(err)
+		}
+		return client.IgnoreNotFound(env.Client.Patch(ctx, o, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`))))
+	}
+	testenv.Eventually(t, waitLimit, "share PV made anew", func(ctx context.Context) (bool, error) {
+		for _, o := range []client.Object{&corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: name}},
+			&corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace}}} {
+			if err := release(ctx, o); err != nil {
+				return false, err
+			}
+		}
+		pv := &corev1.PersistentVolume{}
+		err := env.Client.Get(ctx, client.ObjectKey{Name: name}, pv)
+		return err == nil && pv.UID != old.UID && pv.Spec.CSI.VolumeHandle == volid.ShareDevice(vname), client.IgnoreNotFound(err)
+	})
+	pod := sharePod(t, vname, "")
+	checkClaim(t, pod, vol)
+}
+
 // TestShareWithoutFastFailover: with spec.rwx.fastFailover off, a lapsed
 // Lease changes nothing; a failed pod still gives error, then a new pod.
 func TestShareWithoutFastFailover(t *testing.T) {
