@@ -121,6 +121,16 @@ func (k kernelMounter) Unmount(target string) error {
 	return nil
 }
 
+// UnmountForce implements ForceUnmounter through umount -f, bounded by the
+// tools' timeout; nothing mounted there is success.
+func (k kernelMounter) UnmountForce(target string) error {
+	out, err := k.tools.Command("umount", "-f", target).CombinedOutput()
+	if err != nil && !strings.Contains(string(out), "not mounted") {
+		return fmt.Errorf("umount -f %s: %w: %s", target, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
 // UnmountLazy implements LazyUnmounter with umount2(MNT_DETACH), never
 // following a symlink at target (a link planted there must not redirect a
 // forced cleanup to another mount).

@@ -4,6 +4,7 @@ package mount
 
 import (
 	"context"
+	"os"
 
 	"github.com/go-logr/logr"
 	mountutils "k8s.io/mount-utils"
@@ -60,6 +61,9 @@ type Manager struct {
 	// lazyUnmount detaches a busy mount: the mounter's UnmountLazy, or its
 	// plain Unmount when it has none (mount-utils' FakeMounter).
 	lazyUnmount func(target string) error
+	// forceUnmount aborts what blocks an unmount (an NFS server's RPCs):
+	// the mounter's UnmountForce, or its plain Unmount.
+	forceUnmount func(target string) error
 	// Seams for unit tests; the real ones read /proc and /dev.
 	mountInfo func() ([]mountutils.MountInfo, error)
 	openers   func(dev string) ([]int, error)
@@ -68,6 +72,11 @@ type Manager struct {
 	procRoot  string
 	devNumber func(dev string) (major, minor int, found bool, err error)
 	blank     func(ctx context.Context, dev, image string) error
+	// stat reaches the server of an NFS mount (ProbeShare).
+	stat func(path string) (os.FileInfo, error)
+	// probes and shareUnmounts hold the one probe and the one unmount in
+	// flight per share mount (F15, F23 of the security review).
+	probes, shareUnmounts flights
 }
 
 // LazyUnmounter is a mounter that can also detach a mount while it is busy
@@ -76,6 +85,13 @@ type LazyUnmounter interface {
 	// UnmountLazy detaches target now and frees it once unused; nothing
 	// mounted there gives an error wrapping unix.EINVAL.
 	UnmountLazy(target string) error
+}
+
+// ForceUnmounter is a mounter that can force an unmount (umount -f: on
+// NFS it aborts the requests that wait for a gone server), which
+// mount-utils' Interface cannot.
+type ForceUnmounter interface {
+	UnmountForce(target string) error
 }
 
 // NewManager returns a Manager that mounts through m and runs mkfs, blkid,
@@ -89,21 +105,26 @@ func NewManager(m mountutils.Interface, e exec.Interface, log logr.Logger) *Mana
 		k.tools = tools
 		m = k
 	}
-	lazy := m.Unmount
+	lazy, force := m.Unmount, m.Unmount
 	if l, ok := m.(LazyUnmounter); ok {
 		lazy = l.UnmountLazy
 	}
+	if f, ok := m.(ForceUnmounter); ok {
+		force = f.UnmountForce
+	}
 	return &Manager{
-		mounter:     m,
-		exec:        tools,
-		gate:        newFormatGate(tools),
-		log:         log,
-		lazyUnmount: lazy,
-		mountInfo:   readMountInfo,
-		openers:     procOpeners,
-		procRoot:    "/proc",
-		devNumber:   statDevNumber,
-		blank:       checkBlank,
+		mounter:      m,
+		exec:         tools,
+		gate:         newFormatGate(tools),
+		log:          log,
+		lazyUnmount:  lazy,
+		forceUnmount: force,
+		mountInfo:    readMountInfo,
+		openers:      procOpeners,
+		procRoot:     "/proc",
+		devNumber:    statDevNumber,
+		blank:        checkBlank,
+		stat:         os.Stat,
 	}
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 )
 
@@ -85,11 +84,11 @@ func (m *Manager) NFSCondition(_ context.Context, path string) (abnormal bool, m
 var ErrNotShareMount = errors.New("no NFS mount there")
 
 // ProbeShare checks that the share mounted at path answers: a stat of the
-// mount's root goes to the server. On a hard mount it waits while the
-// server is away, so callers bound it (and abandon it when it blocks: the
-// kernel keeps the call until the server answers). ErrNotShareMount when
-// path holds no NFS mount.
-func (m *Manager) ProbeShare(_ context.Context, path string) error {
+// mount's root goes to the server. On a hard mount the stat waits while
+// the server is away, and nothing cancels it: ProbeShare returns when ctx
+// ends, and a later probe of path waits for that stat rather than start
+// another. ErrNotShareMount when path holds no NFS mount.
+func (m *Manager) ProbeShare(ctx context.Context, path string) error {
 	mis, err := m.mountInfo()
 	if err != nil {
 		return fmt.Errorf("read mounts: %w", err)
@@ -97,8 +96,43 @@ func (m *Manager) ProbeShare(_ context.Context, path string) error {
 	if mi := mountAt(mis, path); mi == nil || !strings.HasPrefix(mi.FsType, "nfs") {
 		return fmt.Errorf("%s: %w", path, ErrNotShareMount)
 	}
-	if _, err := os.Stat(path); err != nil {
+	err = m.probes.do(ctx, path, func() error {
+		_, err := m.stat(path)
+		return err
+	})
+	if err != nil {
 		return fmt.Errorf("share mounted at %s: %w", path, err)
 	}
 	return nil
+}
+
+// isShareMount tells whether target holds an NFS mount.
+func (m *Manager) isShareMount(target string) (bool, error) {
+	mis, err := m.mountInfo()
+	if err != nil {
+		return false, fmt.Errorf("read mounts: %w", err)
+	}
+	mi := mountAt(mis, target)
+	return mi != nil && strings.HasPrefix(mi.FsType, "nfs"), nil
+}
+
+// unmountShare takes a share's NFS mount away from target, once per target
+// at a time (later callers wait for the one in flight, until ctx ends).
+// A plain umount(8) of a hard mount whose server is gone blocks in the
+// kernel and stays blocked after it is killed, one more with every
+// kubelet retry. `umount -f` (ForceUnmounter, bounded by the tools'
+// timeout) aborts the RPCs in flight instead; when even it fails, the
+// mount is detached (MNT_DETACH never waits for the server).
+func (m *Manager) unmountShare(ctx context.Context, target string) error {
+	return m.shareUnmounts.do(ctx, target, func() error {
+		err := m.forceUnmount(target)
+		if err == nil {
+			return nil
+		}
+		m.log.Info("forced unmount of a share failed: detaching it", "target", target, "err", err.Error())
+		if lerr := m.lazyUnmount(target); lerr != nil {
+			return fmt.Errorf("%w; detach: %w", err, lerr)
+		}
+		return nil
+	})
 }

@@ -127,6 +127,13 @@ func (m *Manager) Unpublish(ctx context.Context, targetPath string) error {
 		return err
 	}
 	target := canonical(targetPath)
+	if share, err := m.isShareMount(target); err != nil {
+		return err
+	} else if share {
+		if err := m.unmountShare(ctx, target); err != nil {
+			return err
+		}
+	}
 	if err := m.unmountAll(target); err != nil {
 		return err
 	}
