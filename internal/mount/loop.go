@@ -47,7 +47,7 @@ func NewLoop(e exec.Interface) Loop { return newLoop(e, sysLoop{sysfs: "/sys"}) 
 
 func newLoop(e exec.Interface, k loopKernel) *losetup {
 	t := toolsOf(e)
-	return &losetup{exec: t, finder: finder{kernel: k, timeout: t.timeouts.Loop, calls: &inflight{}}}
+	return &losetup{exec: t, finder: finder{kernel: k, timeout: t.timeouts.Loop, calls: &inflight{stalled: errStalled}}}
 }
 
 func (l *losetup) run(ctx context.Context, args ...string) (string, error) {

@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -123,47 +122,6 @@ func mayBeOver(file, shown string) bool {
 
 // errStalled means a stat of a backing file did not answer in time.
 var errStalled = fmt.Errorf("backing file did not answer (a FUSE file whose server is gone?): %w", ErrToolTimeout)
-
-// inflight runs calls that may block in the kernel for as long as a FUSE
-// server is gone. A caller waits until its context ends; the call goes on,
-// and a later caller with the same key joins it, so that a file that never
-// answers holds one thread rather than one per lookup.
-type inflight struct {
-	mu    sync.Mutex
-	calls map[string]*call
-}
-
-type call struct {
-	done chan struct{}
-	val  any
-	err  error
-}
-
-func (f *inflight) do(ctx context.Context, key string, fn func() (any, error)) (any, error) {
-	f.mu.Lock()
-	c, ok := f.calls[key]
-	if !ok {
-		c = &call{done: make(chan struct{})}
-		if f.calls == nil {
-			f.calls = map[string]*call{}
-		}
-		f.calls[key] = c
-		go func() {
-			c.val, c.err = fn()
-			f.mu.Lock()
-			delete(f.calls, key)
-			f.mu.Unlock()
-			close(c.done)
-		}()
-	}
-	f.mu.Unlock()
-	select {
-	case <-c.done:
-		return c.val, c.err
-	case <-ctx.Done():
-		return nil, fmt.Errorf("%s: %w", key, errStalled)
-	}
-}
 
 // finder finds the loop device over a file by the file's identity, so that
 // a file of the same path in another mount namespace (another node's, on a

@@ -74,9 +74,9 @@ type Manager struct {
 	blank     func(ctx context.Context, dev, image string) error
 	// stat reaches the server of an NFS mount (ProbeShare).
 	stat func(path string) (os.FileInfo, error)
-	// probes and shareUnmounts hold the one probe and the one unmount in
-	// flight per share mount (F15, F23 of the security review).
-	probes, shareUnmounts flights
+	// shares holds the one probe and the one unmount in flight per share
+	// mount.
+	shares *inflight
 }
 
 // LazyUnmounter is a mounter that can also detach a mount while it is busy
@@ -125,6 +125,7 @@ func NewManager(m mountutils.Interface, e exec.Interface, log logr.Logger) *Mana
 		devNumber:    statDevNumber,
 		blank:        checkBlank,
 		stat:         os.Stat,
+		shares:       &inflight{stalled: errShareStalled},
 	}
 }
 

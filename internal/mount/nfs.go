@@ -79,6 +79,10 @@ func (m *Manager) NFSCondition(_ context.Context, path string) (abnormal bool, m
 	return false, "", true
 }
 
+// errShareStalled: a share's server did not answer a probe or an unmount
+// in time; the call goes on.
+var errShareStalled = errors.New("the NFS server did not answer")
+
 // ErrNotShareMount: the path holds no NFS mount (the share manager's own
 // block device, or a pod whose mount is gone already).
 var ErrNotShareMount = errors.New("no NFS mount there")
@@ -96,7 +100,7 @@ func (m *Manager) ProbeShare(ctx context.Context, path string) error {
 	if mi := mountAt(mis, path); mi == nil || !strings.HasPrefix(mi.FsType, "nfs") {
 		return fmt.Errorf("%s: %w", path, ErrNotShareMount)
 	}
-	err = m.probes.do(ctx, path, func() error {
+	err = m.shares.doErr(ctx, "stat of "+path, func() error {
 		_, err := m.stat(path)
 		return err
 	})
@@ -124,7 +128,7 @@ func (m *Manager) isShareMount(target string) (bool, error) {
 // timeout) aborts the RPCs in flight instead; when even it fails, the
 // mount is detached (MNT_DETACH never waits for the server).
 func (m *Manager) unmountShare(ctx context.Context, target string) error {
-	return m.shareUnmounts.do(ctx, target, func() error {
+	return m.shares.doErr(ctx, "unmount of "+target, func() error {
 		err := m.forceUnmount(target)
 		if err == nil {
 			return nil
