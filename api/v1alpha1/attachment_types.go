@@ -28,20 +28,35 @@ type AttachmentSpec struct {
 
 // AttachmentEntry is one holder of a volume.
 type AttachmentEntry struct {
-	// Node is the node the volume is attached to.
+	// Node is the node the volume is attached to: a node name (a DNS
+	// subdomain).
 	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
 	Node string `json:"node"`
 
-	// PodNamespace is the namespace of the pod, empty for a node's stage record.
+	// PodNamespace is the namespace of the pod (a DNS label), empty for a
+	// node's stage record. The pod fields are checked because the
+	// attachment GC looks the pod up: a name no pod can have failed it.
 	// +optional
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^([a-z0-9]([-a-z0-9]*[a-z0-9])?)?$`
 	PodNamespace string `json:"podNamespace,omitempty"`
 
-	// Pod is the name of the pod, empty for a node's stage record.
+	// Pod is the name of the pod (a DNS subdomain), empty for a node's
+	// stage record.
 	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)?$`
 	Pod string `json:"pod,omitempty"`
 
-	// PodUID is the UID of the pod, empty for a node's stage record.
+	// PodUID is the UID of the pod, empty for a node's stage record:
+	// letters, digits and dashes, as in a UUID or the hash kubelet gives a
+	// static pod (Kubernetes sets no stricter rule, and a static pod's
+	// manifest may choose its own).
 	// +optional
+	// +kubebuilder:validation:MaxLength=128
+	// +kubebuilder:validation:Pattern=`^[0-9A-Za-z-]*$`
 	PodUID string `json:"podUID,omitempty"`
 
 	// MountDir is the pod's mount directory, or the staging path for a node's

@@ -2,13 +2,17 @@ package fence
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"regexp"
+	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -68,6 +72,9 @@ func NewGC(c client.Client, clk clock.Clock, log logr.Logger, reg prometheus.Reg
 // GCResult counts what one pass did.
 type GCResult struct {
 	Scanned, Moved, Dropped, Pruned int
+	// Skipped entries could not be judged (invalid pod fields, a failed
+	// lookup) and stay where they are until a later pass.
+	Skipped int
 }
 
 // Start runs a pass at once and then every interval until ctx ends
@@ -153,21 +160,25 @@ func (g *GC) runOnce(ctx context.Context) (GCResult, error) {
 		return res, fmt.Errorf("list attachments: %w", err)
 	}
 	w := &gcWorld{c: g.c, nodes: map[string]bool{}}
+	// One Attachment the GC cannot work on (an API error, a bad object)
+	// must not stop the pass: every other one, and the pruning, go on.
+	var errs []error
 	for _, att := range list.Items {
 		res.Scanned += len(att.Spec.Attachments)
-		moved, dropped, err := g.sweep(ctx, w, att.Name)
+		moved, dropped, skipped, err := g.sweep(ctx, w, att.Name)
 		if err != nil {
-			g.m.Entries(len(att.Spec.Attachments), 0, 0)
-			return res, err
+			g.log.Error(err, "attachment GC could not sweep an Attachment; the pass goes on", "volume", att.Name)
+			errs = append(errs, err)
 		}
-		g.m.Entries(len(att.Spec.Attachments), moved, dropped)
+		g.m.Entries(len(att.Spec.Attachments), moved, dropped, skipped)
 		res.Moved += moved
 		res.Dropped += dropped
+		res.Skipped += skipped
 	}
 	pruned, err := g.pruneStaleLists(ctx, w)
 	res.Pruned = pruned
 	g.m.Pruned(pruned)
-	return res, err
+	return res, errors.Join(append(errs, err)...)
 }
 
 // pruneStaleLists marks the stale lists of gone nodes, unmarks those of
@@ -179,57 +190,70 @@ func (g *GC) pruneStaleLists(ctx context.Context, w *gcWorld) (int, error) {
 	}
 	pruned := 0
 	now := g.clk.Now()
+	var errs []error
 	for i := range list.Items {
 		nc := &list.Items[i]
-		live, err := w.nodeExists(ctx, nc.Name)
+		n, err := g.pruneStaleList(ctx, w, nc, now)
 		if err != nil {
-			return pruned, err
+			g.log.Error(err, "attachment GC could not prune a stale list; the pass goes on", "node", nc.Name)
+			errs = append(errs, err)
 		}
-		since, marked := nc.Annotations[NodeGoneSinceAnnotation]
-		switch {
-		case live && marked:
-			delete(nc.Annotations, NodeGoneSinceAnnotation)
-			if err := g.c.Update(ctx, nc); err != nil && !raced(err) {
-				return pruned, fmt.Errorf("unmark nodecleanup %s: %w", nc.Name, err)
-			}
-		case live:
-		case !marked:
-			if nc.Annotations == nil {
-				nc.Annotations = map[string]string{}
-			}
-			nc.Annotations[NodeGoneSinceAnnotation] = now.UTC().Format(time.RFC3339)
-			if err := g.c.Update(ctx, nc); err != nil && !raced(err) {
-				return pruned, fmt.Errorf("mark nodecleanup %s: %w", nc.Name, err)
-			}
-		default:
-			t, err := time.Parse(time.RFC3339, since)
-			if err == nil && now.Sub(t) < g.opts.StaleListTTL {
-				continue
-			}
-			// A mark that does not parse was not written by us: start over
-			// rather than delete on it.
-			if err != nil {
-				nc.Annotations[NodeGoneSinceAnnotation] = now.UTC().Format(time.RFC3339)
-				if err := g.c.Update(ctx, nc); err != nil && !raced(err) {
-					return pruned, fmt.Errorf("mark nodecleanup %s: %w", nc.Name, err)
-				}
-				continue
-			}
-			if _, err := deleteIfUnchanged(ctx, g.c, nc); err != nil {
-				return pruned, err
-			}
-			pruned++
-			g.log.Info("stale list pruned: its node is gone", "node", nc.Name, "goneSince", since,
-				"entries", len(nc.Spec.Entries), "ttl", g.opts.StaleListTTL)
-		}
+		pruned += n
 	}
-	return pruned, nil
+	return pruned, errors.Join(errs...)
+}
+
+// pruneStaleList marks, unmarks or deletes one stale list; 1 when deleted.
+func (g *GC) pruneStaleList(ctx context.Context, w *gcWorld, nc *v1.NodeCleanup, now time.Time) (int, error) {
+	live, err := w.nodeExists(ctx, nc.Name)
+	if err != nil {
+		return 0, err
+	}
+	since, marked := nc.Annotations[NodeGoneSinceAnnotation]
+	switch {
+	case live && marked:
+		delete(nc.Annotations, NodeGoneSinceAnnotation)
+		if err := g.c.Update(ctx, nc); err != nil && !raced(err) {
+			return 0, fmt.Errorf("unmark nodecleanup %s: %w", nc.Name, err)
+		}
+		return 0, nil
+	case live:
+		return 0, nil
+	case !marked:
+		if nc.Annotations == nil {
+			nc.Annotations = map[string]string{}
+		}
+		nc.Annotations[NodeGoneSinceAnnotation] = now.UTC().Format(time.RFC3339)
+		if err := g.c.Update(ctx, nc); err != nil && !raced(err) {
+			return 0, fmt.Errorf("mark nodecleanup %s: %w", nc.Name, err)
+		}
+		return 0, nil
+	}
+	t, err := time.Parse(time.RFC3339, since)
+	if err == nil && now.Sub(t) < g.opts.StaleListTTL {
+		return 0, nil
+	}
+	// A mark that does not parse was not written by us: start over
+	// rather than delete on it.
+	if err != nil {
+		nc.Annotations[NodeGoneSinceAnnotation] = now.UTC().Format(time.RFC3339)
+		if err := g.c.Update(ctx, nc); err != nil && !raced(err) {
+			return 0, fmt.Errorf("mark nodecleanup %s: %w", nc.Name, err)
+		}
+		return 0, nil
+	}
+	if _, err := deleteIfUnchanged(ctx, g.c, nc); err != nil {
+		return 0, err
+	}
+	g.log.Info("stale list pruned: its node is gone", "node", nc.Name, "goneSince", since,
+		"entries", len(nc.Spec.Entries), "ttl", g.opts.StaleListTTL)
+	return 1, nil
 }
 
 // sweep applies the rules to one Attachment, re-reading it after a lost race.
-func (g *GC) sweep(ctx context.Context, w *gcWorld, volume string) (moved, dropped int, err error) {
+func (g *GC) sweep(ctx context.Context, w *gcWorld, volume string) (moved, dropped, skipped int, err error) {
 	err = retry(ctx, g.clk, g.opts, "gc "+volume, func() (bool, error) {
-		moved, dropped = 0, 0
+		moved, dropped, skipped = 0, 0, 0
 		var att v1.Attachment
 		if found, err := lookup(ctx, g.c, "attachment", client.ObjectKey{Name: volume}, &att); !found {
 			return true, err
@@ -240,7 +264,13 @@ func (g *GC) sweep(ctx context.Context, w *gcWorld, volume string) (moved, dropp
 		for _, e := range att.Spec.Attachments {
 			reason, move, drop, err := w.judge(ctx, &e)
 			if err != nil {
-				return true, err
+				// The entry stays for a later pass; the others of this
+				// Attachment and of every other are judged still.
+				g.log.Error(err, "attachment GC skips an entry it cannot judge", "volume", volume,
+					"node", e.Node, "pod", e.PodNamespace+"/"+e.Pod, "podUID", e.PodUID)
+				skipped++
+				kept = append(kept, e)
+				continue
 			}
 			switch {
 			case move && reason == v1.ReasonNodeGone && len(cephClients(&att, e.Node)) > 0 && g.opts.Blocklister == nil:
@@ -288,7 +318,7 @@ func (g *GC) sweep(ctx context.Context, w *gcWorld, volume string) (moved, dropp
 		}
 		return done, err
 	})
-	return moved, dropped, err
+	return moved, dropped, skipped, err
 }
 
 // gcWorld answers node and pod questions, caching nodes within one pass.
@@ -321,6 +351,9 @@ func (w *gcWorld) judge(ctx context.Context, e *v1.AttachmentEntry) (reason v1.C
 	if e.IsStage() {
 		return "", false, false, nil
 	}
+	if err := checkPod(e); err != nil {
+		return "", false, false, err
+	}
 	var p corev1.Pod
 	err = w.c.Get(ctx, client.ObjectKey{Namespace: e.PodNamespace, Name: e.Pod}, &p)
 	switch {
@@ -332,4 +365,25 @@ func (w *gcWorld) judge(ctx context.Context, e *v1.AttachmentEntry) (reason v1.C
 		return v1.ReasonPodGone, true, false, nil
 	}
 	return "", false, false, nil
+}
+
+// errInvalidEntry: an Attachment entry names a pod no pod can be (stored
+// before the CRD checked the pod fields, or past its checks).
+var errInvalidEntry = errors.New("invalid attachment entry")
+
+// podUID is the CRD's rule for AttachmentEntry.PodUID.
+var podUID = regexp.MustCompile(`^[0-9A-Za-z-]{0,128}$`)
+
+// checkPod applies the CRD's pod field rules, so that a pod lookup is asked
+// only about a name a pod can have.
+func checkPod(e *v1.AttachmentEntry) error {
+	bad := validation.IsDNS1123Label(e.PodNamespace)
+	bad = append(bad, validation.IsDNS1123Subdomain(e.Pod)...)
+	if !podUID.MatchString(e.PodUID) {
+		bad = append(bad, "the pod UID may hold only letters, digits and dashes, at most 128")
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("%w: pod %q in namespace %q, uid %q: %s", errInvalidEntry, e.Pod, e.PodNamespace, e.PodUID, strings.Join(bad, "; "))
+	}
+	return nil
 }

@@ -75,10 +75,11 @@ func (f *Fence) Broke(reason string) {
 //	berth_attachment_gc_entries_moved_total             entries moved to a node's stale list
 //	berth_attachment_gc_entries_dropped_total           entries removed without a stale-list record
 //	berth_attachment_gc_stale_lists_pruned_total        stale lists of long-gone nodes deleted
+//	berth_attachment_gc_entries_skipped_total           entries the GC could not judge and left in place
 type GC struct {
-	runs                            *prometheus.CounterVec
-	duration                        prometheus.Histogram
-	scanned, moved, dropped, pruned prometheus.Counter
+	runs                                     *prometheus.CounterVec
+	duration                                 prometheus.Histogram
+	scanned, moved, dropped, pruned, skipped prometheus.Counter
 }
 
 // NewGC makes and registers the attachment GC's metrics.
@@ -92,8 +93,10 @@ func NewGC(reg prometheus.Registerer) (*GC, error) {
 		moved:   newCounter("attachment_gc", "entries_moved_total", "Attachment entries the GC moved to a node's stale list."),
 		dropped: newCounter("attachment_gc", "entries_dropped_total", "Attachment entries the GC removed without a stale-list record."),
 		pruned:  newCounter("attachment_gc", "stale_lists_pruned_total", "Stale lists the GC deleted because their node was gone longer than the TTL."),
+		skipped: newCounter("attachment_gc", "entries_skipped_total",
+			"Attachment entries the GC could not judge (invalid pod fields, a failed lookup) and left in place for a later pass."),
 	}
-	return registered(g, reg, "attachment GC", g.runs, g.duration, g.scanned, g.moved, g.dropped, g.pruned)
+	return registered(g, reg, "attachment GC", g.runs, g.duration, g.scanned, g.moved, g.dropped, g.pruned, g.skipped)
 }
 
 // Run records one pass.
@@ -106,13 +109,14 @@ func (g *GC) Run(err error, took time.Duration) {
 }
 
 // Entries records what a sweep of one Attachment did.
-func (g *GC) Entries(scanned, moved, dropped int) {
+func (g *GC) Entries(scanned, moved, dropped, skipped int) {
 	if g == nil {
 		return
 	}
 	g.scanned.Add(float64(scanned))
 	g.moved.Add(float64(moved))
 	g.dropped.Add(float64(dropped))
+	g.skipped.Add(float64(skipped))
 }
 
 // Pruned records stale lists deleted.

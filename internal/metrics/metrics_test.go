@@ -33,7 +33,7 @@ func TestNilGroupsRecordNothing(t *testing.T) {
 	f.Released(nil)
 	f.Broke("NodeGone")
 	g.Run(nil, time.Second)
-	g.Entries(1, 1, 1)
+	g.Entries(1, 1, 1, 1)
 	g.Pruned(1)
 	c.Pass(nil, 1, 1, 1, 1)
 	h.Pass(nil)
