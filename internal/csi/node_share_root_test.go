@@ -191,6 +191,11 @@ func (e *rwxBesideWorkload) shareRuns(ctx context.Context, t *testing.T) {
 	if dev := stagedLoop(t, e.sm.staging, e.image); !sameDeviceAt(t, e.sm.target, dev) {
 		t.Errorf("the share manager's target %s is not %s", e.sm.target, dev)
 	}
+	// kubelet's volume stats of the pod's device, by the same handle.
+	st, err := e.f.node.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: e.sm.handle, VolumePath: e.sm.target})
+	if err != nil || len(st.GetUsage()) != 1 || st.GetUsage()[0].GetTotal() != 64<<20 {
+		t.Errorf("stats of the share manager's device: %v, %v; want its 64 MiB", st.GetUsage(), err)
+	}
 }
 
 // shareStops tears the share manager's volume down and checks that
