@@ -139,3 +139,43 @@ func (e Env) NodeAction(ctx context.Context, node, action string) error {
 	}
 	return nil
 }
+
+// vmNode is the name of the cluster's first VM node (NODE_KIND_<i>=vm: a
+// qemu guest with a stock distribution kernel, hack/vm); the test skips on
+// a cluster without one, saying why.
+func (e Env) vmNode(t *testing.T) string {
+	t.Helper()
+	for i := 1; e.Vars[fmt.Sprintf("NODE_NAME_%d", i)] != ""; i++ {
+		if e.Vars[fmt.Sprintf("NODE_KIND_%d", i)] == "vm" {
+			return e.Vars[fmt.Sprintf("NODE_NAME_%d", i)]
+		}
+	}
+	t.Skip("no VM node: this scenario needs a stock kernel's NFS client, nbd or krbd (BERTH_E2E_VM_NODES=1)")
+	return ""
+}
+
+// netnsNode is the name of the cluster's first node that shares this
+// machine's kernel (NODE_KIND_<i>=netns, or a cluster.env without kinds).
+func (e Env) netnsNode(t *testing.T) string {
+	t.Helper()
+	for i := 1; e.Vars[fmt.Sprintf("NODE_NAME_%d", i)] != ""; i++ {
+		if e.Vars[fmt.Sprintf("NODE_KIND_%d", i)] != "vm" {
+			return e.Vars[fmt.Sprintf("NODE_NAME_%d", i)]
+		}
+	}
+	t.Fatal("no netns node in the cluster")
+	return ""
+}
+
+// vmExec runs script with sh as root in the VM node (hack/vm/exec.sh) and
+// returns its output.
+func (e Env) vmExec(ctx context.Context, node, script string) (string, error) {
+	_, file, _, _ := runtime.Caller(0)
+	cmd := exec.CommandContext(ctx, filepath.Join(filepath.Dir(file), "..", "..", "hack", "vm", "exec.sh"), node, "sh", "-c", script)
+	cmd.Env = append(os.Environ(), "BERTH_E2E_DIR="+e.Vars["BERTH_E2E_DIR"])
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("exec in %s: %w: %s", node, err, out)
+	}
+	return string(out), nil
+}

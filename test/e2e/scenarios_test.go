@@ -40,6 +40,7 @@ var scenarios = []func(*testing.T){
 	testOnlineExpansion,
 	testCephSnapshotCloneExpand,
 	testReadWriteManyShare,
+	testReadWriteManyKernelClient,
 	testNodeLossAndReturn,
 	testLocalVolumeOnLostNode,
 	testCephVolumeMovesOffLostNode,
