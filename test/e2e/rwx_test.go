@@ -23,12 +23,14 @@ import (
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/controller/sharemanager"
+	"github.com/berth-io/berth/internal/volid"
 )
 
 // testReadWriteManyShare: an RWX filesystem claim is served by its share
 // manager over NFS. These nodes have no kernel NFS client, so a workload
 // pod's mount is refused (FailedPrecondition, in its events) with nothing
-// made; the share is held up by berth.io/keep-running instead, and the
+// made; the share is held up by berth.io/keep-running instead (and starts
+// beside the refused pod, on the same node), and the
 // userspace client of `berth share probe`, in a pod on the pod network of
 // the other node, writes and reads through the Service. The share-manager
 // pod deleted, a new one serves the data written before.
@@ -58,10 +60,17 @@ func testReadWriteManyShare(t *testing.T) {
 	}); st != string(v1.ShareStopped) {
 		t.Errorf("share state %q with only a refused workload, want stopped", st)
 	}
-	s.deletePod(web.Name)
 
+	// The refused pod stays, retrying, while the share starts on its node:
+	// the share PV has a handle of its own, so kubelet stages the share
+	// manager's device instead of taking the workload's stage of the claim
+	// for it (issue #33: "volume is not staged on this node").
 	s.keepShareRunning(vol)
 	first := s.shareRunning(vol, "")
+	if h, err := s.kubectl("get", "pv", sharemanager.Name(vol), "-o", "jsonpath={.spec.csi.volumeHandle}"); err != nil || strings.TrimSpace(h) != volid.ShareDevice(vol) {
+		t.Errorf("share PV handle %q (%v), want %s", h, err, volid.ShareDevice(vol))
+	}
+	s.deletePod(web.Name)
 	// What the first start waited for (the claim's binding, the stage, the
 	// format, ganesha): the share-manager pod's events.
 	if out, err := s.kubectl("-n", berthNamespace, "get", "events", "--sort-by=.lastTimestamp",
