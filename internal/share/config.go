@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -58,6 +59,14 @@ type ExportConfig struct {
 	SyncWrites bool
 	// PluginsDir is ganesha's FSAL folder (default PluginsDir).
 	PluginsDir string
+	// Clients are the addresses or CIDRs admitted, read-write; every other
+	// client is refused (the export's Access_Type is None). The server's
+	// own check address (LocalEndpoint's host) is always admitted.
+	Clients []string
+	// RootSquash maps uid 0 of clients to the anonymous user. Off, root on
+	// an admitted node is root on the volume (chown, setuid files), as on
+	// a local volume.
+	RootSquash bool
 }
 
 func (c ExportConfig) withDefaults() ExportConfig {
@@ -113,6 +122,11 @@ func (c ExportConfig) validate() error {
 			errs = append(errs, fmt.Errorf("%s %q holds a character ganesha's config cannot quote", name, p))
 		}
 	}
+	for _, cl := range c.Clients {
+		if _, err := parseClient(cl); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if c.Pseudo == "/" {
 		errs = append(errs, errors.New("pseudo path must not be the pseudo root"))
 	}
@@ -142,6 +156,42 @@ func (c ExportConfig) validate() error {
 	return nil
 }
 
+// parseClient reads one Clients entry: an IP address or a CIDR, nothing
+// ganesha would look up as a host name or netgroup.
+func parseClient(s string) (netip.Prefix, error) {
+	if a, err := netip.ParseAddr(s); err == nil && a.Zone() == "" {
+		return netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()), nil
+	}
+	p, err := netip.ParsePrefix(s)
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("client %q is not an IP address or CIDR", s)
+	}
+	return p.Masked(), nil
+}
+
+// clients is the Clients list ganesha gets: c's entries and the local
+// check address, each once, in a stable order so that an unchanged list
+// renders the same file.
+func (c ExportConfig) clients() []string {
+	local, _, _ := net.SplitHostPort(c.LocalEndpoint())
+	seen := map[netip.Prefix]bool{}
+	var out []string
+	for _, s := range append([]string{local}, c.Clients...) {
+		p, err := parseClient(s)
+		if err != nil || seen[p] {
+			continue
+		}
+		seen[p] = true
+		if p.IsSingleIP() {
+			out = append(out, p.Addr().String())
+		} else {
+			out = append(out, p.String())
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
 // Render returns ganesha's configuration file for c.
 func (c ExportConfig) Render() (string, error) {
 	c = c.withDefaults()
@@ -159,6 +209,7 @@ func (c ExportConfig) Render() (string, error) {
 	err := ganeshaConf.Execute(&b, map[string]any{
 		"C": c, "Minors": strings.Join(vers, ", "),
 		"Lease": int(c.LeaseLifetime.Seconds()), "Grace": int(c.GracePeriod.Seconds()),
+		"Clients": strings.Join(c.clients(), ", "),
 	})
 	return b.String(), err
 }
@@ -168,7 +219,10 @@ func (c ExportConfig) Render() (string, error) {
 // server serves one volume: recovery records are per volume, not per
 // cluster node. Pods on different nodes share no user database, hence
 // numeric owners, and no idmapd.conf: UseGetpwnam keeps ganesha off
-// libnfsidmap, whose start fails without one.
+// libnfsidmap, whose start fails without one. The export refuses every
+// client (Access_Type None) but those its CLIENT block lists; the list
+// changes with a SIGHUP, which rereads exports without a restart (no
+// grace period).
 var ganeshaConf = template.Must(template.New("ganesha.conf").Parse(`# Written by berth share-manager at every start.
 NFS_CORE_PARAM {
 	Protocols = 4;
@@ -195,10 +249,15 @@ EXPORT {
 	Pseudo = "{{.C.Pseudo}}";
 	Protocols = 4;
 	Transports = TCP;
-	Access_Type = RW;
-	Squash = No_Root_Squash;
+	Access_Type = None;
+	Squash = {{if .C.RootSquash}}Root_Squash{{else}}No_Root_Squash{{end}};
 	SecType = sys;
 	NFS_Commit = {{.C.SyncWrites}};
+	CLIENT {
+		Clients = {{.Clients}};
+		Protocols = 4;
+		Access_Type = RW;
+	}
 	FSAL {
 		Name = VFS;
 	}

@@ -83,3 +83,33 @@ func TestLocalEndpoint(t *testing.T) {
 		t.Errorf("LocalEndpoint() = %s", got)
 	}
 }
+
+func TestRenderAdmitsOnlyListedClients(t *testing.T) {
+	c := validExport()
+	c.Clients = []string{"10.0.0.7", "fd00::2", "10.1.0.0/16", "10.0.0.7", "::ffff:10.0.0.8"}
+	conf, err := c.Render()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"Access_Type = None;",
+		"Clients = 10.0.0.7, 10.0.0.8, 10.1.0.0/16, 127.0.0.1, fd00::2;",
+		"Access_Type = RW;",
+		"Squash = No_Root_Squash;",
+	} {
+		if !strings.Contains(conf, want) {
+			t.Errorf("config lacks %q:\n%s", want, conf)
+		}
+	}
+	c.RootSquash = true
+	if conf, _ := c.Render(); !strings.Contains(conf, "Squash = Root_Squash;") {
+		t.Errorf("root squash not rendered:\n%s", conf)
+	}
+	for _, bad := range []string{"host.example", "*", "@netgroup", "10.0.0.1;", "fe80::1%eth0", ""} {
+		c := validExport()
+		c.Clients = []string{bad}
+		if _, err := c.Render(); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("client %q: Render() = %v, want ErrInvalidConfig", bad, err)
+		}
+	}
+}

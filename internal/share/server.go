@@ -7,12 +7,16 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
 	"k8s.io/utils/clock"
+
+	"github.com/berth-io/berth/internal/atomicfile"
 )
 
 // Check is one health check; it must return when ctx ends.
@@ -78,12 +82,59 @@ type Server struct {
 	clk    clock.WithTicker
 	checks Checks
 	log    logr.Logger
+
+	// mu guards clients and proc: SetClients runs beside Run.
+	mu      sync.Mutex
+	clients []string
+	proc    Process
 }
 
 // NewServer returns a server that starts ganesha through e and times its
 // checks on clk.
 func NewServer(cfg ServerConfig, e Exec, clk clock.WithTicker, checks Checks, log logr.Logger) *Server {
-	return &Server{cfg: cfg.withDefaults(), exec: e, clk: clk, checks: checks, log: log}
+	return &Server{cfg: cfg.withDefaults(), exec: e, clk: clk, checks: checks, log: log, clients: slices.Clone(cfg.Export.Clients)}
+}
+
+// SetClients changes the clients the export admits. A running ganesha
+// rereads its exports on SIGHUP, keeping its clients' state: no restart,
+// so no grace period. Before Run starts ganesha, the list is what it
+// starts with. An unchanged list costs nothing.
+func (s *Server) SetClients(clients []string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ec := s.cfg.Export
+	ec.Clients = clients
+	conf, err := ec.Render()
+	if err != nil {
+		return err
+	}
+	old := s.cfg.Export
+	old.Clients = s.clients
+	if prev, err := old.Render(); err == nil && prev == conf {
+		return nil
+	}
+	s.clients = slices.Clone(clients)
+	if s.proc == nil {
+		return nil
+	}
+	// Atomic: ganesha must never reread half a file.
+	if err := atomicfile.Write(s.cfg.ConfigFile(), []byte(conf), 0o600); err != nil {
+		return fmt.Errorf("write %s: %w", s.cfg.ConfigFile(), err)
+	}
+	if err := s.proc.Signal(syscall.SIGHUP); err != nil {
+		return fmt.Errorf("tell ganesha %d to reread its exports: %w", s.proc.Pid(), err)
+	}
+	s.log.Info("export clients changed", "clients", ec.clients(), "pid", s.proc.Pid())
+	return nil
+}
+
+// export is the export as it stands, with the clients set last.
+func (s *Server) export() ExportConfig {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ec := s.cfg.Export
+	ec.Clients = slices.Clone(s.clients)
+	return ec
 }
 
 // ErrFailed marks a server that stopped serving on its own: ganesha exited
@@ -95,7 +146,7 @@ var ErrFailed = errors.New("share server failed")
 // ganesha, killing it when ctx's cause is ErrLeaseLost, and returns nil) or something fails (then returns an error
 // wrapping ErrFailed, with ganesha stopped).
 func (s *Server) Run(ctx context.Context, ready func()) error {
-	conf, err := s.cfg.Export.Render()
+	conf, err := s.export().Render()
 	if err != nil {
 		return err
 	}
@@ -105,7 +156,7 @@ func (s *Server) Run(ctx context.Context, ready func()) error {
 	if err := os.MkdirAll(s.cfg.Export.RecoveryRoot, 0o700); err != nil {
 		return fmt.Errorf("recovery root: %w", err)
 	}
-	if err := os.WriteFile(s.cfg.ConfigFile(), []byte(conf), 0o600); err != nil {
+	if err := atomicfile.Write(s.cfg.ConfigFile(), []byte(conf), 0o600); err != nil {
 		return err
 	}
 	s.killStale()
@@ -121,10 +172,27 @@ func (s *Server) Run(ctx context.Context, ready func()) error {
 	}
 	defer func() { _ = out.Close() }()
 	args := []string{"-F", "-f", s.cfg.ConfigFile(), "-L", s.cfg.LogFile(), "-p", s.cfg.PidFile()}
+	// Held while starting: a SetClients meanwhile must not be lost
+	// between the file written above and the process it would signal.
+	s.mu.Lock()
+	now := s.cfg.Export
+	now.Clients = s.clients
+	if c, err := now.Render(); err == nil && c != conf {
+		_ = atomicfile.Write(s.cfg.ConfigFile(), []byte(c), 0o600)
+	}
 	proc, err := s.exec.Start(s.cfg.Ganesha, args, out)
+	if err == nil {
+		s.proc = proc
+	}
+	s.mu.Unlock()
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrFailed, err)
 	}
+	defer func() {
+		s.mu.Lock()
+		s.proc = nil
+		s.mu.Unlock()
+	}()
 	// exited is closed when ganesha has ended, with waitErr set before.
 	exited := make(chan struct{})
 	var waitErr error

@@ -20,10 +20,30 @@ import (
 	"github.com/berth-io/berth/internal/share/nfsclient"
 )
 
-// Ganesha is a running ganesha serving Dir as /pv1 on 127.0.0.1.
+// Ganesha is a running ganesha serving Dir as /pv1 (on 127.0.0.1 unless
+// Options say otherwise).
 type Ganesha struct {
 	Dir      string
 	Endpoint nfsclient.Endpoint
+	// Port is where it listens; Server runs it, with its files in State.
+	Port   int
+	Server *share.Server
+	State  share.ServerConfig
+}
+
+// Options change what StartWith runs.
+type Options struct {
+	// BindAddr is where ganesha listens (default 127.0.0.1).
+	BindAddr string
+	// Clients are admitted besides the local check address.
+	Clients []string
+	Minors  []int
+}
+
+// StartWith is Start with opts.
+func StartWith(t *testing.T, opts Options) *Ganesha {
+	t.Helper()
+	return start(t, 0, opts)
 }
 
 // Start skips the test without root or ganesha, else starts ganesha
@@ -32,17 +52,17 @@ type Ganesha struct {
 // it when the test ends.
 func Start(t *testing.T, minors ...int) *Ganesha {
 	t.Helper()
-	return start(t, 0, minors)
+	return start(t, 0, Options{Minors: minors})
 }
 
 // StartOnTmpfs is Start with the export on a tmpfs of size bytes of its
 // own, for tests of a share that fills up.
 func StartOnTmpfs(t *testing.T, size int64, minors ...int) *Ganesha {
 	t.Helper()
-	return start(t, size, minors)
+	return start(t, size, Options{Minors: minors})
 }
 
-func start(t *testing.T, tmpfsSize int64, minors []int) *Ganesha {
+func start(t *testing.T, tmpfsSize int64, opts Options) *Ganesha {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: nfs-ganesha")
@@ -69,15 +89,19 @@ func start(t *testing.T, tmpfsSize int64, minors []int) *Ganesha {
 			}
 		})
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if opts.BindAddr == "" {
+		opts.BindAddr = "127.0.0.1"
+	}
+	minors := opts.Minors
+	l, err := net.Listen("tcp", net.JoinHostPort(opts.BindAddr, "0"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	_ = l.Close()
-	ec := share.ExportConfig{Path: export, Pseudo: "/pv1", BindAddr: "127.0.0.1", Port: port,
-		RecoveryRoot: filepath.Join(dir, "rec"), MinorVersions: minors, SyncWrites: true}
-	g := &Ganesha{Dir: export, Endpoint: nfsclient.Endpoint{Addr: ec.LocalEndpoint(), Export: "/pv1"}}
+	ec := share.ExportConfig{Path: export, Pseudo: "/pv1", BindAddr: opts.BindAddr, Port: port,
+		RecoveryRoot: filepath.Join(dir, "rec"), MinorVersions: minors, SyncWrites: true, Clients: opts.Clients}
+	g := &Ganesha{Dir: export, Endpoint: nfsclient.Endpoint{Addr: ec.LocalEndpoint(), Export: "/pv1"}, Port: port}
 	check := func(ctx context.Context) error {
 		return nfsclient.CheckExport41(ctx, g.Endpoint.Addr, g.Endpoint.Export, 1, "sharetest")
 	}
@@ -86,8 +110,9 @@ func start(t *testing.T, tmpfsSize int64, minors []int) *Ganesha {
 		t.Cleanup(cl.Close)
 		check = cl.Check
 	}
-	srv := share.NewServer(share.ServerConfig{Export: ec, Dir: filepath.Join(dir, "state")}, share.OSExec{}, clock.RealClock{},
-		share.Checks{Export: check}, testr.New(t))
+	g.State = share.ServerConfig{Export: ec, Dir: filepath.Join(dir, "state")}
+	srv := share.NewServer(g.State, share.OSExec{}, clock.RealClock{}, share.Checks{Export: check}, testr.New(t))
+	g.Server = srv
 	ctx, cancel := context.WithCancel(context.Background())
 	ready, done := make(chan struct{}), make(chan error, 1)
 	go func() { done <- srv.Run(ctx, func() { close(ready) }) }()
