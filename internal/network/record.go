@@ -83,15 +83,23 @@ func (d Dir) Write(r Record) error {
 	return atomicfile.Write(d.path(r.PodUID), data, 0o644)
 }
 
-// Read returns the record of a pod.
+// Read returns the record of a pod. A file speaks only for the pod it is
+// named after: a holder could otherwise write a record in another pod's
+// name, which the mover would act on as that pod's.
 func (d Dir) Read(podUID string) (Record, error) {
 	var r Record
+	if !podUIDPattern.MatchString(podUID) {
+		return r, fmt.Errorf("holder record: pod UID %q is not a UID", podUID)
+	}
 	data, err := os.ReadFile(d.path(podUID))
 	if err != nil {
 		return r, err
 	}
 	if err := json.Unmarshal(data, &r); err != nil {
 		return r, fmt.Errorf("holder record %s: %w", d.path(podUID), err)
+	}
+	if r.PodUID != podUID {
+		return Record{}, fmt.Errorf("holder record %s names pod %q", d.path(podUID), r.PodUID)
 	}
 	return r, r.validate()
 }
