@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"time"
 
@@ -102,8 +103,8 @@ func MonHost(ctx context.Context, monitors []string, lookup func(ctx context.Con
 			proto, addr = p, rest
 		}
 		host, port, err := net.SplitHostPort(addr)
-		if err != nil || host == "" || port == "" {
-			return "", fmt.Errorf("monitor %q: want HOST:PORT", m)
+		if err != nil || host == "" || !validPort(port) {
+			return "", fmt.Errorf("monitor %q: want HOST:PORT (port 1-65535)", m)
 		}
 		if proto == "" {
 			proto = "v2"
@@ -128,6 +129,13 @@ func MonHost(ctx context.Context, monitors []string, lookup func(ctx context.Con
 		return "", errors.New("no monitors")
 	}
 	return strings.Join(out, ","), nil
+}
+
+// validPort: librados gets the port as written, so only a plain decimal
+// port is passed on (FuzzMonHost found "0" and words going through).
+func validPort(p string) bool {
+	n, err := strconv.Atoi(p)
+	return err == nil && n >= 1 && n <= 65535 && strconv.Itoa(n) == p
 }
 
 // ConfigFor is the Config of a StorageCluster's spec.ceph with the client
