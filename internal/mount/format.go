@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"unicode"
 
 	"k8s.io/utils/exec"
 
@@ -46,14 +47,24 @@ func (m *Manager) probe(ctx context.Context, dev string) (string, error) {
 	default:
 		return "", fmt.Errorf("probe %s: blkid: %w: %s", dev, err, strings.TrimSpace(string(out)))
 	}
-	for _, line := range strings.Split(string(out), "\n") {
+	return parseBlkidType(string(out)), nil
+}
+
+// parseBlkidType reads the filesystem or partition table type from the
+// output of a blkid that found something (`-o export`); "unknown" when it
+// names none: something is there all the same. blkid escapes blanks in
+// export values, so a value with one is no type name (FuzzBlkidType).
+func parseBlkidType(out string) string {
+	for _, line := range strings.Split(out, "\n") {
 		k, v, ok := strings.Cut(strings.TrimSpace(line), "=")
 		if ok && v != "" && (k == "TYPE" || k == "PTTYPE") {
-			return v, nil
+			if strings.IndexFunc(v, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) >= 0 {
+				return "unknown"
+			}
+			return v
 		}
 	}
-	// blkid succeeded yet named nothing: something is there.
-	return "unknown", nil
+	return "unknown"
 }
 
 // allowFormat decides, before mount-utils runs, whether dev may be

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 
@@ -32,9 +33,9 @@ func (m *Manager) growUnmounted(ctx context.Context, dev, fsType string) error {
 	if err != nil {
 		return fmt.Errorf("size of %s: %w: %s", dev, err, strings.TrimSpace(string(out)))
 	}
-	devSize, err := strconv.ParseInt(strings.TrimSpace(string(out)), 10, 64)
+	devSize, err := parseSize64(string(out))
 	if err != nil {
-		return fmt.Errorf("size of %s: %q: %w", dev, out, err)
+		return fmt.Errorf("size of %s: %w", dev, err)
 	}
 	if devSize-fsSize < block {
 		return nil // full size already: no check, no write
@@ -75,8 +76,31 @@ func (m *Manager) extSize(ctx context.Context, dev string) (size, block int64, e
 	if err != nil {
 		return 0, 0, fmt.Errorf("dumpe2fs %s: %w: %s", dev, err, strings.TrimSpace(string(out)))
 	}
+	size, block, err = parseExtSize(string(out))
+	if err != nil {
+		return 0, 0, fmt.Errorf("dumpe2fs %s: %w", dev, err)
+	}
+	return size, block, nil
+}
+
+// parseSize64 reads `blockdev --getsize64`: one byte count.
+func parseSize64(out string) (int64, error) {
+	n, err := strconv.ParseInt(strings.TrimSpace(out), 10, 64)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("%q is not a size: %w", out, errors.Join(err, errBadToolOutput))
+	}
+	return n, nil
+}
+
+// errBadToolOutput: a tool's output does not say what it should.
+var errBadToolOutput = errors.New("unexpected tool output")
+
+// parseExtSize reads the size and block size of an ext filesystem from
+// `dumpe2fs -h` output. ext block sizes are powers of two from 1 KiB to
+// 64 KiB; a block count whose bytes overflow is no filesystem's either.
+func parseExtSize(out string) (size, block int64, err error) {
 	var count int64
-	for _, line := range strings.Split(string(out), "\n") {
+	for _, line := range strings.Split(out, "\n") {
 		k, v, ok := strings.Cut(line, ":")
 		if !ok {
 			continue
@@ -91,11 +115,14 @@ func (m *Manager) extSize(ctx context.Context, dev string) (size, block int64, e
 			continue
 		}
 		if err != nil {
-			return 0, 0, fmt.Errorf("dumpe2fs %s: %q: %w", dev, line, err)
+			return 0, 0, fmt.Errorf("%q: %w", line, err)
 		}
 	}
 	if count <= 0 || block <= 0 {
-		return 0, 0, fmt.Errorf("dumpe2fs %s: no block count or size in its output", dev)
+		return 0, 0, fmt.Errorf("no block count or size in its output: %w", errBadToolOutput)
+	}
+	if block < 1024 || block > 65536 || block&(block-1) != 0 || count > math.MaxInt64/block {
+		return 0, 0, fmt.Errorf("block count %d of %d bytes is no ext filesystem's: %w", count, block, errBadToolOutput)
 	}
 	return count * block, block, nil
 }
