@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/url"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -13,6 +13,7 @@ import (
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/mount"
+	"github.com/berth-io/berth/internal/share/nfsclient"
 	"github.com/berth-io/berth/internal/volerr"
 	"github.com/berth-io/berth/internal/volid"
 )
@@ -136,21 +137,26 @@ func (a *Agent) waitShare(ctx context.Context, id string) (source string, opts [
 }
 
 // nfsSource turns a share endpoint, nfs://host[:port]/export, into the
-// kernel client's source and options.
+// kernel client's source and options. It reads the endpoint as the share
+// manager and `berth share probe` do (nfsclient.ParseEndpoint), so that no
+// endpoint mounts here what they refuse (a "..", user info, a query).
 func nfsSource(endpoint string) (string, []string, error) {
-	u, err := url.Parse(endpoint)
-	if err != nil || u.Scheme != "nfs" || u.Hostname() == "" || u.Path == "" {
-		return "", nil, fmt.Errorf("share endpoint %q is not nfs://host[:port]/export: %w", endpoint, volerr.ErrInvalid)
+	ep, err := nfsclient.ParseEndpoint(endpoint)
+	if err != nil {
+		return "", nil, fmt.Errorf("share endpoint %q is not nfs://host[:port]/export: %w: %w", endpoint, err, volerr.ErrInvalid)
 	}
-	host := u.Hostname()
-	if ip := net.ParseIP(host); ip != nil && ip.To4() == nil {
+	host, port, err := net.SplitHostPort(ep.Addr)
+	if err != nil {
+		return "", nil, fmt.Errorf("share endpoint %q: %w: %w", endpoint, err, volerr.ErrInvalid)
+	}
+	if strings.Contains(host, ":") {
 		host = "[" + host + "]"
 	}
 	var opts []string
-	if p := u.Port(); p != "" {
-		opts = append(opts, "port="+p)
+	if port != "2049" {
+		opts = append(opts, "port="+port)
 	}
-	return host + ":" + u.Path, opts, nil
+	return host + ":" + ep.Export, opts, nil
 }
 
 // workloadStage tells whether an unstage at stagingPath is a workload's of

@@ -10,7 +10,10 @@ import (
 	"net"
 	"net/url"
 	"path"
+	"regexp"
+	"strconv"
 	"strings"
+	"unicode"
 )
 
 // Endpoint is a share endpoint, nfs://host[:port]/export.
@@ -21,7 +24,12 @@ type Endpoint struct {
 	Export string
 }
 
-func (e Endpoint) String() string { return "nfs://" + e.Addr + e.Export }
+func (e Endpoint) String() string {
+	return (&url.URL{Scheme: "nfs", Host: e.Addr, Path: e.Export}).String()
+}
+
+// hostName is a DNS name (letters, digits, dashes, dots).
+var hostName = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?$`)
 
 // ParseEndpoint parses nfs://host[:port]/export.
 func ParseEndpoint(s string) (Endpoint, error) {
@@ -35,6 +43,11 @@ func ParseEndpoint(s string) (Endpoint, error) {
 	if u.Host == "" || u.Hostname() == "" {
 		return Endpoint{}, fmt.Errorf("endpoint %q: no host", s)
 	}
+	// url.Parse takes hosts such as ":" (from "nfs://::/x") and "]"
+	// (FuzzParseEndpoint): only a DNS name or an IP address is one.
+	if h := u.Hostname(); net.ParseIP(h) == nil && !hostName.MatchString(h) {
+		return Endpoint{}, fmt.Errorf("endpoint %q: host %q is neither a name nor an address", s, h)
+	}
 	if u.User != nil || u.RawQuery != "" || u.Fragment != "" {
 		return Endpoint{}, fmt.Errorf("endpoint %q: only nfs://host[:port]/export", s)
 	}
@@ -42,9 +55,18 @@ func ParseEndpoint(s string) (Endpoint, error) {
 	if port == "" {
 		port = "2049"
 	}
+	// url.Parse takes any digits for a port (FuzzParseEndpoint: "0").
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 || strconv.Itoa(n) != port {
+		return Endpoint{}, fmt.Errorf("endpoint %q: port must be 1-65535", s)
+	}
 	export := path.Clean("/" + u.Path)
 	if export == "/" || strings.Contains(u.Path, "..") {
 		return Endpoint{}, fmt.Errorf("endpoint %q: needs an export path", s)
+	}
+	// An escaped control character (%00) is no export name, and a mount
+	// source or log line must not carry one.
+	if strings.IndexFunc(export, unicode.IsControl) >= 0 {
+		return Endpoint{}, fmt.Errorf("endpoint %q: control character in the export path", s)
 	}
 	return Endpoint{Addr: net.JoinHostPort(u.Hostname(), port), Export: export}, nil
 }
