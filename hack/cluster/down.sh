@@ -13,6 +13,8 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$HERE/lib.sh"
 . "$HERE/nodes.sh"
 . "$HERE/dns.sh"
+# shellcheck source=../vm/vm.sh
+. "$HERE/../vm/vm.sh"
 
 [ "$(id -u)" -eq 0 ] || die "run as root"
 purge=
@@ -26,6 +28,7 @@ KUBECTL=
 #    unmount their volumes and tear their sandboxes down properly.
 kubelets_run=
 for i in $(node_indexes); do pid_of "kubelet@$i" >/dev/null && kubelets_run=1; done
+for i in $(vm_indexes); do vm_running "$i" && kubelets_run=1; done
 if [ -x "$KUBECTL" ] && [ -n "$kubelets_run" ] && kctl get --raw /readyz >/dev/null 2>&1; then
 	for i in $(node_indexes); do node_thaw "$i"; done
 	remove_coredns
@@ -44,7 +47,10 @@ fi
 #    whatever is left in the node's cgroup (pods of a stopped kubelet, shims).
 for i in $(node_indexes); do node_thaw "$i"; done # a frozen process ignores SIGTERM
 stop_kube_proxies
-for i in $(node_indexes); do stop_node_daemons "$i"; done
+# VM nodes: qemu killed by its PID (their pods were deleted above), tap and
+# disk removed; the cached image stays unless --purge.
+for i in $(vm_indexes); do vm_remove "$i"; done
+for i in $(node_indexes); do node_is_vm "$i" || stop_node_daemons "$i"; done
 # Pod processes of an older layout, directly below the cgroup root.
 for ((round = 0; round < 50; round++)); do
 	pids=$(for c in /sys/fs/cgroup/*/"$CGROUP_NAME"; do
@@ -154,9 +160,14 @@ fi
 if [ -d "$WORKDIR" ]; then
 	# A kubelet root or plugin dir outside the work dir may be shared: kept.
 	rm -rf --one-file-system "$WORKDIR/etcd" "$NODES_DIR" "$MNTNS_DIR" "$PIDS" "$WORKDIR/cluster.env" "$NODES_LIST" \
+		"$VM_NODES_LIST" "$VM_IMAGE_FILE" \
 		"$BERTH_DATA_DIR" "$VOLUME_PLUGIN_DIR" "$WORKDIR/berth-data-ceph" "$CNI_BIN_DIR" "$MULTUS_MARK"
 	# Layout of the single-node cluster (an old work dir).
 	rm -rf --one-file-system "$WORKDIR/containerd" "$WORKDIR/cni" "$WORKDIR/pod-logs" "$WORKDIR/kubelet"
 	[ -z "$purge" ] || rm -rf --one-file-system "$WORKDIR"
+fi
+if [ -n "$purge" ] && [ -d "$VM_CACHE" ]; then
+	log "removing the VM images in $VM_CACHE"
+	rm -rf --one-file-system "$VM_CACHE"
 fi
 log "down in $((SECONDS - t0))s"

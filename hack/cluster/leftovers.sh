@@ -6,6 +6,8 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=lib.sh
 . "$HERE/lib.sh"
+# shellcheck source=../vm/vm.sh
+. "$HERE/../vm/vm.sh"
 
 found=0
 report() { [ -z "$2" ] || { printf 'leftover %s:\n%s\n' "$1" "$2" >&2; found=1; }; }
@@ -21,6 +23,8 @@ report interfaces "$(ip -br link | grep -E "^($HOST_IF|$BRIDGE|$HUB_BRIDGE)[@ ]"
 report "mount namespace files" "$(ls "$MNTNS_DIR" 2>/dev/null || true)"
 report "node folders" "$(ls "$NODES_DIR" 2>/dev/null || true)"
 report "multus files" "$(ls -d "$CNI_BIN_DIR" "$MULTUS_MARK" 2>/dev/null || true)"
+# VM nodes: qemu, taps, disks (hack/vm/vm.sh).
+vm_leftovers
 # The test Ceph of ceph.sh: processes, listening sockets, folder, netns.
 "$HERE/ceph.sh" leftovers || found=1
 if [ -f "$HOST_CREATED" ]; then report "host paths made by the cluster" "$(cat "$HOST_CREATED")"; fi

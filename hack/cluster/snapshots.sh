@@ -20,6 +20,8 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
 # shellcheck source=lib.sh
 . "$HERE/lib.sh"
+# shellcheck source=../vm/vm.sh
+. "$HERE/../vm/vm.sh"
 
 SNAPSHOTTER_VERSION="${SNAPSHOTTER_VERSION:-v8.3.0}"
 SNAPSHOTTER_MODULE=github.com/kubernetes-csi/external-snapshotter/v8
@@ -58,6 +60,8 @@ image() {
 	local i mark
 	for i in $(node_indexes); do
 		local ctr_=(ctr -a "$(node_sock "$i")" -n k8s.io)
+		# A VM node's containerd answers through its command channel.
+		if node_is_vm "$i"; then ctr_=(vm_exec "$i" "${ctr_[@]}"); fi
 		mark="$tar.imported.$(node_name "$i")"
 		# grep without -q: under pipefail, a ctr cut off by SIGPIPE would read as "not imported".
 		if ! "${ctr_[@]}" images ls -q | grep -xF "$CONTROLLER_IMAGE" >/dev/null || [ "$tar" -nt "$mark" ]; then

@@ -13,6 +13,8 @@
 # Set BERTH_E2E_BERTH_BINARY to a berth binary (make build) to also build and
 # import the berth image (tag berth.local/berth:dev); BERTH_E2E_MULTUS=1 to
 # give the cluster multus, whereabouts and two storage networks (multus.sh).
+# BERTH_E2E_VM_NODES=M adds M VM nodes after the netns nodes: qemu guests
+# with Debian 13's kernel on the hub bridge (hack/vm).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -25,6 +27,8 @@ REPO="$(cd "$HERE/../.." && pwd)"
 . "$HERE/nodes.sh"
 . "$HERE/dns.sh"
 . "$HERE/multus.sh"
+# shellcheck source=../vm/vm.sh
+. "$REPO/hack/vm/vm.sh"
 
 [ "$(id -u)" -eq 0 ] || die "run as root (netns, mounts, cgroups)"
 t0=$SECONDS
@@ -41,10 +45,22 @@ mkdir -p "$WORKDIR" "$PKI" "$CONF" "$LOGS" "$PIDS" "$IMAGES" "$NODES_DIR" "$WORK
 
 echo "$KUBE_BIN" >"$WORKDIR/kube-bin"
 # The node count is fixed by the first up: a second up finds the same nodes.
-if [ -s "$NODES_LIST" ] && [ "$(wc -l <"$NODES_LIST")" != "$NODE_COUNT" ] && [ -n "${BERTH_E2E_NODES:-}" ]; then
-	die "the cluster has $(wc -l <"$NODES_LIST") nodes, asked $NODE_COUNT: run down.sh first"
+# VM nodes come after the netns nodes (vm-nodes.list names them).
+total=$((NODE_COUNT + VM_NODE_COUNT))
+if [ -s "$NODES_LIST" ] && [ "$(wc -l <"$NODES_LIST")" != "$total" ] && [ -n "${BERTH_E2E_NODES:-}${BERTH_E2E_VM_NODES:-}" ]; then
+	die "the cluster has $(wc -l <"$NODES_LIST") nodes, asked $total: run down.sh first"
 fi
-[ -s "$NODES_LIST" ] || seq 1 "$NODE_COUNT" >"$NODES_LIST"
+if [ ! -s "$NODES_LIST" ]; then
+	seq "$((NODE_COUNT + 1))" "$total" >"$VM_NODES_LIST"
+	seq 1 "$total" >"$NODES_LIST"
+fi
+if [ -n "$(vm_indexes)" ]; then
+	# The guest has no multus binaries (its CNI is the bridge of configs.sh).
+	multus_enabled && die "VM nodes (BERTH_E2E_VM_NODES) do not support multus yet"
+	log "VM nodes: $(vm_indexes | tr '\n' ' ')(qemu, image of hack/vm/image.sh)"
+	"$REPO/hack/install-deps.sh" qemu-system-x86 qemu-utils
+	vm_image >/dev/null
+fi
 
 # Host paths the node mounts need as mount points: down.sh removes only
 # those that did not exist before the first up.
@@ -80,8 +96,8 @@ nsx ip addr replace "$HUB_BRIDGE_IP/24" dev "$HUB_BRIDGE"
 nsx ip link set "$HUB_BRIDGE" up
 
 # --- nodes: netns, mount namespace, cgroups ----------------------------------
-for i in $(node_indexes); do setup_node_net "$i"; done
-for i in $(node_indexes); do setup_node_mntns "$i"; done
+for i in $(node_indexes); do if node_is_vm "$i"; then vm_setup_net "$i"; else setup_node_net "$i"; fi; done
+for i in $(node_indexes); do node_is_vm "$i" || setup_node_mntns "$i"; done
 setup_cgroups
 
 make_pki
@@ -91,6 +107,7 @@ if multus_enabled; then multus_prepare; fi
 write_configs
 for i in $(node_indexes); do write_node_configs "$i"; done
 kube_proxy_pki
+for i in $(vm_indexes); do vm_write_files "$i"; done
 
 # --- daemons -----------------------------------------------------------------
 # The control plane runs in the hub netns and the host mount namespace.
@@ -139,9 +156,14 @@ import_node_images() {
 	IMPORT_NODE=$(node_name "$1") build_and_import_images
 }
 coredns_image
-for i in $(node_indexes); do start_node "$i" import_node_images; done
-for i in $(node_indexes); do wait_node_ready "$i"; done
+for i in $(node_indexes); do node_is_vm "$i" || start_node "$i" import_node_images; done
+# A VM node: qemu boots it, the images go in through its command channel,
+# its own init starts kubelet and kube-proxy.
+for i in $(vm_indexes); do vm_start_node "$i"; done
+for i in $(node_indexes); do node_is_vm "$i" || wait_node_ready "$i"; done
+for i in $(vm_indexes); do vm_wait_ready "$i"; done
 for i in $(node_indexes); do
+	node_is_vm "$i" && continue
 	start_kube_proxy "$(node_name "$i")" "$(node_netns "$i")" "$(node_ip "$i")" "$(node_freezer "$i")/daemons"
 done
 wait_for "default service account" 60 kube-controller-manager kctl -n default get serviceaccount default
@@ -195,6 +217,14 @@ ENV
 		echo "NODE_DIR_$i=$(node_dir "$i")"
 		echo "CONTAINERD_SOCK_$i=$(node_sock "$i")"
 		echo "POD_CIDR_$i=$(node_pod_cidr "$i")"
+		# A VM node has its own kernel: no netns or mount namespace here;
+		# commands run in it through NODE_EXEC_<i>.
+		if node_is_vm "$i"; then
+			echo "NODE_KIND_$i=vm"
+			echo "NODE_EXEC_$i=\"$REPO/hack/vm/exec.sh $(node_name "$i")\""
+		else
+			echo "NODE_KIND_$i=netns"
+		fi
 	done
 } >"$WORKDIR/cluster.env.tmp"
 mv "$WORKDIR/cluster.env.tmp" "$WORKDIR/cluster.env"

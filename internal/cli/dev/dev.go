@@ -43,6 +43,10 @@ type Config struct {
 	// Nodes is how many nodes `up` brings up (each its own kubelet and
 	// containerd on this machine); the cluster keeps its count until down.
 	Nodes int
+	// VMNodes is how many VM nodes `up` adds after them: qemu guests with
+	// Debian's stock kernel on the cluster's node bridge (hack/vm), for the
+	// kernel clients (NFS, nbd, krbd) and a real power-off.
+	VMNodes int
 	// Backend is the backend of the StorageCluster berth (BackendLocal, or
 	// "" for it, or BackendCeph: the test Ceph, hack/cluster/ceph.sh, in the cluster's
 	// network).
@@ -86,12 +90,19 @@ func (c Config) script(name string) string { return filepath.Join(c.Repo, "hack"
 // plan holds.
 var ErrNodes = errors.New("--nodes must be 1 to 9")
 
+// ErrVMNodes means a VM node count this machine cannot hold (each VM is
+// 2 GiB and TCG-emulated cores) or beyond the address plan with --nodes.
+var ErrVMNodes = errors.New("--vm-nodes must be 0 to 4, and --nodes plus --vm-nodes at most 9")
+
 func (c Config) check() error {
 	if c.Action == ActionUp && c.Backend != "" && c.Backend != BackendLocal && c.Backend != BackendCeph {
 		return fmt.Errorf("--backend %q: %w", c.Backend, ErrBackend)
 	}
 	if c.Nodes < 0 || c.Nodes > 9 {
 		return fmt.Errorf("--nodes %d: %w", c.Nodes, ErrNodes)
+	}
+	if c.VMNodes < 0 || c.VMNodes > 4 || c.Nodes+c.VMNodes > 9 {
+		return fmt.Errorf("--vm-nodes %d: %w", c.VMNodes, ErrVMNodes)
 	}
 	if _, err := os.Stat(c.script("up.sh")); err != nil {
 		return fmt.Errorf("--repo %s: %w", c.Repo, ErrNoRepo)
@@ -126,6 +137,7 @@ func Command() cli.Command {
 			fs.StringVar(&cfg.BerthBinary, "berth-binary", self, "berth binary for the berth image")
 			fs.BoolVar(&cfg.Demo, "demo", true, "up: create the demo PVC and writer pod")
 			fs.IntVar(&cfg.Nodes, "nodes", 1, "up: number of nodes (each its own kubelet, containerd and namespaces)")
+			fs.IntVar(&cfg.VMNodes, "vm-nodes", 0, "up: number of VM nodes after them (qemu with Debian 13's kernel: NFS, nbd, krbd clients, real power-off; hack/vm)")
 			fs.StringVar(&cfg.Backend, "backend", BackendLocal, "up: backend of the StorageCluster berth: local, or ceph (a test Ceph in the cluster's network, hack/cluster/ceph.sh)")
 			fs.BoolVar(&cfg.TestCeph, "test-ceph", false, "up: also start the test Ceph and a ceph StorageCluster "+CephStorageCluster+" beside a local berth")
 			fs.BoolVar(&cfg.Multus, "multus", false, "up: the cluster gets multus (thin plugin), whereabouts and NetworkAttachmentDefinitions default/public and default/cluster on their own bridges (hack/cluster/multus.sh)")

@@ -105,6 +105,12 @@ func TestCommandRejectsBadInput(t *testing.T) {
 	if !errors.Is(err, ErrNodes) {
 		t.Errorf("up --nodes 12: %v, want ErrNodes", err)
 	}
+	for _, args := range [][]string{{"--vm-nodes", "5"}, {"--vm-nodes", "-1"}, {"--nodes", "8", "--vm-nodes", "2"}} {
+		err = Command().Main(context.Background(), append([]string{"up", "--repo", t.TempDir()}, args...), stdio)
+		if !errors.Is(err, ErrVMNodes) {
+			t.Errorf("up %v: %v, want ErrVMNodes", args, err)
+		}
+	}
 }
 
 func TestCSINodesReady(t *testing.T) {

@@ -29,6 +29,9 @@ func (c Config) up(ctx context.Context) error {
 	if c.Nodes > 0 {
 		env = append(env, fmt.Sprintf("BERTH_E2E_NODES=%d", c.Nodes))
 	}
+	if c.VMNodes > 0 {
+		env = append(env, fmt.Sprintf("BERTH_E2E_VM_NODES=%d", c.VMNodes))
+	}
 	if c.Multus {
 		env = append(env, "BERTH_E2E_MULTUS=1")
 	}

@@ -1,0 +1,246 @@
+# VM test nodes of the e2e cluster (sourced by hack/cluster's up.sh,
+# node.sh, down.sh and leftovers.sh after lib.sh and nodes.sh).
+#
+# A VM node is a qemu guest (TCG: /dev/kvm here runs no stock kernel) with
+# Debian 13's kernel and the root image of hack/vm/image.sh. It is node I of
+# the cluster like any other (name, IP, pod CIDR, certificates and configs
+# of hack/cluster), but its kernel, mounts and block devices are its own:
+# the kernel NFS client, nbd and krbd work there, and a power-off (SIGKILL
+# of qemu) loses them at once, as a real one does.
+#
+#   - network: a tap device $(node_hub_if I) on the hub's node bridge,
+#     made inside the hub netns, where qemu runs; no user networking, no
+#     route but those to the hub and the other nodes;
+#   - disk: $(vm_dir I)/disk.qcow2, a qcow2 overlay on the cached root
+#     image: the node's own persistent state, the image never written;
+#   - shares (9p): cfg (read-only: node.env, the guest scripts of
+#     hack/vm/guest, the node's files under root/), kube (the kubelet and
+#     kube-proxy binaries, read-only), images ($IMAGES, read-only, at the
+#     same path in the guest), cmd (read-write: vm_exec's spool);
+#   - console: $(node_dir I)/logs/console.log.
+
+VM_HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=../lib/gobuild.sh
+. "$VM_HERE/../lib/gobuild.sh"
+# image.sh's cache (down.sh --purge removes it).
+VM_CACHE="$CACHE_ROOT/vm"
+VM_NODES_LIST="$WORKDIR/vm-nodes.list"
+VM_IMAGE_FILE="$WORKDIR/vm-image"
+VM_NODE_COUNT="${BERTH_E2E_VM_NODES:-0}"
+# One VM is ~2 GiB of the machine's 24 and both of its cores (TCG).
+VM_MEMORY="${BERTH_E2E_VM_MEMORY:-2048}"
+VM_CPUS="${BERTH_E2E_VM_CPUS:-2}"
+QEMU=/usr/bin/qemu-system-x86_64
+
+vm_indexes() { cat "$VM_NODES_LIST" 2>/dev/null || true; }
+node_is_vm() { grep -qx "$1" "$VM_NODES_LIST" 2>/dev/null; }
+vm_dir() { echo "$(node_dir "$1")/vm"; }
+vm_mac() { printf '52:54:00:be:e2:%02x' "$1"; }
+
+# vm_image: the cached kernel, initrd and root image (built on first use).
+vm_image() {
+	local d
+	d=$(ticking "building the VM image" "$VM_HERE/image.sh" | tail -n1)
+	[ -s "$d/rootfs.qcow2" ] || die "hack/vm/image.sh gave no image"
+	echo "$d" >"$VM_IMAGE_FILE"
+	echo "$d"
+}
+
+# vm_setup_net I: node I's tap on the hub bridge, and the hub's route to
+# its pods (as setup_node_net does for a netns node).
+vm_setup_net() {
+	local i=$1 tap
+	tap=$(node_hub_if "$i")
+	if ! ip -n "$NETNS" link show "$tap" >/dev/null 2>&1; then
+		log "tap $tap in $NETNS for $(node_name "$i") ($(node_ip "$i"))"
+		ip -n "$NETNS" tuntap add dev "$tap" mode tap
+	fi
+	ip -n "$NETNS" link set "$tap" master "$HUB_BRIDGE" up
+	ip -n "$NETNS" route replace "$(node_pod_cidr "$i")" via "$(node_ip "$i")"
+}
+
+# vm_write_files I: the cfg share of node I: node.env, the guest scripts,
+# and under root/ the node's files at their host paths (written by
+# write_node_configs, make_pki and kube_proxy_pki), no other key.
+vm_write_files() {
+	local i=$1 name dir cfg root j routes
+	name=$(node_name "$i") dir=$(node_dir "$i") cfg="$(vm_dir "$i")/cfg"
+	root="$cfg/root"
+	# Its contents anew, the folder kept: a running guest's share is that
+	# folder (qemu holds it open), a new one would be out of its sight.
+	mkdir -p "$cfg"
+	rm -rf "${cfg:?}/bin" "$root"
+	mkdir -p "$cfg/bin" "$root$dir" "$root$PKI" "$root$CONF"
+	cp "$VM_HERE"/guest/* "$cfg/bin/"
+	cp -r "$dir/config" "$dir/cni-conf" "$root$dir/"
+	cp "$PKI/ca.crt" "$PKI/kubelet-$name.crt" "$PKI/kubelet-$name.key" "$PKI/kube-proxy.crt" "$PKI/kube-proxy.key" "$root$PKI/"
+	# kube-proxy's config as dns.sh writes it for a netns node, without
+	# starting one here (the guest runs it).
+	(
+		launch() { :; }
+		wait_for() { :; }
+		start_kube_proxy "$name" none "$(node_ip "$i")"
+	)
+	cp "$CONF/kube-proxy.kubeconfig" "$CONF/kube-proxy-$name.yaml" "$root$CONF/"
+	routes="$HUB_IP/32@$HUB_BRIDGE_IP $SERVICE_CIDR@$HUB_BRIDGE_IP"
+	for j in $(node_indexes); do
+		[ "$j" = "$i" ] || routes+=" $(node_pod_cidr "$j")@$(node_ip "$j")"
+	done
+	cat >"$cfg/node.env.tmp" <<ENV
+NODE_NAME=$name
+NODE_IP=$(node_ip "$i")
+NODE_PREFIX_LEN=24
+NODE_ROUTES="$routes"
+IMAGES_DIR=$IMAGES
+CONTAINERD_CONFIG=$dir/config/containerd.toml
+CONTAINERD_SOCK=$(node_sock "$i")
+KUBELET_CONFIG=$dir/config/kubelet.yaml
+KUBELET_KUBECONFIG=$dir/config/kubelet.kubeconfig
+KUBE_PROXY_CONFIG=$CONF/kube-proxy-$name.yaml
+PAUSE_IMAGE=$PAUSE_IMAGE
+CGROUP_ROOT=/$(node_cgroup "$i")
+ENV
+	mv "$cfg/node.env.tmp" "$cfg/node.env"
+}
+
+# vm_running I: qemu of node I runs (its PID, by pid_of).
+vm_running() { pid_of "qemu@$1" >/dev/null; }
+
+# vm_boot I: starts qemu of node I on its disk (made on first boot: an
+# overlay on the image), in the hub netns; returns once its command agent
+# answers.
+vm_boot() {
+	local i=$1 name dir vdir disk img
+	name=$(node_name "$i") dir=$(node_dir "$i") vdir=$(vm_dir "$i")
+	disk="$vdir/disk.qcow2"
+	if vm_running "$i"; then log "$name already runs (qemu $(pid_of "qemu@$i"))"; return 0; fi
+	mkdir -p "$vdir/cmd" "$dir/logs"
+	# The disk stays with the image it was made on: its module tree must
+	# match the kernel that boots it.
+	img=$(cat "$vdir/image" 2>/dev/null || true)
+	if [ ! -s "$disk" ] || [ ! -s "$img/rootfs.qcow2" ]; then
+		img=$(cat "$VM_IMAGE_FILE" 2>/dev/null || true)
+		[ -s "$img/rootfs.qcow2" ] || img=$(vm_image)
+		log "disk of $name: overlay on $img/rootfs.qcow2"
+		rm -f "$disk"
+		qemu-img create -q -f qcow2 -F qcow2 -b "$img/rootfs.qcow2" "$disk"
+		echo "$img" >"$vdir/image"
+	fi
+	rm -f "$vdir"/cmd/*
+	[ -f "$dir/logs/console.log" ] && mv -f "$dir/logs/console.log" "$dir/logs/console.log.prev"
+	# -nodefaults: no default NIC (no user networking), no other device;
+	# panic=-1 with -no-reboot: a kernel panic ends qemu (a dead node).
+	launch "qemu@$i" "$dir/logs/qemu.log" "" --net="/run/netns/$NETNS" -- \
+		"$QEMU" -name "$name" -nodefaults -no-user-config -display none -no-reboot \
+		-accel tcg,thread=multi -cpu max -smp "$VM_CPUS" -m "$VM_MEMORY" -rtc base=utc \
+		-kernel "$img/vmlinuz" -initrd "$img/initrd.img" -append "console=ttyS0 loglevel=4 panic=-1" \
+		-serial "file:$dir/logs/console.log" \
+		-drive "file=$disk,if=virtio,format=qcow2,cache=unsafe,discard=unmap" \
+		-netdev "tap,id=net0,ifname=$(node_hub_if "$i"),script=no,downscript=no" \
+		-device "virtio-net-pci,netdev=net0,mac=$(vm_mac "$i")" \
+		-device virtio-rng-pci \
+		-virtfs "local,path=$vdir/cfg,mount_tag=cfg,security_model=none,readonly=on" \
+		-virtfs "local,path=$KUBE_BIN,mount_tag=kube,security_model=none,readonly=on" \
+		-virtfs "local,path=$IMAGES,mount_tag=images,security_model=none,readonly=on" \
+		-virtfs "local,path=$vdir/cmd,mount_tag=cmd,security_model=none"
+	wait_for "$name booted (command agent)" 180 "qemu@$i" vm_exec "$i" true
+}
+
+# vm_exec [-i] I CMD...: runs CMD in node I as root through the spool of
+# its cmd share; its stdout and stderr come back, and its exit status (124
+# after VM_EXEC_TIMEOUT seconds, default 600; 125 when the VM does not
+# run). -i passes this stdin (read to its end first).
+vm_exec() {
+	local stdin= i spool id limit=${VM_EXEC_TIMEOUT:-600} start=$SECONDS rc
+	[ "$1" = -i ] && { stdin=1; shift; }
+	i=$1
+	shift
+	spool="$(vm_dir "$i")/cmd"
+	vm_running "$i" || return 125
+	id="h$$-$RANDOM$RANDOM"
+	[ -z "$stdin" ] || cat >"$spool/$id.in"
+	printf '%q ' "$@" >"$spool/$id.sh.tmp"
+	mv "$spool/$id.sh.tmp" "$spool/$id.sh"
+	until [ -e "$spool/$id.rc" ]; do
+		if ((SECONDS - start >= limit)) || ! vm_running "$i"; then
+			rm -f "$spool/$id".*
+			vm_running "$i" && return 124
+			return 125
+		fi
+		sleep 0.1
+	done
+	cat "$spool/$id.out"
+	cat "$spool/$id.err" >&2
+	rc=$(cat "$spool/$id.rc")
+	rm -f "$spool/$id".*
+	return "$rc"
+}
+
+# vm_start_node I: boots node I if it is off (its init starts the node),
+# starts containerd if it is not running (a node stop), imports the images
+# into it, then starts kubelet and kube-proxy if they are not running.
+vm_start_node() {
+	local i=$1 name
+	name=$(node_name "$i")
+	# The guest runs its scripts from the share: this checkout's apply.
+	cp "$VM_HERE"/guest/* "$(vm_dir "$i")/cfg/bin/"
+	vm_boot "$i"
+	vm_exec "$i" berth-node containerd >/dev/null 2>&1 || true
+	wait_for "containerd of $name ready" 180 "qemu@$i" vm_exec "$i" ctr -a "$(node_sock "$i")" version
+	if declare -F build_and_import_images >/dev/null; then
+		VM_IMPORT_INDEX=$i
+		ctr_() { vm_exec "$VM_IMPORT_INDEX" ctr -a "$(node_sock "$VM_IMPORT_INDEX")" -n k8s.io "$@"; }
+		IMPORT_NODE=$name build_and_import_images
+	fi
+	vm_exec "$i" berth-node start >/dev/null
+}
+
+# vm_ready_since NAME EPOCH: node NAME Ready by a kubelet heartbeat at or
+# after EPOCH: after a power-off or a stop the API still says Ready for the
+# 40 s of the controller-manager's grace period, from the kubelet that died.
+vm_ready_since() {
+	local out
+	out=$(kctl get node "$1" -o jsonpath='{range .status.conditions[?(@.type=="Ready")]}{.status} {.lastHeartbeatTime}{end}') || return 1
+	[ "${out%% *}" = True ] && [ "$(date -d "${out#* }" +%s)" -ge "$2" ]
+}
+
+# vm_wait_ready I: node I Ready by its running kubelet (heartbeat after
+# that kubelet's start, both by the guest's clock); longer than a netns
+# node: TCG.
+vm_wait_ready() {
+	local since
+	since=$(VM_EXEC_TIMEOUT=60 vm_exec "$1" stat -c %Y /run/berth-vm/kubelet.pid) || die "no kubelet in $(node_name "$1")"
+	wait_for "node $(node_name "$1") Ready" 600 "qemu@$1" vm_ready_since "$(node_name "$1")" "$since"
+}
+
+# vm_poweroff I: SIGKILL of qemu: the guest's kernel, page cache, mounts
+# and devices end at once; the disk keeps what reached it.
+vm_poweroff() {
+	local i=$1 pid n
+	if pid=$(pid_of "qemu@$i"); then
+		log "powering off $(node_name "$i") (SIGKILL qemu $pid)"
+		kill -KILL "$pid"
+		for ((n = 0; n < 100; n++)); do [ -d "/proc/$pid" ] || break; sleep 0.1; done
+	fi
+	rm -f "$PIDS/qemu-$(node_name "$i").pid"
+}
+
+# vm_remove I: node I's qemu, tap and folder (its disk); the image stays.
+vm_remove() {
+	local i=$1 tap
+	tap=$(node_hub_if "$i")
+	vm_poweroff "$i"
+	if ip -n "$NETNS" link show "$tap" >/dev/null 2>&1; then
+		log "deleting tap $tap"
+		ip -n "$NETNS" link del "$tap"
+	fi
+	rm -rf --one-file-system "$(vm_dir "$i")"
+}
+
+# vm_leftovers: qemu processes, taps and disks of VM nodes still here.
+vm_leftovers() {
+	report "VM processes (qemu)" "$(procs_matching "$QEMU -name $NODE_PREFIX-" | grep -F "$WORKDIR" || true)"
+	report "VM taps" "$(ip -n "$NETNS" -br link show type tun 2>/dev/null || true)"
+	report "VM disks" "$(find "$NODES_DIR" -name disk.qcow2 2>/dev/null || true)"
+	report "VM node list" "$(ls "$VM_NODES_LIST" "$VM_IMAGE_FILE" 2>/dev/null || true)"
+}
