@@ -5,7 +5,8 @@
 # `go test -tags e2e ./test/e2e/...` (extra args go to go test), and always
 # `berth dev down`, which fails when anything was left behind.
 # BERTH_E2E_CEPH=0 leaves the test Ceph (and so the Ceph scenarios) out;
-# BERTH_E2E_MULTUS=1 adds multus (and so runs the multus scenarios).
+# BERTH_E2E_MULTUS=1 adds multus (and so runs the multus scenarios);
+# BERTH_E2E_VM_NODES=N adds N VM nodes (and so runs the VM scenarios).
 # BERTH_KEEP_CLUSTER=1 leaves the cluster up for the next run (no
 # `berth dev down`); a cluster that is up already is reused, as
 # `berth dev up` only adds what is missing.
@@ -63,8 +64,14 @@ fi
 multus=()
 if [ "${BERTH_E2E_MULTUS:-0}" = 1 ]; then multus=(--multus); fi
 
+# VM nodes (BERTH_E2E_VM_NODES=N, hack/vm): qemu guests with a stock
+# kernel after the netns nodes; the VM scenarios (TestE2E/VM...) need one
+# and skip without, saying why.
+vm=()
+if [ "${BERTH_E2E_VM_NODES:-0}" != 0 ]; then vm=(--vm-nodes "$BERTH_E2E_VM_NODES"); fi
+
 # Two nodes by default: the scenarios between nodes need them.
-"$BERTH" dev up --repo "$PWD" --demo=false --nodes "${BERTH_E2E_NODES:-2}" "${ceph[@]}" "${multus[@]}"
+"$BERTH" dev up --repo "$PWD" --demo=false --nodes "${BERTH_E2E_NODES:-2}" "${ceph[@]}" "${multus[@]}" "${vm[@]}"
 echo "e2e: cluster with berth up after $((SECONDS - t0))s" >&2
 # The output is kept to say, after a failure, what the failed scenarios
 # logged (hack/lib/faildigest.sh), next to the result.

@@ -2,7 +2,8 @@
 # Builds, into berth's cache, every pinned binary that the cluster tiers
 # (e2e, conformance, multus) would otherwise build at their first bring-up:
 # the node and control-plane binaries, the e2e suite, the CSI sidecars and
-# snapshot-controller, CoreDNS, multus and whereabouts. Each builder skips
+# snapshot-controller, CoreDNS, multus and whereabouts, and the VM nodes'
+# kernel and root image (hack/vm/image.sh). Each builder skips
 # what is cached, so a warm run costs a few file checks.
 #
 # `make test` in CI runs this at the lowest CPU priority while the Go tests
@@ -31,5 +32,6 @@ step hack/csi-sidecars.sh csi-provisioner csi-resizer csi-snapshotter snapshot-c
 step hack/coredns.sh
 step hack/kube-binaries.sh e2e.test agnhost ginkgo
 step hack/cni-plugins.sh multus whereabouts
+step hack/vm/image.sh
 echo "prebuild: done in $((SECONDS - start))s"
 exit "$rc"

@@ -40,7 +40,7 @@ var scenarios = []func(*testing.T){
 	testOnlineExpansion,
 	testCephSnapshotCloneExpand,
 	testReadWriteManyShare,
-	testReadWriteManyKernelClient,
+	testVMReadWriteManyKernelClient,
 	testNodeLossAndReturn,
 	testLocalVolumeOnLostNode,
 	testCephVolumeMovesOffLostNode,

@@ -23,7 +23,7 @@ import (
 	"github.com/berth-io/berth/internal/controller/sharemanager"
 )
 
-// testReadWriteManyKernelClient: an RWX claim mounted by workload pods
+// testVMReadWriteManyKernelClient: an RWX claim mounted by workload pods
 // through the kernel NFS client of a VM node (Debian's stock kernel; these
 // machines' own kernel has none). The share manager runs on a netns node
 // (the claim's class pins the local volume there); two writer pods on the
@@ -34,7 +34,7 @@ import (
 // fsync'd reads back with its checksum. The longest pause between two
 // acknowledged writes (an upper bound of the kill-to-first-write time,
 // measured by the writers' own clock) is logged.
-func testReadWriteManyKernelClient(t *testing.T) {
+func testVMReadWriteManyKernelClient(t *testing.T) {
 	s := newScenario(t, 12*time.Minute)
 	vm := s.env.vmNode(t)
 	server := s.env.netnsNode(t)
