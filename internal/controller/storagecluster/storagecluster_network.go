@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -143,6 +145,12 @@ func (r *Reconciler) checkNAD(ctx context.Context, ref string) nadFinding {
 		return nadFinding{reason: ReasonNetworkCheckFailed, failed: true, message: "reading the NetworkAttachmentDefinition: " + err.Error()}
 	}
 	config, _, _ := unstructured.NestedString(nad.Object, "spec", "config")
+	return configFinding(config)
+}
+
+// configFinding says what a definition's spec.config (CNI config JSON)
+// means for berth's storage network.
+func configFinding(config string) nadFinding {
 	if strings.TrimSpace(config) == "" {
 		return nadFinding{reason: ReasonConfigOnNodes,
 			message: "no spec.config: multus reads a CNI config of this name on each node; make sure every node has the same network with cluster-wide IPAM"}
@@ -152,15 +160,33 @@ func (r *Reconciler) checkNAD(ctx context.Context, ref string) nadFinding {
 		return nadFinding{reason: ReasonNADInvalid, failed: true, message: "spec.config is not a CNI config: " + err.Error()}
 	}
 	plugin, ipam := c.ipam()
-	found := fmt.Sprintf("plugin %s, IPAM %s", plugin, ipam)
+	found := fmt.Sprintf("plugin %s, IPAM %s", cniName(plugin), cniName(ipam))
 	switch ipam {
 	case "":
-		return nadFinding{reason: ReasonNoIPAM, message: fmt.Sprintf("plugin %s, no IPAM: the holders' interfaces get no address", plugin)}
+		return nadFinding{reason: ReasonNoIPAM, message: fmt.Sprintf("plugin %s, no IPAM: the holders' interfaces get no address", cniName(plugin))}
 	case "host-local", "static":
 		return nadFinding{reason: ReasonIPAMNotClusterWide,
 			message: found + ": it assigns addresses per node, so holders on two nodes can get the same address; use a cluster-wide IPAM (whereabouts, dhcp)"}
 	}
 	return nadFinding{message: found}
+}
+
+// cniNamePattern is what CNI plugin and IPAM types look like.
+var cniNamePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+
+// cniName shows a plugin or IPAM type read from a definition in the
+// condition's message: as it is when it looks like one, else quoted and
+// cut, so that no config makes the message too long for the API (a
+// condition message over 32768 bytes keeps the status from being
+// written) or breaks its lines.
+func cniName(s string) string {
+	if s == "" || cniNamePattern.MatchString(s) {
+		return s
+	}
+	if len(s) > 64 {
+		s = strings.ToValidUTF8(s[:64], "") + "..."
+	}
+	return strconv.Quote(s)
 }
 
 // conditionEvent records cond as an Event when its reason or message
