@@ -15,7 +15,9 @@ import "C"
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"unsafe"
@@ -49,7 +51,13 @@ func Parse(s string) ([]string, error) {
 		if _, rest, ok := strings.Cut(a, ":"); ok && (strings.HasPrefix(a, "v1:") || strings.HasPrefix(a, "v2:") || strings.HasPrefix(a, "any:")) {
 			a = rest
 		}
-		if a == "" || !strings.Contains(a, "/") {
+		// The blocklist takes what this returns: only an address of one
+		// client instance, never a word or a range (FuzzParse: "/").
+		ap, nonce, ok := strings.Cut(a, "/")
+		if _, err := netip.ParseAddrPort(ap); !ok || err != nil {
+			return nil, fmt.Errorf("ceph client address %q: want IP:PORT/NONCE", s)
+		}
+		if _, err := strconv.ParseUint(nonce, 10, 32); err != nil {
 			return nil, fmt.Errorf("ceph client address %q: want IP:PORT/NONCE", s)
 		}
 		if !slices.Contains(out, a) {
