@@ -24,6 +24,25 @@ type ShareManagerSpec struct {
 	// Image runs the share-manager pod (berth share-manager with nfs-ganesha).
 	// +kubebuilder:validation:MinLength=1
 	Image string `json:"image"`
+
+	// Clients are the nodes the share admits, with the addresses their
+	// NFS mounts come from; every other address is refused. The operator
+	// keeps them to the nodes that hold the volume for a workload pod (the
+	// Attachment's entries), with addresses from their Node objects and,
+	// on a multus network, their holder pods.
+	// +listType=map
+	// +listMapKey=node
+	// +optional
+	Clients []ShareClient `json:"clients,omitempty"`
+}
+
+// ShareClient is one node a share admits.
+type ShareClient struct {
+	// Node is the node's name.
+	Node string `json:"node"`
+	// Addresses are the IP addresses its NFS client may connect from.
+	// +listType=set
+	Addresses []string `json:"addresses"`
 }
 
 // ShareManagerStatus is the observed state of a share.

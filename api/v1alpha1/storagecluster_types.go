@@ -283,6 +283,15 @@ type RWXSpec struct {
 	// +kubebuilder:validation:Maximum=180
 	// +optional
 	NFSGraceSeconds *int32 `json:"nfsGraceSeconds,omitempty"`
+
+	// ShareManagerResources are the share-manager pods' resource requests
+	// and limits, as a whole. Unset: requests 100m CPU and 128Mi memory,
+	// limits 1 CPU and 1Gi memory (ganesha's caches grow with the files
+	// its clients open). With requests a share manager is not among the
+	// first pods a node under pressure evicts; with limits a runaway
+	// ganesha is held to its own volume's share.
+	// +optional
+	ShareManagerResources *corev1.ResourceRequirements `json:"shareManagerResources,omitempty"`
 }
 
 // StorageClusterPhase summarises a cluster's state.

@@ -42,6 +42,13 @@ type VolumeSpec struct {
 	// +optional
 	Node string `json:"node,omitempty"`
 
+	// RootSquash, for a ReadWriteMany volume, maps root (uid 0) of the
+	// nodes its share serves to the anonymous user (the StorageClass
+	// parameter rootSquash: "true"). Off by default: root in a pod is
+	// root on the volume, as on a ReadWriteOnce volume.
+	// +optional
+	RootSquash bool `json:"rootSquash,omitempty"`
+
 	// Source, when set, makes the volume a copy of a snapshot or another volume.
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="source is immutable"
 	// +optional

@@ -30,6 +30,9 @@ const (
 	ParamMounter = "mounter"
 	// ParamFSType is the fs type parameter Kubernetes documents for CSI.
 	ParamFSType = "csi.storage.k8s.io/fstype"
+	// ParamRootSquash "true" makes an RWX volume's share map root to the
+	// anonymous user (v1.VolumeSpec.RootSquash).
+	ParamRootSquash = "rootSquash"
 	// reasonNoSpace is the Ready condition reason an agent sets when the
 	// image does not fit.
 	reasonNoSpace = "NoSpace"
@@ -144,7 +147,7 @@ func (s *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 
 	spec := v1.VolumeSpec{
 		StorageCluster: cluster, AccessMode: mode, VolumeMode: volMode,
-		FSType: fsType, Mounter: mounter,
+		FSType: fsType, Mounter: mounter, RootSquash: req.GetParameters()[ParamRootSquash] == "true",
 	}
 	if err := s.resolveSource(ctx, req.GetVolumeContentSource(), &spec, &size, req.GetCapacityRange()); err != nil {
 		return nil, err
@@ -241,12 +244,16 @@ func parseParameters(params map[string]string) (v1.Mounter, string, error) {
 				return "", "", fmt.Errorf("parameter %s: %w", k, err)
 			}
 			fsType = v
+		case k == ParamRootSquash:
+			if v != "true" && v != "false" {
+				return "", "", fmt.Errorf("parameter %s=%q: want true or false", k, v)
+			}
 		case k == v1.ParamStorageCluster:
 			// Read by storageCluster.
 		case strings.HasPrefix(k, "csi.storage.k8s.io/"):
 			// Kubernetes' own metadata (PVC name, namespace, ...).
 		default:
-			return "", "", fmt.Errorf("unknown parameter %q (known: %s, %s, %s)", k, ParamMounter, ParamFSType, v1.ParamStorageCluster)
+			return "", "", fmt.Errorf("unknown parameter %q (known: %s, %s, %s, %s)", k, ParamMounter, ParamFSType, ParamRootSquash, v1.ParamStorageCluster)
 		}
 	}
 	return mounter, fsType, nil
@@ -321,6 +328,8 @@ func sameVolume(vol *v1.Volume, spec *v1.VolumeSpec) error {
 		return fmt.Errorf("access mode %s, asked %s", vol.Spec.AccessMode, spec.AccessMode)
 	case vol.Spec.FSType != spec.FSType:
 		return fmt.Errorf("fs type %s, asked %s", vol.Spec.FSType, spec.FSType)
+	case vol.Spec.RootSquash != spec.RootSquash:
+		return fmt.Errorf("root squash %t, asked %t", vol.Spec.RootSquash, spec.RootSquash)
 	case !sameSource(vol.Spec.Source, spec.Source):
 		return fmt.Errorf("other content source")
 	}

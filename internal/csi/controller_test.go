@@ -41,11 +41,11 @@ func TestRequestedSize(t *testing.T) {
 }
 
 func TestParseParameters(t *testing.T) {
-	m, fs, err := parseParameters(map[string]string{"mounter": "userspace", ParamFSType: "xfs", "csi.storage.k8s.io/pvc/name": "x"})
+	m, fs, err := parseParameters(map[string]string{"mounter": "userspace", ParamFSType: "xfs", "csi.storage.k8s.io/pvc/name": "x", ParamRootSquash: "true"})
 	if err != nil || m != v1.MounterUserspace || fs != "xfs" {
 		t.Errorf("got %v %q %v", m, fs, err)
 	}
-	for _, bad := range []map[string]string{{"mounter": "fuse"}, {ParamFSType: "ntfs"}, {"color": "blue"}} {
+	for _, bad := range []map[string]string{{"mounter": "fuse"}, {ParamFSType: "ntfs"}, {"color": "blue"}, {ParamRootSquash: "yes"}} {
 		if _, _, err := parseParameters(bad); err == nil {
 			t.Errorf("parseParameters(%v) accepted", bad)
 		}

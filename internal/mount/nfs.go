@@ -20,9 +20,11 @@ type NFSRequest struct {
 // reclaimed in the new server's grace period), a 5 s retransmit timeout
 // with few retries so that a new server behind the same Service is found
 // quickly, and noresvport so that a reconnect need not wait for a
-// privileged source port.
+// privileged source port. nosuid and nodev: whoever writes the share (any
+// pod with a claim on it, on any node it serves) must not plant a setuid
+// binary or a device node that another pod then uses.
 func nfsOptions() []string {
-	return []string{"hard", "nfsvers=4.1", "proto=tcp", "timeo=50", "retrans=3", "noresvport"}
+	return []string{"hard", "nfsvers=4.1", "proto=tcp", "timeo=50", "retrans=3", "noresvport", "nosuid", "nodev"}
 }
 
 // MountNFS mounts r.Source at r.TargetPath with the kernel NFS client.

@@ -22,6 +22,9 @@ func TestFakeMountNFS(t *testing.T) {
 	if len(mps) != 1 || mps[0].Type != "nfs4" || !slices.Equal(mps[0].Opts, append(nfsOptions(), "port=2050")) {
 		t.Fatalf("mounts %+v", mps)
 	}
+	if !slices.Contains(mps[0].Opts, "nosuid") || !slices.Contains(mps[0].Opts, "nodev") {
+		t.Errorf("share mounted with %v: without nosuid,nodev a writer of the share plants setuid files and devices", mps[0].Opts)
+	}
 	if abnormal, msg, share := f.mgr.NFSCondition(t.Context(), target); abnormal || !share {
 		t.Errorf("condition of the share's mount: %t %q share %t", abnormal, msg, share)
 	}

@@ -54,6 +54,16 @@ func parse(args []string, stdio cli.IO) (Config, error) {
 	fs.BoolVar(&cfg.SyncWrites, "sync-writes", true, "make every write stable before answering (ganesha NFS_Commit)")
 	fs.DurationVar(&cfg.DeviceTimeout, "device-timeout", 2*time.Minute, "how long to wait for --device")
 	fs.DurationVar(&cfg.CheckInterval, "check-interval", 5*time.Second, "time between device and export checks")
+	fs.StringVar(&cfg.ShareManager, "share-manager", "", "ShareManager (in --lease-namespace) whose spec.clients are the addresses admitted (none: only --clients)")
+	fs.Func("clients", "comma-separated addresses or CIDRs admitted besides the ShareManager's (the server's own check address always is)", func(s string) error {
+		for _, c := range strings.Split(s, ",") {
+			if c = strings.TrimSpace(c); c != "" {
+				cfg.Clients = append(cfg.Clients, c)
+			}
+		}
+		return nil
+	})
+	fs.BoolVar(&cfg.RootSquash, "root-squash", false, "map clients' root (uid 0) to the anonymous user")
 	fs.StringVar(&cfg.Lease.Namespace, "lease-namespace", "", "namespace of the coordination.k8s.io Lease")
 	fs.StringVar(&cfg.Lease.Name, "lease-name", "", "Lease renewed while serving (none: no lease)")
 	fs.StringVar(&cfg.Lease.Holder, "lease-holder", "", "holder identity in the Lease (the pod name)")

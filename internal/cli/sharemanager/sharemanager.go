@@ -16,6 +16,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/exec"
 
@@ -57,6 +58,13 @@ type Config struct {
 	CheckInterval time.Duration
 	// Lease is renewed while serving; no name: no lease (outside Kubernetes).
 	Lease share.LeaseConfig
+	// ShareManager names the ShareManager (in the Lease's namespace) whose
+	// spec.clients are the addresses admitted; none: only Clients.
+	ShareManager string
+	// Clients are admitted besides those of the ShareManager.
+	Clients []string
+	// RootSquash maps clients' root to the anonymous user.
+	RootSquash bool
 	Kube  kube.Flags
 	Log   logr.Logger
 
@@ -65,6 +73,7 @@ type Config struct {
 	Clock   clock.WithTicker
 	Mounter *mount.Manager
 	Leases  kubernetes.Interface
+	Shares  client.WithWatch
 }
 
 // ReadyFile is the file a readiness probe tests: present while serving.
@@ -89,6 +98,7 @@ func (c Config) export() share.ExportConfig {
 		BindAddr: c.BindAddr, Port: c.Port, RecoveryRoot: rec,
 		LeaseLifetime: c.LeaseLifetime, GracePeriod: c.GracePeriod,
 		MinorVersions: c.MinorVersions, SyncWrites: c.SyncWrites,
+		Clients: c.Clients, RootSquash: c.RootSquash,
 	}
 }
 
@@ -150,12 +160,28 @@ func (c Config) Run(ctx context.Context) (err error) {
 			}
 		}()
 	}
+	clients := &admitted{}
+	if err := clients.set(nil); err != nil {
+		return err
+	}
+	if c.ShareManager != "" {
+		cl, err := c.shares()
+		if err != nil {
+			return err
+		}
+		if err := c.loadClients(ctx, cl, clients, c.DeviceTimeout); err != nil {
+			return err
+		}
+		fctx, stop := context.WithCancel(ctx)
+		defer stop()
+		go c.followClients(fctx, cl, clients)
+	}
 	if err := c.stage(ctx); err != nil {
 		return err
 	}
 	defer c.unmount(ctx)
 	for {
-		err := c.serve(ctx, lease)
+		err := c.serve(ctx, lease, clients)
 		if !errors.Is(err, errGrowAtStage) {
 			return err
 		}
@@ -184,7 +210,7 @@ func (c Config) stage(ctx context.Context) error {
 // cleanupTimeout bounds each step of the cleanup after ctx ended.
 const cleanupTimeout = 30 * time.Second
 
-func (c Config) serve(ctx context.Context, lease *share.Lease) error {
+func (c Config) serve(ctx context.Context, lease *share.Lease, clients *admitted) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	ep := c.export()
@@ -192,6 +218,11 @@ func (c Config) serve(ctx context.Context, lease *share.Lease) error {
 	defer closeCheck()
 	srv := share.NewServer(share.ServerConfig{Export: ep, Dir: c.StateDir, CheckInterval: c.CheckInterval}, c.Exec, c.Clock,
 		share.Checks{Device: share.DeviceCheck(c.Device, c.MountPath, "/proc/self/mountinfo"), Export: check}, c.Log.WithName("server"))
+	done, err := clients.serve(srv)
+	if err != nil {
+		return err
+	}
+	defer done()
 	leaseDone := make(chan error, 1)
 	if lease != nil {
 		go func() {
@@ -215,7 +246,7 @@ func (c Config) serve(ctx context.Context, lease *share.Lease) error {
 			cancel(err)
 		}
 	}()
-	err := srv.Run(ctx, func() {
+	err = srv.Run(ctx, func() {
 		if err := os.WriteFile(c.ReadyFile(), []byte(ep.Pseudo+"\n"), 0o644); err != nil {
 			c.Log.Info("could not write the ready file", "err", err.Error())
 		}

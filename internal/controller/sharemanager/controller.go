@@ -166,11 +166,19 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err := r.ensureService(ctx, sm); err != nil {
 		return ctrl.Result{}, err
 	}
-	needed, err := r.needed(ctx, vol.Name, sm.Namespace)
+	nodes, err := r.workloads(ctx, vol.Name, sm.Namespace)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	needed = needed || sm.Annotations[v1.KeepRunningAnnotation] == "true"
+	// Before any pod starts: a share manager serves only these (F1).
+	clients, err := r.clientsFor(ctx, nodes, rwx.cluster)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if err := r.setClients(ctx, sm, clients); err != nil {
+		return ctrl.Result{}, err
+	}
+	needed := len(nodes) > 0 || sm.Annotations[v1.KeepRunningAnnotation] == "true"
 	// A Volume on its way out needs no share: its image goes only once the
 	// share manager's attachment is released.
 	needed = needed && vol.DeletionTimestamp.IsZero()
@@ -397,22 +405,17 @@ func podReady(pod *corev1.Pod) bool {
 	return false
 }
 
-// needed tells whether a workload pod holds the volume in its Attachment.
-func (r *Reconciler) needed(ctx context.Context, volume, namespace string) (bool, error) {
+// workloads are the nodes that hold the volume for a workload pod in its
+// Attachment: the share is needed while there is one.
+func (r *Reconciler) workloads(ctx context.Context, volume, namespace string) ([]string, error) {
 	att := &v1.Attachment{}
 	if err := r.Client.Get(ctx, client.ObjectKey{Name: volume}, att); err != nil {
 		if apierrors.IsNotFound(err) {
-			return false, nil
+			return nil, nil
 		}
-		return false, fmt.Errorf("read Attachment %s: %w", volume, err)
+		return nil, fmt.Errorf("read Attachment %s: %w", volume, err)
 	}
-	for _, e := range att.Spec.Attachments {
-		if e.IsStage() || e.PodNamespace == namespace && e.Pod == Name(volume) {
-			continue
-		}
-		return true, nil
-	}
-	return false, nil
+	return workloadNodes(att, volume, namespace), nil
 }
 
 // rwxSettings are a StorageCluster's spec.rwx with defaults applied.
@@ -422,10 +425,22 @@ type rwxSettings struct {
 	// stageSecret is the Secret with the cephx client a ceph cluster's
 	// nodes stage with (its classes name it; nil on other backends).
 	stageSecret *corev1.SecretReference
+	// cluster is the volume's StorageCluster (nil: gone).
+	cluster *v1.StorageCluster
+	// resources of the share-manager container.
+	resources corev1.ResourceRequirements
+}
+
+// defaultResources are a share manager's without spec.rwx.shareManagerResources.
+func defaultResources() corev1.ResourceRequirements {
+	return corev1.ResourceRequirements{
+		Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("128Mi")},
+		Limits:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1"), corev1.ResourceMemory: resource.MustParse("1Gi")},
+	}
 }
 
 func (r *Reconciler) settings(ctx context.Context, vol *v1.Volume) (rwxSettings, error) {
-	s := rwxSettings{fastFailover: true, leaseDuration: 10 * time.Second, grace: 10 * time.Second}
+	s := rwxSettings{fastFailover: true, leaseDuration: 10 * time.Second, grace: 10 * time.Second, resources: defaultResources()}
 	sc := &v1.StorageCluster{}
 	if err := r.Client.Get(ctx, client.ObjectKey{Name: vol.Spec.StorageCluster}, sc); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -433,6 +448,7 @@ func (r *Reconciler) settings(ctx context.Context, vol *v1.Volume) (rwxSettings,
 		}
 		return s, fmt.Errorf("read StorageCluster %s: %w", vol.Spec.StorageCluster, err)
 	}
+	s.cluster = sc
 	if f := sc.Spec.RWX.FastFailover; f != nil {
 		s.fastFailover = *f
 	}
@@ -441,6 +457,9 @@ func (r *Reconciler) settings(ctx context.Context, vol *v1.Volume) (rwxSettings,
 	}
 	if g := sc.Spec.RWX.NFSGraceSeconds; g != nil {
 		s.grace = time.Duration(*g) * time.Second
+	}
+	if r := sc.Spec.RWX.ShareManagerResources; r != nil {
+		s.resources = *r.DeepCopy()
 	}
 	if sc.Spec.Backend == v1.BackendCeph && sc.Spec.Ceph != nil {
 		s.stageSecret = &corev1.SecretReference{Name: sc.Spec.Ceph.SecretRef.Name, Namespace: sc.Spec.Ceph.SecretRef.Namespace}
@@ -574,6 +593,10 @@ func readyStatus(s v1.ShareState) metav1.ConditionStatus {
 // +kubebuilder:rbac:groups=berth.io,resources=volumes/status,verbs=get;update;patch
 // +kubebuilder:rbac:groups=berth.io,resources=attachments,verbs=get;list;watch
 // +kubebuilder:rbac:groups=berth.io,resources=storageclusters,verbs=get;list;watch
+// The share's clients: its workload nodes' addresses, as Nodes and the
+// multus holder pods (in its namespace) have them; spec.clients is set.
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
+// +kubebuilder:rbac:groups=berth.io,namespace=berth-system,resources=sharemanagers,verbs=patch
 //
 // (finalizers: a controller reference blocks owner deletion, which needs it
 // where OwnerReferencesPermissionEnforcement is on.)
@@ -590,7 +613,8 @@ func readyStatus(s v1.ShareState) metav1.ConditionStatus {
 
 // SetupWithManager registers the reconciler: its pods and Services, the
 // Volumes and the Leases and Attachments named after them all wake the
-// ShareManager they concern. A Volume wakes it when its spec changes or
+// ShareManager they concern; a Node's address change and multus holder
+// pods wake them all (their clients' addresses). A Volume wakes it when its spec changes or
 // its deletion starts or ends (a Volume on its way out needs no share, and
 // its image waits for the share manager's stage: a share left starting,
 // with no Lease or pod change to come, would hold it for good); its status
@@ -610,6 +634,34 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&v1.Volume{}, handler.EnqueueRequestsFromMapFunc(byVolume), builder.WithPredicates(volumeChanged)).
 		Watches(&coordinationv1.Lease{}, handler.EnqueueRequestsFromMapFunc(byVolume)).
 		Watches(&v1.Attachment{}, handler.EnqueueRequestsFromMapFunc(byVolume)).
+		Watches(&corev1.Node{}, handler.EnqueueRequestsFromMapFunc(r.allShares), builder.WithPredicates(addressesChanged)).
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.allShares), builder.WithPredicates(holderPod)).
 		Named("sharemanager").
 		Complete(r)
 }
+
+// allShares is every ShareManager of the namespace.
+func (r *Reconciler) allShares(ctx context.Context, _ client.Object) []reconcile.Request {
+	list := &v1.ShareManagerList{}
+	if err := r.Client.List(ctx, list, client.InNamespace(r.Options.Namespace)); err != nil {
+		r.Log.Error(err, "list ShareManagers")
+		return nil
+	}
+	reqs := make([]reconcile.Request, 0, len(list.Items))
+	for _, sm := range list.Items {
+		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&sm)})
+	}
+	return reqs
+}
+
+// addressesChanged passes Node events that may change a share's clients.
+var addressesChanged = predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+	o, ok1 := e.ObjectOld.(*corev1.Node)
+	n, ok2 := e.ObjectNew.(*corev1.Node)
+	return !ok1 || !ok2 || !equality.Semantic.DeepEqual(o.Status.Addresses, n.Status.Addresses)
+}}
+
+// holderPod passes multus holder pods' events.
+var holderPod = predicate.NewPredicateFuncs(func(o client.Object) bool {
+	return o.GetLabels()[labelComponent] == componentHolder
+})

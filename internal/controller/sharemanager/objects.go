@@ -77,6 +77,8 @@ func (r *Reconciler) podFor(sm *v1.ShareManager, vol *v1.Volume, rwx rwxSettings
 		"--state-dir=" + stateDir,
 		"--lease-namespace=" + sm.Namespace,
 		"--lease-name=" + vol.Name,
+		// Its spec.clients are the addresses ganesha admits.
+		"--share-manager=" + sm.Name,
 		// Unique per pod (leaseHolder): a replacement under the same name
 		// must not mistake the old pod's Lease for its own.
 		"--lease-holder=$(POD_NAME)_$(POD_UID)",
@@ -88,6 +90,9 @@ func (r *Reconciler) podFor(sm *v1.ShareManager, vol *v1.Volume, rwx rwxSettings
 	}
 	if vol.Spec.FSType != "" {
 		args = append(args, "--fs-type="+vol.Spec.FSType)
+	}
+	if vol.Spec.RootSquash {
+		args = append(args, "--root-squash")
 	}
 	env := []corev1.EnvVar{
 		{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.name"}}},
@@ -113,6 +118,7 @@ func (r *Reconciler) podFor(sm *v1.ShareManager, vol *v1.Volume, rwx rwxSettings
 				Args:            args,
 				Env:             env,
 				Ports:           []corev1.ContainerPort{{Name: "nfs", ContainerPort: nfsPort, Protocol: corev1.ProtocolTCP}},
+				Resources:       rwx.resources,
 				// Mounting the device inside the container needs it.
 				SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
 				// Every second: after a failover clients reach the new
