@@ -54,8 +54,9 @@ func TestAgentWritesOnlyItsOwnNodesRecords(t *testing.T) {
 	defer cancel()
 	out := helm(t, "template", "berth", chartDir, "--namespace", releaseNamespace, "--include-crds", "--set", "namespace.create=true")
 	_, kinds := apply(ctx, t, out)
-	if kinds["ValidatingAdmissionPolicy"] != 1 || kinds["ValidatingAdmissionPolicyBinding"] != 1 {
-		t.Fatalf("chart rendered %v, want one ValidatingAdmissionPolicy and its binding", kinds)
+	// The agent's and the share manager's.
+	if kinds["ValidatingAdmissionPolicy"] != 2 || kinds["ValidatingAdmissionPolicyBinding"] != 2 {
+		t.Fatalf("chart rendered %v, want two ValidatingAdmissionPolicies and their bindings", kinds)
 	}
 	waitCRDs(ctx, t)
 	admin := env.Client
