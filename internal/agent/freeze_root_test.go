@@ -63,12 +63,16 @@ func TestFreezeHelperProcess(t *testing.T) {
 // filesystem for a copy and was killed before the thaw, its container's
 // mount namespace gone with it. The filesystem stays frozen (a writer
 // blocks) until the next agent's start path (ThawLeftovers) runs: then the
-// writer goes through and the freeze record is gone. Both a staged ext4
-// and an RWX volume's ext4 mounted only in its share manager's namespace
-// (frozen through the dead agent's own scratch mount).
+// writer goes through and the freeze record is gone. A staged ext4 and
+// xfs, and an RWX volume's ext4 mounted only in its share manager's
+// namespace (frozen through the dead agent's own scratch mount).
 func TestRootThawAtStartAfterAgentDied(t *testing.T) {
-	for _, rwx := range []bool{false, true} {
-		t.Run(map[bool]string{false: "staged", true: "shared"}[rwx], func(t *testing.T) {
+	for _, c := range []struct {
+		name, fsType string
+		rwx          bool
+	}{{"staged ext4", "ext4", false}, {"staged xfs", "xfs", false}, {"shared ext4", "ext4", true}} {
+		rwx := c.rwx
+		t.Run(c.name, func(t *testing.T) {
 			var e *quiesceEnv
 			var dir string
 			if rwx {
@@ -79,8 +83,8 @@ func TestRootThawAtStartAfterAgentDied(t *testing.T) {
 				}
 				_, dir = shareManagerMount(t, e.dev)
 			} else {
-				e = newQuiesceEnv(t)
-				dir = e.stage(t, false)
+				e = newQuiesceEnvSized(t, 320<<20)
+				dir = e.stageFS(t, false, c.fsType)
 			}
 			freezeDir := t.TempDir()
 			thawOnFailure(t, dir)

@@ -39,6 +39,13 @@ type quiesceEnv struct {
 
 func newQuiesceEnv(t *testing.T, objs ...client.Object) *quiesceEnv {
 	t.Helper()
+	return newQuiesceEnvSized(t, 64<<20, objs...)
+}
+
+// newQuiesceEnvSized is newQuiesceEnv with a volume of size bytes (xfs
+// wants 300 MiB at least).
+func newQuiesceEnvSized(t *testing.T, size int64, objs ...client.Object) *quiesceEnv {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: real loop devices, mkfs and mounts")
 	}
@@ -52,7 +59,7 @@ func newQuiesceEnv(t *testing.T, objs ...client.Object) *quiesceEnv {
 		FreezeDir: t.TempDir()})
 	e.agent = a
 	images.WithQuiescer(a)
-	img, err := images.Create(t.Context(), "vol", 64<<20)
+	img, err := images.Create(t.Context(), "vol", size)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,8 +98,14 @@ func newRWXQuiesceEnv(t *testing.T) *quiesceEnv {
 // device with block) and unstages it when the test ends.
 func (e *quiesceEnv) stage(t *testing.T, block bool) string {
 	t.Helper()
+	return e.stageFS(t, block, "")
+}
+
+// stageFS is stage with a filesystem of fsType ("": ext4).
+func (e *quiesceEnv) stageFS(t *testing.T, block bool, fsType string) string {
+	t.Helper()
 	staging := filepath.Join(t.TempDir(), "staging")
-	if err := e.mounts.Stage(t.Context(), mount.StageRequest{VolumeID: "vol", Device: e.dev, StagingPath: staging, Block: block}); err != nil {
+	if err := e.mounts.Stage(t.Context(), mount.StageRequest{VolumeID: "vol", Device: e.dev, StagingPath: staging, Block: block, FSType: fsType}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
