@@ -50,6 +50,9 @@ type Options struct {
 	// lock is not broken (lock breaking fails with an error; the GC leaves
 	// the entry for lock breaking by a process that has one).
 	Blocklister Blocklister
+	// Events tells on an Attachment why the GC leaves one of its entries
+	// (nil: logged and counted only).
+	Events record.EventRecorder
 }
 
 // DefaultStaleListTTL: a week, time for a node to be rebuilt under its name.

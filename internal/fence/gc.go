@@ -268,6 +268,10 @@ func (g *GC) sweep(ctx context.Context, w *gcWorld, volume string) (moved, dropp
 				// Attachment and of every other are judged still.
 				g.log.Error(err, "attachment GC skips an entry it cannot judge", "volume", volume,
 					"node", e.Node, "pod", e.PodNamespace+"/"+e.Pod, "podUID", e.PodUID)
+				if g.opts.Events != nil {
+					g.opts.Events.Eventf(&att, corev1.EventTypeWarning, ReasonGCEntrySkipped,
+						"attachment GC leaves the entry of node %s, mount dir %s: %v", e.Node, e.MountDir, err)
+				}
 				skipped++
 				kept = append(kept, e)
 				continue
@@ -366,6 +370,10 @@ func (w *gcWorld) judge(ctx context.Context, e *v1.AttachmentEntry) (reason v1.C
 	}
 	return "", false, false, nil
 }
+
+// ReasonGCEntrySkipped is the Event reason on an Attachment whose entry
+// the GC could not judge and left in place.
+const ReasonGCEntrySkipped = "GCEntrySkipped"
 
 // errInvalidEntry: an Attachment entry names a pod no pod can be (stored
 // before the CRD checked the pod fields, or past its checks).

@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/record"
 	clocktesting "k8s.io/utils/clock/testing"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
@@ -76,11 +77,12 @@ func TestAttachmentPodFieldsValidated(t *testing.T) {
 }
 
 // TestGCSkipsEntriesItCannotJudge (F13): one Attachment entry whose pod
-// fields are invalid (stored before the CRD checked them: here the
-// API server's answer is rewritten) and one whose pod lookup fails (an API
-// error) are logged, counted and left in place; the same pass still moves
-// another volume's entry of a gone pod and marks a gone node's stale list.
-// Today's main aborts the pass at the first of them, "0-..." sorting first.
+// fields are invalid (stored before the CRD checked them: here the API
+// server's answer is rewritten) and one whose pod lookup fails (an API
+// error) are logged, counted, told as Events and left in place; the same
+// pass still moves another volume's entry of a gone pod and marks a gone
+// node's stale list. Main before the fix ended the pass at the first of
+// them, "0-..." sorting first.
 func TestGCSkipsEntriesItCannotJudge(t *testing.T) {
 	suite.Require(t)
 	ctx := ctxT(t)
@@ -122,7 +124,8 @@ func TestGCSkipsEntriesItCannotJudge(t *testing.T) {
 		return nil
 	}})
 	reg := prometheus.NewRegistry()
-	g, err := fence.NewGC(c, clocktesting.NewFakeClock(time.Now()), testr.New(t), reg, fence.Options{})
+	events := record.NewFakeRecorder(10)
+	g, err := fence.NewGC(c, clocktesting.NewFakeClock(time.Now()), testr.New(t), reg, fence.Options{Events: events})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,5 +151,15 @@ func TestGCSkipsEntriesItCannotJudge(t *testing.T) {
 	}
 	if n := counter(t, reg, "berth_attachment_gc_entries_skipped_total"); n != 2 {
 		t.Errorf("berth_attachment_gc_entries_skipped_total = %v, want 2", n)
+	}
+	close(events.Events)
+	var skips int
+	for ev := range events.Events {
+		if strings.Contains(ev, fence.ReasonGCEntrySkipped) {
+			skips++
+		}
+	}
+	if skips != 2 {
+		t.Errorf("%d %s Events, want one per skipped entry", skips, fence.ReasonGCEntrySkipped)
 	}
 }

@@ -220,7 +220,8 @@ func (c Config) addAttachmentGC(ctx context.Context, mgr ctrl.Manager) error {
 		c.Log.WithName("unfence"), fence.UnfenceOptions{Cooldown: c.UnfenceCooldown, Interval: c.UnfenceInterval})); err != nil {
 		return err
 	}
-	gc, err := fence.NewGC(direct, clock.RealClock{}, c.Log.WithName("attachment-gc"), metrics.Registry, fence.Options{StaleListTTL: c.StaleListTTL})
+	gc, err := fence.NewGC(direct, clock.RealClock{}, c.Log.WithName("attachment-gc"), metrics.Registry, fence.Options{StaleListTTL: c.StaleListTTL,
+		Events: mgr.GetEventRecorderFor("berth-operator")})
 	if err != nil {
 		return err
 	}
