@@ -64,6 +64,7 @@ func parse(args []string, stdio cli.IO) (Config, error) {
 		return nil
 	})
 	fs.BoolVar(&cfg.RootSquash, "root-squash", false, "map clients' root (uid 0) to the anonymous user")
+	fs.StringVar(&cfg.NeverFormat, "never-format", "", "never format the device; the value says why it must hold a filesystem (it had one, or it is a copy)")
 	fs.StringVar(&cfg.Lease.Namespace, "lease-namespace", "", "namespace of the coordination.k8s.io Lease")
 	fs.StringVar(&cfg.Lease.Name, "lease-name", "", "Lease renewed while serving (none: no lease)")
 	fs.StringVar(&cfg.Lease.Holder, "lease-holder", "", "holder identity in the Lease (the pod name)")

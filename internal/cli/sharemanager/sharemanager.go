@@ -65,6 +65,11 @@ type Config struct {
 	Clients []string
 	// RootSquash maps clients' root to the anonymous user.
 	RootSquash bool
+	// NeverFormat, when set, says why the volume must hold a filesystem
+	// already (it had one, or it is a copy): a device that shows none is
+	// then damage or a failed read, and the stage fails instead of making
+	// a new filesystem over the data.
+	NeverFormat string
 	Kube  kube.Flags
 	Log   logr.Logger
 
@@ -198,10 +203,14 @@ func (c Config) Run(ctx context.Context) (err error) {
 	}
 }
 
-// stage mounts the device (formatting it when blank, growing its
-// filesystem to the device's size).
+// stage mounts the device (formatting it when blank and allowed, growing
+// its filesystem to the device's size).
 func (c Config) stage(ctx context.Context) error {
-	if err := c.Mounter.Stage(ctx, mount.StageRequest{VolumeID: c.Volume, Device: c.Device, StagingPath: c.MountPath, FSType: c.FSType}); err != nil {
+	// The format rules of every stage (F11): the operator passes Never
+	// when the Volume records a filesystem or is a copy. The image file is
+	// not in this pod; blkid and the device's zero ends still guard.
+	policy := mount.FormatPolicy{Never: c.NeverFormat != "", Why: c.NeverFormat}
+	if err := c.Mounter.Stage(ctx, mount.StageRequest{VolumeID: c.Volume, Device: c.Device, StagingPath: c.MountPath, FSType: c.FSType, Format: policy}); err != nil {
 		return fmt.Errorf("mount %s: %w", c.Device, err)
 	}
 	return nil

@@ -244,7 +244,30 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	case !podReady(pod):
 		return res, r.setStatus(ctx, sm, v1.ShareStarting, pod.Spec.NodeName, reasonStarting, "pod "+pod.Name+" is "+string(pod.Status.Phase)+", not ready")
 	}
+	if err := r.recordFormat(ctx, vol); err != nil {
+		return ctrl.Result{}, err
+	}
 	return res, r.setStatus(ctx, sm, v1.ShareRunning, pod.Spec.NodeName, reasonRunning, "serving from "+pod.Spec.NodeName)
+}
+
+// recordFormat records in the Volume's status that it holds a filesystem,
+// once a share manager serves it (it mounted one, made or found): the
+// next share manager is told never to format it (neverFormat). The share
+// manager itself may write no Volume.
+func (r *Reconciler) recordFormat(ctx context.Context, vol *v1.Volume) error {
+	if vol.Status.Formatted != nil {
+		return nil
+	}
+	fsType := vol.Spec.FSType
+	if fsType == "" {
+		fsType = "ext4" // the share manager's default
+	}
+	orig := vol.DeepCopy()
+	vol.Status.Formatted = &v1.VolumeFormat{FSType: fsType, Time: metav1.NewTime(r.Clock.Now())}
+	if err := r.Client.Status().Patch(ctx, vol, client.MergeFrom(orig)); client.IgnoreNotFound(err) != nil {
+		return fmt.Errorf("record the filesystem of volume %s: %w", vol.Name, err)
+	}
+	return nil
 }
 
 // stop deletes the pod of a share no workload needs: gracefully, so that

@@ -94,6 +94,9 @@ func (r *Reconciler) podFor(sm *v1.ShareManager, vol *v1.Volume, rwx rwxSettings
 	if vol.Spec.RootSquash {
 		args = append(args, "--root-squash")
 	}
+	if why := neverFormat(vol); why != "" {
+		args = append(args, "--never-format="+why)
+	}
 	env := []corev1.EnvVar{
 		{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.name"}}},
 		{Name: "POD_UID", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "metadata.uid"}}},
@@ -151,6 +154,21 @@ func (r *Reconciler) podFor(sm *v1.ShareManager, vol *v1.Volume, rwx rwxSettings
 		},
 	}
 	return pod
+}
+
+// neverFormat says why the share manager must not format vol's device
+// ("": it may, when blank): the agent's rules for a stage (a recorded
+// filesystem, a copy), from what the Volume says.
+func neverFormat(vol *v1.Volume) string {
+	switch src := vol.Spec.Source; {
+	case vol.Status.Formatted != nil:
+		return fmt.Sprintf("its status records a %s filesystem", vol.Status.Formatted.FSType)
+	case src != nil && src.Snapshot != "":
+		return "it is a copy of snapshot " + src.Snapshot
+	case src != nil && src.Volume != "":
+		return "it is a clone of volume " + src.Volume
+	}
+	return ""
 }
 
 // leaseHolder is the holder identity pod writes into its Lease (the
