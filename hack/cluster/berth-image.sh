@@ -20,11 +20,10 @@ REPO="$(cd "$HERE/../.." && pwd)"
 BERTH_E2E_BERTH_BINARY=$(readlink -f "$1")
 for i in $(node_indexes); do
 	sock=$(node_sock "$i")
+	ctr_() { ctr -a "$sock" -n k8s.io "$@"; }
 	# A VM node's containerd answers through its command channel.
-	run=()
-	if node_is_vm "$i"; then run=(vm_exec "$i"); fi
-	"${run[@]}" ctr -a "$sock" version >/dev/null 2>&1 || die "containerd of $(node_name "$i") is not running (hack/cluster/up.sh)"
-	ctr_() { "${run[@]}" ctr -a "$sock" -n k8s.io "$@"; }
+	if node_is_vm "$i"; then ctr_() { vm_ctr "$i" "$@"; }; fi
+	ctr_ version >/dev/null 2>&1 || die "containerd of $(node_name "$i") is not running (hack/cluster/up.sh)"
 	IMPORT_NODE=$(node_name "$i") build_and_import_images
 done
 log "berth image $BERTH_IMAGE_TAG ready"

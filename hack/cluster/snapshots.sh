@@ -61,7 +61,7 @@ image() {
 	for i in $(node_indexes); do
 		local ctr_=(ctr -a "$(node_sock "$i")" -n k8s.io)
 		# A VM node's containerd answers through its command channel.
-		if node_is_vm "$i"; then ctr_=(vm_exec "$i" "${ctr_[@]}"); fi
+		if node_is_vm "$i"; then ctr_=(vm_ctr "$i"); fi
 		mark="$tar.imported.$(node_name "$i")"
 		# grep without -q: under pipefail, a ctr cut off by SIGPIPE would read as "not imported".
 		if ! "${ctr_[@]}" images ls -q | grep -xF "$CONTROLLER_IMAGE" >/dev/null || [ "$tar" -nt "$mark" ]; then
