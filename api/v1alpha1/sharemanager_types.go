@@ -15,6 +15,11 @@ const KeepRunningAnnotation = "berth.io/keep-running"
 // expansion); the controller mirrors it into ShareManagerStatus.Size.
 const ShareSizeAnnotation = "berth.io/share-size"
 
+// ShareClientsAnnotation on a share manager's Lease names, comma-separated,
+// the nodes whose addresses its ganesha admits now (the clients it has
+// applied); the controller mirrors it into ShareManagerStatus.AdmittedNodes.
+const ShareClientsAnnotation = "berth.io/share-clients"
+
 // ShareManagerSpec is the wanted state of a read-write-many volume's share.
 type ShareManagerSpec struct {
 	// Volume is the name of the Volume this share serves.
@@ -66,6 +71,12 @@ type ShareManagerStatus struct {
 	// filesystem has grown.
 	// +optional
 	Size *resource.Quantity `json:"size,omitempty"`
+
+	// AdmittedNodes are the nodes the running share manager admits, as it
+	// last reported: those of spec.clients that its ganesha has applied.
+	// +listType=set
+	// +optional
+	AdmittedNodes []string `json:"admittedNodes,omitempty"`
 
 	// FailedNode is the node of the last share manager that failed or lost
 	// its Lease; the next pod avoids it when the backend allows.

@@ -121,6 +121,12 @@ type VolumeStatus struct {
 	// +optional
 	ShareEndpoint string `json:"shareEndpoint,omitempty"`
 
+	// ShareNodes are the nodes the running share admits: a workload's
+	// node mounts the share once it is listed (ShareManagerStatus.AdmittedNodes).
+	// +listType=set
+	// +optional
+	ShareNodes []string `json:"shareNodes,omitempty"`
+
 	// RemountRequestedAt is set when workloads should remount the share,
 	// after a share manager moved.
 	// +optional

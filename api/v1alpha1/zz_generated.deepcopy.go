@@ -599,6 +599,11 @@ func (in *ShareManagerStatus) DeepCopyInto(out *ShareManagerStatus) {
 		x := (*in).DeepCopy()
 		*out = &x
 	}
+	if in.AdmittedNodes != nil {
+		in, out := &in.AdmittedNodes, &out.AdmittedNodes
+		*out = make([]string, len(*in))
+		copy(*out, *in)
+	}
 	if in.Conditions != nil {
 		in, out := &in.Conditions, &out.Conditions
 		*out = make([]v1.Condition, len(*in))
@@ -972,6 +977,11 @@ func (in *VolumeStatus) DeepCopyInto(out *VolumeStatus) {
 		in, out := &in.Capacity, &out.Capacity
 		x := (*in).DeepCopy()
 		*out = &x
+	}
+	if in.ShareNodes != nil {
+		in, out := &in.ShareNodes, &out.ShareNodes
+		*out = make([]string, len(*in))
+		copy(*out, *in)
 	}
 	if in.RemountRequestedAt != nil {
 		in, out := &in.RemountRequestedAt, &out.RemountRequestedAt

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"time"
 
@@ -110,8 +111,9 @@ func (a *Agent) publishShared(ctx context.Context, r PublishRequest, vol *v1.Vol
 	return nil
 }
 
-// waitShare waits, at most shareWait, for the Volume's share to run, and
-// returns its NFS source (host:/export) and mount options (the port).
+// waitShare waits, at most shareWait, for the Volume's share to run and
+// admit this node, and returns its NFS source (host:/export) and mount
+// options (the port).
 func (a *Agent) waitShare(ctx context.Context, id string) (source string, opts []string, err error) {
 	var last *v1.Volume
 	err = wait.PollUntilContextTimeout(ctx, shareInterval, a.shareWait, true, func(ctx context.Context) (bool, error) {
@@ -120,15 +122,21 @@ func (a *Agent) waitShare(ctx context.Context, id string) (source string, opts [
 			return false, err
 		}
 		last = vol
-		return vol.Status.ShareState == v1.ShareRunning && vol.Status.ShareEndpoint != "", nil
+		// Admitted too: ganesha refuses a node not yet on its client
+		// list, and a refused mount would drop this pod's entry, which
+		// is what gets the node listed.
+		return vol.Status.ShareState == v1.ShareRunning && vol.Status.ShareEndpoint != "" && slices.Contains(vol.Status.ShareNodes, a.node), nil
 	})
 	if err != nil {
 		if last == nil || ctx.Err() != nil {
 			return "", nil, err
 		}
-		state := last.Status.ShareState
-		if state == "" {
+		state := string(last.Status.ShareState)
+		switch {
+		case state == "":
 			state = "not started"
+		case last.Status.ShareState == v1.ShareRunning:
+			state += " but does not admit node " + a.node + " yet"
 		}
 		return "", nil, fmt.Errorf("%w: the NFS share of volume %s is %s after %s (see `kubectl get sharemanagers -A`); retry",
 			volerr.ErrUnavailable, id, state, a.shareWait)

@@ -32,11 +32,20 @@ const shareEndpoint = "nfs://share-manager-vol-a.berth-system.svc/vol-a"
 // another node (the share may be mounted anywhere), its share in state
 // with endpoint, and the node's NFS client answering nfsErr.
 func newShareEnv(t *testing.T, state v1.ShareState, endpoint string, nfsErr error) (*stageEnv, string) {
+	return newShareEnvAdmitting(t, state, endpoint, nfsErr, "node-a")
+}
+
+// newShareEnvAdmitting is newShareEnv with a share that admits nodes
+// (the agent is node-a's).
+func newShareEnvAdmitting(t *testing.T, state v1.ShareState, endpoint string, nfsErr error, admitted ...string) (*stageEnv, string) {
 	t.Helper()
 	e := newStageEnvOf(t, false, func(v *v1.Volume) {
 		v.Spec.AccessMode = v1.ReadWriteMany
 		v.Spec.Node = "node-b"
 		v.Status.ShareState, v.Status.ShareEndpoint = state, endpoint
+		if state == v1.ShareRunning {
+			v.Status.ShareNodes = admitted
+		}
 	})
 	e.cfg.NFS = nfsCheck{nfsErr}
 	e.cfg.ShareWait = 50 * time.Millisecond
@@ -59,17 +68,26 @@ func TestFakePublishShared(t *testing.T) {
 		code      codes.Code
 		wantHold  bool
 		wantMount string // the NFS source mounted; "": none
+		// notAdmitted: the running share admits node-b only.
+		notAdmitted bool
 	}{
 		{name: "share running", state: v1.ShareRunning, endpoint: shareEndpoint, code: codes.OK, wantHold: true,
 			wantMount: "share-manager-vol-a.berth-system.svc:/vol-a"},
 		// The pod's entry stays: it keeps the share needed while kubelet retries.
 		{name: "share starting", state: v1.ShareStarting, endpoint: "", code: codes.Unavailable, wantHold: true},
+		// Not on ganesha's client list yet: the mount would be refused and
+		// drop the entry that gets the node listed; it waits instead.
+		{name: "share running, node not admitted", state: v1.ShareRunning, endpoint: shareEndpoint, code: codes.Unavailable, wantHold: true, notAdmitted: true},
 		{name: "share not started", code: codes.Unavailable, wantHold: true},
 		{name: "no NFS client", state: v1.ShareRunning, endpoint: shareEndpoint, nfsErr: mount.ErrNoNFSClient, code: codes.FailedPrecondition},
 		{name: "bad endpoint", state: v1.ShareRunning, endpoint: "http://x/vol-a", code: codes.InvalidArgument},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			e, target := newShareEnv(t, c.state, c.endpoint, c.nfsErr)
+			admit := "node-a"
+			if c.notAdmitted {
+				admit = "node-b"
+			}
+			e, target := newShareEnvAdmitting(t, c.state, c.endpoint, c.nfsErr, admit)
 			err := e.publishPod(t, target)
 			if got := errcode.Code(err); got != c.code {
 				t.Fatalf("publish: %v (%s), want %s", err, got, c.code)

@@ -52,6 +52,7 @@ func TestNodeRWXFilesystem(t *testing.T) {
 		}
 		// The fixture's fake API has no status subresource: status is kept.
 		vol.Status.ShareState, vol.Status.ShareEndpoint = v1.ShareRunning, "nfs://share-manager-vol-x.berth-system.svc/vol-x"
+		vol.Status.ShareNodes = []string{"node-a"} // the fixture agent's node
 		if err := f.api.Create(t.Context(), vol); err != nil {
 			t.Fatal(err)
 		}
@@ -157,6 +158,7 @@ func setShare(t *testing.T, name string, state v1.ShareState) {
 	vol.Status.ShareState, vol.Status.ShareEndpoint = state, ""
 	if state == v1.ShareRunning {
 		vol.Status.ShareEndpoint = "nfs://share-manager-" + name + ".berth-system.svc/" + name
+		vol.Status.ShareNodes = []string{"node-a"}
 	}
 	if err := env.Client.Status().Update(t.Context(), vol); err != nil {
 		t.Fatal(err)

@@ -20,23 +20,29 @@ import (
 // +kubebuilder:rbac:groups=berth.io,namespace=berth-system,resources=sharemanagers,verbs=get;list;watch
 
 // admitted is the client list of the share, handed to the server that
-// runs now (ganesha rereads it) and to each one started later.
+// runs now (ganesha rereads it) and to each one started later. report,
+// when set, is told the nodes admitted after each change that took.
 type admitted struct {
-	mu    sync.Mutex
-	known bool
-	list  []string
-	srv   *share.Server
+	mu sync.Mutex
+	// extra are admitted always (--clients).
+	extra  []string
+	list   []v1.ShareClient
+	srv    *share.Server
+	report func(nodes []string)
 }
 
-// set makes list the clients; a server running now gets them at once.
-func (a *admitted) set(list []string) error {
+// set makes clients the share's; a server running now gets them at once.
+func (a *admitted) set(clients []v1.ShareClient) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.known, a.list = true, slices.Clone(list)
-	if a.srv == nil {
-		return nil
+	if a.srv != nil {
+		if err := a.srv.SetClients(append(addresses(clients), a.extra...)); err != nil {
+			return err
+		}
 	}
-	return a.srv.SetClients(list)
+	a.list = slices.Clone(clients)
+	a.tell()
+	return nil
 }
 
 // serve gives srv the clients and every later change, until the returned
@@ -44,7 +50,7 @@ func (a *admitted) set(list []string) error {
 func (a *admitted) serve(srv *share.Server) (func(), error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if err := srv.SetClients(a.list); err != nil {
+	if err := srv.SetClients(append(addresses(a.list), a.extra...)); err != nil {
 		return nil, err
 	}
 	a.srv = srv
@@ -55,10 +61,23 @@ func (a *admitted) serve(srv *share.Server) (func(), error) {
 	}, nil
 }
 
-// addresses are the clients' addresses of sm.
-func addresses(sm *v1.ShareManager) []string {
+// tell reports the nodes of the list; called with mu held.
+func (a *admitted) tell() {
+	if a.report == nil {
+		return
+	}
+	nodes := make([]string, 0, len(a.list))
+	for _, c := range a.list {
+		nodes = append(nodes, c.Node)
+	}
+	slices.Sort(nodes)
+	a.report(slices.Compact(nodes))
+}
+
+// addresses are the addresses of clients.
+func addresses(clients []v1.ShareClient) []string {
 	var out []string
-	for _, c := range sm.Spec.Clients {
+	for _, c := range clients {
 		out = append(out, c.Addresses...)
 	}
 	return out
@@ -95,7 +114,7 @@ func (c Config) loadClients(ctx context.Context, cl client.Client, a *admitted, 
 		sm := &v1.ShareManager{}
 		err := cl.Get(ctx, client.ObjectKey{Namespace: c.Lease.Namespace, Name: c.ShareManager}, sm)
 		if err == nil {
-			return a.set(addresses(sm))
+			return a.set(sm.Spec.Clients)
 		}
 		c.Log.Info("cannot read the ShareManager yet", "name", c.ShareManager, "err", err.Error())
 		select {
@@ -139,9 +158,9 @@ func (c Config) watchClients(ctx context.Context, cl client.WithWatch, a *admitt
 			if !isSM || ev.Type == watch.Deleted {
 				continue
 			}
-			if err := a.set(addresses(sm)); err != nil {
+			if err := a.set(sm.Spec.Clients); err != nil {
 				// A list ganesha cannot take: keep serving the last one.
-				c.Log.Error(err, "share clients not changed", "clients", addresses(sm))
+				c.Log.Error(err, "share clients not changed", "clients", addresses(sm.Spec.Clients))
 			}
 		}
 	}

@@ -16,9 +16,9 @@ import (
 
 	"github.com/go-logr/logr"
 	"k8s.io/client-go/kubernetes"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/exec"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/cli/kube"
@@ -70,8 +70,8 @@ type Config struct {
 	// then damage or a failed read, and the stage fails instead of making
 	// a new filesystem over the data.
 	NeverFormat string
-	Kube  kube.Flags
-	Log   logr.Logger
+	Kube        kube.Flags
+	Log         logr.Logger
 
 	// Seams; nil: the real ones.
 	Exec    share.Exec
@@ -165,7 +165,12 @@ func (c Config) Run(ctx context.Context) (err error) {
 			}
 		}()
 	}
-	clients := &admitted{}
+	clients := &admitted{extra: c.Clients}
+	if lease != nil {
+		// The next renewal tells the controller, and through the Volume
+		// the nodes, whom ganesha admits: a node mounts once listed.
+		clients.report = func(nodes []string) { lease.Annotate(v1.ShareClientsAnnotation, strings.Join(nodes, ",")) }
+	}
 	if err := clients.set(nil); err != nil {
 		return err
 	}

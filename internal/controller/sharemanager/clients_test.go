@@ -6,6 +6,7 @@ import (
 	"slices"
 	"testing"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -107,8 +108,52 @@ func TestShareAdmitsOnlyItsWorkloadNodes(t *testing.T) {
 	}
 	waitClients(t, vol, []v1.ShareClient{{Node: "node-c1", Addresses: []string{"10.9.1.1"}}, {Node: "node-c2", Addresses: []string{"10.9.2.2"}}})
 
+	// The share manager runs and reports whom its ganesha admits: the
+	// Volume lists those nodes, which then mount (agent.waitShare).
+	k := kubelet{t}
+	serve(t, k, vol, pod, "node-c3")
+	waitAdmitted(t, vol, nil)
+	reportAdmitted(t, vol, "node-c1,node-c2")
+	waitAdmitted(t, vol, []string{"node-c1", "node-c2"})
+
 	workloadsOn(t, vol, "node-c2")
 	waitClients(t, vol, []v1.ShareClient{{Node: "node-c2", Addresses: []string{"10.9.2.2"}}})
+	reportAdmitted(t, vol, "node-c2")
+	waitAdmitted(t, vol, []string{"node-c2"})
+}
+
+// reportAdmitted writes nodes on the share's Lease, as its share manager
+// does with its next renewal once ganesha admits them.
+func reportAdmitted(t *testing.T, volume, nodes string) {
+	t.Helper()
+	ctx := testCtx(t)
+	lease := &coordinationv1.Lease{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: volume}, lease); err != nil {
+		t.Fatal(err)
+	}
+	if lease.Annotations == nil {
+		lease.Annotations = map[string]string{}
+	}
+	lease.Annotations[v1.ShareClientsAnnotation] = nodes
+	if err := env.Client.Update(ctx, lease); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitAdmitted waits until the ShareManager and its Volume list nodes as
+// admitted.
+func waitAdmitted(t *testing.T, volume string, nodes []string) {
+	t.Helper()
+	testenv.Eventually(t, waitLimit, "nodes admitted by "+volume, func(ctx context.Context) (bool, error) {
+		sm, vol := &v1.ShareManager{}, &v1.Volume{}
+		if err := env.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: volume}, sm); err != nil {
+			return false, err
+		}
+		if err := env.Client.Get(ctx, client.ObjectKey{Name: volume}, vol); err != nil {
+			return false, err
+		}
+		return slices.Equal(sm.Status.AdmittedNodes, nodes) && slices.Equal(vol.Status.ShareNodes, nodes), nil
+	})
 }
 
 // TestShareAdmitsMultusHolders: on a multus network, a workload node's

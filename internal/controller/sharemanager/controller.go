@@ -21,7 +21,9 @@ package sharemanager
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -219,7 +221,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, r.setStatus(ctx, sm, v1.ShareStarting, "", reasonStarting, "pod "+pod.Name+" created")
 	}
 
-	left, held, size, err := r.leaseLeft(ctx, vol.Name, pod, rwx)
+	left, held, rep, err := r.leaseLeft(ctx, vol.Name, pod, rwx)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -227,7 +229,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if reason, why := failure(pod, lapsed, rwx); reason != "" {
 		return r.failover(ctx, log, sm, vol, pod, rwx, reason, why)
 	}
-	if err := r.setSize(ctx, sm, size); err != nil {
+	if err := r.setSize(ctx, sm, rep.size); err != nil {
 		return ctrl.Result{}, err
 	}
 	// Look again when the Lease would lapse without another renewal (each
@@ -245,6 +247,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return res, r.setStatus(ctx, sm, v1.ShareStarting, pod.Spec.NodeName, reasonStarting, "pod "+pod.Name+" is "+string(pod.Status.Phase)+", not ready")
 	}
 	if err := r.recordFormat(ctx, vol); err != nil {
+		return ctrl.Result{}, err
+	}
+	if err := r.setAdmitted(ctx, sm, admittedNodes(sm, pod, rep)); err != nil {
 		return ctrl.Result{}, err
 	}
 	return res, r.setStatus(ctx, sm, v1.ShareRunning, pod.Spec.NodeName, reasonRunning, "serving from "+pod.Spec.NodeName)
@@ -367,7 +372,7 @@ func failure(pod *corev1.Pod, lapsed bool, rwx rwxSettings) (reason, why string)
 // lost node's pods turn unready long before they go. With no Lease at all,
 // a ready pod's readiness time stands in for its last renewal (the share
 // manager takes the Lease before it is ready).
-func (r *Reconciler) leaseLeft(ctx context.Context, volume string, pod *corev1.Pod, rwx rwxSettings) (left time.Duration, held bool, size *resource.Quantity, err error) {
+func (r *Reconciler) leaseLeft(ctx context.Context, volume string, pod *corev1.Pod, rwx rwxSettings) (left time.Duration, held bool, rep report, err error) {
 	var last time.Time
 	lease := &coordinationv1.Lease{}
 	switch err := r.Client.Get(ctx, client.ObjectKey{Namespace: pod.Namespace, Name: volume}, lease); {
@@ -375,10 +380,10 @@ func (r *Reconciler) leaseLeft(ctx context.Context, volume string, pod *corev1.P
 		r.observe(volume, lease)
 		if ptr.Deref(lease.Spec.HolderIdentity, "") == leaseHolder(pod) && lease.Spec.RenewTime != nil {
 			last = lease.Spec.RenewTime.Time
-			size = reportedSize(lease)
+			rep = report{size: reportedSize(lease), nodes: reportedNodes(lease)}
 		}
 	case !apierrors.IsNotFound(err):
-		return 0, false, nil, fmt.Errorf("read Lease %s: %w", volume, err)
+		return 0, false, rep, fmt.Errorf("read Lease %s: %w", volume, err)
 	default:
 		r.seen.Take(volume)
 		if podReady(pod) {
@@ -390,9 +395,55 @@ func (r *Reconciler) leaseLeft(ctx context.Context, volume string, pod *corev1.P
 		}
 	}
 	if last.IsZero() {
-		return rwx.leaseDuration, false, size, nil
+		return rwx.leaseDuration, false, rep, nil
 	}
-	return last.Add(rwx.leaseDuration).Sub(r.Clock.Now()), true, size, nil
+	return last.Add(rwx.leaseDuration).Sub(r.Clock.Now()), true, rep, nil
+}
+
+// report is what the holder of a share's Lease reported on it.
+type report struct {
+	size *resource.Quantity
+	// nodes are the nodes its ganesha admits; nil: no report.
+	nodes []string
+}
+
+// reportedNodes are the nodes the holder of lease admits (nil: no report).
+func reportedNodes(lease *coordinationv1.Lease) []string {
+	s, ok := lease.Annotations[v1.ShareClientsAnnotation]
+	if !ok {
+		return nil
+	}
+	nodes := []string{}
+	for n := range strings.SplitSeq(s, ",") {
+		if n != "" {
+			nodes = append(nodes, n)
+		}
+	}
+	return nodes
+}
+
+// admittedNodes are the nodes pod's share admits: those it reported. A pod
+// of an image from before client lists (no --share-manager) serves every
+// client, so it admits all of spec.clients.
+func admittedNodes(sm *v1.ShareManager, pod *corev1.Pod, rep report) []string {
+	if !slices.ContainsFunc(pod.Spec.Containers[0].Args, func(a string) bool { return strings.HasPrefix(a, "--share-manager=") }) {
+		var nodes []string
+		for _, c := range sm.Spec.Clients {
+			nodes = append(nodes, c.Node)
+		}
+		return nodes
+	}
+	return rep.nodes
+}
+
+// setAdmitted records the nodes the running share admits.
+func (r *Reconciler) setAdmitted(ctx context.Context, sm *v1.ShareManager, nodes []string) error {
+	if slices.Equal(sm.Status.AdmittedNodes, nodes) {
+		return nil
+	}
+	orig := sm.DeepCopy()
+	sm.Status.AdmittedNodes = nodes
+	return client.IgnoreNotFound(r.Client.Status().Patch(ctx, sm, client.MergeFrom(orig)))
 }
 
 // reportedSize is the size the holder of lease reported (nil: none, or
@@ -591,6 +642,9 @@ func (r *Reconciler) setStatus(ctx context.Context, sm *v1.ShareManager, state v
 
 func setState(sm *v1.ShareManager, state v1.ShareState, node, reason, msg string) {
 	sm.Status.State, sm.Status.OwnerID, sm.Status.Endpoint = state, node, ""
+	if state != v1.ShareRunning {
+		sm.Status.AdmittedNodes = nil // no share, no one admitted
+	}
 	if state == v1.ShareRunning {
 		sm.Status.Endpoint = Endpoint(sm.Namespace, sm.Spec.Volume)
 	}

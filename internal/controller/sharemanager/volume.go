@@ -3,6 +3,7 @@ package sharemanager
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/go-logr/logr"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -69,11 +70,13 @@ func (r *VolumeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 	if state == "" {
 		state = v1.ShareUnknown
 	}
-	if vol.Status.ShareState == state && vol.Status.ShareEndpoint == sm.Status.Endpoint {
+	if vol.Status.ShareState == state && vol.Status.ShareEndpoint == sm.Status.Endpoint && slices.Equal(vol.Status.ShareNodes, sm.Status.AdmittedNodes) {
 		return ctrl.Result{}, nil
 	}
 	orig := vol.DeepCopy()
 	vol.Status.ShareState, vol.Status.ShareEndpoint = state, sm.Status.Endpoint
+	// The nodes wait for theirs before they mount (agent.waitShare).
+	vol.Status.ShareNodes = sm.Status.AdmittedNodes
 	if err := r.Client.Status().Patch(ctx, vol, client.MergeFrom(orig)); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
