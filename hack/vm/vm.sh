@@ -17,7 +17,8 @@
 #     hack/vm/guest, the node's files under root/), kube (the kubelet and
 #     kube-proxy binaries, read-only), images ($IMAGES, read-only, at the
 #     same path in the guest), cmd (read-write: vm_exec's spool);
-#   - console: $(node_dir I)/logs/console.log.
+#   - console: $(node_dir I)/logs/qemu.log (serial on qemu's stdout, with
+#     qemu's own messages; the previous boot's in qemu.log.prev).
 
 VM_HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=../lib/gobuild.sh
@@ -127,14 +128,16 @@ vm_boot() {
 		echo "$img" >"$vdir/image"
 	fi
 	rm -f "$vdir"/cmd/*
-	[ -f "$dir/logs/console.log" ] && mv -f "$dir/logs/console.log" "$dir/logs/console.log.prev"
 	# -nodefaults: no default NIC (no user networking), no other device;
-	# panic=-1 with -no-reboot: a kernel panic ends qemu (a dead node).
+	# panic=-1 with -no-reboot: a kernel panic ends qemu (a dead node);
+	# no_timer_check: on a busy machine the emulated CPU is too slow for the
+	# kernel's IO-APIC timer check, which then panics ("IO-APIC + timer
+	# doesn't work!", seen here at load 15).
 	launch "qemu@$i" "$dir/logs/qemu.log" "" --net="/run/netns/$NETNS" -- \
 		"$QEMU" -name "$name" -nodefaults -no-user-config -display none -no-reboot \
 		-accel tcg,thread=multi -cpu max -smp "$VM_CPUS" -m "$VM_MEMORY" -rtc base=utc \
-		-kernel "$img/vmlinuz" -initrd "$img/initrd.img" -append "console=ttyS0 loglevel=4 panic=-1" \
-		-serial "file:$dir/logs/console.log" \
+		-kernel "$img/vmlinuz" -initrd "$img/initrd.img" -append "console=ttyS0 loglevel=4 panic=-1 no_timer_check" \
+		-serial stdio \
 		-drive "file=$disk,if=virtio,format=qcow2,cache=unsafe,discard=unmap" \
 		-netdev "tap,id=net0,ifname=$(node_hub_if "$i"),script=no,downscript=no" \
 		-device "virtio-net-pci,netdev=net0,mac=$(vm_mac "$i")" \
@@ -143,7 +146,7 @@ vm_boot() {
 		-virtfs "local,path=$KUBE_BIN,mount_tag=kube,security_model=none,readonly=on" \
 		-virtfs "local,path=$IMAGES,mount_tag=images,security_model=none,readonly=on" \
 		-virtfs "local,path=$vdir/cmd,mount_tag=cmd,security_model=none"
-	wait_for "$name booted (command agent)" 180 "qemu@$i" vm_exec "$i" true
+	wait_for "$name booted (command agent)" 300 "qemu@$i" vm_poll "$i" true
 }
 
 # vm_exec [-i] I CMD...: runs CMD in node I as root through the spool of
@@ -176,6 +179,10 @@ vm_exec() {
 	return "$rc"
 }
 
+# vm_poll I CMD...: vm_exec for a wait_for poll, which then keeps its own
+# time limit (a guest whose agent is not up yet does not block it).
+vm_poll() { VM_EXEC_TIMEOUT=15 vm_exec "$@"; }
+
 # vm_ctr I ARGS...: ctr of node I's containerd (namespace k8s.io) through
 # its command channel. An image import there does not unpack, but for the
 # sandbox image: CRI unpacks an image when a container first uses it, so
@@ -199,7 +206,7 @@ vm_start_node() {
 	cp "$VM_HERE"/guest/* "$(vm_dir "$i")/cfg/bin/"
 	vm_boot "$i"
 	vm_exec "$i" berth-node containerd >/dev/null 2>&1 || true
-	wait_for "containerd of $name ready" 180 "qemu@$i" vm_exec "$i" ctr -a "$(node_sock "$i")" version
+	wait_for "containerd of $name ready" 300 "qemu@$i" vm_poll "$i" ctr -a "$(node_sock "$i")" version
 	if declare -F build_and_import_images >/dev/null; then
 		VM_IMPORT_INDEX=$i
 		ctr_() { vm_ctr "$VM_IMPORT_INDEX" "$@"; }
