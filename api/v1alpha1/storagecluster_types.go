@@ -284,6 +284,18 @@ type RWXSpec struct {
 	// +optional
 	NFSGraceSeconds *int32 `json:"nfsGraceSeconds,omitempty"`
 
+	// ClientCIDRs are admitted by every share of this cluster besides the
+	// addresses of its workload nodes (their InternalIPs, the gateway
+	// addresses of their pod CIDRs, their multus holders). Set them where
+	// a node's traffic to a Service leaves with another address, e.g.
+	// kube-proxy masquerading it to a CNI gateway or tunnel address of a
+	// node without spec.podCIDR. Every host in them is admitted, pods
+	// included. A share manager reads them when it starts.
+	// +kubebuilder:validation:MaxItems=64
+	// +listType=set
+	// +optional
+	ClientCIDRs []string `json:"clientCIDRs,omitempty"`
+
 	// ShareManagerResources are the share-manager pods' resource requests
 	// and limits, as a whole. Unset: requests 100m CPU and 128Mi memory,
 	// limits 1 CPU and 1Gi memory (ganesha's caches grow with the files

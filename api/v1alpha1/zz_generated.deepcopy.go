@@ -473,6 +473,11 @@ func (in *RWXSpec) DeepCopyInto(out *RWXSpec) {
 		*out = new(int32)
 		**out = **in
 	}
+	if in.ClientCIDRs != nil {
+		in, out := &in.ClientCIDRs, &out.ClientCIDRs
+		*out = make([]string, len(*in))
+		copy(*out, *in)
+	}
 	if in.ShareManagerResources != nil {
 		in, out := &in.ShareManagerResources, &out.ShareManagerResources
 		*out = new(corev1.ResourceRequirements)

@@ -139,7 +139,9 @@ func TestRootGaneshaServesOnlyListedClients(t *testing.T) {
 
 	// B's node joins: admitted at once, by the same process.
 	start := time.Now()
-	if err := srv.SetClients([]string{"198.18.71.2", "198.18.72.2"}); err != nil {
+	// With an IPv6 address and a CIDR in the same list: ganesha must
+	// parse them all, or it keeps its old exports.
+	if err := srv.SetClients([]string{"198.18.71.2", "198.18.72.2", "fd00:71::2", "10.71.0.0/16"}); err != nil {
 		t.Fatal(err)
 	}
 	var err error

@@ -70,6 +70,7 @@ func (r *Reconciler) clientsFor(ctx context.Context, nodes []string, sc *v1.Stor
 					addrs = append(addrs, a.Address)
 				}
 			}
+			addrs = append(addrs, gateways(node)...)
 		}
 		for i := range holders {
 			if p := &holders[i]; p.Spec.NodeName == name && p.DeletionTimestamp.IsZero() {
@@ -81,6 +82,44 @@ func (r *Reconciler) clientsFor(ctx context.Context, nodes []string, sc *v1.Stor
 		}
 	}
 	return out, nil
+}
+
+// gateways are the first two addresses of each of node's pod CIDRs: the
+// node's own addresses on bridge and overlay CNIs (cni0 ".1", flannel.1
+// ".0"), which kube-proxy masquerades the node's Service traffic to; pods
+// get later ones.
+func gateways(node *corev1.Node) []string {
+	cidrs := node.Spec.PodCIDRs
+	if len(cidrs) == 0 && node.Spec.PodCIDR != "" {
+		cidrs = []string{node.Spec.PodCIDR}
+	}
+	var out []string
+	for _, c := range cidrs {
+		p, err := netip.ParsePrefix(c)
+		if err != nil || p.Bits() >= p.Addr().BitLen()-1 {
+			continue
+		}
+		first := p.Masked().Addr()
+		out = append(out, first.String(), first.Next().String())
+	}
+	return out
+}
+
+// clientCIDRs are the valid entries of sc's spec.rwx.clientCIDRs, as
+// --clients of its share managers (an invalid one would stop ganesha).
+func clientCIDRs(sc *v1.StorageCluster) []string {
+	if sc == nil {
+		return nil
+	}
+	var out []string
+	for _, c := range sc.Spec.RWX.ClientCIDRs {
+		if p, err := netip.ParsePrefix(c); err == nil {
+			out = append(out, p.Masked().String())
+		} else if a, err := netip.ParseAddr(c); err == nil && a.Zone() == "" {
+			out = append(out, a.Unmap().String())
+		}
+	}
+	return out
 }
 
 // holderAddresses are a holder pod's IPs: its pod IPs and those multus

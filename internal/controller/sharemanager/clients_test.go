@@ -18,8 +18,17 @@ import (
 // node makes a Node with addresses (removed at the end of the test).
 func node(t *testing.T, name string, addrs ...corev1.NodeAddress) *corev1.Node {
 	t.Helper()
+	return nodeWithPodCIDR(t, name, "", addrs...)
+}
+
+// nodeWithPodCIDR is node with spec.podCIDR(s) cidr.
+func nodeWithPodCIDR(t *testing.T, name, cidr string, addrs ...corev1.NodeAddress) *corev1.Node {
+	t.Helper()
 	ctx := testCtx(t)
 	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	if cidr != "" {
+		n.Spec.PodCIDR, n.Spec.PodCIDRs = cidr, []string{cidr}
+	}
 	if err := env.Client.Create(ctx, n); err != nil {
 		t.Fatal(err)
 	}
@@ -73,8 +82,9 @@ func internalIP(ip string) corev1.NodeAddress {
 }
 
 // TestShareAdmitsOnlyItsWorkloadNodes: a share's clients are the nodes
-// whose workload pods hold the volume, with their Nodes' InternalIPs
-// (not their external addresses or host names); they follow the
+// whose workload pods hold the volume, with their Nodes' InternalIPs and
+// pod CIDR gateway addresses (not their external addresses or host
+// names); they follow the
 // Attachment and the Nodes' addresses, and the pod is told where to read
 // them. The pod has the default requests and limits.
 func TestShareAdmitsOnlyItsWorkloadNodes(t *testing.T) {
@@ -83,7 +93,7 @@ func TestShareAdmitsOnlyItsWorkloadNodes(t *testing.T) {
 	newVolume(t, vol, v1.VolumeModeFilesystem, "", v1.RWXSpec{})
 	node(t, "node-c1", internalIP("10.9.1.1"), corev1.NodeAddress{Type: corev1.NodeExternalIP, Address: "203.0.113.5"},
 		corev1.NodeAddress{Type: corev1.NodeHostName, Address: "node-c1"})
-	c2 := node(t, "node-c2", internalIP("10.9.1.2"))
+	c2 := nodeWithPodCIDR(t, "node-c2", "10.244.2.0/24", internalIP("10.9.1.2"))
 	node(t, "node-c3", internalIP("10.9.1.3"))
 
 	workloadsOn(t, vol, "node-c1")
@@ -100,13 +110,13 @@ func TestShareAdmitsOnlyItsWorkloadNodes(t *testing.T) {
 	}
 
 	workloadsOn(t, vol, "node-c1", "node-c2")
-	waitClients(t, vol, []v1.ShareClient{{Node: "node-c1", Addresses: []string{"10.9.1.1"}}, {Node: "node-c2", Addresses: []string{"10.9.1.2"}}})
+	waitClients(t, vol, []v1.ShareClient{{Node: "node-c1", Addresses: []string{"10.9.1.1"}}, {Node: "node-c2", Addresses: []string{"10.244.2.0", "10.244.2.1", "10.9.1.2"}}})
 
 	c2.Status.Addresses = []corev1.NodeAddress{internalIP("10.9.2.2")}
 	if err := env.Client.Status().Update(testCtx(t), c2); err != nil {
 		t.Fatal(err)
 	}
-	waitClients(t, vol, []v1.ShareClient{{Node: "node-c1", Addresses: []string{"10.9.1.1"}}, {Node: "node-c2", Addresses: []string{"10.9.2.2"}}})
+	waitClients(t, vol, []v1.ShareClient{{Node: "node-c1", Addresses: []string{"10.9.1.1"}}, {Node: "node-c2", Addresses: []string{"10.244.2.0", "10.244.2.1", "10.9.2.2"}}})
 
 	// The share manager runs and reports whom its ganesha admits: the
 	// Volume lists those nodes, which then mount (agent.waitShare).
@@ -117,7 +127,7 @@ func TestShareAdmitsOnlyItsWorkloadNodes(t *testing.T) {
 	waitAdmitted(t, vol, []string{"node-c1", "node-c2"})
 
 	workloadsOn(t, vol, "node-c2")
-	waitClients(t, vol, []v1.ShareClient{{Node: "node-c2", Addresses: []string{"10.9.2.2"}}})
+	waitClients(t, vol, []v1.ShareClient{{Node: "node-c2", Addresses: []string{"10.244.2.0", "10.244.2.1", "10.9.2.2"}}})
 	reportAdmitted(t, vol, "node-c2")
 	waitAdmitted(t, vol, []string{"node-c2"})
 }
@@ -159,12 +169,13 @@ func waitAdmitted(t *testing.T, volume string, nodes []string) {
 // TestShareAdmitsMultusHolders: on a multus network, a workload node's
 // holder pod's addresses (its pod IP, and its multus address from the
 // network-status annotation) are admitted with the node's InternalIP;
-// another node's holder is not.
+// another node's holder is not. The cluster's clientCIDRs are passed on.
 func TestShareAdmitsMultusHolders(t *testing.T) {
 	suite.Require(t)
 	const vol = "pv-clients-multus"
 	spec := v1.StorageClusterSpec{Network: v1.NetworkSpec{Provider: v1.NetworkProviderMultus,
-		Selectors: &v1.NetworkSelectors{Public: "default/storage"}}}
+		Selectors: &v1.NetworkSelectors{Public: "default/storage"}},
+		RWX: v1.RWXSpec{ClientCIDRs: []string{"10.88.0.0/16", "not-a-cidr"}}}
 	newVolumeIn(t, vol, v1.VolumeModeFilesystem, "", spec)
 	node(t, "node-m1", internalIP("10.9.3.1"))
 	ctx := testCtx(t)
@@ -186,4 +197,8 @@ func TestShareAdmitsMultusHolders(t *testing.T) {
 	}
 	workloadsOn(t, vol, "node-m1")
 	waitClients(t, vol, []v1.ShareClient{{Node: "node-m1", Addresses: []string{"10.244.0.5", "10.9.3.1", "192.168.50.5"}}})
+	// The cluster's clientCIDRs, the valid ones, reach the share manager.
+	if pod := sharePod(t, vol, ""); !slices.Contains(pod.Spec.Containers[0].Args, "--clients=10.88.0.0/16") {
+		t.Errorf("share-manager args %v lack the cluster's clientCIDRs", pod.Spec.Containers[0].Args)
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -93,6 +94,9 @@ func (r *Reconciler) podFor(sm *v1.ShareManager, vol *v1.Volume, rwx rwxSettings
 	}
 	if vol.Spec.RootSquash {
 		args = append(args, "--root-squash")
+	}
+	if cidrs := clientCIDRs(rwx.cluster); len(cidrs) > 0 {
+		args = append(args, "--clients="+strings.Join(cidrs, ","))
 	}
 	if why := neverFormat(vol); why != "" {
 		args = append(args, "--never-format="+why)
