@@ -146,6 +146,15 @@ func (c Config) watchClients(ctx context.Context, cl client.WithWatch, a *admitt
 		return err
 	}
 	defer w.Stop()
+	// Read after the watch started: a change made before it, since the
+	// last read, is not lost.
+	sm := &v1.ShareManager{}
+	if err := cl.Get(ctx, client.ObjectKey{Namespace: c.Lease.Namespace, Name: c.ShareManager}, sm); err != nil {
+		return err
+	}
+	if err := a.set(sm.Spec.Clients); err != nil {
+		c.Log.Error(err, "share clients not changed", "clients", addresses(sm.Spec.Clients))
+	}
 	for {
 		select {
 		case <-ctx.Done():

@@ -423,8 +423,8 @@ func reportedNodes(lease *coordinationv1.Lease) []string {
 }
 
 // admittedNodes are the nodes pod's share admits: those it reported. A pod
-// of an image from before client lists (no --share-manager) serves every
-// client, so it admits all of spec.clients.
+// made before client lists (no --share-manager) serves every client, so it
+// admits all of spec.clients.
 func admittedNodes(sm *v1.ShareManager, pod *corev1.Pod, rep report) []string {
 	if !slices.ContainsFunc(pod.Spec.Containers[0].Args, func(a string) bool { return strings.HasPrefix(a, "--share-manager=") }) {
 		var nodes []string
