@@ -13,6 +13,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/berth-io/berth/internal/cli/dev"
 )
 
 // Scenario 7: deleting the StorageCluster cleans the node: the operator's
@@ -104,6 +106,10 @@ spec:
   dataDir: %s
   cleanupPolicy: Detach
 %s`, name, dir, spec)
+	if !strings.Contains(spec, "rwx:") {
+		// Its shares admit the probe pods, as berth dev up's clusters do.
+		manifest += dev.ProbeClients(s.env.Vars)
+	}
 	if _, err := s.kubectlIn(manifest, "apply", "-f", "-"); err != nil {
 		t.Fatalf("apply StorageCluster %s: %v", name, err)
 	}

@@ -158,7 +158,7 @@ func publicNAD(env ClusterEnv) string {
 func (c Config) storageClusterManifests(env, cenv ClusterEnv) ([]string, error) {
 	var out []string
 	if c.Backend != BackendCeph {
-		out = append(out, StorageClusterManifest(env))
+		out = append(out, StorageClusterManifest(env)+ProbeClients(env))
 	}
 	if !c.needsCeph() {
 		return out, nil
@@ -169,7 +169,7 @@ func (c Config) storageClusterManifests(env, cenv ClusterEnv) ([]string, error) 
 	}
 	out = append(out, CephSecretManifest(cenv, key))
 	for _, name := range c.cephClusters() {
-		out = append(out, CephStorageClusterManifest(name, cephDataDir(name, env), cenv, publicNAD(env)))
+		out = append(out, CephStorageClusterManifest(name, cephDataDir(name, env), cenv, publicNAD(env))+ProbeClients(env))
 	}
 	return out, nil
 }

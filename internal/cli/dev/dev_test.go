@@ -59,6 +59,34 @@ func TestHelmValues(t *testing.T) {
 	}
 }
 
+func TestProbeClientsAdmitThePodNetwork(t *testing.T) {
+	var sc struct {
+		Spec struct {
+			DataDir string `json:"dataDir"`
+			RWX     struct {
+				ClientCIDRs []string `json:"clientCIDRs"`
+			} `json:"rwx"`
+		} `json:"spec"`
+	}
+	for _, tc := range []struct {
+		env  ClusterEnv
+		want []string
+	}{
+		{ClusterEnv{"BERTH_DATA_DIR": "/d", "POD_CIDR": "10.251.0.0/16"}, []string{"10.251.0.0/16"}},
+		{ClusterEnv{"BERTH_DATA_DIR": "/d", "POD_CIDR": "10.251.0.0/16", "PUBLIC_NET": "10.253.0.0/24"}, []string{"10.251.0.0/16"}},
+		{ClusterEnv{"BERTH_DATA_DIR": "/d", "POD_CIDR": "10.251.0.0/16", "PUBLIC_NET": "10.253.0.0/24", "MULTUS": "1"}, []string{"10.251.0.0/16", "10.253.0.0/24"}},
+		{ClusterEnv{"BERTH_DATA_DIR": "/d"}, nil},
+	} {
+		sc.Spec.RWX.ClientCIDRs = nil
+		if err := yaml.Unmarshal([]byte(StorageClusterManifest(tc.env)+ProbeClients(tc.env)), &sc); err != nil {
+			t.Fatal(err)
+		}
+		if sc.Spec.DataDir != "/d" || strings.Join(sc.Spec.RWX.ClientCIDRs, ",") != strings.Join(tc.want, ",") {
+			t.Errorf("%v: spec %+v, want clientCIDRs %v", tc.env, sc.Spec, tc.want)
+		}
+	}
+}
+
 func TestHelmValuesNeedBerthImage(t *testing.T) {
 	env, err := LoadClusterEnv(writeEnv(t, strings.Replace(fullEnv, "BERTH_IMAGE=berth.local/berth:dev", "BERTH_IMAGE=", 1)))
 	if err != nil {

@@ -62,6 +62,27 @@ spec:
 `, StorageCluster, env["BERTH_DATA_DIR"])
 }
 
+// ProbeClients is the StorageCluster spec lines that admit the test
+// cluster's pod network (and, with multus, its public storage network) to
+// every share: these nodes' kernel has no NFS client, so `berth share
+// probe` in pods that hold no claim stands in for workload mounts in the
+// e2e scenarios. A share admits only its workload nodes otherwise.
+func ProbeClients(env ClusterEnv) string {
+	var cidrs []string
+	for _, k := range []string{"POD_CIDR", "PUBLIC_NET"} {
+		if env["MULTUS"] != "1" && k == "PUBLIC_NET" {
+			continue
+		}
+		if v := env[k]; v != "" {
+			cidrs = append(cidrs, fmt.Sprintf("%q", v))
+		}
+	}
+	if len(cidrs) == 0 {
+		return ""
+	}
+	return "  rwx:\n    clientCIDRs: [" + strings.Join(cidrs, ", ") + "]\n"
+}
+
 // helm finds the pinned helm (`make helm-path` builds it once into bin/).
 func (c Config) helm(ctx context.Context) (string, error) {
 	cmd := c.Exec.CommandContext(ctx, "make", "-s", "--no-print-directory", "-C", c.Repo, "helm-path")
