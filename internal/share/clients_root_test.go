@@ -15,6 +15,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/berth-io/berth/internal/network"
 	"github.com/berth-io/berth/internal/share"
@@ -181,5 +182,41 @@ func TestRootGaneshaServesOnlyListedClients(t *testing.T) {
 	}
 	if p := pid(); p != firstPID {
 		t.Errorf("ganesha pid %s, was %s: restarted", p, firstPID)
+	}
+}
+
+// TestRootGaneshaRootSquash: with RootSquash, root (AUTH_SYS uid 0) over
+// NFS is refused a root-owned folder and its files belong to the
+// anonymous user; without it, to root (the default: root in a pod is
+// root on the volume).
+func TestRootGaneshaRootSquash(t *testing.T) {
+	for _, squash := range []bool{false, true} {
+		t.Run(fmt.Sprintf("squash=%t", squash), func(t *testing.T) {
+			g := sharetest.StartWith(t, sharetest.Options{RootSquash: squash})
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if squash {
+				// Squashed root is nobody: the root-owned 0755 export
+				// refuses it; a sticky world-writable one takes its file.
+				var st nfsclient.ErrNFSStatus
+				if _, err := nfsclient.WriteCommitRead41(ctx, g.Endpoint, "owned", []byte("x"), 1, "squash"); !errors.As(err, &st) {
+					t.Errorf("squashed root writing into a root-owned 0755 folder: %v, want refused", err)
+				}
+				if err := os.Chmod(g.Dir, 0o1777); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := nfsclient.WriteCommitRead41(ctx, g.Endpoint, "owned", []byte("x"), 1, "squash"); err != nil {
+				t.Fatal(err)
+			}
+			var st unix.Stat_t
+			if err := unix.Stat(filepath.Join(g.Dir, "owned"), &st); err != nil {
+				t.Fatal(err)
+			}
+			if owner := st.Uid; squash && owner == 0 || !squash && owner != 0 {
+				t.Errorf("file written by root over NFS is owned by uid %d (root squash %t)", owner, squash)
+			}
+			t.Logf("root squash %t: owner uid %d", squash, st.Uid)
+		})
 	}
 }

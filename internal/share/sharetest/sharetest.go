@@ -38,6 +38,8 @@ type Options struct {
 	// Clients are admitted besides the local check address.
 	Clients []string
 	Minors  []int
+	// RootSquash maps clients' root to the anonymous user.
+	RootSquash bool
 }
 
 // StartWith is Start with opts.
@@ -100,7 +102,7 @@ func start(t *testing.T, tmpfsSize int64, opts Options) *Ganesha {
 	port := l.Addr().(*net.TCPAddr).Port
 	_ = l.Close()
 	ec := share.ExportConfig{Path: export, Pseudo: "/pv1", BindAddr: opts.BindAddr, Port: port,
-		RecoveryRoot: filepath.Join(dir, "rec"), MinorVersions: minors, SyncWrites: true, Clients: opts.Clients}
+		RecoveryRoot: filepath.Join(dir, "rec"), MinorVersions: minors, SyncWrites: true, Clients: opts.Clients, RootSquash: opts.RootSquash}
 	g := &Ganesha{Dir: export, Endpoint: nfsclient.Endpoint{Addr: ec.LocalEndpoint(), Export: "/pv1"}, Port: port}
 	check := func(ctx context.Context) error {
 		return nfsclient.CheckExport41(ctx, g.Endpoint.Addr, g.Endpoint.Export, 1, "sharetest")
