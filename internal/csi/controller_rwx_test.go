@@ -119,3 +119,39 @@ func TestRWXExpandSnapshotCloneLocal(t *testing.T) {
 		}
 	}
 }
+
+// TestRWXRootSquashParameter: the class parameter rootSquash "true" makes
+// the Volume's share squash root; without it the share does not.
+func TestRWXRootSquashParameter(t *testing.T) {
+	ctx := apiCtx(t, time.Minute)
+	const node = "rwx-squash-node"
+	storageCluster(ctx, t, "c")
+	images, err := backend.NewLocal(t.TempDir(), testr.New(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runNodeReconcilers(t, node, images)
+	s := apiController(t, ControllerConfig{Wait: 30 * time.Second})
+	on := &csi.TopologyRequirement{Preferred: []*csi.Topology{{Segments: map[string]string{v1.TopologyNodeKey: node}}}}
+	for name, want := range map[string]bool{"rwx-squash": true, "rwx-nosquash": false} {
+		params := map[string]string{v1.ParamStorageCluster: "c"}
+		if want {
+			params[ParamRootSquash] = "true"
+		}
+		resp, err := s.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, Parameters: params, AccessibilityRequirements: on,
+			CapacityRange: &csi.CapacityRange{RequiredBytes: 16 << 20}, VolumeCapabilities: []*csi.VolumeCapability{rwxCap()}})
+		if err != nil {
+			t.Fatalf("create %s: %v", name, err)
+		}
+		t.Cleanup(func() {
+			_, _ = s.DeleteVolume(context.Background(), &csi.DeleteVolumeRequest{VolumeId: resp.GetVolume().GetVolumeId()})
+		})
+		vol := &v1.Volume{}
+		if err := env.Client.Get(ctx, client.ObjectKey{Name: resp.GetVolume().GetVolumeId()}, vol); err != nil {
+			t.Fatal(err)
+		}
+		if vol.Spec.RootSquash != want {
+			t.Errorf("%s: Volume spec.rootSquash %t, want %t", name, vol.Spec.RootSquash, want)
+		}
+	}
+}

@@ -32,6 +32,29 @@ func TestParseDefaultsAreFastFailoverOnNFSv41(t *testing.T) {
 	}
 }
 
+// TestParseSharingFlags: the flags the operator gives a share manager
+// for its clients, root squash and format policy reach its export and
+// stage; a client ganesha could not take fails validation.
+func TestParseSharingFlags(t *testing.T) {
+	cfg, err := parse([]string{"--volume", "pv1", "--device", "/dev/loop7", "--share-manager", "pv1",
+		"--clients", "10.88.0.0/16, fd00::/64", "--root-squash", "--never-format", "it is a clone of volume pv0"}, cli.IO{Stderr: io.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := cfg.export()
+	if cfg.ShareManager != "pv1" || !slices.Equal(ep.Clients, []string{"10.88.0.0/16", "fd00::/64"}) || !ep.RootSquash ||
+		cfg.NeverFormat != "it is a clone of volume pv0" {
+		t.Errorf("config %+v, export %+v", cfg, ep)
+	}
+	if err := cfg.validate(); err != nil {
+		t.Errorf("validate: %v", err)
+	}
+	cfg.Clients = []string{"everyone"}
+	if err := cfg.validate(); err == nil {
+		t.Error("a client that is no address or CIDR passed validation")
+	}
+}
+
 func TestValidateRefusesBadInput(t *testing.T) {
 	for name, args := range map[string][]string{
 		"no volume":          {"--device", "/dev/loop7"},
