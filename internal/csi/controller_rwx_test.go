@@ -20,6 +20,21 @@ func rwxCap() *csi.VolumeCapability {
 	return capability(csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER, false, "ext4")
 }
 
+// localController is a CSI controller on the API server for StorageCluster
+// "c" of the local backend, with node's reconcilers running, and the
+// topology that puts volumes on node.
+func localController(ctx context.Context, t *testing.T, node string) (*Controller, *csi.TopologyRequirement) {
+	t.Helper()
+	storageCluster(ctx, t, "c")
+	images, err := backend.NewLocal(t.TempDir(), testr.New(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runNodeReconcilers(t, node, images)
+	s := apiController(t, ControllerConfig{Wait: 30 * time.Second})
+	return s, &csi.TopologyRequirement{Preferred: []*csi.Topology{{Segments: map[string]string{v1.TopologyNodeKey: node}}}}
+}
+
 // TestRWXExpandSnapshotCloneLocal: an RWX volume of the local backend, made
 // through the CSI controller with a real agent reconciler and backend,
 // expands (the node step is asked for: the share manager's node grows the
@@ -29,16 +44,8 @@ func rwxCap() *csi.VolumeCapability {
 func TestRWXExpandSnapshotCloneLocal(t *testing.T) {
 	ctx := apiCtx(t, 2*time.Minute)
 	const node = "rwx-copy-node"
-	storageCluster(ctx, t, "c")
-	images, err := backend.NewLocal(t.TempDir(), testr.New(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	runNodeReconcilers(t, node, images)
-
-	s := apiController(t, ControllerConfig{Wait: 30 * time.Second})
+	s, on := localController(ctx, t, node)
 	params := map[string]string{v1.ParamStorageCluster: "c"}
-	on := &csi.TopologyRequirement{Preferred: []*csi.Topology{{Segments: map[string]string{v1.TopologyNodeKey: node}}}}
 	create := func(name string, c *csi.VolumeCapability, size int64, src *csi.VolumeContentSource) *csi.Volume {
 		t.Helper()
 		resp, err := s.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, Parameters: params, AccessibilityRequirements: on,
@@ -124,15 +131,7 @@ func TestRWXExpandSnapshotCloneLocal(t *testing.T) {
 // the Volume's share squash root; without it the share does not.
 func TestRWXRootSquashParameter(t *testing.T) {
 	ctx := apiCtx(t, time.Minute)
-	const node = "rwx-squash-node"
-	storageCluster(ctx, t, "c")
-	images, err := backend.NewLocal(t.TempDir(), testr.New(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	runNodeReconcilers(t, node, images)
-	s := apiController(t, ControllerConfig{Wait: 30 * time.Second})
-	on := &csi.TopologyRequirement{Preferred: []*csi.Topology{{Segments: map[string]string{v1.TopologyNodeKey: node}}}}
+	s, on := localController(ctx, t, "rwx-squash-node")
 	for name, want := range map[string]bool{"rwx-squash": true, "rwx-nosquash": false} {
 		params := map[string]string{v1.ParamStorageCluster: "c"}
 		if want {
