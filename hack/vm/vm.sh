@@ -74,6 +74,11 @@ vm_write_files() {
 	mkdir -p "$cfg/bin" "$root$dir" "$root$PKI" "$root$CONF"
 	cp "$VM_HERE"/guest/* "$cfg/bin/"
 	cp -r "$dir/config" "$dir/cni-conf" "$root$dir/"
+	# CRI unpacks an image inside CreateContainer (vm_ctr imports without
+	# unpacking); under TCG the berth image took over kubelet's default 2
+	# minutes, and each retry started the unpack anew.
+	sed -i '/^runtimeRequestTimeout:/d' "$root$dir/config/kubelet.yaml"
+	echo "runtimeRequestTimeout: 15m0s" >>"$root$dir/config/kubelet.yaml"
 	cp "$PKI/ca.crt" "$PKI/kubelet-$name.crt" "$PKI/kubelet-$name.key" "$PKI/kube-proxy.crt" "$PKI/kube-proxy.key" "$root$PKI/"
 	# kube-proxy's config as dns.sh writes it for a netns node, without
 	# starting one here (the guest runs it).
@@ -227,13 +232,20 @@ vm_ready_since() {
 	[ "${out%% *}" = True ] && [ "$(date -d "${out#* }" +%s)" -ge "$2" ]
 }
 
+# The taint of a VM node: the scheduler puts Deployments' pods (CoreDNS,
+# snapshot-controller, berth's CSI controller) elsewhere when it can, as
+# each image a VM runs is unpacked there under TCG; DaemonSets and pods
+# bound to the node run there all the same.
+VM_TAINT=berth.io/vm-node=true:PreferNoSchedule
+
 # vm_wait_ready I: node I Ready by its running kubelet (heartbeat after
 # that kubelet's start, both by the guest's clock); longer than a netns
-# node: TCG.
+# node: TCG. Then the node gets VM_TAINT.
 vm_wait_ready() {
 	local since
 	since=$(VM_EXEC_TIMEOUT=60 vm_exec "$1" stat -c %Y /run/berth-vm/kubelet.pid) || die "no kubelet in $(node_name "$1")"
 	wait_for "node $(node_name "$1") Ready" 600 "qemu@$1" vm_ready_since "$(node_name "$1")" "$since"
+	kctl taint node "$(node_name "$1")" "$VM_TAINT" --overwrite >/dev/null
 }
 
 # vm_poweroff I: SIGKILL of qemu: the guest's kernel, page cache, mounts
