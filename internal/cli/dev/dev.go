@@ -90,6 +90,11 @@ func (c Config) script(name string) string { return filepath.Join(c.Repo, "hack"
 // plan holds.
 var ErrNodes = errors.New("--nodes must be 1 to 9")
 
+// VMTimeout is the default bound of each wait with VM nodes: a VM node
+// unpacks the berth image under TCG (over 3 minutes at load 15) before
+// its agent starts.
+const VMTimeout = 15 * time.Minute
+
 // ErrVMNodes means a VM node count this machine cannot hold (each VM is
 // 2 GiB and TCG-emulated cores) or beyond the address plan with --nodes.
 var ErrVMNodes = errors.New("--vm-nodes must be 0 to 4, and --nodes plus --vm-nodes at most 9")
@@ -142,9 +147,14 @@ func Command() cli.Command {
 			fs.BoolVar(&cfg.TestCeph, "test-ceph", false, "up: also start the test Ceph and a ceph StorageCluster "+CephStorageCluster+" beside a local berth")
 			fs.BoolVar(&cfg.Multus, "multus", false, "up: the cluster gets multus (thin plugin), whereabouts and NetworkAttachmentDefinitions default/public and default/cluster on their own bridges (hack/cluster/multus.sh)")
 			fs.DurationVar(&cfg.UnfenceCooldown, "unfence-cooldown", 20*time.Second, "up: the operator's cool-down before a node back from a loss leaves Ceph's blocklist (short: a throwaway cluster)")
-			fs.DurationVar(&cfg.Timeout, "timeout", 5*time.Minute, "bound of each wait on the cluster")
+			fs.DurationVar(&cfg.Timeout, "timeout", 5*time.Minute, "bound of each wait on the cluster (with --vm-nodes, default "+VMTimeout.String()+")")
 			if err := fs.Parse(args[1:]); err != nil {
 				return err
+			}
+			timeoutSet := false
+			fs.Visit(func(f *flag.Flag) { timeoutSet = timeoutSet || f.Name == "timeout" })
+			if cfg.VMNodes > 0 && !timeoutSet {
+				cfg.Timeout = VMTimeout
 			}
 			if cfg.Repo, err = filepath.Abs(cfg.Repo); err != nil {
 				return fmt.Errorf("--repo: %w", err)
