@@ -95,8 +95,8 @@ fi
 # leftovers check), the Ceph scenarios and class on a test Ceph in the
 # cluster's network; then the VM scenarios and last the two multus restart
 # scenarios, each in a cluster of their own. BERTH_E2E=0 /
-# BERTH_CONFORMANCE=0 / BERTH_E2E_VM_CI=0 / BERTH_E2E_MULTUS_CI=0 leave them
-# out, saying so.
+# BERTH_CONFORMANCE=0 / BERTH_E2E_MULTUS_CI=0 leave them out, saying so;
+# the VM tier runs with BERTH_E2E_VM_CI=1 (off, and said so, until proven).
 if [ -n "$ci" ]; then
 	make --no-print-directory -s build
 	if [ -n "$prebuild_pid" ]; then
@@ -118,14 +118,16 @@ if [ -n "$ci" ]; then
 	else
 		left_out "e2e scenarios" "BERTH_E2E=0"
 	fi
-	if [ "${BERTH_E2E:-1}" != 0 ] && [ "${BERTH_E2E_VM_CI:-1}" != 0 ]; then
+	if [ "${BERTH_E2E:-1}" != 0 ] && [ "${BERTH_E2E_VM_CI:-0}" = 1 ]; then
 		# The scenarios that need a stock kernel (kernel NFS client, nbd,
 		# krbd, a real power-off) on a cluster of one netns node and one
 		# VM node (hack/vm: qemu, TCG) of their own: a VM slows every
 		# other scenario, so it joins only this one.
 		tier "VM e2e scenarios" env BERTH_E2E_NODES=1 BERTH_E2E_VM_NODES=1 hack/e2e.sh -run 'TestE2E/VM'
 	else
-		left_out "VM e2e scenarios" "BERTH_E2E=0 or BERTH_E2E_VM_CI=0"
+		# Off until a run on CI's machine has passed: on a loaded machine
+		# the VM's kubelet timed out creating berth's containers (TCG).
+		left_out "VM e2e scenarios" "not yet proven on CI's machine; BERTH_E2E_VM_CI=1 runs it"
 	fi
 	if [ "${BERTH_E2E:-1}" != 0 ] && [ "${BERTH_E2E_MULTUS_CI:-1}" != 0 ]; then
 		# A bring-up of their own (BERTH_E2E_MULTUS=1: multus, whereabouts,
