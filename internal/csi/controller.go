@@ -528,12 +528,23 @@ func csiVolume(v *v1.Volume, src *csi.VolumeContentSource) *csi.Volume {
 		ContentSource: src,
 		VolumeContext: map[string]string{ParamMounter: string(v.Spec.Mounter)},
 	}
-	// A volume in Ceph has no node: every node reaches it.
+	// A volume in Ceph has no node: every node reaches it. Nor do the pods
+	// of a read-write-many filesystem volume need its node: they mount its
+	// share over NFS from any node (the share manager's own PV and pod keep
+	// to the volume's node).
 	if !inCeph(v.Spec.Node) {
-		out.AccessibleTopology = []*csi.Topology{{Segments: map[string]string{v1.TopologyNodeKey: v.Spec.Node}}}
+		if !servedOverNFS(v) {
+			out.AccessibleTopology = []*csi.Topology{{Segments: map[string]string{v1.TopologyNodeKey: v.Spec.Node}}}
+		}
 		out.VolumeContext["node"] = v.Spec.Node
 	}
 	return out
+}
+
+// servedOverNFS tells whether the volume's pods reach it through its
+// share manager: a read-write-many filesystem volume.
+func servedOverNFS(v *v1.Volume) bool {
+	return v.Spec.AccessMode == v1.ReadWriteMany && v.Spec.VolumeMode != v1.VolumeModeBlock
 }
 
 func volumeCondition(v *v1.Volume) *csi.VolumeCondition {
