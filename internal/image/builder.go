@@ -89,9 +89,10 @@ func (b *Builder) AgnhostSpec(busybox, agnhost, tag string) (Spec, error) {
 func BerthTools() (required, optional []string) {
 	// Stage grows an existing ext4 (a restore, a clone, a grown volume)
 	// with dumpe2fs, blockdev, e2fsck and resize2fs: all required.
-	// The share manager of an RWX volume runs nfs-ganesha.
+	// The share manager of an RWX volume runs nfs-ganesha; the agent
+	// mounts a share with the kernel NFS client through mount.nfs.
 	return []string{"losetup", "mkfs.ext4", "mkfs.xfs", "resize2fs", "xfs_growfs", "blkid", "mount", "umount",
-			"dumpe2fs", "e2fsck", "blockdev", "ganesha.nfsd"},
+			"dumpe2fs", "e2fsck", "blockdev", "ganesha.nfsd", "mount.nfs"},
 		[]string{"fsck", "fsck.ext4", "xfs_repair", "nsenter"}
 }
 
@@ -179,6 +180,17 @@ func (b *Builder) BerthSpec(berthBinary, tag string, extraTools ...string) (Spec
 	}
 	add("/etc/netconfig")
 	files = append(files, File{Path: "/etc/mtab", Link: "../proc/self/mounts"}, File{Path: "/var/run/ganesha", Dir: true, Mode: 0o700})
+	// mount(8) looks for its NFS helper in /sbin (libmount's helper path);
+	// on a merged-/usr host the tool is found in /usr/sbin.
+	if nfs, err := b.Exec.LookPath("mount.nfs"); err == nil {
+		if nfs, err = filepath.Abs(nfs); err == nil {
+			for _, helper := range []string{"/sbin/mount.nfs", "/sbin/mount.nfs4"} {
+				if helper != nfs {
+					files = append(files, File{Path: helper, Link: nfs})
+				}
+			}
+		}
+	}
 	// mke2fs reads its defaults from here; without it mkfs.ext4 still works
 	// but with compiled-in (older) features.
 	if _, err := os.Stat("/etc/mke2fs.conf"); err == nil {

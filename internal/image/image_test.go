@@ -333,6 +333,13 @@ func TestBerthImageRunsItsBerth(t *testing.T) {
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Errorf("losetup in the image: %v\n%s", err, b)
 	}
+	// mount(8) finds the NFS helper the agent's kernel NFS mounts need.
+	cmd = exec.Command("/sbin/mount.nfs4", "-V")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: root}
+	cmd.Dir = "/"
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Errorf("mount.nfs4 in the image: %v\n%s", err, b)
+	}
 	ganeshaServesFromImage(t, root)
 }
 
