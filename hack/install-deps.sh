@@ -12,10 +12,11 @@ if [ "${1:-}" = --ceph-build ]; then
 elif [ ${#pkgs[@]} -eq 0 ]; then
 	# mkfs/resize for ext4 and xfs, losetup/mount/blockdev, fio for verifying
 	# writers and benchmarks, nfs-ganesha with its VFS FSAL for the RWX share
-	# manager's root tests, nfs-common's mount.nfs for the berth image (the
-	# kernel NFS client of VM nodes); busybox-static, from which the image tests build
-	# their images (they skip without it).
-	pkgs=(e2fsprogs xfsprogs util-linux mount fio nfs-ganesha nfs-ganesha-vfs nfs-common busybox-static)
+	# manager's root tests, nfs-common's mount.nfs (with netbase's
+	# /etc/protocols) for the berth image (the kernel NFS client of VM
+	# nodes); busybox-static, from which the image tests build their images
+	# (they skip without it).
+	pkgs=(e2fsprogs xfsprogs util-linux mount fio nfs-ganesha nfs-ganesha-vfs nfs-common netbase busybox-static)
 fi
 
 missing=()

@@ -180,6 +180,11 @@ func (b *Builder) BerthSpec(berthBinary, tag string, extraTools ...string) (Spec
 	}
 	add("/etc/netconfig")
 	files = append(files, File{Path: "/etc/mtab", Link: "../proc/self/mounts"}, File{Path: "/var/run/ganesha", Dir: true, Mode: 0o700})
+	// mount.nfs looks its transport up by name (getprotobyname "tcp").
+	if _, err := os.Stat("/etc/protocols"); err != nil {
+		return Spec{}, fmt.Errorf("%w: mount.nfs's /etc/protocols (Debian package netbase): %w", ErrInvalidSpec, err)
+	}
+	add("/etc/protocols")
 	// mount(8) looks for its NFS helper in /sbin (libmount's helper path);
 	// on a merged-/usr host the tool is found in /usr/sbin.
 	if nfs, err := b.Exec.LookPath("mount.nfs"); err == nil {
