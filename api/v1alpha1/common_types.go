@@ -69,6 +69,10 @@ const (
 	// NodeLabel on Volumes, Snapshots and CSIStorageCapacities names the
 	// node whose agent owns them, so that each agent watches only its own.
 	NodeLabel = "berth.io/node"
+	// SharedLabel ("true") on a Volume marks it as served by a share manager
+	// (read-write-many filesystem): its workloads mount it over NFS on any
+	// node, so every agent watches these besides its own node's.
+	SharedLabel = "berth.io/shared"
 	// NamespaceLabel on a Volume names the namespace whose pods may mount it
 	// through Flexvolume without a PersistentVolume.
 	NamespaceLabel = "berth.io/namespace"

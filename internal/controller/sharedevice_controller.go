@@ -109,6 +109,12 @@ func NodelessVolumes() labels.Selector {
 	return labels.NewSelector().Add(*req)
 }
 
+// SharedVolumes selects the Volumes served by a share manager (the
+// operator labels them): their workloads may mount them on any node.
+func SharedVolumes() labels.Selector {
+	return labels.SelectorFromSet(labels.Set{v1.SharedLabel: "true"})
+}
+
 // atLeast: a device grown to got needs no growing to want.
 func atLeast(got, want int64) bool { return got >= want }
 

@@ -157,8 +157,8 @@ func (r *ShareMountReconciler) probe(ctx context.Context, path string) error {
 func notBefore(got, want time.Time) bool { return !got.Before(want) }
 
 // SetupWithManager watches the read-write-many Volumes in the manager's
-// cache and in each of extra (an agent's cache of NodelessVolumes: ceph
-// volumes, whose workloads may run on any node).
+// cache and in each of extra (an agent's cache of SharedVolumes: a share's
+// workloads may run on any node, whichever node holds its image).
 func (r *ShareMountReconciler) SetupWithManager(mgr ctrl.Manager, extra ...cache.Cache) error {
 	return volumeController(mgr, "sharemount", func(v *v1.Volume) bool { return v.Spec.AccessMode == v1.ReadWriteMany }, extra).Complete(r)
 }

@@ -259,9 +259,9 @@ func (c Config) Run(ctx context.Context) error {
 		Recorder: mgr.GetEventRecorderFor("berth-agent"), Log: c.Log.WithName("clustercleanup")}).SetupWithManager(mgr); err != nil {
 		return err
 	}
-	// A ceph volume's share manager and workloads may run on any node:
-	// this agent's cache of its own node's Volumes lacks them, so the
-	// share mounts and devices have a cache of the ceph Volumes too.
+	// A ceph volume's share manager may run on any node: this agent's
+	// cache of its own node's Volumes lacks them, so the share devices
+	// have a cache of the ceph Volumes too.
 	cephVolumes, err := cache.New(c.Rest, cache.Options{Scheme: s, Mapper: mgr.GetRESTMapper(), ByObject: map[client.Object]cache.ByObject{
 		&v1.Volume{}: {Label: controller.NodelessVolumes()},
 	}})
@@ -271,10 +271,21 @@ func (c Config) Run(ctx context.Context) error {
 	if err := mgr.Add(cephVolumes); err != nil {
 		return err
 	}
+	// Any node may mount any share, a local volume's too: the share mounts
+	// are checked from a cache of the shared Volumes.
+	sharedVolumes, err := cache.New(c.Rest, cache.Options{Scheme: s, Mapper: mgr.GetRESTMapper(), ByObject: map[client.Object]cache.ByObject{
+		&v1.Volume{}: {Label: controller.SharedVolumes()},
+	}})
+	if err != nil {
+		return fmt.Errorf("cache of shared volumes: %w", err)
+	}
+	if err := mgr.Add(sharedVolumes); err != nil {
+		return err
+	}
 	// Uncached: it reads a pod only when a share failed over (the agent
 	// may get and delete pods, not list or watch them).
 	if err := (&controller.ShareMountReconciler{Client: direct, Node: c.NodeName, Probe: mounts.ProbeShare,
-		Recorder: mgr.GetEventRecorderFor("berth-agent"), Log: c.Log.WithName("sharemount")}).SetupWithManager(mgr, cephVolumes); err != nil {
+		Recorder: mgr.GetEventRecorderFor("berth-agent"), Log: c.Log.WithName("sharemount")}).SetupWithManager(mgr, sharedVolumes); err != nil {
 		return err
 	}
 	if err := (&controller.ShareDeviceReconciler{Client: direct, Node: c.NodeName,

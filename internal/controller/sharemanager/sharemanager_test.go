@@ -650,6 +650,31 @@ func TestCephShareVolumeCarriesStageSecret(t *testing.T) {
 	}
 }
 
+// TestSharedVolumeLabeled: every shared Volume carries the shared label,
+// local or ceph, by which the agents of the nodes that mount it watch it
+// (their checks after a failover); a block volume gets none.
+func TestSharedVolumeLabeled(t *testing.T) {
+	suite.Require(t)
+	newVolume(t, "pvc-label-local", v1.VolumeModeFilesystem, "node-a", v1.RWXSpec{})
+	newVolume(t, "pvc-label-ceph", v1.VolumeModeFilesystem, "", v1.RWXSpec{})
+	newVolume(t, "pvc-label-block", v1.VolumeModeBlock, "node-a", v1.RWXSpec{})
+	for _, name := range []string{"pvc-label-local", "pvc-label-ceph"} {
+		testenv.Eventually(t, waitLimit, name+" labeled shared", func(ctx context.Context) (bool, error) {
+			vol := &v1.Volume{}
+			err := env.Client.Get(ctx, client.ObjectKey{Name: name}, vol)
+			return err == nil && vol.Labels[v1.SharedLabel] == "true", err
+		})
+	}
+	time.Sleep(time.Second)
+	vol := &v1.Volume{}
+	if err := env.Client.Get(testCtx(t), client.ObjectKey{Name: "pvc-label-block"}, vol); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := vol.Labels[v1.SharedLabel]; ok {
+		t.Errorf("block volume labels %v, want no %s", vol.Labels, v1.SharedLabel)
+	}
+}
+
 // TestBlockVolumeGetsNoShare: an RWX block volume is no share (CSI refuses
 // to make one; one made by hand gets no ShareManager).
 func TestBlockVolumeGetsNoShare(t *testing.T) {

@@ -25,7 +25,7 @@ type VolumeReconciler struct {
 }
 
 // +kubebuilder:rbac:groups=berth.io,namespace=berth-system,resources=sharemanagers,verbs=get;list;watch;create;update;patch
-// +kubebuilder:rbac:groups=berth.io,resources=volumes,verbs=get;list;watch
+// +kubebuilder:rbac:groups=berth.io,resources=volumes,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups=berth.io,resources=volumes/finalizers,verbs=update
 // +kubebuilder:rbac:groups=berth.io,resources=volumes/status,verbs=get;update;patch
 
@@ -42,6 +42,16 @@ func (r *VolumeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctr
 	}
 	if !Shared(vol) || !vol.DeletionTimestamp.IsZero() {
 		return ctrl.Result{}, nil
+	}
+	if vol.Labels[v1.SharedLabel] != "true" {
+		// The agents of the nodes that mount the share watch it by this
+		// label (their remount checks after a failover): a local volume's
+		// node label names only the node that holds its image.
+		orig := vol.DeepCopy()
+		metav1.SetMetaDataLabel(&vol.ObjectMeta, v1.SharedLabel, "true")
+		if err := r.Client.Patch(ctx, vol, client.MergeFrom(orig)); err != nil {
+			return ctrl.Result{}, client.IgnoreNotFound(err)
+		}
 	}
 	sm := &v1.ShareManager{ObjectMeta: metav1.ObjectMeta{Name: vol.Name, Namespace: r.Options.Namespace}}
 	err := r.Client.Get(ctx, client.ObjectKeyFromObject(sm), sm)
