@@ -468,13 +468,16 @@ func (a *Agent) sharedVolume(ctx context.Context, volumeID string, block bool) (
 	return sharedFS(vol, block), nil
 }
 
-// Stats reports usage of a published or staged path.
+// Stats reports usage of a published or staged path: a workload's mount of
+// a share too, on a node other than the one that holds the volume's image.
 func (a *Agent) Stats(ctx context.Context, volumeID, path string) (mount.Stats, error) {
 	if _, err := a.volumeImages().Get(ctx, volumeID); err != nil {
-		if errors.Is(err, backend.ErrNotFound) {
+		if !errors.Is(err, backend.ErrNotFound) {
+			return mount.Stats{}, err
+		}
+		if !a.mounts.ShareMountOf(path, volumeID) {
 			return mount.Stats{}, fmt.Errorf("volume %s: %w", volumeID, ErrVolumeNotFound)
 		}
-		return mount.Stats{}, err
 	}
 	return a.mounts.Stats(ctx, path)
 }

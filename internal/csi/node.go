@@ -118,8 +118,16 @@ func (s *Node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVo
 // NodeGetVolumeStats implements csi.NodeServer.
 func (s *Node) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
 	id, _ := volid.ParseHandle(req.GetVolumeId())
-	if err := s.checkVolume(id, req.GetVolumePath()); err != nil {
+	if err := required(text("volume ID", id), text("volume path", req.GetVolumePath())); err != nil {
 		return nil, err
+	}
+	if err := knownID(id); err != nil {
+		return nil, err
+	}
+	// kubelet asks a block volume's usage at its bind mount of the device
+	// for a pod, a path no other request names.
+	if err := s.agent.Paths().CheckStats(req.GetVolumePath()); err != nil {
+		return nil, status.Errorf(codes.NotFound, "volume %q is not at %q: %v", id, req.GetVolumePath(), err)
 	}
 	st, err := s.agent.Stats(ctx, id, req.GetVolumePath())
 	if err != nil {

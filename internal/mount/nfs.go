@@ -112,6 +112,17 @@ func (m *Manager) ProbeShare(ctx context.Context, path string) error {
 	return nil
 }
 
+// ShareMountOf tells whether path holds an NFS mount of volume's share
+// (its export is /<volume>).
+func (m *Manager) ShareMountOf(path, volume string) bool {
+	mis, err := m.mountInfo()
+	if err != nil {
+		return false
+	}
+	mi := mountAt(mis, canonical(path))
+	return mi != nil && strings.HasPrefix(mi.FsType, "nfs") && strings.HasSuffix(mi.Source, ":/"+volume)
+}
+
 // isShareMount tells whether target holds an NFS mount.
 func (m *Manager) isShareMount(target string) (bool, error) {
 	mis, err := m.mountInfo()

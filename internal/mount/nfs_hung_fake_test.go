@@ -213,3 +213,27 @@ func waitFor(t *testing.T, cond func() bool, what string) {
 		}
 	}
 }
+
+// TestFakeShareMountStats: a workload's mount of a share is known by its
+// export (/<volume>) and its usage is read, on any node.
+func TestFakeShareMountStats(t *testing.T) {
+	f := newFakeEnv(t)
+	target := f.path("pod-mount")
+	if err := os.Mkdir(target, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	f.mgr.mountInfo = func() ([]mountutils.MountInfo, error) {
+		return []mountutils.MountInfo{{Major: 0, Minor: 60, Root: "/", MountPoint: target, FsType: "nfs4",
+			Source: "share-manager-vol-a.berth-system.svc:/vol-a", MountOptions: []string{"rw"}, SuperOptions: []string{"rw"}}}, nil
+	}
+	if !f.mgr.ShareMountOf(target, "vol-a") {
+		t.Error("the share mount of vol-a is not known as one")
+	}
+	if f.mgr.ShareMountOf(target, "vol-b") || f.mgr.ShareMountOf(f.path("elsewhere"), "vol-a") {
+		t.Error("another volume's or another path's mount counted as vol-a's share")
+	}
+	st, err := f.mgr.Stats(t.Context(), target)
+	if err != nil || st.Block || st.TotalBytes <= 0 {
+		t.Errorf("Stats of the share mount = %+v, %v; want the filesystem's usage", st, err)
+	}
+}

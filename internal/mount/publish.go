@@ -162,8 +162,10 @@ func (m *Manager) Expand(ctx context.Context, device, stagingPath string) error 
 }
 
 // Stats reports usage of the filesystem mounted at path, or the size of the
-// device bound at path. Not mounted is ErrNotFound.
-func (m *Manager) Stats(_ context.Context, path string) (Stats, error) {
+// device bound at path. Not mounted is ErrNotFound. An NFS mount is asked
+// once at a time and no longer than ctx: a hard mount whose server fails
+// over blocks the asker in the kernel.
+func (m *Manager) Stats(ctx context.Context, path string) (Stats, error) {
 	if err := absPath("path", path); err != nil {
 		return Stats{}, err
 	}
@@ -172,9 +174,25 @@ func (m *Manager) Stats(_ context.Context, path string) (Stats, error) {
 	if err != nil {
 		return Stats{}, err
 	}
-	if mountAt(mis, p) == nil {
+	mi := mountAt(mis, p)
+	if mi == nil {
 		return Stats{}, fmt.Errorf("nothing mounted at %s: %w", p, ErrNotFound)
 	}
+	if strings.HasPrefix(mi.FsType, "nfs") {
+		var st Stats
+		err := m.shares.doErr(ctx, "statfs of "+p, func() error {
+			var err error
+			st, err = statPath(p)
+			return err
+		})
+		return st, err
+	}
+	return statPath(p)
+}
+
+// statPath is the usage of the filesystem at p, or the size of the device
+// bound at p.
+func statPath(p string) (Stats, error) {
 	fi, err := os.Stat(p)
 	if err != nil {
 		return Stats{}, fmt.Errorf("stat %s: %w", p, err)

@@ -66,6 +66,25 @@ func (r Rule) Check(p string) error {
 	return noSymlinks(base, p)
 }
 
+// CheckStats is Check that also accepts the one more path kubelet asks a
+// block volume's usage at, and nothing else does:
+//
+//	<kubelet>/plugins/kubernetes.io/csi/volumeDevices/<spec>/dev/<pod uid>
+//
+// (kubelet's bind mount of the device for a pod; usage reads it, never
+// mounts or removes it).
+func (r Rule) CheckStats(p string) error {
+	if err := r.Check(p); err == nil || !errors.Is(err, ErrRefused) {
+		return err
+	}
+	rel, ok := below(r.kubelet, p)
+	if !ok || len(rel) != 7 || rel[0] != "plugins" || rel[1] != "kubernetes.io" || rel[2] != "csi" ||
+		rel[3] != "volumeDevices" || rel[5] != "dev" || filepath.Clean(p) != p {
+		return fmt.Errorf("%q is outside kubelet's volume folders and berth's staging root: %w", p, ErrRefused)
+	}
+	return noSymlinks(r.kubelet, p)
+}
+
 // area returns the root p lies under when its shape is an accepted one.
 func (r Rule) area(p string) (string, bool) {
 	if rel, ok := below(r.staging, p); ok && len(rel) >= 1 {

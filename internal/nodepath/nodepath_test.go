@@ -8,6 +8,43 @@ import (
 	"testing"
 )
 
+// TestCheckStats: a block volume's usage is asked at kubelet's bind mount
+// of its device for a pod, which no other request may name.
+func TestCheckStats(t *testing.T) {
+	r, err := New("/var/lib/kubelet", "/var/lib/berth/flex-staging")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const k = "/var/lib/kubelet"
+	for _, tc := range []struct {
+		path string
+		ok   bool
+	}{
+		{k + "/plugins/kubernetes.io/csi/volumeDevices/pvc-1/dev/0b5e-11", true},
+		{k + "/pods/0b5e-11/volumes/kubernetes.io~csi/pvc-1/mount", true},
+		{k + "/plugins/kubernetes.io/csi/volumeDevices/pvc-1/dev", false},
+		{k + "/plugins/kubernetes.io/csi/volumeDevices/pvc-1/dev/0b5e-11/x", false},
+		{k + "/plugins/kubernetes.io/csi/volumeDevices/pvc-1/data/0b5e-11", false},
+		{k + "/plugins/kubernetes.io/csi/volumeDevices/pvc-1/dev/..", false},
+		{k + "/plugins/other/csi/volumeDevices/pvc-1/dev/0b5e-11", false},
+		{"/etc", false},
+	} {
+		checkCase(t, "CheckStats", r.CheckStats, tc.path, tc.ok)
+	}
+}
+
+// checkCase checks that check accepts path (ok) or refuses it.
+func checkCase(t *testing.T, name string, check func(string) error, path string, ok bool) {
+	t.Helper()
+	err := check(path)
+	if ok && err != nil {
+		t.Errorf("%s(%q) = %v, want accepted", name, path, err)
+	}
+	if !ok && !errors.Is(err, ErrRefused) {
+		t.Errorf("%s(%q) = %v, want ErrRefused", name, path, err)
+	}
+}
+
 func TestCheck(t *testing.T) {
 	r, err := New("/var/lib/kubelet", "/var/lib/berth/flex-staging")
 	if err != nil {
@@ -46,15 +83,10 @@ func TestCheck(t *testing.T) {
 		{k + "/plugins/kubernetes.io/csi/other.io/3f2a/globalmount", false}, // another driver
 		{k + "/plugins/kubernetes.io/csi/volumeDevices/staging", false},
 		{k + "/plugins_registry/berth.io-reg.sock", false},
-		{k + "x/pods/0b5e-11/volumes/berth.io~berth/data", false}, // sibling of kubelet's root
+		{k + "x/pods/0b5e-11/volumes/berth.io~berth/data", false},                 // sibling of kubelet's root
+		{k + "/plugins/kubernetes.io/csi/volumeDevices/pvc-1/dev/0b5e-11", false}, // a block volume's usage only
 	} {
-		err := r.Check(tc.path)
-		if tc.ok && err != nil {
-			t.Errorf("Check(%q) = %v, want accepted", tc.path, err)
-		}
-		if !tc.ok && !errors.Is(err, ErrRefused) {
-			t.Errorf("Check(%q) = %v, want ErrRefused", tc.path, err)
-		}
+		checkCase(t, "Check", r.Check, tc.path, tc.ok)
 	}
 }
 
