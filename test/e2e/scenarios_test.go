@@ -41,6 +41,8 @@ var scenarios = []func(*testing.T){
 	testCephSnapshotCloneExpand,
 	testReadWriteManyShare,
 	testVMReadWriteManyKernelClient,
+	testVMUserspaceNBDHeals,
+	testVMLocalVolumePowerLoss,
 	testNodeLossAndReturn,
 	testLocalVolumeOnLostNode,
 	testCephVolumeMovesOffLostNode,

@@ -109,13 +109,14 @@ func testVMReadWriteManyKernelClient(t *testing.T) {
 		s.deletePod(w)
 	}
 	// Every file a writer had fsync'd reads back with its checksum.
-	s.verifyAcked(vm, writers, acked)
+	s.verifyAcked(vm, "shared", writers, acked)
 	fmt.Printf("RWX_KERNEL_KILL_RESULT stall=%v\n", worst.Round(time.Millisecond))
 }
 
 // rwxWriterScript writes 64 KiB files under /data/$ME, fsyncs each (busybox
-// sync FILE is fsync(2)), prints "ack <seconds.nanos> <file> <sha256>" once
-// it is durable, and every tenth file verifies the files its peers listed.
+// sync FILE is fsync(2)), prints "ack <seconds.fraction> <file> <sha256>" once
+// it is durable (the time: the node's uptime, as busybox's date has no
+// fractions), and every tenth file verifies the files its peers listed.
 // Any failed step prints WRITE-ERROR and ends the pod: an I/O error reached
 // the application.
 const rwxWriterScript = `set -u
@@ -127,7 +128,7 @@ while :; do
   sync $f || { echo WRITE-ERROR fsync $f; exit 1; }
   s=$(sha256sum $f | cut -c1-64) || { echo WRITE-ERROR read $f; exit 1; }
   echo "$s  $f" >>$d/sums && sync $d/sums || { echo WRITE-ERROR sums; exit 1; }
-  echo "ack $(date +%s.%N) $f $s"
+  echo "ack $(cut -d' ' -f1 /proc/uptime) $f $s"
   if [ $((i % 10)) = 0 ]; then
     for p in $PEERS; do
       [ "$p" = "$ME" ] || [ ! -s /data/$p/sums ] && continue
@@ -191,21 +192,17 @@ func (s *scenario) writerChecked(pod string) (time.Duration, int) {
 		s.t.Errorf("%s: %s, restarts %v; want Running without restarts", pod, p.Status.Phase, p.Status.ContainerStatuses)
 	}
 	times, _, _ := s.acks(pod)
-	var gap time.Duration
-	for i := 1; i < len(times); i++ {
-		gap = max(gap, times[i].Sub(times[i-1]))
-	}
-	return gap, len(times)
+	return maxGap(times), len(times)
 }
 
-// verifyAcked checks, in a pod on node once the writers are gone, each
-// writer's list of the files it wrote (sha256sum -c), and that every file
+// verifyAcked checks, in a pod on node with claim once the writers are
+// gone, each writer's list of the files it wrote (sha256sum -c), and that every file
 // acked (file -> checksum) is in those lists with its checksum.
-func (s *scenario) verifyAcked(node string, writers []string, acked map[string]string) {
+func (s *scenario) verifyAcked(node, claim string, writers []string, acked map[string]string) {
 	s.t.Helper()
 	script := "for w in " + strings.Join(writers, " ") + "; do sha256sum -c -s /data/$w/sums || echo BAD $w; done; cat /data/*/sums"
 	name := "verify-acked"
-	s.podWith(name, script, claimSource("shared"), false, func(p *corev1.Pod) {
+	s.podWith(name, script, claimSource(claim), false, func(p *corev1.Pod) {
 		p.Spec.NodeSelector = map[string]string{hostnameLabel: node}
 		p.Spec.RestartPolicy = corev1.RestartPolicyNever
 	})
@@ -299,9 +296,15 @@ func (s *scenario) vmExec(node, script string) (string, error) {
 
 // vmMounts are the VM node's mount table lines that contain sub.
 func (s *scenario) vmMounts(node, sub string) []string {
-	out, err := s.vmExec(node, "cat /proc/self/mounts")
+	return s.vmLines(node, "cat /proc/self/mounts", sub)
+}
+
+// vmLines are the lines that contain sub of what script prints in a VM
+// node.
+func (s *scenario) vmLines(node, script, sub string) []string {
+	out, err := s.vmExec(node, script)
 	if err != nil {
-		s.t.Logf("mounts of %s: %v", node, err)
+		s.t.Logf("%s on %s: %v", script, node, err)
 	}
 	var lines []string
 	for _, l := range strings.Split(out, "\n") {

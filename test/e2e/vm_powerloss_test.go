@@ -1,0 +1,112 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// testVMLocalVolumePowerLoss: a VM node with a local RWO volume in use
+// loses power (qemu killed: its kernel, mounts, loop devices and page cache
+// go at once, unlike a netns node's kubelet kill). The Attachment keeps the
+// lost pod's hold while the node is only NotReady: berth breaks it only
+// once the node is tainted out-of-service. The volume lives on the VM's
+// disk, so the pod that replaces the lost one waits for the node; once it
+// boots, the node's stale list is worked off (the old hold gone, the new
+// pod running on its fsync'd data) and, once the claim is deleted, nothing
+// of the volume is left on the VM: no loop device, no mount, no record.
+func testVMLocalVolumePowerLoss(t *testing.T) {
+	s := newScenario(t, 15*time.Minute)
+	vm := s.env.vmNode(t)
+	s.needBerthImage()
+	class := s.pinnedClass("berth", vm)
+	s.node = vm
+	s.pvc("local", class, "32Mi", corev1.ReadWriteOnce, false)
+	volume := s.boundPV("local").Spec.CSI.VolumeHandle
+	s.podWith("holder", "echo hello > /data/f && sync /data/f && echo written && exec sleep 3600", claimSource("local"), false,
+		func(p *corev1.Pod) { p.Spec.NodeSelector = map[string]string{hostnameLabel: vm} })
+	s.checked("holder", "written")
+	holds := func() string {
+		out, _ := s.kubectl("get", "attachments.berth.io", volume, "-o", "jsonpath={.spec.holders}")
+		return out
+	}
+	if h := holds(); !strings.Contains(h, "/holder") {
+		t.Fatalf("Attachment %s holders %q, want the holder pod's", volume, h)
+	}
+	s.t.Cleanup(func() {
+		_ = s.env.NodeAction(context.Background(), vm, "boot")
+		_, _ = s.kubectl("taint", "node", vm, corev1.TaintNodeOutOfService+"-")
+	})
+	if err := s.env.NodeAction(s.ctx, vm, "poweroff"); err != nil {
+		t.Fatal(err)
+	}
+	lost := time.Now()
+	waitNodeReady(s.ctx, t, s.cs, vm, false)
+	// NotReady alone breaks nothing: the node may be partitioned, not dead.
+	time.Sleep(20 * time.Second)
+	if h := holds(); !strings.Contains(h, "/holder") {
+		t.Errorf("the lost pod's hold was broken %s after the power loss, with the node only NotReady: holders %q",
+			time.Since(lost).Round(time.Second), h)
+	}
+	s.taintOutOfService(vm)
+	zero := int64(0)
+	if err := s.cs.CoreV1().Pods(s.ns).Delete(s.ctx, "holder", metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil && !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
+	s.waitFor("the lost pod's hold broken once the node is out of service", 3*time.Minute, func(context.Context) (bool, error) {
+		return !strings.Contains(holds(), "/holder"), nil
+	})
+	s.podWith("mover", "cat /data/f && exec sleep 3600", claimSource("local"), false, func(p *corev1.Pod) {
+		p.Spec.NodeSelector = map[string]string{hostnameLabel: vm}
+		p.Spec.Tolerations = []corev1.Toleration{{Key: corev1.TaintNodeOutOfService, Operator: corev1.TolerationOpExists}}
+	})
+
+	booted := time.Now()
+	if err := s.env.NodeAction(s.ctx, vm, "boot"); err != nil {
+		t.Fatal(err)
+	}
+	waitNodeReady(s.ctx, t, s.cs, vm, true)
+	t.Logf("%s Ready %s after the boot", vm, time.Since(booted).Round(time.Second))
+	if out, err := s.kubectl("taint", "node", vm, corev1.TaintNodeOutOfService+"-"); err != nil {
+		t.Fatalf("untaint: %v: %s", err, out)
+	}
+	s.running("mover")
+	s.waitFor("the mover reads the data fsync'd before the power loss", 2*time.Minute, func(context.Context) (bool, error) {
+		out, err := s.kubectl("-n", s.ns, "logs", "mover")
+		return err == nil && strings.TrimSpace(out) == "hello", nil
+	})
+	s.waitFor("the Attachment holds the mover alone", 3*time.Minute, func(context.Context) (bool, error) {
+		h := holds()
+		return !strings.Contains(h, "/holder") && strings.Contains(h, "/mover"), nil
+	})
+	if n := len(s.vmLoops(vm, volume)); n != 1 {
+		t.Errorf("%d loop devices of %s on %s with one pod using it, want 1", n, volume, vm)
+	}
+
+	s.deletePod("mover")
+	if err := s.cs.CoreV1().PersistentVolumeClaims(s.ns).Delete(s.ctx, "local", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s.waitFor("nothing of the volume left on "+vm, 3*time.Minute, func(context.Context) (bool, error) {
+		return len(s.vmLoops(vm, volume)) == 0 && len(s.vmMounts(vm, volume)) == 0 && len(s.vmRecords(vm, volume)) == 0, nil
+	})
+}
+
+// vmLoops are the VM node's loop devices whose backing file names volume.
+func (s *scenario) vmLoops(node, volume string) []string {
+	return s.vmLines(node, "losetup -a", volume)
+}
+
+// vmRecords are the files under the VM node's berth folders (its data
+// dirs and run dir) whose path names volume.
+func (s *scenario) vmRecords(node, volume string) []string {
+	out, _ := s.vmExec(node, "find "+s.env.need(s.t, "BERTH_E2E_DIR", "the cluster's work dir")+" /run/berth -path '*"+volume+"*' 2>/dev/null")
+	return strings.Fields(out)
+}
