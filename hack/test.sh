@@ -123,7 +123,7 @@ if [ -n "$ci" ]; then
 		# krbd, a real power-off) on a cluster of one netns node and one
 		# VM node (hack/vm: qemu, TCG) of their own: a VM slows every
 		# other scenario, so it joins only this one.
-		tier "VM e2e scenarios" env BERTH_E2E_NODES=1 BERTH_E2E_VM_NODES=1 hack/e2e.sh -run 'TestE2E/VM'
+		tier "VM e2e scenarios" env BERTH_E2E_NODES=1 BERTH_E2E_VM_NODES=1 hack/e2e.sh -timeout 60m -run 'TestE2E/VM'
 	else
 		# Off until a run on CI's machine has passed: on a loaded machine
 		# the VM's kubelet timed out creating berth's containers (TCG).
