@@ -50,7 +50,7 @@ func agentClient(t *testing.T, node string) client.Client {
 // refused by the API server.
 func TestAgentWritesOnlyItsOwnNodesRecords(t *testing.T) {
 	suite.Require(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	out := helm(t, "template", "berth", chartDir, "--namespace", releaseNamespace, "--include-crds", "--set", "namespace.create=true")
 	_, kinds := apply(ctx, t, out)
@@ -248,6 +248,14 @@ func TestAgentWritesOnlyItsOwnNodesRecords(t *testing.T) {
 	sc = get(ctx, t, &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "vap"}})
 	sc.Status.CleanedNodes = append(sc.Status.CleanedNodes, "node-a")
 	allowed("report own node cleaned", a.Status().Update(ctx, sc))
+
+	// Pods: it deletes only those on its own node (F8).
+	for _, n := range []string{"a", "b"} {
+		mustCreate(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "web-" + n, Namespace: "default"},
+			Spec: corev1.PodSpec{NodeName: "node-" + n, Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}})
+	}
+	refused("delete a pod on node-b", a.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "web-b", Namespace: "default"}}), true)
+	allowed("delete a pod on its own node", a.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "web-a", Namespace: "default"}}))
 
 	rep := &nodeagent.CapacityReporter{Client: a, Node: "node-a", Namespace: releaseNamespace, Log: logr.Discard(),
 		Free: func(context.Context, string) (int64, error) { return 5 << 30, nil }}
