@@ -35,7 +35,8 @@ type CephSpec struct {
 	// secret). The client needs `profile rbd` on Pool (and DataPool), and
 	// mon `allow command "osd blocklist"` so that a fenced node's client can
 	// be taken off the blocklist again. The key is never logged nor shown
-	// in status or Events.
+	// in status or Events. The Secret must be in berth's namespace: berth
+	// may read Secrets there only.
 	SecretRef CephSecretReference `json:"secretRef"`
 
 	// ImageFeatures of the images berth makes (default layering,

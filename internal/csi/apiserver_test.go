@@ -47,7 +47,12 @@ func runNodeReconcilers(t *testing.T, node string, images controller.Backend) {
 	})
 }
 
-// apiController is a CSI controller on the test API server, logging to t.
+// apiController is a CSI controller on the test API server, logging to t;
+// berth's namespace is "default" unless cfg names one (the ceph tests keep
+// their Secrets there).
 func apiController(t *testing.T, cfg ControllerConfig) *Controller {
+	if cfg.Namespace == "" {
+		cfg.Namespace = "default"
+	}
 	return NewController(env.Client, cfg, testr.New(t))
 }

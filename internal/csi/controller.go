@@ -43,7 +43,8 @@ const (
 
 // ControllerConfig configures the Controller service.
 type ControllerConfig struct {
-	// Namespace holds the agents' CSIStorageCapacity objects (berth's).
+	// Namespace is berth's: it holds the agents' CSIStorageCapacity objects
+	// and the ceph StorageClusters' Secrets.
 	Namespace string
 	// Wait bounds how long a call waits for the agent (on top of the caller's deadline).
 	Wait time.Duration
@@ -73,7 +74,7 @@ type Controller struct {
 // +kubebuilder:rbac:groups=berth.io,resources=storageclusters,verbs=get
 // +kubebuilder:rbac:groups=berth.io,resources=volumes/status;snapshots/status,verbs=update
 // +kubebuilder:rbac:groups=berth.io,resources=snapshots,verbs=update
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get
+// +kubebuilder:rbac:groups="",namespace=berth-system,resources=secrets,verbs=get
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list
 // +kubebuilder:rbac:groups=storage.k8s.io,namespace=berth-system,resources=csistoragecapacities,verbs=get;list
 
@@ -85,7 +86,7 @@ func NewController(c client.Client, cfg ControllerConfig, log logr.Logger) *Cont
 	if cfg.Poll == 0 {
 		cfg.Poll = 50 * time.Millisecond
 	}
-	stores := &cephStores{open: cfg.OpenCeph, lookup: cfg.LookupHost, log: log.WithName("ceph")}
+	stores := &cephStores{open: cfg.OpenCeph, lookup: cfg.LookupHost, namespace: cfg.Namespace, log: log.WithName("ceph")}
 	return &Controller{c: c, cfg: cfg, log: log, ceph: stores}
 }
 

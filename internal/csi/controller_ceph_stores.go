@@ -28,7 +28,9 @@ type OpenCeph func(ctx context.Context, cfg ceph.Config, log logr.Logger) (ceph.
 type cephStores struct {
 	open   OpenCeph
 	lookup func(ctx context.Context, host string) ([]string, error)
-	log    logr.Logger
+	// namespace is berth's: the only one whose Secrets it reads.
+	namespace string
+	log       logr.Logger
 
 	mu    sync.Mutex
 	conns map[string]*cephConn
@@ -52,6 +54,9 @@ func (p *cephStores) get(ctx context.Context, c client.Client, sc *v1.StorageClu
 		return nil, nil, status.Errorf(codes.FailedPrecondition, "StorageCluster %s has backend ceph but no spec.ceph", sc.Name)
 	}
 	ref := sc.Spec.Ceph.SecretRef
+	if err := ceph.CheckSecretRef(ref, p.namespace); err != nil {
+		return nil, nil, status.Errorf(codes.FailedPrecondition, "StorageCluster %s: %v", sc.Name, err)
+	}
 	secret := &corev1.Secret{}
 	if err := c.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, secret); err != nil {
 		if apierrors.IsNotFound(err) {

@@ -2,11 +2,14 @@ package csi
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/testr"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -51,7 +54,7 @@ func TestCephConnectionReplacedWhenSecretChanges(t *testing.T) {
 	sc := cephCluster(secret.Name, "127.0.0.1:3300", "rbd")
 	sc.Generation = 1
 	var opened []*countedStore
-	p := &cephStores{log: testr.New(t), open: func(context.Context, ceph.Config, logr.Logger) (ceph.Store, error) {
+	p := &cephStores{log: testr.New(t), namespace: "default", open: func(context.Context, ceph.Config, logr.Logger) (ceph.Store, error) {
 		s := &countedStore{}
 		opened = append(opened, s)
 		return s, nil
@@ -91,5 +94,21 @@ func TestCephConnectionReplacedWhenSecretChanges(t *testing.T) {
 	p.close()
 	if opened[1].closed != 1 {
 		t.Errorf("shutdown closed the current connection %d times, want 1", opened[1].closed)
+	}
+}
+
+// A StorageCluster whose Secret is outside berth's namespace is refused
+// before the Secret is read: berth's role grants Secrets there only (F10).
+func TestCephSecretOutsideBerthsNamespaceRefused(t *testing.T) {
+	ctx := apiCtx(t, time.Minute)
+	secret := cephSecret(ctx, t, "ceph-elsewhere", "berth", "AQBkey1==")
+	sc := cephCluster(secret.Name, "127.0.0.1:3300", "rbd")
+	p := &cephStores{log: testr.New(t), namespace: "berth-system", open: func(context.Context, ceph.Config, logr.Logger) (ceph.Store, error) {
+		t.Error("a connection opened with a Secret outside berth's namespace")
+		return &countedStore{}, nil
+	}}
+	_, _, err := p.get(ctx, env.Client, sc)
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "berth reads Secrets only in its own namespace, berth-system") {
+		t.Errorf("get = %v, want FailedPrecondition naming berth's namespace", err)
 	}
 }

@@ -25,7 +25,9 @@ type CephClusters struct {
 	Open func(ctx context.Context, cfg ceph.Config, log logr.Logger) (ceph.Fencing, error)
 	// LookupHost resolves monitor host names (nil: the system resolver).
 	LookupHost func(ctx context.Context, host string) ([]string, error)
-	Log        logr.Logger
+	// Namespace is berth's: the only one whose Secrets it reads.
+	Namespace string
+	Log       logr.Logger
 }
 
 var _ Blocklister = (*CephClusters)(nil)
@@ -80,6 +82,9 @@ func (cc *CephClusters) connect(ctx context.Context, sc *v1.StorageCluster) (cep
 		return nil, fmt.Errorf("storagecluster %s has no ceph backend", sc.Name)
 	}
 	ref := sc.Spec.Ceph.SecretRef
+	if err := ceph.CheckSecretRef(ref, cc.Namespace); err != nil {
+		return nil, fmt.Errorf("storagecluster %s: %w", sc.Name, err)
+	}
 	var secret corev1.Secret
 	if err := cc.C.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, &secret); err != nil {
 		return nil, fmt.Errorf("storagecluster %s: Secret %s/%s: %w", sc.Name, ref.Namespace, ref.Name, err)

@@ -34,7 +34,7 @@ func TestCephClustersRouteToTheVolumesCluster(t *testing.T) {
 	create(t, &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "vol-cc"}, Spec: v1.VolumeSpec{StorageCluster: "cc-ceph", Size: resource.MustParse("1Mi")}})
 
 	clusters := map[string]*fakeCeph{}
-	cc := &fence.CephClusters{C: env.Client, Log: testr.New(t),
+	cc := &fence.CephClusters{C: env.Client, Namespace: ns, Log: testr.New(t),
 		Open: func(_ context.Context, cfg ceph.Config, _ logr.Logger) (ceph.Fencing, error) {
 			f := &fakeCeph{fakeBlocklister: newFakeBlocklister(), cfg: cfg}
 			clusters[cfg.Monitors] = f

@@ -138,6 +138,18 @@ func validPort(p string) bool {
 	return err == nil && n >= 1 && n <= 65535 && strconv.Itoa(n) == p
 }
 
+// ErrSecretNamespace: berth reads a ceph StorageCluster's Secret only in
+// its own namespace, the one its roles grant Secrets in.
+var ErrSecretNamespace = errors.New("berth reads Secrets only in its own namespace")
+
+// CheckSecretRef refuses a Secret outside namespace, berth's own.
+func CheckSecretRef(ref v1.CephSecretReference, namespace string) error {
+	if ref.Namespace != namespace {
+		return fmt.Errorf("Secret %s/%s: %w, %s: create it there", ref.Namespace, ref.Name, ErrSecretNamespace, namespace)
+	}
+	return nil
+}
+
 // ConfigFor is the Config of a StorageCluster's spec.ceph with the client
 // of its Secret (userID, userKey): what the operator checks and the CSI
 // controller opens. Monitor host names are resolved with lookup (nil: the

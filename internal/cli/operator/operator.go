@@ -204,7 +204,7 @@ func Command() cli.Command {
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
 // The Unfencer reads each ceph StorageCluster's Secret to reach its Ceph.
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get
+// +kubebuilder:rbac:groups="",namespace=berth-system,resources=secrets,verbs=get
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 
 func (c Config) addAttachmentGC(ctx context.Context, mgr ctrl.Manager) error {
@@ -215,7 +215,7 @@ func (c Config) addAttachmentGC(ctx context.Context, mgr ctrl.Manager) error {
 	}
 	// The GC has no Blocklister: a gone node's Ceph entries wait for lock
 	// breaking, which fences them with the stage's Ceph access.
-	bl := &fence.CephClusters{C: direct, Log: c.Log.WithName("unfence")}
+	bl := &fence.CephClusters{C: direct, Namespace: c.Cluster.Namespace, Log: c.Log.WithName("unfence")}
 	if err := mgr.Add(fence.NewUnfencer(direct, bl, mgr.GetEventRecorderFor("berth-operator"), clock.RealClock{},
 		c.Log.WithName("unfence"), fence.UnfenceOptions{Cooldown: c.UnfenceCooldown, Interval: c.UnfenceInterval})); err != nil {
 		return err

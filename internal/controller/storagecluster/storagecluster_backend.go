@@ -92,7 +92,7 @@ func (c *cephChecks) forget(uid types.UID) {
 	delete(c.last, uid)
 }
 
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get
+// +kubebuilder:rbac:groups="",namespace=berth-system,resources=secrets,verbs=get
 
 // backendCondition says whether sc's backend can hold volumes and when to
 // look again (0: only on change). A changed answer is also an Event. The
@@ -121,8 +121,11 @@ func (r *Reconciler) checkCeph(ctx context.Context, log logr.Logger, sc *v1.Stor
 	if direct == nil {
 		direct = r.Client
 	}
+	if err := ceph.CheckSecretRef(ref, r.Options.Namespace); err != nil {
+		return failed(ReasonSecretInvalid, "%v", err)
+	}
 	// Read uncached: the operator watches no Secret (it would cache every
-	// Secret of the cluster); a fixed Secret is seen at the next recheck.
+	// Secret of its namespace); a fixed Secret is seen at the next recheck.
 	secret := &corev1.Secret{}
 	if err := direct.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, secret); err != nil {
 		if client.IgnoreNotFound(err) == nil {

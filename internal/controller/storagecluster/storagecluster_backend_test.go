@@ -93,6 +93,16 @@ func TestBackendReadySecretInvalid(t *testing.T) {
 	if want := "Secret " + namespace + "/ceph-halfsecret lacks key userKey"; c.Message != want {
 		t.Errorf("message %q, want %q", c.Message, want)
 	}
+
+	// A Secret outside berth's namespace is refused without a read: berth's
+	// roles grant Secrets in its namespace only (F10).
+	spec := cephClusterSpec([]string{"127.0.0.1:1"}, "rbd", "ceph-elsewhere")
+	spec.Ceph.SecretRef.Namespace = "default"
+	sc = newCluster(t, "ceph-elsewhere", spec)
+	c = waitBackend(t, sc, metav1.ConditionFalse, storagecluster.ReasonSecretInvalid, "")
+	if want := "Secret default/ceph-elsewhere: berth reads Secrets only in its own namespace, " + namespace + ": create it there"; c.Message != want {
+		t.Errorf("message %q, want %q", c.Message, want)
+	}
 }
 
 // A monitor host name that does not resolve is MonitorsUnreachable, named.

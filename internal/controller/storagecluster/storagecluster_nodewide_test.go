@@ -43,8 +43,11 @@ func setAgentResources(t *testing.T, cluster string, r *v1.AgentResources) {
 	if err := env.Client.Get(testCtx(t), client.ObjectKey{Name: cluster}, sc); err != nil {
 		t.Fatal(err)
 	}
+	// A patch, not an update: the operator writes the object meanwhile
+	// (finalizer, status), which would make an update conflict.
+	orig := sc.DeepCopy()
 	sc.Spec.Agent.Resources = r
-	if err := env.Client.Update(testCtx(t), sc); err != nil {
+	if err := env.Client.Patch(testCtx(t), sc, client.MergeFrom(orig)); err != nil {
 		t.Fatal(err)
 	}
 }
