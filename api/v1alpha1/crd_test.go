@@ -268,6 +268,18 @@ func TestNodeCleanupRoundTrip(t *testing.T) {
 	mustRefuse(t, &v1.NodeCleanup{ObjectMeta: meta("node-b"), Spec: v1.NodeCleanupSpec{Entries: []v1.StaleAttachment{
 		{Volume: "pvc-1", MountDir: "/m", Reason: "Bored", FoundAt: now},
 	}}}, "spec.entries[0].reason")
+	// The pod fields follow an Attachment entry's rules (F13).
+	createAndRead(t, &v1.NodeCleanup{ObjectMeta: meta("node-c"), Spec: v1.NodeCleanupSpec{Entries: []v1.StaleAttachment{
+		{Volume: "pvc-1", MountDir: "/m", Pod: "default/web-0.x", PodUID: "0b5e-11", Reason: v1.ReasonPodGone, FoundAt: now},
+	}}}, &got)
+	for i, bad := range []v1.StaleAttachment{{Pod: "web-0"}, {Pod: "a/b/c"}, {Pod: "Default/web"}, {Pod: "ns/"}, {PodUID: "u/1"}} {
+		bad.Volume, bad.MountDir, bad.Reason, bad.FoundAt = "pvc-1", "/m", v1.ReasonPodGone, now
+		field := "spec.entries[0].pod"
+		if bad.PodUID != "" {
+			field = "spec.entries[0].podUID"
+		}
+		mustRefuse(t, &v1.NodeCleanup{ObjectMeta: meta(fmt.Sprintf("node-bad-%d", i)), Spec: v1.NodeCleanupSpec{Entries: []v1.StaleAttachment{bad}}}, field)
+	}
 }
 
 func TestShareManagerStates(t *testing.T) {

@@ -82,12 +82,19 @@ type StaleAttachment struct {
 	// +kubebuilder:validation:XValidation:rule="!(self + '/').contains('/./') && !(self + '/').contains('/../')",message="must be a clean absolute path: no . or .. components"
 	StagingPath string `json:"stagingPath,omitempty"`
 
-	// Pod held the entry, as namespace/name, empty for a stage record.
+	// Pod held the entry, as namespace/name (a DNS label, which an
+	// Attachment entry may leave empty, and a DNS subdomain), empty for a
+	// stage record.
 	// +optional
+	// +kubebuilder:validation:MaxLength=317
+	// +kubebuilder:validation:Pattern=`^(([a-z0-9]([-a-z0-9]*[a-z0-9])?)?/[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)?$`
 	Pod string `json:"pod,omitempty"`
 
-	// PodUID held the entry.
+	// PodUID held the entry: letters, digits and dashes, as in an
+	// Attachment entry.
 	// +optional
+	// +kubebuilder:validation:MaxLength=128
+	// +kubebuilder:validation:Pattern=`^[0-9A-Za-z-]*$`
 	PodUID string `json:"podUID,omitempty"`
 
 	// Reason the entry went stale.
