@@ -136,9 +136,12 @@ func every(ctx context.Context, clk clock.Clock, interval time.Duration, pass fu
 func (cl *Cleaner) NeedLeaderElection() bool { return false }
 
 // RunOnce works through the list once. An entry whose volume's Attachment
-// lists this node with the same mountDir and pod UID applies no more (the
+// lists this node at the path the entry would undo applies no more (the
 // node came back and holds the volume again, or the takeover that wrote the
-// entry lost its race and never landed): it is dropped without undo.
+// entry lost its race and never landed): it is dropped without undo. So is
+// one written by another node (which may add entries to this list) that
+// names a path this node holds, whatever pod it names (F2): a live mount is
+// never undone by another node's word.
 // Every other entry is undone, then removed; a failed undo stays listed.
 func (cl *Cleaner) RunOnce(ctx context.Context) (CleanResult, error) {
 	res, err := cl.runOnce(ctx)
@@ -196,8 +199,16 @@ func (cl *Cleaner) process(ctx context.Context, s v1.StaleAttachment) (dropped b
 	if _, err := lookup(ctx, cl.c, "attachment", client.ObjectKey{Name: s.Volume}, &att); err != nil {
 		return false, err
 	}
+	undo := undoPath(s)
 	for _, e := range att.Spec.Attachments { // none when the Attachment is gone
-		if e.Node == cl.node && e.MountDir == s.MountDir && e.PodUID == s.PodUID {
+		if e.Node != cl.node {
+			continue
+		}
+		if e.MountDir == undo || (e.StagingPath != "" && e.StagingPath == undo) {
+			if e.MountDir != s.MountDir || e.PodUID != s.PodUID {
+				cl.log.Info("stale entry names a path this node holds for the volume: dropped without undo",
+					"volume", s.Volume, "path", undo, "entryPod", s.Pod, "entryPodUID", s.PodUID, "holderPodUID", e.PodUID)
+			}
 			return true, nil
 		}
 	}
@@ -205,6 +216,15 @@ func (cl *Cleaner) process(ctx context.Context, s v1.StaleAttachment) (dropped b
 		return false, fmt.Errorf("undo %s at %s: %w", s.Volume, s.MountDir, err)
 	}
 	return false, nil
+}
+
+// undoPath is the path an Undoer takes away for s: a pod's mount dir, or
+// a stage record's staging path.
+func undoPath(s v1.StaleAttachment) string {
+	if s.Pod != "" || s.PodUID != "" || s.StagingPath == "" {
+		return s.MountDir
+	}
+	return s.StagingPath
 }
 
 // remove takes finished entries off the list. An entry replaced meanwhile

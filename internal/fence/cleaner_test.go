@@ -83,6 +83,43 @@ func TestCleanerAfterRestart(t *testing.T) {
 	}
 }
 
+// TestCleanerNeverUndoesAHeldPath: another node may add entries to this
+// node's stale list (lock breaking), so an entry that names a path this
+// node holds for the volume, under another pod UID or as a stage record's
+// staging path, is dropped without undo: no node unmounts another's live
+// pod or stage by its word (F2). The entry for a path not held is undone.
+func TestCleanerNeverUndoesAHeldPath(t *testing.T) {
+	cleanupVolume(t, "vol-f2", "f2-a")
+	mkNode(t, "f2-a")
+	live := fakePod("f2-live")
+	holdOn(t, "vol-f2", "f2-a", live, v1.ReadWriteOnce)
+	stage, pod := stageReq("vol-f2", "f2-a", v1.ReadWriteOnce), podReq("vol-f2", "f2-a", live, v1.ReadWriteOnce)
+	gone := "/var/lib/kubelet/pods/uid-f2-gone/volumes/kubernetes.io~csi/vol-f2/mount"
+	addStaleEntry(t, "f2-a",
+		// The live pod's mount, as another pod's.
+		v1.StaleAttachment{Volume: "vol-f2", MountDir: pod.MountDir, StagingPath: stage.StagingPath,
+			Pod: "default/forged", PodUID: "forged", Reason: v1.ReasonPodGone, FoundAt: metav1.Now()},
+		// The live stage, named as a stage record's staging path.
+		v1.StaleAttachment{Volume: "vol-f2", MountDir: "/var/lib/kubelet/plugins/berth.io/staging/other",
+			StagingPath: stage.StagingPath, Reason: v1.ReasonNodeOutOfService, FoundAt: metav1.Now()},
+		// A pod of this node that is gone: undone.
+		v1.StaleAttachment{Volume: "vol-f2", MountDir: gone, StagingPath: stage.StagingPath,
+			Pod: "default/f2-gone", PodUID: "uid-f2-gone", Reason: v1.ReasonPodGone, FoundAt: metav1.Now()})
+
+	u := &recordingUndoer{}
+	cl := fence.NewCleaner(env.Client, "f2-a", u, clocktesting.NewFakeClock(time.Now()), testr.New(t), fence.CleanerOptions{Interval: time.Minute})
+	if _, err := cl.RunOnce(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	if got := u.undone(); len(got) != 1 || got[0] != "vol-f2:"+gone {
+		t.Errorf("undone %v, want only the gone pod's mount", got)
+	}
+	if n := len(getCleanup(t, "f2-a").Spec.Entries); n != 0 {
+		t.Errorf("%d entries left, want the held ones dropped and the gone one done", n)
+	}
+	wantHolders(t, "vol-f2", "f2-a", "f2-a") // its stage and its pod
+}
+
 // TestCleanerRetriesFailedEntriesSoon: an undo that fails at the agent's
 // start (its keeper not up yet after the node's return) is tried again
 // after FailedRetry, not an Interval later.
