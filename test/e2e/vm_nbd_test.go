@@ -32,8 +32,9 @@ const nbdHealCycles = 20
 // the last acknowledged write before the kill and the first after it, on
 // the VM's clock) is logged with its p50 and p99.
 func testVMUserspaceNBDHeals(t *testing.T) {
+	env, _ := needCluster(t)
+	vm := env.vmNode(t) // skips before a namespace is made
 	s := newScenario(t, 30*time.Minute)
-	vm := s.env.vmNode(t)
 	s.needBerthImage()
 	cycles := nbdHealCycles
 	if v := os.Getenv("BERTH_E2E_NBD_HEAL_CYCLES"); v != "" {

@@ -23,8 +23,9 @@ import (
 // pod running on its fsync'd data) and, once the claim is deleted, nothing
 // of the volume is left on the VM: no loop device, no mount, no record.
 func testVMLocalVolumePowerLoss(t *testing.T) {
+	env, _ := needCluster(t)
+	vm := env.vmNode(t) // skips before a namespace is made
 	s := newScenario(t, 15*time.Minute)
-	vm := s.env.vmNode(t)
 	s.needBerthImage()
 	class := s.pinnedClass("berth", vm)
 	s.node = vm

@@ -35,8 +35,9 @@ import (
 // acknowledged writes (an upper bound of the kill-to-first-write time,
 // measured by the writers' own clock) is logged.
 func testVMReadWriteManyKernelClient(t *testing.T) {
+	env, _ := needCluster(t)
+	vm := env.vmNode(t) // skips before a namespace is made
 	s := newScenario(t, 12*time.Minute)
-	vm := s.env.vmNode(t)
 	server := s.env.netnsNode(t)
 	s.needBerthImage()
 	class := s.pinnedClass("berth", server)
