@@ -45,6 +45,10 @@ func testVMLocalVolumePowerLoss(t *testing.T) {
 		_ = s.env.NodeAction(context.Background(), vm, "boot")
 		_, _ = s.kubectl("taint", "node", vm, corev1.TaintNodeOutOfService+"-")
 	})
+	// Only the operator's attachment GC moves a gone pod's entry off a
+	// local volume, every spec.attachmentGC.interval (a day by default):
+	// a short one here, so that a pass comes while the node is off.
+	s.gcInterval("berth", "10s")
 	if err := s.env.NodeAction(s.ctx, vm, "poweroff"); err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +65,7 @@ func testVMLocalVolumePowerLoss(t *testing.T) {
 	if err := s.cs.CoreV1().Pods(s.ns).Delete(s.ctx, "holder", metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil && !apierrors.IsNotFound(err) {
 		t.Fatal(err)
 	}
-	s.waitFor("the lost pod's hold broken once the node is out of service", 3*time.Minute, func(context.Context) (bool, error) {
+	s.waitFor("the lost pod's hold moved off by the attachment GC once the pod is gone", 3*time.Minute, func(context.Context) (bool, error) {
 		return !strings.Contains(holds(), "/holder"), nil
 	})
 	s.podWith("mover", "cat /data/f && exec sleep 3600", claimSource("local"), false, func(p *corev1.Pod) {
@@ -110,4 +114,29 @@ func (s *scenario) vmLoops(node, volume string) []string {
 func (s *scenario) vmRecords(node, volume string) []string {
 	out, _ := s.vmExec(node, "find "+s.env.need(s.t, "BERTH_E2E_DIR", "the cluster's work dir")+" /run/berth -path '*"+volume+"*' 2>/dev/null")
 	return strings.Fields(out)
+}
+
+// gcInterval sets StorageCluster cluster's attachment GC interval until the
+// test ends, when its former setting comes back.
+func (s *scenario) gcInterval(cluster, interval string) {
+	s.t.Helper()
+	old, err := s.kubectl("get", "storagecluster", cluster, "-o", "jsonpath={.spec.attachmentGC.interval}")
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	set := func(v string) error {
+		_, err := s.kubectl("patch", "storagecluster", cluster, "--type=merge", "-p", `{"spec":{"attachmentGC":{"interval":"`+v+`"}}}`)
+		return err
+	}
+	if err := set(interval); err != nil {
+		s.t.Fatalf("set the attachment GC interval of %s: %v", cluster, err)
+	}
+	s.t.Cleanup(func() {
+		if old == "" {
+			old = "24h"
+		}
+		if err := set(old); err != nil {
+			s.t.Errorf("restore the attachment GC interval of %s: %v", cluster, err)
+		}
+	})
 }
