@@ -475,9 +475,11 @@ func (a *Agent) Stats(ctx context.Context, volumeID, path string) (mount.Stats, 
 		if !errors.Is(err, backend.ErrNotFound) {
 			return mount.Stats{}, err
 		}
-		if !a.mounts.ShareMountOf(path, volumeID) {
+		st, err := a.mounts.ShareStats(ctx, path, volumeID)
+		if errors.Is(err, mount.ErrNotShareMount) {
 			return mount.Stats{}, fmt.Errorf("volume %s: %w", volumeID, ErrVolumeNotFound)
 		}
+		return st, err
 	}
 	return a.mounts.Stats(ctx, path)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 )
 
@@ -112,15 +113,38 @@ func (m *Manager) ProbeShare(ctx context.Context, path string) error {
 	return nil
 }
 
-// ShareMountOf tells whether path holds an NFS mount of volume's share
-// (its export is /<volume>).
-func (m *Manager) ShareMountOf(path, volume string) bool {
+// ShareStats is the usage of volume's share (its export is /<volume>)
+// mounted at path; ErrNotShareMount when path holds no NFS mount of it.
+func (m *Manager) ShareStats(ctx context.Context, path, volume string) (Stats, error) {
+	if err := absPath("path", path); err != nil {
+		return Stats{}, err
+	}
 	mis, err := m.mountInfo()
 	if err != nil {
-		return false
+		return Stats{}, fmt.Errorf("read mounts: %w", err)
 	}
-	mi := mountAt(mis, canonical(path))
-	return mi != nil && strings.HasPrefix(mi.FsType, "nfs") && strings.HasSuffix(mi.Source, ":/"+volume)
+	mi := mountAt(mis, filepath.Clean(path))
+	if mi == nil || !strings.HasPrefix(mi.FsType, "nfs") || !strings.HasSuffix(mi.Source, ":/"+volume) {
+		return Stats{}, fmt.Errorf("%s: no share of %s: %w", path, volume, ErrNotShareMount)
+	}
+	return m.shareStats(ctx, mi.MountPoint)
+}
+
+// shareStats reads the usage of the NFS mount at p once at a time and no
+// longer than ctx: on a hard mount whose server is away the stat and the
+// statfs block in the kernel, and a later call waits for the one in flight
+// rather than start another.
+func (m *Manager) shareStats(ctx context.Context, p string) (Stats, error) {
+	var st Stats
+	err := m.shares.doErr(ctx, "statfs of "+p, func() error {
+		if _, err := m.stat(p); err != nil {
+			return fmt.Errorf("stat %s: %w", p, err)
+		}
+		var err error
+		st, err = statfs(p)
+		return err
+	})
+	return st, err
 }
 
 // isShareMount tells whether target holds an NFS mount.

@@ -214,9 +214,11 @@ func waitFor(t *testing.T, cond func() bool, what string) {
 	}
 }
 
-// TestFakeShareMountStats: a workload's mount of a share is known by its
-// export (/<volume>) and its usage is read, on any node.
-func TestFakeShareMountStats(t *testing.T) {
+// TestFakeShareStats: a workload's mount of a share is known by its
+// export (/<volume>) and its usage is read, on any node; while the server
+// is away the reads return at their deadlines and only one waits in the
+// kernel, through ShareStats and Stats alike.
+func TestFakeShareStats(t *testing.T) {
 	f := newFakeEnv(t)
 	target := f.path("pod-mount")
 	if err := os.Mkdir(target, 0o700); err != nil {
@@ -226,14 +228,38 @@ func TestFakeShareMountStats(t *testing.T) {
 		return []mountutils.MountInfo{{Major: 0, Minor: 60, Root: "/", MountPoint: target, FsType: "nfs4",
 			Source: "share-manager-vol-a.berth-system.svc:/vol-a", MountOptions: []string{"rw"}, SuperOptions: []string{"rw"}}}, nil
 	}
-	if !f.mgr.ShareMountOf(target, "vol-a") {
-		t.Error("the share mount of vol-a is not known as one")
-	}
-	if f.mgr.ShareMountOf(target, "vol-b") || f.mgr.ShareMountOf(f.path("elsewhere"), "vol-a") {
-		t.Error("another volume's or another path's mount counted as vol-a's share")
-	}
-	st, err := f.mgr.Stats(t.Context(), target)
+	st, err := f.mgr.ShareStats(t.Context(), target, "vol-a")
 	if err != nil || st.Block || st.TotalBytes <= 0 {
-		t.Errorf("Stats of the share mount = %+v, %v; want the filesystem's usage", st, err)
+		t.Errorf("ShareStats = %+v, %v; want the filesystem's usage", st, err)
+	}
+	for _, c := range []struct{ path, volume string }{{target, "vol-b"}, {f.path("elsewhere"), "vol-a"}} {
+		if _, err := f.mgr.ShareStats(t.Context(), c.path, c.volume); !errors.Is(err, ErrNotShareMount) {
+			t.Errorf("ShareStats(%s, %s) = %v, want ErrNotShareMount", c.path, c.volume, err)
+		}
+	}
+
+	h := newHung()
+	f.mgr.stat = func(p string) (os.FileInfo, error) {
+		h.block()
+		return os.Stat(p)
+	}
+	returned, errs := callAll(4, 3*time.Second, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		if _, err := f.mgr.Stats(ctx, target); err != nil {
+			return err
+		}
+		_, err := f.mgr.ShareStats(ctx, target, "vol-a")
+		return err
+	})
+	most, calls := h.most.Load(), h.calls.Load()
+	close(h.release)
+	if returned != 4 || most != 1 || calls != 1 {
+		t.Errorf("with the server away: %d of 4 returned by their deadline, %d stats started, %d at once; want 4, 1, 1", returned, calls, most)
+	}
+	for _, err := range errs {
+		if err == nil {
+			t.Error("usage of a hung share was read")
+		}
 	}
 }

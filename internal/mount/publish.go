@@ -163,36 +163,24 @@ func (m *Manager) Expand(ctx context.Context, device, stagingPath string) error 
 
 // Stats reports usage of the filesystem mounted at path, or the size of the
 // device bound at path. Not mounted is ErrNotFound. An NFS mount is asked
-// once at a time and no longer than ctx: a hard mount whose server fails
-// over blocks the asker in the kernel.
+// as shareStats asks it.
 func (m *Manager) Stats(ctx context.Context, path string) (Stats, error) {
 	if err := absPath("path", path); err != nil {
 		return Stats{}, err
 	}
-	p := canonical(path)
 	mis, err := m.mountInfo()
 	if err != nil {
 		return Stats{}, err
 	}
-	mi := mountAt(mis, p)
-	if mi == nil {
+	// An NFS mount is found by the path as given: resolving it would stat
+	// the mount, which blocks while its server is away.
+	if mi := mountAt(mis, filepath.Clean(path)); mi != nil && strings.HasPrefix(mi.FsType, "nfs") {
+		return m.shareStats(ctx, mi.MountPoint)
+	}
+	p := canonical(path)
+	if mountAt(mis, p) == nil {
 		return Stats{}, fmt.Errorf("nothing mounted at %s: %w", p, ErrNotFound)
 	}
-	if strings.HasPrefix(mi.FsType, "nfs") {
-		var st Stats
-		err := m.shares.doErr(ctx, "statfs of "+p, func() error {
-			var err error
-			st, err = statPath(p)
-			return err
-		})
-		return st, err
-	}
-	return statPath(p)
-}
-
-// statPath is the usage of the filesystem at p, or the size of the device
-// bound at p.
-func statPath(p string) (Stats, error) {
 	fi, err := os.Stat(p)
 	if err != nil {
 		return Stats{}, fmt.Errorf("stat %s: %w", p, err)
@@ -201,6 +189,11 @@ func statPath(p string) (Stats, error) {
 		size, err := DeviceSize(p)
 		return Stats{TotalBytes: size, Block: true}, err
 	}
+	return statfs(p)
+}
+
+// statfs is the usage of the filesystem at p.
+func statfs(p string) (Stats, error) {
 	var st unix.Statfs_t
 	if err := unix.Statfs(p, &st); err != nil {
 		return Stats{}, fmt.Errorf("statfs %s: %w", p, err)

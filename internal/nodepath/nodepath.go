@@ -55,16 +55,7 @@ func (r Rule) KubeletRoot() string { return r.kubelet }
 //
 // and no existing component below the root is a symlink (so an unmount or
 // removal cannot be redirected elsewhere).
-func (r Rule) Check(p string) error {
-	if p == "" || !filepath.IsAbs(p) || filepath.Clean(p) != p || strings.ContainsRune(p, 0) {
-		return fmt.Errorf("%q is not a clean absolute path (no .., //, trailing /): %w", p, ErrRefused)
-	}
-	base, ok := r.area(p)
-	if !ok {
-		return fmt.Errorf("%q is outside kubelet's volume folders and berth's staging root: %w", p, ErrRefused)
-	}
-	return noSymlinks(base, p)
-}
+func (r Rule) Check(p string) error { return r.check(p, false) }
 
 // CheckStats is Check that also accepts the one more path kubelet asks a
 // block volume's usage at, and nothing else does:
@@ -73,20 +64,22 @@ func (r Rule) Check(p string) error {
 //
 // (kubelet's bind mount of the device for a pod; usage reads it, never
 // mounts or removes it).
-func (r Rule) CheckStats(p string) error {
-	if err := r.Check(p); err == nil || !errors.Is(err, ErrRefused) {
-		return err
+func (r Rule) CheckStats(p string) error { return r.check(p, true) }
+
+func (r Rule) check(p string, stats bool) error {
+	if p == "" || !filepath.IsAbs(p) || filepath.Clean(p) != p || strings.ContainsRune(p, 0) {
+		return fmt.Errorf("%q is not a clean absolute path (no .., //, trailing /): %w", p, ErrRefused)
 	}
-	rel, ok := below(r.kubelet, p)
-	if !ok || len(rel) != 7 || rel[0] != "plugins" || rel[1] != "kubernetes.io" || rel[2] != "csi" ||
-		rel[3] != "volumeDevices" || rel[5] != "dev" || filepath.Clean(p) != p {
+	base, ok := r.area(p, stats)
+	if !ok {
 		return fmt.Errorf("%q is outside kubelet's volume folders and berth's staging root: %w", p, ErrRefused)
 	}
-	return noSymlinks(r.kubelet, p)
+	return noSymlinks(base, p)
 }
 
-// area returns the root p lies under when its shape is an accepted one.
-func (r Rule) area(p string) (string, bool) {
+// area returns the root p lies under when its shape is an accepted one
+// (with stats, a block volume's usage path too).
+func (r Rule) area(p string, stats bool) (string, bool) {
 	if rel, ok := below(r.staging, p); ok && len(rel) >= 1 {
 		return r.staging, true
 	}
@@ -94,13 +87,15 @@ func (r Rule) area(p string) (string, bool) {
 	if !ok {
 		return "", false
 	}
+	csi := len(rel) >= 4 && rel[0] == "plugins" && rel[1] == "kubernetes.io" && rel[2] == "csi"
 	switch {
 	case len(rel) >= 5 && rel[0] == "pods" && (rel[2] == "volumes" || rel[2] == "volumeDevices"):
 		return r.kubelet, true
-	case len(rel) >= 5 && rel[0] == "plugins" && rel[1] == "kubernetes.io" && rel[2] == "csi" && rel[3] == DriverName:
+	case csi && len(rel) >= 5 && rel[3] == DriverName:
 		return r.kubelet, true
-	case len(rel) >= 6 && rel[0] == "plugins" && rel[1] == "kubernetes.io" && rel[2] == "csi" &&
-		rel[3] == "volumeDevices" && (rel[4] == "staging" || rel[4] == "publish"):
+	case csi && len(rel) >= 6 && rel[3] == "volumeDevices" && (rel[4] == "staging" || rel[4] == "publish"):
+		return r.kubelet, true
+	case stats && csi && len(rel) == 7 && rel[3] == "volumeDevices" && rel[5] == "dev":
 		return r.kubelet, true
 	}
 	return "", false

@@ -8,8 +8,8 @@ import (
 	"testing"
 )
 
-// FuzzCheck: whatever path arrives (from kubelet or an API object), an
-// accepted one is clean, absolute and strictly inside one of the Rule's
+// FuzzCheck: whatever path arrives (from kubelet or an API object), one
+// accepted by Check or CheckStats is clean, absolute and strictly inside one of the Rule's
 // roots, has no "." or ".." component, and no component of it that exists
 // is a symlink; FlexMountDir accepts only kubelet's exact mount dir shape
 // and returns its UID and name. The roots are in a temp folder that holds
@@ -28,6 +28,8 @@ func FuzzCheck(f *testing.F) {
 		"/var/lib/kubelet/pods/evil/volumes/berth.io~berth/data",
 		"/var/lib/kubelet/plugins/kubernetes.io/csi/berth.io/link/globalmount",
 		"/var/lib/berth/flex-staging-evil/x",
+		"/var/lib/kubelet/plugins/kubernetes.io/csi/volumeDevices/pvc-1/dev/0b5e-11",
+		"/var/lib/kubelet/plugins/kubernetes.io/csi/volumeDevices/pvc-1/dev/a\x00b",
 	} {
 		f.Add(p)
 	}
@@ -53,13 +55,15 @@ func FuzzCheck(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, p string) {
 		p = dir + p // the roots live in dir; so do the seeds
-		err := r.Check(p)
-		if err != nil {
-			if !errors.Is(err, ErrRefused) && !strings.HasPrefix(err.Error(), "check ") {
-				t.Fatalf("Check(%q) = %v: neither accepted nor refused", p, err)
+		for name, check := range map[string]func(string) error{"Check": r.Check, "CheckStats": r.CheckStats} {
+			err := check(p)
+			if err != nil {
+				if !errors.Is(err, ErrRefused) && !strings.HasPrefix(err.Error(), "check ") {
+					t.Fatalf("%s(%q) = %v: neither accepted nor refused", name, p, err)
+				}
+			} else {
+				checkAccepted(t, p, kubelet, staging)
 			}
-		} else {
-			checkAccepted(t, p, kubelet, staging)
 		}
 		pv, err := r.FlexMountDir(p, "berth.io~berth")
 		if err != nil {

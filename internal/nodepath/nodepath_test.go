@@ -26,6 +26,7 @@ func TestCheckStats(t *testing.T) {
 		{k + "/plugins/kubernetes.io/csi/volumeDevices/pvc-1/dev/0b5e-11/x", false},
 		{k + "/plugins/kubernetes.io/csi/volumeDevices/pvc-1/data/0b5e-11", false},
 		{k + "/plugins/kubernetes.io/csi/volumeDevices/pvc-1/dev/..", false},
+		{k + "/plugins/kubernetes.io/csi/volumeDevices/nospec/dev/a\x00b", false},
 		{k + "/plugins/other/csi/volumeDevices/pvc-1/dev/0b5e-11", false},
 		{"/etc", false},
 	} {
