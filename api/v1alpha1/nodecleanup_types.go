@@ -104,6 +104,18 @@ type StaleAttachment struct {
 	FoundAt metav1.Time `json:"foundAt"`
 }
 
+// IsStage tells whether the entry is a stage record rather than a pod mount.
+func (s *StaleAttachment) IsStage() bool { return s.Pod == "" && s.PodUID == "" }
+
+// UndoPath is the path undoing the entry takes away: a pod's mount dir, or
+// a stage record's staging path (its mount dir when it names none).
+func (s *StaleAttachment) UndoPath() string {
+	if s.IsStage() && s.StagingPath != "" {
+		return s.StagingPath
+	}
+	return s.MountDir
+}
+
 // NodeCleanupStatus is what the node's agent reports.
 type NodeCleanupStatus struct {
 	// LastProcessed is when the agent last worked through the list.

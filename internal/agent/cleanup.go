@@ -32,17 +32,15 @@ func (a *Agent) Undo(ctx context.Context, s v1.StaleAttachment) error {
 	if err := a.checkPaths(paths...); err != nil {
 		return fmt.Errorf("stale entry of %s: %w: %w", s.Volume, err, fence.ErrRefused)
 	}
-	if s.Pod != "" || s.PodUID != "" {
-		if err := a.mounts.ForceUnpublish(ctx, s.MountDir); err != nil {
+	// The fence cleaner checks, before it asks, that this node holds no
+	// longer what s.UndoPath names.
+	if !s.IsStage() {
+		if err := a.mounts.ForceUnpublish(ctx, s.UndoPath()); err != nil {
 			return fmt.Errorf("unmount stale %s: %w", s.MountDir, err)
 		}
 		return nil
 	}
-	staging := s.StagingPath
-	if staging == "" {
-		staging = s.MountDir
-	}
-	if err := a.forceUnstage(ctx, s.Volume, staging, lockBroken(s.Reason)); errors.Is(err, errForeignDevice) {
+	if err := a.forceUnstage(ctx, s.Volume, s.UndoPath(), lockBroken(s.Reason)); errors.Is(err, errForeignDevice) {
 		return fmt.Errorf("%w: %w", err, fence.ErrRefused) // another device there: never ours to undo
 	} else if err != nil {
 		return err

@@ -118,16 +118,10 @@ func (s *Node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVo
 // NodeGetVolumeStats implements csi.NodeServer.
 func (s *Node) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
 	id, _ := volid.ParseHandle(req.GetVolumeId())
-	if err := required(text("volume ID", id), text("volume path", req.GetVolumePath())); err != nil {
-		return nil, err
-	}
-	if err := knownID(id); err != nil {
-		return nil, err
-	}
 	// kubelet asks a block volume's usage at its bind mount of the device
 	// for a pod, a path no other request names.
-	if err := s.agent.Paths().CheckStats(req.GetVolumePath()); err != nil {
-		return nil, status.Errorf(codes.NotFound, "volume %q is not at %q: %v", id, req.GetVolumePath(), err)
+	if err := s.checkVolumeAt(s.agent.Paths().CheckStats, id, req.GetVolumePath()); err != nil {
+		return nil, err
 	}
 	st, err := s.agent.Stats(ctx, id, req.GetVolumePath())
 	if err != nil {
@@ -255,13 +249,18 @@ func (s *Node) checkArgs(id string, paths ...string) error {
 // checkVolume checks the arguments of stats and expand: a volume ID and a
 // volume path, both required, and optional further paths.
 func (s *Node) checkVolume(id, volumePath string, more ...string) error {
+	return s.checkVolumeAt(s.agent.Paths().Check, id, volumePath, more...)
+}
+
+// checkVolumeAt is checkVolume with check as the path rule.
+func (s *Node) checkVolumeAt(check func(string) error, id, volumePath string, more ...string) error {
 	if err := required(text("volume ID", id), text("volume path", volumePath)); err != nil {
 		return err
 	}
 	if err := knownID(id); err != nil {
 		return err
 	}
-	return s.checkVolumePath(id, append([]string{volumePath}, more...)...)
+	return checkVolumePath(check, id, append([]string{volumePath}, more...)...)
 }
 
 // knownID refuses, as NotFound, a volume ID that breaks the volume ID rule:
@@ -278,12 +277,12 @@ func knownID(id string) error {
 // otherwise): no volume of berth's is there, the spec's NotFound, which is
 // also what csi-sanity expects of "some/path". An empty path passes (an
 // optional one left out).
-func (s *Node) checkVolumePath(id string, paths ...string) error {
+func checkVolumePath(check func(string) error, id string, paths ...string) error {
 	for _, p := range paths {
 		if p == "" {
 			continue
 		}
-		if err := s.agent.Paths().Check(p); err != nil {
+		if err := check(p); err != nil {
 			return status.Errorf(codes.NotFound, "volume %q is not at %q: %v", id, p, err)
 		}
 	}

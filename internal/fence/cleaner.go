@@ -199,7 +199,7 @@ func (cl *Cleaner) process(ctx context.Context, s v1.StaleAttachment) (dropped b
 	if _, err := lookup(ctx, cl.c, "attachment", client.ObjectKey{Name: s.Volume}, &att); err != nil {
 		return false, err
 	}
-	undo := undoPath(s)
+	undo := s.UndoPath()
 	for _, e := range att.Spec.Attachments { // none when the Attachment is gone
 		if e.Node != cl.node {
 			continue
@@ -216,15 +216,6 @@ func (cl *Cleaner) process(ctx context.Context, s v1.StaleAttachment) (dropped b
 		return false, fmt.Errorf("undo %s at %s: %w", s.Volume, s.MountDir, err)
 	}
 	return false, nil
-}
-
-// undoPath is the path an Undoer takes away for s: a pod's mount dir, or
-// a stage record's staging path.
-func undoPath(s v1.StaleAttachment) string {
-	if s.Pod != "" || s.PodUID != "" || s.StagingPath == "" {
-		return s.MountDir
-	}
-	return s.StagingPath
 }
 
 // remove takes finished entries off the list. An entry replaced meanwhile
