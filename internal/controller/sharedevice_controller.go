@@ -9,7 +9,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -98,19 +97,10 @@ func (r *ShareDeviceReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	return ctrl.Result{}, nil
 }
 
-// NodelessVolumes selects the Volumes of no node: ceph's, which carry no
-// node label and which every node reaches, so an agent's cache of its own
-// node's Volumes lacks them.
-func NodelessVolumes() labels.Selector {
-	req, err := labels.NewRequirement(v1.NodeLabel, selection.DoesNotExist, nil)
-	if err != nil {
-		panic(err) // a constant, valid key
-	}
-	return labels.NewSelector().Add(*req)
-}
-
 // SharedVolumes selects the Volumes served by a share manager (the
-// operator labels them): their workloads may mount them on any node.
+// operator labels them): their workloads may mount them on any node, and a
+// ceph volume's share manager may run on any node, so an agent's cache of
+// its own node's Volumes lacks some of them.
 func SharedVolumes() labels.Selector {
 	return labels.SelectorFromSet(labels.Set{v1.SharedLabel: "true"})
 }
@@ -124,8 +114,7 @@ func sharedFilesystem(vol *v1.Volume) bool {
 }
 
 // SetupWithManager watches the read-write-many filesystem Volumes in the
-// manager's cache and in each of extra (an agent's cache of
-// NodelessVolumes: a ceph volume's share manager may run on any node).
+// manager's cache and in each of extra (an agent's cache of SharedVolumes).
 func (r *ShareDeviceReconciler) SetupWithManager(mgr ctrl.Manager, extra ...cache.Cache) error {
 	return volumeController(mgr, "sharedevice", sharedFilesystem, extra).Complete(r)
 }

@@ -107,7 +107,7 @@ func setCapacity(ctx context.Context, t *testing.T, vol *v1.Volume, q string) {
 }
 
 // Through a manager cached the way an agent's is (this node's Volumes only)
-// plus the cache of ceph Volumes (no node): a ceph volume's and a local
+// plus the cache of shared Volumes: a ceph volume's and a local
 // volume's capacity changes both reach the reconciler, which grows the
 // device of each share manager staged here.
 func TestShareDeviceWatchesCephVolumes(t *testing.T) {
@@ -121,9 +121,11 @@ func TestShareDeviceWatchesCephVolumes(t *testing.T) {
 	mk := func(name, volNode string) *v1.Volume {
 		vol := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: name},
 			Spec: v1.VolumeSpec{StorageCluster: "c", Node: volNode, Size: resource.MustParse("16Mi"), AccessMode: v1.ReadWriteMany, FSType: "ext4"}}
+		// As the operator labels shared Volumes, and the CSI controller
+		// local ones; ceph volumes get no node label.
+		vol.Labels = map[string]string{v1.SharedLabel: "true"}
 		if volNode != "" {
-			// As the CSI controller labels them; ceph volumes get no label.
-			vol.Labels = map[string]string{v1.NodeLabel: volNode}
+			vol.Labels[v1.NodeLabel] = volNode
 		}
 		mustCreate(ctx, t, vol)
 		staged := "/var/lib/kubelet/plugins/kubernetes.io/csi/volumeDevices/staging/share-manager-" + name
@@ -147,19 +149,19 @@ func TestShareDeviceWatchesCephVolumes(t *testing.T) {
 
 // startAgentManager runs, until the test ends, a manager cached the way an
 // agent's is (its node's Volumes only) with the agent's cache of
-// NodelessVolumes added, and the controller setup makes in it.
+// SharedVolumes added, and the controller setup makes in it.
 func startAgentManager(t *testing.T, node string, setup func(ctrl.Manager, ...cache.Cache) error) {
 	t.Helper()
 	env.RunManager(t, ctrl.Options{Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
 		&v1.Volume{}: {Label: labels.SelectorFromSet(labels.Set{v1.NodeLabel: node})}}}}, func(mgr ctrl.Manager) error {
-		ceph, err := cache.New(env.Config, cache.Options{Scheme: env.Scheme, ByObject: map[client.Object]cache.ByObject{
-			&v1.Volume{}: {Label: NodelessVolumes()}}})
+		shared, err := cache.New(env.Config, cache.Options{Scheme: env.Scheme, ByObject: map[client.Object]cache.ByObject{
+			&v1.Volume{}: {Label: SharedVolumes()}}})
 		if err != nil {
 			return err
 		}
-		if err := mgr.Add(ceph); err != nil {
+		if err := mgr.Add(shared); err != nil {
 			return err
 		}
-		return setup(mgr, ceph)
+		return setup(mgr, shared)
 	})
 }

@@ -150,34 +150,42 @@ func going(ctx context.Context, t *testing.T, p *corev1.Pod) bool {
 	return !got.DeletionTimestamp.IsZero()
 }
 
-// A ceph RWX volume (no node label: not in an agent's cache of its node's
-// Volumes) whose share failed over reaches the share-mount check of the
-// agents through their cache of NodelessVolumes. Today's main watches the
-// node's cache only, so no agent checks a ceph volume's mounts.
-func TestShareMountWatchesCephVolumes(t *testing.T) {
+// A shared volume not of this node (a ceph one, with no node label, and a
+// local one whose image is on another node), so not in an agent's cache of
+// its node's Volumes, whose share failed over reaches the share-mount check
+// of an agent whose pod mounts it, through its cache of SharedVolumes. The
+// local one was missed on a VM node: only the image's node saw it.
+func TestShareMountWatchesSharedVolumesOfAnyNode(t *testing.T) {
 	suite.Require(t)
 	ctx := context.Background()
-	const node = "share-mount-ceph-node"
+	const node = "share-mount-any-node"
 	probed := make(chan string, 4)
 	startAgentManager(t, node, (&ShareMountReconciler{Client: env.Client, Node: node, Recorder: record.NewFakeRecorder(10), Log: testr.New(t),
 		Probe: func(_ context.Context, path string) error { probed <- path; return nil }}).SetupWithManager)
-	pod := sharePod(ctx, t, "ceph-web", node, true)
-	vol := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "share-mount-ceph"},
-		Spec: v1.VolumeSpec{StorageCluster: "c", Size: resource.MustParse("16Mi"), AccessMode: v1.ReadWriteMany, FSType: "ext4"}}
-	mustCreate(ctx, t, vol)
-	mustCreate(ctx, t, &v1.Attachment{ObjectMeta: metav1.ObjectMeta{Name: vol.Name}, Spec: v1.AttachmentSpec{AccessMode: v1.ReadWriteMany,
-		Attachments: []v1.AttachmentEntry{{Node: node, PodNamespace: pod.Namespace, Pod: pod.Name, PodUID: string(pod.UID), MountDir: "/pods/ceph-web/mount"}}}})
-	vol.Status.RemountRequestedAt = ptr.To(metav1.Now())
-	vol.Status.ShareState = v1.ShareRunning
-	if err := env.Client.Status().Update(ctx, vol); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case p := <-probed:
-		if p != "/pods/ceph-web/mount" {
-			t.Errorf("probed %s", p)
+	for _, c := range []struct{ name, volNode string }{{"share-mount-ceph", ""}, {"share-mount-other-node", "image-node"}} {
+		pod := sharePod(ctx, t, c.name+"-web", node, true)
+		labels := map[string]string{v1.SharedLabel: "true"} // as the operator labels it
+		if c.volNode != "" {
+			labels[v1.NodeLabel] = c.volNode
 		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("the remount request of a ceph volume did not reach the agent")
+		vol := &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: c.name, Labels: labels},
+			Spec: v1.VolumeSpec{StorageCluster: "c", Node: c.volNode, Size: resource.MustParse("16Mi"), AccessMode: v1.ReadWriteMany, FSType: "ext4"}}
+		mustCreate(ctx, t, vol)
+		mountDir := "/pods/" + c.name + "/mount"
+		mustCreate(ctx, t, &v1.Attachment{ObjectMeta: metav1.ObjectMeta{Name: vol.Name}, Spec: v1.AttachmentSpec{AccessMode: v1.ReadWriteMany,
+			Attachments: []v1.AttachmentEntry{{Node: node, PodNamespace: pod.Namespace, Pod: pod.Name, PodUID: string(pod.UID), MountDir: mountDir}}}})
+		vol.Status.RemountRequestedAt = ptr.To(metav1.Now())
+		vol.Status.ShareState = v1.ShareRunning
+		if err := env.Client.Status().Update(ctx, vol); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case p := <-probed:
+			if p != mountDir {
+				t.Errorf("%s: probed %s, want %s", c.name, p, mountDir)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("the remount request of %s (node %q) did not reach the agent", c.name, c.volNode)
+		}
 	}
 }

@@ -259,28 +259,17 @@ func (c Config) Run(ctx context.Context) error {
 		Recorder: mgr.GetEventRecorderFor("berth-agent"), Log: c.Log.WithName("clustercleanup")}).SetupWithManager(mgr); err != nil {
 		return err
 	}
-	// volumeCache is a cache, run by the manager, of the Volumes sel picks
-	// besides this node's own.
-	volumeCache := func(what string, sel labels.Selector) (cache.Cache, error) {
-		vc, err := cache.New(c.Rest, cache.Options{Scheme: s, Mapper: mgr.GetRESTMapper(), ByObject: map[client.Object]cache.ByObject{
-			&v1.Volume{}: {Label: sel},
-		}})
-		if err != nil {
-			return nil, fmt.Errorf("cache of %s volumes: %w", what, err)
-		}
-		return vc, mgr.Add(vc)
-	}
-	// A ceph volume's share manager may run on any node: this agent's
-	// cache of its own node's Volumes lacks them, so the share devices
-	// have a cache of the ceph Volumes too.
-	cephVolumes, err := volumeCache("ceph", controller.NodelessVolumes())
+	// Any node may mount any share, a local volume's too, and a ceph
+	// volume's share manager may run on any node: the share mounts and
+	// devices are checked from a cache of the shared Volumes besides this
+	// node's own.
+	sharedVolumes, err := cache.New(c.Rest, cache.Options{Scheme: s, Mapper: mgr.GetRESTMapper(), ByObject: map[client.Object]cache.ByObject{
+		&v1.Volume{}: {Label: controller.SharedVolumes()},
+	}})
 	if err != nil {
-		return err
+		return fmt.Errorf("cache of shared volumes: %w", err)
 	}
-	// Any node may mount any share, a local volume's too: the share mounts
-	// are checked from a cache of the shared Volumes.
-	sharedVolumes, err := volumeCache("shared", controller.SharedVolumes())
-	if err != nil {
+	if err := mgr.Add(sharedVolumes); err != nil {
 		return err
 	}
 	// Uncached: it reads a pod only when a share failed over (the agent
@@ -291,7 +280,7 @@ func (c Config) Run(ctx context.Context) error {
 	}
 	if err := (&controller.ShareDeviceReconciler{Client: direct, Node: c.NodeName,
 		Grow:     a.GrowShareDevice,
-		Recorder: mgr.GetEventRecorderFor("berth-agent"), Log: c.Log.WithName("sharedevice")}).SetupWithManager(mgr, cephVolumes); err != nil {
+		Recorder: mgr.GetEventRecorderFor("berth-agent"), Log: c.Log.WithName("sharedevice")}).SetupWithManager(mgr, sharedVolumes); err != nil {
 		return err
 	}
 	locks := a.Locks()
