@@ -2,9 +2,9 @@
 # Builds, into berth's cache, every pinned binary that the cluster tiers
 # (e2e, conformance, multus) would otherwise build at their first bring-up:
 # the node and control-plane binaries, the e2e suite, the CSI sidecars and
-# snapshot-controller, CoreDNS, multus and whereabouts, and the VM nodes'
-# kernel and root image (hack/vm/image.sh). Each builder skips
-# what is cached, so a warm run costs a few file checks.
+# snapshot-controller, CoreDNS, multus and whereabouts, and, for a run with
+# the VM tier, the VM nodes' kernel and root image (hack/vm/image.sh). Each
+# builder skips what is cached, so a warm run costs a few file checks.
 #
 # `make test` in CI runs this at the lowest CPU priority while the Go tests
 # run one package at a time (they leave a core idle much of the time), so a
@@ -32,6 +32,7 @@ step hack/csi-sidecars.sh csi-provisioner csi-resizer csi-snapshotter snapshot-c
 step hack/coredns.sh
 step hack/kube-binaries.sh e2e.test agnhost ginkgo
 step hack/cni-plugins.sh multus whereabouts
-step hack/vm/image.sh
+# The VM image only for the VM tier (off in CI unless BERTH_E2E_VM_CI=1).
+if [ "${BERTH_E2E_VM_CI:-0}" = 1 ]; then step hack/vm/image.sh; fi
 echo "prebuild: done in $((SECONDS - start))s"
 exit "$rc"

@@ -61,7 +61,9 @@ build_and_import_images() {
 		for bin in "$dir"/csi-provisioner-"${PROVISIONER_VERSION:-v5.3.0}" \
 			"$dir"/csi-resizer-"${RESIZER_VERSION:-v1.14.0}" "$dir"/csi-snapshotter-"${SNAPSHOTTER_VERSION:-v8.3.0}"; do
 			name=$(basename "$bin") version=${bin##*-} name=${name%-*}
-			SIDECAR_IMAGES+=("berth.local/$name:$version=$IMAGES/$name.tar")
+			# Called once per node: list each image once.
+			grep -qxF "berth.local/$name:$version=$IMAGES/$name.tar" < <(printf '%s\n' "${SIDECAR_IMAGES[@]}") ||
+				SIDECAR_IMAGES+=("berth.local/$name:$version=$IMAGES/$name.tar")
 			stale "$IMAGES/$name.tar" "$bin" "$tool" && args+=(-binary "$name=berth.local/$name:$version=$bin") need=1
 		done
 	fi

@@ -215,9 +215,6 @@ vm_start_node() {
 	if declare -F build_and_import_images >/dev/null; then
 		VM_IMPORT_INDEX=$i
 		ctr_() { vm_ctr "$VM_IMPORT_INDEX" "$@"; }
-		# Each call appends the sidecars to SIDECAR_IMAGES again: after an
-		# earlier node's call, each would be imported twice (minutes here).
-		SIDECAR_IMAGES=()
 		IMPORT_NODE=$name build_and_import_images
 	fi
 	vm_exec "$i" berth-node start >/dev/null
