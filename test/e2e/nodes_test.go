@@ -150,7 +150,10 @@ func (e Env) vmNode(t *testing.T) string {
 			return e.Vars[fmt.Sprintf("NODE_NAME_%d", i)]
 		}
 	}
-	t.Skip("no VM node: this scenario needs a stock kernel's NFS client, nbd or krbd (BERTH_E2E_VM_NODES=1)")
+	if n := os.Getenv("BERTH_E2E_VM_NODES"); n != "" && n != "0" {
+		t.Fatalf("BERTH_E2E_VM_NODES=%s, but the cluster's cluster.env names no VM node (NODE_KIND_<i>=vm): a cluster without one was reused?", n)
+	}
+	t.Skip("no VM node: this scenario needs a stock kernel's NFS client, nbd or a real power-off (BERTH_E2E_VM_NODES=1)")
 	return ""
 }
 

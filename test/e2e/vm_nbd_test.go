@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 )
 
 // nbdHealCycles is how many times testVMUserspaceNBDHeals kills the VM
@@ -50,12 +51,10 @@ func testVMUserspaceNBDHeals(t *testing.T) {
 		_, err := s.cs.StorageV1().StorageClasses().Get(ctx, "vm-nbd-userspace", metav1.GetOptions{})
 		return err == nil, nil
 	})
-	class := s.pinnedClass("vm-nbd-userspace", vm)
-	s.node = vm
-	s.pvc("nbd", class, "64Mi", corev1.ReadWriteOnce, false)
+	s.node = vm // the claim is made for the VM, as the scheduler would
+	s.pvc("nbd", "vm-nbd-userspace", "64Mi", corev1.ReadWriteOnce, false)
 	vol := s.boundPV("nbd").Spec.CSI.VolumeHandle
 	s.podWith("writer", rwxWriterScript, claimSource("nbd"), false, func(p *corev1.Pod) {
-		p.Spec.NodeSelector = map[string]string{hostnameLabel: vm}
 		p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "ME", Value: "writer"}, {Name: "PEERS", Value: "writer"}}
 	})
 	s.running("writer")
@@ -69,13 +68,11 @@ func testVMUserspaceNBDHeals(t *testing.T) {
 	var stalls []time.Duration
 	for i := 1; i <= cycles; i++ {
 		before, _, _ := s.acks("writer")
-		old := s.vmAgent(vm)
+		old := s.readyAgent("")
+		killed := time.Now()
 		s.vmKillPod(vm, old)
-		s.waitFor(fmt.Sprintf("cycle %d: a new agent Ready on %s", i, vm), 4*time.Minute, func(ctx context.Context) (bool, error) {
-			p := s.vmAgentPod(ctx, vm)
-			return p != nil && p.UID != old.UID && podReady(p), nil
-		})
-		s.waitAcksAfter("writer", time.Now(), 2)
+		s.readyAgent(old.UID)
+		s.waitAcksAfter("writer", killed, 2)
 		times, _, _ := s.acks("writer")
 		stall := maxGap(times[max(len(before)-1, 0):])
 		stalls = append(stalls, stall)
@@ -109,31 +106,22 @@ func maxGap(times []time.Time) time.Duration {
 	return gap
 }
 
-// vmAgentPod is the agent pod on node, nil when there is none.
-func (s *scenario) vmAgentPod(ctx context.Context, node string) *corev1.Pod {
-	pods, err := s.cs.CoreV1().Pods(berthNamespace).List(ctx, metav1.ListOptions{
-		LabelSelector: agentPods, FieldSelector: "spec.nodeName=" + node,
-	})
-	if err != nil {
-		return nil
-	}
-	for i := range pods.Items {
-		if pods.Items[i].DeletionTimestamp == nil {
-			return &pods.Items[i]
-		}
-	}
-	return nil
-}
-
-// vmAgent is node's agent pod, Ready.
-func (s *scenario) vmAgent(node string) *corev1.Pod {
+// readyAgent waits for a Ready agent pod on the scenario's node other than
+// the one with UID not, and returns it.
+func (s *scenario) readyAgent(not types.UID) *corev1.Pod {
 	s.t.Helper()
-	var p *corev1.Pod
-	s.waitFor("agent Ready on "+node, 4*time.Minute, func(ctx context.Context) (bool, error) {
-		p = s.vmAgentPod(ctx, node)
-		return p != nil && podReady(p), nil
+	var ready *corev1.Pod
+	s.waitFor("an agent Ready on "+s.node, 4*time.Minute, func(ctx context.Context) (bool, error) {
+		pods, err := s.agentPodsOnNode(ctx)
+		for i := range pods {
+			if p := &pods[i]; p.UID != not && p.DeletionTimestamp == nil && podReady(p) {
+				ready = p
+				return true, nil
+			}
+		}
+		return false, err
 	})
-	return p
+	return ready
 }
 
 // vmKillPod SIGKILLs every process of a pod on a VM node at once (the pod's
@@ -149,12 +137,10 @@ echo 1 >"$d/cgroup.kill"`, p.UID, strings.ReplaceAll(string(p.UID), "-", "_"))
 	}
 	zero := int64(0)
 	err := s.cs.CoreV1().Pods(p.Namespace).Delete(s.ctx, p.Name, metav1.DeleteOptions{
-		GracePeriodSeconds: &zero, Preconditions: &metav1.Preconditions{UID: ptrUID(p.UID)},
+		GracePeriodSeconds: &zero, Preconditions: &metav1.Preconditions{UID: ptr.To(p.UID)},
 	})
 	if err != nil {
 		s.t.Fatalf("delete pod %s: %v", p.Name, err)
 	}
 	s.t.Logf("SIGKILLed pod %s's processes on %s and deleted it", p.Name, node)
 }
-
-func ptrUID(u types.UID) *types.UID { return &u }

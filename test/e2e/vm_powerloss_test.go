@@ -27,15 +27,16 @@ func testVMLocalVolumePowerLoss(t *testing.T) {
 	vm := env.vmNode(t) // skips before a namespace is made
 	s := newScenario(t, 15*time.Minute)
 	s.needBerthImage()
-	class := s.pinnedClass("berth", vm)
-	s.node = vm
-	s.pvc("local", class, "32Mi", corev1.ReadWriteOnce, false)
+	s.node = vm // the claim is made for the VM, as the scheduler would
+	s.pvc("local", "berth", "32Mi", corev1.ReadWriteOnce, false)
 	volume := s.boundPV("local").Spec.CSI.VolumeHandle
-	s.podWith("holder", "echo hello > /data/f && sync /data/f && echo written && exec sleep 3600", claimSource("local"), false,
-		func(p *corev1.Pod) { p.Spec.NodeSelector = map[string]string{hostnameLabel: vm} })
+	s.pod("holder", "echo hello > /data/f && sync /data/f && echo written && exec sleep 3600", claimSource("local"), false)
 	s.checked("holder", "written")
 	holds := func() string {
-		out, _ := s.kubectl("get", "attachments.berth.io", volume, "-o", "jsonpath={.spec.holders}")
+		out, err := s.kubectl("get", "attachments.berth.io", volume, "-o", "jsonpath={.spec.holders}")
+		if err != nil {
+			s.t.Fatalf("holders of Attachment %s: %v", volume, err)
+		}
 		return out
 	}
 	if h := holds(); !strings.Contains(h, "/holder") {
@@ -69,7 +70,6 @@ func testVMLocalVolumePowerLoss(t *testing.T) {
 		return !strings.Contains(holds(), "/holder"), nil
 	})
 	s.podWith("mover", "cat /data/f && exec sleep 3600", claimSource("local"), false, func(p *corev1.Pod) {
-		p.Spec.NodeSelector = map[string]string{hostnameLabel: vm}
 		p.Spec.Tolerations = []corev1.Toleration{{Key: corev1.TaintNodeOutOfService, Operator: corev1.TolerationOpExists}}
 	})
 
@@ -112,7 +112,10 @@ func (s *scenario) vmLoops(node, volume string) []string {
 // vmRecords are the files under the VM node's berth folders (its data
 // dirs and run dir) whose path names volume.
 func (s *scenario) vmRecords(node, volume string) []string {
-	out, _ := s.vmExec(node, "find "+s.env.need(s.t, "BERTH_E2E_DIR", "the cluster's work dir")+" /run/berth -path '*"+volume+"*' 2>/dev/null")
+	out, err := s.vmExec(node, "find "+s.env.need(s.t, "BERTH_E2E_DIR", "the cluster's work dir")+" /run/berth -path '*"+volume+"*' 2>/dev/null || true")
+	if err != nil {
+		s.t.Fatalf("records of %s on %s: %v", volume, node, err)
+	}
 	return strings.Fields(out)
 }
 
@@ -124,18 +127,15 @@ func (s *scenario) gcInterval(cluster, interval string) {
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	set := func(v string) error {
-		_, err := s.kubectl("patch", "storagecluster", cluster, "--type=merge", "-p", `{"spec":{"attachmentGC":{"interval":"`+v+`"}}}`)
-		return err
-	}
-	if err := set(interval); err != nil {
+	if _, err := s.kubectl("patch", "storagecluster", cluster, "--type=merge", "-p", `{"spec":{"attachmentGC":{"interval":"`+interval+`"}}}`); err != nil {
 		s.t.Fatalf("set the attachment GC interval of %s: %v", cluster, err)
 	}
 	s.t.Cleanup(func() {
-		if old == "" {
-			old = "24h"
+		patch := `{"spec":{"attachmentGC":{"interval":null}}}` // unset, as it was
+		if old != "" {
+			patch = `{"spec":{"attachmentGC":{"interval":"` + old + `"}}}`
 		}
-		if err := set(old); err != nil {
+		if _, err := s.kubectl("patch", "storagecluster", cluster, "--type=merge", "-p", patch); err != nil {
 			s.t.Errorf("restore the attachment GC interval of %s: %v", cluster, err)
 		}
 	})

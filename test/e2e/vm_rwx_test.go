@@ -16,10 +16,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/controller/sharemanager"
 )
 
@@ -40,8 +38,8 @@ func testVMReadWriteManyKernelClient(t *testing.T) {
 	s := newScenario(t, 12*time.Minute)
 	server := s.env.netnsNode(t)
 	s.needBerthImage()
-	class := s.pinnedClass("berth", server)
-	s.pvc("shared", class, "256Mi", corev1.ReadWriteMany, false)
+	s.node = server // the volume's image, and so its share manager, go there
+	s.pvc("shared", "berth", "256Mi", corev1.ReadWriteMany, false)
 	vol := s.boundPV("shared").Spec.CSI.VolumeHandle
 
 	writers := []string{"writer-a", "writer-b"}
@@ -93,7 +91,7 @@ func testVMReadWriteManyKernelClient(t *testing.T) {
 	if out, _ := s.kubectl("get", "volumes.berth.io", vol, "-o", "jsonpath={.status.remountRequestedAt}"); out == "" {
 		t.Errorf("volume %s has no remountRequestedAt after the failover", vol)
 	}
-	s.waitAgentLog(vm, "share mount answers after the failover", 2*time.Minute)
+	s.waitAgentLog(vm, vol, "share mount answers after the failover", 2*time.Minute)
 
 	var worst time.Duration
 	acked := map[string]string{}
@@ -146,7 +144,10 @@ var ackLine = regexp.MustCompile(`(?m)^ack ([0-9]+)\.([0-9]+) (\S+) ([0-9a-f]{64
 
 // acks are a writer's acknowledged writes, in order.
 func (s *scenario) acks(pod string) (times []time.Time, files, sums []string) {
-	logs, _ := s.kubectl("-n", s.ns, "logs", pod)
+	logs, err := s.kubectl("-n", s.ns, "logs", pod)
+	if err != nil {
+		s.t.Fatalf("logs of %s: %v", pod, err)
+	}
 	if strings.Contains(logs, "WRITE-ERROR") {
 		s.t.Fatalf("%s: an I/O error reached the application:\n%s", pod, logs)
 	}
@@ -201,6 +202,9 @@ func (s *scenario) writerChecked(pod string) (time.Duration, int) {
 // acked (file -> checksum) is in those lists with its checksum.
 func (s *scenario) verifyAcked(node, claim string, writers []string, acked map[string]string) {
 	s.t.Helper()
+	if len(acked) == 0 {
+		s.t.Fatalf("no acknowledged write to verify")
+	}
 	script := "for w in " + strings.Join(writers, " ") + "; do sha256sum -c -s /data/$w/sums || echo BAD $w; done; cat /data/*/sums"
 	name := "verify-acked"
 	s.podWith(name, script, claimSource(claim), false, func(p *corev1.Pod) {
@@ -226,35 +230,6 @@ func (s *scenario) verifyAcked(node, claim string, writers []string, acked map[s
 		}
 	}
 	s.t.Logf("%d acknowledged files read back with their checksums, %d lost", len(acked)-lost, lost)
-}
-
-// pinnedClass makes a StorageClass like base whose volumes all go to node
-// (allowedTopologies, bound at once), deleted when the test ends.
-func (s *scenario) pinnedClass(base, node string) string {
-	s.t.Helper()
-	b, err := s.cs.StorageV1().StorageClasses().Get(s.ctx, base, metav1.GetOptions{})
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	immediate := storagev1.VolumeBindingImmediate
-	c := &storagev1.StorageClass{
-		ObjectMeta:           metav1.ObjectMeta{Name: s.ns + "-" + base},
-		Provisioner:          b.Provisioner,
-		Parameters:           b.Parameters,
-		ReclaimPolicy:        b.ReclaimPolicy,
-		AllowVolumeExpansion: b.AllowVolumeExpansion,
-		VolumeBindingMode:    &immediate,
-		AllowedTopologies: []corev1.TopologySelectorTerm{{MatchLabelExpressions: []corev1.TopologySelectorLabelRequirement{
-			{Key: v1.TopologyNodeKey, Values: []string{node}},
-		}}},
-	}
-	if _, err := s.cs.StorageV1().StorageClasses().Create(s.ctx, c, metav1.CreateOptions{}); err != nil {
-		s.t.Fatal(err)
-	}
-	s.t.Cleanup(func() {
-		_ = s.cs.StorageV1().StorageClasses().Delete(context.Background(), c.Name, metav1.DeleteOptions{})
-	})
-	return c.Name
 }
 
 // killPodProcesses SIGKILLs every process of a pod on a netns node (its
@@ -305,7 +280,7 @@ func (s *scenario) vmMounts(node, sub string) []string {
 func (s *scenario) vmLines(node, script, sub string) []string {
 	out, err := s.vmExec(node, script)
 	if err != nil {
-		s.t.Logf("%s on %s: %v", script, node, err)
+		s.t.Fatalf("%s on %s: %v", script, node, err)
 	}
 	var lines []string
 	for _, l := range strings.Split(out, "\n") {
@@ -316,20 +291,26 @@ func (s *scenario) vmLines(node, script, sub string) []string {
 	return lines
 }
 
-// waitAgentLog waits for a line containing want in the log of node's agent.
-func (s *scenario) waitAgentLog(node, want string, timeout time.Duration) {
+// waitAgentLog waits for a line of node's agent that contains want and
+// names volume.
+func (s *scenario) waitAgentLog(node, volume, want string, timeout time.Duration) {
 	s.t.Helper()
-	s.waitFor("agent on "+node+" logs "+want, timeout, func(ctx context.Context) (bool, error) {
+	s.waitFor("agent on "+node+" logs "+want+" for "+volume, timeout, func(ctx context.Context) (bool, error) {
 		pods, err := s.cs.CoreV1().Pods(berthNamespace).List(ctx, metav1.ListOptions{
-			LabelSelector: "app.kubernetes.io/component=agent", FieldSelector: "spec.nodeName=" + node,
+			LabelSelector: agentPods, FieldSelector: "spec.nodeName=" + node,
 		})
 		if err != nil {
 			return false, err
 		}
 		for _, p := range pods.Items {
-			logs, _ := s.kubectl("-n", berthNamespace, "logs", p.Name, "-c", "agent")
-			if strings.Contains(logs, want) {
-				return true, nil
+			logs, err := s.kubectl("-n", berthNamespace, "logs", p.Name, "-c", "agent")
+			if err != nil {
+				continue // a pod starting; the next poll reads it
+			}
+			for _, l := range strings.Split(logs, "\n") {
+				if strings.Contains(l, want) && strings.Contains(l, volume) {
+					return true, nil
+				}
 			}
 		}
 		return false, nil
