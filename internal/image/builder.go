@@ -136,6 +136,7 @@ func (b *Builder) BerthSpec(berthBinary, tag string, extraTools ...string) (Spec
 	}
 	required, optional := BerthTools()
 	required = append(required, extraTools...)
+	found := map[string]string{} // tool -> its absolute path here
 	for i, tool := range append(required, optional...) {
 		p, err := b.Exec.LookPath(tool)
 		if err != nil {
@@ -149,6 +150,7 @@ func (b *Builder) BerthSpec(berthBinary, tag string, extraTools ...string) (Spec
 		if err != nil {
 			return Spec{}, fmt.Errorf("path of %s: %w", tool, err)
 		}
+		found[tool] = p
 		add(p)
 		libs, err := b.sharedLibs(p)
 		if err != nil {
@@ -185,15 +187,11 @@ func (b *Builder) BerthSpec(berthBinary, tag string, extraTools ...string) (Spec
 		return Spec{}, fmt.Errorf("%w: mount.nfs's /etc/protocols (Debian package netbase): %w", ErrInvalidSpec, err)
 	}
 	add("/etc/protocols")
-	// mount(8) looks for its NFS helper in /sbin (libmount's helper path);
-	// on a merged-/usr host the tool is found in /usr/sbin.
-	if nfs, err := b.Exec.LookPath("mount.nfs"); err == nil {
-		if nfs, err = filepath.Abs(nfs); err == nil {
-			for _, helper := range []string{"/sbin/mount.nfs", "/sbin/mount.nfs4"} {
-				if helper != nfs {
-					files = append(files, File{Path: helper, Link: nfs})
-				}
-			}
+	// mount(8) looks for its NFS helper (a required tool) in /sbin
+	// (libmount's helper path); on a merged-/usr host it is in /usr/sbin.
+	for _, helper := range []string{"/sbin/mount.nfs", "/sbin/mount.nfs4"} {
+		if nfs := found["mount.nfs"]; helper != nfs {
+			files = append(files, File{Path: helper, Link: nfs})
 		}
 	}
 	// mke2fs reads its defaults from here; without it mkfs.ext4 still works
