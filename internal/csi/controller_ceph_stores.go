@@ -10,8 +10,6 @@ import (
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
@@ -53,22 +51,15 @@ func (p *cephStores) get(ctx context.Context, c client.Client, sc *v1.StorageClu
 	if sc.Spec.Ceph == nil {
 		return nil, nil, status.Errorf(codes.FailedPrecondition, "StorageCluster %s has backend ceph but no spec.ceph", sc.Name)
 	}
-	ref := sc.Spec.Ceph.SecretRef
-	if err := ceph.CheckSecretRef(ref, p.namespace); err != nil {
+	secret, err := ceph.ReadSecret(ctx, c, sc.Spec.Ceph.SecretRef, p.namespace)
+	switch {
+	case errors.Is(err, ceph.ErrSecretNamespace) || errors.Is(err, ceph.ErrSecretNotFound) || errors.Is(err, ceph.ErrSecretIncomplete):
 		return nil, nil, status.Errorf(codes.FailedPrecondition, "StorageCluster %s: %v", sc.Name, err)
+	case err != nil:
+		return nil, nil, status.Errorf(codes.Unavailable, "StorageCluster %s: %v", sc.Name, err)
 	}
-	secret := &corev1.Secret{}
-	if err := c.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, secret); err != nil {
-		if apierrors.IsNotFound(err) {
-			return nil, nil, status.Errorf(codes.FailedPrecondition, "StorageCluster %s: Secret %s/%s not found", sc.Name, ref.Namespace, ref.Name)
-		}
-		return nil, nil, status.Errorf(codes.Unavailable, "StorageCluster %s: read Secret %s/%s: %v", sc.Name, ref.Namespace, ref.Name, err)
-	}
-	id, key := string(secret.Data[v1.CephSecretUserID]), string(secret.Data[v1.CephSecretUserKey])
-	if id == "" || key == "" {
-		return nil, nil, status.Errorf(codes.FailedPrecondition, "StorageCluster %s: Secret %s/%s lacks %s or %s", sc.Name, ref.Namespace, ref.Name, v1.CephSecretUserID, v1.CephSecretUserKey)
-	}
-	input := fmt.Sprintf("%d/%s", sc.Generation, secret.ResourceVersion)
+	id, key := secret.UserID, secret.UserKey
+	input := fmt.Sprintf("%d/%s", sc.Generation, secret.Version)
 
 	p.mu.Lock()
 	defer p.mu.Unlock()

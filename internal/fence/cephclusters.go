@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/go-logr/logr"
-	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
@@ -81,15 +80,11 @@ func (cc *CephClusters) connect(ctx context.Context, sc *v1.StorageCluster) (cep
 	if sc.Spec.Backend != v1.BackendCeph || sc.Spec.Ceph == nil {
 		return nil, fmt.Errorf("storagecluster %s has no ceph backend", sc.Name)
 	}
-	ref := sc.Spec.Ceph.SecretRef
-	if err := ceph.CheckSecretRef(ref, cc.Namespace); err != nil {
+	secret, err := ceph.ReadSecret(ctx, cc.C, sc.Spec.Ceph.SecretRef, cc.Namespace)
+	if err != nil {
 		return nil, fmt.Errorf("storagecluster %s: %w", sc.Name, err)
 	}
-	var secret corev1.Secret
-	if err := cc.C.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, &secret); err != nil {
-		return nil, fmt.Errorf("storagecluster %s: Secret %s/%s: %w", sc.Name, ref.Namespace, ref.Name, err)
-	}
-	cfg, err := ceph.ConfigFor(ctx, sc.Spec.Ceph, string(secret.Data[v1.CephSecretUserID]), string(secret.Data[v1.CephSecretUserKey]), cc.LookupHost)
+	cfg, err := ceph.ConfigFor(ctx, sc.Spec.Ceph, secret.UserID, secret.UserKey, cc.LookupHost)
 	if err != nil {
 		return nil, fmt.Errorf("storagecluster %s: %w", sc.Name, err)
 	}

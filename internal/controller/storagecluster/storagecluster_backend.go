@@ -9,10 +9,8 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/backend/ceph"
@@ -121,28 +119,13 @@ func (r *Reconciler) checkCeph(ctx context.Context, log logr.Logger, sc *v1.Stor
 	if direct == nil {
 		direct = r.Client
 	}
-	if err := ceph.CheckSecretRef(ref, r.Options.Namespace); err != nil {
+	// A fixed Secret is seen at the next recheck: the operator watches no
+	// Secret.
+	secret, err := ceph.ReadSecret(ctx, direct, ref, r.Options.Namespace)
+	if err != nil {
 		return failed(ReasonSecretInvalid, "%v", err)
 	}
-	// Read uncached: the operator watches no Secret (it would cache every
-	// Secret of its namespace); a fixed Secret is seen at the next recheck.
-	secret := &corev1.Secret{}
-	if err := direct.Get(ctx, client.ObjectKey{Namespace: ref.Namespace, Name: ref.Name}, secret); err != nil {
-		if client.IgnoreNotFound(err) == nil {
-			return failed(ReasonSecretInvalid, "Secret %s/%s not found", ref.Namespace, ref.Name)
-		}
-		return failed(ReasonSecretInvalid, "read Secret %s/%s: %v", ref.Namespace, ref.Name, err)
-	}
-	var missing []string
-	for _, k := range []string{v1.CephSecretUserID, v1.CephSecretUserKey} {
-		if len(secret.Data[k]) == 0 {
-			missing = append(missing, k)
-		}
-	}
-	if len(missing) > 0 {
-		return failed(ReasonSecretInvalid, "Secret %s/%s lacks key %s", ref.Namespace, ref.Name, strings.Join(missing, " and "))
-	}
-	input := fmt.Sprintf("%d/%s", sc.Generation, secret.ResourceVersion)
+	input := fmt.Sprintf("%d/%s", sc.Generation, secret.Version)
 	now := r.clock().Now()
 	if cond, left, ok := r.cephChecks.get(sc.UID, input, now); ok {
 		return cond, left
@@ -174,8 +157,8 @@ func publicNetworkHint(sc *v1.StorageCluster) string {
 }
 
 // dialCeph runs the connection check; ctx bounds it.
-func (r *Reconciler) dialCeph(ctx context.Context, log logr.Logger, spec *v1.CephSpec, secret *corev1.Secret, timeout time.Duration) (metav1.Condition, time.Duration) {
-	cfg, err := ceph.ConfigFor(ctx, spec, string(secret.Data[v1.CephSecretUserID]), string(secret.Data[v1.CephSecretUserKey]), r.LookupHost)
+func (r *Reconciler) dialCeph(ctx context.Context, log logr.Logger, spec *v1.CephSpec, secret ceph.Secret, timeout time.Duration) (metav1.Condition, time.Duration) {
+	cfg, err := ceph.ConfigFor(ctx, spec, secret.UserID, secret.UserKey, r.LookupHost)
 	if err == nil {
 		cfg.ConnectTimeout, cfg.OpTimeout = timeout, timeout
 		check := r.CheckCeph
