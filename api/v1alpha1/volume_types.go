@@ -192,3 +192,19 @@ type VolumeList struct {
 func init() {
 	SchemeBuilder.Register(&Volume{}, &VolumeList{})
 }
+
+// NeverFormatReason says why the volume must never be formatted as its
+// spec and status tell it (a recorded filesystem, a restore, a clone); ""
+// when they do not forbid it. A record on the image itself counts too,
+// which only the node that reads the image can see.
+func (v *Volume) NeverFormatReason() string {
+	switch src := v.Spec.Source; {
+	case v.Status.Formatted != nil:
+		return "its status records a " + v.Status.Formatted.FSType + " filesystem"
+	case src != nil && src.Snapshot != "":
+		return "it is a copy of snapshot " + src.Snapshot
+	case src != nil && src.Volume != "":
+		return "it is a clone of volume " + src.Volume
+	}
+	return ""
+}

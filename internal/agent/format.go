@@ -43,15 +43,10 @@ func (a *Agent) formatPolicy(ctx context.Context, vol *v1.Volume, recs FormatRec
 		return mount.FormatPolicy{}, fmt.Errorf("volume %s: its format record, which says whether it holds a filesystem, "+
 			"cannot be read, so it is not staged (it might be formatted over data): %w", vol.Name, err)
 	}
-	switch src := vol.Spec.Source; {
-	case found:
+	if found {
 		p.Never, p.Why = true, fmt.Sprintf("its image records a %s filesystem made or found %s", rec.FSType, rec.Time.Format(time.RFC3339))
-	case vol.Status.Formatted != nil:
-		p.Never, p.Why = true, fmt.Sprintf("its status records a %s filesystem", vol.Status.Formatted.FSType)
-	case src != nil && src.Snapshot != "":
-		p.Never, p.Why = true, fmt.Sprintf("it is a copy of snapshot %s", src.Snapshot)
-	case src != nil && src.Volume != "":
-		p.Never, p.Why = true, fmt.Sprintf("it is a clone of volume %s", src.Volume)
+	} else if why := vol.NeverFormatReason(); why != "" {
+		p.Never, p.Why = true, why
 	}
 	return p, nil
 }

@@ -257,8 +257,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 
 // recordFormat records in the Volume's status that it holds a filesystem,
 // once a share manager serves it (it mounted one, made or found): the
-// next share manager is told never to format it (neverFormat). The share
-// manager itself may write no Volume.
+// next share manager is told never to format it
+// (Volume.NeverFormatReason). The share manager itself may write no Volume.
 func (r *Reconciler) recordFormat(ctx context.Context, vol *v1.Volume) error {
 	if vol.Status.Formatted != nil {
 		return nil

@@ -98,7 +98,7 @@ func (r *Reconciler) podFor(sm *v1.ShareManager, vol *v1.Volume, rwx rwxSettings
 	if cidrs := clientCIDRs(rwx.cluster); len(cidrs) > 0 {
 		args = append(args, "--clients="+strings.Join(cidrs, ","))
 	}
-	if why := neverFormat(vol); why != "" {
+	if why := vol.NeverFormatReason(); why != "" {
 		args = append(args, "--never-format="+why)
 	}
 	env := []corev1.EnvVar{
@@ -158,21 +158,6 @@ func (r *Reconciler) podFor(sm *v1.ShareManager, vol *v1.Volume, rwx rwxSettings
 		},
 	}
 	return pod
-}
-
-// neverFormat says why the share manager must not format vol's device
-// ("": it may, when blank): the agent's rules for a stage (a recorded
-// filesystem, a copy), from what the Volume says.
-func neverFormat(vol *v1.Volume) string {
-	switch src := vol.Spec.Source; {
-	case vol.Status.Formatted != nil:
-		return fmt.Sprintf("its status records a %s filesystem", vol.Status.Formatted.FSType)
-	case src != nil && src.Snapshot != "":
-		return "it is a copy of snapshot " + src.Snapshot
-	case src != nil && src.Volume != "":
-		return "it is a clone of volume " + src.Volume
-	}
-	return ""
 }
 
 // leaseHolder is the holder identity pod writes into its Lease (the
