@@ -253,6 +253,11 @@ vm_poweroff() {
 		log "powering off $(node_name "$i") (SIGKILL qemu $pid)"
 		kill -KILL "$pid"
 		for ((n = 0; n < 100; n++)); do [ -d "/proc/$pid" ] || break; sleep 0.1; done
+		if [ -d "/proc/$pid" ]; then
+			# Keep its pid file, so that a later down.sh stops it by PID.
+			log "error: qemu $pid of $(node_name "$i") still runs 10 s after SIGKILL"
+			return 1
+		fi
 	fi
 	rm -f "$PIDS/qemu-$(node_name "$i").pid"
 }
@@ -261,7 +266,7 @@ vm_poweroff() {
 vm_remove() {
 	local i=$1 tap
 	tap=$(node_hub_if "$i")
-	vm_poweroff "$i"
+	vm_poweroff "$i" || true # the leftovers check reports a qemu that lives on
 	if ip -n "$NETNS" link show "$tap" >/dev/null 2>&1; then
 		log "deleting tap $tap"
 		ip -n "$NETNS" link del "$tap"

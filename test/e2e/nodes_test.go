@@ -125,11 +125,18 @@ func (e Env) NodeMounts(ctx context.Context, node string, subs ...string) ([]str
 }
 
 // NodeAction runs hack/cluster/node.sh NODE ACTION (stop, start, freeze,
-// thaw, cut, restore): node loss and its undo.
+// thaw, cut, restore; poweroff and boot for a VM node): node loss and its
+// undo. A VM's boot (and start, which boots it when off) waits for the
+// guest and its kubelet under TCG: up to 15 minutes, as berth dev up's
+// waits with VM nodes.
 func (e Env) NodeAction(ctx context.Context, node, action string) error {
 	_, file, _, _ := runtime.Caller(0)
 	script := filepath.Join(filepath.Dir(file), "..", "..", "hack", "cluster", "node.sh")
-	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	limit := 3 * time.Minute
+	if kind, _ := e.nodeVar("NODE_KIND", node); kind == "vm" && (action == "boot" || action == "start") {
+		limit = 15 * time.Minute
+	}
+	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, script, node, action)
 	cmd.Env = append(os.Environ(), "BERTH_E2E_DIR="+e.Vars["BERTH_E2E_DIR"])

@@ -9,9 +9,8 @@ import (
 // FuzzNADConfig: the operator reads a NetworkAttachmentDefinition's
 // spec.config (CNI JSON, written by whoever may edit definitions in that
 // namespace) and puts what it found in the StorageCluster's NetworkReady
-// condition and an Event. Whatever the config, the finding has a reason
-// the API takes (a condition reason is required) and a short message of
-// valid UTF-8: a condition message over 32768 bytes, or one the API
+// condition and an Event. Whatever the config, the finding's message is
+// short and valid UTF-8: a condition message over 32768 bytes, or one the API
 // refuses, would keep the whole status from being written. Seeds are the
 // e2e cluster's definitions (hack/cluster/multus.sh) and the tests'.
 func FuzzNADConfig(f *testing.F) {
