@@ -70,6 +70,12 @@ if [ "${BERTH_E2E_MULTUS:-0}" = 1 ]; then multus=(--multus); fi
 vm=()
 if [ "${BERTH_E2E_VM_NODES:-0}" != 0 ]; then vm=(--vm-nodes "$BERTH_E2E_VM_NODES"); fi
 
+# CI starts from nothing: a cluster left up on the machine (an interrupted
+# run, another shape) is taken down first, not reused.
+if [ "${CI:-}" = true ] && [ -s "${BERTH_E2E_DIR:-/var/lib/berth-e2e}/nodes.list" ]; then
+	echo "e2e: CI=true: a cluster is up already; taking it down first" >&2
+	"$BERTH" dev down --repo "$PWD"
+fi
 # Two nodes by default: the scenarios between nodes need them.
 "$BERTH" dev up --repo "$PWD" --demo=false --nodes "${BERTH_E2E_NODES:-2}" "${ceph[@]}" "${multus[@]}" "${vm[@]}"
 echo "e2e: cluster with berth up after $((SECONDS - t0))s" >&2

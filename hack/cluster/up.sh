@@ -47,8 +47,14 @@ echo "$KUBE_BIN" >"$WORKDIR/kube-bin"
 # The node count is fixed by the first up: a second up finds the same nodes.
 # VM nodes come after the netns nodes (vm-nodes.list names them).
 total=$((NODE_COUNT + VM_NODE_COUNT))
-if [ -s "$NODES_LIST" ] && [ "$(wc -l <"$NODES_LIST")" != "$total" ] && [ -n "${BERTH_E2E_NODES:-}${BERTH_E2E_VM_NODES:-}" ]; then
-	die "the cluster has $(wc -l <"$NODES_LIST") nodes, asked $total: run down.sh first"
+# A cluster of another shape (say, a VM node where a netns node was
+# asked) is refused: its scenarios would fail for reasons of its own.
+if [ -s "$NODES_LIST" ] && [ -n "${BERTH_E2E_NODES:-}${BERTH_E2E_VM_NODES:-}" ]; then
+	have_vm=$(vm_indexes | grep -c . || true)
+	have_netns=$(($(wc -l <"$NODES_LIST") - have_vm))
+	if [ "$have_netns" != "$NODE_COUNT" ] || [ "$have_vm" != "$VM_NODE_COUNT" ]; then
+		die "the cluster up has $have_netns netns and $have_vm VM nodes, asked $NODE_COUNT and $VM_NODE_COUNT: run \`berth dev down\` (or down.sh) first"
+	fi
 fi
 if [ ! -s "$NODES_LIST" ]; then
 	seq "$((NODE_COUNT + 1))" "$total" >"$VM_NODES_LIST"
