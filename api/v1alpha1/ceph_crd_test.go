@@ -25,6 +25,7 @@ func cephCluster(name string, change func(*v1.CephSpec)) *v1.StorageCluster {
 }
 
 func TestStorageClusterCeph(t *testing.T) {
+	suite.Require(t)
 	var got v1.StorageCluster
 	createAndRead(t, cephCluster("ceph-ok", nil), &got)
 	if !slices.Equal(got.Spec.Ceph.ImageFeatures, []v1.CephImageFeature{"layering", "exclusive-lock"}) {
@@ -51,6 +52,18 @@ func TestStorageClusterCeph(t *testing.T) {
 		"spec.ceph is only allowed when backend is ceph")
 	mustRefuse(t, &v1.StorageCluster{ObjectMeta: meta("local-with-ceph2"), Spec: v1.StorageClusterSpec{Backend: v1.BackendLocal, Ceph: cephSpec()}},
 		"spec.ceph is only allowed when backend is ceph")
+	overcommitted := cephCluster("ceph-overcommit", nil)
+	overcommitted.Spec.Overcommit = &v1.OvercommitSpec{Percent: 200}
+	mustRefuse(t, overcommitted, "spec.overcommit is only allowed when backend is local")
+	for _, percent := range []int32{99, 10001} {
+		c := &v1.StorageCluster{ObjectMeta: meta("overcommit-out-of-range"), Spec: v1.StorageClusterSpec{Overcommit: &v1.OvercommitSpec{Percent: percent}}}
+		mustRefuse(t, c, "spec.overcommit.percent")
+	}
+	var thin v1.StorageCluster
+	createAndRead(t, &v1.StorageCluster{ObjectMeta: meta("local-overcommit"), Spec: v1.StorageClusterSpec{Overcommit: &v1.OvercommitSpec{Percent: 300}}}, &thin)
+	if thin.Spec.Overcommit == nil || thin.Spec.Overcommit.Percent != 300 {
+		t.Errorf("overcommit read back: %+v", thin.Spec.Overcommit)
+	}
 	for _, tc := range []struct {
 		name   string
 		change func(*v1.CephSpec)

@@ -43,6 +43,7 @@ const (
 // StorageClusterSpec is the wanted state of one storage cluster.
 // +kubebuilder:validation:XValidation:rule="(has(self.backend) ? self.backend : 'local') != 'ceph' || has(self.ceph)",message="spec.ceph is required when backend is ceph"
 // +kubebuilder:validation:XValidation:rule="!has(self.ceph) || (has(self.backend) ? self.backend : 'local') == 'ceph'",message="spec.ceph is only allowed when backend is ceph"
+// +kubebuilder:validation:XValidation:rule="!has(self.overcommit) || (has(self.backend) ? self.backend : 'local') == 'local'",message="spec.overcommit is only allowed when backend is local"
 // +kubebuilder:validation:XValidation:rule="self.network.provider != 'multus' || (has(self.network.selectors) && (has(self.network.selectors.public) || has(self.network.selectors.cluster)))",message="network.provider multus needs at least one of network.selectors.public or network.selectors.cluster"
 type StorageClusterSpec struct {
 	// Backend stores the volumes.
@@ -63,6 +64,14 @@ type StorageClusterSpec struct {
 	// +kubebuilder:validation:XValidation:rule="!['/var','/var/lib','/home','/tmp','/opt','/srv','/mnt','/media'].exists(p, self == p) && !['/etc','/usr','/bin','/sbin','/lib','/lib32','/lib64','/libx32','/boot','/dev','/proc','/sys','/run','/var/run','/root','/var/lib/kubelet','/var/lib/containerd','/var/lib/docker','/var/log'].exists(p, self == p || self.startsWith(p + '/'))",message="dataDir must not be a system folder or lie under one (/etc, /usr, /bin, /sbin, /lib*, /boot, /dev, /proc, /sys, /run, /var/run, /root, /var/lib/kubelet, ...)"
 	// +optional
 	DataDir string `json:"dataDir,omitempty"`
+
+	// Overcommit lets local volumes promise more space than their data dir
+	// has (thin provisioning). Unset: each local image's full size is
+	// reserved (fallocate) when it is made or grown, and capacity is what
+	// is left after those reservations, so one volume filling never runs
+	// its neighbours out of space. Refused for the ceph backend.
+	// +optional
+	Overcommit *OvercommitSpec `json:"overcommit,omitempty"`
 
 	// Agent places the node agent.
 	// +optional
@@ -95,6 +104,19 @@ type StorageClusterSpec struct {
 	// agent is down never holds a deletion up.
 	// +optional
 	CleanupTimeout *metav1.Duration `json:"cleanupTimeout,omitempty"`
+}
+
+// OvercommitSpec is how far a node's local volumes may promise more space
+// than their data dir's filesystem gives them.
+type OvercommitSpec struct {
+	// Percent of the space the data dir's filesystem gives local volumes
+	// (what is free plus what their images take) that they may promise in
+	// all: 300 promises three times that space, 100 exactly that space.
+	// Images are sparse; when they fill past the real space, writes to
+	// every volume of the data dir fail (ENOSPC) until space is freed.
+	// +kubebuilder:validation:Minimum=100
+	// +kubebuilder:validation:Maximum=10000
+	Percent int32 `json:"percent"`
 }
 
 // AgentSpec places the node agent DaemonSet.

@@ -44,6 +44,11 @@ type Local struct {
 	log     logr.Logger
 	// quiescer holds a source volume still while it is copied; nil: none.
 	quiescer Quiescer
+	// prov is how much space images may promise (Provisioned sets it).
+	prov Provisioning
+	// book holds the space promised by creates and expands under way, so
+	// that two at once cannot both take the last of it.
+	book *spaceBook
 }
 
 const (
@@ -67,6 +72,7 @@ func NewLocal(dir string, log logr.Logger) (*Local, error) {
 		volumes: filepath.Join(dir, "volumes"),
 		snaps:   filepath.Join(dir, "snapshots"),
 		log:     log,
+		book:    &spaceBook{pending: map[string]int64{}},
 	}
 	for _, d := range []string{l.volumes, l.snaps} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
@@ -190,9 +196,11 @@ func (l *Local) create(ctx context.Context, id string, size int64, source string
 			return Image{}, fmt.Errorf("size %d smaller than source %s (%d): %w", size, source, srcSize, volerr.ErrInvalid)
 		}
 	}
-	if err := l.checkSpace(size); err != nil {
+	release, err := l.book.take(id, size, l.Capacity)
+	if err != nil {
 		return Image{}, err
 	}
+	defer release()
 	err = writeAtomic(l.volumes, final, id, func(tmp *os.File) error {
 		if srcPath != nil {
 			if err := l.copyFrom(ctx, sourceVolume, *srcPath, tmp); err != nil {
@@ -201,6 +209,11 @@ func (l *Local) create(ctx context.Context, id string, size int64, source string
 		}
 		if err := tmp.Truncate(size); err != nil {
 			return fmt.Errorf("size image: %w", err)
+		}
+		if l.prov.Reserve() {
+			if err := reserve(tmp, size); err != nil {
+				return err
+			}
 		}
 		if source != "" {
 			if err := unix.Fsetxattr(int(tmp.Fd()), xattrSource, []byte(source), 0); err != nil {
@@ -212,7 +225,7 @@ func (l *Local) create(ctx context.Context, id string, size int64, source string
 	if err != nil {
 		return Image{}, fmt.Errorf("create volume %s: %w", id, err)
 	}
-	l.log.Info("created volume", "id", id, "size", size, "source", source)
+	l.log.Info("created volume", "id", id, "size", size, "source", source, "provisioning", l.prov.String())
 	return Image{ID: id, Path: final, Size: size}, nil
 }
 
@@ -241,19 +254,6 @@ func readSource(path string) (string, error) {
 		return "", fmt.Errorf("read source of %s: %w", path, err)
 	}
 	return string(buf[:n]), nil
-}
-
-// checkSpace refuses images larger than the free space: a sparse image
-// could never be filled.
-func (l *Local) checkSpace(size int64) error {
-	free, err := l.Capacity(context.Background())
-	if err != nil {
-		return err
-	}
-	if size > free {
-		return fmt.Errorf("%d bytes asked, %d free in %s: %w", size, free, l.dir, ErrNoSpace)
-	}
-	return nil
 }
 
 // writeAtomic fills a temp file in dir and renames it to final only once it
@@ -297,10 +297,10 @@ func writeAtomic(dir, final, id string, fill func(*os.File) error) (err error) {
 	return atomicfile.SyncDir(dir)
 }
 
-// growFile sets a file's size and fsyncs it: the caller grows the loop
-// device and filesystem next, and a crash must not leave a filesystem
-// larger than its image.
-func growFile(path string, size int64) error {
+// growFile sets a file's size (reserving it all with reserveAll) and
+// fsyncs it: the caller grows the loop device and filesystem next, and a
+// crash must not leave a filesystem larger than its image.
+func growFile(path string, size int64, reserveAll bool) error {
 	f, err := os.OpenFile(path, os.O_WRONLY, 0)
 	if err != nil {
 		return err
@@ -308,6 +308,11 @@ func growFile(path string, size int64) error {
 	defer func() { _ = f.Close() }()
 	if err := f.Truncate(size); err != nil {
 		return err
+	}
+	if reserveAll {
+		if err := reserve(f, size); err != nil {
+			return err
+		}
 	}
 	return f.Sync()
 }
@@ -414,10 +419,12 @@ func (l *Local) Expand(ctx context.Context, id string, size int64) (Image, error
 	case size < img.Size:
 		return Image{}, fmt.Errorf("shrink %s from %d to %d: %w", id, img.Size, size, volerr.ErrInvalid)
 	}
-	if err := l.checkSpace(size - img.Size); err != nil {
+	release, err := l.book.take(id, size-img.Size, l.Capacity)
+	if err != nil {
 		return Image{}, err
 	}
-	if err := growFile(img.Path, size); err != nil {
+	defer release()
+	if err := growFile(img.Path, size, l.prov.Reserve()); err != nil {
 		return Image{}, fmt.Errorf("grow %s: %w", id, err)
 	}
 	l.log.Info("expanded volume", "id", id, "from", img.Size, "to", size)
@@ -425,11 +432,49 @@ func (l *Local) Expand(ctx context.Context, id string, size int64) (Image, error
 	return img, nil
 }
 
-// Capacity returns the free bytes of the data dir's filesystem.
+// Capacity returns the bytes new images may still promise: the free space
+// of the data dir's filesystem, less what its images may still take beyond
+// what they hold (all of it when images are reserved), or, with
+// overcommit, that percent of the space the images are given less what
+// they promise.
 func (l *Local) Capacity(_ context.Context) (int64, error) {
 	var st unix.Statfs_t
 	if err := unix.Statfs(l.dir, &st); err != nil {
 		return 0, fmt.Errorf("statfs %s: %w", l.dir, err)
 	}
-	return int64(st.Bavail) * st.Bsize, nil
+	promised, allocated, err := l.usage()
+	if err != nil {
+		return 0, err
+	}
+	return l.prov.promisable(int64(st.Bavail)*st.Bsize, promised, allocated), nil
+}
+
+// usage sums the volume images' apparent (promised) and allocated bytes.
+func (l *Local) usage() (promised, allocated int64, err error) {
+	ids, err := listIDs(l.volumes)
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, id := range ids {
+		var st unix.Stat_t
+		err := unix.Stat(l.volumePath(id), &st)
+		if errors.Is(err, unix.ENOENT) {
+			continue // deleted meanwhile
+		}
+		if err != nil {
+			return 0, 0, fmt.Errorf("stat volume %s: %w", id, err)
+		}
+		promised += st.Size
+		// Blocks past the size (the filesystem's own) are not the image's.
+		allocated += min(st.Blocks*512, st.Size)
+	}
+	return promised, allocated, nil
+}
+
+// Provisioned returns this backend with images provisioned by p; the copy
+// shares the data dir and its book of promises under way.
+func (l *Local) Provisioned(p Provisioning) *Local {
+	c := *l
+	c.prov = p
+	return &c
 }

@@ -4,14 +4,11 @@ import (
 	"bytes"
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 
 	"github.com/go-logr/logr/testr"
 	"golang.org/x/sys/unix"
-
-	"github.com/berth-io/berth/internal/testenv"
 )
 
 // TestRootReflinkOnXFS runs the backend on a real xfs (reflink on by
@@ -24,21 +21,16 @@ func TestRootReflinkOnXFS(t *testing.T) {
 	if _, err := os.Stat("/dev/loop-control"); err != nil {
 		t.Skipf("needs loop devices: %v", err)
 	}
-	dir := t.TempDir()
-	img, mnt := filepath.Join(dir, "fs.img"), filepath.Join(dir, "mnt")
-	testenv.Run(t, "truncate", "-s", "320M", img)
-	dev := testenv.Run(t, "losetup", "--find", "--show", img)
-	t.Cleanup(func() { _, _ = exec.Command("losetup", "-d", dev).CombinedOutput() })
-	testenv.Run(t, "mkfs.xfs", "-q", "-f", dev)
-	_ = os.Mkdir(mnt, 0o700)
-	testenv.Run(t, "mount", dev, mnt)
-	t.Cleanup(func() { _, _ = exec.Command("umount", mnt).CombinedOutput() })
+	mnt := newFS(t, "320M", "mkfs.xfs", "-q", "-f")
 
 	ctx := context.Background()
 	l, err := NewLocal(filepath.Join(mnt, "berth"), testr.New(t))
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Sparse images: a reserved clone allocates its holes, which would
+	// hide whether the data was shared.
+	l = l.Provisioned(Provisioning{OvercommitPercent: 100})
 	src, err := l.Create(ctx, "src", 64*mib)
 	if err != nil {
 		t.Fatal(err)

@@ -24,16 +24,23 @@ var ErrNoDataDir = errors.New("data dir not served by this agent")
 type Set struct {
 	dirs   []string // sorted
 	locals map[string]*Local
-	// clusterDir returns the data dir of a volume's StorageCluster.
-	clusterDir func(ctx context.Context, volumeID string) (string, error)
+	// place returns where a volume's StorageCluster keeps its images.
+	place func(ctx context.Context, volumeID string) (Place, error)
 }
 
-// NewSet opens every data dir. clusterDir tells, for a volume being
-// created, the data dir of its StorageCluster; it may return ErrNotFound
-// when the cluster has no object (tests that run an agent alone), which is
-// only accepted when the agent serves a single data dir.
-func NewSet(dirs []string, clusterDir func(ctx context.Context, volumeID string) (string, error), log logr.Logger) (*Set, error) {
-	s := &Set{locals: map[string]*Local{}, clusterDir: clusterDir}
+// Place is where a StorageCluster keeps its local images, and how they are
+// provisioned.
+type Place struct {
+	Dir          string
+	Provisioning Provisioning
+}
+
+// NewSet opens every data dir. place tells, for a volume, where its
+// StorageCluster keeps images; it may return ErrNotFound when the cluster
+// has no object (tests that run an agent alone), which is only accepted
+// when the agent serves a single data dir (its images are then reserved).
+func NewSet(dirs []string, place func(ctx context.Context, volumeID string) (Place, error), log logr.Logger) (*Set, error) {
+	s := &Set{locals: map[string]*Local{}, place: place}
 	for _, d := range dirs {
 		if _, dup := s.locals[d]; dup {
 			continue
@@ -68,16 +75,34 @@ func (s *Set) Local(dir string) (*Local, error) {
 	return nil, fmt.Errorf("%w: %s (served: %v); the operator adds it to the agent DaemonSet, whose pods then restart", ErrNoDataDir, dir, s.dirs)
 }
 
-// forNew returns the backend a new image of volume id goes to.
+// forNew returns the backend a new image of volume id goes to, with its
+// cluster's provisioning.
 func (s *Set) forNew(ctx context.Context, id string) (*Local, error) {
-	dir, err := s.clusterDir(ctx, id)
+	p, err := s.place(ctx, id)
 	if errors.Is(err, ErrNotFound) && len(s.dirs) == 1 {
 		return s.locals[s.dirs[0]], nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("data dir of volume %s: %w", id, err)
 	}
-	return s.Local(dir)
+	l, err := s.Local(p.Dir)
+	if err != nil {
+		return nil, err
+	}
+	return l.Provisioned(p.Provisioning), nil
+}
+
+// provisioned returns l, which holds volume id's image, with the
+// provisioning of the volume's cluster.
+func (s *Set) provisioned(ctx context.Context, id string, l *Local) (*Local, error) {
+	p, err := s.place(ctx, id)
+	if errors.Is(err, ErrNotFound) && len(s.dirs) == 1 {
+		return l, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("provisioning of volume %s: %w", id, err)
+	}
+	return l.Provisioned(p.Provisioning), nil
 }
 
 // find returns the backend holding volume id's image (found by get); with
@@ -185,6 +210,9 @@ func (s *Set) Expand(ctx context.Context, id string, size int64) (Image, error) 
 	if err != nil {
 		return Image{}, err
 	}
+	if l, err = s.provisioned(ctx, id, l); err != nil {
+		return Image{}, err
+	}
 	return l.Expand(ctx, id, size)
 }
 
@@ -195,6 +223,9 @@ func (s *Set) CreateSnapshot(ctx context.Context, snapID, sourceID string) (Snap
 	}
 	l, err := s.findVolume(ctx, sourceID)
 	if err != nil {
+		return Snapshot{}, err
+	}
+	if l, err = s.provisioned(ctx, sourceID, l); err != nil {
 		return Snapshot{}, err
 	}
 	return l.CreateSnapshot(ctx, snapID, sourceID)
@@ -230,11 +261,12 @@ func (s *Set) RecordFormat(ctx context.Context, id, fsType string, at time.Time)
 	return l.RecordFormat(ctx, id, fsType, at)
 }
 
-// Capacity returns the free bytes of a data dir's filesystem.
-func (s *Set) Capacity(ctx context.Context, dir string) (int64, error) {
+// Capacity returns what new images of a data dir, provisioned by p, may
+// still promise.
+func (s *Set) Capacity(ctx context.Context, dir string, p Provisioning) (int64, error) {
 	l, err := s.Local(dir)
 	if err != nil {
 		return 0, err
 	}
-	return l.Capacity(ctx)
+	return l.Provisioned(p).Capacity(ctx)
 }

@@ -21,11 +21,11 @@ func TestSetPicksTheClusterDataDir(t *testing.T) {
 	root := t.TempDir()
 	a, b := filepath.Join(root, "a"), filepath.Join(root, "b")
 	dirOf := map[string]string{"vol-a": a, "vol-b": b, "clone-b": b, "vol-x": filepath.Join(root, "x")}
-	s, err := NewSet([]string{b, a}, func(_ context.Context, id string) (string, error) {
+	s, err := NewSet([]string{b, a}, func(_ context.Context, id string) (Place, error) {
 		if d, ok := dirOf[id]; ok {
-			return d, nil
+			return Place{Dir: d}, nil
 		}
-		return "", fmt.Errorf("volume %s: %w", id, ErrNotFound)
+		return Place{}, fmt.Errorf("volume %s: %w", id, ErrNotFound)
 	}, testr.New(t))
 	if err != nil {
 		t.Fatal(err)
@@ -80,7 +80,7 @@ func TestSetPicksTheClusterDataDir(t *testing.T) {
 
 	// An agent run alone (one data dir, no StorageCluster object) puts
 	// every image there.
-	one, err := NewSet([]string{a}, func(context.Context, string) (string, error) { return "", ErrNotFound }, testr.New(t))
+	one, err := NewSet([]string{a}, func(context.Context, string) (Place, error) { return Place{}, ErrNotFound }, testr.New(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -58,9 +58,11 @@ func (l *Local) CreateSnapshot(ctx context.Context, snapID, sourceID string) (Sn
 		return Snapshot{}, err
 	}
 	// A sparse copy needs at most the source's allocated blocks.
-	if err := l.checkSpace(used); err != nil {
+	release, err := l.book.take("snapshot/"+snapID, used, l.Capacity)
+	if err != nil {
 		return Snapshot{}, err
 	}
+	defer release()
 	final := l.snapshotPath(snapID)
 	err = writeAtomic(l.snaps, final, snapID, func(tmp *os.File) error {
 		if err := l.copyFrom(ctx, sourceID, src.Path, tmp); err != nil {

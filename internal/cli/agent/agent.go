@@ -196,7 +196,7 @@ func (c Config) Run(ctx context.Context) error {
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
-	images, err := backend.NewSet(c.DataDirs, clusterDataDir(mgr.GetClient()), c.Log.WithName("backend"))
+	images, err := backend.NewSet(c.DataDirs, volumePlace(mgr.GetClient()), c.Log.WithName("backend"))
 	if err != nil {
 		return err
 	}

@@ -31,43 +31,48 @@ func (d *dataDirs) Set(v string) error {
 	return nil
 }
 
-// clusterDir returns the data dir of a StorageCluster; backend.ErrNotFound
-// when it has no object.
-func clusterDir(ctx context.Context, c client.Reader, cluster string) (string, error) {
+// clusterPlace returns where a StorageCluster keeps its images and how they
+// are provisioned; backend.ErrNotFound when it has no object.
+func clusterPlace(ctx context.Context, c client.Reader, cluster string) (backend.Place, error) {
 	sc := &v1.StorageCluster{}
 	err := c.Get(ctx, client.ObjectKey{Name: cluster}, sc)
 	if apierrors.IsNotFound(err) {
-		return "", fmt.Errorf("StorageCluster %s: %w", cluster, backend.ErrNotFound)
+		return backend.Place{}, fmt.Errorf("StorageCluster %s: %w", cluster, backend.ErrNotFound)
 	}
 	if err != nil {
-		return "", fmt.Errorf("StorageCluster %s: %w", cluster, err)
+		return backend.Place{}, fmt.Errorf("StorageCluster %s: %w", cluster, err)
 	}
-	return sc.Spec.DataDir, nil
+	p := backend.Place{Dir: sc.Spec.DataDir}
+	if o := sc.Spec.Overcommit; o != nil {
+		p.Provisioning.OvercommitPercent = o.Percent
+	}
+	return p, nil
 }
 
-// clusterDataDir returns, for a volume being created, the data dir of its
-// StorageCluster (the Volume names it).
-func clusterDataDir(c client.Reader) func(ctx context.Context, volumeID string) (string, error) {
-	return func(ctx context.Context, volumeID string) (string, error) {
+// volumePlace returns, for a volume, where its StorageCluster (the Volume
+// names it) keeps images.
+func volumePlace(c client.Reader) func(ctx context.Context, volumeID string) (backend.Place, error) {
+	return func(ctx context.Context, volumeID string) (backend.Place, error) {
 		vol := &v1.Volume{}
 		if err := c.Get(ctx, client.ObjectKey{Name: volumeID}, vol); err != nil {
-			return "", fmt.Errorf("volume %s: %w", volumeID, err)
+			return backend.Place{}, fmt.Errorf("volume %s: %w", volumeID, err)
 		}
-		return clusterDir(ctx, c, vol.Spec.StorageCluster)
+		return clusterPlace(ctx, c, vol.Spec.StorageCluster)
 	}
 }
 
-// clusterCapacity returns the free bytes of a StorageCluster's data dir.
+// clusterCapacity returns what new images of a StorageCluster's data dir
+// may still promise.
 func clusterCapacity(c client.Reader, images *backend.Set) func(ctx context.Context, cluster string) (int64, error) {
 	return func(ctx context.Context, cluster string) (int64, error) {
-		dir, err := clusterDir(ctx, c, cluster)
+		p, err := clusterPlace(ctx, c, cluster)
 		if dirs := images.Dirs(); errors.Is(err, backend.ErrNotFound) && len(dirs) == 1 {
 			// An agent run alone (tests): its one data dir, as for images.
-			dir, err = dirs[0], nil
+			p, err = backend.Place{Dir: dirs[0]}, nil
 		}
 		if err != nil {
 			return 0, fmt.Errorf("%w: %w", backend.ErrNoDataDir, err)
 		}
-		return images.Capacity(ctx, dir)
+		return images.Capacity(ctx, p.Dir, p.Provisioning)
 	}
 }
