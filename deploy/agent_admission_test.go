@@ -52,13 +52,7 @@ func TestAgentWritesOnlyItsOwnNodesRecords(t *testing.T) {
 	suite.Require(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	out := helm(t, "template", "berth", chartDir, "--namespace", releaseNamespace, "--include-crds", "--set", "namespace.create=true")
-	_, kinds := apply(ctx, t, out)
-	// The agent's and the share manager's.
-	if kinds["ValidatingAdmissionPolicy"] != 2 || kinds["ValidatingAdmissionPolicyBinding"] != 2 {
-		t.Fatalf("chart rendered %v, want two ValidatingAdmissionPolicies and their bindings", kinds)
-	}
-	waitCRDs(ctx, t)
+	installAgentPolicy(ctx, t)
 	admin := env.Client
 	a, noNode := agentClient(t, "node-a"), agentClient(t, "")
 
@@ -93,20 +87,6 @@ func TestAgentWritesOnlyItsOwnNodesRecords(t *testing.T) {
 		Labels: map[string]string{v1.NodeLabel: "node-b"}},
 		NodeTopology: &metav1.LabelSelector{MatchLabels: map[string]string{v1.TopologyNodeKey: "node-b"}}, StorageClassName: "berth",
 		Capacity: resource.NewQuantity(1<<30, resource.BinarySI)})
-
-	// The policy is picked up a moment after it is created.
-	forged := &v1.Attachment{ObjectMeta: metav1.ObjectMeta{Name: "forged"},
-		Spec: v1.AttachmentSpec{AccessMode: v1.ReadWriteOnce, Attachments: []v1.AttachmentEntry{entryB}}}
-	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		err := a.Create(ctx, forged.DeepCopy())
-		if err == nil {
-			_ = admin.Delete(ctx, forged.DeepCopy())
-		}
-		return isPolicyDenial(err), nil
-	})
-	if err != nil {
-		t.Fatalf("agent of node-a creating an Attachment entry of node-b: not refused by the admission policy (is ValidatingAdmissionPolicy enabled?): %v", err)
-	}
 
 	refused := func(what string, err error, policy bool) {
 		t.Helper()
@@ -267,6 +247,33 @@ func TestAgentWritesOnlyItsOwnNodesRecords(t *testing.T) {
 		t.Errorf("published capacity: %+v", got)
 	}
 	t.Cleanup(func() { _ = admin.Delete(context.Background(), got) })
+}
+
+// installAgentPolicy applies the chart (CRDs, RBAC, admission policies)
+// and waits until the API server enforces the agent's policy.
+func installAgentPolicy(ctx context.Context, t *testing.T) {
+	t.Helper()
+	out := helm(t, "template", "berth", chartDir, "--namespace", releaseNamespace, "--include-crds", "--set", "namespace.create=true")
+	_, kinds := apply(ctx, t, out)
+	// The agent's and the share manager's.
+	if kinds["ValidatingAdmissionPolicy"] != 2 || kinds["ValidatingAdmissionPolicyBinding"] != 2 {
+		t.Fatalf("chart rendered %v, want two ValidatingAdmissionPolicies and their bindings", kinds)
+	}
+	waitCRDs(ctx, t)
+	// The policy is picked up a moment after it is created.
+	a := agentClient(t, "node-a")
+	forged := &v1.Attachment{ObjectMeta: metav1.ObjectMeta{Name: "forged"},
+		Spec: v1.AttachmentSpec{AccessMode: v1.ReadWriteOnce, Attachments: []v1.AttachmentEntry{{Node: "node-b", MountDir: "/m"}}}}
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		err := a.Create(ctx, forged.DeepCopy())
+		if err == nil {
+			_ = env.Client.Delete(ctx, forged.DeepCopy())
+		}
+		return isPolicyDenial(err), nil
+	})
+	if err != nil {
+		t.Fatalf("agent of node-a creating an Attachment entry of node-b: not refused by the admission policy (is ValidatingAdmissionPolicy enabled?): %v", err)
+	}
 }
 
 // isPolicyDenial tells whether err is a refusal by one of the rules of
