@@ -126,6 +126,39 @@ func TestAgentWritesOnlyItsOwnNodesRecords(t *testing.T) {
 	mode.Spec.Attachments = append(mode.Spec.Attachments, v1.AttachmentEntry{Node: "node-a", MountDir: "/var/lib/kubelet/plugins/berth.io/pv/vol-b/globalmount"})
 	refused("widen the access mode beside node-b's hold", a.Update(ctx, mode), true)
 
+	// Attachment metadata (F4): no finalizer that keeps it, no annotation,
+	// no hiding node-b's holds by taking its label off.
+	held := get(ctx, t, &v1.Attachment{ObjectMeta: metav1.ObjectMeta{Name: "vol-b"}})
+	held.Labels = map[string]string{fence.NodeLabelKey("node-b"): "true", fence.LabeledLabel: "true"}
+	if err := admin.Update(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	fin := get(ctx, t, &v1.Attachment{ObjectMeta: metav1.ObjectMeta{Name: "vol-b"}})
+	fin.Finalizers = []string{"x.io/hold"}
+	refused("add a finalizer to node-b's Attachment", a.Update(ctx, fin), true)
+	ann := get(ctx, t, &v1.Attachment{ObjectMeta: metav1.ObjectMeta{Name: "vol-b"}})
+	ann.Annotations = map[string]string{"x": "y"}
+	refused("annotate node-b's Attachment", a.Update(ctx, ann), true)
+	hidden := get(ctx, t, &v1.Attachment{ObjectMeta: metav1.ObjectMeta{Name: "vol-b"}})
+	delete(hidden.Labels, fence.NodeLabelKey("node-b"))
+	refused("take node-b's label off while it holds the volume", a.Update(ctx, hidden), true)
+
+	// A deleting Attachment (kept by someone's finalizer) takes no entry.
+	dying := &v1.Attachment{ObjectMeta: metav1.ObjectMeta{Name: "vol-dying", Finalizers: []string{"x.io/hold"}},
+		Spec: v1.AttachmentSpec{AccessMode: v1.ReadWriteMany, Attachments: []v1.AttachmentEntry{entryB}}}
+	mustCreate(dying)
+	t.Cleanup(func() {
+		d := get(context.Background(), t, &v1.Attachment{ObjectMeta: metav1.ObjectMeta{Name: "vol-dying"}})
+		d.Finalizers = nil
+		_ = admin.Update(context.Background(), d)
+	})
+	if err := admin.Delete(ctx, dying.DeepCopy()); err != nil {
+		t.Fatal(err)
+	}
+	reuse := get(ctx, t, &v1.Attachment{ObjectMeta: metav1.ObjectMeta{Name: "vol-dying"}})
+	reuse.Spec.Attachments = append(reuse.Spec.Attachments, v1.AttachmentEntry{Node: "node-a", MountDir: "/var/lib/kubelet/plugins/berth.io/pv/vol-dying/globalmount"})
+	refused("add an entry to a deleting Attachment", a.Update(ctx, reuse), true)
+
 	// NodeCleanup of another node: no removing, no status.
 	nc := get(ctx, t, &v1.NodeCleanup{ObjectMeta: metav1.ObjectMeta{Name: "node-b"}})
 	emptied := nc.DeepCopy()
@@ -215,11 +248,23 @@ func TestAgentWritesOnlyItsOwnNodesRecords(t *testing.T) {
 		t.Errorf("status after unstage: %+v", got.Status)
 	}
 
-	ownNC := &v1.NodeCleanup{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}}
+	ownNC := &v1.NodeCleanup{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}, Spec: v1.NodeCleanupSpec{Blocklisted: []v1.BlocklistedClient{
+		{Address: "10.0.0.9:0/1", Volume: "vol-c", Reason: v1.ReasonNodeGone, BlocklistedAt: metav1.Now()}}}}
 	allowed("create own stale list", a.Create(ctx, ownNC))
 	t.Cleanup(func() { _ = admin.Delete(context.Background(), ownNC) })
 	ownNC.Status.Pending = 1
 	allowed("write own cleanup status", a.Status().Update(ctx, ownNC))
+	// Fenced clients and the operator's marks (F5): even on its own list,
+	// an agent takes no client off and sets no clean-since mark, either of
+	// which would have the operator lift a blocklist entry.
+	unfenced := get(ctx, t, &v1.NodeCleanup{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}})
+	unfenced.Spec.Blocklisted = nil
+	refused("take a fenced client off its own list", a.Update(ctx, unfenced), true)
+	for _, name := range []string{"node-a", "node-b"} {
+		marked := get(ctx, t, &v1.NodeCleanup{ObjectMeta: metav1.ObjectMeta{Name: name}})
+		marked.Annotations = map[string]string{fence.NodeCleanSinceAnnotation: "2000-01-01T00:00:00Z"}
+		refused("mark "+name+" clean since 2000", a.Update(ctx, marked), true)
+	}
 
 	va = get(ctx, t, &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "local-a"}})
 	va.Status.State = v1.VolumeAvailable

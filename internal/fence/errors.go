@@ -17,6 +17,11 @@ var ErrRefused = errors.New("stale entry refused")
 // races; the caller may try again later.
 var ErrTooManyRetries = volerr.New(volerr.ErrBusy, "fence: too many conflicting updates")
 
+// ErrTerminating marks an Attachment that is being deleted: no hold is
+// added to it (its finalizers may keep it, and what it held, for any
+// time); the caller tries again once it is gone.
+var ErrTerminating = volerr.New(volerr.ErrBusy, "fence: attachment is being deleted")
+
 // ConflictError says the volume is held by someone the access mode excludes
 // and whose hold could not be broken. It is volerr.ErrInUse (CSI:
 // FailedPrecondition). A request that can never succeed as asked (missing

@@ -149,6 +149,11 @@ func (f *Fencer) tryAcquire(ctx context.Context, req *Request) (done bool, err e
 	} else if err != nil {
 		return true, fmt.Errorf("get attachment %s: %w", req.Volume, err)
 	}
+	if att.DeletionTimestamp != nil {
+		// A hold added now would vanish with the object, or outlive it
+		// for as long as someone's finalizer keeps it (F4).
+		return true, fmt.Errorf("attachment %s (finalizers %v): %w", req.Volume, att.Finalizers, ErrTerminating)
+	}
 
 	others := make([]v1.AttachmentEntry, 0, len(att.Spec.Attachments)+1)
 	for i := range att.Spec.Attachments {

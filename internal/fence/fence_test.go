@@ -163,3 +163,41 @@ func TestBadInputChangesNothing(t *testing.T) {
 }
 
 func getAttachmentShell() *v1.Attachment { return &v1.Attachment{} }
+
+// TestTerminatingAttachmentIsNotReused (F4): an Attachment kept by a
+// finalizer after its delete takes no new hold, and once it is gone the
+// volume is acquired anew. Before, the fencer added its entry to the
+// terminating object, which vanished with the entry when the finalizer went.
+func TestTerminatingAttachmentIsNotReused(t *testing.T) {
+	f, _ := newFencer(t)
+	mkNode(t, "term-a")
+	mkNode(t, "term-c")
+	cleanupVolume(t, "vol-term")
+	mustAcquire(t, f, stageReq("vol-term", "term-a", v1.ReadWriteOnce))
+	att := getAttachment(t, "vol-term")
+	att.Finalizers = []string{"example.com/hold"}
+	if err := env.Client.Update(ctxT(t), att); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Release(ctxT(t), "vol-term", "term-a", stageReq("vol-term", "term-a", v1.ReadWriteOnce).MountDir); err != nil {
+		t.Fatal(err)
+	}
+	if att := getAttachment(t, "vol-term"); att.DeletionTimestamp == nil {
+		t.Fatalf("the last release left the Attachment without a deletion timestamp: %+v", att.ObjectMeta)
+	}
+	err := f.Acquire(ctxT(t), stageReq("vol-term", "term-c", v1.ReadWriteOnce))
+	if !errors.Is(err, fence.ErrTerminating) || !errors.Is(err, volerr.ErrBusy) {
+		t.Fatalf("acquire on a terminating Attachment: %v, want ErrTerminating (busy)", err)
+	}
+	for _, e := range getAttachment(t, "vol-term").Spec.Attachments {
+		if e.Node == "term-c" {
+			t.Fatalf("the terminating Attachment took term-c's entry: %+v", e)
+		}
+	}
+	att = getAttachment(t, "vol-term")
+	att.Finalizers = nil
+	if err := env.Client.Update(ctxT(t), att); err != nil {
+		t.Fatal(err)
+	}
+	mustAcquire(t, f, stageReq("vol-term", "term-c", v1.ReadWriteOnce))
+}
