@@ -236,3 +236,48 @@ func TestGCLeavesGoneNodesCephEntriesWithoutBlocklister(t *testing.T) {
 		t.Errorf("record %+v", nc.Spec.Blocklisted)
 	}
 }
+
+// TestEvictNodeFencesCephClients (F17): a StorageCluster deletion that
+// stops waiting for a node moves its entries only after blocklisting the
+// Ceph clients its Attachment status records, and records them on its
+// stale list; without a Blocklister, or if blocklisting fails, nothing
+// moves. Before, the entries moved unfenced: a node that was only cut off
+// kept writing an image that outlives the deletion.
+func TestEvictNodeFencesCephClients(t *testing.T) {
+	suite.Require(t)
+	mkNode(t, "evict-a")
+	cleanupVolume(t, "vol-evict", "evict-a")
+	stagedWithClients(t, "vol-evict", "evict-a", "10.0.0.21:0/7")
+	clk, rec := clock.RealClock{}, record.NewFakeRecorder(100)
+
+	if n, err := fence.EvictNode(ctxT(t), env.Client, clk, fence.Options{Events: rec}, "vol-evict", "evict-a", v1.ReasonClusterDeleted); err == nil || n != 0 {
+		t.Fatalf("evict without a Blocklister: moved %d, err %v; want an error and nothing moved", n, err)
+	}
+	bl := newFakeBlocklister()
+	bl.setFail(errors.New("ceph unreachable"))
+	if _, err := fence.EvictNode(ctxT(t), env.Client, clk, fence.Options{Blocklister: bl}, "vol-evict", "evict-a", v1.ReasonClusterDeleted); !errors.Is(err, volerr.ErrUnavailable) {
+		t.Fatalf("evict with blocklisting failing: %v, want unavailable", err)
+	}
+	if got := len(getAttachment(t, "vol-evict").Spec.Attachments); got != 2 {
+		t.Fatalf("entries after failed evictions: %d, want 2 (nothing moved)", got)
+	}
+
+	bl.setFail(nil)
+	n, err := fence.EvictNode(ctxT(t), env.Client, clk, fence.Options{Blocklister: bl, Events: rec}, "vol-evict", "evict-a", v1.ReasonClusterDeleted)
+	if err != nil || n != 2 {
+		t.Fatalf("evict: moved %d, %v; want 2", n, err)
+	}
+	if !bl.isFenced("10.0.0.21:0/7") {
+		t.Fatal("the node's Ceph client was not blocklisted")
+	}
+	if holders := bl.holders[len(bl.holders)-1]; !slices.Contains(holders, "evict-a") {
+		t.Fatalf("blocklisted after the entries left the Attachment (holders then: %v)", holders)
+	}
+	nc := getCleanup(t, "evict-a")
+	if len(nc.Spec.Entries) != 2 || len(nc.Spec.Blocklisted) != 1 || nc.Spec.Blocklisted[0].Address != "10.0.0.21:0/7" {
+		t.Fatalf("stale list: %+v", nc.Spec)
+	}
+	if !hasEvent(drain(rec), "FenceBlocklisted", "evict-a") {
+		t.Error("no FenceBlocklisted Event")
+	}
+}

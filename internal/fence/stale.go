@@ -87,8 +87,11 @@ func typesUID(s string) types.UID { return types.UID(s) }
 // list with reason, and removes them from the Attachment (deleting it when
 // nothing is left). It returns how many entries moved. For a caller that
 // gives up waiting for that node's agent (a deletion that must not hang);
-// the agent undoes the entries when it is back. It blocklists no Ceph
-// client: it serves the deletion of the volume, whose image goes with it.
+// the agent undoes the entries when it is back. The node's recorded Ceph
+// clients of the volume are blocklisted first, through opts.Blocklister,
+// as lock breaking does: the node may only be cut off and still writing,
+// and the image outlives the deletion (F17). Without a Blocklister, or if
+// blocklisting fails, nothing moves and the error says why.
 func EvictNode(ctx context.Context, c client.Client, clk clock.Clock, opts Options, volume, node string, reason v1.CleanupReason) (int, error) {
 	opts = opts.withDefaults()
 	moved := 0
@@ -111,9 +114,20 @@ func EvictNode(ctx context.Context, c client.Client, clk clock.Clock, opts Optio
 			return true, nil
 		}
 		// Stale list first: a crash in between leaves an entry the cleaner
-		// finds still held and drops, never a hold nobody undoes.
-		if err := addStale(ctx, c, clk, opts, node, stale, nil); err != nil {
+		// finds still held and drops, never a hold nobody undoes. The
+		// clients are recorded before they are blocklisted, so that the
+		// Unfencer takes off whatever landed.
+		addrs := cephClients(&att, node)
+		if len(addrs) > 0 && opts.Blocklister == nil {
+			return true, fenceClients(ctx, nil, opts.Events, volume, node, reason, addrs) // says why; changes nothing
+		}
+		if err := addStale(ctx, c, clk, opts, node, stale, blocklisted(volume, addrs, reason, clk)); err != nil {
 			return true, err
+		}
+		if len(addrs) > 0 {
+			if err := fenceClients(ctx, opts.Blocklister, opts.Events, volume, node, reason, addrs); err != nil {
+				return true, err
+			}
 		}
 		moved = len(stale)
 		return keepEntries(ctx, c, &att, kept)

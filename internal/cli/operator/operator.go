@@ -117,8 +117,11 @@ func (c Config) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("kubernetes client: %w", err)
 	}
+	// The operator reaches each ceph cluster as its Secret's client to
+	// fence (a deletion that stops waiting) and unfence (the Unfencer).
+	bl := &fence.CephClusters{C: direct, Namespace: c.Cluster.Namespace, Log: c.Log.WithName("fencing")}
 	r := &storagecluster.Reconciler{Client: mgr.GetClient(), Options: c.Cluster, Log: c.Log.WithName("storagecluster"),
-		Direct: direct, Recorder: mgr.GetEventRecorderFor("berth-operator")}
+		Direct: direct, Recorder: mgr.GetEventRecorderFor("berth-operator"), Blocklister: bl}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return err
 	}
@@ -127,7 +130,7 @@ func (c Config) Run(ctx context.Context) error {
 	if err := holders.SetupWithManager(mgr); err != nil {
 		return err
 	}
-	if err := c.addAttachmentGC(ctx, mgr); err != nil {
+	if err := c.addAttachmentGC(ctx, mgr, bl); err != nil {
 		return err
 	}
 	reporter := &pinned.Reporter{
@@ -207,7 +210,7 @@ func Command() cli.Command {
 // +kubebuilder:rbac:groups="",namespace=berth-system,resources=secrets,verbs=get
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 
-func (c Config) addAttachmentGC(ctx context.Context, mgr ctrl.Manager) error {
+func (c Config) addAttachmentGC(ctx context.Context, mgr ctrl.Manager, bl fence.Blocklister) error {
 	// Reads go to the API server: a stale cache could move a live entry.
 	direct, err := client.New(c.Rest, client.Options{Scheme: mgr.GetScheme()})
 	if err != nil {
@@ -215,7 +218,6 @@ func (c Config) addAttachmentGC(ctx context.Context, mgr ctrl.Manager) error {
 	}
 	// The GC has no Blocklister: a gone node's Ceph entries wait for lock
 	// breaking, which fences them with the stage's Ceph access.
-	bl := &fence.CephClusters{C: direct, Namespace: c.Cluster.Namespace, Log: c.Log.WithName("unfence")}
 	if err := mgr.Add(fence.NewUnfencer(direct, bl, mgr.GetEventRecorderFor("berth-operator"), clock.RealClock{},
 		c.Log.WithName("unfence"), fence.UnfenceOptions{Cooldown: c.UnfenceCooldown, Interval: c.UnfenceInterval})); err != nil {
 		return err

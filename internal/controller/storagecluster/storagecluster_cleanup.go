@@ -49,9 +49,11 @@ func (r *Reconciler) giveUp(ctx context.Context, log logr.Logger, sc *v1.Storage
 			continue
 		}
 		for _, node := range pending {
-			n, err := fence.EvictNode(ctx, direct, r.clock(), fence.Options{}, vols.Items[i].Name, node, v1.ReasonClusterDeleted)
+			n, err := fence.EvictNode(ctx, direct, r.clock(), fence.Options{Blocklister: r.Blocklister, Events: r.Recorder},
+				vols.Items[i].Name, node, v1.ReasonClusterDeleted)
 			if err != nil {
-				return fmt.Errorf("move node %s's entries of %s to its stale list: %w", node, vols.Items[i].Name, err)
+				return fmt.Errorf("move node %s's entries of %s to its stale list (the deletion waits; cleanupPolicy Retain deletes without detaching): %w",
+					node, vols.Items[i].Name, err)
 			}
 			moved += n
 		}

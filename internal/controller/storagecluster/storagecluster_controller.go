@@ -38,6 +38,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/fence"
 )
 
 // Finalizer keeps a StorageCluster until its cleanup rule is satisfied.
@@ -105,6 +106,10 @@ type Reconciler struct {
 	Direct client.Client
 	// Recorder, when set, gets an Event when a deletion stops waiting.
 	Recorder record.EventRecorder
+	// Blocklister fences the Ceph clients of a node whose entries a
+	// deletion that stops waiting moves away (nil: such entries stay, and
+	// the deletion waits).
+	Blocklister fence.Blocklister
 	// Clock: the real one when nil.
 	Clock clock.Clock
 	// CheckCeph checks a ceph cluster's connection (nil: ceph.Check);
