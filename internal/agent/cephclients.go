@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -37,7 +38,8 @@ func cephClientsOf(d device, volume string) ([]string, error) {
 // the server that just took volume over (a heal): the record must name
 // the live client, or a broken lock would fence a dead one while this one
 // keeps writing. The device and staging path stay as the stage reported
-// them; a node with no staged entry has nothing to update.
+// them. A node that holds a stage entry but has no status entry (its
+// stage's report lost) gets one, with the device found now (F3).
 func (a *Agent) reportServers(ctx context.Context, volume string, d device) error {
 	if _, ok := d.(cephClienter); !ok {
 		return nil
@@ -52,21 +54,36 @@ func (a *Agent) reportServers(ctx context.Context, volume string, d device) erro
 	} else if err != nil {
 		return fmt.Errorf("volume %s: read its attachment to record the new server's ceph clients: %w", volume, err)
 	}
-	for _, n := range att.Status.Nodes {
-		if n.Node != a.node || !n.Staged {
-			continue
-		}
+	staged := fence.Staged{Node: a.node, CephClients: clients}
+	if i := slices.IndexFunc(att.Status.Nodes, func(n v1.AttachmentNodeStatus) bool { return n.Node == a.node && n.Staged }); i >= 0 {
+		n := att.Status.Nodes[i]
 		if slices.Equal(n.CephClients, clients) {
 			return nil
 		}
-		if err := a.fence.ReportStaged(ctx, volume, fence.Staged{Node: a.node, DevicePath: n.DevicePath,
-			StagingPath: n.StagingPath, CephClients: clients}); err != nil {
-			return fmt.Errorf("volume %s: record the new server's ceph clients %v: %w", volume, clients, err)
+		staged.DevicePath, staged.StagingPath = n.DevicePath, n.StagingPath
+	} else {
+		i := slices.IndexFunc(att.Spec.Attachments, func(e v1.AttachmentEntry) bool { return e.Node == a.node && e.IsStage() })
+		if i < 0 {
+			return nil // not staged here (any more)
 		}
-		a.log.Info("ceph clients of the new server recorded", "volume", volume, "addresses", clients)
+		dev, err := d.Find(ctx, volume)
+		if err == nil && dev == "" {
+			err = errNoDevice
+		}
+		if err != nil {
+			return fmt.Errorf("volume %s: find its device to record its ceph clients %v: %w", volume, clients, err)
+		}
+		staged.DevicePath, staged.StagingPath = dev, att.Spec.Attachments[i].MountDir
 	}
+	if err := a.fence.ReportStaged(ctx, volume, staged); err != nil {
+		return fmt.Errorf("volume %s: record the new server's ceph clients %v: %w", volume, clients, err)
+	}
+	a.log.Info("ceph clients of the serving server recorded", "volume", volume, "addresses", clients)
 	return nil
 }
+
+// errNoDevice: a staged volume whose device is not found.
+var errNoDevice = errors.New("no device attached")
 
 // reported remembers which staged volumes' Attachment names the Ceph
 // clients of their live server. One that is not (a heal whose report

@@ -41,6 +41,30 @@ type clientDevice struct {
 
 func (d clientDevice) cephClients(string) ([]string, error) { return d.addrs, nil }
 
+func (d clientDevice) Find(context.Context, string) (string, error) { return "/dev/nbd3", nil }
+
+// A node whose stage record stands but whose status entry was never
+// written (the stage's report lost) gets one on the next report, with the
+// device found now (F3): before, nothing was written, and a lock broken
+// later fenced no client.
+func TestReportServersRecordsAMissingEntry(t *testing.T) {
+	att := &v1.Attachment{ObjectMeta: metav1.ObjectMeta{Name: "vol-a"}, Spec: v1.AttachmentSpec{AccessMode: v1.ReadWriteOnce,
+		Attachments: []v1.AttachmentEntry{{Node: "node-a", MountDir: "/staging/vol-a", StagingPath: "/staging/vol-a"}}}}
+	f := &reportingFence{}
+	a := &Agent{node: "node-a", api: fakeAPI(t, att).Build(), fence: f, log: logr.Discard()}
+	if err := a.reportServers(t.Context(), "vol-a", clientDevice{addrs: []string{"10.0.0.1:0/4"}}); err != nil {
+		t.Fatal(err)
+	}
+	if len(f.staged) != 1 || f.staged[0].DevicePath != "/dev/nbd3" || f.staged[0].StagingPath != "/staging/vol-a" ||
+		!slices.Equal(f.staged[0].CephClients, []string{"10.0.0.1:0/4"}) {
+		t.Fatalf("reported %+v; want node-a's entry with /dev/nbd3, /staging/vol-a and the client", f.staged)
+	}
+	other := &Agent{node: "node-b", api: fakeAPI(t, att).Build(), fence: f, log: logr.Discard()}
+	if err := other.reportServers(t.Context(), "vol-a", clientDevice{addrs: []string{"x"}}); err != nil || len(f.staged) != 1 {
+		t.Fatalf("a node without a stage entry: reported %+v, %v; want nothing", f.staged, err)
+	}
+}
+
 func TestReportServersFollowsTheNewServer(t *testing.T) {
 	att := &v1.Attachment{ObjectMeta: metav1.ObjectMeta{Name: "vol-a"}, Status: v1.AttachmentStatus{Nodes: []v1.AttachmentNodeStatus{
 		{Node: "node-b", DevicePath: "/dev/loop1", Staged: true, CephClients: []string{"10.0.0.2:0/2"}},

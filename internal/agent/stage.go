@@ -141,10 +141,18 @@ func (a *Agent) stage(ctx context.Context, r StageRequest) (err error) {
 	if att, err = d.Attach(ctx, attachRequest{Volume: r.VolumeID, Image: image, ReadOnly: r.ReadOnly, Cluster: sc, Secrets: r.Secrets}); err != nil {
 		return err
 	}
-	// Unknown addresses could never be fenced: no stage without them.
+	// Unknown addresses could never be fenced: no stage without them, and
+	// none before they are recorded (F3). A lock broken while they are
+	// not would fence nothing, and this node could write beside the next.
 	clients, err := cephClientsOf(d, r.VolumeID)
 	if err != nil {
 		return err
+	}
+	if len(clients) > 0 {
+		if err := a.fence.ReportStaged(ctx, r.VolumeID, fence.Staged{Node: a.node, DevicePath: att.Device,
+			StagingPath: r.StagingPath, CephClients: clients}); err != nil {
+			return fmt.Errorf("volume %s: record its ceph clients %v before its device is used: %w", r.VolumeID, clients, err)
+		}
 	}
 	return a.stageDevice(ctx, r, vol, sc, att.Device, clients)
 }
