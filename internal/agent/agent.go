@@ -259,6 +259,17 @@ func (a *Agent) checkPaths(paths ...string) error {
 	return nil
 }
 
+// checkRecordedPaths is checkPaths for paths an API object recorded:
+// only the exact shapes kubelet and berth make (nodepath.CheckRecorded).
+func (a *Agent) checkRecordedPaths(paths ...string) error {
+	for _, p := range paths {
+		if err := a.paths.CheckRecorded(p); err != nil {
+			return fmt.Errorf("%w: %w", err, volerr.ErrInvalid)
+		}
+	}
+	return nil
+}
+
 // checkVolumeName applies the one volume ID rule.
 func checkVolumeName(name string) error {
 	return volid.Valid(name)

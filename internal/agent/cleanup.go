@@ -29,7 +29,7 @@ func (a *Agent) Undo(ctx context.Context, s v1.StaleAttachment) error {
 	if s.StagingPath != "" {
 		paths = append(paths, s.StagingPath)
 	}
-	if err := a.checkPaths(paths...); err != nil {
+	if err := a.checkRecordedPaths(paths...); err != nil {
 		return fmt.Errorf("stale entry of %s: %w: %w", s.Volume, err, fence.ErrRefused)
 	}
 	// The fence cleaner checks, before it asks, that this node holds no
@@ -166,7 +166,7 @@ func (a *Agent) detachVolume(ctx context.Context, volume string, entries []v1.At
 		return err
 	}
 	for _, e := range entries {
-		if err := a.checkPaths(e.MountDir); err != nil {
+		if err := a.checkRecordedPaths(e.MountDir); err != nil {
 			return fmt.Errorf("detach %s: %w", volume, err)
 		}
 	}

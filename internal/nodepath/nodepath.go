@@ -66,6 +66,59 @@ func (r Rule) Check(p string) error { return r.check(p, false) }
 // mounts or removes it).
 func (r Rule) CheckStats(p string) error { return r.check(p, true) }
 
+// CheckRecorded is Check for a path an API object recorded (an Attachment
+// entry, a stale entry), which anyone who may write those objects could
+// have forged: only the exact shapes kubelet and berth make are accepted,
+//
+//	<kubelet>/pods/<uid>/volumes/kubernetes.io~csi/<pv>/mount
+//	<kubelet>/pods/<uid>/volumes/<vendor~driver>/<name>      (Flexvolume)
+//	<kubelet>/pods/<uid>/volumeDevices/<plugin>/<name>
+//	<kubelet>/plugins/kubernetes.io/csi/berth.io/<x>/globalmount
+//	<kubelet>/plugins/kubernetes.io/csi/volumeDevices/staging/<spec>
+//	<kubelet>/plugins/kubernetes.io/csi/volumeDevices/publish/<spec>/<pod uid>
+//	<staging root>/<volume>
+//
+// never a path below one of them: that is a volume's content, which its
+// pods write, and a symlink made there after the check could redirect an
+// unmount or a removal (F6).
+func (r Rule) CheckRecorded(p string) error {
+	if err := r.check(p, false); err != nil {
+		return err
+	}
+	if !r.exact(p) {
+		return fmt.Errorf("%q is below a volume folder, not one kubelet or berth makes: %w", p, ErrRefused)
+	}
+	return nil
+}
+
+// exact says whether p (accepted by check) has one of the exact shapes
+// CheckRecorded lists.
+func (r Rule) exact(p string) bool {
+	if rel, ok := below(r.staging, p); ok {
+		return len(rel) == 1
+	}
+	rel, ok := below(r.kubelet, p)
+	if !ok {
+		return false
+	}
+	if rel[0] == "pods" {
+		switch {
+		case len(rel) == 6 && rel[2] == "volumes" && rel[3] == "kubernetes.io~csi" && rel[5] == "mount":
+			return true
+		case len(rel) == 5 && (rel[2] == "volumeDevices" || rel[3] != "kubernetes.io~csi"):
+			return true
+		}
+		return false
+	}
+	switch rel[3] {
+	case DriverName:
+		return len(rel) == 6 && rel[5] == "globalmount"
+	case "volumeDevices":
+		return (len(rel) == 6 && rel[4] == "staging") || (len(rel) == 7 && rel[4] == "publish")
+	}
+	return false
+}
+
 func (r Rule) check(p string, stats bool) error {
 	if p == "" || !filepath.IsAbs(p) || filepath.Clean(p) != p || strings.ContainsRune(p, 0) {
 		return fmt.Errorf("%q is not a clean absolute path (no .., //, trailing /): %w", p, ErrRefused)

@@ -12,7 +12,8 @@ import (
 // accepted by Check or CheckStats is clean, absolute and strictly inside one of the Rule's
 // roots, has no "." or ".." component, and no component of it that exists
 // is a symlink; FlexMountDir accepts only kubelet's exact mount dir shape
-// and returns its UID and name. The roots are in a temp folder that holds
+// and returns its UID and name; CheckRecorded accepts only what Check does,
+// never deeper than kubelet's deepest volume folder. The roots are in a temp folder that holds
 // symlinks where a planted one would redirect an unmount. Seeds are the
 // paths kubelet and berth use (TestCheck's).
 func FuzzCheck(f *testing.F) {
@@ -55,7 +56,7 @@ func FuzzCheck(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, p string) {
 		p = dir + p // the roots live in dir; so do the seeds
-		for name, check := range map[string]func(string) error{"Check": r.Check, "CheckStats": r.CheckStats} {
+		for name, check := range map[string]func(string) error{"Check": r.Check, "CheckStats": r.CheckStats, "CheckRecorded": r.CheckRecorded} {
 			err := check(p)
 			if err != nil {
 				if !errors.Is(err, ErrRefused) && !strings.HasPrefix(err.Error(), "check ") {
@@ -64,6 +65,14 @@ func FuzzCheck(f *testing.F) {
 			} else {
 				checkAccepted(t, p, kubelet, staging)
 			}
+		}
+		// A recorded path is at most 7 components below kubelet's root
+		// (a block volume's publish dir), 1 below berth's staging root.
+		if r.CheckRecorded(p) == nil && r.Check(p) != nil {
+			t.Fatalf("CheckRecorded accepted %q, which Check refuses", p)
+		}
+		if rel, ok := below(kubelet, p); ok && r.CheckRecorded(p) == nil && len(rel) > 7 {
+			t.Fatalf("CheckRecorded accepted %q, %d components deep", p, len(rel))
 		}
 		pv, err := r.FlexMountDir(p, "berth.io~berth")
 		if err != nil {

@@ -91,6 +91,45 @@ func TestCheck(t *testing.T) {
 	}
 }
 
+// TestCheckRecorded (F6): a path an API object recorded is accepted only
+// in the exact shapes kubelet and berth make, never below them, where a
+// pod's content (an emptyDir's files, a staged volume's root) could put a
+// symlink after the check.
+func TestCheckRecorded(t *testing.T) {
+	r, err := New("/var/lib/kubelet", "/var/lib/berth/flex-staging")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const k = "/var/lib/kubelet"
+	for _, tc := range []struct {
+		path string
+		ok   bool
+	}{
+		{k + "/pods/0b5e-11/volumes/kubernetes.io~csi/pvc-1/mount", true},
+		{k + "/pods/0b5e-11/volumes/berth.io~berth/data", true},
+		{k + "/pods/0b5e-11/volumeDevices/kubernetes.io~csi/pvc-1", true},
+		{k + "/plugins/kubernetes.io/csi/berth.io/3f2a/globalmount", true},
+		{k + "/plugins/kubernetes.io/csi/volumeDevices/staging/pvc-1", true},
+		{k + "/plugins/kubernetes.io/csi/volumeDevices/publish/pvc-1/0b5e-11", true},
+		{"/var/lib/berth/flex-staging/vol-a", true},
+
+		{k + "/pods/0b5e-11/volumes/kubernetes.io~empty-dir/scratch/link/pvc-x.img", false}, // the review's attack
+		{k + "/pods/0b5e-11/volumes/kubernetes.io~csi/pvc-1/mount/dir", false},
+		{k + "/pods/0b5e-11/volumes/kubernetes.io~csi/pvc-1", false},
+		{k + "/pods/0b5e-11/volumes/kubernetes.io~csi/pvc-1/other", false},
+		{k + "/pods/0b5e-11/volumes/berth.io~berth/data/f", false},
+		{k + "/pods/0b5e-11/volumeDevices/kubernetes.io~csi/pvc-1/x", false},
+		{k + "/plugins/kubernetes.io/csi/berth.io/3f2a/globalmount/lost+found", false},
+		{k + "/plugins/kubernetes.io/csi/berth.io/3f2a", false},
+		{k + "/plugins/kubernetes.io/csi/volumeDevices/staging/pvc-1/x", false},
+		{k + "/plugins/kubernetes.io/csi/volumeDevices/publish/pvc-1", false},
+		{"/var/lib/berth/flex-staging/vol-a/device", false},
+		{"/etc", false},
+	} {
+		checkCase(t, "CheckRecorded", r.CheckRecorded, tc.path, tc.ok)
+	}
+}
+
 func TestZeroRuleRefusesAll(t *testing.T) {
 	if err := (Rule{}).Check("/var/lib/kubelet/pods/u/volumes/p/n"); !errors.Is(err, ErrRefused) {
 		t.Fatalf("zero Rule accepted a path: %v", err)
