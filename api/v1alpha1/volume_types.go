@@ -193,6 +193,13 @@ func init() {
 	SchemeBuilder.Register(&Volume{}, &VolumeList{})
 }
 
+// ServedOverNFS tells whether the volume's pods reach it through its share
+// manager's NFS export: a read-write-many filesystem volume. Only the share
+// manager reaches such a volume as a block device.
+func (s *VolumeSpec) ServedOverNFS() bool {
+	return s.AccessMode == ReadWriteMany && s.VolumeMode != VolumeModeBlock
+}
+
 // NeverFormatReason says why the volume must never be formatted as its
 // spec and status tell it (a recorded filesystem, a restore, a clone); ""
 // when they do not forbid it. A record on the image itself counts too,

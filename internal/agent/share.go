@@ -41,15 +41,11 @@ const shareInterval = time.Second
 // sharedFS tells whether a request for vol goes through the share: an RWX
 // filesystem volume asked for as a filesystem (a workload). The share
 // manager asks for a block device.
-func sharedFS(vol *v1.Volume, block bool) bool {
-	return vol.Spec.AccessMode == v1.ReadWriteMany && vol.Spec.VolumeMode != v1.VolumeModeBlock && !block
-}
+func sharedFS(vol *v1.Volume, block bool) bool { return vol.Spec.ServedOverNFS() && !block }
 
 // shareDevice tells whether a block request for vol is the share manager's
 // (an RWX filesystem volume, which only it reaches as a device).
-func shareDevice(vol *v1.Volume, block bool) bool {
-	return vol.Spec.AccessMode == v1.ReadWriteMany && vol.Spec.VolumeMode != v1.VolumeModeBlock && block
-}
+func shareDevice(vol *v1.Volume, block bool) bool { return vol.Spec.ServedOverNFS() && block }
 
 // checkMode refuses a request whose block mode does not fit the volume,
 // letting the share manager's block request of an RWX filesystem volume pass.

@@ -61,7 +61,7 @@ func (r *ShareDeviceReconciler) Reconcile(ctx context.Context, req ctrl.Request)
 	if found, err := getVolumeOrForget(ctx, r.Client, req.NamespacedName, &vol, &r.handled); !found {
 		return ctrl.Result{}, err
 	}
-	if !sharedFilesystem(&vol) || vol.Status.Capacity == nil || atLeast(r.handled.Get(vol.Name), vol.Status.Capacity.Value()) {
+	if !vol.Spec.ServedOverNFS() || vol.Status.Capacity == nil || atLeast(r.handled.Get(vol.Name), vol.Status.Capacity.Value()) {
 		return ctrl.Result{}, nil
 	}
 	want := vol.Status.Capacity.Value()
@@ -108,15 +108,10 @@ func SharedVolumes() labels.Selector {
 // atLeast: a device grown to got needs no growing to want.
 func atLeast(got, want int64) bool { return got >= want }
 
-// sharedFilesystem tells whether vol is served over NFS by a share manager.
-func sharedFilesystem(vol *v1.Volume) bool {
-	return vol.Spec.AccessMode == v1.ReadWriteMany && vol.Spec.VolumeMode != v1.VolumeModeBlock
-}
-
 // SetupWithManager watches the read-write-many filesystem Volumes in the
 // manager's cache and in each of extra (an agent's cache of SharedVolumes).
 func (r *ShareDeviceReconciler) SetupWithManager(mgr ctrl.Manager, extra ...cache.Cache) error {
-	return volumeController(mgr, "sharedevice", sharedFilesystem, extra).Complete(r)
+	return volumeController(mgr, "sharedevice", func(v *v1.Volume) bool { return v.Spec.ServedOverNFS() }, extra).Complete(r)
 }
 
 // volumeController is a controller of the Volumes that keep passes, in the

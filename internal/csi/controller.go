@@ -534,18 +534,12 @@ func csiVolume(v *v1.Volume, src *csi.VolumeContentSource) *csi.Volume {
 	// share over NFS from any node (the share manager's own PV and pod keep
 	// to the volume's node).
 	if !inCeph(v.Spec.Node) {
-		if !servedOverNFS(v) {
+		if !v.Spec.ServedOverNFS() {
 			out.AccessibleTopology = []*csi.Topology{{Segments: map[string]string{v1.TopologyNodeKey: v.Spec.Node}}}
 		}
 		out.VolumeContext["node"] = v.Spec.Node
 	}
 	return out
-}
-
-// servedOverNFS tells whether the volume's pods reach it through its
-// share manager: a read-write-many filesystem volume.
-func servedOverNFS(v *v1.Volume) bool {
-	return v.Spec.AccessMode == v1.ReadWriteMany && v.Spec.VolumeMode != v1.VolumeModeBlock
 }
 
 func volumeCondition(v *v1.Volume) *csi.VolumeCondition {

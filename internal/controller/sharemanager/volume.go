@@ -29,18 +29,13 @@ type VolumeReconciler struct {
 // +kubebuilder:rbac:groups=berth.io,resources=volumes/finalizers,verbs=update
 // +kubebuilder:rbac:groups=berth.io,resources=volumes/status,verbs=get;update;patch
 
-// Shared tells whether a Volume is served through a share manager.
-func Shared(vol *v1.Volume) bool {
-	return vol.Spec.AccessMode == v1.ReadWriteMany && vol.Spec.VolumeMode != v1.VolumeModeBlock
-}
-
 // Reconcile implements reconcile.Reconciler.
 func (r *VolumeReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	vol := &v1.Volume{}
 	if err := r.Client.Get(ctx, req.NamespacedName, vol); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	if !Shared(vol) || !vol.DeletionTimestamp.IsZero() {
+	if !vol.Spec.ServedOverNFS() || !vol.DeletionTimestamp.IsZero() {
 		return ctrl.Result{}, nil
 	}
 	if vol.Labels[v1.SharedLabel] != "true" {
