@@ -226,6 +226,19 @@ func (s *scenario) probe(name, endpoint string, args ...string) string {
 // probeOn is probe in a pod on node.
 func (s *scenario) probeOn(node, name, endpoint string, args ...string) string {
 	s.t.Helper()
+	start := time.Now()
+	out, phase := s.probeIn(s.ns, node, name, endpoint, args...)
+	s.t.Logf("probe %s on %s (%s, %s): %s", name, node, phase, time.Since(start).Round(10*time.Millisecond), out)
+	if phase != corev1.PodSucceeded {
+		s.t.Fatalf("probe %s: %s", name, phase)
+	}
+	return out
+}
+
+// probeIn runs `berth share probe args... endpoint` in a pod of namespace
+// ns on node's pod network and returns its output and how it ended.
+func (s *scenario) probeIn(ns, node, name, endpoint string, args ...string) (string, corev1.PodPhase) {
+	s.t.Helper()
 	grace := int64(1)
 	p := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
@@ -238,17 +251,11 @@ func (s *scenario) probeOn(node, name, endpoint string, args ...string) string {
 			}},
 		},
 	}
-	if _, err := s.cs.CoreV1().Pods(s.ns).Create(s.ctx, p, metav1.CreateOptions{}); err != nil {
-		s.t.Fatalf("create probe pod %s: %v", name, err)
+	if _, err := s.cs.CoreV1().Pods(ns).Create(s.ctx, p, metav1.CreateOptions{}); err != nil {
+		s.t.Fatalf("create probe pod %s/%s: %v", ns, name, err)
 	}
-	start := time.Now()
-	phase := waitPodDone(s.ctx, s.t, s.cs, s.ns, name)
-	out := podLogs(s.ctx, s.t, s.cs, s.ns, name, "probe")
-	s.t.Logf("probe %s on %s (%s, %s): %s", name, node, phase, time.Since(start).Round(10*time.Millisecond), out)
-	if phase != corev1.PodSucceeded {
-		s.t.Fatalf("probe %s: %s", name, phase)
-	}
-	return out
+	phase := waitPodDone(s.ctx, s.t, s.cs, ns, name)
+	return podLogs(s.ctx, s.t, s.cs, ns, name, "probe"), phase
 }
 
 // TestBenchShareLeaseFailover is `make bench`'s RWX failover figure for a

@@ -43,6 +43,7 @@ var scenarios = []func(*testing.T){
 	testVMReadWriteManyKernelClient,
 	testVMUserspaceNBDHeals,
 	testVMLocalVolumePowerLoss,
+	testVMShareRefusesOtherTenants,
 	testNodeLossAndReturn,
 	testLocalVolumeOnLostNode,
 	testCephVolumeMovesOffLostNode,
