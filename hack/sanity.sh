@@ -40,8 +40,9 @@ if [ "${BERTH_CEPH:-1}" != 0 ]; then
 	env_file=$(tail -n 1 "$work/ceph-up.log")
 	ceph=(--ceph-storage-cluster sanity-ceph --ceph-env "$env_file")
 	# The cephx key reaches the node as NodeStageVolume secrets (0600 file).
-	client=$(sed -n 's/^BERTH_CEPH_CLIENT=//p' "$env_file")
-	key=$(sed -n 's/^[[:space:]]*key[[:space:]]*=[[:space:]]*//p' "$(sed -n 's/^BERTH_CEPH_KEYRING=//p' "$env_file")")
+	# The nodes' client (`profile rbd` alone), as kubelet would pass it.
+	client=$(sed -n 's/^BERTH_CEPH_NODE_CLIENT=//p' "$env_file")
+	key=$(sed -n 's/^[[:space:]]*key[[:space:]]*=[[:space:]]*//p' "$(sed -n 's/^BERTH_CEPH_NODE_KEYRING=//p' "$env_file")")
 	(umask 077 && printf 'NodeStageVolumeSecret:\n  userID: "%s"\n  userKey: "%s"\n' "$client" "$key" >"$work/ceph-secrets.yaml")
 fi
 bin/apiserver --write-kubeconfig "$work/kubeconfig" --node sanity-node --storage-cluster sanity --storage-cluster-data-dir "$work/data" --storage-class berth "${ceph[@]}" >"$work/apiserver.log" 2>&1 &

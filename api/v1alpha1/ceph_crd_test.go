@@ -52,6 +52,23 @@ func TestStorageClusterCeph(t *testing.T) {
 		"spec.ceph is only allowed when backend is ceph")
 	mustRefuse(t, &v1.StorageCluster{ObjectMeta: meta("local-with-ceph2"), Spec: v1.StorageClusterSpec{Backend: v1.BackendLocal, Ceph: cephSpec()}},
 		"spec.ceph is only allowed when backend is ceph")
+	// The nodes' Secret is fixed once the cluster is made: its
+	// StorageClasses name it.
+	got.Spec.Ceph.NodeSecretRef = &v1.CephSecretReference{Name: "berth-ceph-node", Namespace: "berth-system"}
+	if err := env.Client.Update(ctx(t), &got); err == nil || !contains(err, "nodeSecretRef is fixed") {
+		t.Errorf("nodeSecretRef added later: %v, want refused", err)
+	}
+	var keyed v1.StorageCluster
+	createAndRead(t, cephCluster("ceph-node-key", func(c *v1.CephSpec) {
+		c.NodeSecretRef = &v1.CephSecretReference{Name: "berth-ceph-node", Namespace: "berth-system"}
+	}), &keyed)
+	if keyed.Spec.Ceph.NodeStageSecret().Name != "berth-ceph-node" {
+		t.Errorf("node-stage secret %+v", keyed.Spec.Ceph.NodeStageSecret())
+	}
+	keyed.Spec.Ceph.NodeSecretRef.Name = "other"
+	if err := env.Client.Update(ctx(t), &keyed); err == nil || !contains(err, "nodeSecretRef is fixed") {
+		t.Errorf("nodeSecretRef changed: %v, want refused", err)
+	}
 	overcommitted := cephCluster("ceph-overcommit", nil)
 	overcommitted.Spec.Overcommit = &v1.OvercommitSpec{Percent: 200}
 	mustRefuse(t, overcommitted, "spec.overcommit is only allowed when backend is local")

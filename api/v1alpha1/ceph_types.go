@@ -4,6 +4,7 @@ package v1alpha1
 // in a pool of an existing Ceph cluster (deployed by Rook, cephadm or by
 // hand; berth runs no Ceph daemon).
 // +kubebuilder:validation:XValidation:rule="self.pool == oldSelf.pool",message="ceph.pool cannot be changed: the cluster's volumes live in it"
+// +kubebuilder:validation:XValidation:rule="has(self.nodeSecretRef) == has(oldSelf.nodeSecretRef) && (!has(self.nodeSecretRef) || self.nodeSecretRef == oldSelf.nodeSecretRef)",message="ceph.nodeSecretRef is fixed once the cluster is made: its StorageClasses and volumes name it"
 // +kubebuilder:validation:XValidation:rule="!has(self.imageFeatures) || ('layering' in self.imageFeatures && 'exclusive-lock' in self.imageFeatures)",message="ceph.imageFeatures must include layering (snapshots, clones) and exclusive-lock (one writer at a time)"
 // +kubebuilder:validation:XValidation:rule="!has(self.imageFeatures) || !('fast-diff' in self.imageFeatures) || 'object-map' in self.imageFeatures",message="ceph.imageFeatures: fast-diff needs object-map"
 type CephSpec struct {
@@ -30,14 +31,24 @@ type CephSpec struct {
 	// +optional
 	DataPool string `json:"dataPool,omitempty"`
 
-	// SecretRef names the Secret with the cephx client berth connects as:
-	// key userID (the client's id without "client.") and key userKey (its
-	// secret). The client needs `profile rbd` on Pool (and DataPool), and
-	// mon `allow command "osd blocklist"` so that a fenced node's client can
-	// be taken off the blocklist again. The key is never logged nor shown
-	// in status or Events. The Secret must be in berth's namespace: berth
-	// may read Secrets there only.
+	// SecretRef names the Secret with the cephx client the operator and
+	// the CSI controller connect as: key userID (the client's id without
+	// "client.") and key userKey (its secret). The client needs `profile
+	// rbd` on Pool (and DataPool), and mon `allow command "osd blocklist"`
+	// so that a fenced node's client can be taken off the blocklist again.
+	// The key is never logged nor shown in status or Events. The Secret
+	// must be in berth's namespace: berth may read Secrets there only.
 	SecretRef CephSecretReference `json:"secretRef"`
+
+	// NodeSecretRef names the Secret (same keys, berth's namespace) with
+	// the cephx client the nodes stage volumes as: kubelet hands it to
+	// every node as the node-stage secret. It needs `profile rbd` on mon,
+	// and on Pool (and DataPool) for osd, and nothing more: that lets a
+	// node put another's client on the blocklist when it breaks its lock,
+	// never take one off. Unset, the nodes get SecretRef's client, and any
+	// node could lift any fence. Fixed once the cluster is made.
+	// +optional
+	NodeSecretRef *CephSecretReference `json:"nodeSecretRef,omitempty"`
 
 	// ImageFeatures of the images berth makes (default layering,
 	// exclusive-lock, which are also the least allowed).
@@ -74,3 +85,12 @@ const (
 	CephSecretUserID  = "userID"
 	CephSecretUserKey = "userKey"
 )
+
+// NodeStageSecret is the Secret the nodes stage with: NodeSecretRef, else
+// SecretRef.
+func (c *CephSpec) NodeStageSecret() CephSecretReference {
+	if c.NodeSecretRef != nil {
+		return *c.NodeSecretRef
+	}
+	return c.SecretRef
+}

@@ -269,6 +269,11 @@ func (in *CephSpec) DeepCopyInto(out *CephSpec) {
 		copy(*out, *in)
 	}
 	out.SecretRef = in.SecretRef
+	if in.NodeSecretRef != nil {
+		in, out := &in.NodeSecretRef, &out.NodeSecretRef
+		*out = new(CephSecretReference)
+		**out = **in
+	}
 	if in.ImageFeatures != nil {
 		in, out := &in.ImageFeatures, &out.ImageFeatures
 		*out = make([]CephImageFeature, len(*in))

@@ -27,6 +27,8 @@ PORT_MAX="${BERTH_CEPH_PORT_MAX:-6899}"
 POOL="${BERTH_CEPH_POOL:-berth}"
 PG_NUM="${BERTH_CEPH_PG_NUM:-16}"
 CLIENT="${BERTH_CEPH_CLIENT:-berth}"
+# The nodes' client (the node-stage secret's): `profile rbd` alone.
+NODE_CLIENT="$CLIENT-node"
 OSD_COUNT=3
 # Bluestore's block file per OSD (sparse; only written blocks take space).
 OSD_BLOCK_SIZE="${BERTH_CEPH_OSD_BLOCK_SIZE:-$((4 << 30))}"
@@ -41,6 +43,7 @@ CLIENT_CONF="$CEPH_DIR/client/ceph.conf"
 ENV_FILE="$CEPH_DIR/ceph.env"
 ADMIN_KEYRING="$CEPH_DIR/keyring/client.admin.keyring"
 CLIENT_KEYRING="$CEPH_DIR/keyring/client.$CLIENT.keyring"
+NODE_KEYRING="$CEPH_DIR/keyring/client.$NODE_CLIENT.keyring"
 PIDS="$CEPH_DIR/pids"
 LOGS="$CEPH_DIR/log"
 # Written last by a complete bootstrap: without it the folder is half made.

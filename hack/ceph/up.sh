@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Brings up the test Ceph (hack/ceph/README.md): 1 mon, 1 mgr, 3 bluestore
 # OSDs on files, a replicated pool (size 3, min_size 2, application rbd),
-# cephx on with client.$CLIENT limited to `profile rbd` on that pool. Waits
+# cephx on with client.$CLIENT (operator: `profile rbd` on that pool plus
+# the blocklist command) and client.$NODE_CLIENT (nodes: `profile rbd`). Waits
 # until every placement group is active+clean, then writes $ENV_FILE and
 # prints its path. Idempotent: on a running cluster it only starts daemons
 # that are not running (an OSD killed by osd.sh) and waits for health again.
@@ -124,19 +125,22 @@ bootstrap() {
 	local monkeys="$CEPH_DIR/keyring/mon.keyring"
 	new_key "$monkeys" mon. --cap mon 'allow *'
 	new_key "$ADMIN_KEYRING" client.admin --cap mon 'allow *' --cap osd 'allow *' --cap mgr 'allow *' --cap mds 'allow *'
-	# `profile rbd` lets berth put a dead node's client on the blocklist;
-	# taking it off again (the operator's Unfencer, after the node is back
-	# and cleaned) needs the command itself. The same client, not a second
-	# admin key: the cluster's Secret is the one credential berth holds,
-	# and adding (the harmful half) is allowed already.
+	# Keys by role. The operator's and CSI controller's client (the
+	# StorageCluster's secretRef) may also take a client off the blocklist
+	# (the Unfencer, once a fenced node is back and cleaned). The nodes'
+	# client (nodeSecretRef, the node-stage secret every node holds) has
+	# `profile rbd` alone, which may put a client on the blocklist (lock
+	# breaking) but never take one off.
 	new_key "$CLIENT_KEYRING" "client.$CLIENT" --cap mon 'profile rbd, allow command "osd blocklist"' \
+		--cap osd "profile rbd pool=$POOL" --cap mgr "profile rbd pool=$POOL"
+	new_key "$NODE_KEYRING" "client.$NODE_CLIENT" --cap mon 'profile rbd' \
 		--cap osd "profile rbd pool=$POOL" --cap mgr "profile rbd pool=$POOL"
 	new_key "$CEPH_DIR/mgr/x/keyring" mgr.x --cap mon 'allow profile mgr' --cap osd 'allow *' --cap mds 'allow *'
 	for ((i = 0; i < OSD_COUNT; i++)); do
 		mkdir -p "$CEPH_DIR/osd/$i"
 		new_key "$CEPH_DIR/osd/$i/keyring" "osd.$i" --cap mon 'allow profile osd' --cap mgr 'allow profile osd' --cap osd 'allow *'
 	done
-	for f in "$ADMIN_KEYRING" "$CLIENT_KEYRING" "$CEPH_DIR/mgr/x/keyring" "$CEPH_DIR"/osd/*/keyring; do
+	for f in "$ADMIN_KEYRING" "$CLIENT_KEYRING" "$NODE_KEYRING" "$CEPH_DIR/mgr/x/keyring" "$CEPH_DIR"/osd/*/keyring; do
 		ceph-authtool "$monkeys" --import-keyring "$f" >/dev/null
 	done
 
@@ -188,6 +192,8 @@ BERTH_CEPH_MONITORS=$CEPH_ADDR:$MON_PORT
 BERTH_CEPH_POOL=$POOL
 BERTH_CEPH_CLIENT=$CLIENT
 BERTH_CEPH_KEYRING=$CLIENT_KEYRING
+BERTH_CEPH_NODE_CLIENT=$NODE_CLIENT
+BERTH_CEPH_NODE_KEYRING=$NODE_KEYRING
 BERTH_CEPH_CONF=$CLIENT_CONF
 BERTH_CEPH_ADMIN_KEYRING=$ADMIN_KEYRING
 BERTH_CEPH_ADMIN_CONF=$CONF

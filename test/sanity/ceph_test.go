@@ -62,14 +62,15 @@ func cephSanity(t *testing.T, configure func(params map[string]string, secretsFi
 	params := map[string]string{v1.ParamStorageCluster: cephCluster, berthcsi.ParamMounter: string(v1.MounterUserspace)}
 	// The cephx key reaches the node as NodeStageVolume secrets, as the
 	// ceph classes' node-stage-secret gives them to kubelet.
-	key, err := c.ClientKey()
+	// The nodes' client: `profile rbd` alone.
+	key, err := c.NodeClientKey()
 	if err != nil {
 		t.Fatal(err)
 	}
-	secrets := map[string]string{v1.CephSecretUserID: c.Client, v1.CephSecretUserKey: key}
+	secrets := map[string]string{v1.CephSecretUserID: c.NodeClient, v1.CephSecretUserKey: key}
 	secretsFile := filepath.Join(work, "ceph-secrets.yaml")
 	if err := os.WriteFile(secretsFile, fmt.Appendf(nil, "NodeStageVolumeSecret:\n  %s: %q\n  %s: %q\n",
-		v1.CephSecretUserID, c.Client, v1.CephSecretUserKey, key), 0o600); err != nil {
+		v1.CephSecretUserID, c.NodeClient, v1.CephSecretUserKey, key), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	configure(params, secretsFile)

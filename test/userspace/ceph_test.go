@@ -73,11 +73,11 @@ func (f *fixture) userspaceCephVolume(ctx context.Context, t *testing.T, c *test
 // cephSecrets are what kubelet passes from the class's node-stage secret.
 func cephSecrets(t *testing.T, c *testceph.Cluster) map[string]string {
 	t.Helper()
-	key, err := c.ClientKey()
+	key, err := c.NodeClientKey()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return map[string]string{"userID": c.Client, "userKey": key}
+	return map[string]string{"userID": c.NodeClient, "userKey": key}
 }
 
 // accessFile is where the agent keeps a ceph volume's key for its servers.

@@ -19,8 +19,13 @@ const (
 )
 
 // CephSecret is the Secret (in Namespace) with the test Ceph's client
-// that the ceph StorageClusters of `up` name.
-const CephSecret = "berth-ceph"
+// that the ceph StorageClusters of `up` name (secretRef: the operator's and
+// the CSI controller's); CephNodeSecret the one with the nodes' client
+// (nodeSecretRef: `profile rbd` alone).
+const (
+	CephSecret     = "berth-ceph"
+	CephNodeSecret = "berth-ceph-node"
+)
 
 // CephStorageCluster is the ceph StorageCluster `up --test-ceph` adds
 // beside a local berth (its userspace class: berth-ceph-userspace).
@@ -70,7 +75,8 @@ func LoadCephEnv(path string) (ClusterEnv, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, k := range []string{"BERTH_CEPH_MONITORS", "BERTH_CEPH_POOL", "BERTH_CEPH_CLIENT", "BERTH_CEPH_KEYRING"} {
+	for _, k := range []string{"BERTH_CEPH_MONITORS", "BERTH_CEPH_POOL", "BERTH_CEPH_CLIENT", "BERTH_CEPH_KEYRING",
+		"BERTH_CEPH_NODE_CLIENT", "BERTH_CEPH_NODE_KEYRING"} {
 		if env[k] == "" {
 			return nil, fmt.Errorf("%s lacks %s", path, k)
 		}
@@ -98,9 +104,9 @@ func KeyringKey(path string) (string, error) {
 	return "", fmt.Errorf("%s: %w", path, ErrNoCephKey)
 }
 
-// CephSecretManifest is the Secret with the client of the test Ceph of
-// cenv (keys as v1.CephSecretUserID/UserKey). It holds the key: never print it.
-func CephSecretManifest(cenv ClusterEnv, key string) string {
+// CephSecretManifest is the Secret name with a client of the test Ceph
+// (keys as v1.CephSecretUserID/UserKey). It holds the key: never print it.
+func CephSecretManifest(name, client, key string) string {
 	return fmt.Sprintf(`apiVersion: v1
 kind: Secret
 metadata: {name: %s, namespace: %s}
@@ -108,7 +114,7 @@ type: Opaque
 stringData:
   %s: %q
   %s: %q
-`, CephSecret, Namespace, v1.CephSecretUserID, cenv["BERTH_CEPH_CLIENT"], v1.CephSecretUserKey, key)
+`, name, Namespace, v1.CephSecretUserID, client, v1.CephSecretUserKey, key)
 }
 
 // CephStorageClusterManifest is a ceph StorageCluster named name on the
@@ -131,7 +137,8 @@ spec:
     monitors: [%q]
     pool: %s
     secretRef: {name: %s, namespace: %s}
-%s`, name, dataDir, cenv["BERTH_CEPH_MONITORS"], cenv["BERTH_CEPH_POOL"], CephSecret, Namespace, network)
+    nodeSecretRef: {name: %s, namespace: %s}
+%s`, name, dataDir, cenv["BERTH_CEPH_MONITORS"], cenv["BERTH_CEPH_POOL"], CephSecret, Namespace, CephNodeSecret, Namespace, network)
 }
 
 // cephDataDir is the data dir of the ceph StorageCluster name: berth's own
@@ -163,11 +170,16 @@ func (c Config) storageClusterManifests(env, cenv ClusterEnv) ([]string, error) 
 	if !c.needsCeph() {
 		return out, nil
 	}
-	key, err := KeyringKey(cenv["BERTH_CEPH_KEYRING"])
-	if err != nil {
-		return nil, err
+	for _, s := range []struct{ name, client, keyring string }{
+		{CephSecret, cenv["BERTH_CEPH_CLIENT"], cenv["BERTH_CEPH_KEYRING"]},
+		{CephNodeSecret, cenv["BERTH_CEPH_NODE_CLIENT"], cenv["BERTH_CEPH_NODE_KEYRING"]},
+	} {
+		key, err := KeyringKey(s.keyring)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, CephSecretManifest(s.name, s.client, key))
 	}
-	out = append(out, CephSecretManifest(cenv, key))
 	for _, name := range c.cephClusters() {
 		out = append(out, CephStorageClusterManifest(name, cephDataDir(name, env), cenv, publicNAD(env))+ProbeClients(env))
 	}

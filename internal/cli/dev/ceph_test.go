@@ -15,18 +15,25 @@ import (
 	"github.com/berth-io/berth/internal/cli"
 )
 
-// A keyring as ceph-authtool writes it.
-const testKeyring = "[client.berth]\n\tkey = AQBkZ2VtAAAAABAAsecretsecretsecret==\n\tcaps mon = \"profile rbd\"\n"
+// Keyrings as ceph-authtool writes them: the operator's client and the
+// nodes'.
+const (
+	testKeyring     = "[client.berth]\n\tkey = AQBkZ2VtAAAAABAAsecretsecretsecret==\n\tcaps mon = \"profile rbd\"\n"
+	testNodeKeyring = "[client.berth-node]\n\tkey = AQBkZ2VtAAAAABAAnodenodenodenode==\n\tcaps mon = \"profile rbd\"\n"
+)
 
 func cephEnvFile(t *testing.T) ClusterEnv {
 	t.Helper()
 	dir := t.TempDir()
-	keyring := filepath.Join(dir, "client.berth.keyring")
-	if err := os.WriteFile(keyring, []byte(testKeyring), 0o600); err != nil {
-		t.Fatal(err)
+	keyring, nodeKeyring := filepath.Join(dir, "client.berth.keyring"), filepath.Join(dir, "client.berth-node.keyring")
+	for f, k := range map[string]string{keyring: testKeyring, nodeKeyring: testNodeKeyring} {
+		if err := os.WriteFile(f, []byte(k), 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 	env, err := LoadCephEnv(writeEnv(t, "BERTH_CEPH_MONITORS=10.250.1.5:3300\nBERTH_CEPH_POOL=berth\n"+
-		"BERTH_CEPH_CLIENT=berth\nBERTH_CEPH_KEYRING="+keyring+"\n"))
+		"BERTH_CEPH_CLIENT=berth\nBERTH_CEPH_KEYRING="+keyring+"\n"+
+		"BERTH_CEPH_NODE_CLIENT=berth-node\nBERTH_CEPH_NODE_KEYRING="+nodeKeyring+"\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,9 +92,9 @@ func TestStorageClusterManifestsPerBackend(t *testing.T) {
 	}{
 		{"local", Config{Backend: BackendLocal}, []string{"StorageCluster/berth"}},
 		{"default", Config{}, []string{"StorageCluster/berth"}},
-		{"ceph", Config{Backend: BackendCeph}, []string{"Secret/berth-ceph", "StorageCluster/berth"}},
+		{"ceph", Config{Backend: BackendCeph}, []string{"Secret/berth-ceph", "Secret/berth-ceph-node", "StorageCluster/berth"}},
 		{"local-and-test-ceph", Config{Backend: BackendLocal, TestCeph: true},
-			[]string{"StorageCluster/berth", "Secret/berth-ceph", "StorageCluster/berth-ceph"}},
+			[]string{"StorageCluster/berth", "Secret/berth-ceph", "Secret/berth-ceph-node", "StorageCluster/berth-ceph"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ms, err := tc.cfg.storageClusterManifests(env, cenv)
@@ -98,6 +105,11 @@ func TestStorageClusterManifestsPerBackend(t *testing.T) {
 			for _, d := range decodeAll(t, ms) {
 				got = append(got, d.Kind+"/"+d.Metadata["name"])
 				switch {
+				case d.Kind == "Secret" && d.Metadata["name"] == CephNodeSecret:
+					if d.Metadata["namespace"] != Namespace || d.StringData[v1.CephSecretUserID] != "berth-node" ||
+						d.StringData[v1.CephSecretUserKey] != "AQBkZ2VtAAAAABAAnodenodenodenode==" {
+						t.Errorf("node Secret %+v", d)
+					}
 				case d.Kind == "Secret":
 					if d.Metadata["namespace"] != Namespace || d.StringData[v1.CephSecretUserID] != "berth" ||
 						d.StringData[v1.CephSecretUserKey] != "AQBkZ2VtAAAAABAAsecretsecretsecret==" {
@@ -106,7 +118,8 @@ func TestStorageClusterManifestsPerBackend(t *testing.T) {
 				case d.Spec.Backend == v1.BackendCeph:
 					c := d.Spec.Ceph
 					if c == nil || len(c.Monitors) != 1 || c.Monitors[0] != "10.250.1.5:3300" || c.Pool != "berth" ||
-						c.SecretRef != (v1.CephSecretReference{Name: CephSecret, Namespace: Namespace}) {
+						c.SecretRef != (v1.CephSecretReference{Name: CephSecret, Namespace: Namespace}) ||
+						c.NodeSecretRef == nil || *c.NodeSecretRef != (v1.CephSecretReference{Name: CephNodeSecret, Namespace: Namespace}) {
 						t.Errorf("ceph spec %+v", c)
 					}
 					// Berth's own data dir when berth is the ceph cluster;

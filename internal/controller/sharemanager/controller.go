@@ -536,7 +536,8 @@ func (r *Reconciler) settings(ctx context.Context, vol *v1.Volume) (rwxSettings,
 		s.resources = *r.DeepCopy()
 	}
 	if sc.Spec.Backend == v1.BackendCeph && sc.Spec.Ceph != nil {
-		s.stageSecret = &corev1.SecretReference{Name: sc.Spec.Ceph.SecretRef.Name, Namespace: sc.Spec.Ceph.SecretRef.Namespace}
+		node := sc.Spec.Ceph.NodeStageSecret()
+		s.stageSecret = &corev1.SecretReference{Name: node.Name, Namespace: node.Namespace}
 	}
 	return s, nil
 }

@@ -126,6 +126,15 @@ func (r *Reconciler) checkCeph(ctx context.Context, log logr.Logger, sc *v1.Stor
 		return failed(ReasonSecretInvalid, "%v", err)
 	}
 	input := fmt.Sprintf("%d/%s", sc.Generation, secret.Version)
+	// The nodes' Secret is kubelet's to hand over; a missing one would
+	// fail every stage, so it is checked here, by name and keys only.
+	if spec.NodeSecretRef != nil {
+		node, err := ceph.ReadSecret(ctx, direct, *spec.NodeSecretRef, r.Options.Namespace)
+		if err != nil {
+			return failed(ReasonSecretInvalid, "nodeSecretRef: %v", err)
+		}
+		input += "/" + node.Version
+	}
 	now := r.clock().Now()
 	if cond, left, ok := r.cephChecks.get(sc.UID, input, now); ok {
 		return cond, left

@@ -153,3 +153,26 @@ func TestCephClassesNameNodeStageSecret(t *testing.T) {
 		}
 	}
 }
+
+// With keys by role (F5), the classes hand the nodes their own Secret
+// (nodeSecretRef), never the operator's; a missing node Secret makes the
+// backend SecretInvalid, saying which.
+func TestCephClassesNameTheNodesSecret(t *testing.T) {
+	suite.Require(t)
+	key := "AQBfakefakefakefakefakefakefakefakefake=="
+	cephSecret(t, "ceph-roles", map[string]string{"userID": "berth", "userKey": key})
+	spec := cephClusterSpec([]string{"127.0.0.1:1"}, "rbd", "ceph-roles")
+	spec.Ceph.NodeSecretRef = &v1.CephSecretReference{Name: "ceph-roles-node", Namespace: namespace}
+	sc := newCluster(t, "ceph-roles", spec)
+	waitCondition(t, sc, storagecluster.ConditionBackendReady, metav1.ConditionFalse, storagecluster.ReasonSecretInvalid)
+	if c := meta.FindStatusCondition(sc.Status.Conditions, storagecluster.ConditionBackendReady); !strings.Contains(c.Message, "nodeSecretRef") {
+		t.Errorf("message %q does not name nodeSecretRef", c.Message)
+	}
+	for _, m := range []v1.Mounter{v1.MounterKernel, v1.MounterUserspace} {
+		cls := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: storagecluster.StorageClassName(sc.Name, m)}}
+		get(t, cls)
+		if cls.Parameters["csi.storage.k8s.io/node-stage-secret-name"] != "ceph-roles-node" {
+			t.Errorf("class %s parameters %v: want the nodes' secret ceph-roles-node", cls.Name, cls.Parameters)
+		}
+	}
+}

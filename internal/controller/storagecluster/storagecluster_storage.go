@@ -80,8 +80,9 @@ func (r *Reconciler) storageClass(sc *v1.StorageCluster, cls *storagev1.StorageC
 	// The fs type the CSI controller defaults to, named so that PVs carry it.
 	cls.Parameters = map[string]string{paramMounter: string(m), paramFSType: defaultFSType, v1.ParamStorageCluster: sc.Name}
 	if sc.Spec.Backend == v1.BackendCeph && sc.Spec.Ceph != nil {
-		cls.Parameters[paramNodeStageSecretName] = sc.Spec.Ceph.SecretRef.Name
-		cls.Parameters[paramNodeStageSecretNamespace] = sc.Spec.Ceph.SecretRef.Namespace
+		node := sc.Spec.Ceph.NodeStageSecret()
+		cls.Parameters[paramNodeStageSecretName] = node.Name
+		cls.Parameters[paramNodeStageSecretNamespace] = node.Namespace
 	}
 	cls.ReclaimPolicy = ptr.To(corev1.PersistentVolumeReclaimDelete)
 	cls.VolumeBindingMode = ptr.To(bindingMode(sc))

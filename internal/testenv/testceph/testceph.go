@@ -55,6 +55,9 @@ type Cluster struct {
 	// on Pool only; Keyring its keyring (0600) and Conf a ceph.conf with
 	// the monitors and no key.
 	Client, Keyring, Conf string
+	// NodeClient is the nodes' cephx id, `profile rbd` alone (it may put a
+	// client on the blocklist, never take one off); NodeKeyring its keyring.
+	NodeClient, NodeKeyring string
 	// AdminKeyring and AdminConf are for checks a client cannot make.
 	AdminKeyring, AdminConf string
 
@@ -261,6 +264,11 @@ func (c *Cluster) Ceph(ctx context.Context, args ...string) ([]byte, error) {
 	return c.run(ctx, "ceph", append([]string{"-c", c.Conf, "--id", c.Client, "--keyring", c.Keyring, "--connect-timeout", "30"}, args...)...)
 }
 
+// NodeCeph runs the ceph command as the nodes' client (its caps).
+func (c *Cluster) NodeCeph(ctx context.Context, args ...string) ([]byte, error) {
+	return c.run(ctx, "ceph", append([]string{"-c", c.Conf, "--id", c.NodeClient, "--keyring", c.NodeKeyring, "--connect-timeout", "30"}, args...)...)
+}
+
 // AdminCeph runs the ceph command as client.admin.
 func (c *Cluster) AdminCeph(ctx context.Context, args ...string) ([]byte, error) {
 	return c.run(ctx, "ceph", append([]string{"-c", c.AdminConf, "-n", "client.admin", "--connect-timeout", "30"}, args...)...)
@@ -302,8 +310,13 @@ func (c *Cluster) script(ctx context.Context, timeout time.Duration, name string
 
 // ClientKey reads the berth client's secret from its keyring (for a
 // Secret or a ceph.Config; never log it).
-func (c *Cluster) ClientKey() (string, error) {
-	b, err := os.ReadFile(c.Keyring)
+func (c *Cluster) ClientKey() (string, error) { return keyringKey(c.Keyring) }
+
+// NodeClientKey reads the nodes' client's secret (the node-stage secret's).
+func (c *Cluster) NodeClientKey() (string, error) { return keyringKey(c.NodeKeyring) }
+
+func keyringKey(path string) (string, error) {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return "", err
 	}
@@ -312,7 +325,7 @@ func (c *Cluster) ClientKey() (string, error) {
 			return strings.TrimSpace(v), nil
 		}
 	}
-	return "", fmt.Errorf("no key in %s", c.Keyring)
+	return "", fmt.Errorf("no key in %s", path)
 }
 
 // readEnv reads up.sh's env file (KEY=VALUE lines).
@@ -328,6 +341,8 @@ func (c *Cluster) readEnv(path string) error {
 		"BERTH_CEPH_POOL":          &c.Pool,
 		"BERTH_CEPH_CLIENT":        &c.Client,
 		"BERTH_CEPH_KEYRING":       &c.Keyring,
+		"BERTH_CEPH_NODE_CLIENT":   &c.NodeClient,
+		"BERTH_CEPH_NODE_KEYRING":  &c.NodeKeyring,
 		"BERTH_CEPH_CONF":          &c.Conf,
 		"BERTH_CEPH_ADMIN_KEYRING": &c.AdminKeyring,
 		"BERTH_CEPH_ADMIN_CONF":    &c.AdminConf,

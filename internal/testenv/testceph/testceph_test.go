@@ -242,3 +242,21 @@ func TestDownWithNothingUp(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// The keys by role (F5): the nodes' client may put a client on the
+// blocklist (lock breaking) but never take one off; the operator's may.
+func TestNodeClientOnlyAddsToTheBlocklist(t *testing.T) {
+	c := needCeph(t)
+	ctx := ctxT(t)
+	const addr = "10.0.0.99:0/4242"
+	t.Cleanup(func() { _, _ = c.AdminCeph(context.Background(), "osd", "blocklist", "rm", addr) })
+	if out, err := c.NodeCeph(ctx, "osd", "blocklist", "add", addr); err != nil {
+		t.Fatalf("client.%s adding %s to the blocklist: %v\n%s", c.NodeClient, addr, err, out)
+	}
+	if _, err := c.NodeCeph(ctx, "osd", "blocklist", "rm", addr); err == nil || !strings.Contains(err.Error(), "EACCES") {
+		t.Fatalf("client.%s taking %s off the blocklist: want a permission error, got %v", c.NodeClient, addr, err)
+	}
+	if out, err := c.Ceph(ctx, "osd", "blocklist", "rm", addr); err != nil {
+		t.Fatalf("client.%s taking %s off the blocklist: %v\n%s", c.Client, addr, err, out)
+	}
+}
