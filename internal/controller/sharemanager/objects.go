@@ -126,8 +126,7 @@ func (r *Reconciler) podFor(sm *v1.ShareManager, vol *v1.Volume, rwx rwxSettings
 				Env:             env,
 				Ports:           []corev1.ContainerPort{{Name: "nfs", ContainerPort: nfsPort, Protocol: corev1.ProtocolTCP}},
 				Resources:       rwx.resources,
-				// Mounting the device inside the container needs it.
-				SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
+				SecurityContext: shareManagerSecurity(),
 				// Every second: after a failover clients reach the new
 				// pod only once the Service lists it, i.e. once it is
 				// Ready, so each second of probe period is failover time.
@@ -250,5 +249,26 @@ func serviceFor(sm *v1.ShareManager) *corev1.Service {
 				Name: "nfs", Port: nfsPort, TargetPort: intstr.FromString("nfs"), Protocol: corev1.ProtocolTCP,
 			}},
 		},
+	}
+}
+
+// shareManagerSecurity is what the share manager needs and no more (F9):
+// not privileged, so a ganesha compromise gets no host device nor every
+// capability. It mounts its volume's device, which kubelet alone puts in
+// the container (volumeDevices, with its device cgroup rule), and checks,
+// formats and grows it: SYS_ADMIN, and SYS_RESOURCE for ext4's online
+// growth. Ganesha's VFS layer opens files by handle: DAC_READ_SEARCH. The
+// runtime's default AppArmor profile forbids mount, so none is applied;
+// seccomp stays the runtime's default, which allows mount with SYS_ADMIN.
+func shareManagerSecurity() *corev1.SecurityContext {
+	return &corev1.SecurityContext{
+		Privileged:               ptr.To(false),
+		AllowPrivilegeEscalation: ptr.To(false),
+		Capabilities: &corev1.Capabilities{
+			Add:  []corev1.Capability{"SYS_ADMIN", "SYS_RESOURCE", "DAC_READ_SEARCH"},
+			Drop: []corev1.Capability{"NET_RAW"},
+		},
+		AppArmorProfile: &corev1.AppArmorProfile{Type: corev1.AppArmorProfileTypeUnconfined},
+		SeccompProfile:  &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 	}
 }

@@ -3,6 +3,7 @@ package sharemanager_test
 import (
 	"context"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -560,8 +561,11 @@ func checkPod(t *testing.T, pod *corev1.Pod, volume, avoid string) {
 			t.Errorf("pod args %q lack %q", args, want)
 		}
 	}
-	if c.Image != opts.Image || c.SecurityContext == nil || c.SecurityContext.Privileged == nil || !*c.SecurityContext.Privileged {
-		t.Errorf("container image %q security %+v", c.Image, c.SecurityContext)
+	// Not privileged (F9): the capabilities a mount, fsck and ganesha
+	// need, and the device kubelet adds for the claim.
+	if sc := c.SecurityContext; c.Image != opts.Image || sc == nil || sc.Privileged == nil || *sc.Privileged ||
+		sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Add, "SYS_ADMIN") || len(c.VolumeDevices) != 1 {
+		t.Errorf("container image %q security %+v devices %+v", c.Image, c.SecurityContext, c.VolumeDevices)
 	}
 	for _, p := range []struct {
 		probe *corev1.Probe
