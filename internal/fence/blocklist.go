@@ -102,10 +102,8 @@ func backAndClean(ctx context.Context, c client.Client, nc *v1.NodeCleanup) (boo
 	} else if err != nil {
 		return false, "", fmt.Errorf("get node %s: %w", nc.Name, err)
 	}
-	for _, t := range n.Spec.Taints {
-		if t.Key == corev1.TaintNodeOutOfService {
-			return false, "tainted out-of-service", nil
-		}
+	if OutOfService(&n) {
+		return false, "tainted out-of-service", nil
 	}
 	if !nodeReady(&n) {
 		return false, "node not Ready", nil

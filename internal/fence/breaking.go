@@ -55,6 +55,18 @@ func (f *Fencer) breakable(ctx context.Context, att *v1.Attachment, blocking []v
 	return out, nil
 }
 
+// OutOfService tells whether an operator declared the node lost: the
+// taint that also lets Kubernetes detach its volumes and force-delete its
+// pods, and berth break its locks.
+func OutOfService(n *corev1.Node) bool {
+	for _, t := range n.Spec.Taints {
+		if t.Key == corev1.TaintNodeOutOfService {
+			return true
+		}
+	}
+	return false
+}
+
 // verdict applies the lock-breaking rules to one other node's entries:
 // the node object is gone, the node is tainted out-of-service, or every pod
 // it holds the volume for was recreated (new UID) and scheduled to the
@@ -66,10 +78,8 @@ func (f *Fencer) verdict(ctx context.Context, node string, entries []v1.Attachme
 	} else if err != nil {
 		return "", false, fmt.Errorf("get node %s: %w", node, err)
 	}
-	for _, t := range n.Spec.Taints {
-		if t.Key == corev1.TaintNodeOutOfService {
-			return v1.ReasonNodeOutOfService, true, nil
-		}
+	if OutOfService(&n) {
+		return v1.ReasonNodeOutOfService, true, nil
 	}
 	moved, err := f.podsMovedHere(ctx, entries, req)
 	if err != nil || !moved {

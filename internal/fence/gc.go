@@ -49,8 +49,9 @@ type GC struct {
 	clk  clock.Clock
 	log  logr.Logger
 	opts Options
-	// wake has Start read the interval again (Wake).
-	wake chan struct{}
+	// wake has Start read the interval again (Wake); lost starts a burst
+	// of passes (NodeLost).
+	wake, lost chan struct{}
 
 	m *metrics.GC
 }
@@ -66,7 +67,7 @@ func NewGC(c client.Client, clk clock.Clock, log logr.Logger, reg prometheus.Reg
 	if err != nil {
 		return nil, err
 	}
-	return &GC{c: c, clk: clk, log: log, opts: opts.withDefaults(), wake: make(chan struct{}, 1), m: m}, nil
+	return &GC{c: c, clk: clk, log: log, opts: opts.withDefaults(), wake: make(chan struct{}, 1), lost: make(chan struct{}, 1), m: m}, nil
 }
 
 // GCResult counts what one pass did.
@@ -81,16 +82,24 @@ type GCResult struct {
 // (controller-runtime manager.Runnable). Wake makes it read the interval
 // again at once: a StorageCluster made or changed after the operator
 // started must not wait out the default day before its interval applies.
+// NodeLost adds a burst of passes (lostNodeBurst).
 func (g *GC) Start(ctx context.Context) error {
 	last := g.pass(ctx)
+	var burst []time.Time // passes asked for by NodeLost, in order
 	for {
 		interval, err := g.Interval(ctx)
 		if err != nil {
 			g.log.Error(err, "read attachment GC interval; using the default", "default", DefaultGCInterval)
 		}
 		wait := interval - g.clk.Since(last)
+		if len(burst) > 0 {
+			wait = min(wait, burst[0].Sub(g.clk.Now()))
+		}
 		if wait <= 0 {
 			last = g.pass(ctx)
+			for len(burst) > 0 && !burst[0].After(g.clk.Now()) {
+				burst = burst[1:]
+			}
 			continue
 		}
 		select {
@@ -98,7 +107,30 @@ func (g *GC) Start(ctx context.Context) error {
 			return nil
 		case <-g.clk.After(wait):
 		case <-g.wake:
+		case <-g.lost:
+			now := g.clk.Now()
+			burst = burst[:0]
+			for _, d := range lostNodeBurst {
+				burst = append(burst, now.Add(d))
+			}
 		}
+	}
+}
+
+// lostNodeBurst is when, after NodeLost, the GC passes: at once, then
+// while Kubernetes force-deletes the lost node's pods (its pod GC does so
+// for an out-of-service node within about a minute), each pass moving the
+// holds of the pods gone by then.
+var lostNodeBurst = [...]time.Duration{0, 10 * time.Second, 20 * time.Second, 40 * time.Second, 80 * time.Second, 160 * time.Second}
+
+// NodeLost asks for the lostNodeBurst of passes: a node was tainted
+// out-of-service or its Node deleted, and the holds of its pods should
+// move as soon as the pods are gone, not a GC interval later (a day by
+// default). It never blocks.
+func (g *GC) NodeLost() {
+	select {
+	case g.lost <- struct{}{}:
+	default:
 	}
 }
 

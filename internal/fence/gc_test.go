@@ -1,6 +1,7 @@
 package fence_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -237,4 +238,56 @@ func TestGCWakeAppliesNewInterval(t *testing.T) {
 		clk.Step(time.Second)
 		return counters(t, reg)[1] >= 1
 	})
+}
+
+// TestGCNodeLostBurst: a lost node (tainted out-of-service, or its Node
+// deleted) starts a pass at once and a burst over the next minutes, while
+// Kubernetes force-deletes its pods, then the GC waits its interval again.
+// Before, the holds of a lost node's pods moved only at the next interval
+// (a day by default), so a local volume's replacement pod waited that long.
+func TestGCNodeLostBurst(t *testing.T) {
+	suite.Require(t)
+	if err := env.Client.DeleteAllOf(ctxT(t), &v1.StorageCluster{}); err != nil {
+		t.Fatal(err)
+	}
+	clk := clocktesting.NewFakeClock(time.Now())
+	g, reg := gcOn(t, clk, fence.Options{})
+	testenv.Serve(t, "GC", g.Start)
+	waitFor(t, "first sweep, then the wait of a day", clk.HasWaiters)
+	g.NodeLost()
+	waitFor(t, "a pass at once", func() bool { return runs(t, reg) == 2 })
+	for i, step := range []time.Duration{10 * time.Second, 10 * time.Second, 20 * time.Second, 40 * time.Second, 80 * time.Second} {
+		waitFor(t, "the GC waiting", clk.HasWaiters)
+		clk.Step(step)
+		want := float64(3 + i)
+		waitFor(t, fmt.Sprintf("burst pass %d", i+2), func() bool { return runs(t, reg) == want })
+	}
+	waitFor(t, "the GC waiting", clk.HasWaiters)
+	clk.Step(time.Hour)
+	time.Sleep(200 * time.Millisecond)
+	if n := runs(t, reg); n != 7 {
+		t.Fatalf("passes after the burst and an hour: %v, want 7 (the interval is a day)", n)
+	}
+}
+
+// runs reads berth_attachment_gc_runs_total{result="ok"}.
+func runs(t *testing.T, reg *prometheus.Registry) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "berth_attachment_gc_runs_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "result" && l.GetValue() == "ok" {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }

@@ -46,10 +46,6 @@ func testVMLocalVolumePowerLoss(t *testing.T) {
 		_ = s.env.NodeAction(context.Background(), vm, "boot")
 		_, _ = s.kubectl("taint", "node", vm, corev1.TaintNodeOutOfService+"-")
 	})
-	// Only the operator's attachment GC moves a gone pod's entry off a
-	// local volume, every spec.attachmentGC.interval (a day by default):
-	// a short one here, so that a pass comes while the node is off.
-	s.gcInterval("berth", "10s")
 	if err := s.env.NodeAction(s.ctx, vm, "poweroff"); err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +57,11 @@ func testVMLocalVolumePowerLoss(t *testing.T) {
 		t.Errorf("the lost pod's hold was broken %s after the power loss, with the node only NotReady: holders %q",
 			time.Since(lost).Round(time.Second), h)
 	}
+	// Only the operator's attachment GC moves a gone pod's entry off a
+	// local volume. Its interval is a day; the out-of-service taint starts
+	// a burst of passes over the next minutes (fence.GC.NodeLost).
 	s.taintOutOfService(vm)
+	tainted := time.Now()
 	zero := int64(0)
 	if err := s.cs.CoreV1().Pods(s.ns).Delete(s.ctx, "holder", metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil && !apierrors.IsNotFound(err) {
 		t.Fatal(err)
@@ -69,6 +69,7 @@ func testVMLocalVolumePowerLoss(t *testing.T) {
 	s.waitFor("the lost pod's hold moved off by the attachment GC once the pod is gone", 3*time.Minute, func(context.Context) (bool, error) {
 		return !strings.Contains(holds(), "/holder"), nil
 	})
+	t.Logf("the lost pod's hold moved off %s after the taint", time.Since(tainted).Round(100*time.Millisecond))
 	s.podWith("mover", "cat /data/f && exec sleep 3600", claimSource("local"), false, func(p *corev1.Pod) {
 		p.Spec.Tolerations = []corev1.Toleration{{Key: corev1.TaintNodeOutOfService, Operator: corev1.TolerationOpExists}}
 	})
@@ -117,26 +118,4 @@ func (s *scenario) vmRecords(node, volume string) []string {
 		s.t.Fatalf("records of %s on %s: %v", volume, node, err)
 	}
 	return strings.Fields(out)
-}
-
-// gcInterval sets StorageCluster cluster's attachment GC interval until the
-// test ends, when its former setting comes back.
-func (s *scenario) gcInterval(cluster, interval string) {
-	s.t.Helper()
-	old, err := s.kubectl("get", "storagecluster", cluster, "-o", "jsonpath={.spec.attachmentGC.interval}")
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	if _, err := s.kubectl("patch", "storagecluster", cluster, "--type=merge", "-p", `{"spec":{"attachmentGC":{"interval":"`+interval+`"}}}`); err != nil {
-		s.t.Fatalf("set the attachment GC interval of %s: %v", cluster, err)
-	}
-	s.t.Cleanup(func() {
-		patch := `{"spec":{"attachmentGC":{"interval":null}}}` // unset, as it was
-		if old != "" {
-			patch = `{"spec":{"attachmentGC":{"interval":"` + old + `"}}}`
-		}
-		if _, err := s.kubectl("patch", "storagecluster", cluster, "--type=merge", "-p", patch); err != nil {
-			s.t.Errorf("restore the attachment GC interval of %s: %v", cluster, err)
-		}
-	})
 }

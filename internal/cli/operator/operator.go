@@ -240,6 +240,26 @@ func (c Config) addAttachmentGC(ctx context.Context, mgr ctrl.Manager, bl fence.
 	}); err != nil {
 		return fmt.Errorf("watch storageclusters for the attachment GC: %w", err)
 	}
+	// A node declared lost (tainted out-of-service) or deleted starts a
+	// burst of passes, which move its gone pods' holds within minutes,
+	// not at the next interval.
+	nodes, err := mgr.GetCache().GetInformer(ctx, &corev1.Node{})
+	if err != nil {
+		return fmt.Errorf("node informer: %w", err)
+	}
+	if _, err := nodes.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		UpdateFunc: func(oldObj, newObj any) {
+			o, ok1 := oldObj.(*corev1.Node)
+			n, ok2 := newObj.(*corev1.Node)
+			if ok1 && ok2 && !fence.OutOfService(o) && fence.OutOfService(n) {
+				c.Log.Info("node tainted out-of-service: attachment GC passes over the next minutes", "node", n.Name)
+				gc.NodeLost()
+			}
+		},
+		DeleteFunc: func(any) { gc.NodeLost() },
+	}); err != nil {
+		return fmt.Errorf("watch nodes for the attachment GC: %w", err)
+	}
 	return mgr.Add(gc)
 }
 

@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/fence"
 )
 
 // ConditionNodeAvailable is the Volume condition that says whether the node
@@ -71,7 +72,7 @@ func (r *Reporter) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result
 		reason = ReasonNodeGone
 	case err != nil:
 		return ctrl.Result{}, fmt.Errorf("get node %s: %w", req.Name, err)
-	case outOfService(node):
+	case fence.OutOfService(node):
 		reason = ReasonNodeOutOfService
 	}
 	var vols v1.VolumeList
@@ -107,17 +108,6 @@ func (r *Reporter) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result
 		recheck = DefaultRecheck
 	}
 	return ctrl.Result{RequeueAfter: recheck}, nil
-}
-
-// outOfService: an operator declared the node lost (the taint that also lets
-// Kubernetes detach its volumes and berth break its locks).
-func outOfService(n *corev1.Node) bool {
-	for _, t := range n.Spec.Taints {
-		if t.Key == corev1.TaintNodeOutOfService {
-			return true
-		}
-	}
-	return false
 }
 
 // pinnedToNode: the volume's StorageCluster keeps volumes on one node's disk.
