@@ -7,6 +7,7 @@ make_cmd=$1
 shift
 
 fail=0
+hack/docs-check.sh || fail=1
 sum() { find "$@" -type f -print0 | sort -z | xargs -0 sha256sum; }
 
 before=$(sum "$@")
