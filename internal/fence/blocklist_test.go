@@ -281,3 +281,36 @@ func TestEvictNodeFencesCephClients(t *testing.T) {
 		t.Error("no FenceBlocklisted Event")
 	}
 }
+
+// TestBreakRefusedWithoutRecordedClients (F3): a node that holds a ceph
+// volume's device with no Ceph client recorded (lost between its attach
+// and its record) is not taken over while its Node stands, out-of-service
+// or not: its client would write on, unfenced. Once it records them (its
+// agent does at every start), the lock breaks with them fenced; a deleted
+// Node's holds move as before. Before, the lock broke fencing nothing.
+func TestBreakRefusedWithoutRecordedClients(t *testing.T) {
+	bl := newFakeBlocklister()
+	f, rec := newCephFencer(t, bl)
+	cleanupVolume(t, "vol-norec", "norec-a")
+	mkNode(t, "norec-a", corev1.Taint{Key: corev1.TaintNodeOutOfService, Value: "nodeshutdown", Effect: corev1.TaintEffectNoExecute})
+	mkNode(t, "norec-b")
+	holdOn(t, "vol-norec", "norec-a", fakePod("norec-p"), v1.ReadWriteOnce) // no status: no client recorded
+	err := f.Acquire(ctxT(t), stageReq("vol-norec", "norec-b", v1.ReadWriteOnce))
+	if !fence.IsConflict(err) || !strings.Contains(err.Error(), "Ceph clients are not recorded") {
+		t.Fatalf("take-over of a device holder without recorded clients: %v, want a conflict saying so", err)
+	}
+	wantHolders(t, "vol-norec", "norec-a", "norec-a")
+	drain(rec)
+
+	// Its agent records them: the lock breaks, fencing them first.
+	fa, _ := newFencer(t)
+	if err := fa.ReportStaged(ctxT(t), "vol-norec", fence.Staged{Node: "norec-a", DevicePath: "/dev/nbd1",
+		StagingPath: stageReq("vol-norec", "norec-a", v1.ReadWriteOnce).StagingPath, CephClients: []string{"10.0.0.8:0/2"}}); err != nil {
+		t.Fatal(err)
+	}
+	mustAcquire(t, f, stageReq("vol-norec", "norec-b", v1.ReadWriteOnce))
+	wantHolders(t, "vol-norec", "norec-b")
+	if !bl.isFenced("10.0.0.8:0/2") {
+		t.Error("the recorded client was not blocklisted")
+	}
+}

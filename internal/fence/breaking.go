@@ -3,6 +3,7 @@ package fence
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -45,14 +46,34 @@ func (f *Fencer) breakable(ctx context.Context, att *v1.Attachment, blocking []v
 				return nil, err
 			}
 		}
+		reasonWhy := why
+		if ok && f.unfenceable(att, node, entries, req, reason) {
+			// Its client may write still, and nothing says which it is
+			// (F3): the lock stays until the node records it (its agent
+			// does at every start) or its Node object is deleted.
+			ok = false
+			reasonWhy = "node " + node + " holds the volume's device but its Ceph clients are not recorded, so they cannot be fenced; " +
+				"its lock is broken once its agent records them or its Node object is deleted"
+		}
 		if !ok {
-			ce := &ConflictError{Volume: att.Name, Mode: att.Spec.AccessMode, Holder: blockers[node][0], Reason: why}
+			ce := &ConflictError{Volume: att.Name, Mode: att.Spec.AccessMode, Holder: blockers[node][0], Reason: reasonWhy}
 			f.refused(att, req, ce)
 			return nil, ce
 		}
 		out = append(out, broken{node: node, reason: reason, entries: entries})
 	}
 	return out, nil
+}
+
+// unfenceable tells whether breaking node's holds on a ceph volume (the
+// request fences with a Blocklister) would leave a writer unfenced: the
+// node holds the device (a stage record) and its status records no Ceph
+// client. A gone Node's holds move anyway, as the GC moves them.
+func (f *Fencer) unfenceable(att *v1.Attachment, node string, entries []v1.AttachmentEntry, req *Request, reason v1.CleanupReason) bool {
+	if (req.Blocklister == nil && f.opts.Blocklister == nil) || reason == v1.ReasonNodeGone || len(cephClients(att, node)) > 0 {
+		return false
+	}
+	return slices.ContainsFunc(entries, func(e v1.AttachmentEntry) bool { return e.IsStage() })
 }
 
 // OutOfService tells whether an operator declared the node lost: the
