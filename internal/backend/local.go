@@ -299,20 +299,28 @@ func writeAtomic(dir, final, id string, fill func(*os.File) error) (err error) {
 
 // growFile sets a file's size (reserving it all with reserveAll) and
 // fsyncs it: the caller grows the loop device and filesystem next, and a
-// crash must not leave a filesystem larger than its image.
+// crash must not leave a filesystem larger than its image. The space is
+// reserved before the size is set: a failed reservation leaves the size
+// as it was, so that a retry grows (and reserves) again.
 func growFile(path string, size int64, reserveAll bool) error {
 	f, err := os.OpenFile(path, os.O_WRONLY, 0)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = f.Close() }()
-	if err := f.Truncate(size); err != nil {
-		return err
-	}
 	if reserveAll {
-		if err := reserve(f, size); err != nil {
+		fi, err := f.Stat()
+		if err != nil {
 			return err
 		}
+		// fallocate extends the file as it allocates; on failure the old
+		// size comes back.
+		if err := reserve(f, size); err != nil {
+			return errors.Join(err, f.Truncate(fi.Size()))
+		}
+	}
+	if err := f.Truncate(size); err != nil {
+		return err
 	}
 	return f.Sync()
 }

@@ -107,6 +107,14 @@ func TestRootReservedImagesKeepTheirSpace(t *testing.T) {
 	if _, err := l.Expand(ctx, "b", size+left+(1<<20)); !errors.Is(err, ErrNoSpace) {
 		t.Fatalf("growth past what is left: want ErrNoSpace, got %v", err)
 	}
+	// A reservation the filesystem refuses leaves the size as it was, so
+	// that the retry of an expansion grows (and reserves) again.
+	if err := growFile(b.Path, 1<<40, true); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("growFile past the filesystem: %v, want ErrNoSpace", err)
+	}
+	if img, err := l.Get(ctx, "b"); err != nil || img.Size != b.Size {
+		t.Fatalf("after a refused growth: %+v, %v; want size %d", img, err, b.Size)
+	}
 	for _, id := range []string{"a", "b"} {
 		if err := l.Delete(ctx, id); err != nil {
 			t.Fatal(err)
