@@ -19,6 +19,13 @@ var ErrRefused = errors.New("path refused")
 // DriverName is the CSI driver whose kubelet plugin folder berth uses.
 const DriverName = "berth.io"
 
+// Kubelet's folder names, under a pod's volumes, of the CSI plugin and of
+// berth's Flexvolume driver (flexvolume.Dir; nodepath imports nothing).
+const (
+	csiPlugin  = "kubernetes.io~csi"
+	flexPlugin = "berth.io~berth"
+)
+
 // Rule knows the node's folders. The zero Rule refuses every path.
 type Rule struct {
 	kubelet string // kubelet's root; "" when unknown: no kubelet path passes
@@ -71,8 +78,8 @@ func (r Rule) CheckStats(p string) error { return r.check(p, true) }
 // have forged: only the exact shapes kubelet and berth make are accepted,
 //
 //	<kubelet>/pods/<uid>/volumes/kubernetes.io~csi/<pv>/mount
-//	<kubelet>/pods/<uid>/volumes/<vendor~driver>/<name>      (Flexvolume)
-//	<kubelet>/pods/<uid>/volumeDevices/<plugin>/<name>
+//	<kubelet>/pods/<uid>/volumes/berth.io~berth/<name>       (berth's Flexvolume)
+//	<kubelet>/pods/<uid>/volumeDevices/kubernetes.io~csi/<pv>
 //	<kubelet>/plugins/kubernetes.io/csi/berth.io/<x>/globalmount
 //	<kubelet>/plugins/kubernetes.io/csi/volumeDevices/staging/<spec>
 //	<kubelet>/plugins/kubernetes.io/csi/volumeDevices/publish/<spec>/<pod uid>
@@ -80,7 +87,8 @@ func (r Rule) CheckStats(p string) error { return r.check(p, true) }
 //
 // never a path below one of them: that is a volume's content, which its
 // pods write, and a symlink made there after the check could redirect an
-// unmount or a removal (F6).
+// unmount or a removal (F6). Nor another plugin's folder (a Secret's, an
+// emptyDir's): a forged entry must not unmount those.
 func (r Rule) CheckRecorded(p string) error {
 	if err := r.check(p, false); err != nil {
 		return err
@@ -103,9 +111,11 @@ func (r Rule) exact(p string) bool {
 	}
 	if rel[0] == "pods" {
 		switch {
-		case len(rel) == 6 && rel[2] == "volumes" && rel[3] == "kubernetes.io~csi" && rel[5] == "mount":
+		case len(rel) == 6 && rel[2] == "volumes" && rel[3] == csiPlugin && rel[5] == "mount":
 			return true
-		case len(rel) == 5 && (rel[2] == "volumeDevices" || rel[3] != "kubernetes.io~csi"):
+		case len(rel) == 5 && rel[2] == "volumes" && rel[3] == flexPlugin:
+			return true
+		case len(rel) == 5 && rel[2] == "volumeDevices" && rel[3] == csiPlugin:
 			return true
 		}
 		return false

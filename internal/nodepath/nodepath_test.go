@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/berth-io/berth/internal/flexvolume"
 )
 
 // TestCheckStats: a block volume's usage is asked at kubelet's bind mount
@@ -125,6 +127,10 @@ func TestCheckRecorded(t *testing.T) {
 		{k + "/plugins/kubernetes.io/csi/volumeDevices/publish/pvc-1", false},
 		{"/var/lib/berth/flex-staging/vol-a/device", false},
 		{"/etc", false},
+		{k + "/pods/0b5e-11/volumes/kubernetes.io~secret/token", false},      // another plugin's volume
+		{k + "/pods/0b5e-11/volumes/kubernetes.io~empty-dir/scratch", false}, // a pod's emptyDir
+		{k + "/pods/0b5e-11/volumes/other.io~driver/data", false},            // another Flexvolume driver's
+		{k + "/pods/0b5e-11/volumeDevices/other.io~driver/pvc-1", false},
 	} {
 		checkCase(t, "CheckRecorded", r.CheckRecorded, tc.path, tc.ok)
 	}
@@ -222,5 +228,12 @@ func TestFlexMountDir(t *testing.T) {
 		if _, err := r.FlexMountDir(p, "berth.io~berth"); !errors.Is(err, ErrRefused) {
 			t.Errorf("FlexMountDir(%q) = %v, want ErrRefused", p, err)
 		}
+	}
+}
+
+// The Flexvolume folder CheckRecorded accepts is the driver's.
+func TestFlexPluginIsTheDriversDir(t *testing.T) {
+	if flexPlugin != flexvolume.Dir {
+		t.Fatalf("nodepath's Flexvolume folder %q, the driver's %q", flexPlugin, flexvolume.Dir)
 	}
 }
