@@ -7,6 +7,7 @@ import (
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/fence"
 	"github.com/berth-io/berth/internal/mount"
+	"github.com/berth-io/berth/internal/volerr"
 )
 
 // StageRequest stages a volume on this node.
@@ -147,6 +148,9 @@ func (a *Agent) stage(ctx context.Context, r StageRequest) (err error) {
 	clients, err := cephClientsOf(d, r.VolumeID)
 	if err != nil {
 		return err
+	}
+	if _, ceph := d.(cephClienter); ceph && len(clients) == 0 {
+		return fmt.Errorf("volume %s: its server reported no ceph client address, which fencing needs: %w", r.VolumeID, volerr.ErrUnavailable)
 	}
 	if len(clients) > 0 {
 		if err := a.fence.ReportStaged(ctx, r.VolumeID, fence.Staged{Node: a.node, DevicePath: att.Device,

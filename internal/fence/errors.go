@@ -17,6 +17,11 @@ var ErrRefused = errors.New("stale entry refused")
 // races; the caller may try again later.
 var ErrTooManyRetries = volerr.New(volerr.ErrBusy, "fence: too many conflicting updates")
 
+// ErrNotHeld: a node reports Ceph clients of a volume it holds no entry
+// of (its hold was broken or released meanwhile): the record would not
+// land, and the device must not be used.
+var ErrNotHeld = volerr.New(volerr.ErrPrecondition, "fence: the node holds no entry of the volume")
+
 // ErrTerminating marks an Attachment that is being deleted: no hold is
 // added to it (its finalizers may keep it, and what it held, for any
 // time); the caller tries again once it is gone.

@@ -201,3 +201,29 @@ func TestTerminatingAttachmentIsNotReused(t *testing.T) {
 	}
 	mustAcquire(t, f, stageReq("vol-term", "term-c", v1.ReadWriteOnce))
 }
+
+// TestReportStagedCephClientsNeedAHold (F3): Ceph clients reported for a
+// node that holds no entry (its hold broken or released meanwhile, or the
+// Attachment gone) would never be recorded: ErrNotHeld, so that the stage
+// does not use the device. Before, the report returned nil having written
+// nothing. Without clients, a report on nothing held is still no error.
+func TestReportStagedCephClientsNeedAHold(t *testing.T) {
+	f, _ := newFencer(t)
+	mkNode(t, "rep-a")
+	cleanupVolume(t, "vol-rep")
+	clients := fence.Staged{Node: "rep-a", DevicePath: "/dev/nbd2", StagingPath: "/s", CephClients: []string{"10.0.0.5:0/1"}}
+	if err := f.ReportStaged(ctxT(t), "vol-rep", clients); !errors.Is(err, fence.ErrNotHeld) {
+		t.Fatalf("clients on a missing Attachment: %v, want ErrNotHeld", err)
+	}
+	if err := f.ReportStaged(ctxT(t), "vol-rep", fence.Staged{Node: "rep-a", DevicePath: "/dev/loop2"}); err != nil {
+		t.Fatalf("a device without clients on a missing Attachment: %v, want nil", err)
+	}
+	mustAcquire(t, f, stageReq("vol-rep", "rep-other", v1.ReadWriteMany))
+	if err := f.ReportStaged(ctxT(t), "vol-rep", clients); !errors.Is(err, fence.ErrNotHeld) {
+		t.Fatalf("clients of a node without an entry: %v, want ErrNotHeld", err)
+	}
+	mustAcquire(t, f, stageReq("vol-rep", "rep-a", v1.ReadWriteMany))
+	if err := f.ReportStaged(ctxT(t), "vol-rep", clients); err != nil {
+		t.Fatalf("clients of a holder: %v", err)
+	}
+}

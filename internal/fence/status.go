@@ -29,14 +29,19 @@ type Staged struct {
 // it staged on a device; with DevicePath empty it removes the node's entry
 // (unstaged). Entries of nodes that no longer hold the volume (their lock
 // was broken) are dropped on the way. A missing Attachment means nothing is
-// held: nothing to report.
+// held: nothing to report, unless s records Ceph clients, which must land
+// (the caller uses the device only then): ErrNotHeld.
 func (f *Fencer) ReportStaged(ctx context.Context, volume string, s Staged) error {
 	if volume == "" || s.Node == "" {
 		return fmt.Errorf("%w: report needs volume and node (got %q, %q)", volerr.ErrInvalid, volume, s.Node)
 	}
 	return retry(ctx, f.clk, f.opts, "report staged "+volume, func() (bool, error) {
 		var att v1.Attachment
-		if found, err := lookup(ctx, f.c, "attachment", client.ObjectKey{Name: volume}, &att); !found {
+		found, err := lookup(ctx, f.c, "attachment", client.ObjectKey{Name: volume}, &att)
+		if err == nil && len(s.CephClients) > 0 && (!found || !slices.ContainsFunc(att.Spec.Attachments, func(e v1.AttachmentEntry) bool { return e.Node == s.Node })) {
+			return true, fmt.Errorf("volume %s: node %s holds no entry to record its ceph clients on: %w", volume, s.Node, ErrNotHeld)
+		}
+		if !found {
 			return true, err
 		}
 		nodes := stagedNodes(&att, s)
