@@ -97,7 +97,9 @@ func (g *GC) Start(ctx context.Context) error {
 		}
 		if wait <= 0 {
 			last = g.pass(ctx)
-			for len(burst) > 0 && !burst[0].After(g.clk.Now()) {
+			// A burst pass that fell due during this one is still owed:
+			// this pass read the world before it.
+			for len(burst) > 0 && !burst[0].After(last) {
 				burst = burst[1:]
 			}
 			continue

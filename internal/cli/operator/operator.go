@@ -216,7 +216,8 @@ func (c Config) addAttachmentGC(ctx context.Context, mgr ctrl.Manager, bl fence.
 	if err != nil {
 		return fmt.Errorf("kubernetes client: %w", err)
 	}
-	// The GC has no Blocklister: a gone node's Ceph entries wait for lock
+	// The Unfencer takes fenced clients off the blocklist with bl. The GC
+	// below has no Blocklister: a gone node's Ceph entries wait for lock
 	// breaking, which fences them with the stage's Ceph access.
 	if err := mgr.Add(fence.NewUnfencer(direct, bl, mgr.GetEventRecorderFor("berth-operator"), clock.RealClock{},
 		c.Log.WithName("unfence"), fence.UnfenceOptions{Cooldown: c.UnfenceCooldown, Interval: c.UnfenceInterval})); err != nil {
