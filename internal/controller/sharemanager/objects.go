@@ -256,8 +256,10 @@ func serviceFor(sm *v1.ShareManager) *corev1.Service {
 // not privileged, so a ganesha compromise gets no host device nor every
 // capability. It mounts its volume's device, which kubelet alone puts in
 // the container (volumeDevices, with its device cgroup rule), and checks,
-// formats and grows it: SYS_ADMIN, and SYS_RESOURCE for ext4's online
-// growth. Ganesha's VFS layer opens files by handle: DAC_READ_SEARCH. The
+// formats and grows it: SYS_ADMIN. Ganesha's VFS layer opens files by
+// handle: DAC_READ_SEARCH. Not SYS_RESOURCE: a runtime whose bounding set
+// lacks it fails the pod ("unable to apply caps"), and without it an ext4
+// share grows by a new stage instead of in place (errGrowAtStage). The
 // runtime's default AppArmor profile forbids mount, so none is applied;
 // seccomp stays the runtime's default, which allows mount with SYS_ADMIN.
 func shareManagerSecurity() *corev1.SecurityContext {
@@ -265,7 +267,7 @@ func shareManagerSecurity() *corev1.SecurityContext {
 		Privileged:               ptr.To(false),
 		AllowPrivilegeEscalation: ptr.To(false),
 		Capabilities: &corev1.Capabilities{
-			Add:  []corev1.Capability{"SYS_ADMIN", "SYS_RESOURCE", "DAC_READ_SEARCH"},
+			Add:  []corev1.Capability{"SYS_ADMIN", "DAC_READ_SEARCH"},
 			Drop: []corev1.Capability{"NET_RAW"},
 		},
 		AppArmorProfile: &corev1.AppArmorProfile{Type: corev1.AppArmorProfileTypeUnconfined},
