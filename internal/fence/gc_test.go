@@ -214,11 +214,11 @@ func TestGCInterval(t *testing.T) {
 	waitFor(t, "sweep after 3s", func() bool { return counters(t, reg)[1] >= 1 })
 }
 
-// TestGCWakeAppliesNewInterval: a GC that started without a StorageCluster
-// waits the default day; a cluster made afterwards with a short interval
-// wakes it (the operator's StorageCluster watch calls Wake), and it sweeps
-// on that interval without waiting the day out.
-func TestGCWakeAppliesNewInterval(t *testing.T) {
+// waitingGC runs a GC on a fake clock with no StorageCluster (so the
+// default day's interval) and returns once its first sweep is done and it
+// waits.
+func waitingGC(t *testing.T) (*fence.GC, *prometheus.Registry, *clocktesting.FakeClock) {
+	t.Helper()
 	suite.Require(t)
 	if err := env.Client.DeleteAllOf(ctxT(t), &v1.StorageCluster{}); err != nil {
 		t.Fatal(err)
@@ -227,6 +227,15 @@ func TestGCWakeAppliesNewInterval(t *testing.T) {
 	g, reg := gcOn(t, clk, fence.Options{})
 	testenv.Serve(t, "GC", g.Start)
 	waitFor(t, "first sweep, then the wait of a day", clk.HasWaiters)
+	return g, reg, clk
+}
+
+// TestGCWakeAppliesNewInterval: a GC that started without a StorageCluster
+// waits the default day; a cluster made afterwards with a short interval
+// wakes it (the operator's StorageCluster watch calls Wake), and it sweeps
+// on that interval without waiting the day out.
+func TestGCWakeAppliesNewInterval(t *testing.T) {
+	g, reg, clk := waitingGC(t)
 	create(t, &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "gc-woken"},
 		Spec: v1.StorageClusterSpec{AttachmentGC: v1.AttachmentGCSpec{Interval: &metav1.Duration{Duration: 2 * time.Second}}}})
 	cleanupVolume(t, "vol-gc5", "gc-wake")
@@ -246,14 +255,7 @@ func TestGCWakeAppliesNewInterval(t *testing.T) {
 // Before, the holds of a lost node's pods moved only at the next interval
 // (a day by default), so a local volume's replacement pod waited that long.
 func TestGCNodeLostBurst(t *testing.T) {
-	suite.Require(t)
-	if err := env.Client.DeleteAllOf(ctxT(t), &v1.StorageCluster{}); err != nil {
-		t.Fatal(err)
-	}
-	clk := clocktesting.NewFakeClock(time.Now())
-	g, reg := gcOn(t, clk, fence.Options{})
-	testenv.Serve(t, "GC", g.Start)
-	waitFor(t, "first sweep, then the wait of a day", clk.HasWaiters)
+	g, reg, clk := waitingGC(t)
 	g.NodeLost()
 	waitFor(t, "a pass at once", func() bool { return runs(t, reg) == 2 })
 	for i, step := range []time.Duration{10 * time.Second, 10 * time.Second, 20 * time.Second, 40 * time.Second, 80 * time.Second} {

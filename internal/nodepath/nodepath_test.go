@@ -48,23 +48,39 @@ func checkCase(t *testing.T, name string, check func(string) error, path string,
 	}
 }
 
-func TestCheck(t *testing.T) {
+// kubeletShapes are the exact paths kubelet and berth make (kubelet root
+// /var/lib/kubelet, Flexvolume staging root /var/lib/berth/flex-staging):
+// both Check and CheckRecorded accept them.
+var kubeletShapes = []string{
+	"/var/lib/kubelet/pods/0b5e-11/volumes/kubernetes.io~csi/pvc-1/mount",
+	"/var/lib/kubelet/pods/0b5e-11/volumes/berth.io~berth/data",
+	"/var/lib/kubelet/pods/0b5e-11/volumeDevices/kubernetes.io~csi/pvc-1",
+	"/var/lib/kubelet/plugins/kubernetes.io/csi/berth.io/3f2a/globalmount",
+	"/var/lib/kubelet/plugins/kubernetes.io/csi/volumeDevices/staging/pvc-1",
+	"/var/lib/kubelet/plugins/kubernetes.io/csi/volumeDevices/publish/pvc-1/0b5e-11",
+	"/var/lib/berth/flex-staging/vol-a",
+}
+
+// testRule is the Rule of kubeletShapes' roots.
+func testRule(t *testing.T) Rule {
+	t.Helper()
 	r, err := New("/var/lib/kubelet", "/var/lib/berth/flex-staging")
 	if err != nil {
 		t.Fatal(err)
+	}
+	return r
+}
+
+func TestCheck(t *testing.T) {
+	r := testRule(t)
+	for _, p := range kubeletShapes {
+		checkCase(t, "Check", r.Check, p, true)
 	}
 	const k = "/var/lib/kubelet"
 	for _, tc := range []struct {
 		path string
 		ok   bool
 	}{
-		{k + "/pods/0b5e-11/volumes/kubernetes.io~csi/pvc-1/mount", true},
-		{k + "/pods/0b5e-11/volumes/berth.io~berth/data", true},
-		{k + "/pods/0b5e-11/volumeDevices/kubernetes.io~csi/pvc-1", true},
-		{k + "/plugins/kubernetes.io/csi/berth.io/3f2a/globalmount", true},
-		{k + "/plugins/kubernetes.io/csi/volumeDevices/staging/pvc-1", true},
-		{k + "/plugins/kubernetes.io/csi/volumeDevices/publish/pvc-1/0b5e-11", true},
-		{"/var/lib/berth/flex-staging/vol-a", true},
 		{"/var/lib/berth/flex-staging/vol-a/device", true},
 
 		{"", false},
@@ -98,23 +114,15 @@ func TestCheck(t *testing.T) {
 // pod's content (an emptyDir's files, a staged volume's root) could put a
 // symlink after the check.
 func TestCheckRecorded(t *testing.T) {
-	r, err := New("/var/lib/kubelet", "/var/lib/berth/flex-staging")
-	if err != nil {
-		t.Fatal(err)
+	r := testRule(t)
+	for _, p := range kubeletShapes {
+		checkCase(t, "CheckRecorded", r.CheckRecorded, p, true)
 	}
 	const k = "/var/lib/kubelet"
 	for _, tc := range []struct {
 		path string
 		ok   bool
 	}{
-		{k + "/pods/0b5e-11/volumes/kubernetes.io~csi/pvc-1/mount", true},
-		{k + "/pods/0b5e-11/volumes/berth.io~berth/data", true},
-		{k + "/pods/0b5e-11/volumeDevices/kubernetes.io~csi/pvc-1", true},
-		{k + "/plugins/kubernetes.io/csi/berth.io/3f2a/globalmount", true},
-		{k + "/plugins/kubernetes.io/csi/volumeDevices/staging/pvc-1", true},
-		{k + "/plugins/kubernetes.io/csi/volumeDevices/publish/pvc-1/0b5e-11", true},
-		{"/var/lib/berth/flex-staging/vol-a", true},
-
 		{k + "/pods/0b5e-11/volumes/kubernetes.io~empty-dir/scratch/link/pvc-x.img", false}, // the review's attack
 		{k + "/pods/0b5e-11/volumes/kubernetes.io~csi/pvc-1/mount/dir", false},
 		{k + "/pods/0b5e-11/volumes/kubernetes.io~csi/pvc-1", false},
