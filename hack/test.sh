@@ -150,6 +150,11 @@ if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
 	grep -E '^(FAIL|#|.*\.go:[0-9]+:[0-9]+:)' "$log" | head -40 >&2 || true
 	failed=1
 fi
+if [ "$rc" -ne 0 ]; then
+	# CI keeps only the tail of the output: name what failed here, last.
+	echo "test: what failed:"
+	grep -E '^\s*--- FAIL|^FAIL\s|^panic:|^\S+\.go:[0-9]+: .*(timed out|deadline)' "$log" | sort -u | head -30 | sed 's/^/  /' || true
+fi
 echo "test: tiers:"
 printf '  %s\n' "${tiers[@]}"
 echo "test: finished in $((SECONDS - start))s"
