@@ -210,12 +210,46 @@ func TestAgentWritesOnlyItsOwnNodesRecords(t *testing.T) {
 	own := fence.Request{Volume: "vol-a", Node: "node-a", MountDir: "/var/lib/kubelet/plugins/berth.io/pv/vol-a/globalmount", AccessMode: v1.ReadWriteOnce}
 	allowed("acquire own stage hold", fencer.Acquire(ctx, own))
 	allowed("release own hold (deletes the Attachment)", fencer.Release(ctx, "vol-a", "node-a", own.MountDir))
-	// node-b's Node object is gone: node-a takes vol-b over, moving
-	// node-b's entry to node-b's stale list.
+	// node-b's Node object is gone. node-a's agent may not break node-b's
+	// hold itself (F4): not by hand, not by writing node-b's stale list or
+	// a request in node-b's name.
 	takeover := fence.Request{Volume: "vol-b", Node: "node-a", MountDir: "/var/lib/kubelet/plugins/berth.io/pv/vol-b/globalmount", AccessMode: v1.ReadWriteOnce}
-	allowed("take over vol-b from the gone node-b", fencer.Acquire(ctx, takeover))
+	byHand := get(ctx, t, &v1.Attachment{ObjectMeta: metav1.ObjectMeta{Name: "vol-b"}})
+	byHand.Spec.Attachments = []v1.AttachmentEntry{{Node: "node-a", MountDir: takeover.MountDir}}
+	refused("take vol-b over by hand", a.Update(ctx, byHand), true)
+	staleB := get(ctx, t, &v1.NodeCleanup{ObjectMeta: metav1.ObjectMeta{Name: "node-b"}})
+	staleB.Spec.Entries = append(staleB.Spec.Entries, v1.StaleAttachment{Volume: "vol-b", MountDir: entryB.MountDir,
+		Reason: v1.ReasonNodeGone, FoundAt: metav1.Now()})
+	refused("add to node-b's stale list", a.Update(ctx, staleB), true)
+	refused("create node-c's stale list", a.Create(ctx, &v1.NodeCleanup{ObjectMeta: metav1.ObjectMeta{Name: "node-c"}}), true)
+	forged := get(ctx, t, &v1.Attachment{ObjectMeta: metav1.ObjectMeta{Name: "vol-b"}})
+	forged.Spec.TakeOvers = []v1.TakeOverRequest{{AttachmentEntry: v1.AttachmentEntry{Node: "node-c", MountDir: takeover.MountDir},
+		AccessMode: v1.ReadWriteOnce, RequestedAt: metav1.Now()}}
+	refused("ask a take-over in node-c's name", a.Update(ctx, forged), true)
+	// It asks (a request of its own node), and the operator, whose
+	// Fencer reads the Node itself, moves node-b's entry to node-b's
+	// stale list; the agent's Acquire then takes the volume.
+	asking := fence.New(a, record.NewFakeRecorder(100), clock.RealClock{}, logr.Discard(), fence.Options{AskOperator: true})
+	acquired := make(chan error, 1)
+	go func() { acquired <- asking.Acquire(ctx, takeover) }()
+	operator := fence.New(admin, record.NewFakeRecorder(100), clock.RealClock{}, logr.Discard(), fence.Options{})
+	var takeErr error
+	for served := false; !served; {
+		select {
+		case takeErr = <-acquired:
+			served = true
+		case <-time.After(200 * time.Millisecond):
+			if _, err := operator.ServeTakeOvers(ctx, "vol-b", nil); err != nil {
+				t.Fatalf("operator serves take-overs: %v", err)
+			}
+		}
+	}
+	allowed("take over vol-b from the gone node-b through the operator", takeErr)
 	if nc := get(ctx, t, &v1.NodeCleanup{ObjectMeta: metav1.ObjectMeta{Name: "node-b"}}); len(nc.Spec.Entries) != 2 {
 		t.Errorf("node-b's stale list after the take-over: %+v, want vol-x and vol-b", nc.Spec.Entries)
+	}
+	if got := get(ctx, t, &v1.Attachment{ObjectMeta: metav1.ObjectMeta{Name: "vol-b"}}); len(got.Spec.TakeOvers) != 0 || got.Spec.Holders != "node-a" {
+		t.Errorf("vol-b after the take-over: holders %q, requests %+v; want node-a and none", got.Spec.Holders, got.Spec.TakeOvers)
 	}
 	allowed("release vol-b", fencer.Release(ctx, "vol-b", "node-a", takeover.MountDir))
 

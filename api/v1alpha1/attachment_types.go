@@ -24,6 +24,37 @@ type AttachmentSpec struct {
 	// Attachments: a printer column shows only the first match of a list.
 	// +optional
 	Holders string `json:"holders,omitempty"`
+
+	// TakeOvers are requests to take the volume over from holders that
+	// only lock breaking removes (a node gone or out of service, a pod
+	// that moved): an agent adds its own node's request and waits; the
+	// operator checks the lock-breaking rules against the Node and Pod
+	// objects and, where they allow it, fences and removes the holds. No
+	// agent removes another node's holds itself (F4).
+	// +listType=map
+	// +listMapKey=node
+	// +listMapKey=mountDir
+	// +kubebuilder:validation:MaxItems=64
+	// +optional
+	TakeOvers []TakeOverRequest `json:"takeOvers,omitempty"`
+}
+
+// TakeOverRequest is a hold a node's agent asks for while others hold the
+// volume in a way the access mode excludes.
+type TakeOverRequest struct {
+	AttachmentEntry `json:",inline"`
+
+	// AccessMode is the mode the hold is requested under.
+	AccessMode AccessMode `json:"accessMode"`
+
+	// SoleDevice marks the share manager's request for the device of a
+	// shared volume: only other nodes' device holds block it.
+	// +optional
+	SoleDevice bool `json:"soleDevice,omitempty"`
+
+	// RequestedAt is when the agent asked; the operator drops a request
+	// nobody renewed for ten minutes.
+	RequestedAt metav1.Time `json:"requestedAt"`
 }
 
 // AttachmentEntry is one holder of a volume.

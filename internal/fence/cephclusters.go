@@ -31,6 +31,24 @@ type CephClusters struct {
 
 var _ Blocklister = (*CephClusters)(nil)
 
+// For is a BlocklisterFor: cc for a volume of a ceph StorageCluster, nil
+// for any other. A volume whose objects cannot be read is an error, never
+// "not ceph": that would break its holds without fencing them.
+func (cc *CephClusters) For(ctx context.Context, volume string) (Blocklister, error) {
+	var vol v1.Volume
+	if err := cc.C.Get(ctx, client.ObjectKey{Name: volume}, &vol); err != nil {
+		return nil, fmt.Errorf("volume %s: %w", volume, err)
+	}
+	var sc v1.StorageCluster
+	if err := cc.C.Get(ctx, client.ObjectKey{Name: vol.Spec.StorageCluster}, &sc); err != nil {
+		return nil, fmt.Errorf("storagecluster %s of volume %s: %w", vol.Spec.StorageCluster, volume, err)
+	}
+	if sc.Spec.Backend != v1.BackendCeph {
+		return nil, nil
+	}
+	return cc, nil
+}
+
 // FenceClients fences addrs on the Ceph cluster of volume's StorageCluster.
 func (cc *CephClusters) FenceClients(ctx context.Context, volume string, addrs []string) error {
 	var vol v1.Volume

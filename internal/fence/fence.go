@@ -8,7 +8,8 @@
 // unless the holder's node is gone, out of service, or its pod moved to the
 // requesting node: then the hold is broken and moved to the node's
 // stale-attachment list (NodeCleanup), which that node's agent undoes
-// (Cleaner). The operator's GC sweeps what nobody asked about.
+// (Cleaner). Agents ask the operator to break locks (takeover.go); the
+// operator's GC sweeps what nobody asked about.
 package fence
 
 import (
@@ -53,6 +54,14 @@ type Options struct {
 	// Events tells on an Attachment why the GC leaves one of its entries
 	// (nil: logged and counted only).
 	Events record.EventRecorder
+	// AskOperator makes Acquire ask the operator to break other nodes'
+	// holds (a TakeOverRequest, takeover.go) instead of breaking them
+	// itself: the agent's mode, whose word the admission policy does not
+	// take for another node's liveness.
+	AskOperator bool
+	// TakeOverWait bounds how long Acquire waits for the operator
+	// (default DefaultTakeOverWait).
+	TakeOverWait time.Duration
 }
 
 // DefaultStaleListTTL: a week, time for a node to be rebuilt under its name.
@@ -71,6 +80,9 @@ func (o Options) withDefaults() Options {
 	if o.StaleListTTL <= 0 {
 		o.StaleListTTL = DefaultStaleListTTL
 	}
+	if o.TakeOverWait <= 0 {
+		o.TakeOverWait = DefaultTakeOverWait
+	}
 	return o
 }
 
@@ -84,10 +96,10 @@ type Fencer struct {
 }
 
 // The agent fences through the API server (one GET per decision, a label
-// list of its own holds), breaks locks on node and pod liveness (GETs), and
-// records broken entries on the holder node's stale list. The admission
-// policy (deploy/berth/templates/agent-admission.yaml) narrows these writes
-// to the agent's own node's records; the GC's rights are the operator's.
+// list of its own holds) and checks the lock-breaking rules (GETs of nodes
+// and pods) before it asks the operator to break a lock. The admission
+// policy (deploy/berth/templates/agent-admission.yaml) narrows its writes
+// to its own node's records; lock breaking and the GC are the operator's.
 // +kubebuilder:rbac:groups=berth.io,resources=attachments,verbs=get;list;create;update;delete
 // +kubebuilder:rbac:groups=berth.io,resources=attachments/status,verbs=get;update
 // +kubebuilder:rbac:groups=berth.io,resources=nodecleanups,verbs=get;list;create;update
@@ -114,6 +126,7 @@ func (f *Fencer) Acquire(ctx context.Context, req Request) error {
 		err = retry(ctx, f.clk, f.opts, "acquire "+req.Volume, func() (bool, error) {
 			return f.tryAcquire(ctx, &req)
 		})
+		err = f.waitTakeOver(ctx, &req, err)
 	}
 	f.opts.Metrics.Acquired(acquireResult(err), f.clk.Since(start))
 	return err
@@ -172,6 +185,9 @@ func (f *Fencer) tryAcquire(ctx context.Context, req *Request) (done bool, err e
 		if err != nil {
 			return true, err
 		}
+		if f.opts.AskOperator {
+			return f.askTakeOver(ctx, &att, req, broken)
+		}
 		bl := req.Blocklister
 		if bl == nil {
 			bl = f.opts.Blocklister
@@ -185,6 +201,7 @@ func (f *Fencer) tryAcquire(ctx context.Context, req *Request) (done bool, err e
 		att.Spec.AccessMode = req.AccessMode
 	}
 	setEntries(&att, append(others, own))
+	att.Spec.TakeOvers = withoutTakeOver(att.Spec.TakeOvers, req.Node, req.MountDir)
 	if err := f.c.Update(ctx, &att); err != nil {
 		return !raced(err), fmt.Errorf("update attachment %s: %w", req.Volume, err)
 	}
@@ -215,9 +232,11 @@ func (f *Fencer) release(ctx context.Context, volume, node, mountDir string) err
 				kept = append(kept, e)
 			}
 		}
-		if len(kept) == len(att.Spec.Attachments) && len(kept) > 0 {
+		asks := withoutTakeOver(att.Spec.TakeOvers, node, mountDir)
+		if len(kept) == len(att.Spec.Attachments) && len(asks) == len(att.Spec.TakeOvers) && len(kept) > 0 {
 			return true, nil
 		}
+		att.Spec.TakeOvers = asks
 		return keepEntries(ctx, f.c, &att, kept)
 	})
 }

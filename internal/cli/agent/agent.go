@@ -209,7 +209,7 @@ func (c Config) Run(ctx context.Context) error {
 		return fmt.Errorf("kubernetes client: %w", err)
 	}
 	mounts := mount.NewManager(mount.NewMounter(), exec, c.Log.WithName("mount"))
-	fencer := fence.New(direct, mgr.GetEventRecorderFor("berth-agent"), clock.RealClock{}, c.Log.WithName("fence"), fence.Options{Metrics: m.fence})
+	fencer := fence.New(direct, mgr.GetEventRecorderFor("berth-agent"), clock.RealClock{}, c.Log.WithName("fence"), fence.Options{Metrics: m.fence, AskOperator: true})
 	flexStaging := filepath.Join(c.RunDir, "flex-staging")
 	paths, err := nodepath.New(c.KubeletDir, flexStaging)
 	if err != nil {

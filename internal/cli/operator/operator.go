@@ -33,6 +33,8 @@ import (
 	"github.com/berth-io/berth/internal/controller/pinned"
 	"github.com/berth-io/berth/internal/controller/sharemanager"
 	"github.com/berth-io/berth/internal/controller/storagecluster"
+	"github.com/berth-io/berth/internal/controller/takeover"
+	berthmetrics "github.com/berth-io/berth/internal/metrics"
 	"github.com/berth-io/berth/internal/scheme"
 	"github.com/berth-io/berth/internal/version"
 )
@@ -131,6 +133,20 @@ func (c Config) Run(ctx context.Context) error {
 		return err
 	}
 	if err := c.addAttachmentGC(ctx, mgr, bl); err != nil {
+		return err
+	}
+	// Lock breaks now happen here (take-over requests): the operator
+	// exports the fence metrics' lock_breaks_total.
+	fenceMetrics, err := berthmetrics.NewFence(metrics.Registry)
+	if err != nil && !berthmetrics.IsAlreadyRegistered(err) {
+		return err
+	}
+	breaker := &takeover.Reconciler{
+		Fencer: fence.New(direct, mgr.GetEventRecorderFor("berth-operator"), clock.RealClock{}, c.Log.WithName("take-over"),
+			fence.Options{Metrics: fenceMetrics}),
+		BlocklisterFor: bl.For, Log: c.Log.WithName("take-over"),
+	}
+	if err := breaker.SetupWithManager(mgr); err != nil {
 		return err
 	}
 	reporter := &pinned.Reporter{
