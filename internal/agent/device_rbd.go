@@ -186,6 +186,8 @@ func serverCause(err error) error {
 		return fmt.Errorf("%w: %w", err, volerr.ErrPrecondition)
 	case rbdimage.ErrUnreachable:
 		return fmt.Errorf("%w: %w", err, volerr.ErrUnavailable)
+	case rbdimage.ErrLocked:
+		return fmt.Errorf("%w: %w", err, volerr.ErrInUse)
 	}
 	return err
 }
@@ -214,7 +216,9 @@ func (r rbdDevice) access(ctx context.Context, req attachRequest) (rbdimage.Acce
 	if !ok || pool == "" || image == "" || strings.Contains(image, "/") {
 		return rbdimage.Access{}, fmt.Errorf("volume %s: RBD image %q: want POOL/IMAGE: %w", req.Volume, req.Image, volerr.ErrInvalid)
 	}
-	return rbdimage.Access{MonHost: cfg.Monitors, Client: cfg.Client, Key: key, Pool: pool, Image: image}, nil
+	// A read-only stage (ReadOnlyMany: several nodes at once) takes no
+	// exclusive lock: it never writes.
+	return rbdimage.Access{MonHost: cfg.Monitors, Client: cfg.Client, Key: key, Pool: pool, Image: image, Exclusive: !req.ReadOnly}, nil
 }
 
 func (r rbdDevice) Find(ctx context.Context, volume string) (string, error) {

@@ -120,6 +120,11 @@ func Run(ctx context.Context, c RunConfig) error {
 			log.Error(err, "previous server's hold on the image not freed; the first write waits until it lapses")
 		}
 	}
+	if l, ok := img.(backing.Locker); ok {
+		if err := l.Lock(); err != nil {
+			return err
+		}
+	}
 	// The kernel can do I/O itself only on an image with a descriptor.
 	_, hasFd := img.(backing.Descriptor)
 	workers := workersFor(img, c.Workers)

@@ -103,6 +103,11 @@ func Run(ctx context.Context, c RunConfig) error {
 			log.Error(err, "previous server's hold on the image not freed; the first write waits until it lapses")
 		}
 	}
+	if l, ok := img.(backing.Locker); ok {
+		if err := l.Lock(); err != nil {
+			return err
+		}
+	}
 	defer func() {
 		for _, f := range conns {
 			_ = f.Close()

@@ -49,6 +49,13 @@ type TakerOver interface {
 	TakeOver() error
 }
 
+// Locker is an Image a server must lock before it serves (an RBD image
+// served read-write: its exclusive lock, with no hand-over to another
+// client). Lock fails if another live client holds it.
+type Locker interface {
+	Lock() error
+}
+
 // Parallel is an Image each of whose calls waits on the network (an RBD
 // image: one synchronous librbd request per call): a server runs Workers
 // request workers by default, so that the loop device's queue reaches the

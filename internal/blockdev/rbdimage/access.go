@@ -32,12 +32,16 @@ var (
 	ErrRefused = errors.New("the monitors refused the key, or its caps do not cover the pool")
 	// ErrUnreachable: no monitor answered in time.
 	ErrUnreachable = errors.New("no monitor answered in time")
+	// ErrLocked: another client (another node's server) holds the image's
+	// exclusive lock, and a server of an exclusive image never takes it
+	// from a live owner.
+	ErrLocked = errors.New("another Ceph client holds the RBD image's exclusive lock")
 )
 
 // Cause is ErrRefused or ErrUnreachable when msg, a server's error, names
 // one; nil otherwise.
 func Cause(msg string) error {
-	for _, e := range []error{ErrRefused, ErrUnreachable} {
+	for _, e := range []error{ErrRefused, ErrUnreachable, ErrLocked} {
 		if strings.Contains(msg, e.Error()) {
 			return e
 		}
@@ -56,6 +60,12 @@ type Access struct {
 	Key     string `json:"key"`
 	Pool    string `json:"pool"`
 	Image   string `json:"image"`
+	// Exclusive: the server takes the image's exclusive lock explicitly
+	// before it serves, which turns off librbd's hand-over of the lock to
+	// another writer (F14): a second node's server is refused, even if
+	// the Attachment lost a record. Every stage but a read-only one sets
+	// it; an access file without it (an older agent's) serves as before.
+	Exclusive bool `json:"exclusive,omitempty"`
 }
 
 // String describes a without its key.

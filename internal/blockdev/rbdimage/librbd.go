@@ -5,6 +5,7 @@ package rbdimage
 /*
 #cgo LDFLAGS: -lrbd
 #include <stdlib.h>
+#include <string.h>
 #include <errno.h>
 #include <rbd/librbd.h>
 
@@ -35,9 +36,9 @@ static int berth_rbd_aio(rbd_image_t img, int write, uint64_t off, size_t len, c
 	return r;
 }
 
-// berth_rbd_break_locks breaks every exclusive lock on the image (whose
-// owners are dead servers). -ENOENT of a lock gone meanwhile is no error.
-static int berth_rbd_break_locks(rbd_image_t img) {
+// berth_rbd_break_lock_of breaks the image's exclusive lock if owner (a
+// client address) holds it. -ENOENT of a lock gone meanwhile is no error.
+static int berth_rbd_break_lock_of(rbd_image_t img, const char *owner) {
 	rbd_lock_mode_t mode;
 	char *owners[8];
 	size_t n = 8;
@@ -49,6 +50,9 @@ static int berth_rbd_break_locks(rbd_image_t img) {
 		return r;
 	}
 	for (size_t i = 0; i < n; i++) {
+		if (strcmp(owners[i], owner) != 0) {
+			continue;
+		}
 		int b = rbd_lock_break(img, mode, owners[i]);
 		if (b < 0 && b != -ENOENT && r == 0) {
 			r = b;
@@ -115,7 +119,24 @@ func (h *rbdHandle) discard(off, length int64) error {
 	return rbdErr(C.rbd_discard(h.img, C.uint64_t(off), C.uint64_t(length)))
 }
 
-func (h *rbdHandle) breakLocks() error { return rbdErr(C.berth_rbd_break_locks(h.img)) }
+// breakLocksOf breaks the exclusive lock of any of owners.
+func (h *rbdHandle) breakLocksOf(owners []string) error {
+	for _, o := range owners {
+		c := C.CString(o)
+		err := rbdErr(C.berth_rbd_break_lock_of(h.img, c))
+		C.free(unsafe.Pointer(c))
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// lockExclusive takes the exclusive lock in explicit mode (no automatic
+// hand-over while held).
+func (h *rbdHandle) lockExclusive() error {
+	return rbdErr(C.rbd_lock_acquire(h.img, C.RBD_LOCK_MODE_EXCLUSIVE))
+}
 
 // rw reads len(p) bytes at off (returning how many it read) or writes all
 // of p there, and waits for it.

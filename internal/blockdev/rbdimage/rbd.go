@@ -27,6 +27,11 @@ type Image struct {
 	ioctx *rados.IOContext
 	img   *rbdHandle
 	size  atomic.Int64
+	// exclusive: Lock takes the image's lock (Access.Exclusive).
+	exclusive bool
+	// previous are the Ceph clients the previous server of the same
+	// access file recorded: the only owners TakeOver breaks.
+	previous []string
 }
 
 // Open connects as the access file at path says, opens its image and
@@ -40,7 +45,13 @@ func Open(path string) (*Image, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ceph client %s: %w", a.Client, err)
 	}
-	i := &Image{conn: conn}
+	// The previous server's addresses, before this one replaces them.
+	previous, err := ReadClients(path)
+	if err != nil {
+		conn.Shutdown()
+		return nil, err
+	}
+	i := &Image{conn: conn, exclusive: a.Exclusive, previous: previous}
 	if err := i.open(a); err != nil {
 		i.close()
 		return nil, err
@@ -119,14 +130,21 @@ func explain(err error) error {
 	return err
 }
 
+// close releases what is open; a second call does nothing (librbd would
+// free the image twice).
 func (i *Image) close() {
 	if i.img != nil {
 		_ = i.img.close()
+		i.img = nil
 	}
 	if i.ioctx != nil {
 		i.ioctx.Destroy()
+		i.ioctx = nil
 	}
-	i.conn.Shutdown()
+	if i.conn != nil {
+		i.conn.Shutdown()
+		i.conn = nil
+	}
 }
 
 // Close flushes nothing (there is no cache) and disconnects; the image's
@@ -136,16 +154,44 @@ func (i *Image) Close() error {
 	return nil
 }
 
-// TakeOver breaks the image's exclusive lock, which a server that died
-// left: otherwise the first write waits until the dead client's watch
+// TakeOver breaks the image's exclusive lock where the server that died
+// left it: otherwise the first write waits until the dead client's watch
 // lapses (30 s). Call it only when that server is known gone (the keeper
-// handed its connection on); librbd blocklists the owner's client as it
-// breaks the lock, so a writer still alive could not go on anyway.
+// handed its connection on). It breaks only a lock of the clients the
+// previous server of this access file recorded (F14): another node's
+// server that took the image meanwhile keeps its lock. librbd blocklists
+// the owner's client as it breaks the lock.
 func (i *Image) TakeOver() error {
-	if err := i.img.breakLocks(); err != nil {
-		return fmt.Errorf("break the RBD image's lock: %w", err)
+	if len(i.previous) == 0 {
+		return nil
+	}
+	if err := i.img.breakLocksOf(i.previous); err != nil {
+		return fmt.Errorf("break the RBD image's lock of %v: %w", i.previous, err)
 	}
 	return nil
+}
+
+// Lock takes the image's exclusive lock for an exclusive access file, in
+// librbd's explicit mode: this client then refuses to hand the lock to
+// any other, whose writes fail instead of taking turns with ours. A live
+// owner's lock is never broken here: that is lock breaking's business,
+// which fences the owner first.
+func (i *Image) Lock() error {
+	if !i.exclusive {
+		return nil
+	}
+	switch err := i.img.lockExclusive(); {
+	case err == nil:
+		return nil
+	case errors.Is(err, syscall.EROFS), errors.Is(err, syscall.EBUSY):
+		return fmt.Errorf("%w: %w", ErrLocked, err)
+	case errors.Is(err, syscall.EINVAL):
+		// An image without the exclusive-lock feature (made outside
+		// berth): nothing to hold; the Attachment alone fences it.
+		return nil
+	default:
+		return fmt.Errorf("take the RBD image's exclusive lock: %w", err)
+	}
 }
 
 // Size is the last known size.
