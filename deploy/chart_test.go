@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -22,6 +23,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/rest"
@@ -280,5 +282,71 @@ func decode(t *testing.T, manifest []byte) []*unstructured.Unstructured {
 		if len(u.Object) > 0 {
 			objs = append(objs, u)
 		}
+	}
+}
+
+// render renders the chart with the given --set flags and returns its objects.
+func render(t *testing.T, sets ...string) []*unstructured.Unstructured {
+	t.Helper()
+	args := []string{"template", "berth", chartDir, "--namespace", releaseNamespace}
+	for _, s := range sets {
+		args = append(args, "--set", s)
+	}
+	return decode(t, helm(t, args...))
+}
+
+// operatorPod is the operator Deployment's pod spec among objs.
+func operatorPod(t *testing.T, objs []*unstructured.Unstructured) corev1.PodSpec {
+	t.Helper()
+	for _, o := range objs {
+		if o.GetKind() != "Deployment" || o.GetName() != "berth-operator" {
+			continue
+		}
+		var dep appsv1.Deployment
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &dep); err != nil {
+			t.Fatal(err)
+		}
+		return dep.Spec.Template.Spec
+	}
+	t.Fatal("no operator Deployment rendered")
+	return corev1.PodSpec{}
+}
+
+// TestChartRegistryReachesEveryImage: image.registry names the registry of
+// berth's image and of every CSI sidecar, which the operator gets as flags
+// (it renders the CSI controller); the pull secrets reach the operator pod
+// and, as a flag, every pod it makes. csiSidecars.registry overrides the
+// sidecars' alone.
+func TestChartRegistryReachesEveryImage(t *testing.T) {
+	p := operatorPod(t, render(t, "image.registry=mirror.example:5000/storage", "image.tag=v9",
+		"imagePullSecrets[0].name=regcred", "imagePullSecrets[1].name=other"))
+	c := p.Containers[0]
+	if c.Image != "mirror.example:5000/storage/berth:v9" {
+		t.Errorf("operator image %q", c.Image)
+	}
+	for _, want := range []string{
+		"--image=mirror.example:5000/storage/berth:v9",
+		"--provisioner-image=mirror.example:5000/storage/csi-provisioner:v5.3.0",
+		"--resizer-image=mirror.example:5000/storage/csi-resizer:v1.14.0",
+		"--snapshotter-image=mirror.example:5000/storage/csi-snapshotter:v8.3.0",
+		"--image-pull-secrets=regcred,other",
+	} {
+		if !slices.Contains(c.Args, want) {
+			t.Errorf("operator args %v lack %s", c.Args, want)
+		}
+	}
+	if want := []corev1.LocalObjectReference{{Name: "regcred"}, {Name: "other"}}; !slices.Equal(p.ImagePullSecrets, want) {
+		t.Errorf("operator pod pull secrets %v, want %v", p.ImagePullSecrets, want)
+	}
+
+	c = operatorPod(t, render(t, "image.registry=", "image.repository=example.org/berth",
+		"csiSidecars.registry=registry.k8s.io/sig-storage")).Containers[0]
+	for _, want := range []string{"--image=example.org/berth:dev", "--provisioner-image=registry.k8s.io/sig-storage/csi-provisioner:v5.3.0"} {
+		if !slices.Contains(c.Args, want) {
+			t.Errorf("operator args %v lack %s", c.Args, want)
+		}
+	}
+	if slices.ContainsFunc(c.Args, func(a string) bool { return strings.HasPrefix(a, "--image-pull-secrets") }) {
+		t.Errorf("operator args %v name pull secrets, none set", c.Args)
 	}
 }

@@ -6,8 +6,24 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
+{{/*
+berth.ref is an image reference: registry/repository:tag, or
+repository:tag without a registry. Arguments: (list registry repository tag)
+*/}}
+{{- define "berth.ref" -}}
+{{- $registry := index . 0 | trimSuffix "/" -}}
+{{- if $registry }}{{ $registry }}/{{ end }}{{ index . 1 }}:{{ index . 2 }}
+{{- end -}}
+
 {{- define "berth.image" -}}
-{{ .Values.image.repository }}:{{ .Values.image.tag }}
+{{ include "berth.ref" (list .Values.image.registry .Values.image.repository .Values.image.tag) }}
+{{- end -}}
+
+{{/* berth.sidecar is a CSI sidecar's image. Arguments: (list $ "provisioner") */}}
+{{- define "berth.sidecar" -}}
+{{- $values := (index . 0).Values -}}
+{{- $s := index $values.csiSidecars (index . 1) -}}
+{{ include "berth.ref" (list ($values.csiSidecars.registry | default $values.image.registry) $s.repository $s.tag) }}
 {{- end -}}
 
 {{/*

@@ -35,12 +35,25 @@ func TestHelmValues(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := strings.Join(args, " ")
-	for _, want := range []string{"image.repository=berth.local/berth", "image.tag=dev", "image.pullPolicy=Never",
+	for _, want := range []string{"image.registry=berth.local", "image.repository=berth ", "image.tag=dev", "image.pullPolicy=Never",
+		"csiSidecars.registry=berth.local",
 		"apiServer.host=10.250.0.2", "apiServer.port=443", "kubeletDir=/w/kubelet",
 		"volumePluginDir=/w/volume-plugins", "operator.hostNetwork=true"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("helm values %q lack %q", got, want)
 		}
+	}
+	for _, bad := range []string{"", "berth:dev", "berth.local/berth", "berth.local/:dev", "berth.local/berth:"} {
+		if _, err := HelmValues(ClusterEnv{"BERTH_IMAGE": bad, "KUBERNETES_SERVICE_HOST": "h", "KUBERNETES_SERVICE_PORT": "1"}); err == nil {
+			t.Errorf("BERTH_IMAGE %q accepted", bad)
+		}
+	}
+	env["BERTH_IMAGE"] = "registry.example:5000/team/berth:v1"
+	if args, err = HelmValues(env); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(args, " "); !strings.Contains(got, "image.registry=registry.example:5000/team --set-string image.repository=berth --set-string image.tag=v1 ") {
+		t.Errorf("helm values %q for an image with a port and a path", got)
 	}
 	var sc struct {
 		Kind     string `json:"kind"`

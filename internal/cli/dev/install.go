@@ -20,22 +20,29 @@ const Release = "berth"
 // StorageCluster is the name of the StorageCluster `up` creates.
 const StorageCluster = "berth"
 
+// SidecarRegistry is where hack/cluster/images.sh imports the CSI
+// sidecars it builds, whatever the berth image's registry.
+const SidecarRegistry = "berth.local"
+
 // HelmValues are the chart values for the cluster of env: images imported,
 // not pulled; host-network pods reach the API server directly (not through
 // the Service network, which comes up with kube-proxy after them); kubelet's
 // folders where this cluster keeps them.
 func HelmValues(env ClusterEnv) ([]string, error) {
-	repo, tag, ok := strings.Cut(env["BERTH_IMAGE"], ":")
-	if !ok || repo == "" || tag == "" {
-		return nil, fmt.Errorf("cluster.env BERTH_IMAGE %q is not repository:tag: the berth image was not imported", env["BERTH_IMAGE"])
+	ref := env["BERTH_IMAGE"]
+	slash, colon := strings.LastIndex(ref, "/"), strings.LastIndex(ref, ":")
+	if slash <= 0 || colon < slash+2 || colon == len(ref)-1 {
+		return nil, fmt.Errorf("cluster.env BERTH_IMAGE %q is not registry/repository:tag: the berth image was not imported", ref)
 	}
+	registry, repo, tag := ref[:slash], ref[slash+1:colon], ref[colon+1:]
 	host, port := env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"]
 	if host == "" || port == "" {
 		return nil, fmt.Errorf("cluster.env lacks KUBERNETES_SERVICE_HOST or KUBERNETES_SERVICE_PORT")
 	}
 	var args []string
 	for _, kv := range [][2]string{
-		{"image.repository", repo}, {"image.tag", tag}, {"image.pullPolicy", "Never"},
+		{"image.registry", registry}, {"image.repository", repo}, {"image.tag", tag}, {"image.pullPolicy", "Never"},
+		{"csiSidecars.registry", SidecarRegistry},
 		{"apiServer.host", host}, {"apiServer.port", port},
 		{"kubeletDir", env["KUBELET_ROOT"]}, {"volumePluginDir", env["VOLUME_PLUGIN_DIR"]},
 	} {

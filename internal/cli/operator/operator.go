@@ -11,6 +11,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/berth-io/berth/internal/fence"
@@ -182,6 +183,15 @@ func Flags(fs *flag.FlagSet, cfg *Config, env func(string) string) {
 		}
 		return errors.New("want Always, IfNotPresent or Never")
 	})
+	fs.Func("image-pull-secrets", "comma-separated Secrets in --namespace that every pod berth makes pulls its images with", func(s string) error {
+		o.ImagePullSecrets = nil
+		for _, name := range strings.Split(s, ",") {
+			if name = strings.TrimSpace(name); name != "" {
+				o.ImagePullSecrets = append(o.ImagePullSecrets, corev1.LocalObjectReference{Name: name})
+			}
+		}
+		return nil
+	})
 	fs.StringVar(&o.ProvisionerImage, "provisioner-image", "berth.local/csi-provisioner:v5.3.0", "external-provisioner sidecar image")
 	fs.StringVar(&o.ResizerImage, "resizer-image", "berth.local/csi-resizer:v1.14.0", "external-resizer sidecar image")
 	fs.StringVar(&o.SnapshotterImage, "snapshotter-image", "berth.local/csi-snapshotter:v8.3.0", "external-snapshotter sidecar image")
@@ -285,8 +295,8 @@ func (c Config) addAttachmentGC(ctx context.Context, mgr ctrl.Manager, bl fence.
 func (c Config) addShareManagers(mgr ctrl.Manager) error {
 	o := sharemanager.Options{
 		Namespace: c.Cluster.Namespace, Image: c.Cluster.Image, ImagePullPolicy: c.Cluster.ImagePullPolicy,
-		ServiceAccount: c.ShareManagerServiceAccount,
-		APIServerHost:  c.Cluster.APIServerHost, APIServerPort: c.Cluster.APIServerPort,
+		ImagePullSecrets: c.Cluster.ImagePullSecrets, ServiceAccount: c.ShareManagerServiceAccount,
+		APIServerHost: c.Cluster.APIServerHost, APIServerPort: c.Cluster.APIServerPort,
 	}
 	v := &sharemanager.VolumeReconciler{Client: mgr.GetClient(), Options: o, Log: c.Log.WithName("volume-share")}
 	if err := v.SetupWithManager(mgr); err != nil {

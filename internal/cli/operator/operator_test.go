@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 
@@ -41,13 +42,17 @@ func TestFlagsDefaults(t *testing.T) {
 
 func TestFlagsNamespaceFromEnvAndOverrides(t *testing.T) {
 	cfg, err := parse(t, map[string]string{"POD_NAMESPACE": "storage"},
-		"--image-pull-policy=Never", "--leader-elect=false", "--kubelet-dir=/k", "--api-server-host=10.0.0.1")
+		"--image-pull-policy=Never", "--leader-elect=false", "--kubelet-dir=/k", "--api-server-host=10.0.0.1",
+		"--image-pull-secrets=regcred, mirror,")
 	if err != nil {
 		t.Fatal(err)
 	}
 	o := cfg.Cluster
 	if o.Namespace != "storage" || o.ImagePullPolicy != corev1.PullNever || cfg.LeaderElect || o.KubeletDir != "/k" || o.APIServerHost != "10.0.0.1" {
 		t.Errorf("parsed: %+v leaderElect=%v", o, cfg.LeaderElect)
+	}
+	if want := []corev1.LocalObjectReference{{Name: "regcred"}, {Name: "mirror"}}; !slices.Equal(o.ImagePullSecrets, want) {
+		t.Errorf("image pull secrets %v, want %v", o.ImagePullSecrets, want)
 	}
 }
 

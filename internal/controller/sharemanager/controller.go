@@ -57,6 +57,8 @@ type Options struct {
 	// Image is the berth image (with nfs-ganesha) share managers run.
 	Image           string
 	ImagePullPolicy corev1.PullPolicy
+	// ImagePullSecrets go on every share-manager pod (a private registry).
+	ImagePullSecrets []corev1.LocalObjectReference
 	// ServiceAccount of share-manager pods (it renews its Lease).
 	ServiceAccount string
 	// APIServerHost/Port, when set, point the pods at the API server

@@ -33,7 +33,7 @@ var (
 	clk  = clocktesting.NewFakePassiveClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	opts = sharemanager.Options{
 		Namespace: namespace, Image: "berth.local/berth:test", ImagePullPolicy: corev1.PullNever,
-		ServiceAccount: "berth-share-manager",
+		ServiceAccount: "berth-share-manager", ImagePullSecrets: []corev1.LocalObjectReference{{Name: "regcred"}},
 	}
 )
 

@@ -116,6 +116,7 @@ func (r *Reconciler) podFor(sm *v1.ShareManager, vol *v1.Volume, rwx rwxSettings
 		Spec: corev1.PodSpec{
 			RestartPolicy:                 corev1.RestartPolicyNever,
 			ServiceAccountName:            r.Options.ServiceAccount,
+			ImagePullSecrets:              r.Options.ImagePullSecrets,
 			TerminationGracePeriodSeconds: ptr.To[int64](30),
 			Affinity:                      placement(vol, sm.Status.FailedNode),
 			Containers: []corev1.Container{{

@@ -554,6 +554,9 @@ func checkPod(t *testing.T, pod *corev1.Pod, volume, avoid string) {
 	if len(pod.Spec.Containers) != 1 {
 		t.Fatalf("pod containers: %d", len(pod.Spec.Containers))
 	}
+	if !slices.Equal(pod.Spec.ImagePullSecrets, opts.ImagePullSecrets) {
+		t.Errorf("pod image pull secrets %v, want %v", pod.Spec.ImagePullSecrets, opts.ImagePullSecrets)
+	}
 	c := pod.Spec.Containers[0]
 	args := strings.Join(c.Args, " ")
 	for _, want := range []string{"share-manager ", "--volume=" + volume, "--lease-name=" + volume, "--lease-namespace=" + namespace, "--lease-duration=3s"} {

@@ -37,6 +37,7 @@ var (
 		Namespace:                namespace,
 		Image:                    "berth.local/berth:test",
 		ImagePullPolicy:          corev1.PullNever,
+		ImagePullSecrets:         []corev1.LocalObjectReference{{Name: "regcred"}},
 		ProvisionerImage:         "berth.local/csi-provisioner:v5.3.0",
 		ResizerImage:             "berth.local/csi-resizer:v1.14.0",
 		SnapshotterImage:         "berth.local/csi-snapshotter:v8.3.0",

@@ -57,6 +57,9 @@ type Options struct {
 	Image string
 	// ImagePullPolicy of every container; empty leaves Kubernetes' default.
 	ImagePullPolicy corev1.PullPolicy
+	// ImagePullSecrets go on every pod the operator renders (a private
+	// registry); empty: none.
+	ImagePullSecrets []corev1.LocalObjectReference
 	// ProvisionerImage, ResizerImage and SnapshotterImage are the CSI sidecars.
 	ProvisionerImage string
 	ResizerImage     string

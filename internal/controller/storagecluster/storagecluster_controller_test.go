@@ -48,6 +48,7 @@ func TestNodeWideObjects(t *testing.T) {
 		t.Errorf("agent pod: hostNetwork=%v hostPID=%v sa=%q", p.HostNetwork, p.HostPID, p.ServiceAccountName)
 	}
 	checkPlacement(t, "agent", p)
+	checkPod(t, "agent", p, "system-node-critical")
 	c := p.Containers[0]
 	if c.Image != opts.Image || c.ImagePullPolicy != corev1.PullNever || c.SecurityContext == nil || !*c.SecurityContext.Privileged {
 		t.Errorf("agent container: image %q policy %q security %+v", c.Image, c.ImagePullPolicy, c.SecurityContext)
@@ -95,6 +96,7 @@ func TestNodeWideObjects(t *testing.T) {
 		t.Errorf("keeper: strategy %q args %v", keeper.Spec.UpdateStrategy.Type, kc.Args)
 	}
 	checkPlacement(t, "keeper", keeper.Spec.Template.Spec)
+	checkPod(t, "keeper", keeper.Spec.Template.Spec, "system-node-critical")
 	// The keeper sees no data dir: its FUSE mounts live in /run/berth, so a
 	// cluster added after its pod started needs nothing of it.
 	for _, m := range kc.VolumeMounts {
@@ -235,6 +237,7 @@ func checkControllerDeployment(t *testing.T, dep *appsv1.Deployment) {
 	if sc := p.SecurityContext; sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || sc.RunAsUser == nil || *sc.RunAsUser == 0 {
 		t.Errorf("controller pod security context %+v, want a non-root user", sc)
 	}
+	checkPod(t, "csi-controller", p, "")
 	byName := map[string]corev1.Container{}
 	for _, c := range p.Containers {
 		byName[c.Name] = c
@@ -427,6 +430,18 @@ func checkPlacement(t *testing.T, what string, p corev1.PodSpec) {
 	t.Helper()
 	if nodeTerms(p) != "storage=yes" || len(p.Tolerations) != 1 || p.Tolerations[0].Key != "dedicated" {
 		t.Errorf("%s placement: node terms %q tolerations %v", what, nodeTerms(p), p.Tolerations)
+	}
+}
+
+// checkPod checks what every pod the operator renders carries: the pull
+// secrets of its options and the priority class of its component.
+func checkPod(t *testing.T, what string, p corev1.PodSpec, priority string) {
+	t.Helper()
+	if !slices.Equal(p.ImagePullSecrets, opts.ImagePullSecrets) {
+		t.Errorf("%s pod: image pull secrets %v, want %v", what, p.ImagePullSecrets, opts.ImagePullSecrets)
+	}
+	if p.PriorityClassName != priority {
+		t.Errorf("%s pod: priority class %q, want %q", what, p.PriorityClassName, priority)
 	}
 }
 

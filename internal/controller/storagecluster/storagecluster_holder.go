@@ -162,6 +162,7 @@ func (r *Reconciler) holderDaemonSet(sc *v1.StorageCluster, ds *appsv1.DaemonSet
 	networks := map[string]string{AnnotationNetworks: holderNetworks(sc.Spec.Network.Selectors.Public)}
 	ds.Spec = onDeleteDaemonSet(sc.Name, componentHolder, networks, corev1.PodSpec{
 		AutomountServiceAccountToken: ptr.To(false),
+		ImagePullSecrets:             r.Options.ImagePullSecrets,
 		PriorityClassName:            PriorityNodeCritical,
 		Affinity:                     affinity,
 		Tolerations:                  sc.Spec.Agent.Tolerations,
@@ -192,6 +193,7 @@ func (r *Reconciler) moverDaemonSet(plan nodeWidePlan, ds *appsv1.DaemonSet) {
 	// per holder (the next round retries), not one state to probe.
 	ds.Spec = onDeleteDaemonSet(NodeWide, componentMover, nil, corev1.PodSpec{
 		AutomountServiceAccountToken: ptr.To(false),
+		ImagePullSecrets:             r.Options.ImagePullSecrets,
 		PriorityClassName:            PriorityNodeCritical,
 		HostNetwork:                  true,
 		HostPID:                      true,

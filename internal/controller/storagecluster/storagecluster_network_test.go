@@ -262,9 +262,10 @@ func checkHolder(t *testing.T, sc *v1.StorageCluster, ds *appsv1.DaemonSet, imag
 		len(nets) != 1 || nets[0]["namespace"] != "storage-net" || nets[0]["name"] != "public" || nets[0]["interface"] != "net1" {
 		t.Errorf("holder networks annotation %q (%v)", tpl.Annotations[storagecluster.AnnotationNetworks], err)
 	}
-	if ds.Spec.UpdateStrategy.Type != appsv1.OnDeleteDaemonSetStrategyType || p.PriorityClassName != "system-node-critical" {
-		t.Errorf("holder update strategy %q priority class %q", ds.Spec.UpdateStrategy.Type, p.PriorityClassName)
+	if ds.Spec.UpdateStrategy.Type != appsv1.OnDeleteDaemonSetStrategyType {
+		t.Errorf("holder update strategy %q", ds.Spec.UpdateStrategy.Type)
 	}
+	checkPod(t, "holder", p, "system-node-critical")
 	if p.HostNetwork || p.HostPID || p.AutomountServiceAccountToken == nil || *p.AutomountServiceAccountToken {
 		t.Errorf("holder host network %v host PID %v token %v", p.HostNetwork, p.HostPID, p.AutomountServiceAccountToken)
 	}
@@ -295,9 +296,10 @@ func checkMover(t *testing.T, ds *appsv1.DaemonSet) {
 	t.Helper()
 	checkNodeWide(t, ds)
 	p := ds.Spec.Template.Spec
-	if ds.Spec.UpdateStrategy.Type != appsv1.OnDeleteDaemonSetStrategyType || p.PriorityClassName != "system-node-critical" {
-		t.Errorf("mover update strategy %q priority class %q", ds.Spec.UpdateStrategy.Type, p.PriorityClassName)
+	if ds.Spec.UpdateStrategy.Type != appsv1.OnDeleteDaemonSetStrategyType {
+		t.Errorf("mover update strategy %q", ds.Spec.UpdateStrategy.Type)
 	}
+	checkPod(t, "mover", p, "system-node-critical")
 	if !p.HostNetwork || !p.HostPID {
 		t.Errorf("mover host network %v host PID %v", p.HostNetwork, p.HostPID)
 	}

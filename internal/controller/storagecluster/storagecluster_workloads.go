@@ -123,6 +123,7 @@ func (r *Reconciler) agentDaemonSet(plan nodeWidePlan, ds *appsv1.DaemonSet) {
 			ObjectMeta: metav1.ObjectMeta{Labels: objectLabels(NodeWide, componentAgent)},
 			Spec: corev1.PodSpec{
 				ServiceAccountName: o.AgentServiceAccount,
+				ImagePullSecrets:   o.ImagePullSecrets,
 				// The node's userspace data path: the last pod the node
 				// evicts, the last the OOM killer picks.
 				PriorityClassName: PriorityNodeCritical,
@@ -169,6 +170,7 @@ func (r *Reconciler) keeperDaemonSet(plan nodeWidePlan, ds *appsv1.DaemonSet) {
 	ds.Spec = onDeleteDaemonSet(NodeWide, componentKeeper, nil, corev1.PodSpec{
 		// The keeper never talks to the API server.
 		AutomountServiceAccountToken: ptr.To(false),
+		ImagePullSecrets:             r.Options.ImagePullSecrets,
 		// Its loss drops every userspace volume's kernel connection.
 		PriorityClassName: PriorityNodeCritical,
 		// The keeper watches its clients (servers the agent starts in
@@ -245,6 +247,7 @@ func (r *Reconciler) controllerDeployment(plan nodeWidePlan, d *appsv1.Deploymen
 			ObjectMeta: metav1.ObjectMeta{Labels: objectLabels(NodeWide, componentController), Annotations: controllerNetworks(plan)},
 			Spec: corev1.PodSpec{
 				ServiceAccountName: o.ControllerServiceAccount,
+				ImagePullSecrets:   o.ImagePullSecrets,
 				SecurityContext: &corev1.PodSecurityContext{
 					RunAsNonRoot:   ptr.To(true),
 					RunAsUser:      ptr.To(nonRootUID),
