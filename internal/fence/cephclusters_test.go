@@ -65,3 +65,25 @@ func TestCephClustersRouteToTheVolumesCluster(t *testing.T) {
 		t.Logf("real open: %v", err)
 	}
 }
+
+// TestCephClustersForOnlyCephVolumes: the operator's take-overs fence a
+// ceph volume's clients and no other's; a volume it cannot read is an
+// error, never "not ceph" (its holds would move unfenced).
+func TestCephClustersForOnlyCephVolumes(t *testing.T) {
+	suite.Require(t)
+	create(t, &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "for-ceph"}, Spec: v1.StorageClusterSpec{Backend: v1.BackendCeph,
+		Ceph: &v1.CephSpec{Monitors: []v1.CephMonitor{"10.9.0.1:3300"}, Pool: "rbd", SecretRef: v1.CephSecretReference{Name: "none", Namespace: "default"}}}})
+	create(t, &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "for-local"}})
+	create(t, &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "vol-for-ceph"}, Spec: v1.VolumeSpec{StorageCluster: "for-ceph", Size: resource.MustParse("1Mi")}})
+	create(t, &v1.Volume{ObjectMeta: metav1.ObjectMeta{Name: "vol-for-local"}, Spec: v1.VolumeSpec{StorageCluster: "for-local", Size: resource.MustParse("1Mi"), Node: "n1"}})
+	cc := &fence.CephClusters{C: env.Client, Namespace: "default", Log: testr.New(t)}
+	if bl, err := cc.For(ctxT(t), "vol-for-ceph"); err != nil || bl == nil {
+		t.Errorf("ceph volume: %v, %v; want the clusters' Blocklister", bl, err)
+	}
+	if bl, err := cc.For(ctxT(t), "vol-for-local"); err != nil || bl != nil {
+		t.Errorf("local volume: %v, %v; want none", bl, err)
+	}
+	if _, err := cc.For(ctxT(t), "vol-for-nothing"); err == nil {
+		t.Error("a volume that does not exist: no error")
+	}
+}
