@@ -20,9 +20,12 @@ import (
 	"github.com/go-logr/logr"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
@@ -348,5 +351,48 @@ func TestChartRegistryReachesEveryImage(t *testing.T) {
 	}
 	if slices.ContainsFunc(c.Args, func(a string) bool { return strings.HasPrefix(a, "--image-pull-secrets") }) {
 		t.Errorf("operator args %v name pull secrets, none set", c.Args)
+	}
+}
+
+// TestChartOperatorBudget: with more than one replica the operator gets a
+// PodDisruptionBudget that lets drains take one at a time; a single one
+// gets none (it would block every drain). Placement values reach its pod.
+func TestChartOperatorBudget(t *testing.T) {
+	budgets := func(objs []*unstructured.Unstructured) []*unstructured.Unstructured {
+		return slices.DeleteFunc(slices.Clone(objs), func(o *unstructured.Unstructured) bool { return o.GetKind() != "PodDisruptionBudget" })
+	}
+	if pdbs := budgets(render(t)); len(pdbs) != 0 {
+		t.Errorf("one replica: %d PodDisruptionBudgets, want none", len(pdbs))
+	}
+	objs := render(t, "operator.replicas=2", "operator.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key=infra",
+		"operator.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator=Exists")
+	p := operatorPod(t, objs)
+	pdbs := budgets(objs)
+	if len(pdbs) != 1 {
+		t.Fatalf("two replicas: %d PodDisruptionBudgets, want 1", len(pdbs))
+	}
+	var pdb policyv1.PodDisruptionBudget
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(pdbs[0].Object, &pdb); err != nil {
+		t.Fatal(err)
+	}
+	if pdb.Spec.MaxUnavailable == nil || pdb.Spec.MaxUnavailable.IntValue() != 1 || pdb.Spec.MinAvailable != nil || pdb.Namespace != releaseNamespace {
+		t.Errorf("operator budget %s/%s: %+v", pdb.Namespace, pdb.Name, pdb.Spec)
+	}
+	sel, err := metav1.LabelSelectorAsSelector(pdb.Spec.Selector)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range objs {
+		if o.GetKind() == "Deployment" && o.GetName() == "berth-operator" {
+			if pod, _, _ := unstructured.NestedStringMap(o.Object, "spec", "template", "metadata", "labels"); !sel.Matches(labels.Set(pod)) {
+				t.Errorf("budget selector %v misses the operator pods %v", sel, pod)
+			}
+		}
+	}
+	if p.PriorityClassName != "system-cluster-critical" {
+		t.Errorf("operator priority class %q", p.PriorityClassName)
+	}
+	if a := p.Affinity; a == nil || a.NodeAffinity == nil || a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil {
+		t.Errorf("operator affinity %+v", a)
 	}
 }
