@@ -332,7 +332,7 @@ func TestAgentWritesOnlyItsOwnNodesRecords(t *testing.T) {
 // and waits until the API server enforces the agent's policy.
 func installAgentPolicy(ctx context.Context, t *testing.T) {
 	t.Helper()
-	out := helm(t, "template", "berth", chartDir, "--namespace", releaseNamespace, "--include-crds", "--set", "namespace.create=true")
+	out := template(t, "--include-crds", "--set", "namespace.create=true")
 	_, kinds := apply(ctx, t, out)
 	// The agent's and the share manager's.
 	if kinds["ValidatingAdmissionPolicy"] != 2 || kinds["ValidatingAdmissionPolicyBinding"] != 2 {

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -33,6 +34,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/cli/dev"
 	"github.com/berth-io/berth/internal/cli/operator"
 	"github.com/berth-io/berth/internal/controller/storagecluster"
 	"github.com/berth-io/berth/internal/testenv"
@@ -64,16 +66,38 @@ func helmBinary(t *testing.T) string {
 	return found[len(found)-1]
 }
 
-func helm(t *testing.T, args ...string) []byte {
+// kubeVersion is the Kubernetes `helm template` renders for: the pinned
+// helm, built from the module proxy without release flags, would take
+// v1.20, which the chart's kubeVersion refuses.
+const kubeVersion = "1.34.0"
+
+// runHelm runs helm; err is its failure, with what it printed.
+func runHelm(t *testing.T, args ...string) ([]byte, error) {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
 	cmd := exec.Command(helmBinary(t), args...)
 	cmd.Dir = testenv.RepoRoot()
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
-		t.Fatalf("helm %v: %v\n%s%s", args, err, stdout.String(), stderr.String())
+		return nil, fmt.Errorf("helm %v: %w\n%s%s", args, err, stdout.String(), stderr.String())
 	}
-	return stdout.Bytes()
+	return stdout.Bytes(), nil
+}
+
+func helm(t *testing.T, args ...string) []byte {
+	t.Helper()
+	out, err := runHelm(t, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// template renders the chart as release berth in the release namespace
+// with the given flags.
+func template(t *testing.T, flags ...string) []byte {
+	t.Helper()
+	return helm(t, append([]string{"template", "berth", chartDir, "--namespace", releaseNamespace, "--kube-version", kubeVersion}, flags...)...)
 }
 
 func TestChartLint(t *testing.T) {
@@ -86,8 +110,7 @@ func TestChartLint(t *testing.T) {
 // its workloads and status.
 func TestChartInstallsAndOperatorWorks(t *testing.T) {
 	suite.Require(t)
-	out := helm(t, "template", "berth", chartDir, "--namespace", releaseNamespace, "--include-crds",
-		"--set", "namespace.create=true", "--set", "storageCluster.create=true",
+	out := template(t, "--include-crds", "--set", "namespace.create=true", "--set", "storageCluster.create=true",
 		"--set", "image.tag=test", "--set", "image.pullPolicy=Never")
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
 	defer cancel()
@@ -291,11 +314,11 @@ func decode(t *testing.T, manifest []byte) []*unstructured.Unstructured {
 // render renders the chart with the given --set flags and returns its objects.
 func render(t *testing.T, sets ...string) []*unstructured.Unstructured {
 	t.Helper()
-	args := []string{"template", "berth", chartDir, "--namespace", releaseNamespace}
+	var flags []string
 	for _, s := range sets {
-		args = append(args, "--set", s)
+		flags = append(flags, "--set", s)
 	}
-	return decode(t, helm(t, args...))
+	return decode(t, template(t, flags...))
 }
 
 // operatorPod is the operator Deployment's pod spec among objs.
@@ -394,5 +417,55 @@ func TestChartOperatorBudget(t *testing.T) {
 	}
 	if a := p.Affinity; a == nil || a.NodeAffinity == nil || a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil {
 		t.Errorf("operator affinity %+v", a)
+	}
+}
+
+// TestChartSchemaRefusesBadValues: values.schema.json refuses a wrong type,
+// a key the chart does not know, an out-of-range number, and more than one
+// operator without leader election; Chart.yaml refuses Kubernetes before
+// 1.30 (the agent's admission policy needs its token's node-name extra).
+func TestChartSchemaRefusesBadValues(t *testing.T) {
+	for _, tc := range []struct {
+		flags []string
+		want  string
+	}{
+		{[]string{"--set", "operator.replicas=two"}, "/operator/replicas"},
+		{[]string{"--set", "operator.replica=2"}, "'replica' not allowed"},
+		{[]string{"--set", "imageRegistry=mirror.example"}, "'imageRegistry' not allowed"},
+		{[]string{"--set", "csiSidecars.provisioner.image=x"}, "'image' not allowed"},
+		{[]string{"--set", "image.pullPolicy=Sometimes"}, "/image/pullPolicy"},
+		{[]string{"--set", "operator.metricsPort=70000"}, "/operator/metricsPort"},
+		{[]string{"--set", "operator.unfenceCooldown=5 minutes"}, "/operator/unfenceCooldown"},
+		{[]string{"--set", "operator.replicas=2", "--set", "operator.leaderElect=false"}, "/operator/leaderElect"},
+		{[]string{"--set", "imagePullSecrets[0]=regcred"}, "/imagePullSecrets/0"},
+		{[]string{"--kube-version", "1.29.9"}, "requires kubeVersion"},
+	} {
+		args := append([]string{"template", "berth", chartDir, "--namespace", releaseNamespace, "--kube-version", kubeVersion}, tc.flags...)
+		_, err := runHelm(t, args...)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("helm template %v: %v, want an error naming %q", tc.flags, err, tc.want)
+		}
+	}
+	// What berth dev sets, and a port given as a number, are accepted.
+	template(t, "--set-string", "apiServer.port=6443", "--set", "apiServer.host=10.0.0.1", "--set", "operator.unfenceCooldown=1m30s",
+		"--set", "shareManager.networkPolicy.nfsClientCIDRs={10.0.0.0/8,fd00::/64}", "--set", "kubeletDir=/var/lib/k0s/kubelet")
+	template(t, "--set", "apiServer.port=6443", "--set", "storageCluster.create=true", "--set", "storageCluster.spec.dataDir=/srv/berth")
+}
+
+// TestChartTakesBerthDevValues: the values `berth dev` installs the chart
+// with pass the schema and name the images its cluster imported.
+func TestChartTakesBerthDevValues(t *testing.T) {
+	values, err := dev.HelmValues(dev.ClusterEnv{"BERTH_IMAGE": "berth.local/berth:dev-1a2b", "KUBERNETES_SERVICE_HOST": "10.250.0.2",
+		"KUBERNETES_SERVICE_PORT": "443", "KUBELET_ROOT": "/var/lib/kubelet", "VOLUME_PLUGIN_DIR": "/w/volume-plugins"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	values = append(values, "--set-string", "operator.unfenceCooldown="+(90*time.Second).String())
+	c := operatorPod(t, decode(t, template(t, values...))).Containers[0]
+	for _, want := range []string{"--image=berth.local/berth:dev-1a2b", "--provisioner-image=berth.local/csi-provisioner:v5.3.0",
+		"--image-pull-policy=Never", "--volume-plugin-dir=/w/volume-plugins", "--unfence-cooldown=1m30s"} {
+		if !slices.Contains(c.Args, want) {
+			t.Errorf("operator args %v lack %s", c.Args, want)
+		}
 	}
 }

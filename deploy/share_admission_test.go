@@ -62,8 +62,7 @@ func TestShareManagerWritesOnlyItsOwnLease(t *testing.T) {
 	suite.Require(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	out := helm(t, "template", "berth", chartDir, "--namespace", releaseNamespace, "--include-crds", "--set", "namespace.create=true",
-		"--set", "shareManager.networkPolicy.nfsClientCIDRs={10.9.0.0/16}")
+	out := template(t, "--include-crds", "--set", "namespace.create=true", "--set", "shareManager.networkPolicy.nfsClientCIDRs={10.9.0.0/16}")
 	_, kinds := apply(ctx, t, out)
 	if kinds["NetworkPolicy"] != 1 {
 		t.Errorf("chart rendered %v, want the share managers' NetworkPolicy", kinds)
