@@ -138,7 +138,13 @@ func (c Config) install(ctx context.Context, k kubectl, cephEnv ClusterEnv) erro
 	if err != nil {
 		return err
 	}
-	args := append([]string{"upgrade", "--install", Release, filepath.Join(c.Repo, "deploy", "berth"),
+	// Helm installs the chart's CRDs once and never upgrades them: apply
+	// them first, as docs/install.md says for an upgrade.
+	chart := filepath.Join(c.Repo, "deploy", "berth")
+	if _, err := k.run(ctx, nil, "apply", "--server-side", "--force-conflicts", "-f", filepath.Join(chart, "crds")); err != nil {
+		return err
+	}
+	args := append([]string{"upgrade", "--install", Release, chart,
 		"-n", Namespace, "--create-namespace"}, values...)
 	if err := c.runHelm(ctx, helm, k.env, args...); err != nil {
 		return err
