@@ -110,6 +110,25 @@ func TestStorageClusterMultus(t *testing.T) {
 
 // TestStorageClusterNetworkSelectors: multus selectors name
 // NetworkAttachmentDefinitions as namespace/name, and only with multus.
+// TestStorageClusterCSIController: replicas from 1 to 5, and more than one
+// only with leader election.
+func TestStorageClusterCSIController(t *testing.T) {
+	suite.Require(t)
+	with := func(name string, c v1.CSIControllerSpec) *v1.StorageCluster {
+		return &v1.StorageCluster{ObjectMeta: meta(name), Spec: v1.StorageClusterSpec{CSIController: c}}
+	}
+	var got v1.StorageCluster
+	createAndRead(t, with("csi-ha", v1.CSIControllerSpec{Replicas: ptr.To[int32](3)}), &got)
+	if r := got.Spec.CSIController.Replicas; r == nil || *r != 3 || got.Spec.CSIController.LeaderElection != nil {
+		t.Errorf("csiController %+v", got.Spec.CSIController)
+	}
+	createAndRead(t, with("csi-single", v1.CSIControllerSpec{Replicas: ptr.To[int32](1), LeaderElection: ptr.To(false)}), &got)
+	mustRefuse(t, with("csi-alone", v1.CSIControllerSpec{Replicas: ptr.To[int32](2), LeaderElection: ptr.To(false)}),
+		"csiController.replicas above 1 need leaderElection")
+	mustRefuse(t, with("csi-none", v1.CSIControllerSpec{Replicas: ptr.To[int32](0)}), "spec.csiController.replicas")
+	mustRefuse(t, with("csi-many", v1.CSIControllerSpec{Replicas: ptr.To[int32](6)}), "spec.csiController.replicas")
+}
+
 func TestStorageClusterNetworkSelectors(t *testing.T) {
 	suite.Require(t)
 	multus := func(name string, sel v1.NetworkSelectors) *v1.StorageCluster {

@@ -77,6 +77,12 @@ type StorageClusterSpec struct {
 	// +optional
 	Agent AgentSpec `json:"agent,omitempty"`
 
+	// CSIController sets the CSI controller Deployment, which serves every
+	// StorageCluster: it runs the largest replicas any cluster asks, with
+	// leader election unless every cluster turns it off.
+	// +optional
+	CSIController CSIControllerSpec `json:"csiController,omitempty"`
+
 	// Network selects the networks storage traffic uses.
 	// +kubebuilder:default={provider: host}
 	// +optional
@@ -178,6 +184,25 @@ type AgentResources struct {
 	// +kubebuilder:validation:XValidation:rule="!has(self.memory) || (type(self.memory) == string ? !self.memory.startsWith('-') : self.memory >= 0)",message="memory must not be negative"
 	// +optional
 	Limits corev1.ResourceList `json:"limits,omitempty"`
+}
+
+// CSIControllerSpec sets the CSI controller Deployment: berth's CSI
+// controller and the provisioner, resizer and snapshotter sidecars.
+// +kubebuilder:validation:XValidation:rule="!has(self.replicas) || self.replicas <= 1 || !has(self.leaderElection) || self.leaderElection",message="csiController.replicas above 1 need leaderElection"
+type CSIControllerSpec struct {
+	// Replicas of the CSI controller pod (default 1). With more than one,
+	// the sidecars elect a leader, which alone serves, and a
+	// PodDisruptionBudget lets drains stop one pod at a time.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=5
+	// +optional
+	Replicas *int32 `json:"replicas,omitempty"`
+
+	// LeaderElection of the sidecars (default true): each takes a Lease in
+	// berth's namespace before it acts. Off saves the Lease traffic and the
+	// wait for a Lease after a restart, with one replica only.
+	// +optional
+	LeaderElection *bool `json:"leaderElection,omitempty"`
 }
 
 // MultusMode is how host-network processes (the agents) use the public

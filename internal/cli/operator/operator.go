@@ -20,6 +20,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -97,7 +98,9 @@ func (c Config) Run(ctx context.Context) error {
 		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
 			&appsv1.DaemonSet{}:  {Namespaces: ns},
 			&appsv1.Deployment{}: {Namespaces: ns},
-			&corev1.Service{}:    {Namespaces: ns},
+			// The CSI controller's PodDisruptionBudget.
+			&policyv1.PodDisruptionBudget{}: {Namespaces: ns},
+			&corev1.Service{}:               {Namespaces: ns},
 			// Share-manager pods and their Leases live there too.
 			&corev1.Pod{}:           {Namespaces: ns},
 			&coordinationv1.Lease{}: {Namespaces: ns},

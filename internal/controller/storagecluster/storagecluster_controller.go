@@ -23,6 +23,7 @@ import (
 	"github.com/go-logr/logr"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/tools/record"
@@ -166,6 +167,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		For(&v1.StorageCluster{}).
 		Watches(&appsv1.DaemonSet{}, nodeWide).
 		Watches(&appsv1.Deployment{}, nodeWide).
+		Watches(&policyv1.PodDisruptionBudget{}, nodeWide).
 		Watches(&corev1.Service{}, nodeWide).
 		Watches(&storagev1.CSIDriver{}, nodeWide).
 		Watches(&v1.Volume{}, handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {

@@ -237,7 +237,7 @@ func checkControllerDeployment(t *testing.T, dep *appsv1.Deployment) {
 	if sc := p.SecurityContext; sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || sc.RunAsUser == nil || *sc.RunAsUser == 0 {
 		t.Errorf("controller pod security context %+v, want a non-root user", sc)
 	}
-	checkPod(t, "csi-controller", p, "")
+	checkPod(t, "csi-controller", p, "system-cluster-critical")
 	byName := map[string]corev1.Container{}
 	for _, c := range p.Containers {
 		byName[c.Name] = c

@@ -49,6 +49,10 @@ const AnnotationNetworks = "k8s.v1.cni.cncf.io/networks"
 // loss cuts mounted volumes' network or I/O.
 const PriorityNodeCritical = "system-node-critical"
 
+// PriorityClusterCritical is the class of the CSI controller: no volume
+// is made, grown or snapshotted without it, but its loss cuts no I/O.
+const PriorityClusterCritical = "system-cluster-critical"
+
 var (
 	holderResources = resources("5m", "8Mi", "100m", "64Mi")
 	moverResources  = resources("10m", "16Mi", "200m", "128Mi")
@@ -210,20 +214,7 @@ func (r *Reconciler) applyMover(ctx context.Context, plan nodeWidePlan, ds *apps
 	if plan.mover {
 		return r.ensureNodeWide(ctx, ds, func() { r.moverDaemonSet(plan, ds) })
 	}
-	err := r.Client.Get(ctx, client.ObjectKeyFromObject(ds), ds)
-	if apierrors.IsNotFound(err) {
-		ds.ResourceVersion = ""
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("mover DaemonSet: %w", err)
-	}
-	if ds.Labels[labelManagedBy] != managedBy {
-		return nil
-	}
-	err = r.deleteExact(ctx, ds)
-	ds.ResourceVersion = ""
-	return err
+	return r.removeNodeWide(ctx, ds)
 }
 
 func fieldEnv(name, fieldPath string) corev1.EnvVar {

@@ -66,6 +66,9 @@ type nodeWidePlan struct {
 	// agentResources are the agent container's, merged from the served
 	// clusters' spec.agent.resources.
 	agentResources corev1.ResourceRequirements
+	// controller is the CSI controller's scale, merged from the served
+	// clusters' spec.csiController.
+	controller controllerScale
 }
 
 // dataDirs returns the served data dirs, sorted (a deterministic template).
@@ -157,6 +160,7 @@ func planNodeWide(clusters []v1.StorageCluster, kept map[string]string, withVolu
 		asks = append(slices.Clip(served), &v1.StorageCluster{})
 	}
 	p.agentResources = agentResources(asks)
+	p.controller = controllerScaleOf(asks)
 	return p
 }
 
@@ -247,6 +251,7 @@ func (r *Reconciler) applyNodeWide(ctx context.Context) (observed, nodeWidePlan,
 		r.controllerDeployment(plan, obs.controller)
 		return was != obs.controller.Spec.Template.Annotations[AnnotationNetworks]
 	}))
+	errs = append(errs, r.applyControllerBudget(ctx, plan))
 	errs = append(errs, r.applyMover(ctx, plan, obs.mover))
 	for _, component := range []string{componentAgent, componentController} {
 		port := int32(AgentMetricsPort)
@@ -286,6 +291,26 @@ func (r *Reconciler) ensureNodeWideChanged(ctx context.Context, obj client.Objec
 		obj.SetOwnerReferences(kept)
 		return true, nil
 	})
+}
+
+// removeNodeWide deletes obj, read by its name, when berth made it (an
+// object of that name someone else made stays). Once it is gone, obj has
+// no ResourceVersion.
+func (r *Reconciler) removeNodeWide(ctx context.Context, obj client.Object) error {
+	err := r.Client.Get(ctx, client.ObjectKeyFromObject(obj), obj)
+	if apierrors.IsNotFound(err) {
+		obj.SetResourceVersion("")
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("%T %s: %w", obj, obj.GetName(), err)
+	}
+	if obj.GetLabels()[labelManagedBy] != managedBy {
+		return nil
+	}
+	err = r.deleteExact(ctx, obj)
+	obj.SetResourceVersion("")
+	return err
 }
 
 // startNodeWide applies the node-wide set when the operator starts, before

@@ -226,10 +226,16 @@ func (r *Reconciler) controllerDeployment(plan nodeWidePlan, d *appsv1.Deploymen
 	// (hack/csi-sidecars.sh builds these three). What it would check, the
 	// CSI controller answering, is berth's own /healthz liveness; the
 	// sidecars exit by themselves when they lose the CSI socket.
+	// Off is spelled out: an argument left out would not count as a change
+	// of the Deployment (createOrUpdate).
+	elect := "--leader-election"
+	if !plan.controller.leaderElection {
+		elect += "=false"
+	}
 	provisioner := r.sidecar("csi-provisioner", o.ProvisionerImage, csiAddr,
-		"--feature-gates=Topology=true", "--strict-topology", "--extra-create-metadata", "--leader-election")
-	resizer := r.sidecar("csi-resizer", o.ResizerImage, csiAddr, "--leader-election")
-	snapshotter := r.sidecar("csi-snapshotter", o.SnapshotterImage, csiAddr, "--leader-election", "--extra-create-metadata")
+		"--feature-gates=Topology=true", "--strict-topology", "--extra-create-metadata", elect)
+	resizer := r.sidecar("csi-resizer", o.ResizerImage, csiAddr, elect)
+	snapshotter := r.sidecar("csi-snapshotter", o.SnapshotterImage, csiAddr, elect, "--extra-create-metadata")
 	containers := []corev1.Container{berth, provisioner, resizer, snapshotter}
 	for i := range containers {
 		containers[i].VolumeMounts = socket
@@ -241,13 +247,14 @@ func (r *Reconciler) controllerDeployment(plan nodeWidePlan, d *appsv1.Deploymen
 		}
 	}
 	d.Spec = appsv1.DeploymentSpec{
-		Replicas: ptr.To[int32](1),
+		Replicas: ptr.To(plan.controller.replicas),
 		Selector: &metav1.LabelSelector{MatchLabels: selectorLabels(NodeWide, componentController)},
 		Template: corev1.PodTemplateSpec{
 			ObjectMeta: metav1.ObjectMeta{Labels: objectLabels(NodeWide, componentController), Annotations: controllerNetworks(plan)},
 			Spec: corev1.PodSpec{
 				ServiceAccountName: o.ControllerServiceAccount,
 				ImagePullSecrets:   o.ImagePullSecrets,
+				PriorityClassName:  PriorityClusterCritical,
 				SecurityContext: &corev1.PodSecurityContext{
 					RunAsNonRoot:   ptr.To(true),
 					RunAsUser:      ptr.To(nonRootUID),
@@ -262,6 +269,28 @@ func (r *Reconciler) controllerDeployment(plan nodeWidePlan, d *appsv1.Deploymen
 			},
 		},
 	}
+}
+
+// controllerScale is how many CSI controller pods run, and whether their
+// sidecars elect a leader.
+type controllerScale struct {
+	replicas       int32
+	leaderElection bool
+}
+
+// controllerScaleOf merges what clusters ask of the one CSI controller
+// that serves them all: the most replicas, and leader election unless
+// every cluster turns it off (more than one replica always elects). No
+// cluster: one replica, electing.
+func controllerScaleOf(clusters []*v1.StorageCluster) controllerScale {
+	s := controllerScale{replicas: 1, leaderElection: len(clusters) == 0}
+	for _, sc := range clusters {
+		c := sc.Spec.CSIController
+		s.replicas = max(s.replicas, ptr.Deref(c.Replicas, 1))
+		s.leaderElection = s.leaderElection || ptr.Deref(c.LeaderElection, true)
+	}
+	s.leaderElection = s.leaderElection || s.replicas > 1
+	return s
 }
 
 // container is a berth container running one command of the multi-call binary.
