@@ -114,9 +114,11 @@ func (r *Reconciler) podFor(sm *v1.ShareManager, vol *v1.Volume, rwx rwxSettings
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: sm.Namespace, Labels: labels(vol.Name)},
 		Spec: corev1.PodSpec{
-			RestartPolicy:                 corev1.RestartPolicyNever,
-			ServiceAccountName:            r.Options.ServiceAccount,
-			ImagePullSecrets:              r.Options.ImagePullSecrets,
+			RestartPolicy:      corev1.RestartPolicyNever,
+			ServiceAccountName: r.Options.ServiceAccount,
+			ImagePullSecrets:   r.Options.ImagePullSecrets,
+			// Every client of the volume waits while it is down.
+			PriorityClassName:             "system-cluster-critical",
 			TerminationGracePeriodSeconds: ptr.To[int64](30),
 			Affinity:                      placement(vol, sm.Status.FailedNode),
 			Containers: []corev1.Container{{

@@ -554,8 +554,8 @@ func checkPod(t *testing.T, pod *corev1.Pod, volume, avoid string) {
 	if len(pod.Spec.Containers) != 1 {
 		t.Fatalf("pod containers: %d", len(pod.Spec.Containers))
 	}
-	if !slices.Equal(pod.Spec.ImagePullSecrets, opts.ImagePullSecrets) {
-		t.Errorf("pod image pull secrets %v, want %v", pod.Spec.ImagePullSecrets, opts.ImagePullSecrets)
+	if !slices.Equal(pod.Spec.ImagePullSecrets, opts.ImagePullSecrets) || pod.Spec.PriorityClassName != "system-cluster-critical" {
+		t.Errorf("pod image pull secrets %v priority class %q", pod.Spec.ImagePullSecrets, pod.Spec.PriorityClassName)
 	}
 	c := pod.Spec.Containers[0]
 	args := strings.Join(c.Args, " ")
