@@ -20,6 +20,7 @@ import (
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	nodeagent "github.com/berth-io/berth/internal/agent"
+	agentcmd "github.com/berth-io/berth/internal/cli/agent"
 	"github.com/berth-io/berth/internal/fence"
 )
 
@@ -307,6 +308,21 @@ func TestAgentWritesOnlyItsOwnNodesRecords(t *testing.T) {
 	sc = get(ctx, t, &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "vap"}})
 	sc.Status.CleanedNodes = append(sc.Status.CleanedNodes, "node-a")
 	allowed("report own node cleaned", a.Status().Update(ctx, sc))
+
+	// Node status: only the Flexvolume driver's condition of its own Node,
+	// through the agent's real code; kubelet's conditions and the Node's
+	// addresses stay kubelet's.
+	mustCreate(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-d"}})
+	flexFailed := &corev1.NodeCondition{Status: corev1.ConditionFalse, Reason: "InstallFailed", Message: "read-only file system"}
+	ownFlex := agentcmd.NodeCondition{Client: a, Node: "node-a", Type: agentcmd.FlexvolumeCondition}
+	allowed("write own Node's Flexvolume condition", ownFlex.Set(ctx, flexFailed))
+	allowed("remove own Node's Flexvolume condition", ownFlex.Set(ctx, nil))
+	refused("write node-d's Flexvolume condition",
+		agentcmd.NodeCondition{Client: a, Node: "node-d", Type: agentcmd.FlexvolumeCondition}.Set(ctx, flexFailed), true)
+	refused("write own Node's Ready condition", agentcmd.NodeCondition{Client: a, Node: "node-a", Type: corev1.NodeReady}.Set(ctx,
+		&corev1.NodeCondition{Status: corev1.ConditionFalse, Reason: "Forged"}), true)
+	addresses := client.RawPatch(types.StrategicMergePatchType, []byte(`{"status":{"addresses":[{"type":"InternalIP","address":"10.9.9.9"}]}}`))
+	refused("change own Node's addresses", a.Status().Patch(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}}, addresses), true)
 
 	// Pods: it deletes only those on its own node (F8).
 	for _, n := range []string{"a", "b"} {

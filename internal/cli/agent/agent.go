@@ -302,9 +302,11 @@ func (c Config) Run(ctx context.Context) error {
 	sock := socket.NewServer(a, c.Log.WithName("socket"))
 	sock.Metrics = m.flex
 	// The Flexvolume driver's state is not in readiness: a failed install
-	// degrades only that path (Event, log, berth_flexvolume_driver_ready).
+	// degrades only that path (Event, Node condition, log,
+	// berth_flexvolume_driver_ready).
 	flex := &flexRunnable{server: sock, socket: c.AgentSocket, pluginDir: c.VolumePluginDir, log: c.Log.WithName("flexvolume"),
-		events: mgr.GetEventRecorderFor("berth-agent"), node: c.NodeName, metrics: m.driver}
+		events: mgr.GetEventRecorderFor("berth-agent"), node: c.NodeName, metrics: m.driver,
+		condition: NodeCondition{Client: direct, Node: c.NodeName, Type: FlexvolumeCondition}.Set}
 	if err := mgr.Add(flex); err != nil {
 		return err
 	}

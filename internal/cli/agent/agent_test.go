@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/berth-io/berth/internal/testenv"
 )
@@ -76,11 +77,111 @@ func TestFlexInstallFailureDegradesOnlyFlexvolume(t *testing.T) {
 	testenv.Eventually(t, 30*time.Second, "/readyz OK while the Flexvolume install fails", func(ctx context.Context) (bool, error) {
 		return testenv.GetOK(ctx, "http://"+healthAddr+"/readyz") == nil, nil
 	})
+	testenv.Eventually(t, 30*time.Second, "the Node's condition of the failed install", func(ctx context.Context) (bool, error) {
+		var n corev1.Node
+		if err := env.Client.Get(ctx, client.ObjectKey{Name: node}, &n); err != nil {
+			return false, err
+		}
+		for _, c := range n.Status.Conditions {
+			if c.Type == FlexvolumeCondition {
+				return c.Status == corev1.ConditionFalse && c.Reason == reasonFlexInstallFailed, nil
+			}
+		}
+		return false, nil
+	})
 	scraped := testenv.ScrapeAddr(t, metricsAddr)
 	if v, ok := scraped["berth_flexvolume_driver_ready"]; !ok || v != 0 {
 		t.Errorf("berth_flexvolume_driver_ready = %v (present %v), want 0", v, ok)
 	}
 	if _, err := os.Stat(agentSock); !os.IsNotExist(err) {
 		t.Errorf("agent socket while the driver is not installed: %v", err)
+	}
+}
+
+// TestNodeConditionWritesOnlyItsType: the agent's condition is added,
+// left alone when unchanged (no write), moved with its transition time
+// on a new status, and removed, while kubelet's conditions stay.
+func TestNodeConditionWritesOnlyItsType(t *testing.T) {
+	env := suite.Require(t)
+	ctx := testenv.Context(t, time.Minute)
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "cond-node"}}
+	if err := env.Client.Create(ctx, n); err != nil {
+		t.Fatal(err)
+	}
+	kubelet := corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
+		LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}
+	n.Status.Conditions = []corev1.NodeCondition{kubelet}
+	if err := env.Client.Status().Update(ctx, n); err != nil {
+		t.Fatal(err)
+	}
+	w := NodeCondition{Client: env.Client, Node: n.Name, Type: FlexvolumeCondition}
+	read := func() (rv string, mine *corev1.NodeCondition) {
+		t.Helper()
+		var got corev1.Node
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(n), &got); err != nil {
+			t.Fatal(err)
+		}
+		kept := false
+		for i, c := range got.Status.Conditions {
+			switch c.Type {
+			case FlexvolumeCondition:
+				mine = &got.Status.Conditions[i]
+			case corev1.NodeReady:
+				kept = c.Status == corev1.ConditionTrue && c.Reason == "KubeletReady"
+			}
+		}
+		if !kept {
+			t.Errorf("kubelet's Ready condition changed: %+v", got.Status.Conditions)
+		}
+		return got.ResourceVersion, mine
+	}
+
+	failed := &corev1.NodeCondition{Status: corev1.ConditionFalse, Reason: reasonFlexInstallFailed, Message: "read-only file system"}
+	if err := w.Set(ctx, failed); err != nil {
+		t.Fatal(err)
+	}
+	if _, c := read(); c == nil || c.Status != corev1.ConditionFalse || c.Reason != reasonFlexInstallFailed || c.LastTransitionTime.IsZero() {
+		t.Fatalf("condition after a failure: %+v", c)
+	}
+	// Failing since long ago: a transition now has another time.
+	since := metav1.NewTime(time.Date(2020, 1, 1, 0, 0, 0, 0, time.UTC))
+	if err := env.Client.Get(ctx, client.ObjectKeyFromObject(n), n); err != nil {
+		t.Fatal(err)
+	}
+	for i := range n.Status.Conditions {
+		if n.Status.Conditions[i].Type == FlexvolumeCondition {
+			n.Status.Conditions[i].LastTransitionTime = since
+		}
+	}
+	if err := env.Client.Status().Update(ctx, n); err != nil {
+		t.Fatal(err)
+	}
+	rv, c := read()
+	if err := w.Set(ctx, failed); err != nil {
+		t.Fatal(err)
+	}
+	if again, _ := read(); again != rv {
+		t.Errorf("an unchanged condition was written again (resourceVersion %s -> %s)", rv, again)
+	}
+	if err := w.Set(ctx, &corev1.NodeCondition{Status: corev1.ConditionFalse, Reason: reasonFlexInitFailed, Message: "no answer"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, c = read(); c == nil || c.Reason != reasonFlexInitFailed || !c.LastTransitionTime.Equal(&since) {
+		t.Errorf("condition after another failure: %+v, want the transition time %v kept", c, since)
+	}
+	if err := w.Set(ctx, &corev1.NodeCondition{Status: corev1.ConditionTrue, Reason: reasonFlexInstalled}); err != nil {
+		t.Fatal(err)
+	}
+	if _, c = read(); c == nil || c.Status != corev1.ConditionTrue || c.LastTransitionTime.Equal(&since) {
+		t.Errorf("condition once installed: %+v, want True with a new transition time", c)
+	}
+	if err := w.Set(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, c = read(); c != nil {
+		t.Errorf("condition after removal: %+v", c)
+	}
+	if err := w.Set(ctx, nil); err != nil {
+		t.Errorf("removing a condition that is not there: %v", err)
 	}
 }

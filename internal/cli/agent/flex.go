@@ -25,9 +25,11 @@ import (
 // and runs the driver's init the way kubelet will: the socket serves mounts
 // only after that handshake went through, and the agent is ready then. A
 // failed install or init degrades only the Flexvolume path: it is logged,
-// told in an Event on the Node and in berth_flexvolume_driver_ready, and
-// retried; the agent (and its CSI node service, which alone makes the agent
-// ready) keeps running.
+// told in an Event and a condition on the Node (FlexvolumeCondition) and in
+// berth_flexvolume_driver_ready, and retried; the agent (and its CSI node
+// service, which alone makes the agent ready) keeps running. Without a
+// plugin folder it installs nothing, removes the condition, and still
+// serves the socket to a driver installed before.
 type flexRunnable struct {
 	server    *socket.Server
 	socket    string
@@ -38,6 +40,9 @@ type flexRunnable struct {
 	// events gets a Warning on the node for a failed install (nil: none).
 	events record.EventRecorder
 	node   string
+	// condition writes FlexvolumeCondition on the node (nil: nothing);
+	// nil removes it.
+	condition func(ctx context.Context, c *corev1.NodeCondition) error
 	// retry is the first wait after a failure, doubled up to maxRetry
 	// (defaults 5s and 5m).
 	retry, maxRetry time.Duration
@@ -50,9 +55,11 @@ type flexRunnable struct {
 func (f *flexRunnable) Start(ctx context.Context) error {
 	f.metrics.Set(false)
 	var driver string
-	if f.pluginDir != "" {
+	if f.pluginDir == "" {
+		f.report(ctx, nil)
+	} else {
 		f.server.RequireHandshake = true
-		ok := f.untilDone(ctx, "install", func() (err error) {
+		ok := f.untilDone(ctx, "install", reasonFlexInstallFailed, func() (err error) {
 			driver, err = f.install()
 			return err
 		})
@@ -68,8 +75,12 @@ func (f *flexRunnable) Start(ctx context.Context) error {
 	served := make(chan error, 1)
 	go func() { served <- f.server.Serve(ctx, l) }()
 
-	if driver != "" && !f.untilDone(ctx, "init", func() error { return f.init(ctx, driver) }) {
-		return <-served
+	if driver != "" {
+		if !f.untilDone(ctx, "init", reasonFlexInitFailed, func() error { return f.init(ctx, driver) }) {
+			return <-served
+		}
+		f.report(ctx, &corev1.NodeCondition{Status: corev1.ConditionTrue, Reason: reasonFlexInstalled,
+			Message: "driver " + driver + " installed; its init reached the agent"})
 	}
 	f.problem.Store(nil)
 	f.ready.Store(true)
@@ -77,9 +88,21 @@ func (f *flexRunnable) Start(ctx context.Context) error {
 	return <-served
 }
 
-// untilDone runs step until it succeeds, reporting each failure and waiting
-// a growing time in between; false when ctx ended first.
-func (f *flexRunnable) untilDone(ctx context.Context, what string, step func() error) bool {
+// report writes the node's FlexvolumeCondition (nil: removes it). A write
+// that fails is logged only: the Event and the metric still tell.
+func (f *flexRunnable) report(ctx context.Context, c *corev1.NodeCondition) {
+	if f.condition == nil {
+		return
+	}
+	if err := f.condition(ctx, c); err != nil && ctx.Err() == nil {
+		f.log.Error(err, "writing the node's condition", "type", FlexvolumeCondition)
+	}
+}
+
+// untilDone runs step until it succeeds, reporting each failure (with
+// reason in the node's condition) and waiting a growing time in between;
+// false when ctx ended first.
+func (f *flexRunnable) untilDone(ctx context.Context, what, reason string, step func() error) bool {
 	wait, maxWait := f.retry, f.maxRetry
 	if wait <= 0 {
 		wait = 5 * time.Second
@@ -99,6 +122,9 @@ func (f *flexRunnable) untilDone(ctx context.Context, what string, step func() e
 			ref := &corev1.ObjectReference{Kind: "Node", Name: f.node, UID: types.UID(f.node)}
 			f.events.Event(ref, corev1.EventTypeWarning, "FlexvolumeDriverFailed", msg)
 		}
+		// Without the retry wait: an unchanged failure rewrites nothing.
+		f.report(ctx, &corev1.NodeCondition{Status: corev1.ConditionFalse, Reason: reason,
+			Message: fmt.Sprintf("flexvolume driver %s failed (the CSI node service is not affected): %v", what, err)})
 		select {
 		case <-ctx.Done():
 			return false

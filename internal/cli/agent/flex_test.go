@@ -5,10 +5,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr/testr"
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/record"
 
@@ -85,4 +88,132 @@ func TestFlexInstallRetriedUntilInstalled(t *testing.T) {
 		err := f.State()
 		return err != nil && strings.Contains(err.Error(), "init failed")
 	})
+}
+
+// conditions records what a flexRunnable writes as its node's condition.
+type conditions struct {
+	mu  sync.Mutex
+	got []*corev1.NodeCondition
+}
+
+func (c *conditions) set(_ context.Context, cond *corev1.NodeCondition) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.got = append(c.got, cond)
+	return nil
+}
+
+func (c *conditions) last() (*corev1.NodeCondition, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.got) == 0 {
+		return nil, false
+	}
+	return c.got[len(c.got)-1], true
+}
+
+// readOnlyDir makes dir read-only for this process: a read-only bind
+// mount as root (who ignores mode bits), mode 0555 otherwise.
+func readOnlyDir(t *testing.T, dir string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		if err := os.Chmod(dir, 0o555); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = os.Chmod(dir, 0o755) })
+		return
+	}
+	if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
+		t.Skipf("bind mount %s: %v", dir, err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	if err := unix.Mount("", dir, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
+		t.Fatalf("remount %s read-only: %v", dir, err)
+	}
+}
+
+// TestFlexInstallIntoReadOnlyFolder: a plugin folder where the driver's
+// folder cannot be made (a read-only /usr) fails the install without
+// ending the runnable: a False condition (InstallFailed, naming the
+// cause) and an Event on the node, retried, and no agent socket.
+func TestFlexInstallIntoReadOnlyFolder(t *testing.T) {
+	dir := t.TempDir()
+	plugins := filepath.Join(dir, "exec")
+	if err := os.Mkdir(plugins, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	readOnlyDir(t, plugins)
+	events, conds := record.NewFakeRecorder(100), &conditions{}
+	f := &flexRunnable{
+		server: socket.NewServer(noOps{}, testr.New(t)), socket: filepath.Join(dir, "agent.sock"),
+		pluginDir: plugins, binary: "/bin/true", log: testr.New(t), events: events, node: "n1", condition: conds.set,
+		retry: 20 * time.Millisecond, maxRetry: 50 * time.Millisecond,
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.Start(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Start: %v", err)
+		}
+	}()
+
+	err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		conds.mu.Lock()
+		defer conds.mu.Unlock()
+		return len(conds.got) >= 2, nil // a retry too
+	})
+	if err != nil {
+		t.Fatalf("no failed install reported twice: %v", err)
+	}
+	c, _ := conds.last()
+	if c == nil || c.Status != corev1.ConditionFalse || c.Reason != reasonFlexInstallFailed ||
+		!(strings.Contains(c.Message, "read-only file system") || strings.Contains(c.Message, "permission denied")) {
+		t.Errorf("condition %+v, want False, InstallFailed, naming the read-only folder", c)
+	}
+	select {
+	case e := <-events.Events:
+		if !strings.Contains(e, "Warning FlexvolumeDriverFailed") {
+			t.Errorf("event %q", e)
+		}
+	default:
+		t.Error("no Event for the failed install")
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("Start returned while the install fails: %v", err)
+	default:
+	}
+	if _, err := os.Stat(f.socket); !os.IsNotExist(err) {
+		t.Errorf("agent socket before the driver is installed: %v", err)
+	}
+	if err := f.State(); err == nil || !strings.Contains(err.Error(), "install failed") {
+		t.Errorf("state %v, want the failed install", err)
+	}
+}
+
+// TestFlexDisabledRemovesCondition: without a plugin folder nothing is
+// installed, the node's condition is removed, and the socket still
+// serves a driver installed before.
+func TestFlexDisabledRemovesCondition(t *testing.T) {
+	dir := t.TempDir()
+	conds := &conditions{}
+	f := &flexRunnable{
+		server: socket.NewServer(noOps{}, testr.New(t)), socket: filepath.Join(dir, "agent.sock"),
+		log: testr.New(t), node: "n1", condition: conds.set,
+	}
+	ctx := testenv.Serve(t, "Start", f.Start)
+	if err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		_, err := os.Stat(f.socket)
+		return err == nil, nil
+	}); err != nil {
+		t.Fatalf("no agent socket without a plugin folder: %v", err)
+	}
+	if c, ok := conds.last(); !ok || c != nil || len(conds.got) != 1 {
+		t.Errorf("conditions written %v, want one removal", conds.got)
+	}
+	if err := f.State(); err != nil {
+		t.Errorf("state %v, want ready", err)
+	}
 }
