@@ -88,8 +88,9 @@ func (c *Client) List(ctx context.Context) ([]Volume, error) {
 }
 
 // Status returns volume's entry of List; found false when the keeper holds
-// no connection for it. A keeper older than OpStatus (keepers update only
-// when their pod is deleted) is asked with List.
+// no connection for it. A keeper older than OpStatus (keepers before
+// hand-overs were replaced only when their pod was deleted) is asked with
+// List.
 func (c *Client) Status(ctx context.Context, volume string) (Volume, bool, error) {
 	resp, _, err := c.call(ctx, request{Op: OpStatus, Volume: volume})
 	switch {
@@ -125,23 +126,62 @@ func (c *Client) conn(ctx context.Context, req request) (*Conn, error) {
 	return &Conn{File: f, Settings: resp.Settings}, nil
 }
 
+// Serving pings the keeper and returns the pid of the process that
+// answered, as this process sees it (0: out of its sight): during a
+// hand-over, two keepers share the socket.
+func (c *Client) Serving(ctx context.Context) (int32, error) {
+	_, _, pid, err := c.exchange(ctx, request{Op: OpPing})
+	return pid, err
+}
+
+// callTimeout bounds a call, retries included, unless ctx ends sooner.
+const callTimeout = 10 * time.Second
+
+// handOverRetry spaces the retries of a request a keeper refused because
+// it is handing over (a matter of milliseconds).
+const handOverRetry = 20 * time.Millisecond
+
 // call sends one request and reads the reply and a passed fd, if any.
 func (c *Client) call(ctx context.Context, req request) (response, *os.File, error) {
+	resp, f, _, err := c.exchange(ctx, req)
+	return resp, f, err
+}
+
+// exchange is call, also returning the pid of the keeper that answered. A
+// keeper handing over refuses what would change its table; the request is
+// sent again until the keeper that serves answers.
+func (c *Client) exchange(ctx context.Context, req request) (response, *os.File, int32, error) {
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	for {
+		resp, f, pid, err := c.once(ctx, req)
+		if !errors.Is(err, ErrHandingOver) {
+			return resp, f, pid, err
+		}
+		select {
+		case <-ctx.Done():
+			return resp, nil, pid, err
+		case <-time.After(handOverRetry):
+		}
+	}
+}
+
+func (c *Client) once(ctx context.Context, req request) (response, *os.File, int32, error) {
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "unixpacket", c.socket)
 	if err != nil {
-		return response{}, nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+		return response{}, nil, 0, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	conn := nc.(*net.UnixConn)
 	defer func() { _ = conn.Close() }()
-	deadline := time.Now().Add(10 * time.Second)
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
-	}
+	deadline, _ := ctx.Deadline()
 	_ = conn.SetDeadline(deadline)
+	if err := passCred(conn); err != nil {
+		return response{}, nil, 0, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
 	b, err := json.Marshal(req)
 	if err != nil {
-		return response{}, nil, fmt.Errorf("encode request: %w", err)
+		return response{}, nil, 0, fmt.Errorf("encode request: %w", err)
 	}
 	// A keeper at its client limit answers (busy) and closes before it
 	// reads: read its answer even when the write failed.
@@ -151,7 +191,7 @@ func (c *Client) call(ctx context.Context, req request) (response, *os.File, err
 		size = maxListReply
 	}
 	buf := make([]byte, size)
-	oob := make([]byte, unix.CmsgSpace(4))
+	oob := make([]byte, unix.CmsgSpace(4)+unix.CmsgSpace(unix.SizeofUcred))
 	n, oobn, flags, _, err := conn.ReadMsgUnix(buf, oob)
 	if err == nil && n == 0 && werr != nil {
 		err = werr
@@ -159,52 +199,42 @@ func (c *Client) call(ctx context.Context, req request) (response, *os.File, err
 	if err == nil && flags&unix.MSG_TRUNC != 0 {
 		err = fmt.Errorf("reply longer than %d bytes", len(buf))
 	}
-	if err != nil {
-		if werr != nil {
-			return response{}, nil, fmt.Errorf("%w: send request: %w", ErrUnavailable, werr)
-		}
-		return response{}, nil, fmt.Errorf("%w: read reply: %w", ErrUnavailable, err)
+	fds, cred := parseControl(oob[:oobn])
+	var pid int32
+	if cred != nil {
+		pid = cred.Pid
 	}
-	f, err := parseRights(oob[:oobn], req.Volume)
 	if err != nil {
-		return response{}, nil, err
+		closeFDs(fds)
+		if werr != nil {
+			return response{}, nil, pid, fmt.Errorf("%w: send request: %w", ErrUnavailable, werr)
+		}
+		return response{}, nil, pid, fmt.Errorf("%w: read reply: %w", ErrUnavailable, err)
+	}
+	if len(fds) > 1 {
+		closeFDs(fds)
+		return response{}, nil, pid, errors.New("keeper passed an unexpected number of fds")
+	}
+	var f *os.File
+	if len(fds) == 1 {
+		f = os.NewFile(uintptr(fds[0]), "fuse:"+req.Volume)
 	}
 	var resp response
 	if err := json.Unmarshal(buf[:n], &resp); err != nil {
 		closeFile(f)
-		return response{}, nil, fmt.Errorf("%w: bad reply: %w", ErrUnavailable, err)
+		return response{}, nil, pid, fmt.Errorf("%w: bad reply: %w", ErrUnavailable, err)
 	}
 	if err := resp.err(); err != nil {
 		closeFile(f)
-		return resp, nil, err
+		return resp, nil, pid, err
 	}
-	return resp, f, nil
+	return resp, f, pid, nil
 }
 
-func parseRights(oob []byte, volume string) (*os.File, error) {
-	if len(oob) == 0 {
-		return nil, nil
+func closeFDs(fds []int) {
+	for _, fd := range fds {
+		_ = unix.Close(fd)
 	}
-	msgs, err := unix.ParseSocketControlMessage(oob)
-	if err != nil {
-		return nil, fmt.Errorf("parse passed fd: %w", err)
-	}
-	var fds []int
-	for _, m := range msgs {
-		got, err := unix.ParseUnixRights(&m)
-		if err != nil {
-			continue
-		}
-		fds = append(fds, got...)
-	}
-	if len(fds) != 1 {
-		for _, fd := range fds {
-			_ = unix.Close(fd)
-		}
-		return nil, errors.New("keeper passed an unexpected number of fds")
-	}
-	unix.CloseOnExec(fds[0])
-	return os.NewFile(uintptr(fds[0]), "fuse:"+volume), nil
 }
 
 func closeFile(f *os.File) {

@@ -37,6 +37,20 @@ type Service struct {
 	// busy maps a volume with an operation in progress to a channel closed
 	// when it ends.
 	busy map[string]chan struct{}
+
+	// HandOverWait is how long Serve goes on once ctx ends while it holds
+	// connections, for a new keeper to take them over (0: it stops).
+	HandOverWait time.Duration
+	// listener and stopAccepting are Serve's, for a hand-over to pass on
+	// and to end.
+	listener      *net.UnixListener
+	stopAccepting context.CancelFunc
+	// stopped is set once Serve stops accepting without a hand-over.
+	stopped bool
+	// handing is closed when the hand-over in progress ends (nil: none).
+	handing chan struct{}
+	// handedOver counts the volumes a hand-over passed; -1 until one did.
+	handedOver int
 }
 
 type held struct {
@@ -52,7 +66,7 @@ type held struct {
 
 // New returns an empty keeper.
 func New(kernel Kernel, log logr.Logger) *Service {
-	return &Service{kernel: kernel, log: log, vols: map[string]*held{}, pending: map[string]string{}, busy: map[string]chan struct{}{}}
+	return &Service{kernel: kernel, log: log, vols: map[string]*held{}, pending: map[string]string{}, busy: map[string]chan struct{}{}, handedOver: -1}
 }
 
 // Listen creates the root-only keeper socket (SOCK_SEQPACKET, so that each
@@ -61,15 +75,24 @@ func Listen(path string) (*net.UnixListener, error) {
 	return rootsock.Listen("unixpacket", path)
 }
 
-// Serve answers requests on l until ctx ends. The held connections stay
-// held when it returns: only process exit (or Close requests) ends them.
+// Serve answers requests on l until a new keeper takes over (HandedOver),
+// or until ctx ends: at once when nothing is held, else after up to
+// HandOverWait of serving on, for a new keeper starting meanwhile (the pod
+// replacing this one) to take over. The held connections stay held when it
+// returns: only process exit (or Close requests) ends them.
 // An accept error (out of file descriptors) is retried: exiting would drop
 // every connection of the node.
-func (s *Service) Serve(ctx context.Context, l rootsock.Listener) error {
+func (s *Service) Serve(ctx context.Context, l *net.UnixListener) error {
 	maxConns := s.MaxConns
 	if maxConns <= 0 {
 		maxConns = 128
 	}
+	accept, stop := context.WithCancel(context.Background())
+	defer stop()
+	s.mu.Lock()
+	s.listener, s.stopAccepting = l, stop
+	s.mu.Unlock()
+	go s.stopAfter(ctx, accept)
 	loop := &rootsock.Loop{
 		MaxConns: maxConns,
 		Log:      s.log,
@@ -79,7 +102,48 @@ func (s *Service) Serve(ctx context.Context, l rootsock.Listener) error {
 			_ = send(c, errorResponse(fmt.Errorf("%w: the keeper serves %d clients at once already", ErrBusy, maxConns)), -1)
 		},
 	}
-	return loop.Serve(ctx, l)
+	return loop.Serve(accept, l)
+}
+
+// stopAfter stops accepting once ctx has ended and no new keeper has taken
+// the connections over within HandOverWait; a hand-over in progress then
+// ends first. Accepting also stops when a hand-over ends it (accept).
+func (s *Service) stopAfter(ctx context.Context, accept context.Context) {
+	select {
+	case <-accept.Done():
+		return
+	case <-ctx.Done():
+	}
+	if n := len(s.Held()); n > 0 && s.HandOverWait > 0 {
+		s.log.Info("stopping: serving on until a new keeper takes the connections over", "volumes", n, "wait", s.HandOverWait)
+		timer := time.NewTimer(s.HandOverWait)
+		defer timer.Stop()
+		select {
+		case <-accept.Done():
+			return
+		case <-timer.C:
+		}
+	}
+	s.mu.Lock()
+	for s.handing != nil {
+		ended := s.handing
+		s.mu.Unlock()
+		<-ended
+		s.mu.Lock()
+	}
+	if s.handedOver < 0 {
+		s.stopped = true
+	}
+	s.mu.Unlock()
+	s.stopAccepting()
+}
+
+// HandedOver says whether a new keeper took everything over, and how many
+// volumes it took.
+func (s *Service) HandedOver() (int, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.handedOver, s.handedOver >= 0
 }
 
 func (s *Service) connTimeout() time.Duration {
@@ -114,10 +178,20 @@ func (s *Service) serveConn(c *net.UnixConn) {
 		_ = send(c, errorResponse(err), -1)
 		return
 	}
+	if _, gone := s.HandedOver(); gone {
+		// A client that came in before the listener closed: the new
+		// keeper answers its retry.
+		_ = send(c, errorResponse(ErrHandingOver), -1)
+		return
+	}
+	if req.Op == OpHandOver {
+		s.handOver(c, req, pid)
+		return
+	}
 	if req.Volume != "" {
 		// Held until the reply is sent: a close must not free the fd a
 		// get is passing.
-		release, err := s.lockVolume(ctx, req.Volume)
+		release, err := s.lockVolume(ctx, req.Volume, req.Op != OpStatus)
 		if err != nil {
 			_ = send(c, errorResponse(err), -1)
 			return
@@ -139,10 +213,15 @@ func unmark[V any](mu *sync.Mutex, m map[string]V, key string) {
 }
 
 // lockVolume waits until no other operation runs on volume, or ctx ends
-// (ErrBusy).
-func (s *Service) lockVolume(ctx context.Context, volume string) (func(), error) {
+// (ErrBusy). An operation that changes what is held (changes) is refused
+// while a hand-over runs: it would be lost with this keeper.
+func (s *Service) lockVolume(ctx context.Context, volume string, changes bool) (func(), error) {
 	for {
 		s.mu.Lock()
+		if changes && s.handing != nil {
+			s.mu.Unlock()
+			return nil, ErrHandingOver
+		}
 		freed, busy := s.busy[volume]
 		if !busy {
 			done := make(chan struct{})
@@ -183,6 +262,15 @@ func send(c *net.UnixConn, resp response, fd int) error {
 	if len(b) > maxListReply {
 		return fmt.Errorf("reply of %d bytes is over %d", len(b), maxListReply)
 	}
+	var fds []int
+	if fd >= 0 {
+		fds = []int{fd}
+	}
+	return writeMsg(c, b, fds)
+}
+
+// writeMsg writes b as one message, with fds as SCM_RIGHTS.
+func writeMsg(c *net.UnixConn, b []byte, fds []int) error {
 	if len(b) > 64<<10 {
 		// One SOCK_SEQPACKET message must fit the send buffer (~208 KiB by
 		// default): a long List gets room for itself.
@@ -193,11 +281,11 @@ func send(c *net.UnixConn, resp response, fd int) error {
 		}
 	}
 	var oob []byte
-	if fd >= 0 {
-		oob = unix.UnixRights(fd)
+	if len(fds) > 0 {
+		oob = unix.UnixRights(fds...)
 	}
 	if _, _, err := c.WriteMsgUnix(b, oob, nil); err != nil {
-		return fmt.Errorf("write reply: %w", err)
+		return fmt.Errorf("write message: %w", err)
 	}
 	return nil
 }
@@ -256,6 +344,7 @@ func (s *Service) handle(req request, pid int32) (response, int) {
 		}
 		return response{}, -1
 	}
+	// A hand-over is served by serveConn, which has the connection.
 	return errorResponse(fmt.Errorf("%w: op %q", volerr.ErrInvalid, req.Op)), -1
 }
 

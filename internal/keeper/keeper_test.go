@@ -3,6 +3,7 @@ package keeper_test
 import (
 	"context"
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -26,19 +27,36 @@ type fakeKernel struct {
 	foreign  map[string]bool // mounted by someone else
 	closed   []int
 	mountErr error
+	// fuseErr fails CheckFUSE; unmounts counts Unmount calls.
+	fuseErr  error
+	unmounts int
+	// pids maps the inode of a watched process's pipe to its pid, so that
+	// a pipe passed in a hand-over is adopted as that process.
+	pids map[uint64]int32
 }
 
 func newFakeKernel() *fakeKernel {
-	return &fakeKernel{mounts: map[string]int{}, foreign: map[string]bool{}}
+	return &fakeKernel{mounts: map[string]int{}, foreign: map[string]bool{}, pids: map[uint64]int32{}}
+}
+
+// pipeFD is the read end of a new pipe, and its inode.
+func pipeFD() (int, uint64, error) {
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		return -1, 0, err
+	}
+	_ = unix.Close(p[1])
+	var st unix.Stat_t
+	if err := unix.Fstat(p[0], &st); err != nil {
+		_ = unix.Close(p[0])
+		return -1, 0, err
+	}
+	return p[0], st.Ino, nil
 }
 
 func (k *fakeKernel) OpenFUSE() (int, error) {
-	var p [2]int
-	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
-		return -1, err
-	}
-	_ = unix.Close(p[1])
-	return p[0], nil
+	fd, _, err := pipeFD()
+	return fd, err
 }
 
 func (k *fakeKernel) MountFUSE(fd int, _, mountpoint string) error {
@@ -54,6 +72,7 @@ func (k *fakeKernel) MountFUSE(fd int, _, mountpoint string) error {
 func (k *fakeKernel) Unmount(mountpoint string) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	k.unmounts++
 	delete(k.mounts, mountpoint)
 	return nil
 }
@@ -73,15 +92,53 @@ func (k *fakeKernel) CloseFD(fd int) error {
 }
 
 // WatchProcess: the test process is the only client, and it lives.
-func (k *fakeKernel) WatchProcess(int32) (keeper.Process, error) { return aliveProcess{}, nil }
+func (k *fakeKernel) WatchProcess(pid int32) (keeper.Process, error) {
+	fd, ino, err := pipeFD()
+	if err != nil {
+		return nil, err
+	}
+	k.mu.Lock()
+	k.pids[ino] = pid
+	k.mu.Unlock()
+	return aliveProcess(fd), nil
+}
 
-type aliveProcess struct{}
+func (k *fakeKernel) CheckFUSE(fd int) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.fuseErr != nil {
+		return k.fuseErr
+	}
+	var st unix.Stat_t
+	return unix.Fstat(fd, &st)
+}
+
+func (k *fakeKernel) AdoptProcess(fd int) (keeper.Process, int32, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, 0, err
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	pid, ok := k.pids[st.Ino]
+	if !ok {
+		return nil, 0, errors.New("passed fd is no watched process")
+	}
+	return aliveProcess(fd), pid, nil
+}
+
+// aliveProcess is a live process whose pidfd is a pipe, so that a
+// hand-over passes a real fd.
+type aliveProcess int
 
 func (aliveProcess) Alive() bool              { return true }
 func (aliveProcess) Stop(time.Duration) error { return nil }
-func (aliveProcess) Release()                 {}
+func (p aliveProcess) Release()               { _ = unix.Close(int(p)) }
+func (p aliveProcess) FD() int                { return int(p) }
 
-func startKeeper(t *testing.T, k keeper.Kernel) *keeper.Client {
+// listenRoot makes a keeper socket in a folder of the test; it skips
+// without root, the only peer a keeper admits.
+func listenRoot(t *testing.T) (*net.UnixListener, string) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("the keeper admits only root peers; run as root")
@@ -91,6 +148,12 @@ func startKeeper(t *testing.T, k keeper.Kernel) *keeper.Client {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return l, sock
+}
+
+func startKeeper(t *testing.T, k keeper.Kernel) *keeper.Client {
+	t.Helper()
+	l, sock := listenRoot(t)
 	ctx := testenv.Serve(t, "Serve", func(ctx context.Context) error { return keeper.New(k, logr.Discard()).Serve(ctx, l) })
 	st, err := os.Stat(sock)
 	if err != nil || st.Mode().Perm() != 0o600 {

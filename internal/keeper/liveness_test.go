@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -26,14 +25,7 @@ func serve(t *testing.T, k keeper.Kernel, log logr.Logger) string {
 
 func serveService(t *testing.T, svc *keeper.Service) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("the keeper admits only root peers; run as root")
-	}
-	sock := filepath.Join(t.TempDir(), "keeper.sock")
-	l, err := keeper.Listen(sock)
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, sock := listenRoot(t)
 	testenv.Serve(t, "Serve", func(ctx context.Context) error { return svc.Serve(ctx, l) })
 	return sock
 }

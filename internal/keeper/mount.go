@@ -1,9 +1,12 @@
 package keeper
 
 import (
+	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"time"
 
 	"github.com/moby/sys/mountinfo"
@@ -25,6 +28,13 @@ type Kernel interface {
 	CloseFD(fd int) error
 	// WatchProcess follows process pid until Release.
 	WatchProcess(pid int32) (Process, error)
+	// CheckFUSE fails unless fd, passed in a hand-over, is a /dev/fuse
+	// connection.
+	CheckFUSE(fd int) error
+	// AdoptProcess follows the process of fd, a handle (pidfd) the
+	// previous keeper passed, until Release. pid is its pid as this
+	// process sees it, 0 when it has exited or is out of sight.
+	AdoptProcess(fd int) (p Process, pid int32, err error)
 }
 
 // Process is a watched process.
@@ -34,6 +44,8 @@ type Process interface {
 	// wait again; nil once the process is gone.
 	Stop(wait time.Duration) error
 	Release()
+	// FD is the handle a hand-over passes on (-1: none to pass).
+	FD() int
 }
 
 // HostKernel is the real Kernel.
@@ -128,3 +140,44 @@ func (p pidfd) Stop(wait time.Duration) error {
 
 // Release closes the pidfd.
 func (p pidfd) Release() { _ = unix.Close(int(p)) }
+
+// FD is the pidfd itself: passing it rather than a pid means no reuse of
+// the pid can make the next keeper watch another process.
+func (p pidfd) FD() int { return int(p) }
+
+// /dev/fuse is the misc device 10:229.
+const fuseMajor, fuseMinor = 10, 229
+
+// CheckFUSE checks the device behind fd.
+func (HostKernel) CheckFUSE(fd int) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fmt.Errorf("stat passed fd: %w", err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFCHR || unix.Major(st.Rdev) != fuseMajor || unix.Minor(st.Rdev) != fuseMinor {
+		return fmt.Errorf("passed fd is not /dev/fuse (mode %o, device %d:%d)", st.Mode, unix.Major(st.Rdev), unix.Minor(st.Rdev))
+	}
+	return nil
+}
+
+// AdoptProcess reads the pid from the fd's fdinfo, which only a pidfd has,
+// in this process's pid namespace (-1 once the process has exited).
+func (HostKernel) AdoptProcess(fd int) (Process, int32, error) {
+	b, err := os.ReadFile("/proc/self/fdinfo/" + strconv.Itoa(fd))
+	if err != nil {
+		return nil, 0, fmt.Errorf("read fdinfo of passed fd: %w", err)
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		v, ok := bytes.CutPrefix(sc.Bytes(), []byte("Pid:"))
+		if !ok {
+			continue
+		}
+		pid, err := strconv.ParseInt(string(bytes.TrimSpace(v)), 10, 32)
+		if err != nil {
+			return nil, 0, fmt.Errorf("passed pidfd: bad pid %q", v)
+		}
+		return pidfd(fd), int32(max(pid, 0)), nil
+	}
+	return nil, 0, errors.New("passed fd is not a pidfd")
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -21,6 +22,11 @@ type fuzzKernel struct {
 	open   map[int]bool
 	mounts map[string]int
 	calls  int
+	// pidfds marks the open fds that stand for pidfds.
+	pidfds map[int]bool
+	// mountedAll: every mountpoint is mounted but those naming "gone".
+	mountedAll  bool
+	closedTwice bool
 }
 
 func (k *fuzzKernel) OpenFUSE() (int, error) {
@@ -45,12 +51,13 @@ func (k *fuzzKernel) Unmount(mountpoint string) error {
 func (k *fuzzKernel) Mounted(mountpoint string) (bool, error) {
 	k.calls++
 	_, ok := k.mounts[mountpoint]
-	return ok, nil
+	return ok || (k.mountedAll && !strings.Contains(mountpoint, "gone")), nil
 }
 
 func (k *fuzzKernel) CloseFD(fd int) error {
 	k.calls++
 	if !k.open[fd] {
+		k.closedTwice = true
 		return errors.New("closed an fd twice")
 	}
 	delete(k.open, fd)
@@ -59,10 +66,40 @@ func (k *fuzzKernel) CloseFD(fd int) error {
 
 func (k *fuzzKernel) WatchProcess(int32) (Process, error) { k.calls++; return livePID{}, nil }
 
+// CheckFUSE takes any fd the harness opened for a FUSE connection.
+func (k *fuzzKernel) CheckFUSE(fd int) error {
+	k.calls++
+	if !k.open[fd] || k.pidfds[fd] {
+		return errors.New("not a FUSE fd")
+	}
+	return nil
+}
+
+// AdoptProcess takes any fd the harness opened for a pidfd.
+func (k *fuzzKernel) AdoptProcess(fd int) (Process, int32, error) {
+	k.calls++
+	if !k.open[fd] || !k.pidfds[fd] {
+		return nil, 0, errors.New("not a pidfd")
+	}
+	return adopted{k: k, fd: fd}, 7, nil
+}
+
 type livePID struct{}
 
 func (livePID) Alive() bool { return false }
 func (livePID) Release()    {}
+func (livePID) FD() int     { return -1 }
+
+// adopted is a passed pidfd, closed through the kernel.
+type adopted struct {
+	k  *fuzzKernel
+	fd int
+}
+
+func (adopted) Alive() bool              { return true }
+func (adopted) Stop(time.Duration) error { return nil }
+func (a adopted) Release()               { _ = a.k.CloseFD(a.fd) }
+func (a adopted) FD() int                { return a.fd }
 
 // Stop: the fuzzed process is never alive, so it is gone at once.
 func (livePID) Stop(time.Duration) error { return nil }
@@ -202,4 +239,115 @@ func FuzzKeeperReply(f *testing.F) {
 			t.Fatalf("code %q became %q", resp.Code, again.Code)
 		}
 	})
+}
+
+// FuzzHandOverParts runs hand-over messages from an old keeper, one per
+// line, through the new keeper's decoding and checks (decodePart, then
+// intake.add, as takeOver does) on a kernel without side effects. Each
+// part comes with the fds it announces, one fewer or one more as the
+// line's first byte says. Whatever the input, every fd ends up either
+// held or closed, once, and what is held is valid; discarding leaves none.
+func FuzzHandOverParts(f *testing.F) {
+	part := func(p handOverPart) string {
+		b, _ := json.Marshal(p)
+		return "1" + string(b)
+	}
+	vol := func(name string, server bool) handedVolume {
+		return handedVolume{Name: name, Mountpoint: "/var/lib/berth/fuse/" + name, Settings: json.RawMessage(realSettings), ServerPID: 4242, Server: server}
+	}
+	two := []handedVolume{vol("pvc-3f2a9c1e-6b7d-4e8f-9a0b-1c2d3e4f5a6b", true), vol("pvc-1", false)}
+	f.Add(part(handOverPart{Held: two, Total: 2, Last: true}))
+	f.Add(part(handOverPart{Held: two[:1], Total: 2}) + "\n" + part(handOverPart{Held: two[1:], Total: 2, Last: true}))
+	f.Add(part(handOverPart{Held: []handedVolume{two[0], two[0]}, Total: 2, Last: true}))
+	f.Add(part(handOverPart{Held: []handedVolume{vol("gone", true)}, Total: 1, Last: true}))
+	f.Add("0" + part(handOverPart{Held: two, Total: 2, Last: true})[1:])
+	f.Add(`1{"done":true}`)
+	f.Add(`1{"error":"keeper busy: an operation in progress did not end","code":"busy"}`)
+	f.Fuzz(func(t *testing.T, data string) {
+		k := &fuzzKernel{open: map[int]bool{}, mounts: map[string]int{}, pidfds: map[int]bool{}, mountedAll: true}
+		in := &intake{kernel: k, vols: map[string]*held{}, mounts: map[string]string{}}
+		for _, line := range strings.Split(data, "\n") {
+			if line == "" {
+				continue
+			}
+			var announced handOverPart
+			_ = json.Unmarshal([]byte(line[1:]), &announced)
+			// The fds as announced (volume, then pidfd), then any extra.
+			var fds []int
+			for _, v := range announced.Held {
+				if len(fds) >= maxPartFDs {
+					break
+				}
+				fds = append(fds, k.fake(false))
+				if v.Server {
+					fds = append(fds, k.fake(true))
+				}
+			}
+			if announced.Last {
+				fds = append(fds, k.fake(false))
+			}
+			switch line[0] % 3 {
+			case 0:
+				if len(fds) > 0 {
+					_ = k.CloseFD(fds[len(fds)-1])
+					fds = fds[:len(fds)-1]
+				}
+			case 2:
+				fds = append(fds, k.fake(false))
+			}
+			p, err := decodePart([]byte(line[1:]), len(fds))
+			if err != nil {
+				in.closeFDs(fds) // readPart's part
+				continue
+			}
+			if p.Done || (p.fds() != len(fds)) {
+				in.closeFDs(fds)
+				continue
+			}
+			vfds := fds
+			if p.Last {
+				vfds = fds[:len(fds)-1]
+				in.closeFDs(fds[len(fds)-1:]) // the listener, not fuzzed
+			}
+			_ = in.add(p.Held, vfds)
+			if k.closedTwice {
+				t.Fatal("an fd was closed twice")
+			}
+			held := map[int]bool{}
+			for name, h := range in.vols {
+				if volid.Valid(name) != nil || !filepath.IsAbs(h.mountpoint) || filepath.Clean(h.mountpoint) != h.mountpoint {
+					t.Fatalf("took %q at %q", name, h.mountpoint)
+				}
+				if in.mounts[h.mountpoint] != name || strings.Contains(h.mountpoint, "gone") {
+					t.Fatalf("took %s at %s, unmounted or shared", name, h.mountpoint)
+				}
+				if len(h.settings) > 0 && !json.Valid(h.settings) {
+					t.Fatalf("took %s with settings that are not JSON", name)
+				}
+				held[h.fd] = true
+				if h.server != nil {
+					held[h.server.FD()] = true
+				}
+			}
+			for fd := range k.open {
+				if !held[fd] {
+					t.Fatalf("fd %d neither held nor closed", fd)
+				}
+			}
+		}
+		in.discard()
+		if len(k.open) != 0 || k.closedTwice {
+			t.Fatalf("after discard: %d fds open, closed twice %v", len(k.open), k.closedTwice)
+		}
+	})
+}
+
+// fake opens a fake fd, a pidfd when pid.
+func (k *fuzzKernel) fake(pid bool) int {
+	k.next++
+	k.open[k.next] = true
+	if pid {
+		k.pidfds[k.next] = true
+	}
+	return k.next
 }

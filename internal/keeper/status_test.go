@@ -44,6 +44,27 @@ func TestStatusAndLongList(t *testing.T) {
 // TestStatusOfAnOlderKeeper: a keeper before OpStatus answers it as an
 // unknown op; the client then finds the volume in List.
 func TestStatusOfAnOlderKeeper(t *testing.T) {
+	sock, _ := olderKeeper(t, func(op string) string {
+		if op == keeper.OpList {
+			return `{"volumes":[{"name":"a","mountpoint":"/m/a","initialized":true,"serverPID":42}]}`
+		}
+		return `{"error":"invalid request: unknown op \"status\"","code":"invalid"}`
+	})
+	c := keeper.NewClient(sock)
+	v, found, err := c.Status(context.Background(), "a")
+	if err != nil || !found || v.ServerPID != 42 {
+		t.Fatalf("Status from an older keeper = %+v, %v, %v; want a's entry from List", v, found, err)
+	}
+	if _, found, err := c.Status(context.Background(), "b"); err != nil || found {
+		t.Fatalf("Status of b from an older keeper = %v, %v; want not found", found, err)
+	}
+}
+
+// olderKeeper serves a socket as a keeper from before some op would:
+// answer gives the reply to each request's op. Closing the listener ends
+// it, as the test's end does.
+func olderKeeper(t *testing.T, answer func(op string) string) (string, *net.UnixListener) {
+	t.Helper()
 	sock := filepath.Join(t.TempDir(), "old.sock")
 	l, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: sock, Net: "unixpacket"})
 	if err != nil {
@@ -60,20 +81,9 @@ func TestStatusOfAnOlderKeeper(t *testing.T) {
 			n, _, _, _, _ := c.ReadMsgUnix(buf, nil)
 			var req struct{ Op string }
 			_ = json.Unmarshal(buf[:n], &req)
-			reply := `{"error":"invalid request: unknown op \"status\"","code":"invalid"}`
-			if req.Op == keeper.OpList {
-				reply = `{"volumes":[{"name":"a","mountpoint":"/m/a","initialized":true,"serverPID":42}]}`
-			}
-			_, _, _ = c.WriteMsgUnix([]byte(reply), nil, nil)
+			_, _, _ = c.WriteMsgUnix([]byte(answer(req.Op)), nil, nil)
 			_ = c.Close()
 		}
 	}()
-	c := keeper.NewClient(sock)
-	v, found, err := c.Status(context.Background(), "a")
-	if err != nil || !found || v.ServerPID != 42 {
-		t.Fatalf("Status from an older keeper = %+v, %v, %v; want a's entry from List", v, found, err)
-	}
-	if _, found, err := c.Status(context.Background(), "b"); err != nil || found {
-		t.Fatalf("Status of b from an older keeper = %v, %v; want not found", found, err)
-	}
+	return sock, l
 }
