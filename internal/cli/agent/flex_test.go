@@ -20,6 +20,19 @@ import (
 	"github.com/berth-io/berth/internal/testenv"
 )
 
+// wantFailedEvent wants a FlexvolumeDriverFailed Warning recorded.
+func wantFailedEvent(t *testing.T, events *record.FakeRecorder) {
+	t.Helper()
+	select {
+	case e := <-events.Events:
+		if !strings.Contains(e, "Warning FlexvolumeDriverFailed") {
+			t.Errorf("event %q", e)
+		}
+	default:
+		t.Error("no Event for the failed install")
+	}
+}
+
 type noOps struct{}
 
 func (noOps) Node() string                                             { return "n1" }
@@ -61,14 +74,7 @@ func TestFlexInstallRetriedUntilInstalled(t *testing.T) {
 		err := f.State()
 		return err != nil && strings.Contains(err.Error(), "install failed")
 	})
-	select {
-	case e := <-events.Events:
-		if !strings.Contains(e, "FlexvolumeDriverFailed") {
-			t.Errorf("event %q", e)
-		}
-	default:
-		t.Error("no Event for the failed install")
-	}
+	wantFailedEvent(t, events)
 	if _, err := os.Stat(f.socket); !os.IsNotExist(err) {
 		t.Fatalf("socket before the driver is installed: %v", err)
 	}
@@ -172,14 +178,7 @@ func TestFlexInstallIntoReadOnlyFolder(t *testing.T) {
 		!(strings.Contains(c.Message, "read-only file system") || strings.Contains(c.Message, "permission denied")) {
 		t.Errorf("condition %+v, want False, InstallFailed, naming the read-only folder", c)
 	}
-	select {
-	case e := <-events.Events:
-		if !strings.Contains(e, "Warning FlexvolumeDriverFailed") {
-			t.Errorf("event %q", e)
-		}
-	default:
-		t.Error("no Event for the failed install")
-	}
+	wantFailedEvent(t, events)
 	select {
 	case err := <-done:
 		t.Fatalf("Start returned while the install fails: %v", err)
