@@ -148,6 +148,30 @@ type AgentSpec struct {
 	// node: its userspace volumes are healed, kernel ones do not notice.
 	// +optional
 	Resources *AgentResources `json:"resources,omitempty"`
+
+	// Flexvolume sets the agent's Flexvolume driver.
+	// +optional
+	Flexvolume FlexvolumeSpec `json:"flexvolume,omitempty"`
+}
+
+// FlexvolumeSpec sets the agent's Flexvolume driver, which the agent
+// installs into kubelet's Flexvolume plugin folder on each node (the
+// chart value volumePluginDir).
+type FlexvolumeSpec struct {
+	// Enabled (default true) mounts kubelet's plugin folder into the agent,
+	// which installs the driver there. The agent serves every cluster: off
+	// only when every cluster turns it off. Off, the agent installs no
+	// driver and mounts no plugin folder; a driver installed before stays,
+	// and the agent still answers it, so that pods mounted through it can
+	// unmount.
+	// +optional
+	Enabled *bool `json:"enabled,omitempty"`
+}
+
+// FlexvolumeEnabled tells whether the cluster wants the Flexvolume driver
+// (Enabled, true when unset).
+func (a AgentSpec) FlexvolumeEnabled() bool {
+	return a.Flexvolume.Enabled == nil || *a.Flexvolume.Enabled
 }
 
 // AgentResources are the agent container's CPU and memory requests and

@@ -140,10 +140,7 @@ func TestHandOverSeveralVolumes(t *testing.T) {
 	if fdInode(t, conn.File) != ino || string(conn.Settings) != `{"out":{"major":7}}` {
 		t.Fatalf("vol1 after the hand-over: another connection or settings %q", conn.Settings)
 	}
-	k.mu.Lock()
-	unmounts, mounts := k.unmounts, len(k.mounts)
-	k.mu.Unlock()
-	if unmounts != 0 || mounts != 3 {
+	if mounts, _, unmounts := k.counts(); unmounts != 0 || mounts != 3 {
 		t.Fatalf("hand-over unmounted: %d unmounts, %d mounts left", unmounts, mounts)
 	}
 	// The new keeper serves everything, the same server still counts.

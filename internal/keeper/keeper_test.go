@@ -39,6 +39,14 @@ func newFakeKernel() *fakeKernel {
 	return &fakeKernel{mounts: map[string]int{}, foreign: map[string]bool{}, pids: map[uint64]int32{}}
 }
 
+// counts reads the mounts, closed fds and unmounts under the lock: the
+// keeper's goroutines write them.
+func (k *fakeKernel) counts() (mounts, closed, unmounts int) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.mounts), len(k.closed), k.unmounts
+}
+
 // pipeFD is the read end of a new pipe, and its inode.
 func pipeFD() (int, uint64, error) {
 	var p [2]int
@@ -195,8 +203,8 @@ func TestOpenSaveGetClose(t *testing.T) {
 	if string(again.Settings) != `{"out":{"major":7}}` {
 		t.Fatalf("settings = %q", again.Settings)
 	}
-	if len(k.mounts) != 1 {
-		t.Fatalf("mounted %d times, want once", len(k.mounts))
+	if mounts, _, _ := k.counts(); mounts != 1 {
+		t.Fatalf("mounted %d times, want once", mounts)
 	}
 	// The passed fd is the keeper's connection: same file description.
 	var a, b unix.Stat_t
@@ -224,8 +232,8 @@ func TestOpenSaveGetClose(t *testing.T) {
 	if err := c.Close(ctx, "vol1"); err != nil {
 		t.Fatalf("second close: %v", err)
 	}
-	if len(k.mounts) != 0 || len(k.closed) != 1 {
-		t.Fatalf("after close: mounts %v, closed %v", k.mounts, k.closed)
+	if mounts, closed, _ := k.counts(); mounts != 0 || closed != 1 {
+		t.Fatalf("after close: %d mounts, %d fds closed", mounts, closed)
 	}
 	if _, err := c.Get(ctx, "vol1"); !errors.Is(err, keeper.ErrNotFound) {
 		t.Fatalf("Get after close = %v, want ErrNotFound", err)
@@ -259,15 +267,17 @@ func TestRefusals(t *testing.T) {
 			t.Errorf("%s: err = %v, want %v", tc.name, err, tc.want)
 		}
 	}
-	if len(k.mounts) != 1 {
-		t.Fatalf("refused requests changed mounts: %v", k.mounts)
+	if mounts, _, _ := k.counts(); mounts != 1 {
+		t.Fatalf("refused requests changed mounts: %d", mounts)
 	}
+	k.mu.Lock()
 	k.mountErr = errors.New("mount failed")
+	k.mu.Unlock()
 	if _, err := c.Open(ctx, "vol5", "/mnt/vol5"); err == nil {
 		t.Fatal("open with a failing mount succeeded")
 	}
-	if len(k.closed) != 1 {
-		t.Fatalf("the fd of a failed mount was not closed: %v", k.closed)
+	if _, closed, _ := k.counts(); closed != 1 {
+		t.Fatalf("the fd of a failed mount was not closed: %d closed", closed)
 	}
 	if vols, _ := c.List(ctx); len(vols) != 1 {
 		t.Fatalf("failed open left state: %+v", vols)

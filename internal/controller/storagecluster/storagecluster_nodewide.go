@@ -69,6 +69,10 @@ type nodeWidePlan struct {
 	// controller is the CSI controller's scale, merged from the served
 	// clusters' spec.csiController.
 	controller controllerScale
+	// flexvolume: the agent installs the Flexvolume driver, which any
+	// served cluster's spec.agent.flexvolume may ask. unasked: no cluster
+	// is served, and the agent keeps what it does (applyNodeWide).
+	flexvolume, flexvolumeUnasked bool
 }
 
 // dataDirs returns the served data dirs, sorted (a deterministic template).
@@ -161,6 +165,11 @@ func planNodeWide(clusters []v1.StorageCluster, kept map[string]string, withVolu
 	}
 	p.agentResources = agentResources(asks)
 	p.controller = controllerScaleOf(asks)
+	// Not asks: a gone cluster asks no Flexvolume driver, which would roll
+	// the agent onto a plugin folder that nodes with a read-only /usr
+	// cannot make, while its volumes still wait to be cleaned.
+	p.flexvolumeUnasked = len(served) == 0
+	p.flexvolume = p.flexvolumeUnasked || slices.ContainsFunc(served, func(sc *v1.StorageCluster) bool { return sc.Spec.Agent.FlexvolumeEnabled() })
 	return p
 }
 
@@ -236,6 +245,9 @@ func (r *Reconciler) applyNodeWide(ctx context.Context) (observed, nodeWidePlan,
 		}
 	}
 	plan := planNodeWide(list.Items, kept, withVolumes)
+	if plan.flexvolumeUnasked && obs.agent.ResourceVersion != "" {
+		plan.flexvolume = installsFlexvolume(obs.agent)
+	}
 
 	var errs []error
 	errs = append(errs, r.ensureNodeWideChanged(ctx, obs.agent, func() bool {

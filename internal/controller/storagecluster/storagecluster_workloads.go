@@ -2,6 +2,7 @@ package storagecluster
 
 import (
 	"path"
+	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -86,11 +87,17 @@ func (r *Reconciler) agentDaemonSet(plan nodeWidePlan, ds *appsv1.DaemonSet) {
 	endpoint := "unix://" + path.Join(pluginsDir, v1.DriverName, "csi.sock")
 	bidi := ptr.To(corev1.MountPropagationBidirectional)
 
+	// Without Flexvolume the plugin folder is neither mounted nor named:
+	// nodes whose /usr is read-only cannot make the default one.
+	pluginDir := ""
+	if plan.flexvolume {
+		pluginDir = o.VolumePluginDir
+	}
 	c := r.container(componentAgent, "agent",
 		"--run-dir="+runDir,
 		"--kubelet-dir="+o.KubeletDir,
 		"--csi-endpoint="+endpoint,
-		"--volume-plugin-dir="+o.VolumePluginDir,
+		volumePluginDirFlag+pluginDir,
 	)
 	for _, d := range plan.dataDirs() {
 		c.Args = append(c.Args, "--data-dir="+d)
@@ -101,11 +108,21 @@ func (r *Reconciler) agentDaemonSet(plan nodeWidePlan, ds *appsv1.DaemonSet) {
 	}}, podNamespaceEnv())
 	c.SecurityContext = &corev1.SecurityContext{Privileged: ptr.To(true)}
 	c.Resources = plan.agentResources
-	c.VolumeMounts = append([]corev1.VolumeMount{
+	c.VolumeMounts = []corev1.VolumeMount{
 		{Name: "pods-dir", MountPath: podsDir, MountPropagation: bidi},
 		{Name: "plugins-dir", MountPath: pluginsDir, MountPropagation: bidi},
 		{Name: "registration-dir", MountPath: registryDir},
-		{Name: "volume-plugin-dir", MountPath: o.VolumePluginDir},
+	}
+	volumes := []corev1.Volume{
+		hostPathVolume("pods-dir", podsDir, corev1.HostPathDirectoryOrCreate),
+		hostPathVolume("plugins-dir", pluginsDir, corev1.HostPathDirectoryOrCreate),
+		hostPathVolume("registration-dir", registryDir, corev1.HostPathDirectoryOrCreate),
+	}
+	if pluginDir != "" {
+		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: "volume-plugin-dir", MountPath: pluginDir})
+		volumes = append(volumes, hostPathVolume("volume-plugin-dir", pluginDir, corev1.HostPathDirectoryOrCreate))
+	}
+	c.VolumeMounts = append(append(c.VolumeMounts, []corev1.VolumeMount{
 		{Name: "dev", MountPath: "/dev"},
 		// The keeper's FUSE mounts (userspace volumes) and the Flexvolume
 		// staging folders live in /run/berth, in no cluster's data dir:
@@ -115,7 +132,7 @@ func (r *Reconciler) agentDaemonSet(plan nodeWidePlan, ds *appsv1.DaemonSet) {
 		// The holder records of netns-mode clusters: the agent finds each
 		// cluster's holder namespace there (through the host's /proc).
 		{Name: "holders-netns", MountPath: NetnsHolderDir, ReadOnly: true},
-	}, dataMounts...)
+	}...), dataMounts...)
 	ds.Spec = appsv1.DaemonSetSpec{
 		Selector:       &metav1.LabelSelector{MatchLabels: selectorLabels(NodeWide, componentAgent)},
 		UpdateStrategy: appsv1.DaemonSetUpdateStrategy{Type: appsv1.RollingUpdateDaemonSetStrategyType},
@@ -135,18 +152,31 @@ func (r *Reconciler) agentDaemonSet(plan nodeWidePlan, ds *appsv1.DaemonSet) {
 				Affinity:    placement(plan),
 				Tolerations: plan.tolerations,
 				Containers:  []corev1.Container{c},
-				Volumes: append([]corev1.Volume{
-					hostPathVolume("pods-dir", podsDir, corev1.HostPathDirectoryOrCreate),
-					hostPathVolume("plugins-dir", pluginsDir, corev1.HostPathDirectoryOrCreate),
-					hostPathVolume("registration-dir", registryDir, corev1.HostPathDirectoryOrCreate),
-					hostPathVolume("volume-plugin-dir", o.VolumePluginDir, corev1.HostPathDirectoryOrCreate),
+				Volumes: append(append(volumes,
 					hostPathVolume("dev", "/dev", corev1.HostPathDirectory),
 					hostPathVolume("run-berth", runDir, corev1.HostPathDirectoryOrCreate),
 					hostPathVolume("holders-netns", NetnsHolderDir, corev1.HostPathDirectoryOrCreate),
-				}, dataVols...),
+				), dataVols...),
 			},
 		},
 	}
+}
+
+// volumePluginDirFlag names kubelet's Flexvolume folder to the agent; an
+// empty one installs no driver.
+const volumePluginDirFlag = "--volume-plugin-dir="
+
+// installsFlexvolume tells whether the agent DaemonSet ds installs the
+// Flexvolume driver: its agent names a plugin folder.
+func installsFlexvolume(ds *appsv1.DaemonSet) bool {
+	for _, c := range ds.Spec.Template.Spec.Containers {
+		for _, a := range c.Args {
+			if dir, ok := strings.CutPrefix(a, volumePluginDirFlag); ok {
+				return dir != ""
+			}
+		}
+	}
+	return false
 }
 
 // keeperDaemonSet renders the keeper. It holds kernel connections that must
