@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"os"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -21,37 +22,67 @@ type Config struct {
 	// Ping asks the running keeper at Socket whether it answers, and exits:
 	// the keeper pod's readiness probe.
 	Ping bool
-	Log  logr.Logger
+	// HandOverWait is how long a stopped keeper holding connections serves
+	// on for a new keeper to take them over.
+	HandOverWait time.Duration
+	Log          logr.Logger
 }
 
 // pingTimeout bounds a probe's ping; a keeper busy with a hung mount still
 // answers a ping from another connection at once.
 const pingTimeout = 3 * time.Second
 
+// ping succeeds only when the keeper answering is this container's: while
+// a new keeper's pod starts beside the old one, the old one answers, and
+// the new pod must not be ready (the rollout then deletes the old pod)
+// before it has taken over. Processes of one container share its mount
+// namespace; those of two containers never do.
 func (c Config) ping(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, pingTimeout)
 	defer cancel()
-	if err := keeper.NewClient(c.Socket).Ping(ctx); err != nil {
+	pid, err := keeper.NewClient(c.Socket).Serving(ctx)
+	if err != nil {
 		return fmt.Errorf("keeper at %s: %w", c.Socket, err)
+	}
+	mine, err := os.Readlink("/proc/self/ns/mnt")
+	if err != nil {
+		return fmt.Errorf("own mount namespace: %w", err)
+	}
+	theirs, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid))
+	if pid <= 0 || err != nil || theirs != mine {
+		return fmt.Errorf("keeper at %s answers from pid %d, not from this container: it has not taken over (yet) (%v)", c.Socket, pid, err)
 	}
 	return nil
 }
 
-// Run serves until ctx ends. Exiting drops every held connection: the
-// mounts then fail all I/O once their servers are gone too.
+// Run serves until ctx ends, taking over from the keeper already serving
+// the socket if there is one. Once a new keeper took over, it holds
+// nothing and waits for ctx: a container that exits is started again, and
+// would take the connections back. Exiting without a hand-over drops every
+// held connection: the mounts then fail all I/O once their servers are
+// gone too.
 func (c Config) Run(ctx context.Context) error {
 	if c.Ping {
 		return c.ping(ctx)
 	}
-	l, err := keeper.Listen(c.Socket)
+	svc := keeper.New(keeper.HostKernel{}, c.Log)
+	svc.HandOverWait = c.HandOverWait
+	l, err := svc.Start(ctx, c.Socket)
 	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
 		return err
 	}
-	svc := keeper.New(keeper.HostKernel{}, c.Log)
-	c.Log.Info("keeper listening", "socket", c.Socket)
+	c.Log.Info("keeper listening", "socket", c.Socket, "volumes", len(svc.Held()))
 	err = svc.Serve(ctx, l)
+	if n, ok := svc.HandedOver(); ok {
+		c.Log.Info("keeper handed over: holding nothing, waiting to be stopped", "volumes", n)
+		<-ctx.Done()
+		return err
+	}
 	if held := svc.Held(); len(held) > 0 {
-		c.Log.Info("keeper exiting with connections held: their mounts die with their servers", "volumes", held)
+		c.Log.Error(nil, "keeper exiting without a hand-over, the keeper's failure case: its connections end, and their mounts fail all I/O once their servers are gone", "volumes", held)
 	}
 	return err
 }
@@ -61,7 +92,9 @@ func Command() cli.Command {
 	return cli.FlagCommand("keeper", "hold userspace volumes' FUSE connections across server restarts", func(fs *flag.FlagSet, stdio cli.IO) func(context.Context) error {
 		cfg := Config{Log: logr.FromSlogHandler(slog.NewTextHandler(stdio.Stderr, nil))}
 		fs.StringVar(&cfg.Socket, "socket", "/run/berth/keeper.sock", "root-only Unix socket")
-		fs.BoolVar(&cfg.Ping, "ping", false, "ask the keeper serving --socket whether it answers, then exit (readiness probe)")
+		fs.BoolVar(&cfg.Ping, "ping", false, "ask the keeper serving --socket whether it answers and is this container's, then exit (readiness probe)")
+		fs.DurationVar(&cfg.HandOverWait, "hand-over-wait", 25*time.Second,
+			"once stopped while holding connections, serve on this long for a new keeper to take them over (within the pod's 30s grace)")
 		return func(ctx context.Context) error { return cfg.Run(ctx) }
 	})
 }
