@@ -91,9 +91,15 @@ func TestNodeWideObjects(t *testing.T) {
 	get(t, keeper)
 	checkNodeWide(t, keeper)
 	kc := keeper.Spec.Template.Spec.Containers[0]
-	if keeper.Spec.UpdateStrategy.Type != appsv1.OnDeleteDaemonSetStrategyType || !*kc.SecurityContext.Privileged || !keeper.Spec.Template.Spec.HostPID ||
+	// A new keeper pod takes over beside the old one: a surge of 1, none
+	// unavailable.
+	ku := keeper.Spec.UpdateStrategy
+	if ku.Type != appsv1.RollingUpdateDaemonSetStrategyType || ku.RollingUpdate == nil ||
+		ku.RollingUpdate.MaxSurge == nil || ku.RollingUpdate.MaxSurge.String() != "1" ||
+		ku.RollingUpdate.MaxUnavailable == nil || ku.RollingUpdate.MaxUnavailable.String() != "0" ||
+		!*kc.SecurityContext.Privileged || !keeper.Spec.Template.Spec.HostPID ||
 		!slices.Equal(kc.Args, []string{"keeper", "--socket=/run/berth/keeper.sock"}) {
-		t.Errorf("keeper: strategy %q args %v", keeper.Spec.UpdateStrategy.Type, kc.Args)
+		t.Errorf("keeper: strategy %+v args %v", ku, kc.Args)
 	}
 	checkPlacement(t, "keeper", keeper.Spec.Template.Spec)
 	checkPod(t, "keeper", keeper.Spec.Template.Spec, "system-node-critical")

@@ -7,6 +7,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
@@ -180,10 +181,11 @@ func installsFlexvolume(ds *appsv1.DaemonSet) bool {
 }
 
 // keeperDaemonSet renders the keeper. It holds kernel connections that must
-// outlive everything else, so it is only replaced when someone deletes its
-// pod (OnDelete), never by a rollout. It sees no data dir: its FUSE mounts
-// live in /run/berth (the blockdev servers, in the agent's pod, read the
-// images), so a cluster added after a keeper pod started needs nothing of it.
+// outlive everything else; a new keeper takes them over from the old one
+// through its socket, so it rolls like the rest. It sees no data dir: its
+// FUSE mounts live in /run/berth (the blockdev servers, in the agent's pod,
+// read the images), so a cluster added after a keeper pod started needs
+// nothing of it.
 func (r *Reconciler) keeperDaemonSet(plan nodeWidePlan, ds *appsv1.DaemonSet) {
 	setLabels(&ds.ObjectMeta, objectLabels(NodeWide, componentKeeper))
 	c := r.container(componentKeeper, "keeper", "--socket="+KeeperSocket)
@@ -215,6 +217,17 @@ func (r *Reconciler) keeperDaemonSet(plan nodeWidePlan, ds *appsv1.DaemonSet) {
 			hostPathVolume("run-berth", runDir, corev1.HostPathDirectoryOrCreate),
 		},
 	})
+	// The new pod starts beside the old one (a surge of 1, none
+	// unavailable), takes every connection and the socket over, and only
+	// then is ready (its probe asks which keeper answers); the old pod,
+	// deleted after, holds nothing and exits at once. Deleting the old pod
+	// first would drop every userspace volume's connection on the node.
+	ds.Spec.UpdateStrategy = appsv1.DaemonSetUpdateStrategy{
+		Type: appsv1.RollingUpdateDaemonSetStrategyType,
+		RollingUpdate: &appsv1.RollingUpdateDaemonSet{
+			MaxSurge: ptr.To(intstr.FromInt32(1)), MaxUnavailable: ptr.To(intstr.FromInt32(0)),
+		},
+	}
 }
 
 // onDeleteDaemonSet is the spec of a component's DaemonSet whose pods are
