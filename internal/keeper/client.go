@@ -153,11 +153,17 @@ func (c *Client) call(ctx context.Context, req request) (response, *os.File, err
 func (c *Client) exchange(ctx context.Context, req request) (response, *os.File, int32, error) {
 	ctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
+	var refused error
 	for {
 		resp, f, pid, err := c.once(ctx, req)
+		if err != nil && refused != nil && ctx.Err() != nil {
+			// The time ran out in a retry: why it was needed says more.
+			err = refused
+		}
 		if !errors.Is(err, ErrHandingOver) {
 			return resp, f, pid, err
 		}
+		refused = err
 		select {
 		case <-ctx.Done():
 			return resp, nil, pid, err

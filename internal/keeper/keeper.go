@@ -2,6 +2,7 @@ package keeper
 
 import (
 	"context"
+	"errors"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -192,6 +193,9 @@ func (s *Service) serveConn(c *net.UnixConn) {
 		// Held until the reply is sent: a close must not free the fd a
 		// get is passing.
 		release, err := s.lockVolume(ctx, req.Volume, req.Op != OpStatus)
+		if errors.Is(err, ErrHandingOver) {
+			s.log.Info("refused during the hand-over: the client asks again", "op", req.Op, "volume", req.Volume)
+		}
 		if err != nil {
 			_ = send(c, errorResponse(err), -1)
 			return
