@@ -201,7 +201,12 @@ func testCephSnapshotCloneExpand(t *testing.T) {
 	}
 	var after int64
 	s.waitFor("the writer to see the larger filesystem", 3*time.Minute, func(context.Context) (bool, error) {
-		after = s.dfKiB("writer")
+		size, err := s.tryDfKiB("writer")
+		if err != nil {
+			s.t.Logf("%v; trying again", err)
+			return false, nil
+		}
+		after = size
 		return after > before+200*1024, nil
 	})
 	t.Logf("filesystem in the pod: %d KiB -> %d KiB", before, after)

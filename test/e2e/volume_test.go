@@ -127,7 +127,12 @@ func testOnlineExpansion(t *testing.T) {
 	}
 	var after int64
 	s.waitFor("the pod to see the larger filesystem", 3*time.Minute, func(ctx context.Context) (bool, error) {
-		after = s.dfKiB("grow")
+		size, err := s.tryDfKiB("grow")
+		if err != nil {
+			s.t.Logf("%v; trying again", err)
+			return false, nil
+		}
+		after = size
 		return after > before+200*1024, nil
 	})
 	s.waitFor("PVC capacity 640Mi", time.Minute, func(ctx context.Context) (bool, error) {
@@ -144,16 +149,26 @@ func testOnlineExpansion(t *testing.T) {
 // dfKiB is the size of /data inside the pod, in KiB.
 func (s *scenario) dfKiB(pod string) int64 {
 	s.t.Helper()
+	size, err := s.tryDfKiB(pod)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return size
+}
+
+// tryDfKiB is dfKiB for a wait loop: an exec that comes back empty (seen
+// once in CI while the volume grew) is tried again, not a failure.
+func (s *scenario) tryDfKiB(pod string) (int64, error) {
 	out, err := s.exec(pod, "df -k /data | tail -n 1")
 	if err != nil {
-		s.t.Fatalf("df in %s: %v", pod, err)
+		return 0, fmt.Errorf("df in %s: %w", pod, err)
 	}
 	var fs string
 	var size int64
 	if _, err := fmt.Sscan(out, &fs, &size); err != nil {
-		s.t.Fatalf("df output %q: %v", out, err)
+		return 0, fmt.Errorf("df output %q: %w", out, err)
 	}
-	return size
+	return size, nil
 }
 
 // xfsClass is the StorageClass of scenario 4: the operator makes only the
