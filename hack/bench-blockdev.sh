@@ -31,7 +31,8 @@ trap cleanup EXIT
 make --no-print-directory -s -C "$root" build BIN="$work"
 truncate -s "$size" "$work/kernel.img" "$work/user.img"
 
-"$work/berth" keeper --socket "$work/run/keeper.sock" 2>"$work/keeper.log" &
+# No wait for a hand-over at the end: nothing takes over.
+"$work/berth" keeper --socket "$work/run/keeper.sock" --hand-over-wait 0 2>"$work/keeper.log" &
 keeper_pid=$!
 for _ in $(seq 100); do [ -S "$work/run/keeper.sock" ] && break; sleep 0.05; done
 "$work/berth" blockdev --keeper-socket "$work/run/keeper.sock" --volume bench \

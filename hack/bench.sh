@@ -11,6 +11,12 @@
 #     100) userspace volumes on one node, each with a verifying writer, over
 #     BENCH_HEAL_SCALE_CYCLES (default 10) SIGKILLs, once with FUSE passthrough
 #     on and once off (target p99 <= 1s). BENCH_HEAL_SCALE=0 leaves it out.
+#  2c. Keeper hand-over: the longest write+fdatasync+read round of each of
+#     5 userspace volumes with verifying writers while the keeper process is
+#     replaced BERTH_KEEPER_HANDOVERS (default 50) times, some servers
+#     restarted meanwhile, p50/p99/max (internal/blockdev
+#     TestKeeperHandOverUnderWriters; 0 errors asserted, target p99 <= 1s).
+#     BENCH_KEEPER=0 leaves it out.
 #  3. Provisioning: the time from PVC create to pod Running, p50/p99 over
 #     BERTH_BENCH_PVCS (default 20) claims and pods created at once, for the
 #     kernel and the userspace mounter, on a BENCH_NODES (default 2) node
@@ -37,7 +43,7 @@ cd "$(dirname "$0")/.."
 export PATH="/usr/local/go/bin:$PATH"
 
 out=$(mktemp)
-trap 'rm -f "$out" "$out.heal" "$out.pvc" "$out.scale" "$out.share" "$out.ceph"' EXIT
+trap 'rm -f "$out" "$out.heal" "$out.pvc" "$out.scale" "$out.share" "$out.ceph" "$out.keeper"' EXIT
 
 echo "== userspace / kernel loop device (fio direct=1, passthrough=${BERTH_BLOCKDEV_PASSTHROUGH:-true})"
 BERTH_BLOCKDEV_PASSTHROUGH=${BERTH_BLOCKDEV_PASSTHROUGH:-true} \
@@ -77,6 +83,16 @@ if [ "${BENCH_HEAL_SCALE:-1}" != 0 ]; then
 		heal_scale "$p"
 		grep "passthrough=$p " "$out.scale" || true
 	done
+fi
+
+keeper_rc=0
+: >"$out.keeper"
+if [ "${BENCH_KEEPER:-1}" != 0 ]; then
+	echo
+	echo "== keeper hand-over (${BERTH_KEEPER_HANDOVERS:-50} keeper replacements under verifying writers on 5 userspace volumes)"
+	BERTH_KEEPER_HANDOVERS=${BERTH_KEEPER_HANDOVERS:-50} go test -count=1 -v -timeout 30m \
+		-run 'TestKeeperHandOverUnderWriters$' ./internal/blockdev/ >"$out.keeper" 2>&1 && keeper_rc=0 || keeper_rc=$?
+	grep -E '^(KEEPER_HANDOVER_RESULT|--- |    keeper_handover)' "$out.keeper" || tail -n 40 "$out.keeper"
 fi
 
 echo
@@ -135,6 +151,14 @@ echo "$share" | awk 'NF {
 	printf "%-34s %10s   (%s failovers, max %s, %s files read back, lost %s)\n", "RWX failover NFSv" v["nfs"] " p50", v["p50"], v["failovers"], v["max"], v["files"], v["lost"]
 }'
 [ "$share_rc" -eq 0 ] || echo "RWX failover test FAILED (exit $share_rc): its figures do not count" >&2
+grep '^KEEPER_HANDOVER_RESULT' "$out.keeper" | awk '{
+	for (i = 2; i <= NF; i++) { split($i, p, "="); v[p[1]] = p[2] }
+	d = v["p99"]; ms = d ~ /ms$/ ? d + 0 : (d ~ /µs$/ ? d / 1000 : (d ~ /s$/ ? d * 1000 : d))
+	printf "%-34s %10s   target %-8s %s\n", "keeper hand-over stall p99", d, "<= 1s", ms <= 1000 ? "met" : "MISSED"
+	printf "%-34s %10s   (%s hand-overs x %s volumes, %s server restarts, max %s, keeper alone max %s, between cycles p99 %s)\n", "keeper hand-over stall p50", v["p50"], v["cycles"], v["volumes"], v["restarts"], v["max"], v["keeper_max"], v["quiet_p99"]
+	printf "%-34s %10s   (checksum failures %s, rounds %s)\n", "keeper hand-over writer errors", v["errors"], v["checksum"], v["rounds"]
+}' || true
+[ "$keeper_rc" -eq 0 ] || echo "keeper hand-over test FAILED (exit $keeper_rc): its figures do not count" >&2
 grep '^PVC_RUNNING_RESULT' "$out.pvc" | awk '{
 	for (i = 2; i <= NF; i++) { split($i, p, "="); v[p[1]] = p[2] }
 	printf "%-34s %10s   p99 %s (%s PVCs, %s nodes)\n", "PVC -> Running p50 (" v["class"] ")", v["p50"], v["p99"], v["pvcs"], v["nodes"]
@@ -150,5 +174,6 @@ sed -n '/^== Ceph: berth/,$p' "$out.ceph"
 [ "$pvc_rc" -eq 0 ] || echo "PVC / lapsed-Lease bench FAILED (exit $pvc_rc): its figures do not count" >&2
 [ "$heal_rc" -eq 0 ] || { echo "heal test FAILED (exit $heal_rc): its figures above do not count" >&2; exit "$heal_rc"; }
 [ "$share_rc" -eq 0 ] || exit "$share_rc"
+[ "$keeper_rc" -eq 0 ] || exit "$keeper_rc"
 [ "$ceph_rc" -eq 0 ] || exit "$ceph_rc"
 exit "$pvc_rc"
