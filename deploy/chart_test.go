@@ -181,7 +181,8 @@ func TestChartInstallsAndOperatorWorks(t *testing.T) {
 		}
 	}
 	// The operator's Role lets it make the scrape Services (the chart
-	// makes the operator's own).
+	// makes the operator's own). The chart's ServiceMonitor selects each.
+	scraped := serviceMonitorSelector(t)
 	for _, name := range []string{"berth-agent-metrics", "berth-csi-controller-metrics", "berth-operator-metrics"} {
 		svc := &corev1.Service{}
 		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 10*time.Second, true, func(ctx context.Context) (bool, error) {
@@ -189,6 +190,9 @@ func TestChartInstallsAndOperatorWorks(t *testing.T) {
 		})
 		if err != nil || svc.Spec.ClusterIP != corev1.ClusterIPNone || len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Name != "metrics" {
 			t.Errorf("scrape Service %s: %v %+v", name, err, svc.Spec)
+		}
+		if !scraped.Matches(labels.Set(svc.Labels)) {
+			t.Errorf("the ServiceMonitor's selector %v misses the scrape Service %s %v", scraped, name, svc.Labels)
 		}
 	}
 	// Let the cluster go (Retain) so that nothing waits on the finalizer.
@@ -438,6 +442,9 @@ func TestChartSchemaRefusesBadValues(t *testing.T) {
 		{[]string{"--set", "operator.unfenceCooldown=5 minutes"}, "/operator/unfenceCooldown"},
 		{[]string{"--set", "operator.replicas=2", "--set", "operator.leaderElect=false"}, "/operator/leaderElect"},
 		{[]string{"--set", "imagePullSecrets[0]=regcred"}, "/imagePullSecrets/0"},
+		{[]string{"--set", "monitoring.serviceMonitor.interval=30 seconds"}, "/monitoring/serviceMonitor/interval"},
+		{[]string{"--set", "monitoring.prometheusRule.enable=true"}, "'enable' not allowed"},
+		{[]string{"--set", "monitoring.prometheusRule.runbookBaseURL=docs/troubleshooting.md"}, "/monitoring/prometheusRule/runbookBaseURL"},
 		{[]string{"--kube-version", "1.29.9"}, "requires kubeVersion"},
 	} {
 		args := append([]string{"template", "berth", chartDir, "--namespace", releaseNamespace, "--kube-version", kubeVersion}, tc.flags...)
