@@ -162,6 +162,11 @@ func (f *Fencer) serveTakeOvers(ctx context.Context, volume string, blocklisterF
 	}
 	if len(kept) != len(att.Spec.TakeOvers) {
 		att.Spec.TakeOvers = kept
+		if len(kept) == 0 && len(att.Spec.Attachments) == 0 {
+			// Its holds were broken for a request nobody came back for.
+			done, err := deleteIfUnchanged(ctx, f.c, &att)
+			return done, false, false, err
+		}
 		if err := f.c.Update(ctx, &att); err != nil {
 			return !raced(err), false, true, fmt.Errorf("update attachment %s: %w", volume, err)
 		}

@@ -8,10 +8,12 @@ import (
 
 	"github.com/go-logr/logr/testr"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/fence"
@@ -145,4 +147,33 @@ func TestTakeOverRequestsExpire(t *testing.T) {
 		t.Errorf("requests after expiry: %+v", got.Spec.TakeOvers)
 	}
 	wantHolders(t, "vol-expire", "expire-a", "expire-a")
+}
+
+// TestBrokenAttachmentWithExpiredRequestIsDeleted: the operator broke
+// every hold for a request whose agent never came back; once the request
+// expires, the empty Attachment goes.
+func TestBrokenAttachmentWithExpiredRequestIsDeleted(t *testing.T) {
+	_, _ = newFencer(t)
+	clk := clocktesting.NewFakeClock(time.Now())
+	op := fence.New(env.Client, record.NewFakeRecorder(100), clk, testr.New(t), fence.Options{})
+	cleanupVolume(t, "vol-gone-asker", "gone-asker-a")
+	holdOn(t, "vol-gone-asker", "gone-asker-a", fakePod("gone-asker-p1"), v1.ReadWriteOnce) // no Node object: gone
+	att := getAttachment(t, "vol-gone-asker")
+	att.Spec.TakeOvers = []v1.TakeOverRequest{{AttachmentEntry: v1.AttachmentEntry{Node: "gone-asker-b", MountDir: "/var/lib/kubelet/plugins/berth.io/staging/vol-gone-asker"},
+		AccessMode: v1.ReadWriteOnce, RequestedAt: metav1.NewTime(clk.Now())}}
+	if err := env.Client.Update(context.Background(), att); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := op.ServeTakeOvers(ctxT(t), "vol-gone-asker", nil); err != nil {
+		t.Fatal(err)
+	}
+	wantHolders(t, "vol-gone-asker")
+	clk.Step(fence.TakeOverExpiry + time.Second)
+	if pending, err := op.ServeTakeOvers(ctxT(t), "vol-gone-asker", nil); err != nil || pending {
+		t.Fatalf("expired request: pending %v, err %v", pending, err)
+	}
+	var gone v1.Attachment
+	if err := env.Client.Get(ctxT(t), client.ObjectKey{Name: "vol-gone-asker"}, &gone); !apierrors.IsNotFound(err) {
+		t.Errorf("the empty Attachment after the request expired: %v (%+v)", err, gone.Spec)
+	}
 }
