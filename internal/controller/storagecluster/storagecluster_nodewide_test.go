@@ -206,8 +206,8 @@ func TestTwoClustersShareTheNodeWideSet(t *testing.T) {
 	waitAgentResources(t, "requests cpu=500m memory=256Mi limits cpu=1 memory=1Gi")
 	setAgentResources(t, "one", oneRes)
 	waitAgentResources(t, "requests cpu=500m memory=256Mi limits memory=1Gi")
-	// The keeper's template changed (placement) but it is OnDelete: its pods
-	// are not replaced; nothing of it depended on two's data dir.
+	// The keeper's template changed (placement); nothing of it depended
+	// on two's data dir.
 	if stay[0].GetGeneration() < keeperGen {
 		t.Errorf("keeper generation went back")
 	}

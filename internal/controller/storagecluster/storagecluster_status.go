@@ -75,7 +75,7 @@ func (r *Reconciler) writeStatus(ctx context.Context, sc *v1.StorageCluster, obs
 	gen := sc.Generation
 	conds := []metav1.Condition{
 		daemonSetCondition(ConditionAgentReady, "agent", obs.agent, true),
-		daemonSetCondition(ConditionKeeperReady, "keeper", obs.keeper, false),
+		daemonSetCondition(ConditionKeeperReady, "keeper", obs.keeper, true),
 		deploymentCondition(obs.controller),
 		{Type: ConditionDataDirServed, Status: metav1.ConditionTrue, Reason: ReasonReady, Message: "the node-wide agent mounts " + sc.Spec.DataDir},
 		backend,
@@ -168,7 +168,8 @@ func (r *Reconciler) patchStatus(ctx context.Context, before, sc *v1.StorageClus
 // daemonSetCondition says whether every wanted pod of ds runs and is
 // available. No matching node is not ready: the cluster cannot serve a
 // volume anywhere. rolling says whether pods must also run the current
-// template; the keeper's (OnDelete) old pods are kept on purpose.
+// template (the DaemonSets that roll: the agent's and the keeper's, which
+// hands its connections over).
 func daemonSetCondition(typ, what string, ds *appsv1.DaemonSet, rolling bool) metav1.Condition {
 	c := metav1.Condition{Type: typ, Status: metav1.ConditionFalse, Reason: ReasonProgressing}
 	st := ds.Status
