@@ -24,6 +24,7 @@ import (
 	"github.com/berth-io/berth/internal/cli/keeper"
 	"github.com/berth-io/berth/internal/cli/mover"
 	"github.com/berth-io/berth/internal/cli/operator"
+	"github.com/berth-io/berth/internal/cli/preflight"
 	"github.com/berth-io/berth/internal/cli/share"
 	"github.com/berth-io/berth/internal/cli/sharemanager"
 	"github.com/berth-io/berth/internal/cli/version"
@@ -43,6 +44,7 @@ func commands() []cli.Command {
 		holder.Command(),
 		mover.Command(),
 		dev.Command(),
+		preflight.Command(),
 		version.Command(),
 	}
 }
