@@ -179,7 +179,7 @@ func TestRBDAccessFile(t *testing.T) {
 		t.Fatalf("access file: %v, %v; want 0600", st, err)
 	}
 	a, err := rbdimage.Read(path)
-	if err != nil || a != (rbdimage.Access{MonHost: "[v2:127.0.0.1:3300]", Client: "berth", Key: testKey, Pool: "rbd", Image: "berth-vol-a"}) {
+	if err != nil || a != (rbdimage.Access{MonHost: "[v2:127.0.0.1:3300]", Client: "berth", Key: testKey, Pool: "rbd", Image: "berth-vol-a", Exclusive: true}) {
 		t.Fatalf("access %v, %v", a, err)
 	}
 	if rec, _, _ := d.records.load("vol-a"); rec.Transport != TransportRBD || rec.Via != TransportFUSE {
