@@ -2,8 +2,8 @@ package keeper
 
 import (
 	"context"
-	"errors"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"sort"
