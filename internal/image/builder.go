@@ -106,10 +106,7 @@ func (b *Builder) BerthSpec(berthBinary, tag string, extraTools ...string) (Spec
 	if _, err := os.Stat(berthBinary); err != nil {
 		return Spec{}, fmt.Errorf("%w: berth binary: %w", ErrInvalidSpec, err)
 	}
-	files := []File{
-		{Path: "/usr/local/bin/berth", Source: berthBinary, Mode: 0o755},
-		{Path: "/tmp", Dir: true, Mode: 0o1777},
-	}
+	files := append(berthBinaries(berthBinary), File{Path: "/tmp", Dir: true, Mode: 0o1777})
 	seen := map[string]bool{}
 	add := func(p string) {
 		if !seen[p] {
@@ -123,16 +120,6 @@ func (b *Builder) BerthSpec(berthBinary, tag string, extraTools ...string) (Spec
 	}
 	for _, l := range libs {
 		add(l)
-	}
-	// The agent installs the static build beside berth, when there is one,
-	// as the host's Flexvolume driver.
-	if driver := flexvolume.DriverBinary(berthBinary); driver != berthBinary {
-		files = append(files, File{Path: path.Join("/usr/local/bin", flexvolume.StaticBinary), Source: driver, Mode: 0o755})
-	}
-	// The agent runs the slim server binary beside berth, when there is
-	// one, for file images' blockdev servers.
-	if slim := launch.SlimBinary(berthBinary); slim != "" {
-		files = append(files, File{Path: path.Join("/usr/local/bin", launch.SlimBinaryName), Source: slim, Mode: 0o755})
 	}
 	required, optional := BerthTools()
 	required = append(required, extraTools...)
@@ -181,7 +168,7 @@ func (b *Builder) BerthSpec(berthBinary, tag string, extraTools ...string) (Spec
 		return Spec{}, fmt.Errorf("%w: ganesha's /etc/netconfig (Debian package libtirpc-common): %w", ErrInvalidSpec, err)
 	}
 	add("/etc/netconfig")
-	files = append(files, File{Path: "/etc/mtab", Link: "../proc/self/mounts"}, File{Path: "/var/run/ganesha", Dir: true, Mode: 0o700})
+	files = append(files, ganeshaEntries...)
 	// mount.nfs looks its transport up by name (getprotobyname "tcp").
 	if _, err := os.Stat("/etc/protocols"); err != nil {
 		return Spec{}, fmt.Errorf("%w: mount.nfs's /etc/protocols (Debian package netbase): %w", ErrInvalidSpec, err)
@@ -202,9 +189,33 @@ func (b *Builder) BerthSpec(berthBinary, tag string, extraTools ...string) (Spec
 	return Spec{
 		Tag:        tag,
 		Files:      files,
-		Entrypoint: []string{"/usr/local/bin/berth"},
+		Entrypoint: []string{berthEntrypoint},
 		Env:        []string{imagePath},
 	}, nil
+}
+
+// ganeshaEntries are the link and the folder ganesha needs that no
+// package ships: /etc/mtab and ganesha's callback credential cache.
+var ganeshaEntries = []File{{Path: "/etc/mtab", Link: "../proc/self/mounts"}, {Path: "/var/run/ganesha", Dir: true, Mode: 0o700}}
+
+// berthEntrypoint is berth in its image; the binaries the agent looks for
+// beside berth are in the same folder.
+const berthEntrypoint = "/usr/local/bin/berth"
+
+// berthBinaries are the image's files of berth and of the binaries beside
+// it, each when there is one: its static build, which the agent installs as
+// the host's Flexvolume driver, and the slim server binary, which the agent
+// runs for file images' blockdev servers.
+func berthBinaries(berthBinary string) []File {
+	dir := path.Dir(berthEntrypoint)
+	files := []File{{Path: berthEntrypoint, Source: berthBinary, Mode: 0o755}}
+	if driver := flexvolume.DriverBinary(berthBinary); driver != berthBinary {
+		files = append(files, File{Path: path.Join(dir, flexvolume.StaticBinary), Source: driver, Mode: 0o755})
+	}
+	if slim := launch.SlimBinary(berthBinary); slim != "" {
+		files = append(files, File{Path: path.Join(dir, launch.SlimBinaryName), Source: slim, Mode: 0o755})
+	}
+	return files
 }
 
 // sharedLibs returns the absolute paths ldd resolves for bin (its dynamic
