@@ -83,6 +83,10 @@ image: build ## Write berth's OCI image (contents: internal/image BerthSpec) to 
 	go run ./hack/images -out _output/.image -pause "" -busybox "" -berth $(BIN)/berth
 	mv _output/.image/berth.tar _output/berth-image.tar && rmdir _output/.image
 
+.PHONY: image-containerfile-check
+image-containerfile-check: ## Build the image from the Containerfile with buildah, offline, and check it against make image's (root).
+	hack/containerfile-build.sh
+
 .PHONY: verify
 verify: ## Fail when generated files are stale or gofmt/go vet complain.
 	hack/verify.sh $(MAKE) $(GENERATED)

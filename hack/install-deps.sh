@@ -3,6 +3,7 @@
 # those missing, so that a second run costs a dpkg query.
 #   hack/install-deps.sh [package ...]     default: the test set
 #   hack/install-deps.sh --ceph-build      what `make build` (CEPH=1) needs
+# BERTH_DEPS_LIST=1 prints the packages, one a line, and installs nothing.
 set -euo pipefail
 
 pkgs=("$@")
@@ -19,6 +20,10 @@ elif [ ${#pkgs[@]} -eq 0 ]; then
 	pkgs=(e2fsprogs xfsprogs util-linux mount fio nfs-ganesha nfs-ganesha-vfs nfs-common netbase busybox-static)
 fi
 
+if [ "${BERTH_DEPS_LIST:-}" = 1 ]; then
+	printf '%s\n' "${pkgs[@]}"
+	exit 0
+fi
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
