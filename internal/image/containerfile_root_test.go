@@ -9,20 +9,15 @@ import (
 // TestContainerfileBuild builds the image from the Containerfile with
 // buildah, without a network, and checks it against make image's: the same
 // paths, entrypoint and `berth version` (hack/containerfile-build.sh). It
-// runs where buildah is installed, or with BERTH_CONTAINERFILE_BUILD=1,
-// which installs it; BERTH_CONTAINERFILE_BUILD=0 leaves it out.
+// runs only with BERTH_CONTAINERFILE_BUILD=1 (make
+// image-containerfile-check): making its base images fetches Debian
+// packages, which no test of `make test` may, and a cold run takes ~5 min.
 func TestContainerfileBuild(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds two images: not with -short")
 	}
-	switch os.Getenv("BERTH_CONTAINERFILE_BUILD") {
-	case "0":
-		t.Skip("BERTH_CONTAINERFILE_BUILD=0")
-	case "1":
-	default:
-		if _, err := exec.LookPath("buildah"); err != nil {
-			t.Skip("needs buildah (apt-get install buildah), or BERTH_CONTAINERFILE_BUILD=1, which installs it")
-		}
+	if os.Getenv("BERTH_CONTAINERFILE_BUILD") != "1" {
+		t.Skip("builds images from Debian's packages: set BERTH_CONTAINERFILE_BUILD=1 (make image-containerfile-check)")
 	}
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: mmdebstrap and buildah's storage")
