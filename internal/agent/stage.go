@@ -108,8 +108,10 @@ func (a *Agent) stage(ctx context.Context, r StageRequest) (err error) {
 		Volume: r.VolumeID, Node: a.node, MountDir: r.StagingPath, StagingPath: r.StagingPath,
 		AccessMode: vol.Spec.AccessMode, ReadOnly: r.ReadOnly, SoleDevice: shareDevice(vol, r.Block),
 	}
-	// Another node's lock on a ceph volume is broken only after its Ceph
-	// clients are blocklisted, with this stage's client.
+	// The agent asks the operator to break locks (fence.Options.AskOperator),
+	// which blocklists with its own key; the stage's Blocklister now only
+	// marks a ceph volume for the Fencer's pre-check (never connects).
+	// TODO(F4): replace it by a plain ceph flag on the Request.
 	bl := a.blocklister(sc, r.Secrets)
 	if bl != nil {
 		claim.Blocklister = bl
