@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/go-logr/logr"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -23,10 +22,7 @@ import (
 // would refuse the agent's own writes, failing closed; on Kubernetes 1.34
 // it does not.
 func TestAgentPolicyOnABusyAttachment(t *testing.T) {
-	suite.Require(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	installAgentPolicy(ctx, t)
+	ctx := installAgentPolicy(t)
 	admin, a := env.Client, agentClient(t, "node-a")
 
 	const nodes, perNode = 64, 16

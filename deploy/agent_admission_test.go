@@ -50,10 +50,7 @@ func agentClient(t *testing.T, node string) client.Client {
 // another node's records (and every write it has no business making) is
 // refused by the API server.
 func TestAgentWritesOnlyItsOwnNodesRecords(t *testing.T) {
-	suite.Require(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	installAgentPolicy(ctx, t)
+	ctx := installAgentPolicy(t)
 	admin := env.Client
 	a, noNode := agentClient(t, "node-a"), agentClient(t, "")
 
@@ -345,9 +342,13 @@ func TestAgentWritesOnlyItsOwnNodesRecords(t *testing.T) {
 }
 
 // installAgentPolicy applies the chart (CRDs, RBAC, admission policies)
-// and waits until the API server enforces the agent's policy.
-func installAgentPolicy(ctx context.Context, t *testing.T) {
+// and waits until the API server enforces the agent's policy. The test
+// has three minutes, the returned context's.
+func installAgentPolicy(t *testing.T) context.Context {
 	t.Helper()
+	suite.Require(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
 	out := template(t, "--include-crds", "--set", "namespace.create=true")
 	_, kinds := apply(ctx, t, out)
 	// The agent's and the share manager's.
@@ -369,6 +370,7 @@ func installAgentPolicy(ctx context.Context, t *testing.T) {
 	if err != nil {
 		t.Fatalf("agent of node-a creating an Attachment entry of node-b: not refused by the admission policy (is ValidatingAdmissionPolicy enabled?): %v", err)
 	}
+	return ctx
 }
 
 // isPolicyDenial tells whether err is a refusal by one of the rules of

@@ -3,6 +3,7 @@ package deploy_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -73,6 +74,13 @@ func berthMetrics(t *testing.T) map[string][]string {
 	must(err)
 	heal.Pass(nil)
 	heal.Volume("restarted", time.Second)
+	share, err := metrics.NewShare(reg, "PodFailed")
+	must(err)
+	share.FailedOver("PodFailed")
+	share.Recovered(time.Second)
+	pools, err := metrics.NewPools(reg)
+	must(err)
+	pools.Set("berth", 1, 1)
 	driver, err := metrics.NewFlexDriver(reg)
 	must(err)
 	driver.Set(true)
@@ -109,6 +117,9 @@ func (oneVolumeNode) VolumeCounts(context.Context) ([]metrics.VolumeCount, error
 	return []metrics.VolumeCount{{State: "Available", Transport: "loop", N: 1}}, nil
 }
 func (oneVolumeNode) KeeperConnections(context.Context) (int, error) { return 1, nil }
+func (oneVolumeNode) BlockdevIOErrors(context.Context) (map[string]uint64, error) {
+	return map[string]uint64{"pvc-1": 1}, nil
+}
 
 // inControllerRuntime tells whether controller-runtime's registry, which
 // the operator and agent serve, holds a collector of this name: registering
@@ -203,6 +214,56 @@ func TestChartServiceMonitor(t *testing.T) {
 	if ep["port"] != "metrics" || ep["path"] != "/metrics" || ep["interval"] != "30s" || len(relabel) != 1 ||
 		relabel[0].(map[string]any)["targetLabel"] != "node" {
 		t.Errorf("ServiceMonitor endpoint %v", ep)
+	}
+	// Secure metrics (the default): HTTPS with the Prometheus's token.
+	tlsConfig, _ := ep["tlsConfig"].(map[string]any)
+	if ep["scheme"] != "https" || ep["bearerTokenFile"] != "/var/run/secrets/kubernetes.io/serviceaccount/token" || tlsConfig["insecureSkipVerify"] != true {
+		t.Errorf("ServiceMonitor endpoint of secure metrics %v", ep)
+	}
+	plain := single(t, render(t, append(monitoringValues, "monitoring.secureMetrics=false")...), "ServiceMonitor")
+	eps, _, _ = unstructured.NestedSlice(plain.Object, "spec", "endpoints")
+	if ep := eps[0].(map[string]any); ep["scheme"] != "http" || ep["bearerTokenFile"] != nil || ep["tlsConfig"] != nil {
+		t.Errorf("ServiceMonitor endpoint of plain metrics %v", ep)
+	}
+}
+
+// TestChartSecureMetrics: by default the operator serves, and renders the
+// agent and CSI controller to serve, secure metrics (--metrics-secure),
+// and the chart ships the ClusterRole a Prometheus needs to read them;
+// monitoring.secureMetrics=false drops the flag.
+func TestChartSecureMetrics(t *testing.T) {
+	args := func(objs []*unstructured.Unstructured) []string {
+		t.Helper()
+		for _, o := range objs {
+			if o.GetKind() != "Deployment" || o.GetName() != "berth-operator" {
+				continue
+			}
+			cs, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
+			a, _, _ := unstructured.NestedStringSlice(cs[0].(map[string]any), "args")
+			return a
+		}
+		t.Fatal("no berth-operator Deployment")
+		return nil
+	}
+	objs := render(t)
+	if a := args(objs); !slices.Contains(a, "--metrics-secure") {
+		t.Errorf("operator args %v lack --metrics-secure", a)
+	}
+	var reader *unstructured.Unstructured
+	for _, o := range objs {
+		if o.GetKind() == "ClusterRole" && o.GetName() == "berth-metrics-reader" {
+			reader = o
+		}
+	}
+	if reader == nil {
+		t.Fatal("no ClusterRole berth-metrics-reader")
+	}
+	rules, _, _ := unstructured.NestedSlice(reader.Object, "rules")
+	if len(rules) != 1 || fmt.Sprint(rules[0]) != "map[nonResourceURLs:[/metrics] verbs:[get]]" {
+		t.Errorf("berth-metrics-reader rules %v", rules)
+	}
+	if a := args(render(t, "monitoring.secureMetrics=false")); slices.Contains(a, "--metrics-secure") {
+		t.Errorf("operator args %v with secureMetrics false", a)
 	}
 }
 
@@ -427,4 +488,43 @@ func serviceMonitorSelector(t *testing.T) labels.Selector {
 		t.Fatal(err)
 	}
 	return sel
+}
+
+// TestMetricsDocCurrent: docs/metrics.md names every metric of
+// internal/metrics (berthMetrics: every group), and every berth_ metric it
+// names exists; a name may be spelled with one {a,b} choice.
+func TestMetricsDocCurrent(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "docs/metrics.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	named := map[string]bool{}
+	choice := regexp.MustCompile(`^(.*)\{([a-z_,]+)\}(.*)$`)
+	for _, m := range regexp.MustCompile("`(berth_[a-z_{},]+)`").FindAllStringSubmatch(string(doc), -1) {
+		if c := choice.FindStringSubmatch(m[1]); c != nil {
+			for _, alt := range strings.Split(c[2], ",") {
+				named[c[1]+alt+c[3]] = true
+			}
+			continue
+		}
+		named[m[1]] = true
+	}
+	exist, bases := map[string]bool{}, map[string]bool{}
+	for series := range berthMetrics(t) {
+		name := series
+		for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+			name = strings.TrimSuffix(name, suffix)
+		}
+		exist[name], exist[series], bases[name] = true, true, true
+	}
+	for name := range bases {
+		if strings.HasPrefix(name, "berth_") && !named[name] {
+			t.Errorf("docs/metrics.md does not name %s", name)
+		}
+	}
+	for name := range named {
+		if !exist[name] {
+			t.Errorf("docs/metrics.md names %s, which no metric group makes", name)
+		}
+	}
 }

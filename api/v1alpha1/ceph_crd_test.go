@@ -52,11 +52,17 @@ func TestStorageClusterCeph(t *testing.T) {
 		"spec.ceph is only allowed when backend is ceph")
 	mustRefuse(t, &v1.StorageCluster{ObjectMeta: meta("local-with-ceph2"), Spec: v1.StorageClusterSpec{Backend: v1.BackendLocal, Ceph: cephSpec()}},
 		"spec.ceph is only allowed when backend is ceph")
-	// The nodes' Secret is fixed once the cluster is made: its
-	// StorageClasses name it.
+	// The nodes' Secret may be added to a cluster made without it (the
+	// operator makes its classes anew), never changed or removed: the
+	// volumes made since name it.
 	got.Spec.Ceph.NodeSecretRef = &v1.CephSecretReference{Name: "berth-ceph-node", Namespace: "berth-system"}
-	if err := env.Client.Update(ctx(t), &got); err == nil || !contains(err, "nodeSecretRef is fixed") {
-		t.Errorf("nodeSecretRef added later: %v, want refused", err)
+	if err := env.Client.Update(ctx(t), &got); err != nil {
+		t.Errorf("nodeSecretRef added later: %v, want admitted", err)
+	}
+	removed := got.DeepCopy()
+	removed.Spec.Ceph.NodeSecretRef = nil
+	if err := env.Client.Update(ctx(t), removed); err == nil || !contains(err, "nodeSecretRef may be added but not changed or removed") {
+		t.Errorf("nodeSecretRef removed: %v, want refused", err)
 	}
 	var keyed v1.StorageCluster
 	createAndRead(t, cephCluster("ceph-node-key", func(c *v1.CephSpec) {
@@ -66,7 +72,7 @@ func TestStorageClusterCeph(t *testing.T) {
 		t.Errorf("node-stage secret %+v", keyed.Spec.Ceph.NodeStageSecret())
 	}
 	keyed.Spec.Ceph.NodeSecretRef.Name = "other"
-	if err := env.Client.Update(ctx(t), &keyed); err == nil || !contains(err, "nodeSecretRef is fixed") {
+	if err := env.Client.Update(ctx(t), &keyed); err == nil || !contains(err, "nodeSecretRef may be added but not changed or removed") {
 		t.Errorf("nodeSecretRef changed: %v, want refused", err)
 	}
 	overcommitted := cephCluster("ceph-overcommit", nil)

@@ -4,7 +4,7 @@ package v1alpha1
 // in a pool of an existing Ceph cluster (deployed by Rook, cephadm or by
 // hand; berth runs no Ceph daemon).
 // +kubebuilder:validation:XValidation:rule="self.pool == oldSelf.pool",message="ceph.pool cannot be changed: the cluster's volumes live in it"
-// +kubebuilder:validation:XValidation:rule="has(self.nodeSecretRef) == has(oldSelf.nodeSecretRef) && (!has(self.nodeSecretRef) || self.nodeSecretRef == oldSelf.nodeSecretRef)",message="ceph.nodeSecretRef is fixed once the cluster is made: its StorageClasses and volumes name it"
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.nodeSecretRef) || (has(self.nodeSecretRef) && self.nodeSecretRef == oldSelf.nodeSecretRef)",message="ceph.nodeSecretRef may be added but not changed or removed: the volumes made since name it"
 // +kubebuilder:validation:XValidation:rule="!has(self.imageFeatures) || ('layering' in self.imageFeatures && 'exclusive-lock' in self.imageFeatures)",message="ceph.imageFeatures must include layering (snapshots, clones) and exclusive-lock (one writer at a time)"
 // +kubebuilder:validation:XValidation:rule="!has(self.imageFeatures) || !('fast-diff' in self.imageFeatures) || 'object-map' in self.imageFeatures",message="ceph.imageFeatures: fast-diff needs object-map"
 type CephSpec struct {
@@ -43,10 +43,13 @@ type CephSpec struct {
 	// NodeSecretRef names the Secret (same keys, berth's namespace) with
 	// the cephx client the nodes stage volumes as: kubelet hands it to
 	// every node as the node-stage secret. It needs `profile rbd` on mon,
-	// and on Pool (and DataPool) for osd, and nothing more: that lets a
-	// node put another's client on the blocklist when it breaks its lock,
-	// never take one off. Unset, the nodes get SecretRef's client, and any
-	// node could lift any fence. Fixed once the cluster is made.
+	// and on Pool (and DataPool) for osd, and nothing more: nodes fence no
+	// client (the operator does, with SecretRef's), and `profile rbd`
+	// cannot take one off the blocklist. Unset, the nodes get SecretRef's
+	// client, and any node could lift any fence. It may be added to a cluster made without
+	// it: the operator then makes the cluster's StorageClasses anew with
+	// it, and the volumes made before keep staging with SecretRef's client
+	// (their PersistentVolumes name it). It may not be changed or removed.
 	// +optional
 	NodeSecretRef *CephSecretReference `json:"nodeSecretRef,omitempty"`
 

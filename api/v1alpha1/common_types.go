@@ -35,16 +35,20 @@ const (
 	// MounterKernel attaches the image with a loop device directly.
 	MounterKernel Mounter = "kernel"
 	// MounterUserspace serves the image through berth blockdev (FUSE + loop,
-	// or nbd: see UserspaceTransport), whose kernel connection outlives the
-	// server across restarts.
+	// nbd or ublk: see UserspaceTransport), whose kernel connection outlives
+	// the server across restarts.
 	MounterUserspace Mounter = "userspace"
 )
 
 // UserspaceTransport says how a node's userspace volumes reach the kernel.
-// +kubebuilder:validation:Enum=fuse;nbd
+// +kubebuilder:validation:Enum=auto;fuse;nbd;ublk
 type UserspaceTransport string
 
 const (
+	// TransportAuto is ublk on a node whose kernel serves ublk with user
+	// recovery, else fuse: decided at each stage, on the node, and kept
+	// for the volume until it is unstaged.
+	TransportAuto UserspaceTransport = "auto"
 	// TransportFUSE serves a FUSE file, whose connection berth keeper holds,
 	// with a loop device on it. Works on every kernel with FUSE.
 	TransportFUSE UserspaceTransport = "fuse"
@@ -52,6 +56,13 @@ const (
 	// keeps the device and queues I/O while no server is connected (up to
 	// the dead-connection timeout). Needs the nbd module on the node.
 	TransportNBD UserspaceTransport = "nbd"
+	// TransportUblk serves a kernel ublk device over io_uring. The kernel
+	// keeps the device and queues its I/O while no server runs, and a new
+	// server recovers it (user recovery). Needs Linux 6.0 or later with
+	// CONFIG_BLK_DEV_UBLK (the ublk_drv module) and user recovery
+	// (UBLK_F_USER_RECOVERY with _REISSUE). berth asks the driver for its
+	// features, which drivers answer from Linux 6.5 on.
+	TransportUblk UserspaceTransport = "ublk"
 )
 
 // Condition types shared by berth resources.

@@ -66,7 +66,7 @@ func TestStorageClusterDefaultsRoundTrip(t *testing.T) {
 	s := got.Spec
 	if s.Backend != v1.BackendLocal || s.DataDir != "/var/lib/berth" || s.Network.Provider != v1.NetworkProviderHost ||
 		s.AttachmentGC.Interval == nil || s.AttachmentGC.Interval.Duration != 24*time.Hour || s.RWX.FastFailover == nil || !*s.RWX.FastFailover ||
-		s.RWX.NFSGraceSeconds == nil || *s.RWX.NFSGraceSeconds != 10 || s.RWX.LeaseDurationSeconds == nil || *s.RWX.LeaseDurationSeconds != 10 || s.CleanupPolicy != v1.CleanupDetach {
+		s.RWX.NFSGraceSeconds == nil || *s.RWX.NFSGraceSeconds != 15 || s.RWX.LeaseDurationSeconds == nil || *s.RWX.LeaseDurationSeconds != 10 || s.CleanupPolicy != v1.CleanupDetach {
 		t.Errorf("defaults not applied: %+v", s)
 	}
 }
@@ -106,6 +106,29 @@ func TestStorageClusterMultus(t *testing.T) {
 	mustRefuse(t, &v1.StorageCluster{ObjectMeta: meta("bad-transport"), Spec: v1.StorageClusterSpec{
 		Agent: v1.AgentSpec{UserspaceTransport: "iscsi"},
 	}}, "spec.agent.userspaceTransport")
+}
+
+// TestStorageClusterUserspaceTransport: the agents' userspace transport is
+// auto by default, or one of fuse, nbd and ublk; the refusal of another
+// lists them.
+func TestStorageClusterUserspaceTransport(t *testing.T) {
+	suite.Require(t)
+	var got v1.StorageCluster
+	createAndRead(t, &v1.StorageCluster{ObjectMeta: meta("transport-default")}, &got)
+	if got.Spec.Agent.UserspaceTransport != v1.TransportAuto {
+		t.Errorf("default userspaceTransport %q, want auto", got.Spec.Agent.UserspaceTransport)
+	}
+	for _, tr := range []v1.UserspaceTransport{v1.TransportAuto, v1.TransportFUSE, v1.TransportNBD, v1.TransportUblk} {
+		createAndRead(t, &v1.StorageCluster{ObjectMeta: meta("transport-" + string(tr)), Spec: v1.StorageClusterSpec{
+			Agent: v1.AgentSpec{UserspaceTransport: tr},
+		}}, &got)
+		if got.Spec.Agent.UserspaceTransport != tr {
+			t.Errorf("userspaceTransport %q read back as %q", tr, got.Spec.Agent.UserspaceTransport)
+		}
+	}
+	mustRefuse(t, &v1.StorageCluster{ObjectMeta: meta("transport-iscsi"), Spec: v1.StorageClusterSpec{
+		Agent: v1.AgentSpec{UserspaceTransport: "iscsi"},
+	}}, "spec.agent.userspaceTransport", `"fuse", "nbd", "ublk"`)
 }
 
 // TestStorageClusterNetworkSelectors: multus selectors name

@@ -94,7 +94,7 @@ type StorageClusterSpec struct {
 	AttachmentGC AttachmentGCSpec `json:"attachmentGC,omitempty"`
 
 	// RWX sets how read-write-many volumes are shared.
-	// +kubebuilder:default={fastFailover: true, nfsGraceSeconds: 10, leaseDurationSeconds: 10}
+	// +kubebuilder:default={fastFailover: true, nfsGraceSeconds: 15, leaseDurationSeconds: 10}
 	// +optional
 	RWX RWXSpec `json:"rwx,omitempty"`
 
@@ -136,9 +136,13 @@ type AgentSpec struct {
 	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
 
 	// UserspaceTransport is how the agents serve volumes with mounter
-	// userspace that they stage from now on: fuse (default) or nbd (nodes
-	// need the nbd module). Staged volumes keep the transport they have.
-	// +kubebuilder:default=fuse
+	// userspace that they stage from now on: auto (default: ublk where the
+	// node's kernel has it with user recovery, else fuse), fuse, nbd
+	// (nodes need the nbd module) or ublk (nodes need Linux 6.0 or later
+	// with CONFIG_BLK_DEV_UBLK and its user recovery; a stage on a node
+	// without them is refused, naming what is missing). Staged volumes keep
+	// the transport they have.
+	// +kubebuilder:default=auto
 	// +optional
 	UserspaceTransport UserspaceTransport `json:"userspaceTransport,omitempty"`
 
@@ -222,11 +226,29 @@ type CSIControllerSpec struct {
 	// +optional
 	Replicas *int32 `json:"replicas,omitempty"`
 
-	// LeaderElection of the sidecars (default true): each takes a Lease in
-	// berth's namespace before it acts. Off saves the Lease traffic and the
-	// wait for a Lease after a restart, with one replica only.
+	// LeaderElection of the sidecars and of berth's own pool capacity
+	// publisher (default true): each takes a Lease in berth's namespace
+	// before it acts. Off saves the Lease traffic and the wait for a Lease
+	// after a restart, with one replica only.
 	// +optional
 	LeaderElection *bool `json:"leaderElection,omitempty"`
+
+	// Resources of berth's CSI controller container: CPU and memory
+	// requests and limits, no claims. Unset (or empty): requests cpu 10m
+	// and memory 32Mi, limits cpu 500m and memory 256Mi. Set, it replaces
+	// those whole; a limit without a request requests the limit, as for a
+	// pod, and a zero amount is none. The provisioner, resizer and
+	// snapshotter sidecars keep those defaults whatever is set here. The
+	// CSI controller serves every StorageCluster: it gets, per resource, the
+	// largest request any cluster asks and the largest limit (none if any
+	// sets none), never below the request.
+	// +kubebuilder:validation:XValidation:rule="!has(self.claims) || size(self.claims) == 0",message="claims are not supported"
+	// +kubebuilder:validation:XValidation:rule="!has(self.requests) || self.requests.all(k, k == 'cpu' || k == 'memory')",message="only cpu and memory"
+	// +kubebuilder:validation:XValidation:rule="!has(self.limits) || self.limits.all(k, k == 'cpu' || k == 'memory')",message="only cpu and memory"
+	// +kubebuilder:validation:XValidation:rule="!has(self.requests) || self.requests.all(k, type(self.requests[k]) == string ? !self.requests[k].startsWith('-') : self.requests[k] >= 0)",message="requests must not be negative"
+	// +kubebuilder:validation:XValidation:rule="!has(self.limits) || self.limits.all(k, type(self.limits[k]) == string ? !self.limits[k].startsWith('-') : self.limits[k] >= 0)",message="limits must not be negative"
+	// +optional
+	Resources *corev1.ResourceRequirements `json:"resources,omitempty"`
 }
 
 // MultusMode is how host-network processes (the agents) use the public
@@ -348,8 +370,11 @@ type RWXSpec struct {
 	// +optional
 	LeaseDurationSeconds *int32 `json:"leaseDurationSeconds,omitempty"`
 
-	// NFSGraceSeconds is the NFS grace period after a share moves.
-	// +kubebuilder:default=10
+	// NFSGraceSeconds is the NFS grace period after a share moves. It is
+	// at least the NFS lease (15 s), and a smaller value is raised to it: a
+	// client that learns of the move only at its next renewal must still
+	// reclaim its open files.
+	// +kubebuilder:default=15
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=180
 	// +optional

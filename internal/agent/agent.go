@@ -82,8 +82,6 @@ type Agent struct {
 	paths nodepath.Rule
 	// events tells on Volumes and PVs why an unstage waits (Config.Events).
 	events record.EventRecorder
-	// openFencing connects to Ceph to fence (Config.CephFencing).
-	openFencing OpenCephFencing
 	// openRecords connects to Ceph for format records (Config.CephRecords).
 	openRecords OpenCephRecords
 	// nfs and shareWait serve RWX volumes' workloads (Config.NFS, ShareWait).
@@ -155,10 +153,6 @@ type Config struct {
 	Events record.EventRecorder
 	// Userspace enables volumes with mounter userspace (nil: refused).
 	Userspace *UserspaceConfig
-	// CephFencing connects to Ceph with a stage's cephx client when its
-	// Acquire must break another node's lock and blocklist its clients
-	// (nil: ceph.OpenFencing).
-	CephFencing OpenCephFencing
 	// CephRecords connects to Ceph with a stage's cephx client to read and
 	// write a ceph volume's format record (nil: ceph.OpenRecords).
 	CephRecords OpenCephRecords
@@ -226,8 +220,8 @@ func New(c Config) (*Agent, error) {
 	}
 	a := &Agent{node: c.Node, api: c.API, cached: c.Volumes, images: c.Images, loop: c.Loop, mounts: c.Mounts, fence: c.Fence,
 		locks: c.Locks, log: c.Log, lockWait: c.LockWait, paths: c.Paths, flex: c.Flex,
-		status: c.Status, clock: c.Clock, events: c.Events, us: us, openFencing: c.CephFencing,
-		openRecords: c.CephRecords, nfs: c.NFS, shareWait: c.ShareWait, freezeDir: c.FreezeDir, freezeLimit: c.FreezeLimit, netns: newHolderNS(c.Netns)}
+		status: c.Status, clock: c.Clock, events: c.Events, us: us, openRecords: c.CephRecords,
+		nfs: c.NFS, shareWait: c.ShareWait, freezeDir: c.FreezeDir, freezeLimit: c.FreezeLimit, netns: newHolderNS(c.Netns)}
 	if a.nfs == nil {
 		a.nfs = mount.HostNFSClient()
 	}

@@ -21,18 +21,23 @@ const (
 	TransportFUSE = Transport(v1.TransportFUSE)
 	// TransportNBD: a blockdev server serves the image over the kernel's nbd.
 	TransportNBD = Transport(v1.TransportNBD)
+	// TransportUblk: a blockdev server serves the image over the kernel's
+	// ublk, with user recovery.
+	TransportUblk = Transport(v1.TransportUblk)
+	// TransportAuto is no transport of its own: a stage picks ublk where
+	// the kernel serves it with user recovery, else fuse (autoTransport).
+	TransportAuto = Transport(v1.TransportAuto)
 )
 
-// ParseTransport checks the name of a userspace transport; "" is the
-// default, fuse.
+// ParseTransport checks the name of a userspace transport; "" is fuse.
 func ParseTransport(s string) (Transport, error) {
 	switch Transport(s) {
 	case "", TransportFUSE:
 		return TransportFUSE, nil
-	case TransportNBD:
-		return TransportNBD, nil
+	case TransportNBD, TransportUblk, TransportAuto:
+		return Transport(s), nil
 	}
-	return "", fmt.Errorf("unknown userspace transport %q (want %s or %s)", s, TransportFUSE, TransportNBD)
+	return "", fmt.Errorf("unknown userspace transport %q (want %s, %s, %s or %s)", s, TransportAuto, TransportFUSE, TransportNBD, TransportUblk)
 }
 
 // device is one transport's way of giving a volume its block device on this
@@ -106,7 +111,9 @@ func (a *Agent) transports() map[Transport]device {
 		us := userspace{cfg: a.us, procs: &a.procs, records: a.records(), node: a.node, log: a.log, netns: a.netns}
 		t[TransportFUSE] = fuseDevice{userspace: us, loop: a.loop}
 		t[TransportNBD] = nbdDevice{userspace: us}
-		t[TransportRBD] = rbdDevice{userspace: us, fuse: t[TransportFUSE], nbd: t[TransportNBD], via: a.userspaceTransport}
+		t[TransportUblk] = ublkDevice{userspace: us, imageSize: a.imageSize}
+		t[TransportRBD] = rbdDevice{userspace: us, fuse: t[TransportFUSE], nbd: t[TransportNBD], ublk: t[TransportUblk],
+			via: a.userspaceTransport}
 	}
 	return t
 }
@@ -127,11 +134,26 @@ func (a *Agent) chooseTransport(vol *v1.Volume, sc *v1.StorageCluster) Transport
 
 // userspaceTransport is how sc's new userspace volumes reach the kernel.
 func (a *Agent) userspaceTransport(sc *v1.StorageCluster) Transport {
-	if sc != nil && sc.Spec.Agent.UserspaceTransport != "" {
-		return Transport(sc.Spec.Agent.UserspaceTransport)
+	t := TransportFUSE
+	switch {
+	case sc != nil && sc.Spec.Agent.UserspaceTransport != "":
+		t = Transport(sc.Spec.Agent.UserspaceTransport)
+	case a.us != nil && a.us.Transport != "":
+		t = a.us.Transport
 	}
-	if a.us != nil && a.us.Transport != "" {
-		return a.us.Transport
+	if t == TransportAuto {
+		return a.autoTransport()
+	}
+	return t
+}
+
+// autoTransport is ublk where this node's kernel serves ublk with user
+// recovery (the kernel keeps the device and its I/O while a new server
+// takes over, with no keeper between), else fuse, which every kernel with
+// FUSE serves.
+func (a *Agent) autoTransport() Transport {
+	if a.us != nil && a.us.Ublk != nil && a.us.Ublk.Probe() == nil {
+		return TransportUblk
 	}
 	return TransportFUSE
 }

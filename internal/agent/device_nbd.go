@@ -1,14 +1,8 @@
 package agent
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
-	"slices"
-	"strconv"
-	"strings"
 
 	"github.com/berth-io/berth/internal/blockdev/launch"
 )
@@ -81,24 +75,7 @@ func (n nbdDevice) Stop(_ context.Context, volume string) error {
 	if err := n.cfg.NBD.Disconnect(volume); err != nil {
 		return fmt.Errorf("disconnect nbd device of %s: %w", volume, err)
 	}
-	if p := n.procs.Take(volume); p != nil {
-		if err := p.Stop(n.cfg.StopTimeout); err != nil {
-			return fmt.Errorf("stop nbd blockdev server of %s: %w", volume, err)
-		}
-	}
-	// One an earlier agent started: found in this agent's own /proc by its
-	// command line, so the pid is of this PID namespace.
-	pid, found, err := n.server(volume)
-	if err != nil {
-		return err
-	}
-	if found {
-		still := func() bool { return n.serves(pid, volume) }
-		if err := n.cfg.StopPID(pid, n.cfg.StopTimeout, still); err != nil {
-			return fmt.Errorf("stop nbd blockdev server of %s: %w", volume, err)
-		}
-	}
-	return nil
+	return n.stopServer(volume, TransportNBD)
 }
 
 func (n nbdDevice) Serving(_ context.Context, volume string) (HealResult, bool) {
@@ -144,51 +121,9 @@ func (n nbdDevice) Condition(_ context.Context, volume string) (abnormal bool, m
 	return false, ""
 }
 
-// server finds the volume's running server: by the pid in its record,
-// else (a crash between start and record) by scanning the process table.
-// A pid counts only while its command line still names the volume.
+// server finds the volume's running nbd server (userspace.findServer).
 func (n nbdDevice) server(volume string) (pid int, found bool, err error) {
-	rec, _, err := n.records.load(volume)
-	if err != nil {
-		return 0, false, err
-	}
-	if n.serves(rec.ServerPID, volume) {
-		return rec.ServerPID, true, nil
-	}
-	entries, err := os.ReadDir(n.procRoot())
-	if err != nil {
-		return 0, false, fmt.Errorf("list processes: %w", err)
-	}
-	for _, e := range entries {
-		if pid, err := strconv.Atoi(e.Name()); err == nil && n.serves(pid, volume) {
-			return pid, true, nil
-		}
-	}
-	return 0, false, nil
-}
-
-func (n nbdDevice) procRoot() string {
-	if n.cfg.ProcRoot != "" {
-		return n.cfg.ProcRoot
-	}
-	return "/proc"
-}
-
-// serves tells whether pid is a berth blockdev nbd server of volume.
-func (n nbdDevice) serves(pid int, volume string) bool {
-	if pid <= 0 {
-		return false
-	}
-	b, err := os.ReadFile(filepath.Join(n.procRoot(), strconv.Itoa(pid), "cmdline"))
-	if err != nil {
-		return false
-	}
-	args := strings.Split(string(bytes.TrimRight(b, "\x00")), "\x00")
-	pair := func(flag, val string) bool {
-		i := slices.Index(args, flag)
-		return (i >= 0 && i+1 < len(args) && args[i+1] == val) || slices.Contains(args, flag+"="+val)
-	}
-	return slices.Contains(args, "blockdev") && pair("--volume", volume) && pair("--transport", string(TransportNBD))
+	return n.findServer(volume, TransportNBD)
 }
 
 // ensureServer makes sure a server serves volume's nbd device, starting

@@ -16,8 +16,8 @@ import (
 )
 
 // TransportRBD: a blockdev server serves a ceph volume's RBD image through
-// librbd, over FUSE + loop or nbd as the userspace transport says (the
-// record's Via); the keeper and the healer work as for local images.
+// librbd, over FUSE + loop, nbd or ublk as the userspace transport says
+// (the record's Via); the keeper and the healer work as for local images.
 const TransportRBD Transport = "rbd"
 
 // Where kubelet's NodeStageVolume secrets (the StorageClass's
@@ -34,12 +34,12 @@ const (
 // stage again. '_' is in no volume name.
 const cephAccessDir = "_ceph"
 
-// rbdDevice serves ceph volumes in userspace: fuse or nbd (by the record's
-// Via) does the kernel side, with an image spec that names the volume's
-// access file instead of an image file.
+// rbdDevice serves ceph volumes in userspace: fuse, nbd or ublk (by the
+// record's Via) does the kernel side, with an image spec that names the
+// volume's access file instead of an image file.
 type rbdDevice struct {
 	userspace
-	fuse, nbd device
+	fuse, nbd, ublk device
 	// via is the userspace transport a new stage in sc uses.
 	via func(sc *v1.StorageCluster) Transport
 	// lookup resolves monitor host names (nil: the system resolver).
@@ -81,8 +81,11 @@ func (r rbdDevice) inner(volume string) (device, error) {
 	if err != nil {
 		return nil, err
 	}
-	if rec.Via == TransportNBD {
+	switch rec.Via {
+	case TransportNBD:
 		return r.nbd, nil
+	case TransportUblk:
+		return r.ublk, nil
 	}
 	return r.fuse, nil
 }

@@ -308,3 +308,32 @@ func TestRBDOverNBDRefusedInNetns(t *testing.T) {
 		t.Error("access file written")
 	}
 }
+
+// A stage tells the Fencer whether its volume is on Ceph: the Fencer then
+// breaks no lock of a node whose Ceph clients are not recorded (it could
+// not be fenced), and asks the operator for none.
+func TestStageTellsTheFencerCephVolumes(t *testing.T) {
+	held := errors.New("held elsewhere")
+	local := newStageEnv(t, false)
+	local.fence.acquireErr = held
+	if err := local.stage(t); !errors.Is(err, held) {
+		t.Fatalf("local stage: %v, want the fencer's error", err)
+	}
+	if !rbdimage.Built {
+		t.Skip("the ceph stage needs librbd (tags ceph,pacific)")
+	}
+	e := cephStageEnv(t, v1.MounterUserspace)
+	e.fence.acquireErr = held
+	err := e.agent.Stage(t.Context(), StageRequest{VolumeID: "vol-a", StagingPath: e.staging, Secrets: stageSecrets})
+	if !errors.Is(err, held) {
+		t.Fatalf("ceph stage: %v, want the fencer's error", err)
+	}
+	for _, c := range []struct {
+		env  *stageEnv
+		ceph bool
+	}{{local, false}, {e, true}} {
+		if r := c.env.fence.requests; len(r) != 1 || r[0].Ceph != c.ceph {
+			t.Errorf("requests %+v, want one marked ceph %t", r, c.ceph)
+		}
+	}
+}

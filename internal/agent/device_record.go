@@ -25,10 +25,15 @@ import (
 type volumeRecord struct {
 	Version   int       `json:"version"`
 	Transport Transport `json:"transport"`
-	// ServerPID is the volume's nbd server in this agent's PID namespace:
-	// a hint, the server is recognised by its command line.
+	// ServerPID is the volume's nbd or ublk server in this agent's PID
+	// namespace: a hint, the server is recognised by its command line.
 	ServerPID int `json:"serverPID,omitempty"`
-	// Via is the userspace transport (fuse or nbd) under transport rbd.
+	// UblkDevice is the number of the volume's ublk device (/dev/ublkbN),
+	// which the kernel keeps while no server runs: a new server recovers
+	// it. The device is checked by its tag (ublk.Tag) before any use.
+	UblkDevice *uint32 `json:"ublkDevice,omitempty"`
+	// Via is the userspace transport (fuse, nbd or ublk) under transport
+	// rbd.
 	Via Transport `json:"via,omitempty"`
 	// Holders is the folder of the holder records of the volume's
 	// StorageCluster when it runs in the netns mode: every server of the
@@ -65,6 +70,12 @@ func (r records) path(volume string) string {
 // serverLog is the log of a volume's blockdev servers under root. Before
 // records (version 0) it also marked a volume staged over FUSE.
 func serverLog(root, volume string) string { return filepath.Join(root, volume+".log") }
+
+// ioErrorsSuffix ends the file where a volume's servers count the requests
+// its image failed (blockdev.IOErrors), beside its server log.
+const ioErrorsSuffix = ".ioerrors"
+
+func ioErrorsFile(root, volume string) string { return filepath.Join(root, volume+ioErrorsSuffix) }
 
 // legacyNBD is the version 0 marker of a volume staged over nbd; it held
 // the server's pid.
@@ -182,14 +193,15 @@ func (r records) create(volume string, t Transport) (made bool, err error) {
 	return true, r.save(volume, volumeRecord{Transport: t})
 }
 
-// remove drops the volume's record, of either version, and the server log,
+// remove drops the volume's record, of either version, its I/O error count
+// and the server log,
 // which marked a FUSE volume in version 0: a log left behind would make a
 // volume unstaged since look staged. Idempotent.
 func (r records) remove(volume string) error {
 	if r.dir == "" {
 		return nil
 	}
-	for _, p := range []string{r.legacyNBD(volume), serverLog(r.dir, volume), r.path(volume)} {
+	for _, p := range []string{r.legacyNBD(volume), serverLog(r.dir, volume), ioErrorsFile(r.dir, volume), r.path(volume)} {
 		if err := atomicfile.Remove(p); err != nil {
 			return fmt.Errorf("remove record of volume %s: %w", volume, err)
 		}

@@ -59,7 +59,7 @@ func (a *Agent) flexOwners(ctx context.Context, vol *v1.Volume, kubeletName stri
 	if err != nil {
 		return nil, err
 	}
-	if pv != nil && pv.Spec.CSI != nil && pv.Spec.CSI.Driver == v1.DriverName && pv.Spec.CSI.VolumeHandle == vol.Name && pv.Spec.ClaimRef != nil {
+	if pv != nil && pv.Spec.CSI != nil && pv.Spec.CSI.Driver == v1.DriverName && pv.Spec.CSI.VolumeHandle == vol.Name && boundClaim(pv) {
 		owners = append(owners, pv.Spec.ClaimRef.Namespace)
 	}
 	if kubeletName == "" || kubeletName == csiPV {
@@ -68,12 +68,19 @@ func (a *Agent) flexOwners(ctx context.Context, vol *v1.Volume, kubeletName stri
 	if pv, err = a.pv(ctx, kubeletName); err != nil {
 		return nil, err
 	}
-	if pv != nil && pv.Spec.FlexVolume != nil && pv.Spec.FlexVolume.Driver == flexDriver && pv.Spec.ClaimRef != nil {
+	if pv != nil && pv.Spec.FlexVolume != nil && pv.Spec.FlexVolume.Driver == flexDriver && boundClaim(pv) {
 		if flexTarget(pv.Spec.FlexVolume.Options, pv.Name) == vol.Name {
 			owners = append(owners, pv.Spec.ClaimRef.Namespace)
 		}
 	}
 	return owners, nil
+}
+
+// boundClaim tells whether pv is bound to a claim, whose namespace then
+// owns it. A Released PV (its claim deleted, kept by a Retain policy) keeps
+// its claimRef, but the namespace no longer has it (F24).
+func boundClaim(pv *corev1.PersistentVolume) bool {
+	return pv.Spec.ClaimRef != nil && pv.Spec.ClaimRef.Namespace != "" && pv.Status.Phase == corev1.VolumeBound
 }
 
 // pv reads a PersistentVolume; nil when there is none of that name.

@@ -37,6 +37,10 @@ type freezeRecord struct {
 
 const freezeRecordsDir = "_frozen"
 
+// freezeRecordVersion is the version of the freeze records this agent
+// writes and reads (CheckRecords refuses a newer one at start).
+const freezeRecordVersion = 1
+
 // freezeRoot holds the scratch mounts and the freeze records.
 func (a *Agent) freezeRoot() string {
 	if a.freezeDir == "" {
@@ -56,7 +60,7 @@ func (a *Agent) freezeRecordPath(volume string) string {
 }
 
 func (a *Agent) writeFreezeRecord(volume string, rec freezeRecord) error {
-	rec.Version = 1
+	rec.Version = freezeRecordVersion
 	b, err := json.Marshal(rec)
 	if err != nil {
 		return err
@@ -123,6 +127,9 @@ func (a *Agent) thawRecorded(ctx context.Context, volume string) (bool, error) {
 	var rec freezeRecord
 	if err := json.Unmarshal(b, &rec); err != nil {
 		return false, fmt.Errorf("freeze record of volume %s: %w", volume, err)
+	}
+	if rec.Version > freezeRecordVersion {
+		return false, fmt.Errorf("freeze record of volume %s is version %d, this agent reads %d: %w", volume, rec.Version, freezeRecordVersion, ErrNewerRecords)
 	}
 	if !filepath.IsAbs(rec.Device) || (rec.Scratch != "" && !filepath.IsAbs(rec.Scratch)) {
 		return false, fmt.Errorf("freeze record of volume %s names device %q, scratch %q: want absolute paths", volume, rec.Device, rec.Scratch)

@@ -4,11 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"sort"
+	"strings"
 
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/blockdev"
 	"github.com/berth-io/berth/internal/metrics"
 )
 
@@ -65,4 +69,38 @@ func (n NodeMetrics) KeeperConnections(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	return len(held), nil
+}
+
+// BlockdevIOErrors reads, per staged userspace volume, how many requests
+// its blockdev servers answered with an I/O error (the files they keep
+// beside their logs). No userspace volumes: none.
+func (n NodeMetrics) BlockdevIOErrors(context.Context) (map[string]uint64, error) {
+	us := n.Agent.us
+	if us == nil || us.Root == "" {
+		return nil, nil
+	}
+	entries, err := os.ReadDir(us.Root)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]uint64{}
+	var errs []error
+	for _, e := range entries {
+		volume, ok := strings.CutSuffix(e.Name(), ioErrorsSuffix)
+		if !ok || e.IsDir() {
+			continue
+		}
+		c, err := blockdev.ReadIOErrors(ioErrorsFile(us.Root, volume))
+		switch {
+		case errors.Is(err, fs.ErrNotExist): // unstaged meanwhile
+		case err != nil:
+			errs = append(errs, err)
+		default:
+			out[volume] = c
+		}
+	}
+	return out, errors.Join(errs...)
 }

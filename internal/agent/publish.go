@@ -30,7 +30,11 @@ type PublishRequest struct {
 // Publish fences the volume for the pod (ReadWriteOncePod is decided here)
 // and bind-mounts the staged volume (or its device) at the target path.
 func (a *Agent) Publish(ctx context.Context, r PublishRequest) error {
-	return a.withLock(r.VolumeID, func() error { return a.publish(ctx, r) })
+	key := r.VolumeID
+	if !r.ShareDevice && !r.Block {
+		key = a.publishLock(ctx, r.VolumeID)
+	}
+	return a.withLock(key, func() error { return a.publish(ctx, r) })
 }
 
 // publish is Publish for a caller that holds the volume lock.
@@ -102,6 +106,13 @@ func (a *Agent) holdForPod(ctx context.Context, r PublishRequest, vol *v1.Volume
 
 // Unpublish unmounts the target path and drops the pod's record.
 func (a *Agent) Unpublish(ctx context.Context, volumeID, targetPath string) error {
+	return a.withLock(a.publishLock(ctx, volumeID), func() error { return a.unpublish(ctx, volumeID, targetPath) })
+}
+
+// UnpublishShareDevice is Unpublish for a request through the share
+// manager's handle (volid.ShareDevice): its block device, under the
+// volume's own lock.
+func (a *Agent) UnpublishShareDevice(ctx context.Context, volumeID, targetPath string) error {
 	return a.withLock(volumeID, func() error { return a.unpublish(ctx, volumeID, targetPath) })
 }
 

@@ -38,6 +38,28 @@ const DefaultShareWait = 60 * time.Second
 // shareInterval is how often a publish looks at the Volume's share state.
 const shareInterval = time.Second
 
+// shareClientsLock is the lock key of a shared volume's workload side on
+// this node (its NFS mounts), apart from the volume's own lock, which its
+// device takes (the share manager's stage and publish, the healer, a
+// freeze). A workload's publish waits up to shareWait for the share to run:
+// under the volume's lock it kept the share manager's stage on the same
+// node out ("another operation on this volume is in progress") until it
+// gave up, again at each retry, and the share never started. Volume IDs
+// hold no "/", so no volume's own key is one of these.
+func shareClientsLock(id string) string { return id + "/nfs-clients" }
+
+// publishLock is the lock a workload's publish or unpublish of volume id
+// (its plain handle) takes: shareClientsLock for a volume served over NFS,
+// else the volume's own. A Volume that cannot be read takes the volume's
+// own lock; the operation then reports why.
+func (a *Agent) publishLock(ctx context.Context, id string) string {
+	vol, err := a.readVolume(ctx, id)
+	if err != nil || !vol.Spec.ServedOverNFS() {
+		return id
+	}
+	return shareClientsLock(id)
+}
+
 // sharedFS tells whether a request for vol goes through the share: an RWX
 // filesystem volume asked for as a filesystem (a workload). The share
 // manager asks for a block device.

@@ -169,6 +169,49 @@ func TestFakeStageShared(t *testing.T) {
 	}
 }
 
+// A workload's publish waits for the share to run; meanwhile the share
+// manager's stage and unstage of the device on the same node must go
+// through, or the share never runs. Under one lock for both, the device's
+// stage got "another operation on this volume is in progress" for as long
+// as the workload waited, again at each retry (seen on a VM node, where the
+// image and the first pod shared a node: the share stayed "starting").
+func TestFakeShareDeviceNotHeldUpByWaitingWorkload(t *testing.T) {
+	e, target := newShareEnv(t, v1.ShareStarting, "", nil)
+	e.cfg.Node = "node-b" // the image's node: the share manager runs here too
+	e.cfg.ShareWait = time.Minute
+	e.agent = newTestAgent(t, e.cfg)
+	waiting := make(chan error, 1)
+	go func() { waiting <- e.publishPod(t, target) }()
+	// The workload's publish is waiting once its entry is written.
+	deadline := time.Now().Add(10 * time.Second)
+	for !e.fence.held("vol-a " + target) {
+		if time.Now().After(deadline) {
+			t.Fatal("the workload's publish wrote no entry")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	smStaging := filepath.Join(t.TempDir(), "sm-staging")
+	if err := e.agent.Stage(t.Context(), StageRequest{VolumeID: "vol-a", ShareDevice: true, StagingPath: smStaging, Block: true}); err != nil {
+		t.Fatalf("share manager's stage while a workload waits for the share: %v", err)
+	}
+	// Its unpublish (a target never published: nothing to undo) too.
+	if err := e.agent.UnpublishShareDevice(t.Context(), "vol-a", filepath.Join(t.TempDir(), "sm-publish")); err != nil {
+		t.Fatalf("share manager's unpublish while a workload waits for the share: %v", err)
+	}
+	if err := e.agent.Unstage(t.Context(), "vol-a", smStaging); err != nil {
+		t.Fatalf("share manager's unstage while a workload waits for the share: %v", err)
+	}
+	select {
+	case err := <-waiting:
+		t.Fatalf("the workload's publish ended before the share ran: %v", err)
+	default:
+	}
+	// Two publishes of one workload side still exclude each other.
+	if err := e.publishPod(t, target+"-2"); !errors.Is(err, ErrBusy) {
+		t.Errorf("a second workload publish while one waits: %v, want %v", err, ErrBusy)
+	}
+}
+
 func TestNFSSource(t *testing.T) {
 	for _, c := range []struct {
 		endpoint, source string

@@ -104,21 +104,15 @@ func (a *Agent) stage(ctx context.Context, r StageRequest) (err error) {
 	if err != nil {
 		return fmt.Errorf("check staging path %s: %w", r.StagingPath, err)
 	}
+	// The agent asks the operator to break locks (fence.Options.AskOperator),
+	// which blocklists with its own key; Ceph has the Fencer refuse at once
+	// to ask for a lock whose holder's clients could not be fenced.
 	claim := fence.Request{
 		Volume: r.VolumeID, Node: a.node, MountDir: r.StagingPath, StagingPath: r.StagingPath,
 		AccessMode: vol.Spec.AccessMode, ReadOnly: r.ReadOnly, SoleDevice: shareDevice(vol, r.Block),
+		Ceph: sc != nil && sc.Spec.Backend == v1.BackendCeph && sc.Spec.Ceph != nil,
 	}
-	// The agent asks the operator to break locks (fence.Options.AskOperator),
-	// which blocklists with its own key; the stage's Blocklister now only
-	// marks a ceph volume for the Fencer's pre-check (never connects).
-	// TODO(F4): replace it by a plain ceph flag on the Request.
-	bl := a.blocklister(sc, r.Secrets)
-	if bl != nil {
-		claim.Blocklister = bl
-	}
-	err = a.fence.Acquire(ctx, claim)
-	bl.close()
-	if err != nil {
+	if err = a.fence.Acquire(ctx, claim); err != nil {
 		return fmt.Errorf("fence volume %s: %w", r.VolumeID, err)
 	}
 	// att and recorded say what this call made, so that a failed retry of

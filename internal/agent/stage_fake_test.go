@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -101,13 +102,18 @@ func (l *fakeLoop) BackingName(dev string) (string, bool, error) {
 	return "", false, nil
 }
 
-// fakeFence records holds by volume and mount dir.
+// fakeFence records holds by volume and mount dir, and the requests.
 type fakeFence struct {
+	mu         sync.Mutex // for tests that run requests side by side
 	holds      map[string]bool
+	requests   []fence.Request
 	acquireErr error
 }
 
 func (f *fakeFence) Acquire(_ context.Context, r fence.Request) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.requests = append(f.requests, r)
 	if f.acquireErr != nil {
 		return f.acquireErr
 	}
@@ -116,8 +122,17 @@ func (f *fakeFence) Acquire(_ context.Context, r fence.Request) error {
 }
 
 func (f *fakeFence) Release(_ context.Context, volume, _, mountDir string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	delete(f.holds, volume+" "+mountDir)
 	return nil
+}
+
+// held tells whether "volume mountDir" is held, while requests may run.
+func (f *fakeFence) held(key string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.holds[key]
 }
 
 func (f *fakeFence) ReportStaged(context.Context, string, fence.Staged) error { return nil }

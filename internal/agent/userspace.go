@@ -1,11 +1,14 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -54,7 +57,7 @@ func StartServer(ctx context.Context, p launch.Params) (Server, error) {
 
 // UserspaceConfig enables volumes with mounter userspace: a berth blockdev
 // server per volume serves the volume's image to the kernel, through FUSE
-// (<Root>/<volume>/disk.img, with a loop device on it) or nbd.
+// (<Root>/<volume>/disk.img, with a loop device on it), nbd or ublk.
 type UserspaceConfig struct {
 	// Root holds one FUSE mountpoint and one server log per volume, and
 	// the volumes' records (device_record.go). Required, absolute; the
@@ -72,7 +75,7 @@ type UserspaceConfig struct {
 	// Keeper holds the FUSE connections across server restarts (required).
 	Keeper Keeper
 	// Start runs a server (launch.Start through StartServer; required);
-	// StopPID stops an nbd server this agent found in its own /proc
+	// StopPID stops an nbd or ublk server this agent found in its own /proc
 	// (launch.StopPID); CheckMount checks a live connection.
 	Start      func(ctx context.Context, p launch.Params) (Server, error)
 	StopPID    func(pid int, timeout time.Duration, still func() bool) error
@@ -88,8 +91,8 @@ type UserspaceConfig struct {
 	// StopTimeout is how long a server gets to exit before it is killed
 	// (0: 10s).
 	StopTimeout time.Duration
-	// Transport serves new userspace volumes over FUSE + loop (default) or
-	// nbd; a staged volume keeps the transport it was staged with.
+	// Transport serves new userspace volumes over FUSE + loop (default),
+	// nbd or ublk; a staged volume keeps the transport it was staged with.
 	Transport Transport
 	// NBD is the kernel nbd driver; required with Transport nbd (nil
 	// otherwise: staging over nbd, which a StorageCluster may ask for,
@@ -100,6 +103,9 @@ type UserspaceConfig struct {
 	// reconnects (the device stays until it is disconnected); 0: the
 	// server's default.
 	DeadConnTimeout time.Duration
+	// Ublk is the kernel ublk driver (nil: staging over ublk, which a
+	// StorageCluster may ask for, is refused as unavailable).
+	Ublk Ublk
 	// ProcRoot is where processes are listed ("" is /proc).
 	ProcRoot string
 }
@@ -135,6 +141,9 @@ func (c UserspaceConfig) withDefaults() (UserspaceConfig, error) {
 	}
 	if c.NBD == nil {
 		c.NBD = noNBD{}
+	}
+	if c.Ublk == nil {
+		c.Ublk = noUblk{}
 	}
 	return c, errors.Join(errs...)
 }
@@ -193,6 +202,7 @@ func (u userspace) start(ctx context.Context, p launch.Params) (Server, error) {
 		p.NetNS = ns
 	}
 	p.Binary, p.Workers, p.Stderr = u.cfg.Binary, u.cfg.Workers, logf
+	p.IOErrorsFile = ioErrorsFile(u.cfg.Root, p.Volume)
 	// A heal pass holds the I/O of the servers it starts until all are
 	// started (launch.HoldGroup).
 	p.Hold = launch.HoldFrom(ctx)
@@ -206,6 +216,78 @@ func (u userspace) start(ctx context.Context, p launch.Params) (Server, error) {
 	u.procs.Put(p.Volume, proc)
 	u.log.Info("blockdev server started", "volume", p.Volume, "transport", p.Transport, "pid", proc.PID(), "holders", rec.Holders)
 	return proc, nil
+}
+
+// findServer finds the volume's running server of transport t (nbd or
+// ublk, whose servers the kernel's device outlives): by the pid in its
+// record, else (a crash between start and record) by scanning the process
+// table. A pid counts only while its command line still names the volume
+// and the transport.
+func (u userspace) findServer(volume string, t Transport) (pid int, found bool, err error) {
+	rec, _, err := u.records.load(volume)
+	if err != nil {
+		return 0, false, err
+	}
+	if u.serves(rec.ServerPID, volume, t) {
+		return rec.ServerPID, true, nil
+	}
+	entries, err := os.ReadDir(u.procRoot())
+	if err != nil {
+		return 0, false, fmt.Errorf("list processes: %w", err)
+	}
+	for _, e := range entries {
+		if pid, err := strconv.Atoi(e.Name()); err == nil && u.serves(pid, volume, t) {
+			return pid, true, nil
+		}
+	}
+	return 0, false, nil
+}
+
+func (u userspace) procRoot() string {
+	if u.cfg.ProcRoot != "" {
+		return u.cfg.ProcRoot
+	}
+	return "/proc"
+}
+
+// serves tells whether pid is a berth blockdev server of volume over t.
+func (u userspace) serves(pid int, volume string, t Transport) bool {
+	if pid <= 0 {
+		return false
+	}
+	b, err := os.ReadFile(filepath.Join(u.procRoot(), strconv.Itoa(pid), "cmdline"))
+	if err != nil {
+		return false
+	}
+	args := strings.Split(string(bytes.TrimRight(b, "\x00")), "\x00")
+	pair := func(flag, val string) bool {
+		i := slices.Index(args, flag)
+		return (i >= 0 && i+1 < len(args) && args[i+1] == val) || slices.Contains(args, flag+"="+val)
+	}
+	return slices.Contains(args, "blockdev") && pair("--volume", volume) && pair("--transport", string(t))
+}
+
+// stopServer stops the volume's server of transport t: the one this agent
+// process started, through its handle, and one an earlier agent started,
+// found in this agent's own /proc by its command line (so the pid is of
+// this PID namespace). Idempotent.
+func (u userspace) stopServer(volume string, t Transport) error {
+	if p := u.procs.Take(volume); p != nil {
+		if err := p.Stop(u.cfg.StopTimeout); err != nil {
+			return fmt.Errorf("stop %s blockdev server of %s: %w", t, volume, err)
+		}
+	}
+	pid, found, err := u.findServer(volume, t)
+	if err != nil {
+		return err
+	}
+	if found {
+		still := func() bool { return u.serves(pid, volume, t) }
+		if err := u.cfg.StopPID(pid, u.cfg.StopTimeout, still); err != nil {
+			return fmt.Errorf("stop %s blockdev server of %s: %w", t, volume, err)
+		}
+	}
+	return nil
 }
 
 // restartServer starts a server for a staged volume whose server is gone;

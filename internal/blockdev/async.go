@@ -27,7 +27,7 @@ func (s *Server) startAsync(b *buffers, h inHeader, what string, off int64, size
 		errno := unix.Errno(0)
 		if err != nil {
 			s.cfg.Log.Error(err, what+" failed", "offset", off, "size", size)
-			errno = errnoOf(err)
+			errno = s.ioFailed(err)
 		} else {
 			n = payload(n)
 		}
@@ -41,5 +41,5 @@ func (s *Server) startAsync(b *buffers, h inHeader, what string, off int64, size
 	// Not started, so done is never called: answer here, keep b.
 	s.inflight.Add(-1)
 	s.cfg.Log.Error(err, what+" failed", "offset", off, "size", size)
-	return s.reply(b, h.unique, errnoOf(err), 0)
+	return s.reply(b, h.unique, s.ioFailed(err), 0)
 }

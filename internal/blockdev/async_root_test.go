@@ -69,7 +69,11 @@ func TestServeAsyncImage(t *testing.T) {
 	const size, block = 8 << 20, 64 << 10
 	file, _ := blockdevtest.ImageFile(t, size, false)
 	img := &asyncImage{Image: file, failAt: 5 * block, refuseAt: 9 * block}
-	srv := blockdevtest.Serve(t, img, 4)
+	ioErrs, err := blockdev.OpenIOErrors(filepath.Join(t.TempDir(), "io-errors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := blockdevtest.ServeWith(t, blockdev.Config{Image: img, Workers: 4, IOErrors: ioErrs})
 	stopped := false
 	stop := func() {
 		if stopped {
@@ -143,6 +147,9 @@ func TestServeAsyncImage(t *testing.T) {
 		t.Errorf("block 3 in the image file: err %v, equal %v", err, bytes.Equal(onDisk, want[3*block:4*block]))
 	}
 
+	if n := ioErrs.Count(); n != 0 {
+		t.Errorf("%d requests counted as failed before any failed", n)
+	}
 	for _, c := range []struct {
 		name string
 		off  int64
@@ -153,6 +160,11 @@ func TestServeAsyncImage(t *testing.T) {
 		if _, err := f.ReadAt(got[:block], c.off); !errors.Is(err, unix.EIO) {
 			t.Errorf("read %s: %v, want EIO", c.name, err)
 		}
+	}
+
+	// Two writes and two reads failed (each one request: 64 KiB).
+	if n := ioErrs.Count(); n != 4 {
+		t.Errorf("%d requests counted as failed, want 4", n)
 	}
 
 	_ = f.Close()

@@ -37,7 +37,7 @@ func (s *Server) handle(b *buffers, n int) error {
 	case opFsync, opFsyncdir:
 		if err := s.cfg.Image.Sync(); err != nil {
 			s.cfg.Log.Error(err, "fsync failed")
-			return s.reply(b, h.unique, errnoOf(err), 0)
+			return s.reply(b, h.unique, s.ioFailed(err), 0)
 		}
 		return s.reply(b, h.unique, 0, 0)
 	case opFlush, opRelease, opReleasedir, opDestroy:
@@ -149,7 +149,7 @@ func (s *Server) doSetattr(b *buffers, h inHeader, body []byte) error {
 		}
 		if err := s.cfg.Image.Truncate(int64(le.Uint64(body[16:]))); err != nil {
 			s.cfg.Log.Error(err, "truncate failed", "size", le.Uint64(body[16:]))
-			return s.reply(b, h.unique, errnoOf(err), 0)
+			return s.reply(b, h.unique, s.ioFailed(err), 0)
 		}
 	}
 	return s.replyAttr(b, h, h.nodeID)
@@ -186,7 +186,7 @@ func (s *Server) doRead(b *buffers, h inHeader, body []byte) error {
 	n, err := s.cfg.Image.ReadAt(b.data(size), off)
 	if err != nil {
 		s.cfg.Log.Error(err, "read failed", "offset", off, "size", size)
-		return s.reply(b, h.unique, errnoOf(err), 0)
+		return s.reply(b, h.unique, s.ioFailed(err), 0)
 	}
 	return s.reply(b, h.unique, 0, n)
 }
@@ -214,7 +214,7 @@ func (s *Server) doWrite(b *buffers, h inHeader, body []byte) error {
 	n, err := s.cfg.Image.WriteAt(data[:size], off)
 	if err != nil {
 		s.cfg.Log.Error(err, "write failed", "offset", off, "size", size)
-		return s.reply(b, h.unique, errnoOf(err), 0)
+		return s.reply(b, h.unique, s.ioFailed(err), 0)
 	}
 	out := b.data(8)
 	le.PutUint32(out[0:], uint32(n))
@@ -282,7 +282,7 @@ func (s *Server) doFallocate(b *buffers, h inHeader, body []byte) error {
 	mode := le.Uint32(body[24:])
 	if err := s.cfg.Image.Fallocate(mode, off, length); err != nil {
 		s.cfg.Log.Error(err, "fallocate failed", "offset", off, "length", length, "mode", mode)
-		return s.reply(b, h.unique, errnoOf(err), 0)
+		return s.reply(b, h.unique, s.ioFailed(err), 0)
 	}
 	return s.reply(b, h.unique, 0, 0)
 }

@@ -40,7 +40,9 @@ type RunConfig struct {
 	// Hold (a takeover only), when set, returns when the volume's I/O may
 	// resume (HoldFor) or ctx ends; nil: at once.
 	Hold func(ctx context.Context)
-	Log  logr.Logger
+	// IOErrors counts the requests the image failed (nil: not counted).
+	IOErrors *IOErrors
+	Log      logr.Logger
 }
 
 // HoldFor is a RunConfig.Hold that waits until the agent closes r's other
@@ -145,6 +147,7 @@ func Run(ctx context.Context, c RunConfig) error {
 		Workers:     workers,
 		Hold:        c.Hold,
 		Passthrough: c.Passthrough && hasFd,
+		IOErrors:    c.IOErrors,
 		Log:         log,
 	})
 	if err != nil {

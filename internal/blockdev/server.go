@@ -44,7 +44,9 @@ type Config struct {
 	// before the requests in the kernel are resent: it returns when the
 	// agent lets the volume's I/O resume (launch.HoldGroup), or ctx ends.
 	Hold func(context.Context)
-	Log  logr.Logger
+	// IOErrors counts the requests the image failed (nil: not counted).
+	IOErrors *IOErrors
+	Log      logr.Logger
 }
 
 // Server answers FUSE requests for one image.
@@ -283,6 +285,13 @@ func (b *buffers) free() {
 
 // data returns the reply payload area (page aligned).
 func (b *buffers) data(n int) []byte { return b.out[outPad : outPad+n] }
+
+// ioFailed counts a request the image failed (Config.IOErrors) and returns
+// the errno the kernel gets for it.
+func (s *Server) ioFailed(err error) unix.Errno {
+	s.cfg.IOErrors.Add()
+	return errnoOf(err)
+}
 
 // errnoOf maps an error to the errno the kernel gets (EIO if unknown).
 func errnoOf(err error) unix.Errno {

@@ -308,15 +308,16 @@ func (s *Controller) cephCapacity(ctx context.Context, sc *v1.StorageCluster) (*
 	return &csi.GetCapacityResponse{AvailableCapacity: free}, nil
 }
 
-// PoolFree is the free bytes of a ceph StorageCluster's pool, for the
-// PoolCapacityPublisher: the same read as GetCapacity's, without gRPC codes.
-func (s *Controller) PoolFree(ctx context.Context, sc *v1.StorageCluster) (int64, error) {
+// PoolUsage is the free and used bytes of a ceph StorageCluster's pool, for
+// the PoolCapacityPublisher: the same read as GetCapacity's, without gRPC
+// codes.
+func (s *Controller) PoolUsage(ctx context.Context, sc *v1.StorageCluster) (ceph.PoolUsage, error) {
 	store, release, err := s.ceph.get(ctx, s.c, sc)
 	if err != nil {
-		return 0, err
+		return ceph.PoolUsage{}, err
 	}
 	defer release()
-	return store.Capacity(ctx)
+	return store.PoolUsage(ctx)
 }
 
 // Close closes the controller's Ceph connections, at shutdown.

@@ -73,7 +73,11 @@ func (s *Controller) resolveSource(ctx context.Context, src *csi.VolumeContentSo
 // checkSnapshotMode refuses to restore a snapshot into a volume of another
 // mode (a block image read as a filesystem, or the reverse), as clones are.
 // A snapshot taken before berth recorded the mode is checked against its
-// source volume, while that exists.
+// source volume, while that exists. Once that is gone too, the mode is
+// unknown and it restores only as a block volume (F22): as a filesystem the
+// privileged agent would run blkid, e2fsck and a kernel mount on bytes a
+// tenant may have written to a raw device; a block restore hands them back
+// untouched.
 func (s *Controller) checkSnapshotMode(ctx context.Context, snap *v1.Snapshot, want v1.VolumeMode) error {
 	mode := snap.Spec.VolumeMode
 	if mode == "" {
@@ -81,7 +85,12 @@ func (s *Controller) checkSnapshotMode(ctx context.Context, snap *v1.Snapshot, w
 		err := s.c.Get(ctx, client.ObjectKey{Name: snap.Spec.SourceVolume}, src)
 		switch {
 		case apierrors.IsNotFound(err):
-			return nil
+			if want == v1.VolumeModeBlock {
+				return nil
+			}
+			return status.Errorf(codes.InvalidArgument,
+				"snapshot %s was taken before berth recorded volume modes and its source volume %s is gone: its mode is unknown, so it restores only as a Block volume (volumeMode: Block); check its contents from there",
+				snap.Name, snap.Spec.SourceVolume)
 		case err != nil:
 			return status.Errorf(codes.Unavailable, "get Volume %s: %v", snap.Spec.SourceVolume, err)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -167,11 +168,48 @@ func TestRestoreChecksVolumeMode(t *testing.T) {
 		if status.Code(err) != codes.InvalidArgument {
 			t.Errorf("filesystem volume from block snapshot %s: %v, want InvalidArgument", snap, err)
 		}
-		made := &v1.Volume{}
-		if err := env.Client.Get(ctx, client.ObjectKey{Name: objectName("vol", "restore-of-"+snap)}, made); err == nil {
-			t.Errorf("a refused restore made Volume %s", made.Name)
-			_ = env.Client.Delete(context.Background(), made)
-		}
+		refusedMadeNothing(ctx, t, "restore-of-"+snap)
+	}
+
+	// An old snapshot whose source is gone (F22): its mode is unknown. As a
+	// filesystem it would put a tenant's raw bytes through blkid, e2fsck and
+	// a kernel mount in the agent: refused. As a block volume it is
+	// accepted (the restore then waits for a node agent, absent here).
+	readySnapshot(ctx, t, "restore-snap-orphan", "restore-src-gone", "")
+	orphan := &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{
+		Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: "restore-snap-orphan"}}}
+	_, err := s.CreateVolume(ctx, &csi.CreateVolumeRequest{
+		Name: "restore-of-orphan-fs", VolumeCapabilities: []*csi.VolumeCapability{fsCap},
+		Parameters: map[string]string{v1.ParamStorageCluster: "c"}, VolumeContentSource: orphan,
+	})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "restores only as a Block volume") {
+		t.Errorf("filesystem volume from a snapshot of unknown mode: %v, want InvalidArgument naming Block", err)
+	}
+	refusedMadeNothing(ctx, t, "restore-of-orphan-fs")
+	blockCap := &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+	}
+	_, err = s.CreateVolume(ctx, &csi.CreateVolumeRequest{
+		Name: "restore-of-orphan-block", VolumeCapabilities: []*csi.VolumeCapability{blockCap},
+		Parameters: map[string]string{v1.ParamStorageCluster: "c"}, VolumeContentSource: orphan,
+	})
+	if status.Code(err) == codes.InvalidArgument {
+		t.Errorf("block volume from a snapshot of unknown mode: %v, want it accepted", err)
+	}
+	made := &v1.Volume{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Name: objectName("vol", "restore-of-orphan-block")}, made); err == nil {
+		_ = env.Client.Delete(context.Background(), made)
+	}
+}
+
+// refusedMadeNothing checks that a refused CreateVolume of name made no Volume.
+func refusedMadeNothing(ctx context.Context, t *testing.T, name string) {
+	t.Helper()
+	made := &v1.Volume{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Name: objectName("vol", name)}, made); err == nil {
+		t.Errorf("a refused restore made Volume %s", made.Name)
+		_ = env.Client.Delete(context.Background(), made)
 	}
 }
 

@@ -109,7 +109,11 @@ func (s *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 
 // NodeUnpublishVolume implements csi.NodeServer.
 func (s *Node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
-	if err := s.undo(ctx, req.GetVolumeId(), text("target path", req.GetTargetPath()), s.agent.Unpublish); err != nil {
+	op := s.agent.Unpublish
+	if _, viaShare := volid.ParseHandle(req.GetVolumeId()); viaShare {
+		op = s.agent.UnpublishShareDevice
+	}
+	if err := s.undo(ctx, req.GetVolumeId(), text("target path", req.GetTargetPath()), op); err != nil {
 		return nil, err
 	}
 	return &csi.NodeUnpublishVolumeResponse{}, nil

@@ -13,7 +13,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/backend/ceph"
 	"github.com/berth-io/berth/internal/capacity"
+	"github.com/berth-io/berth/internal/metrics"
 )
 
 // PoolCapacityLabel marks the CSIStorageCapacity objects of ceph pools, apart
@@ -28,8 +30,10 @@ const PoolCapacityLabel = "berth.io/pool-capacity"
 type PoolCapacityPublisher struct {
 	Client    client.Client
 	Namespace string
-	// Free returns the free bytes of a ceph StorageCluster's pool.
-	Free func(ctx context.Context, sc *v1.StorageCluster) (int64, error)
+	// Usage returns the free and used bytes of a ceph StorageCluster's pool.
+	Usage func(ctx context.Context, sc *v1.StorageCluster) (ceph.PoolUsage, error)
+	// Metrics gets each pool read (nil: none).
+	Metrics *metrics.Pools
 	// Schedule: every minute by default, and when a berth class is added
 	// or changed.
 	capacity.Schedule
@@ -60,7 +64,7 @@ func (p *PoolCapacityPublisher) Publish(ctx context.Context) error {
 	keep := map[string]bool{}
 	// One read per cluster: its classes share the pool.
 	free := map[string]int64{}
-	unread := map[string]bool{}
+	unread, clusters := map[string]bool{}, map[string]bool{}
 	for i := range classes.Items {
 		cls := &classes.Items[i]
 		name := cls.Parameters[v1.ParamStorageCluster]
@@ -78,24 +82,29 @@ func (p *PoolCapacityPublisher) Publish(ctx context.Context) error {
 		if sc.Spec.Backend != v1.BackendCeph {
 			continue
 		}
-		keep[cls.Name] = true
+		keep[cls.Name], clusters[name] = true, true
 		n, ok := free[name]
 		if unread[name] {
 			continue
 		}
 		if !ok {
-			var err error
-			if n, err = p.Free(ctx, &sc); err != nil {
+			u, err := p.Usage(ctx, &sc)
+			if err != nil {
 				p.Log.Error(err, "read pool free bytes; keeping the last published capacity", "storageCluster", name)
 				unread[name] = true
 				continue
 			}
-			free[name] = n
+			n, free[name] = u.Free, u.Free
+			p.Metrics.Set(name, u.Free, u.Used)
 		}
 		if err := capacity.Publish(ctx, p.Client, p.Namespace, PoolCapacityName(cls.Name),
 			map[string]string{PoolCapacityLabel: "true"}, &metav1.LabelSelector{}, cls, n); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if len(errs) == 0 {
+		// Only after a full look: a cluster not read now may still be one.
+		p.Metrics.Keep(clusters)
 	}
 	errs = append(errs, p.prune(ctx, keep))
 	return errors.Join(errs...)

@@ -16,7 +16,7 @@ import (
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 )
 
-// The controller's PoolFree reads a real pool: the publisher writes its
+// The controller's PoolUsage reads a real pool: the publisher writes its
 // free bytes for a ceph class.
 func TestPoolCapacityOnRealCeph(t *testing.T) {
 	suite.Require(t)
@@ -30,7 +30,7 @@ func TestPoolCapacityOnRealCeph(t *testing.T) {
 		Parameters: map[string]string{v1.ParamStorageCluster: "ceph-pool-capacity"}})
 	s := apiController(t, ControllerConfig{})
 	defer s.Close()
-	p := &PoolCapacityPublisher{Client: env.Client, Namespace: ns, Free: s.PoolFree, Log: testr.New(t)}
+	p := &PoolCapacityPublisher{Client: env.Client, Namespace: ns, Usage: s.PoolUsage, Log: testr.New(t)}
 	if err := p.Publish(ctx); err != nil {
 		t.Fatal(err)
 	}

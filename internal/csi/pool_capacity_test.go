@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr/testr"
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -16,7 +17,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/backend/ceph"
 	"github.com/berth-io/berth/internal/capacity"
+	"github.com/berth-io/berth/internal/metrics"
 	"github.com/berth-io/berth/internal/testenv"
 )
 
@@ -33,13 +36,15 @@ func (f *poolFrees) set(cluster string, n int64, err error) {
 	f.free[cluster], f.err = n, err
 }
 
-func (f *poolFrees) read(_ context.Context, sc *v1.StorageCluster) (int64, error) {
+// read answers a pool read; the fake pool stores half what it can still
+// take.
+func (f *poolFrees) read(_ context.Context, sc *v1.StorageCluster) (ceph.PoolUsage, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.err != nil {
-		return 0, f.err
+		return ceph.PoolUsage{}, f.err
 	}
-	return f.free[sc.Name], nil
+	return ceph.PoolUsage{Free: f.free[sc.Name], Used: f.free[sc.Name] / 2}, nil
 }
 
 // poolCapacitySetup makes the namespace ns and a ceph StorageCluster named
@@ -98,7 +103,25 @@ func TestPoolCapacityPublisher(t *testing.T) {
 
 	frees := &poolFrees{free: map[string]int64{}}
 	frees.set("pool-ceph", 10<<30, nil)
-	p := &PoolCapacityPublisher{Client: env.Client, Namespace: ns, Free: frees.read, Log: testr.New(t)}
+	reg := prometheus.NewRegistry()
+	pools, err := metrics.NewPools(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The pool's gauges hold its last read: free, and half that used.
+	wantGauges := func(free int64) {
+		t.Helper()
+		got, err := testenv.Gathered(reg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := testenv.Series("berth_ceph_pool_free_bytes", "storage_cluster", "pool-ceph")
+		u := testenv.Series("berth_ceph_pool_used_bytes", "storage_cluster", "pool-ceph")
+		if len(got) != 2 || got[f] != float64(free) || got[u] != float64(free/2) {
+			t.Errorf("pool gauges %v, want free %d and used %d of pool-ceph only", got, free, free/2)
+		}
+	}
+	p := &PoolCapacityPublisher{Client: env.Client, Namespace: ns, Usage: frees.read, Metrics: pools, Log: testr.New(t)}
 	get := func(cls string) *storagev1.CSIStorageCapacity {
 		t.Helper()
 		var c storagev1.CSIStorageCapacity
@@ -131,6 +154,7 @@ func TestPoolCapacityPublisher(t *testing.T) {
 	}
 	want(cephA.Name, 10<<30)
 	want(cephB.Name, 10<<30)
+	wantGauges(10 << 30)
 	if c := get(local.Name); c != nil {
 		t.Errorf("a local class got a pool capacity: %v", c)
 	}
@@ -155,6 +179,7 @@ func TestPoolCapacityPublisher(t *testing.T) {
 	}
 	want(cephA.Name, 7<<30)
 	want(cephB.Name, 7<<30)
+	wantGauges(7 << 30)
 
 	frees.set("pool-ceph", 5<<30, nil)
 	if err := env.Client.Delete(ctx, cephB); err != nil {
@@ -177,7 +202,7 @@ func TestPoolCapacityPublisherStart(t *testing.T) {
 	create(ctx, t, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "pool-start"}, Provisioner: v1.DriverName,
 		Parameters: map[string]string{v1.ParamStorageCluster: "pool-start"}})
 	frees := &poolFrees{free: map[string]int64{"pool-start": 1 << 30}}
-	startPublisher(t, &PoolCapacityPublisher{Client: env.Client, Namespace: ns, Free: frees.read,
+	startPublisher(t, &PoolCapacityPublisher{Client: env.Client, Namespace: ns, Usage: frees.read,
 		Schedule: capacity.Schedule{Interval: 100 * time.Millisecond}, Log: testr.New(t)})
 	waitPoolCapacity(ctx, t, ns, "pool-start", 1<<30, 30*time.Second)
 	frees.set("pool-start", 2<<30, nil)
@@ -197,7 +222,7 @@ func TestPoolCapacityPublisherNewClass(t *testing.T) {
 	}
 	frees := &poolFrees{free: map[string]int64{"pool-new-class": 3 << 30}}
 	// An hour: only the watch can publish within the test.
-	startPublisher(t, &PoolCapacityPublisher{Client: env.Client, Namespace: ns, Free: frees.read,
+	startPublisher(t, &PoolCapacityPublisher{Client: env.Client, Namespace: ns, Usage: frees.read,
 		Schedule: capacity.Schedule{Classes: classes, Interval: time.Hour}, Log: testr.New(t)})
 	// Past Start's first rounds, so that the class is new to it.
 	time.Sleep(2 * time.Second)

@@ -197,14 +197,13 @@ func TestBreakRefusedWithoutBlocklister(t *testing.T) {
 	stagedWithClients(t, "vol-nobl", "nobl-a", "10.0.0.3:0/1")
 	mustNotBreak(t, f, rec, "vol-nobl", "nobl-a", "nobl-b", "no Ceph access")
 
-	// The stage brings its own Ceph access: the lock is broken with it.
+	// A Fencer with Ceph access breaks the lock with it.
 	bl := newFakeBlocklister()
-	req := stageReq("vol-nobl", "nobl-b", v1.ReadWriteOnce)
-	req.Blocklister = bl
-	mustAcquire(t, f, req)
+	fc, _ := newCephFencer(t, bl)
+	mustAcquire(t, fc, stageReq("vol-nobl", "nobl-b", v1.ReadWriteOnce))
 	wantHolders(t, "vol-nobl", "nobl-b")
 	if !bl.isFenced("10.0.0.3:0/1") {
-		t.Error("the request's Blocklister was not used")
+		t.Error("the Fencer's Blocklister was not used")
 	}
 }
 

@@ -65,12 +65,13 @@ func (f *Fencer) breakable(ctx context.Context, att *v1.Attachment, blocking []v
 	return out, nil
 }
 
-// unfenceable tells whether breaking node's holds on a ceph volume (the
-// request fences with a Blocklister) would leave a writer unfenced: the
-// node holds the device (a stage record) and its status records no Ceph
-// client. A gone Node's holds move anyway, as the GC moves them.
+// unfenceable tells whether breaking node's holds on a ceph volume
+// (Request.Ceph, or any volume of a Fencer with a Blocklister) would leave
+// a writer unfenced: the node holds the device (a stage record) and its
+// status records no Ceph client. A gone Node's holds move anyway, as the
+// GC moves them.
 func (f *Fencer) unfenceable(att *v1.Attachment, node string, entries []v1.AttachmentEntry, req *Request, reason v1.CleanupReason) bool {
-	if (req.Blocklister == nil && f.opts.Blocklister == nil) || reason == v1.ReasonNodeGone || len(cephClients(att, node)) > 0 {
+	if (!req.Ceph && f.opts.Blocklister == nil) || reason == v1.ReasonNodeGone || len(cephClients(att, node)) > 0 {
 		return false
 	}
 	return slices.ContainsFunc(entries, func(e v1.AttachmentEntry) bool { return e.IsStage() })

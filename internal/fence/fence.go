@@ -57,12 +57,17 @@ type Options struct {
 	// AskOperator makes Acquire ask the operator to break other nodes'
 	// holds (a TakeOverRequest, takeover.go) instead of breaking them
 	// itself: the agent's mode, whose word the admission policy does not
-	// take for another node's liveness.
+	// take for another node's liveness. It also keeps the node labels the
+	// policy does not let an agent remove (setNodeLabels).
 	AskOperator bool
 	// TakeOverWait bounds how long Acquire waits for the operator
 	// (default DefaultTakeOverWait).
 	TakeOverWait time.Duration
 }
+
+// exactLabels: only a Fencer outside the agent's admission policy writes
+// node labels exactly (setNodeLabels).
+func (o Options) exactLabels() bool { return !o.AskOperator }
 
 // DefaultStaleListTTL: a week, time for a node to be rebuilt under its name.
 const DefaultStaleListTTL = 7 * 24 * time.Hour
@@ -153,7 +158,7 @@ func (f *Fencer) tryAcquire(ctx context.Context, req *Request) (done bool, err e
 			ObjectMeta: metav1.ObjectMeta{Name: req.Volume},
 			Spec:       v1.AttachmentSpec{AccessMode: req.AccessMode},
 		}
-		setEntries(&att, []v1.AttachmentEntry{own})
+		setEntries(&att, []v1.AttachmentEntry{own}, f.opts.exactLabels())
 		if err := f.c.Create(ctx, &att); err != nil {
 			return !raced(err), fmt.Errorf("create attachment %s: %w", req.Volume, err)
 		}
@@ -188,11 +193,7 @@ func (f *Fencer) tryAcquire(ctx context.Context, req *Request) (done bool, err e
 		if f.opts.AskOperator {
 			return f.askTakeOver(ctx, &att, req, broken)
 		}
-		bl := req.Blocklister
-		if bl == nil {
-			bl = f.opts.Blocklister
-		}
-		if err := f.moveToStale(ctx, &att, broken, bl); err != nil {
+		if err := f.moveToStale(ctx, &att, broken, f.opts.Blocklister); err != nil {
 			return true, err
 		}
 		others = without(others, broken)
@@ -200,7 +201,7 @@ func (f *Fencer) tryAcquire(ctx context.Context, req *Request) (done bool, err e
 	if len(others) == 0 {
 		att.Spec.AccessMode = req.AccessMode
 	}
-	setEntries(&att, append(others, own))
+	setEntries(&att, append(others, own), f.opts.exactLabels())
 	att.Spec.TakeOvers = withoutTakeOver(att.Spec.TakeOvers, req.Node, req.MountDir)
 	if err := f.c.Update(ctx, &att); err != nil {
 		return !raced(err), fmt.Errorf("update attachment %s: %w", req.Volume, err)
@@ -237,18 +238,18 @@ func (f *Fencer) release(ctx context.Context, volume, node, mountDir string) err
 			return true, nil
 		}
 		att.Spec.TakeOvers = asks
-		return keepEntries(ctx, f.c, &att, kept)
+		return keepEntries(ctx, f.c, &att, kept, f.opts.exactLabels())
 	})
 }
 
 // keepEntries leaves att with only the kept entries: it updates att, or,
 // with none left, deletes it if nobody wrote it since it was read. done
 // false means a lost race: read again and retry.
-func keepEntries(ctx context.Context, c client.Client, att *v1.Attachment, kept []v1.AttachmentEntry) (done bool, err error) {
+func keepEntries(ctx context.Context, c client.Client, att *v1.Attachment, kept []v1.AttachmentEntry, exact bool) (done bool, err error) {
 	if len(kept) == 0 {
 		return deleteIfUnchanged(ctx, c, att)
 	}
-	setEntries(att, kept)
+	setEntries(att, kept, exact)
 	if err := c.Update(ctx, att); err != nil {
 		return !raced(err), fmt.Errorf("update attachment %s: %w", att.Name, err)
 	}

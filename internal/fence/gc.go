@@ -39,11 +39,13 @@ const DefaultGCInterval = 24 * time.Hour
 //     unmounts what kubelet never unpublished;
 //   - anything else stays.
 //
-// An Attachment left with no entry is deleted. A stale list (NodeCleanup)
-// whose node object has been gone for longer than Options.StaleListTTL is
-// deleted: no agent will ever work it off. The GC marks when it first saw
-// the node gone (annotation NodeGoneSinceAnnotation) and lifts the mark
-// when the node is back.
+// An Attachment left with no entry is deleted. Node labels of nodes that
+// hold no entry are dropped (an agent may have had to keep them,
+// setNodeLabels). A stale list (NodeCleanup) whose node object has been
+// gone for longer than Options.StaleListTTL is deleted: no agent will
+// ever work it off. The GC marks when it first saw the node gone
+// (annotation NodeGoneSinceAnnotation) and lifts the mark when the node
+// is back.
 type GC struct {
 	c    client.Client
 	clk  clock.Clock
@@ -328,7 +330,9 @@ func (g *GC) sweep(ctx context.Context, w *gcWorld, volume string) (moved, dropp
 				kept = append(kept, e)
 			}
 		}
-		if len(kept) == len(att.Spec.Attachments) && len(kept) > 0 {
+		// Node labels an agent had to keep (setNodeLabels) go with any
+		// write, or alone.
+		if len(kept) == len(att.Spec.Attachments) && len(kept) > 0 && !staleNodeLabels(&att) {
 			return true, nil
 		}
 		// Stale lists first: a crash before the Attachment update leaves
@@ -350,7 +354,7 @@ func (g *GC) sweep(ctx context.Context, w *gcWorld, volume string) (moved, dropp
 				g.log.Info("ceph clients blocklisted", "volume", volume, "node", node, "addresses", addrs)
 			}
 		}
-		done, err := keepEntries(ctx, g.c, &att, kept)
+		done, err := keepEntries(ctx, g.c, &att, kept, g.opts.exactLabels())
 		if done && err == nil {
 			g.log.Info("attachment GC", "volume", volume, "moved", moved, "dropped", dropped, "left", len(kept))
 		}

@@ -5,6 +5,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"regexp"
+	"slices"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/labels"
@@ -52,13 +54,29 @@ func isAlnum(r rune) bool {
 	return (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z') || (r >= '0' && r <= '9')
 }
 
-// setNodeLabels makes the node labels of att match its entries.
-func setNodeLabels(att *v1.Attachment) {
+// hashedKey matches every key NodeLabelKey hashes (and plain keys that
+// look alike): a name part ending in hashChars hex digits, alone or after
+// a dash. The agent's admission policy uses the same expression.
+var hashedKey = regexp.MustCompile(fmt.Sprintf(`^%s(.*-)?[0-9a-f]{%d}$`, regexp.QuoteMeta(NodeLabelPrefix), hashChars))
+
+// hashedName tells whether NodeLabelKey hashes node.
+func hashedName(node string) bool {
+	return len(validation.IsQualifiedName(NodeLabelPrefix+node)) != 0
+}
+
+// setNodeLabels makes the node labels of att match its entries. With exact
+// false (an agent's write) it keeps a stale label that the agent's
+// admission policy would not let it remove. The policy cannot hash a node
+// name, so while an entry of a hashed name remains, no key that may be a
+// hash (hashedKey) is removed. A stale label is harmless: ListForNode
+// reads the entries. The operator writes exactly and drops it (GC).
+func setNodeLabels(att *v1.Attachment, exact bool) {
 	if att.Labels == nil {
 		att.Labels = map[string]string{}
 	}
+	keepHashed := !exact && slices.ContainsFunc(att.Spec.Attachments, func(e v1.AttachmentEntry) bool { return hashedName(e.Node) })
 	for k := range att.Labels {
-		if strings.HasPrefix(k, NodeLabelPrefix) {
+		if strings.HasPrefix(k, NodeLabelPrefix) && !(keepHashed && hashedKey.MatchString(k)) {
 			delete(att.Labels, k)
 		}
 	}
@@ -66,6 +84,19 @@ func setNodeLabels(att *v1.Attachment) {
 		att.Labels[NodeLabelKey(e.Node)] = labelValue
 	}
 	att.Labels[LabeledLabel] = labelValue
+}
+
+// staleNodeLabels tells whether att has a node label of a node that holds
+// no entry of it (kept by an agent, setNodeLabels).
+func staleNodeLabels(att *v1.Attachment) bool {
+	for k := range att.Labels {
+		if strings.HasPrefix(k, NodeLabelPrefix) && !slices.ContainsFunc(att.Spec.Attachments, func(e v1.AttachmentEntry) bool {
+			return NodeLabelKey(e.Node) == k
+		}) {
+			return true
+		}
+	}
+	return false
 }
 
 // ListForNode returns every entry the node holds, across all volumes (the

@@ -5,8 +5,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/go-logr/logr/testr"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/clock"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/fence"
@@ -87,4 +90,35 @@ func TestListForNodeBySelector(t *testing.T) {
 	if got := volumes(longNode); !slices.Equal(got, []string{"vol-lbl-long", "vol-lbl-rwx"}) {
 		t.Errorf("holds of the long-named node: %v", got)
 	}
+}
+
+// TestGCDropsNodeLabelsAnAgentKept: an agent's Fencer (AskOperator) keeps
+// the hashed label of a long-named node that let go while another
+// long-named node holds the volume (its admission policy refuses the
+// removal); the operator's GC drops it and leaves the entries.
+func TestGCDropsNodeLabelsAnAgentKept(t *testing.T) {
+	g, _ := newGC(t)
+	other := strings.Replace(longNode, "node-0042", "node-0043", 1)
+	mkNode(t, longNode)
+	mkNode(t, other)
+	cleanupVolume(t, "vol-lbl-kept")
+	agent := fence.New(env.Client, record.NewFakeRecorder(10), clock.RealClock{}, testr.New(t), fence.Options{AskOperator: true})
+	mustAcquire(t, agent, stageReq("vol-lbl-kept", longNode, v1.ReadWriteMany))
+	r := stageReq("vol-lbl-kept", other, v1.ReadWriteMany)
+	mustAcquire(t, agent, r)
+	if err := agent.Release(ctxT(t), r.Volume, r.Node, r.MountDir); err != nil {
+		t.Fatal(err)
+	}
+	if att := getAttachment(t, "vol-lbl-kept"); att.Labels[fence.NodeLabelKey(other)] == "" {
+		t.Fatalf("the agent dropped the hashed label of %s beside %s: %v", other, longNode, att.Labels)
+	}
+	res, err := g.RunOnce(ctxT(t))
+	if err != nil || res.Moved != 0 || res.Dropped != 0 {
+		t.Fatalf("RunOnce = %+v, %v", res, err)
+	}
+	att := getAttachment(t, "vol-lbl-kept")
+	if att.Labels[fence.NodeLabelKey(other)] != "" || att.Labels[fence.NodeLabelKey(longNode)] == "" {
+		t.Errorf("labels after the GC: %v, want %s's only", att.Labels, longNode)
+	}
+	wantHolders(t, "vol-lbl-kept", longNode)
 }

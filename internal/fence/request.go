@@ -31,10 +31,12 @@ type Request struct {
 	// The share's NFS clients (workload entries with no stage record
 	// behind them) never block it.
 	SoleDevice bool
-	// Blocklister, for a Ceph volume, fences other nodes' Ceph clients
-	// with the access of this request (the stage's Ceph client: `profile
-	// rbd` may add to the blocklist); nil: the Fencer's Options.Blocklister.
-	Blocklister Blocklister
+	// Ceph marks a volume of a Ceph StorageCluster. Another node's holds
+	// on it are broken only with that node's Ceph clients fenced, so a
+	// node that holds the device with no client recorded keeps them: a
+	// ConflictError, and no take-over request. A Fencer with an
+	// Options.Blocklister takes every volume for a Ceph one.
+	Ceph bool
 }
 
 // IsStage tells whether the request is for a node's stage record.
@@ -164,8 +166,8 @@ func byNode(entries []v1.AttachmentEntry) ([]string, map[string][]v1.AttachmentE
 const maxListedHolders = 8
 
 // setEntries writes the holders, their kubectl summary and the node
-// labels together.
-func setEntries(att *v1.Attachment, entries []v1.AttachmentEntry) {
+// labels together (exact: see setNodeLabels).
+func setEntries(att *v1.Attachment, entries []v1.AttachmentEntry, exact bool) {
 	att.Spec.Attachments = entries
 	names := make([]string, 0, min(len(entries), maxListedHolders)+1)
 	for i, e := range entries {
@@ -180,5 +182,5 @@ func setEntries(att *v1.Attachment, entries []v1.AttachmentEntry) {
 		}
 	}
 	att.Spec.Holders = strings.Join(names, ", ")
-	setNodeLabels(att)
+	setNodeLabels(att, exact)
 }

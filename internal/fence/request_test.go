@@ -72,7 +72,7 @@ func TestHoldersSummary(t *testing.T) {
 	for i := range 9 {
 		entries = append(entries, stage(fmt.Sprint("n", i)))
 	}
-	setEntries(&att, entries)
+	setEntries(&att, entries, true)
 	want := "a, a/ns/p1, n0, n1, n2, n3, n4, n5, +3 more"
 	if att.Spec.Holders != want {
 		t.Fatalf("holders %q, want %q", att.Spec.Holders, want)

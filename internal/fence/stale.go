@@ -130,7 +130,7 @@ func EvictNode(ctx context.Context, c client.Client, clk clock.Clock, opts Optio
 			}
 		}
 		moved = len(stale)
-		return keepEntries(ctx, c, &att, kept)
+		return keepEntries(ctx, c, &att, kept, opts.exactLabels())
 	})
 	return moved, err
 }

@@ -181,7 +181,7 @@ func (f *Fencer) serveTakeOvers(ctx context.Context, volume string, blocklisterF
 	for _, r := range att.Spec.TakeOvers {
 		req := &Request{Volume: volume, Node: r.Node, PodNamespace: r.PodNamespace, Pod: r.Pod, PodUID: r.PodUID,
 			MountDir: r.MountDir, StagingPath: r.StagingPath, AccessMode: r.AccessMode, ReadOnly: r.ReadOnly,
-			SoleDevice: r.SoleDevice, Blocklister: bl}
+			SoleDevice: r.SoleDevice, Ceph: bl != nil}
 		if err := req.validate(); err != nil {
 			continue // the API's schema admits what validate refuses only for ReadOnlyMany; the agent's next try says why
 		}
@@ -204,7 +204,7 @@ func (f *Fencer) serveTakeOvers(ctx context.Context, volume string, blocklisterF
 		if err := f.moveToStale(ctx, &att, bs, bl); err != nil {
 			return true, false, true, err
 		}
-		setEntries(&att, without(att.Spec.Attachments, bs))
+		setEntries(&att, without(att.Spec.Attachments, bs), f.opts.exactLabels())
 		if err := f.c.Update(ctx, &att); err != nil {
 			return !raced(err), false, true, fmt.Errorf("update attachment %s: %w", volume, err)
 		}

@@ -177,3 +177,32 @@ func TestBrokenAttachmentWithExpiredRequestIsDeleted(t *testing.T) {
 		t.Errorf("the empty Attachment after the request expired: %v (%+v)", err, gone.Spec)
 	}
 }
+
+// TestAskingFencerRefusesUnrecordedCephHolder: the agent's Fencer has no
+// Ceph access (the operator fences), so Request.Ceph tells it a volume is
+// on Ceph. It then asks no take-over of a device holder whose clients are
+// not recorded (the operator could not fence them) and says why at once;
+// a volume not on Ceph is asked for.
+func TestAskingFencerRefusesUnrecordedCephHolder(t *testing.T) {
+	agent := askingFencer(t, 300*time.Millisecond)
+	cleanupVolume(t, "vol-askceph", "askceph-a")
+	mkNode(t, "askceph-a", corev1.Taint{Key: corev1.TaintNodeOutOfService, Value: "nodeshutdown", Effect: corev1.TaintEffectNoExecute})
+	mkNode(t, "askceph-b")
+	holdOn(t, "vol-askceph", "askceph-a", fakePod("askceph-p"), v1.ReadWriteOnce) // no status: no client recorded
+
+	req := stageReq("vol-askceph", "askceph-b", v1.ReadWriteOnce)
+	req.Ceph = true
+	if err := agent.Acquire(ctxT(t), req); !fence.IsConflict(err) || !strings.Contains(err.Error(), "Ceph clients are not recorded") {
+		t.Fatalf("ceph volume: %v, want a conflict saying the clients are not recorded", err)
+	}
+	if got := getAttachment(t, "vol-askceph").Spec.TakeOvers; len(got) != 0 {
+		t.Fatalf("take-over asked for a holder that cannot be fenced: %+v", got)
+	}
+	req.Ceph = false
+	if err := agent.Acquire(ctxT(t), req); !fence.IsConflict(err) || !strings.Contains(err.Error(), "waited") {
+		t.Fatalf("volume not on ceph: %v, want a conflict after waiting for the operator", err)
+	}
+	if got := getAttachment(t, "vol-askceph").Spec.TakeOvers; len(got) != 1 || got[0].Node != "askceph-b" {
+		t.Errorf("take-over requests %+v, want askceph-b's", got)
+	}
+}

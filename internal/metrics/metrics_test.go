@@ -27,7 +27,13 @@ func TestNilGroupsRecordNothing(t *testing.T) {
 		c   *metrics.Cleanup
 		h   *metrics.Heal
 		d   *metrics.FlexDriver
+		s   *metrics.Share
+		p   *metrics.Pools
 	)
+	s.FailedOver("PodFailed")
+	s.Recovered(time.Second)
+	p.Set("c", 1, 1)
+	p.Keep(nil)
 	ops.Observe("mount", "OK", time.Second)
 	f.Acquired(metrics.AcquireGranted, time.Second)
 	f.Released(nil)
@@ -73,12 +79,51 @@ type fakeNode struct {
 	volErr  error
 	conns   int
 	keepErr error
+	// ioErrors per volume, or ioErr.
+	ioErrors map[string]uint64
+	ioErr    error
 }
 
 func (f *fakeNode) VolumeCounts(context.Context) ([]metrics.VolumeCount, error) {
 	return f.volumes, f.volErr
 }
 func (f *fakeNode) KeeperConnections(context.Context) (int, error) { return f.conns, f.keepErr }
+func (f *fakeNode) BlockdevIOErrors(context.Context) (map[string]uint64, error) {
+	return f.ioErrors, f.ioErr
+}
+
+// TestBlockdevIOErrorsStayMonotonic: the node's counter is the staged
+// volumes' counts plus the last counts of those unstaged, and a count
+// that cannot be read keeps its last value.
+func TestBlockdevIOErrorsStayMonotonic(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	src := &fakeNode{}
+	if _, err := metrics.NewNode(reg, src, logr.Discard()); err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []struct {
+		name   string
+		counts map[string]uint64
+		err    error
+		want   float64
+	}{
+		{"none staged", nil, nil, 0},
+		{"two volumes", map[string]uint64{"a": 3, "b": 2}, nil, 5},
+		{"b unstaged, a failed once more", map[string]uint64{"a": 4}, nil, 6},
+		{"a staged anew", map[string]uint64{"a": 1}, nil, 7},
+		{"a unreadable", map[string]uint64{}, errors.New("read a: EIO"), 7},
+		{"c staged", map[string]uint64{"a": 1, "c": 1}, nil, 8},
+	} {
+		src.ioErrors, src.ioErr = step.counts, step.err
+		got, err := testenv.Gathered(reg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := got["berth_blockdev_io_errors_total"]; n != step.want {
+			t.Errorf("%s: %v, want %v", step.name, n, step.want)
+		}
+	}
+}
 
 // TestNodeGaugesReadAtScrape: the node gauges show what the source says at
 // each scrape; a source that fails leaves its gauges out without failing
@@ -106,6 +151,7 @@ func TestNodeGaugesReadAtScrape(t *testing.T) {
 		}
 	}
 	src.volErr, src.keepErr, src.volumes = errors.New("cache not synced"), errors.New("keeper down"), nil
+	src.ioErr = errors.New("userspace root unreadable")
 	got, err = testenv.Gathered(reg)
 	if err != nil {
 		t.Fatalf("scrape with failing sources: %v", err)
@@ -180,5 +226,25 @@ func TestHTTPEndpoints(t *testing.T) {
 	}
 	if err := metrics.Serve(ctx, nil, nil); err != nil || !strings.Contains(ctx.Err().Error(), "canceled") {
 		t.Errorf("Serve of a disabled endpoint after cancel: %v", err)
+	}
+}
+
+// TestPoolsKeep: a pool's gauges stay until its cluster is no longer kept.
+func TestPoolsKeep(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	p, err := metrics.NewPools(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Set("a", 10, 4)
+	p.Set("b", 20, 8)
+	p.Keep(map[string]bool{"a": true})
+	got, err := testenv.Gathered(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	free, used := testenv.Series("berth_ceph_pool_free_bytes", "storage_cluster", "a"), testenv.Series("berth_ceph_pool_used_bytes", "storage_cluster", "a")
+	if len(got) != 2 || got[free] != 10 || got[used] != 4 {
+		t.Errorf("after keeping a: %v, want a's free 10 and used 4 only", got)
 	}
 }

@@ -159,14 +159,31 @@ func (m *Manager) isShareMount(target string) (bool, error) {
 
 // unmountShare takes a share's NFS mount away from target, once per target
 // at a time (later callers wait for the one in flight, until ctx ends).
-// A plain umount(8) of a hard mount whose server is gone blocks in the
-// kernel and stays blocked after it is killed, one more with every
-// kubelet retry. `umount -f` (ForceUnmounter, bounded by the tools'
-// timeout) aborts the RPCs in flight instead; when even it fails, the
-// mount is detached (MNT_DETACH never waits for the server).
+//
+// The kernel gives every mount of one export with the same options one
+// superblock, and `umount -f` aborts the requests in flight of the whole
+// superblock: another pod's mount of the volume on this node (a reader
+// that came while a writer left) would have its I/O fail with EIO. So
+// while another mount shares the superblock, target is only detached
+// (MNT_DETACH): the superblock lives on with the other mount, and a detach
+// neither waits for the server nor aborts anything. The last mount of a
+// superblock is forced: a plain umount(8) of a hard mount whose server is
+// gone blocks in the kernel and stays blocked after it is killed, one more
+// with every kubelet retry, while `umount -f` aborts the RPCs in flight;
+// when even it fails, the mount is detached too.
 func (m *Manager) unmountShare(ctx context.Context, target string) error {
 	return m.shares.doErr(ctx, "unmount of "+target, func() error {
-		err := m.forceUnmount(target)
+		others, err := m.sameSuperblock(target)
+		if err != nil {
+			return err
+		}
+		if len(others) > 0 {
+			if err := m.lazyUnmount(target); err != nil {
+				return fmt.Errorf("detach %s from the share mounted at %v too: %w", target, others, err)
+			}
+			return nil
+		}
+		err = m.forceUnmount(target)
 		if err == nil {
 			return nil
 		}
@@ -176,4 +193,18 @@ func (m *Manager) unmountShare(ctx context.Context, target string) error {
 		}
 		return nil
 	})
+}
+
+// sameSuperblock lists the other mounts of the superblock mounted at
+// target (same device number): other pods' mounts of the same share.
+func (m *Manager) sameSuperblock(target string) ([]string, error) {
+	mis, err := m.mountInfo()
+	if err != nil {
+		return nil, fmt.Errorf("read mounts: %w", err)
+	}
+	mi := mountAt(mis, target)
+	if mi == nil {
+		return nil, nil
+	}
+	return refs(mis, mi, false), nil
 }

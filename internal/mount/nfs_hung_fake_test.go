@@ -263,3 +263,62 @@ func TestFakeShareStats(t *testing.T) {
 		}
 	}
 }
+
+// recordingMounter is mount-utils' fake that counts plain, forced and
+// lazy unmounts.
+type recordingMounter struct {
+	*mountutils.FakeMounter
+	plain, forced, lazy *atomic.Int32
+}
+
+func (m recordingMounter) Unmount(target string) error {
+	m.plain.Add(1)
+	return m.FakeMounter.Unmount(target)
+}
+
+func (m recordingMounter) UnmountForce(target string) error {
+	m.forced.Add(1)
+	return m.FakeMounter.Unmount(target)
+}
+
+func (m recordingMounter) UnmountLazy(target string) error {
+	m.lazy.Add(1)
+	return m.FakeMounter.Unmount(target)
+}
+
+// TestFakeShareUnpublishNeverForcesASharedMount: two pods of one node
+// mount the same share, and the kernel gives both mounts one superblock.
+// `umount -f` of the first pod's mount would abort the second pod's NFS
+// requests in flight (its application got EIO on the VM node: a reader
+// that came while a writer left). The first is only detached; the last
+// mount of the superblock is forced.
+func TestFakeShareUnpublishNeverForcesASharedMount(t *testing.T) {
+	f := newFakeEnv(t)
+	var plain, forced, lazy atomic.Int32
+	f.mgr = NewManager(recordingMounter{FakeMounter: f.mounter, plain: &plain, forced: &forced, lazy: &lazy}, f.exec, testr.New(t))
+	f.mgr.mountInfo = f.mountInfo
+	a, b := f.path("pods/a/mount"), f.path("pods/b/mount")
+	for _, target := range []string{a, b} {
+		if err := f.mgr.MountNFS(t.Context(), NFSRequest{VolumeID: "v", Source: "sm.ns.svc:/v", TargetPath: target}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.mgr.Unpublish(t.Context(), a); err != nil {
+		t.Fatal(err)
+	}
+	if p, fo, l := plain.Load(), forced.Load(), lazy.Load(); p != 0 || fo != 0 || l != 1 {
+		t.Errorf("unpublish beside another mount of the share: %d plain, %d forced, %d lazy unmounts; want 1 lazy", p, fo, l)
+	}
+	if f.mounts() != 1 {
+		t.Errorf("%d mounts left, want the other pod's", f.mounts())
+	}
+	if err := f.mgr.Unpublish(t.Context(), b); err != nil {
+		t.Fatal(err)
+	}
+	if p, fo, l := plain.Load(), forced.Load(), lazy.Load(); p != 0 || fo != 1 || l != 1 {
+		t.Errorf("unpublish of the last mount: %d plain, %d forced, %d lazy unmounts in all; want 1 forced, 1 lazy", p, fo, l)
+	}
+	if f.mounts() != 0 {
+		t.Errorf("%d mounts left", f.mounts())
+	}
+}

@@ -154,10 +154,17 @@ func testLog(t testing.TB) logr.Logger {
 
 func startServe(t testing.TB, b Backend, workers int) *served {
 	t.Helper()
+	return startServeCounting(t, b, workers, nil)
+}
+
+// startServeCounting is startServe with ioFailed called for each request
+// the backend fails.
+func startServeCounting(t testing.TB, b Backend, workers int, ioFailed func()) *served {
+	t.Helper()
 	server, client := socketpair(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &served{server: server, cancel: cancel, result: make(chan error, 1)}
-	go func() { s.result <- Serve(ctx, server, b, workers, testLog(t)) }()
+	go func() { s.result <- serve(ctx, server, b, workers, ioFailed, testLog(t)) }()
 	s.client = newTestClient(client)
 	t.Cleanup(func() {
 		cancel()

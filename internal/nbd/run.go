@@ -37,7 +37,9 @@ type RunConfig struct {
 	ReconnectWait time.Duration
 	// OnReady gets the device path once it is served.
 	OnReady func(device string)
-	Log     logr.Logger
+	// OnIOError is called for each request the image failed (nil: none).
+	OnIOError func()
+	Log       logr.Logger
 }
 
 const (
@@ -122,7 +124,7 @@ func Run(ctx context.Context, c RunConfig) error {
 	one := c
 	one.Connections = 1
 	redial := func(ctx context.Context) ([]*os.File, error) { return reconnect(ctx, one, index) }
-	return serveAll(ctx, conns, redial, img, c.Workers, log)
+	return serveAll(ctx, conns, redial, img, c.Workers, c.OnIOError, log)
 }
 
 // attach finds or makes the device and returns our ends of its sockets;
@@ -201,7 +203,7 @@ func reconnect(ctx context.Context, c RunConfig, index int) ([]*os.File, error) 
 // returns nil when ctx ended or the kernel disconnected, an error when
 // every connection was lost and none could be replaced.
 func serveAll(ctx context.Context, conns []*os.File, redial func(context.Context) ([]*os.File, error),
-	b Backend, workers int, log logr.Logger) error {
+	b Backend, workers int, ioFailed func(), log logr.Logger) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	type ended struct {
@@ -214,7 +216,7 @@ func serveAll(ctx context.Context, conns []*os.File, redial func(context.Context
 		l := log.WithValues("conn", next)
 		active++
 		next++
-		go func() { done <- ended{f, Serve(ctx, f, b, workers, l)} }()
+		go func() { done <- ended{f, serve(ctx, f, b, workers, ioFailed, l)} }()
 	}
 	for _, f := range conns {
 		serve(f)

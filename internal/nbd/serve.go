@@ -40,10 +40,16 @@ type readDeadliner interface {
 // by ctx only when conn has SetReadDeadline; otherwise the caller closes it.
 // Requests run concurrently on workers goroutines; replies are serialized.
 func Serve(ctx context.Context, conn io.ReadWriter, b Backend, workers int, log logr.Logger) error {
+	return serve(ctx, conn, b, workers, nil, log)
+}
+
+// serve is Serve calling ioFailed (when set) for each request the backend
+// failed.
+func serve(ctx context.Context, conn io.ReadWriter, b Backend, workers int, ioFailed func(), log logr.Logger) error {
 	if workers <= 0 {
 		workers = DefaultWorkers
 	}
-	s := &server{w: conn, b: b, log: log}
+	s := &server{w: conn, b: b, log: log, ioFailed: ioFailed}
 	stop := context.AfterFunc(ctx, func() {
 		if d, ok := conn.(readDeadliner); ok {
 			// A past deadline wakes the reader now.
@@ -92,9 +98,10 @@ type job struct {
 }
 
 type server struct {
-	w   io.Writer
-	b   Backend
-	log logr.Logger
+	w        io.Writer
+	b        Backend
+	log      logr.Logger
+	ioFailed func() // nil: failures not counted
 
 	wmu     sync.Mutex
 	queued  []byte // replies waiting for the writer
@@ -197,7 +204,7 @@ func (s *server) handle(j job) {
 	}
 	if err != nil {
 		s.log.Error(err, "request failed", "cmd", req.cmd, "off", req.off, "len", req.length)
-		errno = errnoOf(err)
+		errno = s.failed(err)
 	}
 	s.reply(req.cookie, errno)
 }
@@ -233,7 +240,7 @@ func (s *server) read(p []byte, off int64) uint32 {
 	n, err := s.b.ReadAt(p, off)
 	if err != nil {
 		s.log.Error(err, "read failed", "off", off, "len", len(p))
-		return errnoOf(err)
+		return s.failed(err)
 	}
 	clear(p[n:]) // past the file's end reads as zeros
 	return errnoOK
@@ -272,6 +279,14 @@ func (s *server) zero(off, length int64, noHole bool) error {
 		length -= n
 	}
 	return nil
+}
+
+// failed counts a request the backend failed and returns its errno.
+func (s *server) failed(err error) uint32 {
+	if s.ioFailed != nil {
+		s.ioFailed()
+	}
+	return errnoOf(err)
 }
 
 // errnoOf maps a backend error to the wire: ENOSPC, EDQUOT and EFBIG are

@@ -300,9 +300,13 @@ func TestServeRejectedFlagWritesNothing(t *testing.T) {
 	}
 }
 
+// TestServeBackendErrors: a backend error reaches the kernel as its NBD
+// errno, and each is counted as a failed request; a success, and a request
+// refused before the backend (EINVAL), are not.
 func TestServeBackendErrors(t *testing.T) {
 	m := newMemBackend(1 << 20)
-	s := startServe(t, m, 2)
+	var failed atomic.Int32
+	s := startServeCounting(t, m, 2, func() { failed.Add(1) })
 	for _, c := range []struct {
 		err   error
 		errno uint32
@@ -321,6 +325,12 @@ func TestServeBackendErrors(t *testing.T) {
 	}
 	m.writeErr = nil
 	mustDo(t, s.client, cmdWrite, 0, 0, 512, make([]byte, 512))
+	if errno, _, err := s.client.do(cmdWrite, 0, 1<<20, 512, make([]byte, 512)); err != nil || errno == errnoOK {
+		t.Fatalf("write past the end: errno %d (%v), want refused", errno, err)
+	}
+	if n := failed.Load(); n != 5 {
+		t.Errorf("%d requests counted as failed, want the backend's 5", n)
+	}
 }
 
 func TestServeBadMagicEndsServe(t *testing.T) {

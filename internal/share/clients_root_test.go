@@ -160,7 +160,7 @@ func TestRootGaneshaServesOnlyListedClients(t *testing.T) {
 	if p := pid(); p != firstPID {
 		t.Errorf("ganesha pid %s, was %s: restarted", p, firstPID)
 	}
-	// A restarted server would refuse new state for the grace period (5 s).
+	// A restarted server would refuse new state for the grace period (15 s).
 	if took >= share.DefaultGracePeriod {
 		t.Errorf("added client admitted only after %s: a grace period", took)
 	}

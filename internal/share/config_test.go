@@ -18,8 +18,8 @@ func TestRenderHasWhatFailoverNeeds(t *testing.T) {
 	}
 	for _, want := range []string{
 		"Minor_Versions = 1, 2;",
-		"Lease_Lifetime = 5;",
-		"Grace_Period = 5;",
+		"Lease_Lifetime = 15;",
+		"Grace_Period = 15;",
 		"RecoveryBackend = fs;",
 		`RecoveryRoot = "/export/.rec";`,
 		`Plugins_Dir = "/usr/lib/x86_64-linux-gnu/ganesha";`,

@@ -45,6 +45,9 @@ type scenario struct {
 	ns  string
 	// node is where the scenario's claims and pods go (the first node).
 	node string
+	// dumped is set once dump ran: a cleanup that changes what it shows
+	// (a StorageCluster's deletion detaches its volumes) dumps first.
+	dumped bool
 }
 
 // newScenario skips without a cluster or without berth installed, makes a
@@ -91,8 +94,16 @@ func (s *scenario) exec(pod, script string) (string, error) {
 	return s.kubectl("-n", s.ns, "exec", pod, "--", "sh", "-c", script)
 }
 
-// dump prints what explains a failure: events, the driver's pods and logs.
+// dump prints what explains a failure: the nodes' readiness and each VM
+// node's console first (one line each leads: CI shows only the first line
+// of an entry), then events, the driver's pods and logs.
 func (s *scenario) dump() {
+	if s.dumped {
+		return
+	}
+	s.dumped = true
+	s.t.Logf("nodes: %s", s.nodesReady())
+	s.logConsoles()
 	for _, args := range [][]string{
 		{"get", "events", "-A", "--sort-by=.lastTimestamp"},
 		{"get", "pods,pvc,pv", "-A", "-o", "wide"},
@@ -188,12 +199,15 @@ func (s *scenario) podWith(name, script string, vol corev1.VolumeSource, block b
 	} else {
 		c.VolumeMounts = []corev1.VolumeMount{{Name: "data", MountPath: "/data"}}
 	}
+	// /state outlives the container (the writers keep their log there).
+	c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: "state", MountPath: "/state"})
 	grace := int64(1)
 	p := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: corev1.PodSpec{
 			Containers: []corev1.Container{c}, TerminationGracePeriodSeconds: &grace,
-			Volumes: []corev1.Volume{{Name: "data", VolumeSource: vol}},
+			Volumes: []corev1.Volume{{Name: "data", VolumeSource: vol},
+				{Name: "state", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}},
 		},
 	}
 	if s.node != "" {
@@ -249,9 +263,20 @@ func (s *scenario) deletePod(name string) {
 // but for a passing one of the API server's (tolerant).
 func (s *scenario) waitFor(what string, timeout time.Duration, cond func(ctx context.Context) (bool, error)) {
 	s.t.Helper()
+	s.waitForSaying(what, timeout, cond, nil)
+}
+
+// waitForSaying is waitFor whose failure also says what seen tells: the
+// last state cond saw, so that the one line that fails names it.
+func (s *scenario) waitForSaying(what string, timeout time.Duration, cond func(ctx context.Context) (bool, error), seen func() string) {
+	s.t.Helper()
 	start := time.Now()
 	if err := wait.PollUntilContextTimeout(s.ctx, 250*time.Millisecond, timeout, true, tolerant(s.t, cond)); err != nil {
-		s.t.Fatalf("wait for %s: %v", what, err)
+		last := ""
+		if seen != nil {
+			last = "; last seen: " + seen()
+		}
+		s.t.Fatalf("wait for %s: %v%s", what, err, last)
 	}
 	s.t.Logf("%s after %v", what, time.Since(start).Round(10*time.Millisecond))
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // Nodes are the cluster's node names (NODES), the first one first.
@@ -152,16 +153,26 @@ func (e Env) NodeAction(ctx context.Context, node, action string) error {
 // a cluster without one, saying why.
 func (e Env) vmNode(t *testing.T) string {
 	t.Helper()
-	for i := 1; e.Vars[fmt.Sprintf("NODE_NAME_%d", i)] != ""; i++ {
-		if e.Vars[fmt.Sprintf("NODE_KIND_%d", i)] == "vm" {
-			return e.Vars[fmt.Sprintf("NODE_NAME_%d", i)]
-		}
+	if vms := e.vmNodes(); len(vms) > 0 {
+		return vms[0]
 	}
 	if n := os.Getenv("BERTH_E2E_VM_NODES"); n != "" && n != "0" {
 		t.Fatalf("BERTH_E2E_VM_NODES=%s, but the cluster's cluster.env names no VM node (NODE_KIND_<i>=vm): a cluster without one was reused?", n)
 	}
 	t.Skip("no VM node: this scenario needs a stock kernel's NFS client, nbd or a real power-off (BERTH_E2E_VM_NODES=1)")
 	return ""
+}
+
+// vmNodes are the names of the cluster's VM nodes (NODE_KIND_<i>=vm), in
+// cluster.env's order.
+func (e Env) vmNodes() []string {
+	var vms []string
+	for i := 1; e.Vars[fmt.Sprintf("NODE_NAME_%d", i)] != ""; i++ {
+		if e.Vars[fmt.Sprintf("NODE_KIND_%d", i)] == "vm" {
+			vms = append(vms, e.Vars[fmt.Sprintf("NODE_NAME_%d", i)])
+		}
+	}
+	return vms
 }
 
 // netnsNode is the name of the cluster's first node that shares this
@@ -188,4 +199,47 @@ func (e Env) vmExec(ctx context.Context, node, script string) (string, error) {
 		return string(out), fmt.Errorf("exec in %s: %w: %s", node, err, out)
 	}
 	return string(out), nil
+}
+
+// nodesReady says in one line whether each node is Ready, and why not.
+// It uses a context of its own: it runs when the scenario's may be over.
+func (s *scenario) nodesReady() string {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	nodes, err := s.cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return "cannot list: " + err.Error()
+	}
+	var parts []string
+	for _, n := range nodes.Items {
+		state := "Ready=?"
+		for _, c := range n.Status.Conditions {
+			if c.Type != corev1.NodeReady {
+				continue
+			}
+			state = "Ready=" + string(c.Status)
+			if c.Status != corev1.ConditionTrue {
+				state += fmt.Sprintf(" since %s (%s: %s)", c.LastTransitionTime.UTC().Format(time.TimeOnly), c.Reason, c.Message)
+			}
+		}
+		parts = append(parts, n.Name+" "+state)
+	}
+	return strings.Join(parts, "; ")
+}
+
+// logConsoles logs the end of each VM node's serial console (hack/vm
+// keeps it in the node's logs/qemu.log), its last line leading: a guest
+// kernel's oops or a hung boot shows there, and nowhere in the API.
+func (s *scenario) logConsoles() {
+	for _, name := range s.env.vmNodes() {
+		path := filepath.Join(s.env.Vars["BERTH_E2E_DIR"], "nodes", name, "logs", "qemu.log")
+		data, err := os.ReadFile(path)
+		if err != nil {
+			s.t.Logf("console of %s: %v", name, err)
+			continue
+		}
+		lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+		lines = lines[max(0, len(lines)-60):]
+		s.t.Logf("console of %s ends %q; its last %d lines (%s):\n%s", name, lines[len(lines)-1], len(lines), path, strings.Join(lines, "\n"))
+	}
 }

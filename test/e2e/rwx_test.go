@@ -179,15 +179,19 @@ func (s *scenario) stopShareThenDeleteClaim(vol, pod, claim string) {
 func (s *scenario) shareRunning(vol string, not types.UID) *corev1.Pod {
 	s.t.Helper()
 	var pod *corev1.Pod
-	s.waitFor("share of "+vol+" running", 3*time.Minute, func(ctx context.Context) (bool, error) {
+	seen := "no share manager pod"
+	s.waitForSaying("share of "+vol+" running", 3*time.Minute, func(ctx context.Context) (bool, error) {
 		p, err := s.cs.CoreV1().Pods(berthNamespace).Get(ctx, sharemanager.Name(vol), metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
+			seen = "no share manager pod; share " + string(s.shareState(vol))
 			return false, nil
 		}
 		if err != nil {
 			return false, err
 		}
-		if p.UID == not || !p.DeletionTimestamp.IsZero() || s.shareState(vol) != v1.ShareRunning {
+		state := s.shareState(vol)
+		seen = fmt.Sprintf("share %s; pod %s", state, podSummary(p))
+		if p.UID == not || !p.DeletionTimestamp.IsZero() || state != v1.ShareRunning {
 			return false, nil
 		}
 		for _, c := range p.Status.Conditions {
@@ -197,7 +201,7 @@ func (s *scenario) shareRunning(vol string, not types.UID) *corev1.Pod {
 			}
 		}
 		return false, nil
-	})
+	}, func() string { return seen })
 	// The endpoint is cleared while the pod is unready: a probe that timed
 	// out on a busy node can flip it for a second, so it is polled too.
 	want := sharemanager.Endpoint(berthNamespace, vol)
@@ -427,4 +431,29 @@ func podFreezer(uid types.UID) (string, error) {
 		return "", fmt.Errorf("no freezer cgroup %s (is the cluster's cgroup driver cgroupfs on cgroup v1?)", want)
 	}
 	return found, nil
+}
+
+// podSummary says in one line where a pod is and how its containers fare:
+// "on NODE, Pending, deleting, c1 waiting ContainerCreating (why)".
+func podSummary(p *corev1.Pod) string {
+	parts := []string{"on " + p.Spec.NodeName, string(p.Status.Phase)}
+	if !p.DeletionTimestamp.IsZero() {
+		parts = append(parts, "deleting")
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Status != corev1.ConditionTrue && c.Reason != "" {
+			parts = append(parts, fmt.Sprintf("%s=%s (%s)", c.Type, c.Status, c.Reason))
+		}
+	}
+	for _, c := range append(p.Status.InitContainerStatuses, p.Status.ContainerStatuses...) {
+		switch {
+		case c.State.Waiting != nil:
+			parts = append(parts, fmt.Sprintf("%s waiting %s (%s)", c.Name, c.State.Waiting.Reason, c.State.Waiting.Message))
+		case c.State.Terminated != nil:
+			parts = append(parts, fmt.Sprintf("%s terminated %s exit %d", c.Name, c.State.Terminated.Reason, c.State.Terminated.ExitCode))
+		case c.State.Running != nil:
+			parts = append(parts, fmt.Sprintf("%s running, ready %v, restarts %d", c.Name, c.Ready, c.RestartCount))
+		}
+	}
+	return strings.Join(parts, ", ")
 }

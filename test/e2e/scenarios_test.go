@@ -42,8 +42,10 @@ var scenarios = []func(*testing.T){
 	testReadWriteManyShare,
 	testVMReadWriteManyKernelClient,
 	testVMUserspaceNBDHeals,
+	testVMUserspaceUblkHeals,
 	testVMLocalVolumePowerLoss,
 	testVMShareRefusesOtherTenants,
+	testVMShareOnWorkloadNode,
 	testNodeLossAndReturn,
 	testLocalVolumeOnLostNode,
 	testCephVolumeMovesOffLostNode,
@@ -54,6 +56,7 @@ var scenarios = []func(*testing.T){
 	testStorageClusterDeletionCleansNode,
 	testTwoStorageClustersOneDeleted,
 	testStorageClusterDeletionWithAgentAway,
+	testUpgradeAndRollback,
 }
 
 // TestE2E runs the scenarios in the order of the list above.

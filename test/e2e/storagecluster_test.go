@@ -94,6 +94,11 @@ func (s *scenario) storageCluster(name, spec string) string {
 	// Cleanups run last first: the folder after the cluster.
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	t.Cleanup(func() {
+		// The deletion detaches the cluster's volumes under their pods:
+		// a failed test's state is logged before that.
+		if t.Failed() {
+			s.dump()
+		}
 		if out, err := s.kubectl("delete", "storagecluster", name, "--ignore-not-found", "--timeout=3m"); err != nil {
 			t.Errorf("delete StorageCluster %s: %v: %s", name, err, out)
 		}

@@ -78,7 +78,8 @@ func TestMountOnlyVolumesOfThePodsNamespace(t *testing.T) {
 	}
 }
 
-// pv makes a PersistentVolume bound (by claimRef) to a claim in ns.
+// pv makes a PersistentVolume bound (by claimRef, phase Bound, as the PV
+// controller would leave it) to a claim in ns.
 func (f *fixture) pv(t *testing.T, name, ns string, src *corev1.PersistentVolumeSource) {
 	t.Helper()
 	ctx := context.Background()
@@ -95,6 +96,10 @@ func (f *fixture) pv(t *testing.T, name, ns string, src *corev1.PersistentVolume
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = f.env.Client.Delete(ctx, pv) })
+	pv.Status.Phase = corev1.VolumeBound
+	if err := f.env.Client.Status().Update(ctx, pv); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestForgedPodIdentityRefused: the pod a Flexvolume mount is for is the

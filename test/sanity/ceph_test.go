@@ -14,6 +14,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	berthcsi "github.com/berth-io/berth/internal/csi"
@@ -58,6 +59,16 @@ func cephSanity(t *testing.T, configure func(params map[string]string, secretsFi
 
 	if err := c.MakeStorageCluster(ctx, drv.env.Client, cephCluster, berthNamespace, drv.dataDir); err != nil {
 		t.Fatal(err)
+	}
+	if tr := userspaceTransport(); tr != "" {
+		var sc v1.StorageCluster
+		if err := drv.env.Client.Get(ctx, client.ObjectKey{Name: cephCluster}, &sc); err != nil {
+			t.Fatal(err)
+		}
+		sc.Spec.Agent.UserspaceTransport = tr
+		if err := drv.env.Client.Update(ctx, &sc); err != nil {
+			t.Fatal(err)
+		}
 	}
 	params := map[string]string{v1.ParamStorageCluster: cephCluster, berthcsi.ParamMounter: string(v1.MounterUserspace)}
 	// The cephx key reaches the node as NodeStageVolume secrets, as the

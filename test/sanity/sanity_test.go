@@ -29,6 +29,7 @@ import (
 	agentcli "github.com/berth-io/berth/internal/cli/agent"
 	"github.com/berth-io/berth/internal/cli/csicontroller"
 	"github.com/berth-io/berth/internal/cli/kube"
+	berthcsi "github.com/berth-io/berth/internal/csi"
 	"github.com/berth-io/berth/internal/testenv"
 )
 
@@ -46,7 +47,21 @@ const sanityCluster = "sanity"
 const cephSpecs = `^berth CSI sanity berth ceph (mount|block) access `
 
 // classParams are the parameters of the volumes the tests create.
-func classParams() map[string]string { return map[string]string{v1.ParamStorageCluster: sanityCluster} }
+func classParams() map[string]string {
+	p := map[string]string{v1.ParamStorageCluster: sanityCluster}
+	if userspaceTransport() != "" {
+		p[berthcsi.ParamMounter] = string(v1.MounterUserspace)
+	}
+	return p
+}
+
+// userspaceTransport is BERTH_SANITY_TRANSPORT (fuse, nbd or ublk). When
+// it is set, the local class's volumes are userspace ones, and both
+// StorageClusters serve userspace volumes over it. Unset, the local class
+// is a kernel one and the ceph class's volumes go over fuse.
+func userspaceTransport() v1.UserspaceTransport {
+	return v1.UserspaceTransport(os.Getenv("BERTH_SANITY_TRANSPORT"))
+}
 
 var (
 	work     string // data dir, sockets, targets
@@ -114,7 +129,8 @@ func (d *driver) start(env *testenv.Env) error {
 		&storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "berth"}, Provisioner: v1.DriverName, Parameters: classParams()},
 		// The class's cluster: the CSI controller makes volumes only for one
 		// that exists.
-		&v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: sanityCluster}, Spec: v1.StorageClusterSpec{DataDir: filepath.Join(work, "data")}},
+		&v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: sanityCluster}, Spec: v1.StorageClusterSpec{DataDir: filepath.Join(work, "data"),
+			Agent: v1.AgentSpec{UserspaceTransport: userspaceTransport()}}},
 	} {
 		if err := d.env.Client.Create(ctx, obj); err != nil {
 			return err

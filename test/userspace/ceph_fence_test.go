@@ -115,8 +115,8 @@ func TestCephFencingOnRealCeph(t *testing.T) {
 	sums := writeFiles(t, m.target, "a", 3)
 	devA := mountSource(m.staging)
 
-	// Node A is lost: tainted out-of-service. Node B's stage fences with
-	// its own (the berth) client.
+	// Node A is lost: tainted out-of-service. A Fencer standing for node
+	// B fences with the berth client, as the operator does.
 	taint(t, f, corev1.Taint{Key: corev1.TaintNodeOutOfService, Value: "nodeshutdown", Effect: corev1.TaintEffectNoExecute})
 	key, err := c.ClientKey()
 	if err != nil {
@@ -138,10 +138,10 @@ func TestCephFencingOnRealCeph(t *testing.T) {
 	t.Cleanup(func() { _ = fencing.UnfenceClients(context.Background(), healed) })
 	const nodeB = "us-node-b"
 	stagingB := filepath.Join(f.dir, "node-b", name)
-	fb := fence.New(f.env.Client, record.NewFakeRecorder(100), clock.RealClock{}, testr.New(t), fence.Options{})
+	fb := fence.New(f.env.Client, record.NewFakeRecorder(100), clock.RealClock{}, testr.New(t), fence.Options{Blocklister: fencing})
 	start := time.Now()
 	if err := fb.Acquire(ctx, fence.Request{Volume: name, Node: nodeB, MountDir: stagingB, StagingPath: stagingB,
-		AccessMode: v1.ReadWriteOnce, Blocklister: fencing}); err != nil {
+		AccessMode: v1.ReadWriteOnce}); err != nil {
 		t.Fatalf("node B's stage: %v", err)
 	}
 	t.Cleanup(func() { _ = fb.Release(context.Background(), name, nodeB, stagingB) })

@@ -13,13 +13,21 @@ import (
 // OSD's ratio), less if the pool's byte quota is lower. Images are thin, so
 // this is the data that fits, not how many images can be made.
 func (b *Backend) Capacity(ctx context.Context) (int64, error) {
-	var avail int64
+	u, err := b.PoolUsage(ctx)
+	return u.Free, err
+}
+
+// PoolUsage returns the pool's free bytes (as Capacity) and the data it
+// stores, from one ceph df.
+func (b *Backend) PoolUsage(ctx context.Context) (PoolUsage, error) {
+	var u PoolUsage
 	err := do(ctx, "capacity of pool "+b.cfg.Pool, func() error {
 		var df struct {
 			Pools []struct {
 				Name  string `json:"name"`
 				Stats struct {
 					MaxAvail int64 `json:"max_avail"`
+					Stored   int64 `json:"stored"`
 				} `json:"stats"`
 			} `json:"pools"`
 		}
@@ -29,7 +37,7 @@ func (b *Backend) Capacity(ctx context.Context) (int64, error) {
 		found := false
 		for _, p := range df.Pools {
 			if p.Name == b.cfg.Pool {
-				avail, found = p.Stats.MaxAvail, true
+				u, found = PoolUsage{Free: p.Stats.MaxAvail, Used: p.Stats.Stored}, true
 			}
 		}
 		if !found {
@@ -43,11 +51,11 @@ func (b *Backend) Capacity(ctx context.Context) (int64, error) {
 			return err
 		}
 		if quota.MaxBytes > 0 {
-			avail = min(avail, max(0, quota.MaxBytes-quota.Used))
+			u.Free = min(u.Free, max(0, quota.MaxBytes-quota.Used))
 		}
 		return nil
 	})
-	return avail, err
+	return u, err
 }
 
 // monCommand sends a mon command and decodes its JSON answer into out

@@ -100,6 +100,28 @@ func New(ctx context.Context, cfg Config, log logr.Logger) (*Backend, error) {
 	return b, nil
 }
 
+// connOptions are the librados options of a connection. No ceph.conf is
+// read: everything comes from cfg. The key is passed as an option, never
+// written to a file, and no admin socket or log file is made: a socket
+// under /var/run/ceph would answer `config show`, key included, to anyone
+// who can reach it (F21), as the blockdev servers' connections already
+// had it (internal/blockdev/rbdimage).
+func connOptions(cfg Config) [][2]string {
+	secs := func(d time.Duration) string { return strconv.Itoa(max(1, int(d.Round(time.Second)/time.Second))) }
+	return [][2]string{
+		{"mon_host", cfg.Monitors},
+		{"key", cfg.Key},
+		{"auth_client_required", "cephx"},
+		{"client_mount_timeout", secs(cfg.ConnectTimeout)},
+		{"rados_mon_op_timeout", secs(cfg.OpTimeout)},
+		{"rados_osd_op_timeout", secs(cfg.OpTimeout)},
+		{"admin_socket", ""},
+		{"log_file", ""},
+		{"log_to_stderr", "false"},
+		{"err_to_stderr", "false"},
+	}
+}
+
 func (b *Backend) connect() (err error) {
 	conn, err := rados.NewConnWithUser(b.cfg.Client)
 	if err != nil {
@@ -110,20 +132,7 @@ func (b *Backend) connect() (err error) {
 			conn.Shutdown()
 		}
 	}()
-	secs := func(d time.Duration) string { return strconv.Itoa(max(1, int(d.Round(time.Second)/time.Second))) }
-	// No ceph.conf is read: everything comes from cfg. The key is passed as
-	// an option, never written to a file.
-	opts := [][2]string{
-		{"mon_host", b.cfg.Monitors},
-		{"key", b.cfg.Key},
-		{"auth_client_required", "cephx"},
-		{"client_mount_timeout", secs(b.cfg.ConnectTimeout)},
-		{"rados_mon_op_timeout", secs(b.cfg.OpTimeout)},
-		{"rados_osd_op_timeout", secs(b.cfg.OpTimeout)},
-		{"log_to_stderr", "false"},
-		{"err_to_stderr", "false"},
-	}
-	for _, o := range opts {
+	for _, o := range connOptions(b.cfg) {
 		if err := conn.SetConfigOption(o[0], o[1]); err != nil {
 			return fmt.Errorf("ceph option %s: %w", o[0], err)
 		}

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -107,6 +108,24 @@ func wantErr(t *testing.T, err, target error) {
 	t.Helper()
 	if !errors.Is(err, target) {
 		t.Fatalf("want %v, got %v", target, err)
+	}
+}
+
+// TestNoAdminSocket: a connection makes no admin socket (F21). librados'
+// default is /var/run/ceph/<cluster>-<name>.<pid>.<cctid>.asok, and it
+// answers `config show`, key included, to whoever can reach it.
+func TestNoAdminSocket(t *testing.T) {
+	run := "/var/run/ceph"
+	if _, err := os.Stat(run); err != nil {
+		t.Skipf("%s: %v: librados would make no socket here anyway", run, err)
+	}
+	open(t)
+	socks, err := filepath.Glob(filepath.Join(run, fmt.Sprintf("*.%d.*.asok", os.Getpid())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(socks) != 0 {
+		t.Errorf("admin sockets of this process: %v", socks)
 	}
 }
 

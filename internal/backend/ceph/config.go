@@ -174,10 +174,22 @@ func ConfigFor(ctx context.Context, spec *v1.CephSpec, userID, userKey string, l
 	return cfg, err
 }
 
-// Store is a connected ceph backend: backend.Store, and Close at shutdown.
+// Store is a connected ceph backend: backend.Store, its pool's usage, and
+// Close at shutdown.
 type Store interface {
 	backend.Store
+	PoolUsage(ctx context.Context) (PoolUsage, error)
 	Close()
+}
+
+// PoolUsage is what a pool holds and can still take, in bytes of data (not
+// raw bytes: replication is accounted for).
+type PoolUsage struct {
+	// Free is what Capacity returns: the pool's max_avail, less if its
+	// byte quota is lower.
+	Free int64
+	// Used is the data stored in the pool (ceph df's stored).
+	Used int64
 }
 
 // Fencing is what lock breaking needs of Ceph (fence.Blocklister): put a

@@ -54,6 +54,13 @@ type Served struct {
 // unmount, an abort) is the caller's: the tests differ in that.
 func Serve(t testing.TB, img backing.Image, workers int) *Served {
 	t.Helper()
+	return ServeWith(t, blockdev.Config{Image: img, Workers: workers})
+}
+
+// ServeWith is Serve with more of the server's Config (Dev and Log are
+// the test's).
+func ServeWith(t testing.TB, cfg blockdev.Config) *Served {
+	t.Helper()
 	k := keeper.HostKernel{}
 	fd, err := k.OpenFUSE()
 	if err != nil {
@@ -64,7 +71,8 @@ func Serve(t testing.TB, img backing.Image, workers int) *Served {
 		_ = unix.Close(fd)
 		t.Fatal(err)
 	}
-	srv, err := blockdev.NewServer(blockdev.Config{Dev: fd, Image: img, Workers: workers, Log: testr.NewWithInterface(t, testr.Options{})})
+	cfg.Dev, cfg.Log = fd, testr.NewWithInterface(t, testr.Options{})
+	srv, err := blockdev.NewServer(cfg)
 	if err != nil {
 		_ = k.Unmount(mp)
 		_ = unix.Close(fd)

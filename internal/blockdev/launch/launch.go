@@ -27,7 +27,8 @@ type Params struct {
 	// Binary is the berth binary; the process runs `Binary blockdev ...`.
 	Binary       string
 	KeeperSocket string
-	// Node (nbd) is the agent's node, part of the device's identifier.
+	// Node (nbd, ublk) is the agent's node, part of the device's
+	// identifier (nbd) or tag (ublk).
 	Node       string
 	Volume     string
 	Image      string
@@ -39,14 +40,21 @@ type Params struct {
 	// the server then answers only metadata, fsync and fallocate.
 	Passthrough bool
 	// Transport is "fuse" (the default when empty: FUSE file + loop, through
-	// the keeper) or "nbd" (the kernel's nbd driver; KeeperSocket and
-	// Mountpoint are not used).
+	// the keeper), "nbd" (the kernel's nbd driver) or "ublk" (the kernel's
+	// ublk driver). KeeperSocket and Mountpoint are for fuse only.
 	Transport string
+	// UblkRecover (ublk), when set, is the ublk device whose server died:
+	// the kernel kept it, and the new server takes it over (user
+	// recovery). Nil: the server adds a new device.
+	UblkRecover *uint32
 	// DeadConnTimeout (nbd) is how long the kernel queues I/O while no server
 	// is connected; 0: the server's default.
 	DeadConnTimeout time.Duration
 	// Connections (nbd) is the number of sockets of a new device; 0: default.
 	Connections int
+	// IOErrorsFile, when set, is where the server counts the requests its
+	// image failed (blockdev.IOErrors).
+	IOErrorsFile string
 	// Stderr receives the server's log (nil: discarded).
 	Stderr io.Writer
 	// NetNS is a network namespace to start the server in (nil: this
@@ -81,6 +89,7 @@ func SlimBinary(berth string) string {
 const (
 	TransportFUSE = "fuse"
 	TransportNBD  = "nbd"
+	TransportUblk = "ublk"
 )
 
 // args is the server's command line (its ready pipe is fd 3, its hold pipe
@@ -92,6 +101,9 @@ func (p Params) args() ([]string, error) {
 	common := []string{"--volume", p.Volume, "--image", p.Image,
 		"--ready-fd", "3", "--workers", strconv.Itoa(p.Workers),
 		"--direct=" + strconv.FormatBool(!p.NoDirect)}
+	if p.IOErrorsFile != "" {
+		common = append(common, "--io-errors-file", p.IOErrorsFile)
+	}
 	switch p.Transport {
 	case "", TransportFUSE:
 		if p.KeeperSocket == "" || p.Mountpoint == "" {
@@ -116,8 +128,17 @@ func (p Params) args() ([]string, error) {
 			args = append(args, "--node", p.Node)
 		}
 		return args, nil
+	case TransportUblk:
+		args := append([]string{"blockdev", "--transport", TransportUblk}, common...)
+		if p.Node != "" {
+			args = append(args, "--node", p.Node)
+		}
+		if p.UblkRecover != nil {
+			args = append(args, "--ublk-recover", strconv.FormatUint(uint64(*p.UblkRecover), 10))
+		}
+		return args, nil
 	}
-	return nil, fmt.Errorf("blockdev: unknown transport %q (want %s or %s)", p.Transport, TransportFUSE, TransportNBD)
+	return nil, fmt.Errorf("blockdev: unknown transport %q (want %s, %s or %s)", p.Transport, TransportFUSE, TransportNBD, TransportUblk)
 }
 
 // errorPrefix starts the line a server writes instead of "ready" when it
@@ -136,7 +157,7 @@ type errServer struct{ msg string }
 func (e errServer) Error() string { return e.msg }
 
 // parseReady reads the server's ready line: "ready" (fuse) or
-// "ready <device>" (nbd), or the server's reason for failing.
+// "ready <device>" (nbd, ublk), or the server's reason for failing.
 func parseReady(line string) (device string, err error) {
 	if msg, ok := strings.CutPrefix(line, errorPrefix); ok {
 		return "", errServer{msg: strings.TrimSpace(msg)}
@@ -158,7 +179,7 @@ func parseReady(line string) (device string, err error) {
 // Process is a running server.
 type Process struct {
 	cmd    *exec.Cmd
-	device string // nbd: the device it serves
+	device string // nbd, ublk: the device it serves
 	done   chan struct{}
 	err    error
 }
@@ -183,7 +204,7 @@ func Start(ctx context.Context, p Params) (*Process, error) {
 	cmd.Stderr = p.Stderr
 	cmd.ExtraFiles = []*os.File{w}
 	var hold *os.File
-	if p.Hold != nil && p.Transport != TransportNBD {
+	if p.Hold != nil && (p.Transport == "" || p.Transport == TransportFUSE) {
 		hr, hw, err := os.Pipe()
 		if err != nil {
 			_ = w.Close()
@@ -251,7 +272,8 @@ func Start(ctx context.Context, p Params) (*Process, error) {
 	return proc, nil
 }
 
-// Device is the nbd device the server serves ("" for the fuse transport).
+// Device is the nbd or ublk device the server serves ("" for the fuse
+// transport).
 func (p *Process) Device() string { return p.device }
 
 // PID is the server's process id.

@@ -38,6 +38,17 @@ func TestParamsArgs(t *testing.T) {
 		t.Fatalf("nbd args:\n%s\nwant\n%s", got, want)
 	}
 
+	id := uint32(7)
+	for p, want := range map[*Params]string{
+		{Binary: "berth", Volume: "v", Image: "/i", Transport: TransportUblk, IOErrorsFile: "/e"}:                              "blockdev --transport ublk --volume v --image /i --ready-fd 3 --workers 0 --direct=true --io-errors-file /e",
+		{Binary: "berth", Volume: "v", Image: "/i", Transport: TransportUblk, UblkRecover: &id, Hold: &HoldGroup{}, Node: "n"}: "blockdev --transport ublk --volume v --image /i --ready-fd 3 --workers 0 --direct=true --node n --ublk-recover 7",
+	} {
+		args, err := p.args()
+		if got := strings.Join(args, " "); err != nil || got != want {
+			t.Fatalf("ublk args:\n%s (%v)\nwant\n%s", got, err, want)
+		}
+	}
+
 	for name, p := range map[string]Params{
 		"unknown transport":   {Binary: "b", Volume: "v", Image: "/i", Transport: "iscsi"},
 		"fuse without keeper": {Binary: "b", Volume: "v", Image: "/i", Mountpoint: "/m"},
@@ -50,7 +61,7 @@ func TestParamsArgs(t *testing.T) {
 }
 
 func TestParseReady(t *testing.T) {
-	for line, want := range map[string]string{"ready\n": "", "ready /dev/nbd3\n": "/dev/nbd3"} {
+	for line, want := range map[string]string{"ready\n": "", "ready /dev/nbd3\n": "/dev/nbd3", "ready /dev/ublkb2\n": "/dev/ublkb2"} {
 		got, err := parseReady(line)
 		if err != nil || got != want {
 			t.Fatalf("%q: %q %v, want %q", line, got, err, want)
@@ -97,7 +108,8 @@ func TestSlimBinary(t *testing.T) {
 
 // TestTransportsMatchTheAPI: the transports are the API's values.
 func TestTransportsMatchTheAPI(t *testing.T) {
-	if TransportFUSE != string(v1.TransportFUSE) || TransportNBD != string(v1.TransportNBD) {
-		t.Errorf("transports %q, %q; the API has %q, %q", TransportFUSE, TransportNBD, v1.TransportFUSE, v1.TransportNBD)
+	if TransportFUSE != string(v1.TransportFUSE) || TransportNBD != string(v1.TransportNBD) || TransportUblk != string(v1.TransportUblk) {
+		t.Errorf("transports %q, %q, %q; the API has %q, %q, %q", TransportFUSE, TransportNBD, TransportUblk,
+			v1.TransportFUSE, v1.TransportNBD, v1.TransportUblk)
 	}
 }

@@ -27,7 +27,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	nodeagent "github.com/berth-io/berth/internal/agent"
@@ -35,6 +34,7 @@ import (
 	"github.com/berth-io/berth/internal/backend"
 	"github.com/berth-io/berth/internal/blockdev"
 	"github.com/berth-io/berth/internal/blockdev/launch"
+	"github.com/berth-io/berth/internal/blockdev/ublk"
 	"github.com/berth-io/berth/internal/capacity"
 	"github.com/berth-io/berth/internal/cli"
 	"github.com/berth-io/berth/internal/cli/kube"
@@ -122,6 +122,9 @@ type Config struct {
 	// turns either off.
 	MetricsAddr string
 	HealthAddr  string
+	// MetricsSecure serves /metrics over HTTPS to authorized readers only
+	// (metrics.ServerOptions): the agent's is on the node's address.
+	MetricsSecure bool
 	// KeeperSocket is the keeper holding userspace volumes' FUSE connections.
 	KeeperSocket string
 	// HolderNetnsDir holds the holder records of clusters in the multus
@@ -132,7 +135,8 @@ type Config struct {
 	BlockdevPassthrough bool
 	BlockdevWorkers     int
 	// UserspaceTransport serves newly staged userspace volumes over FUSE +
-	// loop or nbd; NBDDeadConnTimeout is how long the kernel keeps an nbd
+	// loop, nbd, ublk or auto (ublk where the kernel has it, else FUSE),
+	// where their StorageCluster names none; NBDDeadConnTimeout is how long the kernel keeps an nbd
 	// device while no server is connected.
 	UserspaceTransport string
 	NBDDeadConnTimeout time.Duration
@@ -148,6 +152,18 @@ type Config struct {
 	Log      logr.Logger
 }
 
+// A secure metrics endpoint (--metrics-secure) asks the API server who
+// each reader is and whether it may get /metrics.
+// +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
+// +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
+
+// Folders under the run dir: the userspace volumes' servers and records,
+// and the freeze records.
+const (
+	userspaceDir = "blockdev"
+	freezeDir    = "freeze"
+)
+
 // Run serves until ctx ends.
 func (c Config) Run(ctx context.Context) error {
 	if c.NodeName == "" {
@@ -161,6 +177,11 @@ func (c Config) Run(ctx context.Context) error {
 	if !filepath.IsAbs(c.RunDir) || filepath.Clean(c.RunDir) != c.RunDir || c.RunDir == "/" {
 		return fmt.Errorf("--run-dir %q: want a clean absolute path other than /", c.RunDir)
 	}
+	// Before anything can heal, clean up or unstage: records this agent
+	// cannot read (another release's) stop it here, saying which.
+	if err := nodeagent.CheckRecords(filepath.Join(c.RunDir, userspaceDir), filepath.Join(c.RunDir, freezeDir)); err != nil {
+		return fmt.Errorf("refusing to start on node %s: %w", c.NodeName, err)
+	}
 	s, err := scheme.New()
 	if err != nil {
 		return err
@@ -169,7 +190,7 @@ func (c Config) Run(ctx context.Context) error {
 	mgr, err := ctrl.NewManager(c.Rest, ctrl.Options{
 		Scheme:                 s,
 		Logger:                 c.Log,
-		Metrics:                metricsserver.Options{BindAddress: c.MetricsAddr},
+		Metrics:                metrics.ServerOptions(c.MetricsAddr, c.MetricsSecure),
 		HealthProbeBindAddress: c.HealthAddr,
 		// berth's kinds are known without the API server, so the agent is
 		// built, and heals its volumes, while the API server is away.
@@ -225,7 +246,7 @@ func (c Config) Run(ctx context.Context) error {
 		Log: c.Log.WithName("agent"), LockWait: c.LockWait, Paths: paths,
 		Flex:   nodeagent.FlexConfig{StagingRoot: flexStaging, Holdings: fencer},
 		Status: direct, Clock: clock.RealClock{}, Events: mgr.GetEventRecorderFor("berth-agent"),
-		Userspace: us, FreezeDir: filepath.Join(c.RunDir, "freeze"), Netns: nodeagent.NetnsConfig{Dir: c.HolderNetnsDir},
+		Userspace: us, FreezeDir: filepath.Join(c.RunDir, freezeDir), Netns: nodeagent.NetnsConfig{Dir: c.HolderNetnsDir},
 	})
 	if err != nil {
 		return err
@@ -384,7 +405,7 @@ func Command() cli.Command {
 		fs.StringVar(&cfg.BlockdevBinary, "blockdev-binary", "", "berth binary that runs blockdev servers (default: this executable); the servers of file images run its static build berth-blockdev beside it when there is one")
 		fs.BoolVar(&cfg.BlockdevPassthrough, "blockdev-passthrough", true, "let the kernel do data I/O of userspace volumes (FUSE passthrough, kernel 6.9+; ignored where the kernel lacks it)")
 		fs.IntVar(&cfg.BlockdevWorkers, "blockdev-workers", 0, "request workers per blockdev server (0: the server's default)")
-		fs.StringVar(&cfg.UserspaceTransport, "userspace-transport", "fuse", "how newly staged userspace volumes reach the kernel: fuse (keeper + loop) or nbd (needs the nbd module)")
+		fs.StringVar(&cfg.UserspaceTransport, "userspace-transport", "auto", "how newly staged userspace volumes of a StorageCluster that names none reach the kernel: auto (ublk where the kernel has it with user recovery, else fuse), fuse (keeper + loop), nbd (needs the nbd module) or ublk (needs ublk with user recovery)")
 		fs.DurationVar(&cfg.NBDDeadConnTimeout, "nbd-dead-conn-timeout", nbd.DefaultDeadConnTimeout, "how long the kernel keeps an nbd device and queues its I/O while no server is connected")
 		fs.DurationVar(&cfg.HealInterval, "heal-interval", 30*time.Second, "how often staged userspace volumes are checked and healed after the check at start; 0: only at start")
 		def := mount.DefaultTimeouts()
@@ -396,6 +417,7 @@ func Command() cli.Command {
 		fs.DurationVar(&cfg.ToolTimeouts.Mount, "mount-timeout", def.Mount, "how long mount or umount may take before it is killed")
 		fs.DurationVar(&cfg.LockWait, "background-lock-wait", nodeagent.DefaultLockWait, "how long the stale-entry cleanup waits for a volume another operation holds before it retries it later (the healer never waits: it retries a busy volume after its busy retry)")
 		fs.StringVar(&cfg.MetricsAddr, "metrics-addr", DefaultMetricsAddr, "Prometheus /metrics listen address (the agent runs on the host network); 0 disables")
+		fs.BoolVar(&cfg.MetricsSecure, "metrics-secure", false, "serve /metrics over HTTPS to readers the API server authenticates and allows get on /metrics")
 		return func(ctx context.Context, log logr.Logger, rest *rest.Config) error {
 			cfg.Log, cfg.Rest = log, rest
 			return cfg.Run(ctx)
@@ -404,8 +426,8 @@ func Command() cli.Command {
 }
 
 // userspace is the agent's userspace mounter: blockdev servers of this
-// executable (or --blockdev-binary), the keeper, and nbd where the kernel
-// has it.
+// executable (or --blockdev-binary), the keeper, and nbd and ublk where the
+// kernel has them.
 func (c Config) userspace() (*nodeagent.UserspaceConfig, error) {
 	bin := c.BlockdevBinary
 	if bin == "" {
@@ -425,10 +447,19 @@ func (c Config) userspace() (*nodeagent.UserspaceConfig, error) {
 		// staging a new one says why it cannot.
 		c.Log.Error(nodeagent.ErrNBDUnavailable, "userspace transport nbd set, but this node cannot serve it", "reason", reason)
 	}
+	ublkDevs := ublk.NewDevices(ublk.ControlConfig{})
+	switch err := ublkDevs.Probe(); {
+	case transport == nodeagent.TransportUblk && err != nil:
+		c.Log.Error(err, "userspace transport ublk set, but this node cannot serve it")
+	case err != nil:
+		c.Log.Info("userspace transport auto stages over fuse on this node: it cannot serve ublk", "reason", err.Error())
+	default:
+		c.Log.Info("userspace transport auto stages over ublk on this node")
+	}
 	return &nodeagent.UserspaceConfig{
-		Root: filepath.Join(c.RunDir, "blockdev"), Binary: bin, SlimBinary: launch.SlimBinary(bin), KeeperSocket: c.KeeperSocket,
+		Root: filepath.Join(c.RunDir, userspaceDir), Binary: bin, SlimBinary: launch.SlimBinary(bin), KeeperSocket: c.KeeperSocket,
 		Keeper: keeper.NewClient(c.KeeperSocket), Start: nodeagent.StartServer, StopPID: launch.StopPID,
 		CheckMount: blockdev.CheckMount, Workers: c.BlockdevWorkers, Passthrough: c.BlockdevPassthrough,
-		Transport: transport, NBD: nbdDevs, DeadConnTimeout: c.NBDDeadConnTimeout,
+		Transport: transport, NBD: nbdDevs, Ublk: ublkDevs, DeadConnTimeout: c.NBDDeadConnTimeout,
 	}, nil
 }

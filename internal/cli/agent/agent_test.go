@@ -2,8 +2,10 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,8 +15,10 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	nodeagent "github.com/berth-io/berth/internal/agent"
 	"github.com/berth-io/berth/internal/testenv"
 )
 
@@ -183,5 +187,39 @@ func TestNodeConditionWritesOnlyItsType(t *testing.T) {
 	}
 	if err := w.Set(ctx, nil); err != nil {
 		t.Errorf("removing a condition that is not there: %v", err)
+	}
+}
+
+// TestRunRefusesNewerRecords: an agent started on a node whose records
+// another release wrote in a newer format (a rollback past a format
+// change) stops at once, saying which record, before it serves anything
+// or touches a volume: no CSI socket, the record as it was.
+func TestRunRefusesNewerRecords(t *testing.T) {
+	dir := t.TempDir()
+	run := filepath.Join(dir, "run")
+	record := filepath.Join(run, userspaceDir, "_volumes", "pvc-1.json")
+	if err := os.MkdirAll(filepath.Dir(record), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	content := []byte(`{"version":2,"transport":"fuse"}`)
+	if err := os.WriteFile(record, content, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	csiSock := filepath.Join(dir, "csi.sock")
+	cfg := Config{
+		NodeName: "n1", Namespace: "berth-system", DataDirs: []string{filepath.Join(dir, "data")}, RunDir: run,
+		CSIEndpoint: "unix://" + csiSock, KubeletDir: filepath.Join(dir, "kubelet"), AgentSocket: filepath.Join(run, "agent.sock"),
+		BlockdevBinary: "/bin/true", KeeperSocket: filepath.Join(dir, "keeper.sock"),
+		Rest: &rest.Config{Host: "https://127.0.0.1:1"}, Log: testr.New(t),
+	}
+	err := cfg.Run(testenv.Context(t, 30*time.Second))
+	if !errors.Is(err, nodeagent.ErrNewerRecords) || !strings.Contains(err.Error(), "pvc-1.json is version 2") {
+		t.Fatalf("Run with a version 2 record: %v, want ErrNewerRecords naming it", err)
+	}
+	if _, err := os.Stat(csiSock); !os.IsNotExist(err) {
+		t.Errorf("CSI socket of an agent that refused to start: %v", err)
+	}
+	if got, err := os.ReadFile(record); err != nil || string(got) != string(content) {
+		t.Errorf("record after the refusal: %q, %v", got, err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"github.com/go-logr/logr/testr"
 	"golang.org/x/sys/unix"
 
+	"github.com/berth-io/berth/internal/blockdev/ublk"
 	"github.com/berth-io/berth/internal/cli"
 	"github.com/berth-io/berth/internal/nbd"
 )
@@ -23,7 +25,11 @@ func TestRefusesBadFlagCombinations(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--transport", "iscsi", "--volume", "v", "--image", "/i"}, `--transport "iscsi": want fuse or nbd`},
+		{[]string{"--transport", "iscsi", "--volume", "v", "--image", "/i"}, `--transport "iscsi": want fuse, nbd or ublk`},
+		{[]string{"--transport", "nbd", "--volume", "v", "--image", "/i", "--ublk-recover", "3"}, "--ublk-recover not used with --transport nbd"},
+		{[]string{"--transport", "ublk", "--volume", "v", "--image", "/i", "--connections", "3", "--mountpoint", "/m"}, "--connections, --mountpoint not used with --transport ublk"},
+		{[]string{"--transport", "ublk", "--volume", "v", "--image", "/i", "--ublk-recover", "-1"}, "want a ublk device number"},
+		{[]string{"--volume", "v", "--image", "/i", "--mountpoint", "/m", "--node", "n"}, "--node not used with --transport fuse"},
 		{[]string{"--transport", "nbd", "--volume", "v", "--image", "/i", "--mountpoint", "/m", "--passthrough"}, "--mountpoint, --passthrough not used with --transport nbd"},
 		{[]string{"--volume", "v", "--image", "/i", "--mountpoint", "/m", "--connections", "3"}, "--connections not used with --transport fuse"},
 		{[]string{"--transport", "fuse", "--volume", "v", "--image", "/i", "--dead-conn-timeout", "1m"}, "--dead-conn-timeout not used with --transport fuse"},
@@ -40,6 +46,38 @@ func TestNBDWithoutKernelSupport(t *testing.T) {
 	err := Config{Transport: "nbd", Volume: "v", Image: "/i", Sysfs: t.TempDir(), Log: testr.New(t)}.Run(context.Background())
 	if err == nil || !strings.Contains(err.Error(), "module/nbd") || !strings.Contains(err.Error(), "modprobe nbd") {
 		t.Fatalf("error %v: want the missing module and modprobe named", err)
+	}
+}
+
+// readyPipe is a server's ready fd and the test's end of it (closed with
+// the test). Run owns and closes the fd.
+func readyPipe(t *testing.T) (*os.File, int) {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	defer func() { _ = w.Close() }()
+	fd, err := unix.Dup(int(w.Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r, fd
+}
+
+// TestUblkWithoutKernelSupport: on a kernel without ublk (this machine's)
+// the server says what the node lacks, on its ready line too, so that the
+// agent's stage fails with it.
+func TestUblkWithoutKernelSupport(t *testing.T) {
+	r, readyFD := readyPipe(t)
+	err := Config{Transport: "ublk", Volume: "v", Image: "/i", Dev: t.TempDir(), ReadyFD: readyFD, Log: testr.New(t)}.Run(context.Background())
+	if !errors.Is(err, ublk.ErrNoUblk) || !strings.Contains(err.Error(), "CONFIG_BLK_DEV_UBLK") {
+		t.Fatalf("error %v: want ErrNoUblk naming the kernel feature", err)
+	}
+	line, _ := bufio.NewReader(r).ReadString('\n')
+	if !strings.HasPrefix(line, "error ") || !strings.Contains(line, "CONFIG_BLK_DEV_UBLK") {
+		t.Errorf("ready line %q: want the reason", line)
 	}
 }
 
@@ -83,17 +121,7 @@ func TestNBDReadyLine(t *testing.T) {
 	if err := os.WriteFile(image, make([]byte, 1<<20), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = r.Close() }()
-	// Run owns and closes the ready fd: hand it a copy of its own.
-	readyFD, err := unix.Dup(int(w.Fd()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = w.Close()
+	r, readyFD := readyPipe(t)
 	k := &heldKernel{}
 	defer k.close()
 	ctx, cancel := context.WithCancel(context.Background())

@@ -27,7 +27,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/cli"
@@ -75,6 +74,11 @@ type Config struct {
 	Log                        logr.Logger
 }
 
+// A secure metrics endpoint (--metrics-secure) asks the API server who
+// each reader is and whether it may get /metrics.
+// +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
+// +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
+
 // Run runs the manager until ctx ends.
 func (c Config) Run(ctx context.Context) error {
 	if err := c.Cluster.Validate(); err != nil {
@@ -89,7 +93,7 @@ func (c Config) Run(ctx context.Context) error {
 	mgr, err := ctrl.NewManager(c.Rest, ctrl.Options{
 		Scheme:                        s,
 		Logger:                        c.Log,
-		Metrics:                       metricsserver.Options{BindAddress: c.MetricsAddr},
+		Metrics:                       berthmetrics.ServerOptions(c.MetricsAddr, c.Cluster.MetricsSecure),
 		HealthProbeBindAddress:        c.HealthAddr,
 		LeaderElection:                c.LeaderElect,
 		LeaderElectionID:              leaderElectionID,
@@ -207,6 +211,7 @@ func Flags(fs *flag.FlagSet, cfg *Config, env func(string) string) {
 	fs.BoolVar(&o.DefaultStorageClass, "default-storage-class", false, "mark the berth class as the cluster's default")
 	fs.BoolVar(&cfg.LeaderElect, "leader-elect", true, "elect a leader among operator replicas (a Lease in --namespace)")
 	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", DefaultMetricsAddr, "Prometheus /metrics listen address; 0 disables")
+	fs.BoolVar(&o.MetricsSecure, "metrics-secure", false, "serve /metrics over HTTPS to readers the API server authenticates and allows get on /metrics, and render the agent and CSI controller so")
 	fs.StringVar(&cfg.HealthAddr, "health-addr", DefaultHealthAddr, "/healthz and /readyz listen address; 0 disables")
 	fs.StringVar(&cfg.ShareManagerServiceAccount, "share-manager-service-account", "berth-share-manager", "service account of the share-manager pods of RWX volumes")
 	fs.DurationVar(&cfg.StaleListTTL, "stale-list-ttl", fence.DefaultStaleListTTL, "how long the attachment GC keeps the stale list (NodeCleanup) of a node whose Node object is gone")
@@ -247,7 +252,8 @@ func (c Config) addAttachmentGC(ctx context.Context, mgr ctrl.Manager, bl fence.
 	}
 	// The Unfencer takes fenced clients off the blocklist with bl. The GC
 	// below has no Blocklister: a gone node's Ceph entries wait for lock
-	// breaking, which fences them with the stage's Ceph access.
+	// breaking, which the take-over controller does with bl when a node
+	// asks for the volume.
 	if err := mgr.Add(fence.NewUnfencer(direct, bl, mgr.GetEventRecorderFor("berth-operator"), clock.RealClock{},
 		c.Log.WithName("unfence"), fence.UnfenceOptions{Cooldown: c.UnfenceCooldown, Interval: c.UnfenceInterval})); err != nil {
 		return err
@@ -305,7 +311,11 @@ func (c Config) addShareManagers(mgr ctrl.Manager) error {
 	if err := v.SetupWithManager(mgr); err != nil {
 		return err
 	}
+	shares, err := berthmetrics.NewShare(metrics.Registry, sharemanager.FailoverReasons...)
+	if err != nil && !berthmetrics.IsAlreadyRegistered(err) {
+		return err
+	}
 	r := &sharemanager.Reconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Options: o, Clock: clock.RealClock{},
-		Recorder: mgr.GetEventRecorderFor("berth-operator"), Log: c.Log.WithName("sharemanager")}
+		Recorder: mgr.GetEventRecorderFor("berth-operator"), Metrics: shares, Log: c.Log.WithName("sharemanager")}
 	return r.SetupWithManager(mgr)
 }

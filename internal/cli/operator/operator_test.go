@@ -35,8 +35,12 @@ func TestFlagsDefaults(t *testing.T) {
 		t.Errorf("defaults do not validate: %v", err)
 	}
 	// Metrics and health are served by default.
-	if cfg.MetricsAddr != ":8080" || cfg.HealthAddr != ":8081" {
-		t.Errorf("metrics %q health %q, want :8080 and :8081", cfg.MetricsAddr, cfg.HealthAddr)
+	if cfg.MetricsAddr != ":8080" || cfg.HealthAddr != ":8081" || o.MetricsSecure {
+		t.Errorf("metrics %q (secure %v) health %q, want plain :8080 and :8081", cfg.MetricsAddr, o.MetricsSecure, cfg.HealthAddr)
+	}
+	// --metrics-secure is the operator's own and what it renders.
+	if cfg, err := parse(t, nil, "--metrics-secure"); err != nil || !cfg.Cluster.MetricsSecure {
+		t.Errorf("--metrics-secure: secure %v, %v", cfg.Cluster.MetricsSecure, err)
 	}
 }
 

@@ -20,7 +20,7 @@ func TestParseDefaultsAreFastFailoverOnNFSv41(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(cfg.MinorVersions, []int{1, 2}) || !cfg.SyncWrites || cfg.GracePeriod != 5*time.Second || cfg.LeaseLifetime != 5*time.Second {
+	if !slices.Equal(cfg.MinorVersions, []int{1, 2}) || !cfg.SyncWrites || cfg.GracePeriod != 15*time.Second || cfg.LeaseLifetime != 15*time.Second {
 		t.Errorf("defaults: minor %v sync %v grace %s lease %s", cfg.MinorVersions, cfg.SyncWrites, cfg.GracePeriod, cfg.LeaseLifetime)
 	}
 	if err := cfg.validate(); err != nil {

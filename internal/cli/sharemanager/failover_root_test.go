@@ -126,7 +126,11 @@ func (e *shareEnv) start(t testing.TB, extra ...string) *testenv.Process {
 		"--volume", e.volume, "--device", e.dev, "--mount-path", e.mountPath(), "--state-dir", e.stateDir(),
 		"--bind-address", "127.0.0.1", "--port", strconv.Itoa(e.port),
 		// The only userspace NFSv4 client at hand speaks NFSv4.0 only.
-		"--nfs-minor-versions", "0,1,2", "--check-interval", "1s"}, extra...)
+		"--nfs-minor-versions", "0,1,2", "--check-interval", "1s",
+		// A short lease and grace keep the restarts quick (the defaults,
+		// 15 s each, tripled this package's time); the clients here run
+		// on an idle loopback.
+		"--nfs-lease", "5s", "--nfs-grace", "5s"}, extra...)
 	p, err := testenv.StartProcess(filepath.Join(e.dir, "share-manager.log"), args...)
 	if err != nil {
 		t.Fatal(err)
@@ -280,9 +284,13 @@ func failovers(t testing.TB) int {
 // NFSv4.0 library (durable through the export's stable writes) and berth's
 // NFSv4.1 sessions (unstable WRITE + COMMIT). The kill -> first
 // acknowledged write figures are printed as SHARE_FAILOVER_RESULT, never
-// asserted.
+// asserted. The two run side by side: each has its own loop device, port,
+// state and recovery folders (ganesha gets its pid file and config from the
+// share manager's state folder), and most of a round is spent waiting for
+// a new ganesha and its grace period.
 func TestFailoverLosesNoAcknowledgedWrite(t *testing.T) {
 	t.Run("nfs4.0-stable-writes", func(t *testing.T) {
+		t.Parallel()
 		testFailover(t, "4.0", func(e *shareEnv, log logr.Logger) (fileClient, func()) {
 			c := nfsclient.New(e.endpoint(), nfsclient.Options{OpTimeout: 3 * time.Second, MaxRetryInterval: 100 * time.Millisecond},
 				clock.RealClock{}, log.WithName("client"))
@@ -290,6 +298,7 @@ func TestFailoverLosesNoAcknowledgedWrite(t *testing.T) {
 		})
 	})
 	t.Run("nfs4.1-commit", func(t *testing.T) {
+		t.Parallel()
 		testFailover(t, "4.1", func(e *shareEnv, _ logr.Logger) (fileClient, func()) {
 			return &v41Client{ep: e.endpoint()}, func() {}
 		})

@@ -24,6 +24,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -47,6 +48,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/metrics"
+	"github.com/berth-io/berth/internal/share"
 	"github.com/berth-io/berth/internal/volmap"
 )
 
@@ -76,6 +79,10 @@ const (
 	reasonVolumeGone   = "VolumeNotFound"
 )
 
+// FailoverReasons are the reasons a share fails over for: the values of
+// the failovers metric's reason label.
+var FailoverReasons = []string{reasonPodFailed, reasonLeaseExpired}
+
 // Reconciler runs ShareManagers.
 type Reconciler struct {
 	Client client.Client
@@ -86,12 +93,19 @@ type Reconciler struct {
 	// Clock decides when a Lease has lapsed.
 	Clock    clock.PassiveClock
 	Recorder record.EventRecorder
-	Log      logr.Logger
+	// Metrics counts failovers and times them (nil: none).
+	Metrics *metrics.Share
+	Log     logr.Logger
 
+	// failedAt is, per volume, when this controller failed its share over:
+	// where the failover Metrics times begins.
+	failedAt volmap.Map[time.Time]
 	// seen is, per volume, the version of its Lease this controller saw
 	// and since when (sighting): what a replacement share manager may
 	// count toward the old holder's lapse.
 	seen volmap.Map[sighting]
+	// rolling holds shares moving to a new image to one at a time (roll).
+	rolling sync.Mutex
 }
 
 // sighting is a Lease's resourceVersion and when this controller first
@@ -149,6 +163,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err := r.Client.Get(ctx, req.NamespacedName, sm); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.seen.Take(req.Name) // named after its volume, as its Lease
+			r.failedAt.Take(req.Name)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
@@ -195,6 +210,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 
 	if !needed {
+		r.failedAt.Take(vol.Name) // no share wanted: no failover to time
 		if pod == nil {
 			return ctrl.Result{}, r.setStatus(ctx, sm, v1.ShareStopped, "", reasonNotNeeded, "no workload uses the volume")
 		}
@@ -244,7 +260,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	case !pod.DeletionTimestamp.IsZero():
 		// Going away on its own (deleted by someone, or a graceful
 		// replacement): a new one starts once it is gone.
-		return ctrl.Result{RequeueAfter: rwx.leaseDuration}, r.setStatus(ctx, sm, v1.ShareStarting, pod.Spec.NodeName, reasonStarting, "waiting for "+pod.Name+" to terminate")
+		reason, msg := reasonStarting, "waiting for "+pod.Name+" to terminate"
+		if outdated(sm, pod) {
+			reason, msg = reasonUpgrading, "moving to "+sm.Spec.Image+": waiting for "+pod.Name+" to stop"
+		}
+		return ctrl.Result{RequeueAfter: rwx.leaseDuration}, r.setStatus(ctx, sm, v1.ShareStarting, pod.Spec.NodeName, reason, msg)
 	case !podReady(pod):
 		return res, r.setStatus(ctx, sm, v1.ShareStarting, pod.Spec.NodeName, reasonStarting, "pod "+pod.Name+" is "+string(pod.Status.Phase)+", not ready")
 	}
@@ -254,7 +274,16 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err := r.setAdmitted(ctx, sm, admittedNodes(sm, pod, rep)); err != nil {
 		return ctrl.Result{}, err
 	}
-	return res, r.setStatus(ctx, sm, v1.ShareRunning, pod.Spec.NodeName, reasonRunning, "serving from "+pod.Spec.NodeName)
+	if err := r.setStatus(ctx, sm, v1.ShareRunning, pod.Spec.NodeName, reasonRunning, "serving from "+pod.Spec.NodeName); err != nil {
+		return res, err
+	}
+	if at := r.failedAt.Take(vol.Name); !at.IsZero() {
+		r.Metrics.Recovered(r.Clock.Since(at))
+	}
+	if outdated(sm, pod) {
+		return r.roll(ctx, log, sm, pod)
+	}
+	return res, nil
 }
 
 // recordFormat records in the Volume's status that it holds a filesystem,
@@ -317,6 +346,8 @@ func (r *Reconciler) failover(ctx context.Context, log logr.Logger, sm *v1.Share
 		if err := r.Client.Status().Patch(ctx, sm, client.MergeFrom(orig)); err != nil {
 			return ctrl.Result{}, client.IgnoreNotFound(err)
 		}
+		r.Metrics.FailedOver(reason)
+		r.failedAt.Put(vol.Name, r.Clock.Now())
 		log.Info("share manager failed: replacing it", "pod", pod.Name, "node", pod.Spec.NodeName, "reason", reason, "why", why)
 		if r.Recorder != nil {
 			r.Recorder.Event(sm, corev1.EventTypeWarning, reason, why)
@@ -353,7 +384,16 @@ func (r *Reconciler) requestRemount(ctx context.Context, vol *v1.Volume) error {
 // is not.
 func failure(pod *corev1.Pod, lapsed bool, rwx rwxSettings) (reason, why string) {
 	switch pod.Status.Phase {
-	case corev1.PodFailed, corev1.PodSucceeded:
+	case corev1.PodSucceeded:
+		if !pod.DeletionTimestamp.IsZero() {
+			// Told to stop (its share was no longer needed, or someone
+			// deleted it), it stopped cleanly: a workload that needs the
+			// share again meanwhile waits for the next pod. No failover,
+			// and no remount asked of anyone.
+			return "", ""
+		}
+		fallthrough
+	case corev1.PodFailed:
 		// Succeeded too: a share manager only exits 0 when told to stop.
 		msg := pod.Status.Message
 		if msg == "" {
@@ -516,7 +556,7 @@ func defaultResources() corev1.ResourceRequirements {
 }
 
 func (r *Reconciler) settings(ctx context.Context, vol *v1.Volume) (rwxSettings, error) {
-	s := rwxSettings{fastFailover: true, leaseDuration: 10 * time.Second, grace: 10 * time.Second, resources: defaultResources()}
+	s := rwxSettings{fastFailover: true, leaseDuration: 10 * time.Second, grace: share.DefaultGracePeriod, resources: defaultResources()}
 	sc := &v1.StorageCluster{}
 	if err := r.Client.Get(ctx, client.ObjectKey{Name: vol.Spec.StorageCluster}, sc); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -532,7 +572,9 @@ func (r *Reconciler) settings(ctx context.Context, vol *v1.Volume) (rwxSettings,
 		s.leaseDuration = time.Duration(*d) * time.Second
 	}
 	if g := sc.Spec.RWX.NFSGraceSeconds; g != nil {
-		s.grace = time.Duration(*g) * time.Second
+		// Never below the NFS lease (a cluster made when the default
+		// grace was 10 s holds 10).
+		s.grace = max(time.Duration(*g)*time.Second, share.DefaultLeaseLifetime)
 	}
 	if r := sc.Spec.RWX.ShareManagerResources; r != nil {
 		s.resources = *r.DeepCopy()

@@ -7,11 +7,13 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	clocktesting "k8s.io/utils/clock/testing"
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/berth-io/berth/internal/controller/sharemanager"
+	"github.com/berth-io/berth/internal/metrics"
 	"github.com/berth-io/berth/internal/testenv"
 )
 
@@ -29,6 +31,8 @@ var (
 	suite = &testenv.Suite{Setup: startManager, Teardown: stopManager}
 	// stop stops the controllers and waits for them, once started.
 	stop func() error
+	// shareMetrics holds the running controller's failover metrics.
+	shareMetrics = prometheus.NewRegistry()
 	// clk is the controllers' clock: Leases lapse when a test steps it.
 	clk  = clocktesting.NewFakePassiveClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	opts = sharemanager.Options{
@@ -43,8 +47,12 @@ func startManager(e *testenv.Env) error {
 	env = e
 	var err error
 	stop, err = env.StartManager(func(mgr ctrl.Manager, log logr.Logger) error {
+		shares, err := metrics.NewShare(shareMetrics, sharemanager.FailoverReasons...)
+		if err != nil {
+			return err
+		}
 		r := &sharemanager.Reconciler{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Options: opts, Clock: clk,
-			Recorder: mgr.GetEventRecorderFor("berth-operator"), Log: log.WithName("sharemanager")}
+			Recorder: mgr.GetEventRecorderFor("berth-operator"), Metrics: shares, Log: log.WithName("sharemanager")}
 		if err := r.SetupWithManager(mgr); err != nil {
 			return err
 		}

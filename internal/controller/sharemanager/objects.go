@@ -14,6 +14,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/share"
 	"github.com/berth-io/berth/internal/volid"
 )
 
@@ -84,6 +85,9 @@ func (r *Reconciler) podFor(sm *v1.ShareManager, vol *v1.Volume, rwx rwxSettings
 		// must not mistake the old pod's Lease for its own.
 		"--lease-holder=$(POD_NAME)_$(POD_UID)",
 		"--lease-duration=" + strconv.Itoa(int(rwx.leaseDuration.Seconds())) + "s",
+		// Both, so that a share-manager binary with other defaults
+		// still serves the lease the grace was raised to.
+		"--nfs-lease=" + strconv.Itoa(int(share.DefaultLeaseLifetime.Seconds())) + "s",
 		"--nfs-grace=" + strconv.Itoa(int(rwx.grace.Seconds())) + "s",
 	}
 	if seenVersion != "" {

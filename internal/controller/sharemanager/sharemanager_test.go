@@ -241,7 +241,9 @@ func TestShareManagerStateMachine(t *testing.T) {
 	suite.Require(t)
 	const vname = "pvc-rwx-states"
 	rec := recordStates(t, vname)
-	vol := newVolume(t, vname, v1.VolumeModeFilesystem, "", v1.RWXSpec{LeaseDurationSeconds: ptr.To[int32](3)})
+	// A grace below the NFS lease (a cluster made when the default was
+	// 10 s): the pod gets the lease's (checkPod).
+	vol := newVolume(t, vname, v1.VolumeModeFilesystem, "", v1.RWXSpec{LeaseDurationSeconds: ptr.To[int32](3), NFSGraceSeconds: ptr.To[int32](10)})
 	k := kubelet{t}
 
 	sm := waitShare(t, vname, v1.ShareStopped)
@@ -293,8 +295,11 @@ func TestShareManagerStateMachine(t *testing.T) {
 	// The Lease lapses (renewals stop; pod still "ready" as seen by a node
 	// that is gone): the pod is force-deleted, a new one starts away from
 	// node-a, and workloads are asked to remount.
+	before := gathered(t)
 	clk.SetTime(clk.Now().Add(4 * time.Second))
 	pod2 := failedOver(t, vname, pod, "node-a", 1)
+	// Two seconds (of the controllers' clock) to serve again.
+	clk.SetTime(clk.Now().Add(2 * time.Second))
 	serve(t, k, vname, pod2, "node-b")
 
 	// The pod fails: error, then a new pod, avoiding node-b.
@@ -302,6 +307,15 @@ func TestShareManagerStateMachine(t *testing.T) {
 	k.status(pod2, corev1.PodFailed, false)
 	pod3 := failedOver(t, vname, pod2, "node-b", 2)
 	serve(t, k, vname, pod3, "node-a")
+
+	// Each failover counted by its reason, and timed failure to running.
+	testenv.Eventually(t, waitLimit, "both failovers timed", func(context.Context) (bool, error) {
+		return gathered(t)["berth_share_failover_duration_seconds_count"]-before["berth_share_failover_duration_seconds_count"] == 2, nil
+	})
+	after := gathered(t)
+	testenv.WantDelta(t, "lapsed Lease", before, after, testenv.Series("berth_share_failovers_total", "reason", "LeaseExpired"), 1)
+	testenv.WantDelta(t, "failed pod", before, after, testenv.Series("berth_share_failovers_total", "reason", "PodFailed"), 1)
+	testenv.WantDelta(t, "time to running", before, after, "berth_share_failover_duration_seconds_sum", 2)
 
 	// The last workload goes: stopping while the pod terminates (no
 	// kubelet here confirms it); its node is gone too, so once the Lease
@@ -331,6 +345,16 @@ func TestShareManagerStateMachine(t *testing.T) {
 	if got := rec.get(); !reflect.DeepEqual(got, want) {
 		t.Errorf("transitions:\n got %v\nwant %v", got, want)
 	}
+}
+
+// gathered is what the running controller's failover metrics hold.
+func gathered(t *testing.T) testenv.Samples {
+	t.Helper()
+	s, err := testenv.Gathered(shareMetrics)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
 
 // failedOver waits for the pod that replaces old on node and checks what
@@ -559,7 +583,8 @@ func checkPod(t *testing.T, pod *corev1.Pod, volume, avoid string) {
 	}
 	c := pod.Spec.Containers[0]
 	args := strings.Join(c.Args, " ")
-	for _, want := range []string{"share-manager ", "--volume=" + volume, "--lease-name=" + volume, "--lease-namespace=" + namespace, "--lease-duration=3s"} {
+	for _, want := range []string{"share-manager ", "--volume=" + volume, "--lease-name=" + volume, "--lease-namespace=" + namespace, "--lease-duration=3s",
+		"--nfs-lease=15s", "--nfs-grace=15s"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("pod args %q lack %q", args, want)
 		}
@@ -809,4 +834,63 @@ func TestShareSizeFromLease(t *testing.T) {
 	}
 	report(holder, "1073741824")
 	waitSize("1Gi")
+}
+
+// TestStoppedShareNeededAgainIsNoFailover: the last workload goes, the
+// share stops (its pod told to terminate exits 0 and releases its Lease),
+// and a new workload comes before the pod object is gone. The share starts
+// again once the pod is gone: no failover counted, no remount asked. Before,
+// the exited pod read as failed: state error, a failover, a remount request
+// (seen on the VM e2e node, where a reader started as the writer left).
+func TestStoppedShareNeededAgainIsNoFailover(t *testing.T) {
+	suite.Require(t)
+	const vname = "pvc-rwx-stop-start"
+	rec := recordStates(t, vname)
+	newVolume(t, vname, v1.VolumeModeFilesystem, "", v1.RWXSpec{LeaseDurationSeconds: ptr.To[int32](3)})
+	waitShare(t, vname, v1.ShareStopped)
+	k := kubelet{t}
+	useVolume(t, vname, "writer")
+	pod := sharePod(t, vname, "")
+	serve(t, k, vname, pod, "node-a")
+	remountBefore := remountRequestedAt(t, vname)
+
+	useVolume(t, vname, "")
+	waitShare(t, vname, v1.ShareStopping)
+	testenv.Eventually(t, waitLimit, "share-manager pod terminating", func(ctx context.Context) (bool, error) {
+		p := &corev1.Pod{}
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(pod), p)
+		return err == nil && !p.DeletionTimestamp.IsZero(), err
+	})
+	// It stops cleanly: Lease released, exit 0; the pod object stays
+	// until kubelet confirms, and a reader comes meanwhile.
+	release := &coordinationv1.Lease{}
+	if err := env.Client.Get(testCtx(t), client.ObjectKey{Namespace: namespace, Name: vname}, release); err != nil {
+		t.Fatal(err)
+	}
+	release.Spec.HolderIdentity = nil
+	if err := env.Client.Update(testCtx(t), release); err != nil {
+		t.Fatal(err)
+	}
+	k.status(pod, corev1.PodSucceeded, false)
+	useVolume(t, vname, "reader")
+	waitShare(t, vname, v1.ShareStarting)
+	time.Sleep(500 * time.Millisecond) // room for a wrong failover to show
+	if sm := waitShare(t, vname, v1.ShareStarting); sm.Status.Failovers != 0 || sm.Status.FailedNode != "" {
+		t.Errorf("a share stopped on purpose counted a failover: failovers %d, failed node %q", sm.Status.Failovers, sm.Status.FailedNode)
+	}
+	if got := remountRequestedAt(t, vname); !got.Equal(remountBefore) {
+		t.Errorf("remountRequestedAt = %v, want %v: nothing failed over", got, remountBefore)
+	}
+
+	// kubelet confirms the deletion: the next pod starts and serves.
+	if err := env.Client.Delete(testCtx(t), pod, client.GracePeriodSeconds(0)); client.IgnoreNotFound(err) != nil {
+		t.Fatal(err)
+	}
+	next := sharePod(t, vname, pod.UID)
+	serve(t, k, vname, next, "node-a")
+	want := []v1.ShareState{v1.ShareStopped, v1.ShareStarting, v1.ShareRunning, v1.ShareStopping, v1.ShareStarting, v1.ShareRunning}
+	testenv.Eventually(t, waitLimit, "every transition seen", func(context.Context) (bool, error) { return len(rec.get()) >= len(want), nil })
+	if got := rec.get(); !reflect.DeepEqual(got, want) {
+		t.Errorf("transitions:\n got %v\nwant %v", got, want)
+	}
 }

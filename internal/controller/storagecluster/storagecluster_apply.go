@@ -7,6 +7,7 @@ import (
 	"reflect"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -43,10 +44,47 @@ func (r *Reconciler) applyCluster(ctx context.Context, sc *v1.StorageCluster) (s
 	for _, m := range []v1.Mounter{v1.MounterKernel, v1.MounterUserspace} {
 		cls := &storagev1.StorageClass{}
 		cls.Name = StorageClassName(sc.Name, m)
+		if err := r.replaceStaleClass(ctx, sc, cls.Name); err != nil {
+			errs = append(errs, err)
+			continue
+		}
 		errs = append(errs, r.ensure(ctx, sc, cls, func() { r.storageClass(sc, cls, m, first) }))
 	}
 	snapshotPending, err = r.ensureSnapshotClass(ctx, sc, first)
 	return snapshotPending, errors.Join(append(errs, err)...)
+}
+
+// EventStorageClassReplaced: a class of the cluster was deleted to be
+// made anew with the node-stage Secret the cluster names now.
+const EventStorageClassReplaced = "StorageClassReplaced"
+
+// replaceStaleClass deletes sc's class name when it names another
+// node-stage Secret than sc does (nodeSecretRef was added). A class's
+// parameters cannot change, so ensure makes it anew, in this pass or in
+// the one its deletion brings. The claims bound before keep their
+// PersistentVolumes, which name the Secret they stage with.
+func (r *Reconciler) replaceStaleClass(ctx context.Context, sc *v1.StorageCluster, name string) error {
+	cls := &storagev1.StorageClass{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: name}, cls); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if c := metav1.GetControllerOf(cls); c == nil || c.UID != sc.UID || !staleNodeStageSecret(sc, cls) {
+		return nil
+	}
+	// The cache may still show a class deleted and made anew: only the
+	// one read goes.
+	uid := cls.UID
+	if err := r.Client.Delete(ctx, cls, client.Preconditions{UID: &uid}); client.IgnoreNotFound(err) != nil {
+		return fmt.Errorf("StorageClass %s: delete to make it anew: %w", name, err)
+	}
+	now := sc.Spec.Ceph.NodeStageSecret()
+	msg := fmt.Sprintf("StorageClass %s is made anew to hand the nodes Secret %s/%s (was %s/%s); volumes made before keep theirs",
+		name, now.Namespace, now.Name, cls.Parameters[paramNodeStageSecretNamespace], cls.Parameters[paramNodeStageSecretName])
+	r.Log.Info(msg)
+	if r.Recorder != nil {
+		r.Recorder.Event(sc, corev1.EventTypeNormal, EventStorageClassReplaced, msg)
+	}
+	return nil
 }
 
 // firstCluster tells whether sc is the oldest StorageCluster not being

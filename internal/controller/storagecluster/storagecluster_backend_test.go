@@ -154,6 +154,74 @@ func TestCephClassesNameNodeStageSecret(t *testing.T) {
 	}
 }
 
+// nodeSecretRef added to a cluster made without it: the update is
+// admitted, and the operator makes the cluster's classes anew (their
+// parameters cannot change) to hand the nodes the new Secret. Changing or
+// removing it is still refused: the volumes made since name it.
+func TestCephNodeSecretAddedLater(t *testing.T) {
+	suite.Require(t)
+	key := "AQBfakefakefakefakefakefakefakefakefake=="
+	cephSecret(t, "ceph-later", map[string]string{"userID": "berth", "userKey": key})
+	cephSecret(t, "ceph-later-node", map[string]string{"userID": "berth-node", "userKey": key})
+	sc := newCluster(t, "ceph-later", cephClusterSpec([]string{"127.0.0.1:1"}, "rbd", "ceph-later"))
+	classes := func() []*storagev1.StorageClass {
+		var out []*storagev1.StorageClass
+		for _, m := range []v1.Mounter{v1.MounterKernel, v1.MounterUserspace} {
+			cls := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: storagecluster.StorageClassName(sc.Name, m)}}
+			get(t, cls)
+			out = append(out, cls)
+		}
+		return out
+	}
+	before := classes()
+	for _, cls := range before {
+		if cls.Parameters["csi.storage.k8s.io/node-stage-secret-name"] != "ceph-later" {
+			t.Fatalf("class %s parameters %v: want the cluster's secret ceph-later", cls.Name, cls.Parameters)
+		}
+	}
+
+	// Patches, not Get and Update: the operator writes the cluster's status
+	// meanwhile, and an Update on a stale resourceVersion would conflict.
+	setNodeSecret := func(ref *v1.CephSecretReference) error {
+		get(t, sc)
+		orig := sc.DeepCopy()
+		sc.Spec.Ceph.NodeSecretRef = ref
+		return env.Client.Patch(testCtx(t), sc, client.MergeFrom(orig))
+	}
+	if err := setNodeSecret(&v1.CephSecretReference{Name: "ceph-later-node", Namespace: namespace}); err != nil {
+		t.Fatalf("add nodeSecretRef: %v, want admitted", err)
+	}
+	for _, old := range before {
+		eventually(t, "class "+old.Name+" made anew with the nodes' Secret", func(ctx context.Context) (bool, error) {
+			cls := &storagev1.StorageClass{}
+			if err := env.Client.Get(ctx, client.ObjectKeyFromObject(old), cls); err != nil {
+				return false, client.IgnoreNotFound(err)
+			}
+			return cls.UID != old.UID && cls.Parameters["csi.storage.k8s.io/node-stage-secret-name"] == "ceph-later-node" &&
+				cls.Parameters["csi.storage.k8s.io/node-stage-secret-namespace"] == namespace &&
+				cls.Parameters[v1.ParamStorageCluster] == sc.Name, nil
+		})
+	}
+	eventually(t, "StorageClassReplaced Events naming the nodes' Secret", func(ctx context.Context) (bool, error) {
+		var evs corev1.EventList
+		err := env.Client.List(ctx, &evs, client.MatchingFields{"involvedObject.name": sc.Name, "reason": storagecluster.EventStorageClassReplaced})
+		// This cluster's (an earlier run's of the same name are there too).
+		n := 0
+		for _, ev := range evs.Items {
+			if ev.InvolvedObject.UID == sc.UID && strings.Contains(ev.Message, namespace+"/ceph-later-node") {
+				n++
+			}
+		}
+		return n == 2, err
+	})
+
+	for what, ref := range map[string]*v1.CephSecretReference{"changed": {Name: "other", Namespace: namespace}, "removed": nil} {
+		if err := setNodeSecret(ref); err == nil || !strings.Contains(err.Error(), "nodeSecretRef may be added but not changed or removed") {
+			t.Errorf("nodeSecretRef %s: %v, want refused", what, err)
+		}
+	}
+}
+
 // With keys by role (F5), the classes hand the nodes their own Secret
 // (nodeSecretRef), never the operator's; a missing node Secret makes the
 // backend SecretInvalid, saying which.

@@ -32,9 +32,13 @@ func TestCSIControllerScale(t *testing.T) {
 			if err := env.Client.Get(ctx, client.ObjectKeyFromObject(dep), dep); err != nil {
 				return false, client.IgnoreNotFound(err)
 			}
-			arg := "--leader-election"
+			arg, berthArg := "--leader-election", "--leader-elect"
 			if !elect {
-				arg += "=false"
+				arg, berthArg = arg+"=false", berthArg+"=false"
+			}
+			// berth's own (its pool capacity publisher), then the sidecars'.
+			if !slices.Contains(dep.Spec.Template.Spec.Containers[0].Args, berthArg) {
+				return false, nil
 			}
 			for _, c := range dep.Spec.Template.Spec.Containers[1:] {
 				if !slices.Contains(c.Args, arg) {

@@ -79,6 +79,10 @@ type Options struct {
 	APIServerPort string
 	// DefaultStorageClass marks the kernel-mounter class as the default.
 	DefaultStorageClass bool
+	// MetricsSecure makes the operator, and the agent and CSI controller it
+	// renders, serve /metrics over HTTPS to authorized readers only
+	// (--metrics-secure).
+	MetricsSecure bool
 }
 
 // Validate reports the first missing setting.

@@ -53,6 +53,9 @@ func TestNodeWideObjects(t *testing.T) {
 	if c.Image != opts.Image || c.ImagePullPolicy != corev1.PullNever || c.SecurityContext == nil || !*c.SecurityContext.Privileged {
 		t.Errorf("agent container: image %q policy %q security %+v", c.Image, c.ImagePullPolicy, c.SecurityContext)
 	}
+	if c.TerminationMessagePolicy != corev1.TerminationMessageFallbackToLogsOnError {
+		t.Errorf("agent termination message policy %q: an agent that refuses to start would not say why in its pod's state", c.TerminationMessagePolicy)
+	}
 	for _, a := range []string{"agent", "--run-dir=/run/berth", "--kubelet-dir=/var/lib/k8s-test/kubelet",
 		"--csi-endpoint=unix:///var/lib/k8s-test/kubelet/plugins/berth.io/csi.sock",
 		"--volume-plugin-dir=" + opts.VolumePluginDir, "--metrics-addr=:9741", "--health-addr=:9742"} {
@@ -87,8 +90,13 @@ func TestNodeWideObjects(t *testing.T) {
 		t.Errorf("agent update strategy %q", agent.Spec.UpdateStrategy.Type)
 	}
 
+	// The keeper DaemonSet is applied after the agent's, in the same pass
+	// (and may be there from an earlier test): wait for alpha's placement.
 	keeper := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "berth-keeper", Namespace: namespace}}
-	get(t, keeper)
+	eventually(t, "the keeper placed as alpha says", func(ctx context.Context) (bool, error) {
+		err := env.Client.Get(ctx, client.ObjectKeyFromObject(keeper), keeper)
+		return err == nil && nodeTerms(keeper.Spec.Template.Spec) == "storage=yes", client.IgnoreNotFound(err)
+	})
 	checkNodeWide(t, keeper)
 	kc := keeper.Spec.Template.Spec.Containers[0]
 	// A new keeper pod takes over beside the old one: a surge of 1, none
@@ -259,7 +267,7 @@ func checkControllerDeployment(t *testing.T, dep *appsv1.Deployment) {
 		}
 	}
 	want := map[string][]string{
-		"csi-controller":  {"csi-controller", "--endpoint=unix:///csi/csi.sock", "--metrics-addr=:9743", "--health-addr=:9744"},
+		"csi-controller":  {"csi-controller", "--endpoint=unix:///csi/csi.sock", "--leader-elect", "--metrics-addr=:9743", "--health-addr=:9744"},
 		"csi-provisioner": {"--csi-address=/csi/csi.sock", "--feature-gates=Topology=true", "--strict-topology", "--extra-create-metadata", "--leader-election"},
 		"csi-resizer":     {"--csi-address=/csi/csi.sock", "--leader-election"},
 		"csi-snapshotter": {"--csi-address=/csi/csi.sock", "--leader-election", "--extra-create-metadata"},

@@ -27,13 +27,17 @@ const (
 // metricsServiceSuffix names a component's scrape Service "berth-<component>-metrics".
 const metricsServiceSuffix = "-metrics"
 
-// withEndpoints makes c serve metrics and health on the given ports and
-// probes it there: liveness on /healthz (the process answers), readiness
-// on /readyz (it can do its job).
-func withEndpoints(c *corev1.Container, metricsPort, healthPort int32) {
+// withEndpoints makes c serve metrics (over HTTPS to authorized readers
+// only when secure) and health on the given ports and probes it there:
+// liveness on /healthz (the process answers), readiness on /readyz (it
+// can do its job). The probes stay plain HTTP: kubelet sends no token.
+func withEndpoints(c *corev1.Container, metricsPort, healthPort int32, secure bool) {
 	c.Args = append(c.Args,
 		"--metrics-addr=:"+strconv.Itoa(int(metricsPort)),
 		"--health-addr=:"+strconv.Itoa(int(healthPort)))
+	if secure {
+		c.Args = append(c.Args, "--metrics-secure")
+	}
 	c.Ports = append(c.Ports,
 		corev1.ContainerPort{Name: portMetrics, ContainerPort: metricsPort, Protocol: corev1.ProtocolTCP},
 		corev1.ContainerPort{Name: portHealth, ContainerPort: healthPort, Protocol: corev1.ProtocolTCP})

@@ -67,8 +67,10 @@ type nodeWidePlan struct {
 	// clusters' spec.agent.resources.
 	agentResources corev1.ResourceRequirements
 	// controller is the CSI controller's scale, merged from the served
-	// clusters' spec.csiController.
-	controller controllerScale
+	// clusters' spec.csiController; controllerResources its berth
+	// container's, merged from their spec.csiController.resources.
+	controller          controllerScale
+	controllerResources corev1.ResourceRequirements
 	// flexvolume: the agent installs the Flexvolume driver, which any
 	// served cluster's spec.agent.flexvolume may ask. unasked: no cluster
 	// is served, and the agent keeps what it does (applyNodeWide).
@@ -165,6 +167,7 @@ func planNodeWide(clusters []v1.StorageCluster, kept map[string]string, withVolu
 	}
 	p.agentResources = agentResources(asks)
 	p.controller = controllerScaleOf(asks)
+	p.controllerResources = csiControllerResources(asks)
 	// Not asks: a gone cluster asks no Flexvolume driver, which would roll
 	// the agent onto a plugin folder that nodes with a read-only /usr
 	// cannot make, while its volumes still wait to be cleaned.
@@ -251,17 +254,17 @@ func (r *Reconciler) applyNodeWide(ctx context.Context) (observed, nodeWidePlan,
 
 	var errs []error
 	errs = append(errs, r.ensureNodeWideChanged(ctx, obs.agent, func() bool {
-		return resourcesChanged(obs.agent, func() { r.agentDaemonSet(plan, obs.agent) })
+		return resourcesChanged(&obs.agent.Spec.Template, func() { r.agentDaemonSet(plan, obs.agent) })
 	}))
 	errs = append(errs, r.ensureNodeWideChanged(ctx, obs.keeper, func() bool {
-		return resourcesChanged(obs.keeper, func() { r.keeperDaemonSet(plan, obs.keeper) })
+		return resourcesChanged(&obs.keeper.Spec.Template, func() { r.keeperDaemonSet(plan, obs.keeper) })
 	}))
 	// A controller that leaves its last storage network loses the
-	// annotation: a removal.
+	// annotation, or its container a limit: a removal.
 	errs = append(errs, r.ensureNodeWideChanged(ctx, obs.controller, func() bool {
 		was := obs.controller.Spec.Template.Annotations[AnnotationNetworks]
-		r.controllerDeployment(plan, obs.controller)
-		return was != obs.controller.Spec.Template.Annotations[AnnotationNetworks]
+		changed := resourcesChanged(&obs.controller.Spec.Template, func() { r.controllerDeployment(plan, obs.controller) })
+		return changed || was != obs.controller.Spec.Template.Annotations[AnnotationNetworks]
 	}))
 	errs = append(errs, r.applyControllerBudget(ctx, plan))
 	errs = append(errs, r.applyMover(ctx, plan, obs.mover))

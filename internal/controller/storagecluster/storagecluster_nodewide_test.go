@@ -87,13 +87,20 @@ func TestAgentResourcesRefused(t *testing.T) {
 		{"memory limit -1Gi", typed(v1.AgentResources{Limits: list("memory", "-1Gi")}), "memory must not be negative"},
 		{"cpu limit -1 (an integer)", bareInt, "cpu must not be negative"},
 	} {
-		err := env.Client.Create(testCtx(t), tc.obj)
-		if err == nil {
-			_ = env.Client.Delete(testCtx(t), tc.obj)
-		}
-		if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s: %v, want Invalid: %s", tc.name, err, tc.want)
-		}
+		wantRefused(t, tc.name, tc.obj, tc.want)
+	}
+}
+
+// wantRefused creates obj and wants the API server to refuse it as
+// Invalid, saying want.
+func wantRefused(t *testing.T, name string, obj client.Object, want string) {
+	t.Helper()
+	err := env.Client.Create(testCtx(t), obj)
+	if err == nil {
+		_ = env.Client.Delete(testCtx(t), obj)
+	}
+	if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), want) {
+		t.Errorf("%s: %v, want Invalid: %s", name, err, want)
 	}
 }
 
@@ -341,3 +348,74 @@ func TestAdoptsPerClusterObjects(t *testing.T) {
 }
 
 func ptrTrue() *bool { b := true; return &b }
+
+// controllerResources is "container: resourceSummary" for each container of
+// the CSI controller Deployment, or "" when it is not there yet.
+func controllerResources(ctx context.Context) (map[string]string, error) {
+	dep := &appsv1.Deployment{}
+	if err := env.Client.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "berth-csi-controller"}, dep); err != nil {
+		return nil, client.IgnoreNotFound(err)
+	}
+	out := map[string]string{}
+	for _, c := range dep.Spec.Template.Spec.Containers {
+		out[c.Name] = resourceSummary(c.Resources)
+	}
+	return out, nil
+}
+
+// TestCSIControllerResources: spec.csiController.resources reaches berth's
+// CSI controller container, and the sidecars keep the defaults; a limit
+// taken out leaves the container, and unset brings the defaults back.
+func TestCSIControllerResources(t *testing.T) {
+	suite.Require(t)
+	const defaults = "requests cpu=10m memory=32Mi limits cpu=500m memory=256Mi"
+	wait := func(what, berth string) {
+		t.Helper()
+		eventually(t, what, func(ctx context.Context) (bool, error) {
+			got, err := controllerResources(ctx)
+			if err != nil || got["csi-controller"] != berth {
+				return false, err
+			}
+			for _, side := range []string{"csi-provisioner", "csi-resizer", "csi-snapshotter"} {
+				if got[side] != defaults {
+					t.Fatalf("sidecar %s resources %q, want the defaults %q", side, got[side], defaults)
+				}
+			}
+			return true, nil
+		})
+	}
+	// Above the defaults, so that any other cluster (asking the defaults)
+	// changes nothing: the largest request and memory limit, and no CPU
+	// limit as this cluster sets none.
+	sc := newCluster(t, "controller-res", v1.StorageClusterSpec{DataDir: "/srv/controller-res",
+		CSIController: v1.CSIControllerSpec{Resources: &corev1.ResourceRequirements{
+			Requests: list("cpu", "100m", "memory", "64Mi"), Limits: list("cpu", "2", "memory", "1Gi")}}})
+	wait("berth's container has the cluster's resources", "requests cpu=100m memory=64Mi limits cpu=2 memory=1Gi")
+	updateCluster(t, sc, func(s *v1.StorageClusterSpec) { delete(s.CSIController.Resources.Limits, corev1.ResourceCPU) })
+	wait("the CPU limit taken out", "requests cpu=100m memory=64Mi limits memory=1Gi")
+	updateCluster(t, sc, func(s *v1.StorageClusterSpec) { s.CSIController.Resources = nil })
+	wait("unset: the defaults", defaults)
+}
+
+// TestCSIControllerResourcesRefused: the CRD takes only CPU and memory,
+// no negative amount, and no claims.
+func TestCSIControllerResourcesRefused(t *testing.T) {
+	suite.Require(t)
+	typed := func(res corev1.ResourceRequirements) client.Object {
+		return &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "refused"},
+			Spec: v1.StorageClusterSpec{DataDir: "/srv/refused", CSIController: v1.CSIControllerSpec{Resources: &res}}}
+	}
+	for _, tc := range []struct {
+		name string
+		obj  client.Object
+		want string
+	}{
+		{"gpu request", typed(corev1.ResourceRequirements{Requests: list("nvidia.com/gpu", "1")}), "only cpu and memory"},
+		{"ephemeral-storage limit", typed(corev1.ResourceRequirements{Limits: list("ephemeral-storage", "1Gi")}), "only cpu and memory"},
+		{"cpu request -100m", typed(corev1.ResourceRequirements{Requests: list("cpu", "-100m")}), "requests must not be negative"},
+		{"memory limit -1Gi", typed(corev1.ResourceRequirements{Limits: list("memory", "-1Gi")}), "limits must not be negative"},
+		{"a claim", typed(corev1.ResourceRequirements{Claims: []corev1.ResourceClaim{{Name: "gpu"}}}), "claims are not supported"},
+	} {
+		wantRefused(t, tc.name, tc.obj, tc.want)
+	}
+}

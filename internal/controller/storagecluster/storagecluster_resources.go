@@ -1,7 +1,6 @@
 package storagecluster
 
 import (
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -18,7 +17,9 @@ const nonRootUID int64 = 65532
 // for every userspace volume at once after an agent restart, while the
 // volumes' I/O waits: no CPU limit to throttle that burst.
 var (
-	keeperResources     = noCPULimit("20m", "16Mi", "256Mi")
+	keeperResources = noCPULimit("20m", "16Mi", "256Mi")
+	// controllerResources are the CSI controller sidecars', and berth's
+	// container's when no cluster sets spec.csiController.resources.
 	controllerResources = resources("10m", "32Mi", "500m", "256Mi")
 )
 
@@ -46,26 +47,63 @@ func resources(cpuReq, memReq, cpuLim, memLim string) corev1.ResourceRequirement
 	}
 }
 
-// agentResourceNames are what spec.agent.resources may set (the CRD
-// refuses others).
-var agentResourceNames = []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory}
+// resourceNames are what spec.agent.resources and
+// spec.csiController.resources may set (the CRD refuses others).
+var resourceNames = []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory}
 
-// askOf is what one cluster asks of the agent: the defaults when it sets
-// nothing, else its own, read as a pod's are (a limit without a request
-// requests the limit; a zero limit is none).
-func askOf(sc *v1.StorageCluster) corev1.ResourceRequirements {
-	r := sc.Spec.Agent.Resources
-	if r == nil || (len(r.Requests) == 0 && len(r.Limits) == 0) {
-		return defaultAgentResources()
+// agentResources merges what the served clusters ask of the one agent
+// that serves them all (mergeResources).
+func agentResources(clusters []*v1.StorageCluster) corev1.ResourceRequirements {
+	return clustersAsk(clusters, defaultAgentResources(), func(sc *v1.StorageCluster) (corev1.ResourceList, corev1.ResourceList) {
+		if r := sc.Spec.Agent.Resources; r != nil {
+			return r.Requests, r.Limits
+		}
+		return nil, nil
+	})
+}
+
+// csiControllerResources merges what the served clusters ask of berth's
+// container in the one CSI controller (mergeResources); the defaults are
+// controllerResources, which the sidecars always get.
+func csiControllerResources(clusters []*v1.StorageCluster) corev1.ResourceRequirements {
+	return clustersAsk(clusters, controllerResources, func(sc *v1.StorageCluster) (corev1.ResourceList, corev1.ResourceList) {
+		if r := sc.Spec.CSIController.Resources; r != nil {
+			return r.Requests, r.Limits
+		}
+		return nil, nil
+	})
+}
+
+// clustersAsk merges the asks of clusters (askOf their requests and
+// limits, as of reads); no cluster asks def.
+func clustersAsk(clusters []*v1.StorageCluster, def corev1.ResourceRequirements,
+	of func(*v1.StorageCluster) (requests, limits corev1.ResourceList)) corev1.ResourceRequirements {
+	asks := []corev1.ResourceRequirements{def}
+	if len(clusters) > 0 {
+		asks = asks[:0]
+		for _, sc := range clusters {
+			req, lim := of(sc)
+			asks = append(asks, askOf(req, lim, def))
+		}
+	}
+	return mergeResources(asks)
+}
+
+// askOf is what one cluster asks of a container: def when it sets
+// nothing, else its own requests and limits, read as a pod's are (a limit
+// without a request requests the limit; a zero limit is none).
+func askOf(requests, limits corev1.ResourceList, def corev1.ResourceRequirements) corev1.ResourceRequirements {
+	if len(requests) == 0 && len(limits) == 0 {
+		return def
 	}
 	ask := corev1.ResourceRequirements{Requests: corev1.ResourceList{}, Limits: corev1.ResourceList{}}
-	for _, name := range agentResourceNames {
-		lim, limited := r.Limits[name]
+	for _, name := range resourceNames {
+		lim, limited := limits[name]
 		limited = limited && lim.Sign() > 0
 		if limited {
 			ask.Limits[name] = lim.DeepCopy()
 		}
-		if req, ok := r.Requests[name]; ok && req.Sign() > 0 {
+		if req, ok := requests[name]; ok && req.Sign() > 0 {
 			ask.Requests[name] = req.DeepCopy()
 		} else if !ok && limited {
 			ask.Requests[name] = lim.DeepCopy()
@@ -74,21 +112,13 @@ func askOf(sc *v1.StorageCluster) corev1.ResourceRequirements {
 	return ask
 }
 
-// agentResources merges what the served clusters ask of the one agent
-// that serves them all: per resource, the largest request, and the
-// largest limit, or none when any cluster sets none. A limit is never
-// below the request, which the API server would refuse for the whole
-// DaemonSet.
-func agentResources(clusters []*v1.StorageCluster) corev1.ResourceRequirements {
-	asks := []corev1.ResourceRequirements{defaultAgentResources()}
-	if len(clusters) > 0 {
-		asks = asks[:0]
-		for _, sc := range clusters {
-			asks = append(asks, askOf(sc))
-		}
-	}
+// mergeResources merges what clusters ask of one container that serves
+// them all: per resource, the largest request, and the largest limit, or
+// none when any ask sets none. A limit is never below the request, which
+// the API server would refuse for the whole workload. asks is not empty.
+func mergeResources(asks []corev1.ResourceRequirements) corev1.ResourceRequirements {
 	out := corev1.ResourceRequirements{Requests: corev1.ResourceList{}, Limits: corev1.ResourceList{}}
-	for _, name := range agentResourceNames {
+	for _, name := range resourceNames {
 		limited := true
 		for _, a := range asks {
 			if q, ok := a.Requests[name]; ok {
@@ -121,17 +151,18 @@ func agentResources(clusters []*v1.StorageCluster) corev1.ResourceRequirements {
 	return out
 }
 
-// resourcesChanged renders ds with render and tells whether its first
-// container's resources changed: createOrUpdate does not see a request or
-// limit that was removed (a CPU limit taken out), so it must be told.
-func resourcesChanged(ds *appsv1.DaemonSet, render func()) bool {
-	was := containerResources(ds)
+// resourcesChanged renders a workload with render and tells whether the
+// first container of its pod template tmpl changed resources:
+// createOrUpdate does not see a request or limit that was removed (a CPU
+// limit taken out), so it must be told.
+func resourcesChanged(tmpl *corev1.PodTemplateSpec, render func()) bool {
+	was := containerResources(tmpl)
 	render()
-	return !equality.Semantic.DeepEqual(was, containerResources(ds))
+	return !equality.Semantic.DeepEqual(was, containerResources(tmpl))
 }
 
-func containerResources(ds *appsv1.DaemonSet) corev1.ResourceRequirements {
-	if cs := ds.Spec.Template.Spec.Containers; len(cs) > 0 {
+func containerResources(tmpl *corev1.PodTemplateSpec) corev1.ResourceRequirements {
+	if cs := tmpl.Spec.Containers; len(cs) > 0 {
 		return *cs[0].Resources.DeepCopy()
 	}
 	return corev1.ResourceRequirements{}

@@ -115,11 +115,42 @@ func TestResourcesChangedSeesARemovedLimit(t *testing.T) {
 		return func() { d.Spec.Template.Spec.Containers[0].Resources = r }
 	}
 	read := ds(corev1.ResourceRequirements{Requests: list("cpu", "100m"), Limits: list("cpu", "2", "memory", "2Gi")})
-	if !resourcesChanged(read, render(read, corev1.ResourceRequirements{Requests: list("cpu", "100m"), Limits: list("memory", "2Gi")})) {
+	if !resourcesChanged(&read.Spec.Template, render(read, corev1.ResourceRequirements{Requests: list("cpu", "100m"), Limits: list("memory", "2Gi")})) {
 		t.Error("a removed CPU limit is not a change")
 	}
 	same := ds(corev1.ResourceRequirements{Requests: list("memory", "1024Mi")})
-	if resourcesChanged(same, render(same, corev1.ResourceRequirements{Requests: list("memory", "1Gi"), Limits: corev1.ResourceList{}})) {
+	if resourcesChanged(&same.Spec.Template, render(same, corev1.ResourceRequirements{Requests: list("memory", "1Gi"), Limits: corev1.ResourceList{}})) {
 		t.Error("the same resources, spelled otherwise, are a change")
+	}
+}
+
+// TestCSIControllerResourcesMerged: berth's CSI controller container gets
+// the defaults when no cluster sets spec.csiController.resources, else what
+// the clusters ask, merged as the agent's are.
+func TestCSIControllerResourcesMerged(t *testing.T) {
+	ctrl := func(r *corev1.ResourceRequirements) *v1.StorageCluster {
+		return &v1.StorageCluster{Spec: v1.StorageClusterSpec{CSIController: v1.CSIControllerSpec{Resources: r}}}
+	}
+	for _, tc := range []struct {
+		name     string
+		clusters []*v1.StorageCluster
+		want     corev1.ResourceRequirements
+	}{
+		{"no cluster: defaults", nil, controllerResources},
+		{"cluster without resources: defaults", []*v1.StorageCluster{ctrl(nil)}, controllerResources},
+		{"one cluster's own", []*v1.StorageCluster{ctrl(&corev1.ResourceRequirements{Requests: list("memory", "1Gi")})},
+			corev1.ResourceRequirements{Requests: list("memory", "1Gi")}},
+		{"largest of each; no CPU limit where one sets none",
+			[]*v1.StorageCluster{ctrl(&corev1.ResourceRequirements{Requests: list("cpu", "1", "memory", "16Mi"), Limits: list("memory", "1Gi")}), ctrl(nil)},
+			corev1.ResourceRequirements{Requests: list("cpu", "1", "memory", "32Mi"), Limits: list("memory", "1Gi")}},
+		{"the agent's resources are not the controller's",
+			[]*v1.StorageCluster{{Spec: v1.StorageClusterSpec{Agent: v1.AgentSpec{Resources: &v1.AgentResources{Requests: list("cpu", "4")}}}}},
+			controllerResources},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := csiControllerResources(tc.clusters); !equality.Semantic.DeepEqual(got, tc.want) {
+				t.Errorf("got %+v, want %+v", got, tc.want)
+			}
+		})
 	}
 }

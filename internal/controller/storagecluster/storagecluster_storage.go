@@ -1,6 +1,8 @@
 package storagecluster
 
 import (
+	"maps"
+
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/utils/ptr"
@@ -57,7 +59,8 @@ func csiDriver(d *storagev1.CSIDriver) {
 }
 
 // storageClass renders the class of mounter m of cluster sc. Provisioner,
-// parameters and binding mode cannot change after creation; expansion and
+// parameters and binding mode cannot change after creation (a class naming
+// an old node-stage Secret is made anew, replaceStaleClass); expansion and
 // the default-class annotation can. Only the oldest cluster's kernel class
 // is the default (first), so that there is one.
 func (r *Reconciler) storageClass(sc *v1.StorageCluster, cls *storagev1.StorageClass, m v1.Mounter, first bool) {
@@ -79,13 +82,31 @@ func (r *Reconciler) storageClass(sc *v1.StorageCluster, cls *storagev1.StorageC
 	cls.Provisioner = v1.DriverName
 	// The fs type the CSI controller defaults to, named so that PVs carry it.
 	cls.Parameters = map[string]string{paramMounter: string(m), paramFSType: defaultFSType, v1.ParamStorageCluster: sc.Name}
-	if sc.Spec.Backend == v1.BackendCeph && sc.Spec.Ceph != nil {
-		node := sc.Spec.Ceph.NodeStageSecret()
-		cls.Parameters[paramNodeStageSecretName] = node.Name
-		cls.Parameters[paramNodeStageSecretNamespace] = node.Namespace
-	}
+	maps.Copy(cls.Parameters, nodeStageParams(sc))
 	cls.ReclaimPolicy = ptr.To(corev1.PersistentVolumeReclaimDelete)
 	cls.VolumeBindingMode = ptr.To(bindingMode(sc))
+}
+
+// nodeStageParams are the class parameters that name the Secret kubelet
+// hands to NodeStageVolume; none for a local cluster.
+func nodeStageParams(sc *v1.StorageCluster) map[string]string {
+	if sc.Spec.Backend != v1.BackendCeph || sc.Spec.Ceph == nil {
+		return nil
+	}
+	node := sc.Spec.Ceph.NodeStageSecret()
+	return map[string]string{paramNodeStageSecretName: node.Name, paramNodeStageSecretNamespace: node.Namespace}
+}
+
+// staleNodeStageSecret tells whether cls, a class of sc, names another
+// node-stage Secret than sc does: nodeSecretRef was added to sc after
+// cls was made.
+func staleNodeStageSecret(sc *v1.StorageCluster, cls *storagev1.StorageClass) bool {
+	for k, v := range nodeStageParams(sc) {
+		if cls.Parameters[k] != v {
+			return true
+		}
+	}
+	return false
 }
 
 // bindingMode is a class's volume binding mode. A local volume lives on the

@@ -103,11 +103,14 @@ func (r *Reconciler) agentDaemonSet(plan nodeWidePlan, ds *appsv1.DaemonSet) {
 	for _, d := range plan.dataDirs() {
 		c.Args = append(c.Args, "--data-dir="+d)
 	}
-	withEndpoints(&c, AgentMetricsPort, AgentHealthPort)
+	withEndpoints(&c, AgentMetricsPort, AgentHealthPort, o.MetricsSecure)
 	c.Env = append(c.Env, corev1.EnvVar{Name: "NODE_NAME", ValueFrom: &corev1.EnvVarSource{
 		FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: "spec.nodeName"},
 	}}, podNamespaceEnv())
 	c.SecurityContext = &corev1.SecurityContext{Privileged: ptr.To(true)}
+	// An agent that refuses to start (records of a newer release on the
+	// node) says why in the pod's last state too, not only in its log.
+	c.TerminationMessagePolicy = corev1.TerminationMessageFallbackToLogsOnError
 	c.Resources = plan.agentResources
 	c.VolumeMounts = []corev1.VolumeMount{
 		{Name: "pods-dir", MountPath: podsDir, MountPropagation: bidi},
@@ -260,21 +263,22 @@ func (r *Reconciler) controllerDeployment(plan nodeWidePlan, d *appsv1.Deploymen
 	socket := []corev1.VolumeMount{{Name: "socket-dir", MountPath: csiSocketDir}}
 	csiAddr := "--csi-address=" + csiSocketPath
 
+	// Off is spelled out: an argument left out would not count as a change
+	// of the Deployment (createOrUpdate). berth's own election keeps its
+	// pool capacity publisher to one replica.
+	elect, berthElect := "--leader-election", "--leader-elect"
+	if !plan.controller.leaderElection {
+		elect, berthElect = elect+"=false", berthElect+"=false"
+	}
 	berth := r.container(componentController, "csi-controller",
-		"--endpoint=unix://"+csiSocketPath,
+		"--endpoint=unix://"+csiSocketPath, berthElect,
 	)
 	berth.Env = append(berth.Env, podNamespaceEnv())
-	withEndpoints(&berth, ControllerMetricsPort, ControllerHealthPort)
+	withEndpoints(&berth, ControllerMetricsPort, ControllerHealthPort, r.Options.MetricsSecure)
 	// No livenessprobe sidecar: the module proxy does not serve it here
 	// (hack/csi-sidecars.sh builds these three). What it would check, the
 	// CSI controller answering, is berth's own /healthz liveness; the
 	// sidecars exit by themselves when they lose the CSI socket.
-	// Off is spelled out: an argument left out would not count as a change
-	// of the Deployment (createOrUpdate).
-	elect := "--leader-election"
-	if !plan.controller.leaderElection {
-		elect += "=false"
-	}
 	provisioner := r.sidecar("csi-provisioner", o.ProvisionerImage, csiAddr,
 		"--feature-gates=Topology=true", "--strict-topology", "--extra-create-metadata", elect)
 	resizer := r.sidecar("csi-resizer", o.ResizerImage, csiAddr, elect)
@@ -289,6 +293,8 @@ func (r *Reconciler) controllerDeployment(plan nodeWidePlan, d *appsv1.Deploymen
 			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
 		}
 	}
+	// Only berth's container takes spec.csiController.resources.
+	containers[0].Resources = plan.controllerResources
 	d.Spec = appsv1.DeploymentSpec{
 		Replicas: ptr.To(plan.controller.replicas),
 		Selector: &metav1.LabelSelector{MatchLabels: selectorLabels(NodeWide, componentController)},
