@@ -2,7 +2,8 @@
 # Builds, into berth's cache, every pinned binary that the cluster tiers
 # (e2e, conformance, multus) would otherwise build at their first bring-up:
 # the node and control-plane binaries, the e2e suite, the CSI sidecars and
-# snapshot-controller, CoreDNS, multus and whereabouts, and, for a run with
+# snapshot-controller, CoreDNS, multus and whereabouts, berth of the
+# previous release (hack/cluster/release-image.sh), and, for a run with
 # the VM tier, the VM nodes' kernel and root image (hack/vm/image.sh). Each
 # builder skips what is cached, so a warm run costs a few file checks.
 #
@@ -32,7 +33,11 @@ step hack/csi-sidecars.sh csi-provisioner csi-resizer csi-snapshotter snapshot-c
 step hack/coredns.sh
 step hack/kube-binaries.sh e2e.test agnhost ginkgo
 step hack/cni-plugins.sh multus whereabouts
-# The VM image only for the VM tier (off in CI unless BERTH_E2E_VM_CI=1).
+# The VM image for the VM tier (hack/test.sh sets BERTH_E2E_VM_CI).
 if [ "${BERTH_E2E_VM_CI:-0}" = 1 ]; then step hack/vm/image.sh; fi
+# The previous release, which the e2e upgrade scenario starts from: only
+# when that scenario runs (BERTH_E2E_UPGRADE=0 leaves it out), as a cold
+# build of it costs minutes of CPU the other tiers need.
+if [ "${BERTH_E2E_UPGRADE:-1}" != 0 ]; then step hack/cluster/release-image.sh; fi
 echo "prebuild: done in $((SECONDS - start))s"
 exit "$rc"

@@ -17,7 +17,7 @@ echo "test: setup done in $((SECONDS - start))s (KUBEBUILDER_ASSETS=$KUBEBUILDER
 
 log=$(mktemp)
 prebuild_pid=
-trap '[ -z "$prebuild_pid" ] || kill "$prebuild_pid" 2>/dev/null; rm -f "$log" "$log.prebuild"' EXIT
+trap '[ -z "$prebuild_pid" ] || kill "$prebuild_pid" 2>/dev/null; rm -f "$log" "$log.prebuild" "$log.vmrc"' EXIT
 rc=0
 # The default build has the ceph backend (cgo against Debian's librbd and
 # librados, build tags ceph,pacific), so every test runs tagged, and the
@@ -60,28 +60,57 @@ left_out() {
 }
 
 # In CI the cluster tiers' binaries (kubelet, the e2e suite, sidecars,
-# CoreDNS, multus) build at the lowest priority while the Go tests run one
-# package at a time (hack/prebuild.sh); the cluster tiers wait for it.
+# CoreDNS, multus, the VM image) build at the lowest priority while the Go
+# tests run one package at a time (hack/prebuild.sh); the cluster tiers
+# wait for it.
+#
+# The VM scenarios (kernel NFS client, nbd, a real power-off: hack/vm,
+# qemu under TCG) then run beside the Go tests, in a cluster of their own
+# (one netns node and one VM node): ~30 minutes that would otherwise come
+# on top of the other cluster tiers. They share nothing with the Go tests:
+# the cluster lives in its own network namespaces and under
+# /var/lib/berth-e2e and /run/berth, which no Go test touches, and its
+# leftovers check looks only there. The other cluster tiers start once it
+# is down: one cluster at a time. BERTH_E2E_VM_CI=0 leaves it out, saying so.
+vm_tier=
 if [ -n "$ci" ] && [ "${BERTH_E2E:-1}" != 0 ]; then
-	nice -n 19 hack/prebuild.sh >"$log.prebuild" 2>&1 &
+	[ "${BERTH_E2E_VM_CI:-1}" = 1 ] && vm_tier=1
+	make --no-print-directory -s build
+	(
+		set +e
+		# The VM tier's cluster needs most of what prebuild builds.
+		BERTH_E2E_VM_CI=${vm_tier:-0} nice -n 19 hack/prebuild.sh
+		if [ -n "$vm_tier" ]; then
+			s=$SECONDS
+			echo "test: tier VM e2e scenarios: starting (beside the go tests)"
+			env BERTH_E2E_NODES=1 BERTH_E2E_VM_NODES=1 BERTH_E2E_CEPH=0 hack/e2e.sh -timeout 60m -run 'TestE2E/VM'
+			r=$?
+			echo "$r $((SECONDS - s))" >"$log.vmrc"
+		fi
+	) >"$log.prebuild" 2>&1 &
 	prebuild_pid=$!
 fi
 
-# -p 1 for running: packages that start API servers or touch loop devices
-# run one at a time on our 2-core machines; hack/gotest.sh compiles their
-# test binaries first, in parallel. As root this includes the tests on a
-# real Ceph (internal/testenv/testceph: ~20-45 s to start one per package
-# that uses one, plus ~50 s once to install Debian's ceph packages), among
-# them csi-sanity on a ceph class in test/sanity.
-tier "go tests" hack/gotest.sh "${tags[@]}" -v "$@"
-
+# Packages that start API servers or touch loop devices run one at a time
+# on our 2-core machines, in hack/gotest.sh's main lane; a short list that
+# mostly waits (ganesha grace periods, restarted servers, a test Ceph's
+# start) runs one at a time beside it, in its side lane. hack/gotest.sh
+# compiles every test binary first, in parallel. As root this includes the
+# tests on a real Ceph (internal/testenv/testceph: ~20-45 s to start one
+# per package that uses one, plus ~50 s once to install Debian's ceph
+# packages), among them csi-sanity on a ceph class in test/sanity.
+#
 # The build without Ceph (`make build CEPH=0`) keeps working: its own tests
 # (what a ceph StorageCluster gets from a binary without the backend) run
-# untagged and static.
+# untagged and static, at the end of the main lane. Their test binaries
+# build with the others: built alone, after the run, a cold machine spent
+# ~15 minutes compiling their dependencies again with CGO_ENABLED=0.
+static=()
 if [ ${#tags[@]} -gt 0 ]; then
-	tier "go tests without ceph" env CGO_ENABLED=0 go test -p 1 -count=1 -timeout 10m -v -run 'WithoutTheTag|CephNotBuilt|WithoutCephBuild' "$@" \
-		./internal/backend/ceph/ ./internal/blockdev/rbdimage/ ./internal/controller/storagecluster/ ./internal/csi/
+	static=(GOTEST_STATIC_RUN='WithoutTheTag|CephNotBuilt|WithoutCephBuild'
+		GOTEST_STATIC_PKGS='./internal/backend/ceph/ ./internal/blockdev/rbdimage/ ./internal/controller/storagecluster/ ./internal/csi/')
 fi
+tier "go tests" env "${static[@]}" hack/gotest.sh "${tags[@]}" -v "$@"
 
 # The go test run above ran every fuzz target's seed corpus. CI fuzzes no
 # further: compiling 16 instrumented builds cost ~8 minutes on a cold
@@ -93,18 +122,28 @@ fi
 # (CONFORMANCE_QUICK=1) and then the end-to-end scenarios on one two-node
 # cluster brought up once (conformance keeps it, e2e takes it down with the
 # leftovers check), the Ceph scenarios and class on a test Ceph in the
-# cluster's network; then the VM scenarios and last the two multus restart
-# scenarios, each in a cluster of their own. BERTH_E2E=0 /
-# BERTH_CONFORMANCE=0 / BERTH_E2E_MULTUS_CI=0 leave them out, saying so;
-# the VM tier runs with BERTH_E2E_VM_CI=1 (off, and said so, until proven).
+# cluster's network; and last the two multus restart scenarios, in a
+# cluster of their own. The VM scenarios ran beside the Go tests (above).
+# BERTH_E2E=0 / BERTH_CONFORMANCE=0 / BERTH_E2E_VM_CI=0 /
+# BERTH_E2E_MULTUS_CI=0 leave them out, saying so.
 if [ -n "$ci" ]; then
 	make --no-print-directory -s build
 	if [ -n "$prebuild_pid" ]; then
-		echo "test: waiting for the cluster tiers' builds (hack/prebuild.sh)"
+		s=$SECONDS
+		echo "test: waiting for the cluster tiers' builds (hack/prebuild.sh)${vm_tier:+ and the VM e2e scenarios}"
 		wait "$prebuild_pid" || true
 		prebuild_pid=
-		cat "$log.prebuild"
+		echo "test: waited $((SECONDS - s))s"
+		# Into the log too: the counts and the failure list read it.
+		tee -a "$log" <"$log.prebuild" | grep -vE '^=== (RUN|PAUSE|CONT)'
 		rm -f "$log.prebuild"
+		if [ -n "$vm_tier" ]; then
+			read -r r took <"$log.vmrc" 2>/dev/null || { r=1 took=-; echo "test: the VM tier left no exit code"; }
+			rm -f "$log.vmrc"
+			[ "$r" -eq 0 ] || rc=$r
+			tiers+=("$(printf '%-28s %6ss  exit %s (beside the go tests)' "VM e2e scenarios" "$took" "$r")")
+			echo "test: tier VM e2e scenarios: exit $r in ${took}s"
+		fi
 	fi
 	if [ "${BERTH_CONFORMANCE:-1}" != 0 ]; then
 		keep=0
@@ -118,19 +157,10 @@ if [ -n "$ci" ]; then
 	else
 		left_out "e2e scenarios" "BERTH_E2E=0"
 	fi
-	if [ "${BERTH_E2E:-1}" != 0 ] && [ "${BERTH_E2E_VM_CI:-0}" = 1 ]; then
-		# The scenarios that need a stock kernel (kernel NFS client, nbd,
-		# a real power-off) on a cluster of one netns node and one
-		# VM node (hack/vm: qemu, TCG) of their own: a VM slows every
-		# other scenario, so it joins only this one.
-		tier "VM e2e scenarios" env BERTH_E2E_NODES=1 BERTH_E2E_VM_NODES=1 BERTH_E2E_CEPH=0 hack/e2e.sh -timeout 60m -run 'TestE2E/VM'
-	elif [ "${BERTH_E2E:-1}" = 0 ]; then
+	if [ "${BERTH_E2E:-1}" = 0 ]; then
 		left_out "VM e2e scenarios" "BERTH_E2E=0"
-	else
-		# Off: its bring-up (~6 min) and scenarios (~25 min with 20 nbd
-		# heal cycles under TCG) on top of a warm run's 53 minutes pass
-		# the 80 minutes a cold run may take. make e2e-vm runs them.
-		left_out "VM e2e scenarios" "~31 min more than CI's budget holds; make e2e-vm (or BERTH_E2E_VM_CI=1) runs it"
+	elif [ -z "$vm_tier" ]; then
+		left_out "VM e2e scenarios" "BERTH_E2E_VM_CI=0; make e2e-vm runs them"
 	fi
 	if [ "${BERTH_E2E:-1}" != 0 ] && [ "${BERTH_E2E_MULTUS_CI:-1}" != 0 ]; then
 		# A bring-up of their own (BERTH_E2E_MULTUS=1: multus, whereabouts,
