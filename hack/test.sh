@@ -183,7 +183,9 @@ fi
 if [ "$rc" -ne 0 ]; then
 	# CI keeps only the tail of the output: name what failed here, last.
 	echo "test: what failed:"
-	grep -E '^\s*--- FAIL|^FAIL\s|^panic:|^\S+\.go:[0-9]+: .*(timed out|deadline)' "$log" | sort -u | head -30 | sed 's/^/  /' || true
+	# Besides failed tests: a tier script's own error (berth dev up/down,
+	# a wait that timed out) and what the leftovers check found.
+	grep -E '^\s*--- FAIL|^FAIL\s|^panic:|^\S+\.go:[0-9]+: .*(timed out|deadline)|^berth: |^leftover |^\[[a-z ]+[0-9:]+\] .*(FAIL|error|failed)|^e2e: done in .*\(exit [1-9]' "$log" | sort -u | head -30 | sed 's/^/  /' || true
 fi
 echo "test: tiers:"
 printf '  %s\n' "${tiers[@]}"
