@@ -109,14 +109,15 @@ func TestStorageClusterMultus(t *testing.T) {
 }
 
 // TestStorageClusterUserspaceTransport: the agents' userspace transport is
-// auto by default, or one of fuse, nbd and ublk; the refusal of another
-// lists them.
+// left empty by default (each agent's flag decides: an agent of an earlier
+// release refuses auto, so a rollback must not find it stored), or one of
+// auto, fuse, nbd and ublk; the refusal of another lists them.
 func TestStorageClusterUserspaceTransport(t *testing.T) {
 	suite.Require(t)
 	var got v1.StorageCluster
 	createAndRead(t, &v1.StorageCluster{ObjectMeta: meta("transport-default")}, &got)
-	if got.Spec.Agent.UserspaceTransport != v1.TransportAuto {
-		t.Errorf("default userspaceTransport %q, want auto", got.Spec.Agent.UserspaceTransport)
+	if got.Spec.Agent.UserspaceTransport != "" {
+		t.Errorf("default userspaceTransport %q, want none stored", got.Spec.Agent.UserspaceTransport)
 	}
 	for _, tr := range []v1.UserspaceTransport{v1.TransportAuto, v1.TransportFUSE, v1.TransportNBD, v1.TransportUblk} {
 		createAndRead(t, &v1.StorageCluster{ObjectMeta: meta("transport-" + string(tr)), Spec: v1.StorageClusterSpec{

@@ -136,13 +136,15 @@ type AgentSpec struct {
 	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
 
 	// UserspaceTransport is how the agents serve volumes with mounter
-	// userspace that they stage from now on: auto (default: ublk where the
-	// node's kernel has it with user recovery, else fuse), fuse, nbd
-	// (nodes need the nbd module) or ublk (nodes need Linux 6.0 or later
-	// with CONFIG_BLK_DEV_UBLK and its user recovery; a stage on a node
-	// without them is refused, naming what is missing). Staged volumes keep
-	// the transport they have.
-	// +kubebuilder:default=auto
+	// userspace that they stage from now on: auto (ublk where the node's
+	// kernel has it with user recovery, else fuse), fuse, nbd (nodes need
+	// the nbd module) or ublk (nodes need Linux 6.0 or later with
+	// CONFIG_BLK_DEV_UBLK and its user recovery; a stage on a node without
+	// them is refused, naming what is missing). Staged volumes keep the
+	// transport they have. Empty leaves it to each agent's
+	// --userspace-transport, auto unless set. It is not defaulted in the
+	// object: an agent of an earlier release, after a rollback, reads
+	// empty as its own default (fuse), where it refuses auto.
 	// +optional
 	UserspaceTransport UserspaceTransport `json:"userspaceTransport,omitempty"`
 
