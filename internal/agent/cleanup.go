@@ -35,7 +35,7 @@ func (a *Agent) Undo(ctx context.Context, s v1.StaleAttachment) error {
 	// The fence cleaner checks, before it asks, that this node holds no
 	// longer what s.UndoPath names.
 	if !s.IsStage() {
-		if err := a.mounts.ForceUnpublish(ctx, s.UndoPath()); err != nil {
+		if err := a.mounts.RevokePublish(ctx, s.UndoPath()); err != nil {
 			return fmt.Errorf("unmount stale %s: %w", s.MountDir, err)
 		}
 		return nil
@@ -184,7 +184,7 @@ func (a *Agent) detachVolume(ctx context.Context, volume string, entries []v1.At
 			if stage {
 				err = a.forceUnstage(ctx, volume, e.MountDir, false)
 			} else {
-				err = a.mounts.ForceUnpublish(ctx, e.MountDir)
+				err = a.mounts.RevokePublish(ctx, e.MountDir)
 			}
 			if err != nil {
 				return fmt.Errorf("detach %s from %s: %w", volume, e.MountDir, err)

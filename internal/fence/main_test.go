@@ -48,6 +48,7 @@ func newFencer(t *testing.T) (*fence.Fencer, *record.FakeRecorder) {
 // create makes obj and deletes it when the test ends.
 func create(t *testing.T, obj client.Object) {
 	t.Helper()
+	suite.Require(t)
 	if err := env.Client.Create(ctxT(t), obj); err != nil {
 		t.Fatalf("create %T %s: %v", obj, obj.GetName(), err)
 	}
@@ -85,6 +86,8 @@ func deletePod(t *testing.T, p *corev1.Pod) {
 // cleanupVolume removes the volume's Attachment and the named nodes'
 // stale lists when the test ends.
 func cleanupVolume(t *testing.T, volume string, nodes ...string) {
+	t.Helper()
+	suite.Require(t)
 	t.Cleanup(func() {
 		ctx := context.Background()
 		_ = env.Client.Delete(ctx, &v1.Attachment{ObjectMeta: metav1.ObjectMeta{Name: volume}})

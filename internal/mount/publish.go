@@ -29,6 +29,9 @@ func (m *Manager) Publish(ctx context.Context, r PublishRequest) error {
 		return err
 	}
 	target, staging := canonical(r.TargetPath), canonical(r.StagingPath)
+	if err := m.clearTombstone(target); err != nil {
+		return err
+	}
 	if fi, err := os.Stat(target); err == nil && !fi.IsDir() {
 		return fmt.Errorf("target %s exists and is not a directory: %w", target, volerr.ErrInvalid)
 	}

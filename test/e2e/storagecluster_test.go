@@ -13,6 +13,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/berth-io/berth/internal/cli/dev"
 )
@@ -25,7 +26,14 @@ func testStorageClusterDeletionCleansNode(t *testing.T) {
 	s := newScenario(t, 8*time.Minute)
 	s.pvc("held", "berth", "32Mi", corev1.ReadWriteOnce, false)
 	pv := s.boundPV("held")
-	pod := s.pod("held", "exec sleep 3600", claimSource("held"), false)
+	// The container exits once /state/stop exists; restarted, it tells
+	// what it finds at /data.
+	pod := s.pod("held", `if [ -e /state/stop ]; then
+  if [ -d /data ]; then echo folder; else echo no-folder; fi > /state/seen
+  exec sleep 3600
+fi
+while [ ! -e /state/stop ]; do sleep 1; done
+exit 1`, claimSource("held"), false)
 	s.running(pod.Name)
 	if len(s.nodeMounts(pv.Name)) == 0 {
 		t.Fatal("the volume is not mounted on the node")
@@ -62,6 +70,45 @@ func testStorageClusterDeletionCleansNode(t *testing.T) {
 	s.deleteStorageCluster("berth")
 	if m := s.nodeMounts(pv.Name); len(m) > 0 {
 		t.Fatalf("mounts of the volume left after cleanup: %v", m)
+	}
+	s.restartFindsNoFolder(pod.Name)
+}
+
+// restartFindsNoFolder restarts the pod's container after its volume was
+// detached under it, and fails if the new container got a folder at /data:
+// one the runtime made on the node's disk, which it would write into unseen.
+// The detach leaves a tombstone file there instead, so the container either
+// fails to start or finds no folder.
+func (s *scenario) restartFindsNoFolder(pod string) {
+	s.t.Helper()
+	if out, err := s.exec(pod, "touch /state/stop"); err != nil {
+		s.t.Fatalf("stop the container: %v: %s", err, out)
+	}
+	var seen string
+	s.waitFor("the restarted container to start or fail", 2*time.Minute, func(ctx context.Context) (bool, error) {
+		p, err := s.cs.CoreV1().Pods(s.ns).Get(ctx, pod, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, c := range p.Status.ContainerStatuses {
+			if c.RestartCount == 0 && c.LastTerminationState.Terminated == nil {
+				continue // the first run still goes
+			}
+			if w := c.State.Waiting; w != nil && strings.HasSuffix(w.Reason, "ContainerError") {
+				seen = "not started: " + w.Reason + ": " + w.Message
+				return true, nil
+			}
+			if c.State.Running != nil && c.RestartCount > 0 {
+				out, err := s.exec(pod, "cat /state/seen 2>/dev/null")
+				seen = strings.TrimSpace(out)
+				return err == nil && seen != "", nil
+			}
+		}
+		return false, nil
+	})
+	s.t.Logf("restarted container after the detach: %s", seen)
+	if seen == "folder" {
+		s.t.Errorf("the restarted container found a folder at /data: the runtime made one on the node's disk")
 	}
 }
 
