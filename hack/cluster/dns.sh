@@ -170,6 +170,7 @@ spec:
       tolerations:
       - {key: CriticalAddonsOnly, operator: Exists}
       affinity:
+$(vm_deployment_affinity "        ")
         podAntiAffinity:
           preferredDuringSchedulingIgnoredDuringExecution:
           - weight: 100

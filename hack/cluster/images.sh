@@ -102,7 +102,13 @@ build_and_import_images() {
 	import "$BUSYBOX_IMAGE" "$IMAGES/busybox.tar"
 	[ -z "$BERTH_IMAGE_TAG" ] || import "$BERTH_IMAGE_TAG" "$IMAGES/berth.tar"
 	local s
-	for s in "${SIDECAR_IMAGES[@]}"; do import "${s%%=*}" "${s#*=}"; done
+	# The sidecars and CoreDNS run in Deployments only, which a VM node
+	# does not get while a netns node is there (vm.sh).
+	if declare -F vm_import_node_is_vm >/dev/null && vm_import_node_is_vm && vm_keep_deployments_off; then
+		log "not importing ${#SIDECAR_IMAGES[@]} Deployment images into VM node $IMPORT_NODE: those pods run on netns nodes"
+	else
+		for s in "${SIDECAR_IMAGES[@]}"; do import "${s%%=*}" "${s#*=}"; done
+	fi
 	if [ "${BERTH_E2E_CONFORMANCE_IMAGES:-}" = 1 ]; then
 		import "$E2E_AGNHOST_IMAGE" "$IMAGES/agnhost.tar"
 		ctr_ images tag --force "$BUSYBOX_IMAGE" "${E2E_BUSYBOX_STANDINS[@]}" >/dev/null

@@ -56,9 +56,11 @@ image() {
 	if [ ! -e "$tar" ] || [ -n "$(find "$bin" "$tool" -newer "$tar" -print -quit)" ]; then
 		"$tool" -out "$IMAGES" -busybox "" -binary "snapshot-controller=$CONTROLLER_IMAGE=$bin"
 	fi
-	# Into every node: the scheduler may place the controller on any.
+	# Into every node the scheduler may place the controller on: not a VM
+	# node while a netns node is there (vm.sh).
 	local i mark
 	for i in $(node_indexes); do
+		if node_is_vm "$i" && vm_keep_deployments_off; then continue; fi
 		local ctr_=(ctr -a "$(node_sock "$i")" -n k8s.io)
 		# A VM node's containerd answers through its command channel.
 		if node_is_vm "$i"; then ctr_=(vm_ctr "$i"); fi
@@ -137,6 +139,8 @@ spec:
       hostNetwork: true
       priorityClassName: system-cluster-critical
       terminationGracePeriodSeconds: 5
+      affinity:
+$(vm_deployment_affinity "        ")
       securityContext:
         runAsNonRoot: true
         runAsUser: 65534

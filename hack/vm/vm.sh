@@ -234,15 +234,49 @@ vm_ready_since() {
 # each image a VM runs is unpacked there under TCG; DaemonSets and pods
 # bound to the node run there all the same.
 VM_TAINT=berth.io/vm-node=true:PreferNoSchedule
+# The label of a VM node: the cluster's own Deployments (CoreDNS,
+# snapshot-controller) stay off it by node affinity while a netns node is
+# there (vm_keep_deployments_off), and the images only they run are not
+# imported into it (~3 minutes of a bring-up under TCG).
+VM_LABEL=berth.io/vm-node=true
+
+# vm_keep_deployments_off: true when the cluster has VM nodes and a netns
+# node that can run its Deployments instead.
+vm_keep_deployments_off() {
+	[ -n "$(vm_indexes)" ] && [ "$(node_indexes | wc -l)" -gt "$(vm_indexes | wc -l)" ]
+}
+
+# vm_deployment_affinity INDENT: the node affinity (YAML, each line
+# indented by INDENT) that keeps a Deployment's pods off VM nodes, or
+# nothing when vm_keep_deployments_off is false.
+vm_deployment_affinity() {
+	vm_keep_deployments_off || return 0
+	sed "s/^/$1/" <<'YAML'
+nodeAffinity:
+  requiredDuringSchedulingIgnoredDuringExecution:
+    nodeSelectorTerms:
+    - matchExpressions:
+      - {key: berth.io/vm-node, operator: DoesNotExist}
+YAML
+}
+
+# vm_import_node_is_vm: the node images are imported into now (IMPORT_NODE)
+# is a VM node.
+vm_import_node_is_vm() {
+	local i
+	for i in $(vm_indexes); do [ "$(node_name "$i")" = "${IMPORT_NODE:-}" ] && return 0; done
+	return 1
+}
 
 # vm_wait_ready I: node I Ready by its running kubelet (heartbeat after
 # that kubelet's start, both by the guest's clock); longer than a netns
-# node: TCG. Then the node gets VM_TAINT.
+# node: TCG. Then the node gets VM_TAINT and VM_LABEL.
 vm_wait_ready() {
 	local since
 	since=$(VM_EXEC_TIMEOUT=60 vm_exec "$1" stat -c %Y /run/berth-vm/kubelet.pid) || die "no kubelet in $(node_name "$1")"
 	wait_for "node $(node_name "$1") Ready" 600 "qemu@$1" vm_ready_since "$(node_name "$1")" "$since"
 	kctl taint node "$(node_name "$1")" "$VM_TAINT" --overwrite >/dev/null
+	kctl label node "$(node_name "$1")" "$VM_LABEL" --overwrite >/dev/null
 }
 
 # vm_poweroff I: SIGKILL of qemu: the guest's kernel, page cache, mounts
