@@ -71,8 +71,11 @@ vm=()
 if [ "${BERTH_E2E_VM_NODES:-0}" != 0 ]; then vm=(--vm-nodes "$BERTH_E2E_VM_NODES"); fi
 
 # CI starts from nothing: a cluster left up on the machine (an interrupted
-# run, another shape) is taken down first, not reused.
-if [ "${CI:-}" = true ] && [ -s "${BERTH_E2E_DIR:-/var/lib/berth-e2e}/nodes.list" ]; then
+# run, another shape) is taken down first, not reused. The one exception:
+# BERTH_E2E_REUSE_CLUSTER=1, set by hack/test.sh when its conformance tier
+# has just brought up and kept this very shape (~3.5 minutes saved).
+if [ "${CI:-}" = true ] && [ "${BERTH_E2E_REUSE_CLUSTER:-0}" != 1 ] &&
+	[ -s "${BERTH_E2E_DIR:-/var/lib/berth-e2e}/nodes.list" ]; then
 	echo "e2e: CI=true: a cluster is up already; taking it down first" >&2
 	"$BERTH" dev down --repo "$PWD"
 fi

@@ -12,10 +12,21 @@
 # cold machine's builds mostly fill idle time instead of adding to the run.
 # A failed build here is reported and not fatal: the bring-up builds what is
 # missing and fails there if it must.
-#   hack/prebuild.sh
+#
+# PART says what to build: all (the default); vm, what the VM tier's
+# cluster needs (node binaries, sidecars, CoreDNS, the VM image), so that
+# tier can start as soon as those are there; others, the rest (the e2e
+# suite, multus, the previous release), built while the VM tier runs.
+#   hack/prebuild.sh [all|vm|others]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/go/bin:$PATH"
+part=${1:-all}
+case $part in all | vm | others) ;; *)
+	echo "prebuild: unknown part $part (all, vm or others)" >&2
+	exit 2
+	;;
+esac
 
 rc=0
 step() {
@@ -28,16 +39,20 @@ step() {
 	fi
 }
 start=$SECONDS
-step hack/kube-binaries.sh kube-controller-manager kube-scheduler kubelet kube-proxy kubectl
-step hack/csi-sidecars.sh csi-provisioner csi-resizer csi-snapshotter snapshot-controller
-step hack/coredns.sh
-step hack/kube-binaries.sh e2e.test agnhost ginkgo
-step hack/cni-plugins.sh multus whereabouts
-# The VM image for the VM tier (hack/test.sh sets BERTH_E2E_VM_CI).
-if [ "${BERTH_E2E_VM_CI:-0}" = 1 ]; then step hack/vm/image.sh; fi
-# The previous release, which the e2e upgrade scenario starts from: only
-# when that scenario runs (BERTH_E2E_UPGRADE=0 leaves it out), as a cold
-# build of it costs minutes of CPU the other tiers need.
-if [ "${BERTH_E2E_UPGRADE:-1}" != 0 ]; then step hack/cluster/release-image.sh; fi
+if [ "$part" != others ]; then
+	step hack/kube-binaries.sh kube-controller-manager kube-scheduler kubelet kube-proxy kubectl
+	step hack/csi-sidecars.sh csi-provisioner csi-resizer csi-snapshotter snapshot-controller
+	step hack/coredns.sh
+	# The VM image for the VM tier (hack/test.sh sets BERTH_E2E_VM_CI).
+	if [ "$part" = vm ] || [ "${BERTH_E2E_VM_CI:-0}" = 1 ]; then step hack/vm/image.sh; fi
+fi
+if [ "$part" != vm ]; then
+	step hack/kube-binaries.sh e2e.test agnhost ginkgo
+	step hack/cni-plugins.sh multus whereabouts
+	# The previous release, which the e2e upgrade scenario starts from: only
+	# when that scenario runs (BERTH_E2E_UPGRADE=0 leaves it out), as a cold
+	# build of it costs minutes of CPU the other tiers need.
+	if [ "${BERTH_E2E_UPGRADE:-1}" != 0 ]; then step hack/cluster/release-image.sh; fi
+fi
 echo "prebuild: done in $((SECONDS - start))s"
 exit "$rc"

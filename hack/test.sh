@@ -17,7 +17,7 @@ echo "test: setup done in $((SECONDS - start))s (KUBEBUILDER_ASSETS=$KUBEBUILDER
 
 log=$(mktemp)
 prebuild_pid=
-trap '[ -z "$prebuild_pid" ] || kill "$prebuild_pid" 2>/dev/null; rm -f "$log" "$log.prebuild" "$log.vmrc"' EXIT
+trap '[ -z "$prebuild_pid" ] || kill "$prebuild_pid" 2>/dev/null; rm -f "$log" "$log.prebuild" "$log.prebuild-others" "$log.vmrc"' EXIT
 rc=0
 # The default build has the ceph backend (cgo against Debian's librbd and
 # librados, build tags ceph,pacific), so every test runs tagged, and the
@@ -78,14 +78,22 @@ if [ -n "$ci" ] && [ "${BERTH_E2E:-1}" != 0 ]; then
 	make --no-print-directory -s build
 	(
 		set +e
-		# The VM tier's cluster needs most of what prebuild builds.
-		BERTH_E2E_VM_CI=${vm_tier:-0} nice -n 19 hack/prebuild.sh
 		if [ -n "$vm_tier" ]; then
+			# What the VM tier's cluster needs first; the rest builds while
+			# that tier runs (qemu, at normal priority, comes first).
+			nice -n 19 hack/prebuild.sh vm
+			nice -n 19 hack/prebuild.sh others >"$log.prebuild-others" 2>&1 &
+			others=$!
 			s=$SECONDS
 			echo "test: tier VM e2e scenarios: starting (beside the go tests)"
 			env BERTH_E2E_NODES=1 BERTH_E2E_VM_NODES=1 BERTH_E2E_CEPH=0 hack/e2e.sh -timeout 60m -run 'TestE2E/VM'
 			r=$?
 			echo "$r $((SECONDS - s))" >"$log.vmrc"
+			wait "$others"
+			cat "$log.prebuild-others"
+			rm -f "$log.prebuild-others"
+		else
+			nice -n 19 hack/prebuild.sh all
 		fi
 	) >"$log.prebuild" 2>&1 &
 	prebuild_pid=$!
@@ -145,15 +153,19 @@ if [ -n "$ci" ]; then
 			echo "test: tier VM e2e scenarios: exit $r in ${took}s"
 		fi
 	fi
+	# The e2e tier reuses the cluster the conformance tier kept only when
+	# that tier passed: a failed one may leave it in any state.
+	reuse=0
 	if [ "${BERTH_CONFORMANCE:-1}" != 0 ]; then
 		keep=0
 		[ "${BERTH_E2E:-1}" = 0 ] || keep=1
-		tier "conformance CI subset" env CONFORMANCE_QUICK=1 BERTH_KEEP_CLUSTER=$keep hack/conformance.sh
+		tier "conformance CI subset" env CONFORMANCE_QUICK=1 BERTH_KEEP_CLUSTER=$keep hack/conformance.sh &&
+			[ "${tiers[-1]##* }" = 0 ] && reuse=$keep
 	else
 		left_out "conformance CI subset" "BERTH_CONFORMANCE=0"
 	fi
 	if [ "${BERTH_E2E:-1}" != 0 ]; then
-		tier "e2e scenarios" hack/e2e.sh
+		tier "e2e scenarios" env BERTH_E2E_REUSE_CLUSTER=$reuse hack/e2e.sh
 	else
 		left_out "e2e scenarios" "BERTH_E2E=0"
 	fi
