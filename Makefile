@@ -22,7 +22,10 @@ RBAC_COMPONENTS := operator agent csi-controller share-manager
 
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
-LDFLAGS := -X github.com/berth-io/berth/internal/version.Version=$(VERSION) -X github.com/berth-io/berth/internal/version.Commit=$(COMMIT)
+# -s -w: no symbol table or DWARF (stack traces keep their names and
+# lines). berth and berth-flexvolume are ~100 MiB each with them; the
+# image is smaller and a node pulls and unpacks it faster without.
+LDFLAGS := -s -w -X github.com/berth-io/berth/internal/version.Version=$(VERSION) -X github.com/berth-io/berth/internal/version.Commit=$(COMMIT)
 
 # Generated files that `make verify` proves current.
 GENERATED := api/v1alpha1/zz_generated.deepcopy.go config/crd/bases config/rbac deploy/berth/crds deploy/berth/files deploy/manifests
