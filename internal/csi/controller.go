@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
@@ -476,14 +477,8 @@ func (s *Controller) ControllerExpandVolume(ctx context.Context, req *csi.Contro
 	if inCeph(vol.Spec.Node) {
 		return s.expandCephVolume(ctx, vol, size)
 	}
-	if vol.Spec.Size.Value() < size {
-		vol.Spec.Size = *resource.NewQuantity(size, resource.BinarySI)
-		if err := s.c.Update(ctx, vol); err != nil {
-			if apierrors.IsConflict(err) {
-				return nil, status.Errorf(codes.Aborted, "volume %s changed meanwhile, retry: %v", vol.Name, err)
-			}
-			return nil, status.Errorf(codes.Internal, "update Volume %s: %v", vol.Name, err)
-		}
+	if err := s.growSpec(ctx, vol, size); err != nil {
+		return nil, err
 	}
 	want := vol.Spec.Size.Value()
 	vol, err = s.waitVolume(ctx, vol.Name, func(v *v1.Volume) bool {
@@ -496,6 +491,34 @@ func (s *Controller) ControllerExpandVolume(ctx context.Context, req *csi.Contro
 		return nil, status.Errorf(codes.ResourceExhausted, "node %s could not grow volume %s: %s", vol.Spec.Node, vol.Name, vol.Status.Message)
 	}
 	return &csi.ControllerExpandVolumeResponse{CapacityBytes: vol.Status.Capacity.Value(), NodeExpansionRequired: true}, nil
+}
+
+// growSpec raises vol's spec.size to at least size. The agent writes the
+// Volume's status meanwhile (a slow node: seen under emulation), so a
+// conflict reads the Volume again and retries rather than failing the call.
+func (s *Controller) growSpec(ctx context.Context, vol *v1.Volume, size int64) error {
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if vol.Spec.Size.Value() >= size {
+			return nil
+		}
+		vol.Spec.Size = *resource.NewQuantity(size, resource.BinarySI)
+		err := s.c.Update(ctx, vol)
+		if apierrors.IsConflict(err) {
+			if gerr := s.c.Get(ctx, client.ObjectKeyFromObject(vol), vol); gerr != nil {
+				return gerr
+			}
+		}
+		return err
+	})
+	switch {
+	case err == nil:
+		return nil
+	case apierrors.IsConflict(err):
+		return status.Errorf(codes.Aborted, "volume %s kept changing meanwhile, retry: %v", vol.Name, err)
+	case apierrors.IsNotFound(err):
+		return status.Errorf(codes.NotFound, "volume %s deleted meanwhile", vol.Name)
+	}
+	return status.Errorf(codes.Internal, "update Volume %s: %v", vol.Name, err)
 }
 
 func (s *Controller) getVolume(ctx context.Context, id string) (*v1.Volume, error) {

@@ -10,6 +10,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
@@ -209,15 +210,20 @@ func (s *Controller) expandCephVolume(ctx context.Context, vol *v1.Volume, size 
 	if err != nil {
 		return nil, cephStatus("grow RBD image of volume "+vol.Name, err, "")
 	}
-	if vol.Spec.Size.Value() < size {
-		vol.Spec.Size = *resource.NewQuantity(size, resource.BinarySI)
-		if err := s.c.Update(ctx, vol); err != nil {
-			return nil, status.Errorf(codes.Aborted, "update Volume %s, retry: %v", vol.Name, err)
-		}
+	if err := s.growSpec(ctx, vol, size); err != nil {
+		return nil, err
 	}
-	vol.Status.Capacity = resource.NewQuantity(img.Size, resource.BinarySI)
-	vol.Status.ObservedGeneration = vol.Generation
-	if err := s.c.Status().Update(ctx, vol); err != nil {
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		vol.Status.Capacity = resource.NewQuantity(img.Size, resource.BinarySI)
+		vol.Status.ObservedGeneration = vol.Generation
+		err := s.c.Status().Update(ctx, vol)
+		if apierrors.IsConflict(err) {
+			if gerr := s.c.Get(ctx, client.ObjectKeyFromObject(vol), vol); gerr != nil {
+				return gerr
+			}
+		}
+		return err
+	}); err != nil {
 		return nil, status.Errorf(codes.Aborted, "record Volume %s's capacity, retry: %v", vol.Name, err)
 	}
 	return &csi.ControllerExpandVolumeResponse{CapacityBytes: img.Size, NodeExpansionRequired: vol.Spec.VolumeMode != v1.VolumeModeBlock}, nil

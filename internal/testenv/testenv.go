@@ -41,7 +41,14 @@ type Env struct {
 }
 
 // RepoRoot is the berth source tree this package was built from.
+//
+// BERTH_TEST_REPO_ROOT replaces it where the test binary runs away from the
+// source tree (a VM test node); it needs only the files the tests read
+// (config/crd/bases).
 func RepoRoot() string {
+	if root := os.Getenv("BERTH_TEST_REPO_ROOT"); root != "" {
+		return root
+	}
 	_, file, _, _ := goruntime.Caller(0)
 	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
 }
@@ -80,6 +87,9 @@ func Start() (*Env, error) {
 		ErrorIfCRDPathMissing: true,
 		Scheme:                s,
 	}
+	// kube-apiserver picks its advertised address from the default route;
+	// a VM test node has none (no traffic leaves it), so name one.
+	e.ControlPlane.GetAPIServer().Configure().Set("advertise-address", "127.0.0.1")
 	cfg, err := e.Start()
 	if err != nil {
 		// Start fails after starting the processes when, say, a CRD is
@@ -116,7 +126,20 @@ func (e *Env) WriteKubeconfig(path string) error {
 // BuildBerth builds the berth binary into dir, as `make build` does, and
 // returns its path: with the ceph backend (cgo against Debian's librbd and
 // librados), or static without it when BERTH_CEPH=0 (`make build CEPH=0`).
+//
+// BERTH_TEST_BIN_DIR names a folder that holds berth and berth-blockdev
+// built already: a test binary run where there is no Go toolchain (a VM
+// test node, test/e2e's VMSanity) uses them instead.
 func BuildBerth(dir string) (string, error) {
+	if bin := os.Getenv("BERTH_TEST_BIN_DIR"); bin != "" {
+		out := filepath.Join(bin, "berth")
+		for _, f := range []string{out, filepath.Join(bin, "berth-blockdev")} {
+			if _, err := os.Stat(f); err != nil {
+				return "", fmt.Errorf("BERTH_TEST_BIN_DIR=%s: %w", bin, err)
+			}
+		}
+		return out, nil
+	}
 	out := filepath.Join(dir, "berth")
 	args, env := []string{"build", "-tags", "ceph,pacific"}, "CGO_ENABLED=1"
 	if os.Getenv("BERTH_CEPH") == "0" {
