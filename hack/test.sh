@@ -86,7 +86,7 @@ if [ -n "$ci" ] && [ "${BERTH_E2E:-1}" != 0 ]; then
 			others=$!
 			s=$SECONDS
 			echo "test: tier VM e2e scenarios: starting (beside the go tests)"
-			env BERTH_E2E_NODES=1 BERTH_E2E_VM_NODES=1 BERTH_E2E_CEPH=0 hack/e2e.sh -timeout 60m -run 'TestE2E/VM'
+			env BERTH_E2E_NODES=1 BERTH_E2E_VM_NODES=1 BERTH_E2E_CEPH=0 hack/e2e.sh -timeout 75m -run 'TestE2E/VM'
 			r=$?
 			echo "$r $((SECONDS - s))" >"$log.vmrc"
 			wait "$others"

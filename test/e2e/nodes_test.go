@@ -191,9 +191,18 @@ func (e Env) netnsNode(t *testing.T) string {
 // vmExec runs script with sh as root in the VM node (hack/vm/exec.sh) and
 // returns its output.
 func (e Env) vmExec(ctx context.Context, node, script string) (string, error) {
+	return e.vmExecFor(ctx, node, script, 0)
+}
+
+// vmExecFor is vmExec with exec.sh's own limit raised to limit (0: its
+// default, 10 minutes).
+func (e Env) vmExecFor(ctx context.Context, node, script string, limit time.Duration) (string, error) {
 	_, file, _, _ := runtime.Caller(0)
 	cmd := exec.CommandContext(ctx, filepath.Join(filepath.Dir(file), "..", "..", "hack", "vm", "exec.sh"), node, "sh", "-c", script)
 	cmd.Env = append(os.Environ(), "BERTH_E2E_DIR="+e.Vars["BERTH_E2E_DIR"])
+	if limit > 0 {
+		cmd.Env = append(cmd.Env, fmt.Sprintf("VM_EXEC_TIMEOUT=%d", int(limit.Seconds())))
+	}
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return string(out), fmt.Errorf("exec in %s: %w: %s", node, err, out)

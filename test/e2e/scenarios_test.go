@@ -43,6 +43,7 @@ var scenarios = []func(*testing.T){
 	testVMReadWriteManyKernelClient,
 	testVMUserspaceNBDHeals,
 	testVMUserspaceUblkHeals,
+	testVMSanity,
 	testVMLocalVolumePowerLoss,
 	testVMShareRefusesOtherTenants,
 	testVMShareOnWorkloadNode,
