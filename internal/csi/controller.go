@@ -493,22 +493,14 @@ func (s *Controller) ControllerExpandVolume(ctx context.Context, req *csi.Contro
 	return &csi.ControllerExpandVolumeResponse{CapacityBytes: vol.Status.Capacity.Value(), NodeExpansionRequired: true}, nil
 }
 
-// growSpec raises vol's spec.size to at least size. The agent writes the
-// Volume's status meanwhile (a slow node: seen under emulation), so a
-// conflict reads the Volume again and retries rather than failing the call.
+// growSpec raises vol's spec.size to at least size.
 func (s *Controller) growSpec(ctx context.Context, vol *v1.Volume, size int64) error {
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	err := s.updateVolume(ctx, vol, func() error {
 		if vol.Spec.Size.Value() >= size {
 			return nil
 		}
 		vol.Spec.Size = *resource.NewQuantity(size, resource.BinarySI)
-		err := s.c.Update(ctx, vol)
-		if apierrors.IsConflict(err) {
-			if gerr := s.c.Get(ctx, client.ObjectKeyFromObject(vol), vol); gerr != nil {
-				return gerr
-			}
-		}
-		return err
+		return s.c.Update(ctx, vol)
 	})
 	switch {
 	case err == nil:
@@ -519,6 +511,22 @@ func (s *Controller) growSpec(ctx context.Context, vol *v1.Volume, size int64) e
 		return status.Errorf(codes.NotFound, "volume %s deleted meanwhile", vol.Name)
 	}
 	return status.Errorf(codes.Internal, "update Volume %s: %v", vol.Name, err)
+}
+
+// updateVolume runs write, which changes vol and writes it, again on a
+// conflict, with vol read anew. The agent writes a Volume's status while
+// the controller changes it (a slow node, seen under emulation): a
+// conflict is no reason to fail the call.
+func (s *Controller) updateVolume(ctx context.Context, vol *v1.Volume, write func() error) error {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		err := write()
+		if apierrors.IsConflict(err) {
+			if gerr := s.c.Get(ctx, client.ObjectKeyFromObject(vol), vol); gerr != nil {
+				return gerr
+			}
+		}
+		return err
+	})
 }
 
 func (s *Controller) getVolume(ctx context.Context, id string) (*v1.Volume, error) {

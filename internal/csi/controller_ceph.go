@@ -10,7 +10,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
@@ -213,16 +212,10 @@ func (s *Controller) expandCephVolume(ctx context.Context, vol *v1.Volume, size 
 	if err := s.growSpec(ctx, vol, size); err != nil {
 		return nil, err
 	}
-	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	if err := s.updateVolume(ctx, vol, func() error {
 		vol.Status.Capacity = resource.NewQuantity(img.Size, resource.BinarySI)
 		vol.Status.ObservedGeneration = vol.Generation
-		err := s.c.Status().Update(ctx, vol)
-		if apierrors.IsConflict(err) {
-			if gerr := s.c.Get(ctx, client.ObjectKeyFromObject(vol), vol); gerr != nil {
-				return gerr
-			}
-		}
-		return err
+		return s.c.Status().Update(ctx, vol)
 	}); err != nil {
 		return nil, status.Errorf(codes.Aborted, "record Volume %s's capacity, retry: %v", vol.Name, err)
 	}

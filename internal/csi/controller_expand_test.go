@@ -53,11 +53,12 @@ func TestExpandRetriesWhenTheVolumeChanged(t *testing.T) {
 			return c.Update(ctx, obj, opts...)
 		},
 	})
+	block := capability(csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER, true, "")
 	s := NewController(c, ControllerConfig{Namespace: "default", Wait: 30 * time.Second}, testr.New(t))
 	on := &csi.TopologyRequirement{Preferred: []*csi.Topology{{Segments: map[string]string{v1.TopologyNodeKey: node}}}}
 	resp, err := s.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "expand-conflict", Parameters: map[string]string{v1.ParamStorageCluster: "c"},
 		AccessibilityRequirements: on, CapacityRange: &csi.CapacityRange{RequiredBytes: 16 << 20},
-		VolumeCapabilities: []*csi.VolumeCapability{capability(csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER, true, "")}})
+		VolumeCapabilities: []*csi.VolumeCapability{block}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +66,7 @@ func TestExpandRetriesWhenTheVolumeChanged(t *testing.T) {
 	t.Cleanup(func() { _, _ = s.DeleteVolume(context.Background(), &csi.DeleteVolumeRequest{VolumeId: id}) })
 
 	grown, err := s.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: id,
-		CapacityRange: &csi.CapacityRange{RequiredBytes: 32 << 20}, VolumeCapability: capability(csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER, true, "")})
+		CapacityRange: &csi.CapacityRange{RequiredBytes: 32 << 20}, VolumeCapability: block})
 	if err != nil || grown.GetCapacityBytes() != 32<<20 {
 		t.Fatalf("expand after a conflicting write: %v, %v; want 32 MiB", grown, err)
 	}
