@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -164,7 +165,7 @@ func TestChartInstallsAndOperatorWorks(t *testing.T) {
 	if err := as.List(ctx, &appsv1.DaemonSetList{}, client.InNamespace("default")); !apierrors.IsForbidden(err) {
 		t.Errorf("operator listing DaemonSets in default: %v, want Forbidden", err)
 	}
-	runOperatorAs(t, opUser)
+	stopOperator := runOperatorAs(t, opUser)
 	sc := &v1.StorageCluster{}
 	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 		if err := env.Client.Get(ctx, client.ObjectKey{Name: "berth"}, sc); err != nil {
@@ -195,6 +196,9 @@ func TestChartInstallsAndOperatorWorks(t *testing.T) {
 			t.Errorf("the ServiceMonitor's selector %v misses the scrape Service %s %v", scraped, name, svc.Labels)
 		}
 	}
+	// The chart's uninstall hook refuses while the cluster exists.
+	un := uninstallAs(opUser)
+	refusedUninstall(ctx, t, un)
 	// Let the cluster go (Retain) so that nothing waits on the finalizer.
 	patch := client.MergeFrom(sc.DeepCopy())
 	sc.Spec.CleanupPolicy = v1.CleanupRetain
@@ -208,8 +212,11 @@ func TestChartInstallsAndOperatorWorks(t *testing.T) {
 		return isGone(ctx, sc), nil
 	})
 	if err != nil {
-		t.Errorf("StorageCluster not released by the operator: %v", err)
+		t.Fatalf("StorageCluster not released by the operator: %v", err)
 	}
+	// Scaled to 0, the operator's pod would go: here its process stops.
+	stopOperator()
+	uninstalled(ctx, t, un)
 }
 
 func isGone(ctx context.Context, sc *v1.StorageCluster) bool {
@@ -217,8 +224,10 @@ func isGone(ctx context.Context, sc *v1.StorageCluster) bool {
 }
 
 // runOperatorAs runs `berth operator` in this process with the API
-// identity of user, leader election on (its Lease is part of the RBAC).
-func runOperatorAs(t *testing.T, user string) {
+// identity of user, leader election on (its Lease is part of the RBAC),
+// until the test ends or stop is called. (Once per process: its
+// controllers' names must be unique.)
+func runOperatorAs(t *testing.T, user string) (stop func()) {
 	t.Helper()
 	var oc operator.Config
 	fs := flag.NewFlagSet("operator", flag.ContinueOnError)
@@ -227,7 +236,17 @@ func runOperatorAs(t *testing.T, user string) {
 		t.Fatal(err)
 	}
 	oc.Rest, oc.Log = impersonate(user), logr.Discard()
-	testenv.Serve(t, "operator", oc.Run)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- oc.Run(ctx) }()
+	stop = sync.OnceFunc(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("operator: %v", err)
+		}
+	})
+	t.Cleanup(stop)
+	return stop
 }
 
 // impersonate returns a config that acts as service account user, with

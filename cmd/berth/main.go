@@ -27,6 +27,7 @@ import (
 	"github.com/berth-io/berth/internal/cli/preflight"
 	"github.com/berth-io/berth/internal/cli/share"
 	"github.com/berth-io/berth/internal/cli/sharemanager"
+	"github.com/berth-io/berth/internal/cli/uninstall"
 	"github.com/berth-io/berth/internal/cli/version"
 )
 
@@ -45,6 +46,7 @@ func commands() []cli.Command {
 		mover.Command(),
 		dev.Command(),
 		preflight.Command(),
+		uninstall.Command(),
 		version.Command(),
 	}
 }

@@ -58,6 +58,7 @@ var scenarios = []func(*testing.T){
 	testTwoStorageClustersOneDeleted,
 	testStorageClusterDeletionWithAgentAway,
 	testUpgradeAndRollback,
+	testHelmInstallAsAUser,
 }
 
 // TestE2E runs the scenarios in the order of the list above.

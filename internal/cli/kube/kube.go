@@ -18,9 +18,11 @@ import (
 	"go.uber.org/zap/zapcore"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	crzap "sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/berth-io/berth/internal/cli"
+	"github.com/berth-io/berth/internal/scheme"
 )
 
 // APITimeout bounds every request to the API server: an API server that
@@ -73,6 +75,24 @@ func (k Flags) RestConfig() (*rest.Config, error) {
 		cfg.Burst = k.Burst
 	}
 	return cfg, nil
+}
+
+// Client is a controller-runtime client with berth's scheme, on
+// RestConfig: for commands that read and write once and exit.
+func (k Flags) Client() (client.Client, error) {
+	rc, err := k.RestConfig()
+	if err != nil {
+		return nil, err
+	}
+	s, err := scheme.New()
+	if err != nil {
+		return nil, err
+	}
+	c, err := client.New(rc, client.Options{Scheme: s})
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	return c, nil
 }
 
 func loadRestConfig(path string) (*rest.Config, error) {

@@ -14,7 +14,6 @@ import (
 	"github.com/berth-io/berth/internal/cli"
 	"github.com/berth-io/berth/internal/cli/kube"
 	"github.com/berth-io/berth/internal/preflight"
-	"github.com/berth-io/berth/internal/scheme"
 )
 
 // Config is the command's flags and what it reads and writes through.
@@ -57,17 +56,9 @@ func Command() cli.Command {
 			kf.Register(fs)
 			fs.StringVar(&cfg.Namespace, "namespace", "berth-system", "berth's namespace (where its ShareManagers live)")
 			return func(ctx context.Context) error {
-				rc, err := kf.RestConfig()
+				c, err := kf.Client()
 				if err != nil {
 					return err
-				}
-				s, err := scheme.New()
-				if err != nil {
-					return err
-				}
-				c, err := client.New(rc, client.Options{Scheme: s})
-				if err != nil {
-					return fmt.Errorf("kubernetes client: %w", err)
 				}
 				cfg.Reader = c
 				return cfg.Run(ctx)

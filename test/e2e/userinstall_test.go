@@ -1,0 +1,323 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/berth-io/berth/internal/cli/dev"
+)
+
+// userNamespace and userRegistry are the install of testHelmInstallAsAUser:
+// a namespace and a registry name of the user's, not berth dev's.
+const (
+	userNamespace = "berth-user"
+	userRegistry  = "registry.berth.test/storage"
+)
+
+// testHelmInstallAsAUser: berth as an operator installs it on a cluster
+// of their own, by docs/install.md, with nothing of `berth dev` but the
+// cluster's own facts (kubelet's folders, a data dir): berth dev's install
+// removed as "Removing berth" says (StorageClusters, then helm uninstall,
+// whose hook removes what the operator deployed); the image and the CSI
+// sidecars under the user's registry name (tagged on the nodes, as a
+// registry's pull would leave them); the chart installed into a namespace
+// of the user's with image.registry and image.tag; a StorageCluster; a
+// claim and a pod that writes and reads back; then uninstalled, leaving
+// no berth pod, workload, Service, CSIDriver, StorageClass, cluster role
+// or admission policy (the CRDs stay: Helm never deletes a chart's
+// crds/). At the end berth dev's install comes back, with its values and
+// StorageClusters. It runs last: it takes berth away for a while.
+func testHelmInstallAsAUser(t *testing.T) {
+	s := newScenario(t, 15*time.Minute)
+	s.needBerthImage()
+	u := s.newUpgrade()
+	tag := imageTag(s.env.BerthImage)
+	clusters := s.devStorageClusters()
+	chart := filepath.Join(repoRoot(), "deploy", "berth")
+	// Last first: berth dev's install back after the user's is gone.
+	t.Cleanup(func() { u.reinstallDev(chart, clusters) })
+	t.Cleanup(func() { s.removeUserInstall(u) })
+
+	// Removing berth dev's install, as docs/install.md says.
+	start := time.Now()
+	s.noVolumesLeft()
+	s.deleteStorageClusters()
+	u.helm("uninstall", dev.Release, "-n", berthNamespace, "--wait", "--timeout", "5m")
+	s.berthGone(berthNamespace)
+	t.Logf("berth dev's install removed in %s", time.Since(start).Round(time.Second))
+
+	// The images under the user's registry name, on every node.
+	images := s.tagUserImages()
+	t.Cleanup(func() { s.untagUserImages(images) })
+
+	// The install, as docs/install.md says.
+	start = time.Now()
+	if out, err := s.kubectl("create", "namespace", userNamespace); err != nil {
+		t.Fatalf("create namespace: %v: %s", err, out)
+	}
+	if out, err := s.kubectl("label", "namespace", userNamespace, "pod-security.kubernetes.io/enforce=privileged"); err != nil {
+		t.Fatalf("label namespace: %v: %s", err, out)
+	}
+	u.helm("install", dev.Release, chart, "-n", userNamespace,
+		"--set", "image.registry="+userRegistry, "--set", "image.tag="+tag, "--set", "image.pullPolicy=Never",
+		// This cluster's kubelets keep their folders elsewhere.
+		"--set", "kubeletDir="+s.env.KubeletRoot, "--set", "volumePluginDir="+s.env.VolumePluginDir)
+	sc := fmt.Sprintf("apiVersion: berth.io/v1alpha1\nkind: StorageCluster\nmetadata: {name: berth}\nspec: {dataDir: %s}\n",
+		s.env.need(t, "BERTH_DATA_DIR", "the data dir of the cluster's nodes"))
+	if out, err := s.kubectlIn(sc, "apply", "-f", "-"); err != nil {
+		t.Fatalf("apply the StorageCluster: %v: %s", err, out)
+	}
+	s.waitClustersReady(5*time.Minute, "berth")
+	t.Logf("installed from the chart in %s", time.Since(start).Round(time.Second))
+	s.podsRunFrom(userNamespace, userRegistry+"/")
+
+	// A claim and a pod that writes and reads back.
+	s.pvc("data", "berth", "64Mi", corev1.ReadWriteOnce, false)
+	pv := s.boundPV("data")
+	s.pod("writer", `echo written-by-the-user > /data/f && sync && cat /data/f && exec sleep 3600`, claimSource("data"), false)
+	s.running("writer")
+	if out, err := s.exec("writer", "cat /data/f"); err != nil || strings.TrimSpace(out) != "written-by-the-user" {
+		t.Fatalf("read back: %q %v", out, err)
+	}
+	s.deletePod("writer")
+	if err := s.cs.CoreV1().PersistentVolumeClaims(s.ns).Delete(s.ctx, "data", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s.waitFor("volume "+pv.Name+" gone", 2*time.Minute, func(ctx context.Context) (bool, error) {
+		out, err := s.kubectl("get", "volumes.berth.io", pv.Name, "--ignore-not-found", "-o", "name")
+		return err == nil && strings.TrimSpace(out) == "", nil
+	})
+
+	// Uninstalled as docs/install.md says: nothing of berth is left.
+	start = time.Now()
+	s.deleteStorageClusters()
+	u.helm("uninstall", dev.Release, "-n", userNamespace, "--wait", "--timeout", "5m")
+	s.berthGone(userNamespace)
+	if out, err := s.kubectl("delete", "namespace", userNamespace, "--timeout=2m"); err != nil {
+		t.Errorf("delete namespace %s: %v: %s", userNamespace, err, out)
+	}
+	t.Logf("uninstalled in %s: no berth pod, workload, Service, CSIDriver, StorageClass, cluster role or admission policy left",
+		time.Since(start).Round(time.Second))
+}
+
+// devStorageClusters are the cluster's StorageClusters as manifests (name,
+// labels, spec), to make again after the scenario.
+func (s *scenario) devStorageClusters() []string {
+	s.t.Helper()
+	out, err := s.kubectl("get", "storageclusters", "-o", "json")
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	var list struct {
+		Items []struct {
+			Metadata struct {
+				Name   string            `json:"name"`
+				Labels map[string]string `json:"labels,omitempty"`
+			} `json:"metadata"`
+			Spec json.RawMessage `json:"spec"`
+		} `json:"items"`
+	}
+	if err := json.Unmarshal([]byte(out), &list); err != nil {
+		s.t.Fatal(err)
+	}
+	var manifests []string
+	for _, sc := range list.Items {
+		m, err := json.Marshal(map[string]any{
+			"apiVersion": "berth.io/v1alpha1", "kind": "StorageCluster",
+			"metadata": map[string]any{"name": sc.Metadata.Name, "labels": sc.Metadata.Labels}, "spec": sc.Spec,
+		})
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		manifests = append(manifests, string(m))
+	}
+	return manifests
+}
+
+// noVolumesLeft waits for the Volumes of earlier scenarios (their
+// namespaces went, their claims with them) to be deleted: uninstall
+// refuses while one is left.
+func (s *scenario) noVolumesLeft() {
+	s.t.Helper()
+	var left string
+	s.waitForSaying("no Volume left", 3*time.Minute, func(context.Context) (bool, error) {
+		out, err := s.kubectl("get", "volumes.berth.io", "-o", "name")
+		left = strings.Join(strings.Fields(out), " ")
+		return err == nil && left == "", nil
+	}, func() string { return "left: " + left })
+}
+
+// deleteStorageClusters deletes every StorageCluster and waits for each
+// to be cleaned up and gone.
+func (s *scenario) deleteStorageClusters() {
+	s.t.Helper()
+	out, err := s.kubectl("get", "storageclusters", "-o", "jsonpath={.items[*].metadata.name}")
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	for _, name := range strings.Fields(out) {
+		s.deleteStorageCluster(name)
+	}
+}
+
+// berthGone waits until no pod of berth runs in namespace, and fails on
+// anything of berth's left in it or cluster-wide (the CRDs aside).
+func (s *scenario) berthGone(namespace string) {
+	s.t.Helper()
+	s.waitFor("berth's pods in "+namespace+" gone", 3*time.Minute, func(ctx context.Context) (bool, error) {
+		pods, err := s.cs.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=berth"})
+		return err == nil && len(pods.Items) == 0, err
+	})
+	// What berth's chart and operator make carries app.kubernetes.io/name=berth.
+	var left []string
+	for _, kind := range []string{
+		"daemonsets", "deployments", "services", "poddisruptionbudgets", "jobs", "serviceaccounts", "roles", "rolebindings", "configmaps",
+		"csidrivers", "storageclasses", "volumesnapshotclasses", "clusterroles", "clusterrolebindings",
+		"validatingadmissionpolicies", "validatingadmissionpolicybindings",
+	} {
+		out, err := s.kubectl("get", kind, "-n", namespace, "-l", "app.kubernetes.io/name=berth", "-o", "name")
+		if err != nil {
+			if strings.Contains(out, "the server doesn't have a resource type") {
+				continue // no snapshot API here
+			}
+			s.t.Errorf("list %s: %v", kind, err)
+			continue
+		}
+		left = append(left, strings.Fields(out)...)
+	}
+	if len(left) > 0 {
+		s.t.Errorf("berth's objects left after helm uninstall (namespace %s, and cluster-wide): %s", namespace, strings.Join(left, " "))
+	}
+	if _, err := s.cs.StorageV1().CSIDrivers().Get(s.ctx, "berth.io", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		s.t.Errorf("CSIDriver berth.io after helm uninstall: %v, want NotFound", err)
+	}
+}
+
+// podsRunFrom fails unless every container of every pod in namespace runs
+// an image under prefix.
+func (s *scenario) podsRunFrom(namespace, prefix string) {
+	s.t.Helper()
+	pods, err := s.cs.CoreV1().Pods(namespace).List(s.ctx, metav1.ListOptions{})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	n := 0
+	for _, p := range pods.Items {
+		for _, c := range append(p.Spec.InitContainers, p.Spec.Containers...) {
+			n++
+			if !strings.HasPrefix(c.Image, prefix) {
+				s.t.Errorf("pod %s container %s runs %s, want an image from %s", p.Name, c.Name, c.Image, prefix)
+			}
+		}
+	}
+	s.t.Logf("%d containers of %d pods in %s run images from %s", n, len(pods.Items), namespace, prefix)
+}
+
+// tagUserImages tags berth's image and the CSI sidecars under the user's
+// registry name on every node, as pulling them from there would leave
+// them, and returns the new names.
+func (s *scenario) tagUserImages() []string {
+	s.t.Helper()
+	var made []string
+	for _, node := range s.env.Nodes() {
+		list, err := s.nodeCtr(node, "images", "ls", "-q")
+		if err != nil {
+			s.t.Fatalf("images on %s: %v", node, err)
+		}
+		for _, img := range strings.Fields(list) {
+			name := img[strings.LastIndex(img, "/")+1:]
+			if img != s.env.BerthImage && !(strings.HasPrefix(img, dev.SidecarRegistry+"/csi-") && !strings.Contains(name, "@")) {
+				continue
+			}
+			to := userRegistry + "/" + name
+			if out, err := s.nodeCtr(node, "images", "tag", "--force", img, to); err != nil {
+				s.t.Fatalf("tag %s as %s on %s: %v: %s", img, to, node, err, out)
+			}
+			if !slices.Contains(made, to) {
+				made = append(made, to)
+			}
+		}
+	}
+	s.t.Logf("tagged on every node: %s", strings.Join(made, " "))
+	return made
+}
+
+func (s *scenario) untagUserImages(images []string) {
+	for _, node := range s.env.Nodes() {
+		if out, err := s.nodeCtr(node, append([]string{"images", "rm"}, images...)...); err != nil {
+			s.t.Logf("untag on %s: %v: %s", node, err, out)
+		}
+	}
+}
+
+// nodeCtr runs ctr in node's containerd (k8s.io namespace).
+func (s *scenario) nodeCtr(node string, args ...string) (string, error) {
+	for _, vm := range s.env.vmNodes() {
+		if vm == node {
+			return s.env.vmExec(s.ctx, node, "ctr -n k8s.io "+strings.Join(args, " "))
+		}
+	}
+	sock, err := s.env.nodeVar("CONTAINERD_SOCK", node)
+	if err != nil {
+		return "", err
+	}
+	out, err := exec.CommandContext(s.ctx, "ctr", append([]string{"-a", sock, "-n", "k8s.io"}, args...)...).CombinedOutput()
+	return string(out), err
+}
+
+// removeUserInstall takes away what is left of the user's install after a
+// failure (nothing after a pass).
+func (s *scenario) removeUserInstall(u *upgrade) {
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	orig := s.ctx
+	s.ctx = ctx
+	defer func() { cancel(); s.ctx = orig }()
+	if out, _ := s.kubectl("get", "namespace", userNamespace, "--ignore-not-found", "-o", "name"); strings.TrimSpace(out) == "" {
+		return
+	}
+	if s.t.Failed() {
+		s.logKubectl("-n", userNamespace, "get", "all,jobs", "-o", "wide")
+		s.logKubectl("-n", userNamespace, "logs", "job/berth-uninstall", "--tail=50")
+	}
+	_, _ = s.kubectl("delete", "storageclusters", "--all", "--timeout=3m")
+	if _, err := u.tryHelm("uninstall", dev.Release, "-n", userNamespace, "--wait", "--timeout", "3m", "--ignore-not-found"); err != nil {
+		s.t.Log(err)
+		_, _ = u.tryHelm("uninstall", dev.Release, "-n", userNamespace, "--no-hooks", "--ignore-not-found")
+	}
+	_, _ = s.kubectl("-n", userNamespace, "delete", "daemonsets,deployments,services", "--all")
+	_, _ = s.kubectl("delete", "namespace", userNamespace, "--timeout=2m")
+}
+
+// reinstallDev installs berth dev's release again with its values (the
+// CRDs applied first, as berth dev up does), and its StorageClusters.
+func (u *upgrade) reinstallDev(chart string, clusters []string) {
+	s, t := u.s, u.s.t
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	orig := s.ctx
+	s.ctx = ctx
+	defer func() { cancel(); s.ctx = orig }()
+	u.applyCRDs(chart)
+	if _, err := u.tryHelm("upgrade", "--install", dev.Release, chart, "-n", berthNamespace, "-f", u.values); err != nil {
+		t.Error(err)
+		return
+	}
+	for _, m := range clusters {
+		if out, err := s.kubectlIn(m, "apply", "-f", "-"); err != nil {
+			t.Errorf("make the StorageCluster again: %v: %s", err, out)
+		}
+	}
+	u.clustersReady()
+}
