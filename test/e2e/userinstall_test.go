@@ -18,28 +18,29 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/berth-io/berth/internal/cli/dev"
+	"github.com/berth-io/berth/internal/controller/sharemanager"
 )
 
-// userNamespace and userRegistry are the install of testHelmInstallAsAUser:
-// a namespace and a registry name of the user's, not berth dev's.
-const (
-	userNamespace = "berth-user"
-	userRegistry  = "registry.berth.test/storage"
-)
+// userRegistry is the registry name of testHelmInstallAsAUser's images:
+// a user's, not berth dev's.
+const userRegistry = "registry.berth.test/storage"
 
-// testHelmInstallAsAUser: berth as an operator installs it on a cluster
-// of their own, by docs/install.md, with nothing of `berth dev` but the
-// cluster's own facts (kubelet's folders, a data dir): berth dev's install
-// removed as "Removing berth" says (StorageClusters, then helm uninstall,
-// whose hook removes what the operator deployed); the image and the CSI
-// sidecars under the user's registry name (tagged on the nodes, as a
-// registry's pull would leave them); the chart installed into a namespace
-// of the user's with image.registry and image.tag; a StorageCluster; a
-// claim and a pod that writes and reads back; then uninstalled, leaving
-// no berth pod, workload, Service, CSIDriver, StorageClass, cluster role
-// or admission policy (the CRDs stay: Helm never deletes a chart's
-// crds/). At the end berth dev's install comes back, with its values and
-// StorageClusters. It runs last: it takes berth away for a while.
+// testHelmInstallAsAUser: berth installed as docs/install.md tells an
+// operator, with nothing of `berth dev` but the cluster's own facts
+// (kubelet's folders, a data dir, the pod network for the share probe):
+// berth dev's install removed as "Removing berth" says (StorageClusters,
+// then helm uninstall, whose hook removes what the operator deployed); the
+// image and the CSI sidecars under the user's registry name (tagged on the
+// nodes, as a pull from a registry would leave them); the namespace made
+// and labelled, the chart installed with image.registry and image.tag, a
+// StorageCluster; a claim and a pod that writes and reads back, a
+// VolumeSnapshot and a claim restored from it, an RWX claim served to a
+// client; then everything deleted in the documented order and the chart
+// uninstalled, leaving no berth pod, workload, Service, CSIDriver,
+// StorageClass, cluster role or admission policy (the CRDs stay: Helm
+// never deletes a chart's crds/). At the end berth dev's install comes
+// back, with its values and StorageClusters. It runs last: it takes berth
+// away for a while.
 func testHelmInstallAsAUser(t *testing.T) {
 	s := newScenario(t, 15*time.Minute)
 	s.needBerthImage()
@@ -63,53 +64,81 @@ func testHelmInstallAsAUser(t *testing.T) {
 	images := s.tagUserImages()
 	t.Cleanup(func() { s.untagUserImages(images) })
 
-	// The install, as docs/install.md says.
+	// The install, as docs/install.md says. (berth dev made the namespace;
+	// it stays, with the test Ceph's Secret.)
 	start = time.Now()
-	if out, err := s.kubectl("create", "namespace", userNamespace); err != nil {
+	if out, err := s.kubectl("create", "namespace", berthNamespace); err != nil && !strings.Contains(out, "AlreadyExists") {
 		t.Fatalf("create namespace: %v: %s", err, out)
 	}
-	if out, err := s.kubectl("label", "namespace", userNamespace, "pod-security.kubernetes.io/enforce=privileged"); err != nil {
+	if out, err := s.kubectl("label", "--overwrite", "namespace", berthNamespace, "pod-security.kubernetes.io/enforce=privileged"); err != nil {
 		t.Fatalf("label namespace: %v: %s", err, out)
 	}
-	u.helm("install", dev.Release, chart, "-n", userNamespace,
+	u.helm("install", dev.Release, chart, "-n", berthNamespace,
 		"--set", "image.registry="+userRegistry, "--set", "image.tag="+tag, "--set", "image.pullPolicy=Never",
 		// This cluster's kubelets keep their folders elsewhere.
 		"--set", "kubeletDir="+s.env.KubeletRoot, "--set", "volumePluginDir="+s.env.VolumePluginDir)
-	sc := fmt.Sprintf("apiVersion: berth.io/v1alpha1\nkind: StorageCluster\nmetadata: {name: berth}\nspec: {dataDir: %s}\n",
-		s.env.need(t, "BERTH_DATA_DIR", "the data dir of the cluster's nodes"))
+	// The share probe runs in a pod, not on a workload's node: its network
+	// is a client the shares admit (spec.rwx.clientCIDRs).
+	sc := fmt.Sprintf("apiVersion: berth.io/v1alpha1\nkind: StorageCluster\nmetadata: {name: berth}\nspec:\n  dataDir: %s\n%s",
+		s.env.need(t, "BERTH_DATA_DIR", "the data dir of the cluster's nodes"), dev.ProbeClients(s.env.Vars))
 	if out, err := s.kubectlIn(sc, "apply", "-f", "-"); err != nil {
 		t.Fatalf("apply the StorageCluster: %v: %s", err, out)
 	}
 	s.waitClustersReady(5*time.Minute, "berth")
 	t.Logf("installed from the chart in %s", time.Since(start).Round(time.Second))
-	s.podsRunFrom(userNamespace, userRegistry+"/")
+	s.podsRunFrom(berthNamespace, userRegistry+"/")
 
 	// A claim and a pod that writes and reads back.
 	s.pvc("data", "berth", "64Mi", corev1.ReadWriteOnce, false)
-	pv := s.boundPV("data")
-	s.pod("writer", `echo written-by-the-user > /data/f && sync && cat /data/f && exec sleep 3600`, claimSource("data"), false)
+	s.boundPV("data")
+	s.pod("writer", `echo written-by-the-user > /data/f && sync && exec sleep 3600`, claimSource("data"), false)
 	s.running("writer")
-	if out, err := s.exec("writer", "cat /data/f"); err != nil || strings.TrimSpace(out) != "written-by-the-user" {
-		t.Fatalf("read back: %q %v", out, err)
-	}
-	s.deletePod("writer")
-	if err := s.cs.CoreV1().PersistentVolumeClaims(s.ns).Delete(s.ctx, "data", metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	s.waitFor("volume "+pv.Name+" gone", 2*time.Minute, func(ctx context.Context) (bool, error) {
-		out, err := s.kubectl("get", "volumes.berth.io", pv.Name, "--ignore-not-found", "-o", "name")
-		return err == nil && strings.TrimSpace(out) == "", nil
+	s.waitFor("the writer's data", time.Minute, func(context.Context) (bool, error) {
+		out, err := s.exec("writer", "cat /data/f")
+		return err == nil && strings.TrimSpace(out) == "written-by-the-user", nil
 	})
 
-	// Uninstalled as docs/install.md says: nothing of berth is left.
-	start = time.Now()
-	s.deleteStorageClusters()
-	u.helm("uninstall", dev.Release, "-n", userNamespace, "--wait", "--timeout", "5m")
-	s.berthGone(userNamespace)
-	if out, err := s.kubectl("delete", "namespace", userNamespace, "--timeout=2m"); err != nil {
-		t.Errorf("delete namespace %s: %v: %s", userNamespace, err, out)
+	// A snapshot, and a claim restored from it.
+	s.needSnapshotAPI()
+	s.createSnapshot("snap", snapshotClass, "data")
+	s.waitFor("VolumeSnapshot readyToUse", 3*time.Minute, func(context.Context) (bool, error) {
+		out, err := s.kubectl("-n", s.ns, "get", "volumesnapshot", "snap", "-o", "jsonpath={.status.readyToUse}")
+		return err == nil && out == "true", nil
+	})
+	s.restoredPVC("restored", "berth", "snap", "64Mi")
+	s.boundPV("restored")
+	s.pod("reader", "exec sleep 3600", claimSource("restored"), false)
+	s.running("reader")
+	if out, err := s.exec("reader", "cat /data/f"); err != nil || strings.TrimSpace(out) != "written-by-the-user" {
+		t.Errorf("restored claim holds %q (%v), want the snapshot's data", out, err)
 	}
-	t.Logf("uninstalled in %s: no berth pod, workload, Service, CSIDriver, StorageClass, cluster role or admission policy left",
+
+	// An RWX claim, served to a client.
+	s.pvc("shared", "berth", "64Mi", corev1.ReadWriteMany, false)
+	vol := s.boundPV("shared").Spec.CSI.VolumeHandle
+	s.keepShareRunning(vol)
+	share := s.shareRunning(vol, "")
+	if out := s.probe("probe", sharemanager.Endpoint(berthNamespace, vol)); !strings.Contains(out, "ok nfs://") {
+		t.Errorf("probe of the share: %s", out)
+	}
+
+	// Everything deleted in the documented order, then uninstalled:
+	// nothing of berth is left.
+	start = time.Now()
+	s.stopShareThenDeleteClaim(vol, share.Name, "shared")
+	s.deletePod("writer")
+	s.deletePod("reader")
+	if out, err := s.kubectl("-n", s.ns, "delete", "volumesnapshot", "snap", "--timeout=2m"); err != nil {
+		t.Fatalf("delete the VolumeSnapshot: %v: %s", err, out)
+	}
+	if out, err := s.kubectl("-n", s.ns, "delete", "pvc", "data", "restored", "--timeout=2m"); err != nil {
+		t.Fatalf("delete the claims: %v: %s", err, out)
+	}
+	s.noVolumesLeft()
+	s.deleteStorageClusters()
+	u.helm("uninstall", dev.Release, "-n", berthNamespace, "--wait", "--timeout", "5m")
+	s.berthGone(berthNamespace)
+	t.Logf("deleted and uninstalled in %s: no berth pod, workload, Service, CSIDriver, StorageClass, cluster role or admission policy left",
 		time.Since(start).Round(time.Second))
 }
 
@@ -147,14 +176,14 @@ func (s *scenario) devStorageClusters() []string {
 	return manifests
 }
 
-// noVolumesLeft waits for the Volumes of earlier scenarios (their
-// namespaces went, their claims with them) to be deleted: uninstall
-// refuses while one is left.
+// noVolumesLeft waits for the Volumes and Snapshots of earlier scenarios
+// (their namespaces went, their claims and VolumeSnapshots with them) to
+// be deleted: uninstall refuses while one is left.
 func (s *scenario) noVolumesLeft() {
 	s.t.Helper()
 	var left string
-	s.waitForSaying("no Volume left", 3*time.Minute, func(context.Context) (bool, error) {
-		out, err := s.kubectl("get", "volumes.berth.io", "-o", "name")
+	s.waitForSaying("no Volume or Snapshot left", 3*time.Minute, func(context.Context) (bool, error) {
+		out, err := s.kubectl("get", "volumes.berth.io,snapshots.berth.io", "-o", "name")
 		left = strings.Join(strings.Fields(out), " ")
 		return err == nil && left == "", nil
 	}, func() string { return "left: " + left })
@@ -279,26 +308,30 @@ func (s *scenario) nodeCtr(node string, args ...string) (string, error) {
 }
 
 // removeUserInstall takes away what is left of the user's install after a
-// failure (nothing after a pass).
+// failure (nothing after a pass): its StorageCluster and its release.
 func (s *scenario) removeUserInstall(u *upgrade) {
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	orig := s.ctx
 	s.ctx = ctx
 	defer func() { cancel(); s.ctx = orig }()
-	if out, _ := s.kubectl("get", "namespace", userNamespace, "--ignore-not-found", "-o", "name"); strings.TrimSpace(out) == "" {
+	out, _ := u.tryHelm("list", "-n", berthNamespace, "-q")
+	if !strings.Contains(out, dev.Release) {
 		return
 	}
+	vals, _ := u.tryHelm("get", "values", dev.Release, "-n", berthNamespace, "-o", "yaml")
+	if !strings.Contains(vals, userRegistry) {
+		return // berth dev's own
+	}
 	if s.t.Failed() {
-		s.logKubectl("-n", userNamespace, "get", "all,jobs", "-o", "wide")
-		s.logKubectl("-n", userNamespace, "logs", "job/berth-uninstall", "--tail=50")
+		s.logKubectl("-n", berthNamespace, "get", "all,jobs", "-o", "wide")
+		s.logKubectl("-n", berthNamespace, "logs", "job/berth-uninstall", "--tail=50")
 	}
 	_, _ = s.kubectl("delete", "storageclusters", "--all", "--timeout=3m")
-	if _, err := u.tryHelm("uninstall", dev.Release, "-n", userNamespace, "--wait", "--timeout", "3m", "--ignore-not-found"); err != nil {
+	if _, err := u.tryHelm("uninstall", dev.Release, "-n", berthNamespace, "--wait", "--timeout", "3m"); err != nil {
 		s.t.Log(err)
-		_, _ = u.tryHelm("uninstall", dev.Release, "-n", userNamespace, "--no-hooks", "--ignore-not-found")
+		_, _ = u.tryHelm("uninstall", dev.Release, "-n", berthNamespace, "--no-hooks", "--ignore-not-found")
+		_, _ = s.kubectl("-n", berthNamespace, "delete", "daemonsets,deployments,services", "-l", "app.kubernetes.io/managed-by=berth-operator")
 	}
-	_, _ = s.kubectl("-n", userNamespace, "delete", "daemonsets,deployments,services", "--all")
-	_, _ = s.kubectl("delete", "namespace", userNamespace, "--timeout=2m")
 }
 
 // reinstallDev installs berth dev's release again with its values (the

@@ -45,9 +45,9 @@ type Config struct {
 // ErrInUse: berth still has StorageClusters or Volumes; nothing was removed.
 var ErrInUse = errors.New("berth is still in use")
 
-// Run refuses while a StorageCluster or a Volume exists (the keeper holds
-// every userspace volume's connection, the agent every mount), then stops
-// the operator (it would deploy the set again), removes the node-wide set
+// Run refuses while a StorageCluster, a Volume or a Snapshot exists (the
+// keeper holds every userspace volume's connection, the agent every mount,
+// the CSI controller deletes snapshots), then stops the operator (it would deploy the set again), removes the node-wide set
 // and waits for its pods to go, so that Helm's removal of berth's service
 // accounts and roles next leaves no pod without its rights. Run again, it
 // finds less to do and says so.
@@ -83,7 +83,12 @@ func (c Config) refuseInUse(ctx context.Context) error {
 	if err := c.Client.List(ctx, &vols); err != nil {
 		return fmt.Errorf("list Volumes: %w", err)
 	}
-	if len(clusters.Items) == 0 && len(vols.Items) == 0 {
+	// A snapshot's content is deleted through the CSI controller.
+	var snaps v1.SnapshotList
+	if err := c.Client.List(ctx, &snaps); err != nil {
+		return fmt.Errorf("list Snapshots: %w", err)
+	}
+	if len(clusters.Items) == 0 && len(vols.Items) == 0 && len(snaps.Items) == 0 {
 		return nil
 	}
 	names := make([]string, 0, len(clusters.Items))
@@ -91,10 +96,10 @@ func (c Config) refuseInUse(ctx context.Context) error {
 		names = append(names, sc.Name)
 	}
 	slices.Sort(names)
-	return fmt.Errorf("%w: %d StorageCluster(s) [%s] and %d Volume(s) remain. Delete the StorageClusters first "+
-		"(their cleanupPolicy says what happens to their volumes) and the claims of any volume left, "+
-		"then uninstall again (docs/install.md, Removing berth). Nothing was removed",
-		ErrInUse, len(names), strings.Join(names, " "), len(vols.Items))
+	return fmt.Errorf("%w: %d StorageCluster(s) [%s], %d Volume(s) and %d Snapshot(s) remain. Delete the claims "+
+		"of berth's volumes and their VolumeSnapshots, then the StorageClusters (their cleanupPolicy says what "+
+		"happens on the nodes), then uninstall again (docs/install.md, Removing berth). Nothing was removed",
+		ErrInUse, len(names), strings.Join(names, " "), len(vols.Items), len(snaps.Items))
 }
 
 // stopOperator scales the operator to 0 and waits for its pods to go.

@@ -18,8 +18,10 @@ import (
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 )
 
-// `berth uninstall` removes the node-wide set: the Services need delete.
+// `berth uninstall` removes the node-wide set: the Services need delete;
+// it refuses while berth's Snapshots are left.
 // +kubebuilder:rbac:groups="",namespace=berth-system,resources=services,verbs=delete
+// +kubebuilder:rbac:groups=berth.io,resources=snapshots,verbs=list
 
 // NodeWidePods selects the pods of the node-wide set (and of any holder or
 // mover): what must be gone before berth's service accounts are.
