@@ -197,7 +197,7 @@ func TestChartInstallsAndOperatorWorks(t *testing.T) {
 		}
 	}
 	// The chart's uninstall hook refuses while the cluster exists.
-	un := uninstallAs(opUser)
+	un := uninstallAs()
 	refusedUninstall(ctx, t, un)
 	// Let the cluster go (Retain) so that nothing waits on the finalizer.
 	patch := client.MergeFrom(sc.DeepCopy())

@@ -20,7 +20,7 @@ import (
 )
 
 // TestChartRendersUninstallHook: `helm uninstall` first runs `berth
-// uninstall` as the operator's service account (a pre-delete hook), which
+// uninstall` as its own service account (a pre-delete hook), which
 // removes what the operator deployed; the plain manifests leave the hook
 // out (kubectl apply would run it at once).
 func TestChartRendersUninstallHook(t *testing.T) {
@@ -37,27 +37,28 @@ func TestChartRendersUninstallHook(t *testing.T) {
 		t.Fatal("the chart renders no Job berth-uninstall")
 	}
 	pod := job.Spec.Template.Spec
-	if job.Annotations["helm.sh/hook"] != "pre-delete" || pod.ServiceAccountName != "berth-operator" ||
+	if job.Annotations["helm.sh/hook"] != "pre-delete" || pod.ServiceAccountName != "berth-uninstall" ||
 		len(pod.Containers) != 1 || len(pod.Containers[0].Args) == 0 || pod.Containers[0].Args[0] != "uninstall" {
 		t.Errorf("uninstall Job: hook %q, service account %q, containers %+v", job.Annotations["helm.sh/hook"], pod.ServiceAccountName, pod.Containers)
 	}
 	if c := pod.Containers[0]; c.Image != "berth.local/berth:test" {
 		t.Errorf("uninstall Job image %q, want berth's", c.Image)
 	}
-	manifests := template(t, "--no-hooks")
-	if bytes.Contains(manifests, []byte("berth-uninstall")) {
-		t.Error("--no-hooks still renders the uninstall Job")
+	for _, o := range decode(t, template(t, "--no-hooks")) {
+		if o.GetKind() == "Job" {
+			t.Errorf("--no-hooks still renders the Job %s", o.GetName())
+		}
 	}
 }
 
 // uninstallAs is `berth uninstall` as the chart's hook runs it, with the
-// API identity of user.
-func uninstallAs(user string) *uninstall.Config {
-	as, err := client.New(impersonate(user), client.Options{Scheme: env.Scheme})
+// API identity of its service account.
+func uninstallAs() *uninstall.Config {
+	as, err := client.New(impersonate("system:serviceaccount:"+releaseNamespace+":berth-uninstall"), client.Options{Scheme: env.Scheme})
 	if err != nil {
 		panic(err)
 	}
-	return &uninstall.Config{Namespace: releaseNamespace, Operator: "berth-operator", Wait: 10 * time.Second,
+	return &uninstall.Config{Namespace: releaseNamespace, Operator: "berth-operator", Release: "berth", Wait: 10 * time.Second,
 		Poll: 100 * time.Millisecond, Client: as, Out: &bytes.Buffer{}}
 }
 
@@ -80,7 +81,7 @@ func refusedUninstall(ctx context.Context, t *testing.T, un *uninstall.Config) {
 }
 
 // uninstalled: with no StorageCluster and no Volume, uninstall (with the
-// chart's RBAC) scales the operator to 0 and removes the node-wide set and
+// chart's RBAC for its service account) scales the operator to 0 and removes the node-wide set and
 // the CSIDriver; the chart's own objects stay for Helm; a second run finds
 // nothing to do.
 func uninstalled(ctx context.Context, t *testing.T, un *uninstall.Config) {

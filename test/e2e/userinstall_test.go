@@ -17,6 +17,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/cli/dev"
 	"github.com/berth-io/berth/internal/controller/sharemanager"
 )
@@ -48,8 +49,11 @@ func testHelmInstallAsAUser(t *testing.T) {
 	tag := imageTag(s.env.BerthImage)
 	clusters := s.devStorageClusters()
 	chart := filepath.Join(repoRoot(), "deploy", "berth")
-	// Last first: berth dev's install back after the user's is gone.
+	// Cleanups run last first: the user's install goes (its hook still
+	// finds its image), then the image tags, then berth dev's comes back.
+	var images []string
 	t.Cleanup(func() { u.reinstallDev(chart, clusters) })
+	t.Cleanup(func() { s.untagUserImages(images) })
 	t.Cleanup(func() { s.removeUserInstall(u) })
 
 	// Removing berth dev's install, as docs/install.md says.
@@ -61,8 +65,7 @@ func testHelmInstallAsAUser(t *testing.T) {
 	t.Logf("berth dev's install removed in %s", time.Since(start).Round(time.Second))
 
 	// The images under the user's registry name, on every node.
-	images := s.tagUserImages()
-	t.Cleanup(func() { s.untagUserImages(images) })
+	images = s.tagUserImages()
 
 	// The install, as docs/install.md says. (berth dev made the namespace;
 	// it stays, with the test Ceph's Secret.)
@@ -308,30 +311,43 @@ func (s *scenario) nodeCtr(node string, args ...string) (string, error) {
 }
 
 // removeUserInstall takes away what is left of the user's install after a
-// failure (nothing after a pass): its StorageCluster and its release.
+// failure (nothing after a pass): the scenario's claims, snapshot and pods
+// first (the uninstall refuses while berth holds data), then its
+// StorageCluster and its release; where the hook cannot run, the
+// operator's objects by hand, the operator stopped first.
 func (s *scenario) removeUserInstall(u *upgrade) {
-	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	orig := s.ctx
 	s.ctx = ctx
 	defer func() { cancel(); s.ctx = orig }()
-	out, _ := u.tryHelm("list", "-n", berthNamespace, "-q")
-	if !strings.Contains(out, dev.Release) {
-		return
-	}
-	vals, _ := u.tryHelm("get", "values", dev.Release, "-n", berthNamespace, "-o", "yaml")
-	if !strings.Contains(vals, userRegistry) {
-		return // berth dev's own
+	out, _ := u.tryHelm("get", "values", dev.Release, "-n", berthNamespace, "-o", "yaml")
+	if !strings.Contains(out, userRegistry) {
+		return // gone, or berth dev's own
 	}
 	if s.t.Failed() {
-		s.logKubectl("-n", berthNamespace, "get", "all,jobs", "-o", "wide")
+		s.dump() // as it was
 		s.logKubectl("-n", berthNamespace, "logs", "job/berth-uninstall", "--tail=50")
 	}
-	_, _ = s.kubectl("delete", "storageclusters", "--all", "--timeout=3m")
-	if _, err := u.tryHelm("uninstall", dev.Release, "-n", berthNamespace, "--wait", "--timeout", "3m"); err != nil {
-		s.t.Log(err)
-		_, _ = u.tryHelm("uninstall", dev.Release, "-n", berthNamespace, "--no-hooks", "--ignore-not-found")
-		_, _ = s.kubectl("-n", berthNamespace, "delete", "daemonsets,deployments,services", "-l", "app.kubernetes.io/managed-by=berth-operator")
+	_, _ = s.kubectl("-n", s.ns, "delete", "pods,volumesnapshots,pvc", "--all", "--timeout=3m")
+	_, _ = s.kubectl("-n", berthNamespace, "annotate", "sharemanagers", "--all", v1.KeepRunningAnnotation+"-")
+	if left, ok := s.settles(3*time.Minute, func() (string, bool) {
+		out, err := s.kubectl("get", "volumes.berth.io,snapshots.berth.io", "-o", "name")
+		return out, err == nil && strings.TrimSpace(out) == ""
+	}); !ok {
+		s.t.Logf("volumes left after the scenario's claims went: %s", left)
 	}
+	_, _ = s.kubectl("delete", "storageclusters", "--all", "--timeout=3m")
+	_, err := u.tryHelm("uninstall", dev.Release, "-n", berthNamespace, "--wait", "--timeout", "5m")
+	if err == nil {
+		return
+	}
+	s.t.Log(err)
+	_, _ = s.kubectl("-n", berthNamespace, "scale", "deployment", "berth-operator", "--replicas=0")
+	_, _ = s.kubectl("-n", berthNamespace, "wait", "--for=delete", "pod", "-l", "app.kubernetes.io/component=operator", "--timeout=2m")
+	_, _ = s.kubectl("-n", berthNamespace, "delete", "daemonsets,deployments,services,poddisruptionbudgets",
+		"-l", "app.kubernetes.io/managed-by=berth-operator")
+	_, _ = s.kubectl("delete", "csidriver", "berth.io", "--ignore-not-found")
+	_, _ = u.tryHelm("uninstall", dev.Release, "-n", berthNamespace, "--no-hooks", "--ignore-not-found")
 }
 
 // reinstallDev installs berth dev's release again with its values (the
@@ -343,6 +359,12 @@ func (u *upgrade) reinstallDev(chart string, clusters []string) {
 	s.ctx = ctx
 	defer func() { cancel(); s.ctx = orig }()
 	u.applyCRDs(chart)
+	if left, ok := s.settles(3*time.Minute, func() (string, bool) {
+		out, err := s.kubectl("get", "storageclusters", "-o", "name")
+		return out, err == nil && strings.TrimSpace(out) == ""
+	}); !ok {
+		t.Errorf("StorageClusters still there before berth dev's install comes back: %s", left)
+	}
 	if _, err := u.tryHelm("upgrade", "--install", dev.Release, chart, "-n", berthNamespace, "-f", u.values); err != nil {
 		t.Error(err)
 		return

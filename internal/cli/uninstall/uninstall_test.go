@@ -80,6 +80,57 @@ func TestWaitsForTheOperatorToGo(t *testing.T) {
 	if err := c.Get(context.Background(), client.ObjectKeyFromObject(agent), &appsv1.DaemonSet{}); err != nil {
 		t.Errorf("the agent DaemonSet went while the operator still ran: %v", err)
 	}
+	// Scaled back: it deploys whatever went again.
+	dep := &appsv1.Deployment{}
+	if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: "berth-operator"}, dep); err != nil || *dep.Spec.Replicas != 1 {
+		t.Errorf("the operator after a failed uninstall: %v, replicas %v (want 1)", err, dep.Spec.Replicas)
+	}
+	if !strings.Contains(err.Error(), "scaled back to 1") {
+		t.Errorf("the error does not say the operator was scaled back: %v", err)
+	}
+}
+
+// The release's own StorageCluster (storageCluster.create) goes first, as
+// Helm would delete it after the hook; another one refuses the uninstall.
+func TestDeletesOnlyTheReleasesStorageCluster(t *testing.T) {
+	helmAnn := map[string]string{"meta.helm.sh/release-name": "berth", "meta.helm.sh/release-namespace": ns}
+	chartMade := &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "berth", Annotations: helmAnn}}
+	userMade := &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "fast"}}
+	cfg, c, _ := config(t, operatorDeployment(), chartMade, userMade)
+	cfg.Release = "berth"
+	err := cfg.Run(context.Background())
+	if !errors.Is(err, ErrInUse) || !strings.Contains(err.Error(), "fast") {
+		t.Fatalf("Run with a user's StorageCluster left: %v, want ErrInUse naming it", err)
+	}
+	if err := c.Get(context.Background(), client.ObjectKeyFromObject(chartMade), &v1.StorageCluster{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the release's StorageCluster: %v, want deleted", err)
+	}
+	if err := c.Get(context.Background(), client.ObjectKeyFromObject(userMade), &v1.StorageCluster{}); err != nil {
+		t.Errorf("the user's StorageCluster: %v, want kept", err)
+	}
+	if err := c.Delete(context.Background(), userMade); err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Run(context.Background()); err != nil {
+		t.Errorf("Run once no StorageCluster is left: %v", err)
+	}
+}
+
+// A pod being deleted on a node that is not Ready cannot be confirmed gone
+// by its kubelet: it does not hold the uninstall up.
+func TestPodsOnALostNodeDoNotHoldUp(t *testing.T) {
+	lost := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "lost"},
+		Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionUnknown}}}}
+	stuck := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "berth-agent-x", Namespace: ns, Finalizers: []string{"test/hold"},
+		Labels: map[string]string{"app.kubernetes.io/name": "berth", "app.kubernetes.io/component": "agent"}},
+		Spec: corev1.PodSpec{NodeName: "lost"}}
+	cfg, c, _ := config(t, operatorDeployment(), lost, stuck)
+	if err := c.Delete(context.Background(), stuck); err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Run(context.Background()); err != nil {
+		t.Errorf("Run with a terminating pod on a lost node: %v", err)
+	}
 }
 
 // Only what the operator labels as its own goes; the CSIDriver of

@@ -18,18 +18,43 @@ import (
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 )
 
-// `berth uninstall` removes the node-wide set: the Services need delete;
-// it refuses while berth's Snapshots are left.
-// +kubebuilder:rbac:groups="",namespace=berth-system,resources=services,verbs=delete
-// +kubebuilder:rbac:groups=berth.io,resources=snapshots,verbs=list
-
-// NodeWidePods selects the pods of the node-wide set (and of any holder or
-// mover): what must be gone before berth's service accounts are.
+// NodeWidePods selects the pods of the node-wide set, of any holder or
+// mover, and of share managers: what must be gone before berth's service
+// accounts are.
 func NodeWidePods() labels.Selector {
+	return podsOf(componentAgent, componentKeeper, componentController, componentMover, componentHolder, "share-manager")
+}
+
+// CSIControllerPods selects the CSI controller's pods.
+func CSIControllerPods() labels.Selector { return podsOf(componentController) }
+
+func podsOf(components ...string) labels.Selector {
 	name, _ := labels.NewRequirement(labelName, selection.Equals, []string{"berth"})
-	comp, _ := labels.NewRequirement(labelComponent, selection.In,
-		[]string{componentAgent, componentKeeper, componentController, componentMover, componentHolder})
+	comp, _ := labels.NewRequirement(labelComponent, selection.In, components)
 	return labels.NewSelector().Add(*name, *comp)
+}
+
+// RemoveCSIController deletes the CSI controller Deployment, when the
+// operator made it: an uninstall removes it first, so that no volume is
+// made while the rest goes. It returns what it deleted, as kind/name.
+func RemoveCSIController(ctx context.Context, c client.Client, namespace string) ([]string, error) {
+	dep := &appsv1.Deployment{}
+	switch err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: ObjectName(componentController)}, dep); {
+	case apierrors.IsNotFound(err):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("get the CSI controller Deployment: %w", err)
+	case dep.Labels[labelManagedBy] != managedBy:
+		return nil, nil
+	}
+	err := c.Delete(ctx, dep, client.PropagationPolicy(metav1.DeletePropagationBackground))
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("delete the CSI controller Deployment: %w", err)
+	}
+	return []string{"Deployment/" + dep.Name}, nil
 }
 
 // RemoveNodeWide deletes what the operator deployed in namespace and owns
