@@ -131,8 +131,6 @@ fi
 # TLS handshakes and an agent take 2 minutes to restart (past nbd's dead
 # connection timeout) while the Go tests compiled their binaries. The Go
 # tests are off the run's critical path: they wait for nothing emulated.
-# Where the kernel shares CPU between sessions (autogroups), nice counts
-# only within one: hack/vm/vm.sh raises qemu's session instead.
 gonice=()
 [ -z "$vm_tier" ] || gonice=(nice -n 5)
 tier "go tests" "${gonice[@]}" env "${static[@]}" hack/gotest.sh "${tags[@]}" -v "$@"

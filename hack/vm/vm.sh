@@ -156,7 +156,6 @@ vm_boot() {
 			-virtfs "local,path=$KUBE_BIN,mount_tag=kube,security_model=none,readonly=on" \
 			-virtfs "local,path=$IMAGES,mount_tag=images,security_model=none,readonly=on" \
 			-virtfs "local,path=$vdir/cmd,mount_tag=cmd,security_model=none"
-		vm_boost "$i"
 		if (wait_for "$name booted (command agent)" 300 "qemu@$i" vm_poll_boot "$i" "$dir/logs/qemu.log"); then
 			return 0
 		fi
@@ -167,23 +166,6 @@ vm_boot() {
 		fi
 		die "$name did not boot (console: $dir/logs/qemu.log)"
 	done
-}
-
-# vm_boost I: a larger CPU share for node I's qemu. qemu emulates the
-# node's CPUs (TCG): a guest that waits for host CPU misses its own timers
-# (its kubelet timed out TLS handshakes, an agent restart outlasted nbd's
-# dead-connection timeout, a container took 4 minutes to create while the
-# Go tests compiled). Every daemon of the cluster runs in a session of its
-# own (launch: setsid), and the kernel shares the CPU between sessions
-# (autogroups) whatever a process's nice: qemu's session gets the weight
-# of nice -5, three times a session's default. Without autogroups, nothing
-# changes (hack/test.sh lowers the Go tests' nice instead).
-vm_boost() {
-	local pid
-	pid=$(pid_of "qemu@$1") || return 0
-	if [ -w "/proc/$pid/autogroup" ] && echo -5 >"/proc/$pid/autogroup" 2>/dev/null; then
-		log "$(node_name "$1"): qemu's session at nice -5 ($(cat "/proc/$pid/autogroup"))"
-	fi
 }
 
 # vm_poll_boot I CONSOLE: the command agent of node I answers; a kernel
