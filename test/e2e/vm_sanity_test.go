@@ -27,6 +27,9 @@ var vmSanityTransports = []string{"nbd", "ublk"}
 // own kube-apiserver and etcd from the cluster's kube binaries share; the
 // cluster's own agents are not involved.
 func testVMSanity(t *testing.T) {
+	if os.Getenv("BERTH_E2E_VM_SANITY") == "0" {
+		t.Skip("BERTH_E2E_VM_SANITY=0: csi-sanity on the VM node is left out (CI's VM tier: its 12-16 minutes under TCG do not fit CI's 90; make e2e-vm runs it)")
+	}
 	env, _ := needCluster(t)
 	vm := env.vmNode(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Minute)
