@@ -20,8 +20,7 @@ make --no-print-directory -s helm >&2
 echo "test: setup done in $((SECONDS - start))s (KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS)"
 
 log=$(mktemp)
-prebuild_pid=
-trap '[ -z "$prebuild_pid" ] || kill "$prebuild_pid" 2>/dev/null; rm -f "$log" "$log.prebuild" "$log.prebuild-others" "$log.vmrc"' EXIT
+trap 'rm -f "$log"' EXIT
 rc=0
 # The default build has the ceph backend (cgo against Debian's librbd and
 # librados, build tags ceph,pacific), so every test runs tagged, and the
@@ -56,58 +55,13 @@ tier() {
 	[ "$r" -eq 0 ] || rc=$r
 	tiers+=("$(printf '%-28s %6ss  exit %s' "$name" "$((SECONDS - s))" "$r")")
 	echo "test: tier $name: exit $r in $((SECONDS - s))s"
+	flush_go
 }
 # left_out NAME WHY: a tier that does not run says so, in the table too.
 left_out() {
 	echo "test: tier $1: left out: $2"
 	tiers+=("$(printf '%-28s %7s  left out: %s' "$1" "-" "$2")")
 }
-
-# In CI the cluster tiers' binaries (kubelet, the e2e suite, sidecars,
-# CoreDNS, multus, the VM image) build while the Go tests run one package
-# at a time (hack/prebuild.sh): what the VM tier needs at their priority,
-# the rest at the lowest; the cluster tiers wait for it.
-#
-# The VM scenarios (kernel NFS client, nbd, a real power-off: hack/vm,
-# qemu under TCG) then run beside the Go tests, in a cluster of their own
-# (one netns node and one VM node): ~30 minutes that would otherwise come
-# on top of the other cluster tiers. They share nothing with the Go tests:
-# the cluster lives in its own network namespaces and under
-# /var/lib/berth-e2e and /run/berth, which no Go test touches, and its
-# leftovers check looks only there. The other cluster tiers start once it
-# is down: one cluster at a time. BERTH_E2E_VM_CI=0 leaves it out, saying so.
-vm_tier=
-if [ -n "$ci" ] && [ "${BERTH_E2E:-1}" != 0 ]; then
-	[ "${BERTH_E2E_VM_CI:-1}" = 1 ] && vm_tier=1
-	make --no-print-directory -s build
-	(
-		set +e
-		if [ -n "$vm_tier" ]; then
-			# What the VM tier's cluster needs first, at the Go tests'
-			# priority: the VM tier is the run's longest lane, and on a cold
-			# machine its builds at nice 19 took 1514 s beside the Go tests
-			# (kube-controller-manager alone 683 s). The rest builds while
-			# that tier runs (qemu, at normal priority, comes first).
-			hack/prebuild.sh vm
-			nice -n 19 hack/prebuild.sh others >"$log.prebuild-others" 2>&1 &
-			others=$!
-			s=$SECONDS
-			echo "test: tier VM e2e scenarios: starting (beside the go tests)"
-			# csi-sanity on the VM node (12-16 minutes beside the Go tests)
-			# would take the run past CI's 90 minutes; make e2e-vm runs it.
-			env BERTH_E2E_NODES=1 BERTH_E2E_VM_NODES=1 BERTH_E2E_CEPH=0 BERTH_E2E_VM_SANITY=0 \
-				hack/e2e.sh -timeout 60m -run 'TestE2E/VM'
-			r=$?
-			echo "$r $((SECONDS - s))" >"$log.vmrc"
-			wait "$others"
-			cat "$log.prebuild-others"
-			rm -f "$log.prebuild-others"
-		else
-			nice -n 19 hack/prebuild.sh all
-		fi
-	) >"$log.prebuild" 2>&1 &
-	prebuild_pid=$!
-fi
 
 # Packages that start API servers or touch loop devices run one at a time
 # on our 2-core machines, in hack/gotest.sh's main lane; a short list that
@@ -128,49 +82,113 @@ if [ ${#tags[@]} -gt 0 ]; then
 	static=(GOTEST_STATIC_RUN='WithoutTheTag|CephNotBuilt|WithoutCephBuild'
 		GOTEST_STATIC_PKGS='./internal/backend/ceph/ ./internal/blockdev/rbdimage/ ./internal/controller/storagecluster/ ./internal/csi/')
 fi
-# Beside the VM tier the Go tests run at nice 5: qemu emulates the VM
-# node's CPU (TCG), so a guest starved of host CPU misses its own timers;
-# a CI run with both at one priority saw the VM node's kubelet time out
-# TLS handshakes and an agent take 2 minutes to restart (past nbd's dead
-# connection timeout) while the Go tests compiled their binaries. The Go
-# tests are off the run's critical path: they wait for nothing emulated.
-gonice=()
-[ -z "$vm_tier" ] || gonice=(nice -n 5)
-tier "go tests" "${gonice[@]}" env "${static[@]}" hack/gotest.sh "${tags[@]}" -v "$@"
+gotests=(env "${static[@]}" hack/gotest.sh "${tags[@]}" -v "$@")
 
-# The go test run above ran every fuzz target's seed corpus. CI fuzzes no
-# further: compiling 16 instrumented builds cost ~8 minutes on a cold
-# machine, whose whole run must stay within 80; `make fuzz` (hack/fuzz.sh) is where targets run for a time.
-[ -z "$ci" ] || left_out "fuzzing beyond the seeds" "seeds ran with the go tests; make fuzz runs the targets"
-
-# In CI (CI=true, as root) the cluster tiers run too, every one, always:
-# the CI subset of the Kubernetes storage conformance suite
-# (CONFORMANCE_QUICK=1) and then the end-to-end scenarios on one two-node
-# cluster brought up once (conformance keeps it, e2e takes it down with the
-# leftovers check), the Ceph scenarios and class on a test Ceph in the
+# In CI (CI=true, as root) the cluster tiers run too, every one, always,
+# one cluster at a time, in the foreground: the VM scenarios (kernel NFS
+# client, nbd, ublk, a real power-off: one netns node and one VM node,
+# qemu under TCG); the CI subset of the Kubernetes storage conformance
+# suite (CONFORMANCE_QUICK=1) and the end-to-end scenarios on one two-node
+# cluster brought up once (conformance keeps it, e2e takes it down with
+# the leftovers check), the Ceph scenarios and class on a test Ceph in the
 # cluster's network; and last the two multus restart scenarios, in a
-# cluster of their own. The VM scenarios ran beside the Go tests (above).
+# cluster of their own.
+#
+# The Go tests run beside them from the start, in a CPU cgroup of low
+# weight (hack/lib/cpushare.sh): they take what the clusters leave. The
+# clusters wait on emulated CPUs, heal timers and grace periods, and a TCG
+# guest starved of host CPU misses its own timers (a CI run with both at
+# one weight saw the VM node's kubelet time out TLS handshakes, an agent
+# take 2 minutes to restart, NBD heal cycles of 40 s instead of 10). The Go
+# tests wait for nothing emulated, and share nothing with a cluster: it
+# lives in its own network namespaces, under /var/lib/berth-e2e and
+# /run/berth, which no Go test touches, and its leftovers check looks
+# only there. The run ends when both lanes have.
 # BERTH_E2E=0 / BERTH_CONFORMANCE=0 / BERTH_E2E_VM_CI=0 /
-# BERTH_E2E_MULTUS_CI=0 leave them out, saying so.
-if [ -n "$ci" ]; then
-	make --no-print-directory -s build
-	if [ -n "$prebuild_pid" ]; then
-		s=$SECONDS
-		echo "test: waiting for the cluster tiers' builds (hack/prebuild.sh)${vm_tier:+ and the VM e2e scenarios}"
-		wait "$prebuild_pid" || true
-		prebuild_pid=
-		echo "test: waited $((SECONDS - s))s"
-		# Into the log too: the counts and the failure list read it.
-		tee -a "$log" <"$log.prebuild" | grep -vE '^=== (RUN|PAUSE|CONT)'
-		rm -f "$log.prebuild"
-		if [ -n "$vm_tier" ]; then
-			read -r r took <"$log.vmrc" 2>/dev/null || { r=1 took=-; echo "test: the VM tier left no exit code"; }
-			rm -f "$log.vmrc"
-			[ "$r" -eq 0 ] || rc=$r
-			tiers+=("$(printf '%-28s %6ss  exit %s (beside the go tests)' "VM e2e scenarios" "$took" "$r")")
-			echo "test: tier VM e2e scenarios: exit $r in ${took}s"
-		fi
+# BERTH_E2E_MULTUS_CI=0 leave tiers out, saying so.
+go_pid=
+bg_cg=
+# On the way out (a failure, or CI's time up) nothing of the background
+# lane may run on: its processes are all in its cgroup.
+stop_background() {
+	local p
+	if [ -n "$bg_cg" ] && [ -d "$bg_cg" ]; then
+		for p in $(cat "$bg_cg/cgroup.procs" 2>/dev/null); do kill "$p" 2>/dev/null; done
+		cpushare_remove "$bg_cg" || true
+	elif [ -n "$go_pid" ]; then
+		kill "$go_pid" 2>/dev/null
 	fi
+}
+trap 'stop_background; rm -f "$log" "$log.go" "$log.gorc" "$log.others"' EXIT
+# flush_go: once the background Go tier has ended, its output goes into
+# the log and out (between two cluster tiers, never within one) and into
+# the table.
+flush_go() {
+	local r took
+	[ -n "$go_pid" ] && [ -s "$log.gorc" ] || return 0
+	wait "$go_pid" 2>/dev/null || true
+	go_pid=
+	read -r r took <"$log.gorc" || { r=1 took=-; }
+	echo "test: tier go tests (beside the cluster tiers): its output follows"
+	tee -a "$log" <"$log.go" | grep -vE '^=== (RUN|PAUSE|CONT)'
+	[ "$r" -eq 0 ] || rc=$r
+	tiers+=("$(printf '%-28s %6ss  exit %s (beside the cluster tiers)' "go tests" "$took" "$r")")
+	echo "test: tier go tests: exit $r in ${took}s"
+	rm -f "$log.go" "$log.gorc"
+}
+
+if [ -z "$ci" ]; then
+	tier "go tests" "${gotests[@]}"
+else
+	make --no-print-directory -s build
+	# shellcheck source=hack/lib/cpushare.sh
+	. hack/lib/cpushare.sh
+	# 256 of a session's 1024: against each busy cluster daemon (qemu, an
+	# API server) the Go tests get a fifth of a core, and every core no
+	# cluster wants. Starved further, Go tests' own timers (an envtest
+	# API server's start, a heal's deadline) would be at risk.
+	if bg_cg=$(cpushare_create berth-test-background 256); then
+		bg=(cpushare_run "$bg_cg")
+		echo "test: go tests in the background: CPU cgroup $bg_cg, weight 256 of 1024"
+	else
+		bg=(nice -n 10)
+		echo "test: warning: no CPU cgroup could be made; go tests in the background at nice 10 only"
+	fi
+	echo "test: tier go tests: starting at $((SECONDS - start))s, beside the cluster tiers"
+	(
+		s=$SECONDS
+		"${bg[@]}" "${gotests[@]}" >"$log.go" 2>&1
+		echo "$? $((SECONDS - s))" >"$log.gorc"
+	) &
+	go_pid=$!
+
+	prebuilt=
+	# prebuild PART: the cluster tiers' pinned binaries (hack/prebuild.sh;
+	# each builder skips what is cached). On a cold machine this is the
+	# critical lane's first step, so it runs in the foreground.
+	prebuild() {
+		local s=$SECONDS
+		hack/prebuild.sh "$1" 2>&1 | tee -a "$log" || true
+		echo "test: prebuild $1 in $((SECONDS - s))s"
+	}
+	if [ "${BERTH_E2E:-1}" = 0 ]; then
+		left_out "VM e2e scenarios" "BERTH_E2E=0"
+	elif [ "${BERTH_E2E_VM_CI:-1}" = 1 ]; then
+		prebuild vm
+		# The rest of the cluster binaries build beside the VM tier, at the
+		# Go tests' weight.
+		("${bg[@]}" hack/prebuild.sh others >"$log.others" 2>&1) &
+		others_pid=$!
+		tier "VM e2e scenarios" env BERTH_E2E_NODES=1 BERTH_E2E_VM_NODES=1 BERTH_E2E_CEPH=0 \
+			hack/e2e.sh -timeout 60m -run 'TestE2E/VM'
+		wait "$others_pid" || true
+		tee -a "$log" <"$log.others"
+		rm -f "$log.others"
+		prebuilt=1
+	else
+		left_out "VM e2e scenarios" "BERTH_E2E_VM_CI=0; make e2e-vm runs them"
+	fi
+	[ -n "$prebuilt" ] || prebuild all
 	# The e2e tier reuses the cluster the conformance tier kept only when
 	# that tier passed: a failed one may leave it in any state.
 	reuse=0
@@ -187,11 +205,6 @@ if [ -n "$ci" ]; then
 	else
 		left_out "e2e scenarios" "BERTH_E2E=0"
 	fi
-	if [ "${BERTH_E2E:-1}" = 0 ]; then
-		left_out "VM e2e scenarios" "BERTH_E2E=0"
-	elif [ -z "$vm_tier" ]; then
-		left_out "VM e2e scenarios" "BERTH_E2E_VM_CI=0; make e2e-vm runs them"
-	fi
 	if [ "${BERTH_E2E:-1}" != 0 ] && [ "${BERTH_E2E_MULTUS_CI:-1}" != 0 ]; then
 		# A bring-up of their own (BERTH_E2E_MULTUS=1: multus, whereabouts,
 		# the test Ceph on the storage networks only).
@@ -200,7 +213,21 @@ if [ -n "$ci" ]; then
 	else
 		left_out "multus e2e scenarios" "BERTH_E2E=0 or BERTH_E2E_MULTUS_CI=0"
 	fi
+	if [ -n "$go_pid" ]; then
+		s=$SECONDS
+		echo "test: the cluster tiers are done; waiting for the go tests"
+		wait "$go_pid" || true
+		echo "test: waited $((SECONDS - s))s for the go tests"
+		flush_go
+	fi
+	[ "${bg[0]}" != cpushare_run ] || cpushare_remove "$bg_cg" || true
+	bg_cg=
 fi
+
+# The go test run above ran every fuzz target's seed corpus. CI fuzzes no
+# further: compiling 16 instrumented builds cost ~8 minutes on a cold
+# machine, whose whole run must stay within 80; `make fuzz` (hack/fuzz.sh) is where targets run for a time.
+[ -z "$ci" ] || left_out "fuzzing beyond the seeds" "seeds ran with the go tests; make fuzz runs the targets"
 
 passed=$(grep -cE '^\s*--- PASS' "$log" || true)
 failed=$(grep -cE '^\s*--- FAIL' "$log" || true)

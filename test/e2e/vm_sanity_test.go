@@ -28,7 +28,7 @@ var vmSanityTransports = []string{"nbd", "ublk"}
 // cluster's own agents are not involved.
 func testVMSanity(t *testing.T) {
 	if os.Getenv("BERTH_E2E_VM_SANITY") == "0" {
-		t.Skip("BERTH_E2E_VM_SANITY=0: csi-sanity on the VM node is left out (CI's VM tier: its 12-16 minutes under TCG do not fit CI's 90; make e2e-vm runs it)")
+		t.Skip("BERTH_E2E_VM_SANITY=0: csi-sanity on the VM node is left out")
 	}
 	env, _ := needCluster(t)
 	vm := env.vmNode(t)
