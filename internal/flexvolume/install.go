@@ -93,3 +93,24 @@ func writeAtomic(dir, name string, mode os.FileMode, fill func(io.Writer) error)
 	}
 	return nil
 }
+
+// Remove deletes the installed driver's folder <pluginDir>/berth.io~berth
+// (the driver and the files beside it); a folder already gone is no error.
+// kubelet's plugin probe then forgets the driver.
+func Remove(pluginDir string) error {
+	if err := os.RemoveAll(filepath.Join(pluginDir, Dir)); err != nil {
+		return fmt.Errorf("remove the driver: %w", err)
+	}
+	return nil
+}
+
+// MountsIn lists the Flexvolume mounts kubelet keeps for berth below its
+// root: pods/<uid>/volumes/berth.io~berth/<volume>. While one is there,
+// kubelet needs the driver to unmount it.
+func MountsIn(kubeletDir string) ([]string, error) {
+	m, err := filepath.Glob(filepath.Join(kubeletDir, "pods", "*", "volumes", Dir, "*"))
+	if err != nil {
+		return nil, fmt.Errorf("list berth's Flexvolume mounts: %w", err)
+	}
+	return m, nil
+}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -20,6 +21,7 @@ import (
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/cli/dev"
 	"github.com/berth-io/berth/internal/controller/sharemanager"
+	"github.com/berth-io/berth/internal/flexvolume"
 )
 
 // userRegistry is the registry name of testHelmInstallAsAUser's images:
@@ -141,7 +143,7 @@ func testHelmInstallAsAUser(t *testing.T) {
 	s.deleteStorageClusters()
 	u.helm("uninstall", dev.Release, "-n", berthNamespace, "--wait", "--timeout", "5m")
 	s.berthGone(berthNamespace)
-	t.Logf("deleted and uninstalled in %s: no berth pod, workload, Service, CSIDriver, StorageClass, cluster role or admission policy left",
+	t.Logf("deleted and uninstalled in %s: no berth pod, workload, Service, CSIDriver, StorageClass, cluster role, admission policy or Flexvolume driver left",
 		time.Since(start).Round(time.Second))
 }
 
@@ -235,6 +237,14 @@ func (s *scenario) berthGone(namespace string) {
 	}
 	if _, err := s.cs.StorageV1().CSIDrivers().Get(s.ctx, "berth.io", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		s.t.Errorf("CSIDriver berth.io after helm uninstall: %v, want NotFound", err)
+	}
+	// The agents removed the Flexvolume driver as they stopped (the netns
+	// nodes share this folder on the host).
+	if dir := s.env.VolumePluginDir; dir != "" {
+		driver := filepath.Join(dir, flexvolume.Dir)
+		if _, err := os.Stat(driver); !os.IsNotExist(err) {
+			s.t.Errorf("Flexvolume driver folder %s after helm uninstall: %v, want it gone", driver, err)
+		}
 	}
 }
 

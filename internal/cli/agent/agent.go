@@ -327,7 +327,8 @@ func (c Config) Run(ctx context.Context) error {
 	// berth_flexvolume_driver_ready).
 	flex := &flexRunnable{server: sock, socket: c.AgentSocket, pluginDir: c.VolumePluginDir, log: c.Log.WithName("flexvolume"),
 		events: mgr.GetEventRecorderFor("berth-agent"), node: c.NodeName, metrics: m.driver,
-		condition: NodeCondition{Client: direct, Node: c.NodeName, Type: FlexvolumeCondition}.Set}
+		condition: NodeCondition{Client: direct, Node: c.NodeName, Type: FlexvolumeCondition}.Set,
+		removable: flexRemovable(direct, c.KubeletDir)}
 	if err := mgr.Add(flex); err != nil {
 		return err
 	}

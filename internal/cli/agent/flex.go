@@ -15,6 +15,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/berth-io/berth/api/v1alpha1"
 
 	"github.com/berth-io/berth/internal/agent/socket"
 	"github.com/berth-io/berth/internal/flexvolume"
@@ -47,6 +50,9 @@ type flexRunnable struct {
 	// (defaults 5s and 5m).
 	retry, maxRetry time.Duration
 	metrics         *metrics.FlexDriver
+	// removable, when set, says as the agent stops whether the driver it
+	// installed may go: ("", true) removes it, else why it stays.
+	removable func(ctx context.Context) (why string, ok bool)
 
 	ready   atomic.Bool
 	problem atomic.Pointer[string]
@@ -66,6 +72,7 @@ func (f *flexRunnable) Start(ctx context.Context) error {
 		if !ok {
 			return nil
 		}
+		defer f.removeIfUnused()
 	}
 	l, err := socket.Listen(f.socket)
 	if err != nil {
@@ -86,6 +93,55 @@ func (f *flexRunnable) Start(ctx context.Context) error {
 	f.ready.Store(true)
 	f.metrics.Set(true)
 	return <-served
+}
+
+// removeIfUnused removes the installed driver when removable allows it:
+// `helm uninstall` leaves nothing of berth on the node then.
+func (f *flexRunnable) removeIfUnused() {
+	if f.removable == nil {
+		return
+	}
+	// The agent's own context has ended: a short one of its own.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if why, ok := f.removable(ctx); !ok {
+		f.log.Info("flexvolume driver stays", "reason", why)
+		return
+	}
+	if err := flexvolume.Remove(f.pluginDir); err != nil {
+		f.log.Error(err, "flexvolume driver could not be removed", "pluginDir", f.pluginDir)
+		return
+	}
+	f.log.Info("flexvolume driver removed: no StorageCluster is left and no pod on the node has a berth Flexvolume mount",
+		"pluginDir", f.pluginDir)
+}
+
+// flexRemovable allows the driver's removal when no StorageCluster is left
+// (berth is being removed; a restarted agent installs the driver again)
+// and no pod on the node has a berth Flexvolume mount, whose unmount
+// kubelet runs through the driver. In doubt (the API server not
+// answering) the driver stays.
+func flexRemovable(api client.Reader, kubeletDir string) func(ctx context.Context) (string, bool) {
+	return func(ctx context.Context) (string, bool) {
+		var l v1.StorageClusterList
+		if err := api.List(ctx, &l, client.Limit(1)); err != nil {
+			return fmt.Sprintf("cannot tell whether a StorageCluster is left: %v", err), false
+		}
+		if len(l.Items) > 0 {
+			return "StorageCluster " + l.Items[0].Name + " is left", false
+		}
+		if kubeletDir == "" {
+			return "no kubelet dir to look for Flexvolume mounts in", false
+		}
+		m, err := flexvolume.MountsIn(kubeletDir)
+		if err != nil {
+			return err.Error(), false
+		}
+		if len(m) > 0 {
+			return fmt.Sprintf("%d berth Flexvolume mount(s) on the node, such as %s", len(m), m[0]), false
+		}
+		return "", true
+	}
 }
 
 // report writes the node's FlexvolumeCondition (nil: removes it). A write

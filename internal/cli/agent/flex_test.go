@@ -12,9 +12,11 @@ import (
 	"github.com/go-logr/logr/testr"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/record"
 
+	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/agent/socket"
 	"github.com/berth-io/berth/internal/flexvolume"
 	"github.com/berth-io/berth/internal/testenv"
@@ -214,5 +216,76 @@ func TestFlexDisabledRemovesCondition(t *testing.T) {
 	}
 	if err := f.State(); err != nil {
 		t.Errorf("state %v, want ready", err)
+	}
+}
+
+// TestFlexDriverRemovedOnlyWhenUnused: as the agent stops, the driver it
+// installed goes only when no StorageCluster is left (a real API server)
+// and no pod on the node has a berth Flexvolume mount; otherwise it stays.
+func TestFlexDriverRemovedOnlyWhenUnused(t *testing.T) {
+	env := suite.Require(t)
+	if os.Geteuid() != 0 {
+		t.Skip("the agent socket admits only root peers; run as root")
+	}
+	ctx := testenv.Context(t, time.Minute)
+	kubelet := t.TempDir()
+	removable := flexRemovable(env.Client, kubelet)
+	want := func(what string, wantOK bool, wantWhy string) {
+		t.Helper()
+		why, ok := removable(ctx)
+		if ok != wantOK || !strings.Contains(why, wantWhy) {
+			t.Errorf("%s: removable %v (%q), want %v (%q)", what, ok, why, wantOK, wantWhy)
+		}
+	}
+
+	sc := &v1.StorageCluster{ObjectMeta: metav1.ObjectMeta{Name: "flex-left"}}
+	if err := env.Client.Create(ctx, sc); err != nil {
+		t.Fatal(err)
+	}
+	want("a StorageCluster left", false, "StorageCluster flex-left is left")
+	if err := env.Client.Delete(ctx, sc); err != nil {
+		t.Fatal(err)
+	}
+	mount := filepath.Join(kubelet, "pods", "0b5e2c1a", "volumes", flexvolume.Dir, "data")
+	if err := os.MkdirAll(mount, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	want("a pod's Flexvolume mount", false, "1 berth Flexvolume mount(s) on the node, such as "+mount)
+	if err := os.Remove(mount); err != nil {
+		t.Fatal(err)
+	}
+	want("nothing left", true, "")
+	if why, ok := flexRemovable(env.Client, "")(ctx); ok || !strings.Contains(why, "no kubelet dir") {
+		t.Errorf("without a kubelet dir: removable %v (%q)", ok, why)
+	}
+
+	// The runnable removes the driver it installed as it stops, when
+	// allowed, and keeps it otherwise.
+	for _, allow := range []bool{false, true} {
+		dir := t.TempDir()
+		f := &flexRunnable{
+			server: socket.NewServer(noOps{}, testr.New(t)), socket: filepath.Join(dir, "agent.sock"),
+			pluginDir: filepath.Join(dir, "exec"), binary: "/bin/true", log: testr.New(t), node: "n1",
+			retry: 20 * time.Millisecond, maxRetry: 50 * time.Millisecond,
+			removable: func(context.Context) (string, bool) { return "test", allow },
+		}
+		runCtx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- f.Start(runCtx) }()
+		driver := filepath.Join(f.pluginDir, flexvolume.Dir, flexvolume.Name)
+		if err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+			_, err := os.Stat(driver)
+			return err == nil, nil
+		}); err != nil {
+			t.Fatalf("driver not installed: %v", err)
+		}
+		stop()
+		if err := <-done; err != nil {
+			t.Fatalf("Start: %v", err)
+		}
+		_, err := os.Stat(filepath.Join(f.pluginDir, flexvolume.Dir))
+		if gone := os.IsNotExist(err); gone != allow {
+			t.Errorf("removal allowed %v: driver folder gone %v (%v)", allow, gone, err)
+		}
 	}
 }
