@@ -111,7 +111,10 @@ TOML
 	# failCgroupV1/cgroupDriver/failSwapOn/makeIPTablesUtilChains: this
 	# machine (cgroup v1, swap, no iptables rules wanted). Image GC off: the
 	# images are imported, never pulled back. Eviction thresholds low: a
-	# busy build machine must not evict test pods.
+	# busy build machine must not evict test pods. syncFrequency 10s (1m by
+	# default): kubelet looks at a running pod's volumes for an online
+	# expansion only when it syncs the pod, and the e2e scenarios waited a
+	# minute for that each time (a VM node keeps the default: vm.sh).
 	cat >"$conf/kubelet.yaml" <<YAML
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -120,6 +123,7 @@ cgroupDriver: cgroupfs
 cgroupRoot: /$(node_cgroup "$i")
 failSwapOn: false
 makeIPTablesUtilChains: false
+syncFrequency: 10s
 containerRuntimeEndpoint: unix://$sock
 address: $ip
 port: 10250

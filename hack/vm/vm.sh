@@ -78,6 +78,8 @@ vm_write_files() {
 	# unpacking); under TCG the berth image took over kubelet's default 2
 	# minutes, and each retry started the unpack anew.
 	sed -i '/^runtimeRequestTimeout:/d' "$root$dir/config/kubelet.yaml"
+	# Pod syncs at kubelet's default pace: every sync costs the TCG guest.
+	sed -i '/^syncFrequency:/d' "$root$dir/config/kubelet.yaml"
 	echo "runtimeRequestTimeout: 15m0s" >>"$root$dir/config/kubelet.yaml"
 	cp "$PKI/ca.crt" "$PKI/kubelet-$name.crt" "$PKI/kubelet-$name.key" "$PKI/kube-proxy.crt" "$PKI/kube-proxy.key" "$root$PKI/"
 	# kube-proxy's config as dns.sh writes it for a netns node, without

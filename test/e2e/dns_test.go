@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
 )
 
 // testClusterDNS: the cluster has what every real cluster has, a cluster
@@ -30,7 +31,9 @@ func testClusterDNS(t *testing.T) {
 	token := fmt.Sprintf("berth-dns-%d", time.Now().UnixNano())
 	web := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "web", Labels: map[string]string{"app": "web"}},
-		Spec: corev1.PodSpec{Containers: []corev1.Container{{
+		// httpd as PID 1 ignores SIGTERM: without this the namespace's
+		// deletion waits out the default 30 s.
+		Spec: corev1.PodSpec{TerminationGracePeriodSeconds: ptr.To[int64](1), Containers: []corev1.Container{{
 			Name: "httpd", Image: env.BusyboxImage, ImagePullPolicy: corev1.PullNever,
 			Command: []string{"sh", "-c", "mkdir /www && echo " + token + " > /www/index.html && exec httpd -f -p 8080 -h /www"},
 			Ports:   []corev1.ContainerPort{{ContainerPort: 8080}},

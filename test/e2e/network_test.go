@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
 )
 
 // testPodsReachAPIServer: on every node, pods on the pod network and
@@ -48,7 +49,10 @@ func testPodsReachAPIServer(t *testing.T) {
 	pong := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "pong"},
 		Spec: corev1.PodSpec{
-			NodeSelector: map[string]string{hostnameLabel: nodes[0]},
+			// httpd as PID 1 ignores SIGTERM: without this the namespace's
+			// deletion waits out the default 30 s.
+			TerminationGracePeriodSeconds: ptr.To[int64](1),
+			NodeSelector:                  map[string]string{hostnameLabel: nodes[0]},
 			Containers: []corev1.Container{{
 				Name: "c", Image: env.BusyboxImage, ImagePullPolicy: corev1.PullNever,
 				Command: []string{"sh", "-c", "mkdir /www && echo pong > /www/index.html && exec httpd -f -p 8080 -h /www"},
