@@ -98,8 +98,9 @@ gotests=(env "${static[@]}" hack/gotest.sh "${tags[@]}" -v "$@")
 # weight (hack/lib/cpushare.sh): they take what the clusters leave. The
 # clusters wait on emulated CPUs, heal timers and grace periods, and a TCG
 # guest starved of host CPU misses its own timers (a CI run with both at
-# one weight saw the VM node's kubelet time out TLS handshakes, an agent
-# take 2 minutes to restart, NBD heal cycles of 40 s instead of 10). The Go
+# one weight saw the VM node's kubelet time out TLS handshakes and an
+# agent take 2 minutes to restart, past nbd's dead-connection timeout).
+# The cluster tiers no longer wait for the Go tests either. The Go
 # tests wait for nothing emulated, and share nothing with a cluster: it
 # lives in its own network namespaces, under /var/lib/berth-e2e and
 # /run/berth, which no Go test touches, and its leftovers check looks
@@ -162,7 +163,6 @@ else
 	) &
 	go_pid=$!
 
-	prebuilt=
 	# prebuild PART: the cluster tiers' pinned binaries (hack/prebuild.sh;
 	# each builder skips what is cached). On a cold machine this is the
 	# critical lane's first step, so it runs in the foreground.
@@ -173,6 +173,7 @@ else
 	}
 	if [ "${BERTH_E2E:-1}" = 0 ]; then
 		left_out "VM e2e scenarios" "BERTH_E2E=0"
+		prebuild all
 	elif [ "${BERTH_E2E_VM_CI:-1}" = 1 ]; then
 		prebuild vm
 		# The rest of the cluster binaries build beside the VM tier, at the
@@ -189,11 +190,10 @@ else
 		wait "$others_pid" || true
 		tee -a "$log" <"$log.others"
 		rm -f "$log.others"
-		prebuilt=1
 	else
 		left_out "VM e2e scenarios" "BERTH_E2E_VM_CI=0; make e2e-vm runs them"
+		prebuild all
 	fi
-	[ -n "$prebuilt" ] || prebuild all
 	# The e2e tier reuses the cluster the conformance tier kept only when
 	# that tier passed: a failed one may leave it in any state.
 	reuse=0

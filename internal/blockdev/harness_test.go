@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -234,7 +233,11 @@ func (r *rig) cleanup() {
 			// With the server stopped and a keeper still holding
 			// /dev/fuse, nobody would answer: the flush, and the test,
 			// waited for ever (seen once, CI starved of CPU).
-			abortFUSE(t, r.mountpoint)
+			if err := testenv.AbortFUSE(r.mountpoint); err != nil {
+				t.Log(err)
+			} else {
+				t.Logf("aborted the FUSE connection at %s (ext4 above it detached lazily)", r.mountpoint)
+			}
 		}
 		_ = unix.Unmount(r.mountpoint, unix.MNT_DETACH)
 	}
@@ -244,35 +247,6 @@ func (r *rig) cleanup() {
 	if t.Failed() {
 		t.Logf("process log:\n%s", r.log)
 	}
-}
-
-// abortFUSE aborts the FUSE connection mounted at mp (fusectl's abort):
-// every request waiting on it fails at once.
-func abortFUSE(t *testing.T, mp string) {
-	ms, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(mp))
-	if err != nil || len(ms) == 0 {
-		return
-	}
-	ctl := "/sys/fs/fuse/connections"
-	if _, err := os.Stat(ctl); err != nil || !mountedFusectl(ctl) {
-		ctl = t.TempDir()
-		if err := unix.Mount("fusectl", ctl, "fusectl", 0, ""); err != nil {
-			t.Logf("mount fusectl to abort the connection at %s: %v", mp, err)
-			return
-		}
-		defer func() { _ = unix.Unmount(ctl, 0) }()
-	}
-	abort := filepath.Join(ctl, strconv.Itoa(ms[0].Minor), "abort")
-	if err := os.WriteFile(abort, []byte("1"), 0); err != nil {
-		t.Logf("abort the FUSE connection at %s: %v", mp, err)
-		return
-	}
-	t.Logf("aborted the FUSE connection at %s (ext4 above it detached lazily)", mp)
-}
-
-func mountedFusectl(path string) bool {
-	ms, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(path))
-	return err == nil && len(ms) > 0 && ms[0].FSType == "fusectl"
 }
 
 // mounted reads mountinfo (stat would hang or fail on a dead FUSE mount).

@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -18,6 +17,7 @@ import (
 	"github.com/berth-io/berth/internal/blockdev/blockdevtest"
 	"github.com/berth-io/berth/internal/blockdev/imagefile"
 	"github.com/berth-io/berth/internal/keeper"
+	"github.com/berth-io/berth/internal/testenv"
 )
 
 // findBound bounds the lookups below well under the 30 s a stalled
@@ -58,17 +58,10 @@ func stalledFUSEFile(t *testing.T, e *rootEnv) string {
 	}
 	srv := blockdevtest.Serve(t, img, 1)
 	var dev string
-	ctl := t.TempDir()
 	t.Cleanup(func() {
 		srv.Stop()
-		if err := unix.Mount("fusectl", ctl, "fusectl", 0, ""); err != nil {
-			t.Errorf("mount fusectl to abort the test's connection: %v", err)
-		} else {
-			abort := filepath.Join(ctl, strconv.Itoa(int(connMinor(t, srv.Mountpoint))), "abort")
-			if err := os.WriteFile(abort, []byte("1"), 0); err != nil {
-				t.Errorf("abort the test's FUSE connection: %v", err)
-			}
-			_ = unix.Unmount(ctl, 0)
+		if err := testenv.AbortFUSE(srv.Mountpoint); err != nil {
+			t.Errorf("the test's FUSE connection: %v", err)
 		}
 		<-srv.Done
 		_ = unix.Close(srv.FD)
@@ -96,21 +89,6 @@ func stalledFUSEFile(t *testing.T, e *rootEnv) string {
 	// 1 s), a stat of the file waits for a server.
 	time.Sleep(1500 * time.Millisecond)
 	return file
-}
-
-// connMinor is the FUSE connection's number (its fusectl folder), read
-// from mountinfo: a stat of the mount would wait for the server.
-func connMinor(t *testing.T, mp string) uint32 {
-	t.Helper()
-	mis, err := readMountInfo()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if m := mountAt(mis, mp); m != nil && m.MountPoint == mp {
-		return uint32(m.Minor)
-	}
-	t.Fatalf("no mount at %s", mp)
-	return 0
 }
 
 // A file of the same path in another mount namespace (another node's

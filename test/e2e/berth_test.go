@@ -232,10 +232,23 @@ func claimSource(claim string) corev1.VolumeSource {
 // running waits for the pod to run and returns it.
 func (s *scenario) running(name string) *corev1.Pod {
 	s.t.Helper()
+	return s.runningOrRemade(name, nil)
+}
+
+// runningOrRemade is running, but a pod found gone is made again once by
+// remake (nil: a pod gone fails the wait).
+func (s *scenario) runningOrRemade(name string, remake func()) *corev1.Pod {
+	s.t.Helper()
 	var p *corev1.Pod
 	s.waitFor("pod "+name+" Running", 3*time.Minute, func(ctx context.Context) (bool, error) {
 		var err error
 		p, err = s.cs.CoreV1().Pods(s.ns).Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) && remake != nil {
+			s.t.Logf("pod %s is gone: making it again", name)
+			remake()
+			remake = nil
+			return false, nil
+		}
 		if err != nil {
 			return false, err
 		}

@@ -4,7 +4,6 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -66,32 +65,12 @@ func testLocalVolumeOnLostNode(t *testing.T) {
 	if out, err := s.kubectl("taint", "node", nodeA, corev1.TaintNodeOutOfService+"-"); err != nil {
 		t.Fatalf("untaint: %v: %s", err, out)
 	}
-	// The scheduler binds the waiting pod as soon as it sees the taint go;
-	// Kubernetes' taint-eviction controller, reading the node from its own
-	// informer, may still see the NoExecute taint then and delete the pod
-	// (seen once in CI: bound, then gone within a second). That is a race
-	// between two informers of kube-controller-manager and the scheduler,
-	// not berth's: a user's controller would make the pod again, and so
-	// does the test, once.
-	var p *corev1.Pod
-	remade := false
-	s.waitFor("pod mover Running", 3*time.Minute, func(ctx context.Context) (bool, error) {
-		var err error
-		p, err = s.cs.CoreV1().Pods(s.ns).Get(ctx, "mover", metav1.GetOptions{})
-		if apierrors.IsNotFound(err) && !remade {
-			remade = true
-			t.Logf("pod mover was deleted after node %s's taint went (taint eviction saw it still): making it again", nodeA)
-			mover()
-			return false, nil
-		}
-		if err != nil {
-			return false, err
-		}
-		if p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded {
-			return false, fmt.Errorf("pod mover ended: %s", p.Status.Phase)
-		}
-		return p.Status.Phase == corev1.PodRunning, nil
-	})
+	// Seen once in CI: the waiting pod bound to node A as the taint went,
+	// then gone within a second, no berth event on it. Most likely
+	// Kubernetes' taint eviction, reading the node from its own informer,
+	// still saw the NoExecute taint the scheduler had seen go. A user's
+	// controller would make the pod again; the test does so, once.
+	p := s.runningOrRemade("mover", mover)
 	if p.Spec.NodeName != nodeA {
 		t.Errorf("mover runs on %s, want %s (where its volume lives)", p.Spec.NodeName, nodeA)
 	}
