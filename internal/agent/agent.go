@@ -22,6 +22,7 @@ import (
 	"github.com/berth-io/berth/internal/backend"
 	"github.com/berth-io/berth/internal/backend/ceph"
 	"github.com/berth-io/berth/internal/fence"
+	"github.com/berth-io/berth/internal/krbd"
 	"github.com/berth-io/berth/internal/mount"
 	"github.com/berth-io/berth/internal/nodepath"
 	"github.com/berth-io/berth/internal/volerr"
@@ -59,6 +60,7 @@ type Fencer interface {
 // Agent runs volume operations on one node.
 type Agent struct {
 	node string
+	rbd  krbd.Bus
 	api  client.Reader
 	// cached reads this node's Volumes from a watch's cache (Config.Volumes).
 	cached client.Reader
@@ -172,6 +174,9 @@ type Config struct {
 	FreezeLimit time.Duration
 	// Netns finds the holders' namespaces of clusters in the netns mode.
 	Netns NetnsConfig
+	// RBD is the kernel's rbd bus, which maps ceph volumes with mounter
+	// kernel (zero: /sys/bus/rbd and /dev).
+	RBD krbd.Bus
 }
 
 // ErrConfig means that New was given an unusable Config.
@@ -221,7 +226,7 @@ func New(c Config) (*Agent, error) {
 	a := &Agent{node: c.Node, api: c.API, cached: c.Volumes, images: c.Images, loop: c.Loop, mounts: c.Mounts, fence: c.Fence,
 		locks: c.Locks, log: c.Log, lockWait: c.LockWait, paths: c.Paths, flex: c.Flex,
 		status: c.Status, clock: c.Clock, events: c.Events, us: us, openRecords: c.CephRecords,
-		nfs: c.NFS, shareWait: c.ShareWait, freezeDir: c.FreezeDir, freezeLimit: c.FreezeLimit, netns: newHolderNS(c.Netns)}
+		nfs: c.NFS, shareWait: c.ShareWait, freezeDir: c.FreezeDir, freezeLimit: c.FreezeLimit, netns: newHolderNS(c.Netns), rbd: c.RBD}
 	if a.nfs == nil {
 		a.nfs = mount.HostNFSClient()
 	}

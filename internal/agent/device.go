@@ -105,7 +105,7 @@ type attachment struct {
 func (a *Agent) transports() map[Transport]device {
 	t := map[Transport]device{
 		TransportLoop: loopDevice{loop: a.loop, image: a.imagePath},
-		TransportKRBD: krbdDevice{},
+		TransportKRBD: krbdDevice{bus: a.rbd, records: a.records()},
 	}
 	if a.us != nil {
 		us := userspace{cfg: a.us, procs: &a.procs, records: a.records(), node: a.node, log: a.log, netns: a.netns}

@@ -199,6 +199,12 @@ func serverCause(err error) error {
 // StorageCluster, the client from the stage's secrets, the image from the
 // Volume (POOL/IMAGE). Nothing is made before it is complete.
 func (r rbdDevice) access(ctx context.Context, req attachRequest) (rbdimage.Access, error) {
+	return cephAccessFor(ctx, req, r.lookup)
+}
+
+// cephAccessFor is what a ceph volume's client needs (rbdDevice.access);
+// krbd takes the same.
+func cephAccessFor(ctx context.Context, req attachRequest, lookup func(ctx context.Context, host string) ([]string, error)) (rbdimage.Access, error) {
 	sc := req.Cluster
 	if sc == nil || sc.Spec.Ceph == nil {
 		return rbdimage.Access{}, fmt.Errorf("volume %s: its ceph StorageCluster (monitors, pool) is not known to this agent: %w",
@@ -211,7 +217,7 @@ func (r rbdDevice) access(ctx context.Context, req attachRequest) (rbdimage.Acce
 			"(the classes the operator makes do); the Flexvolume driver passes no secrets, use the CSI driver for ceph volumes: %w",
 			req.Volume, sc.Name, secretUserID, secretUserKey, volerr.ErrInvalid)
 	}
-	cfg, err := ceph.ConfigFor(ctx, sc.Spec.Ceph, id, key, r.lookup)
+	cfg, err := ceph.ConfigFor(ctx, sc.Spec.Ceph, id, key, lookup)
 	if err != nil {
 		return rbdimage.Access{}, fmt.Errorf("volume %s: monitors of StorageCluster %s: %w", req.Volume, sc.Name, err)
 	}

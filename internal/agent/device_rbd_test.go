@@ -18,6 +18,7 @@ import (
 	"github.com/berth-io/berth/internal/backend"
 	"github.com/berth-io/berth/internal/blockdev/launch"
 	"github.com/berth-io/berth/internal/blockdev/rbdimage"
+	"github.com/berth-io/berth/internal/krbd"
 	"github.com/berth-io/berth/internal/volerr"
 )
 
@@ -78,6 +79,9 @@ func leftNoRecord(t *testing.T, e *stageEnv) {
 
 func TestCephKernelVolumeRefusedBeforeAnything(t *testing.T) {
 	e := cephStageEnv(t, v1.MounterKernel)
+	// A kernel without the rbd driver.
+	e.cfg.RBD = krbd.Bus{Root: filepath.Join(t.TempDir(), "bus", "rbd")}
+	e.agent = newTestAgent(t, e.cfg)
 	err := e.agent.Stage(t.Context(), StageRequest{VolumeID: "vol-a", StagingPath: e.staging,
 		Secrets: map[string]string{"userID": "berth", "userKey": testKey}})
 	if errcode.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "krbd") {
@@ -88,17 +92,21 @@ func TestCephKernelVolumeRefusedBeforeAnything(t *testing.T) {
 }
 
 func TestKRBDCheckNamesTheModule(t *testing.T) {
-	sysfs := t.TempDir()
-	err := krbdDevice{sysfs: sysfs}.Check("vol-a")
+	bus := filepath.Join(t.TempDir(), "bus", "rbd")
+	recs := records{dir: t.TempDir()}
+	err := krbdDevice{bus: krbd.Bus{Root: bus}, records: recs}.Check("vol-a")
 	if !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "no rbd module") ||
-		!strings.Contains(err.Error(), filepath.Join(sysfs, "bus", "rbd")) || !strings.Contains(err.Error(), "mounter userspace") {
+		!strings.Contains(err.Error(), bus) || !strings.Contains(err.Error(), "mounter userspace") {
 		t.Fatalf("Check without /sys/bus/rbd: %v", err)
 	}
-	if err := os.MkdirAll(filepath.Join(sysfs, "bus", "rbd"), 0o755); err != nil {
+	if err := os.MkdirAll(bus, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := (krbdDevice{sysfs: sysfs}).Check("vol-a"); !errors.Is(err, ErrUnsupported) || strings.Contains(err.Error(), "no rbd module") {
-		t.Fatalf("Check with the module: %v, want refused as not built, not as a missing module", err)
+	if err := (krbdDevice{bus: krbd.Bus{Root: bus}, records: recs}).Check("vol-a"); err != nil {
+		t.Fatalf("Check with the module: %v", err)
+	}
+	if err := (krbdDevice{bus: krbd.Bus{Root: bus}}).Check("vol-a"); !errors.Is(err, ErrUnsupported) {
+		t.Fatalf("Check on an agent without records: %v, want refused", err)
 	}
 }
 
@@ -121,9 +129,26 @@ func TestCephUserspaceWithoutSecretsRefused(t *testing.T) {
 	leftNoRecord(t, e)
 }
 
+// stubDevice finds nothing and has nothing to heal.
+type stubDevice struct{}
+
+func (stubDevice) Check(string) error { return nil }
+func (stubDevice) Attach(context.Context, attachRequest) (attachment, error) {
+	return attachment{}, errors.New("stub")
+}
+func (stubDevice) Find(context.Context, string) (string, error)       { return "", nil }
+func (stubDevice) Detach(context.Context, string, string) error       { return nil }
+func (stubDevice) Stop(context.Context, string) error                 { return nil }
+func (stubDevice) Serving(context.Context, string) (HealResult, bool) { return HealSkipped, true }
+func (stubDevice) Condition(context.Context, string) (bool, string)   { return false, "" }
+func (stubDevice) Heal(context.Context, string, func(context.Context) (string, error)) (HealResult, error) {
+	return HealSkipped, nil
+}
+func (stubDevice) Expand(context.Context, string) (string, error) { return "", nil }
+
 // innerDevice is a userspace transport that records what it was asked.
 type innerDevice struct {
-	krbdDevice
+	stubDevice
 	attached []attachRequest
 	stopped  int
 	healSpec string

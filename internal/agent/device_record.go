@@ -40,6 +40,10 @@ type volumeRecord struct {
 	// volume, also one the healer starts after an agent restart, starts
 	// in the namespace of the live holder found there.
 	Holders string `json:"holders,omitempty"`
+	// RBD is the POOL/IMAGE the kernel maps for transport krbd, and
+	// RBDDevice its device (/dev/rbdN) once mapped.
+	RBD       string `json:"rbd,omitempty"`
+	RBDDevice *int   `json:"rbdDevice,omitempty"`
 }
 
 // recordVersion is the version this agent writes. Version 0 is the layout

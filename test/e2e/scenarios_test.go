@@ -47,6 +47,7 @@ var scenarios = []func(*testing.T){
 	testVMLocalVolumePowerLoss,
 	testVMShareRefusesOtherTenants,
 	testVMShareOnWorkloadNode,
+	testVMCephKernelMounter,
 	testNodeLossAndReturn,
 	testLocalVolumeOnLostNode,
 	testCephVolumeMovesOffLostNode,

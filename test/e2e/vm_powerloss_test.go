@@ -42,15 +42,7 @@ func testVMLocalVolumePowerLoss(t *testing.T) {
 	if h := holds(); !strings.Contains(h, "/holder") {
 		t.Fatalf("Attachment %s holders %q, want the holder pod's", volume, h)
 	}
-	s.t.Cleanup(func() {
-		_ = s.env.NodeAction(context.Background(), vm, "boot")
-		_, _ = s.kubectl("taint", "node", vm, corev1.TaintNodeOutOfService+"-")
-	})
-	if err := s.env.NodeAction(s.ctx, vm, "poweroff"); err != nil {
-		t.Fatal(err)
-	}
-	lost := time.Now()
-	waitNodeReady(s.ctx, t, s.cs, vm, false)
+	lost := s.powerOff(vm)
 	// NotReady alone breaks nothing: the node may be partitioned, not dead.
 	time.Sleep(20 * time.Second)
 	if h := holds(); !strings.Contains(h, "/holder") {
@@ -74,15 +66,7 @@ func testVMLocalVolumePowerLoss(t *testing.T) {
 		p.Spec.Tolerations = []corev1.Toleration{{Key: corev1.TaintNodeOutOfService, Operator: corev1.TolerationOpExists}}
 	})
 
-	booted := time.Now()
-	if err := s.env.NodeAction(s.ctx, vm, "boot"); err != nil {
-		t.Fatal(err)
-	}
-	waitNodeReady(s.ctx, t, s.cs, vm, true)
-	t.Logf("%s Ready %s after the boot", vm, time.Since(booted).Round(time.Second))
-	if out, err := s.kubectl("taint", "node", vm, corev1.TaintNodeOutOfService+"-"); err != nil {
-		t.Fatalf("untaint: %v: %s", err, out)
-	}
+	s.bootAgain(vm)
 	s.running("mover")
 	s.waitFor("the mover reads the data fsync'd before the power loss", 2*time.Minute, func(context.Context) (bool, error) {
 		out, err := s.kubectl("-n", s.ns, "logs", "mover")
@@ -118,4 +102,37 @@ func (s *scenario) vmRecords(node, volume string) []string {
 		s.t.Fatalf("records of %s on %s: %v", volume, node, err)
 	}
 	return strings.Fields(out)
+}
+
+// powerOff cuts the VM node's power (its kernel, mounts and devices go at
+// once) and waits until it is NotReady; it returns when the power went.
+// Should the scenario stop first, a cleanup boots the VM and removes an
+// out-of-service taint.
+func (s *scenario) powerOff(vm string) time.Time {
+	s.t.Helper()
+	s.t.Cleanup(func() {
+		_ = s.env.NodeAction(context.Background(), vm, "boot")
+		_, _ = s.kubectl("taint", "node", vm, corev1.TaintNodeOutOfService+"-")
+	})
+	if err := s.env.NodeAction(s.ctx, vm, "poweroff"); err != nil {
+		s.t.Fatal(err)
+	}
+	lost := time.Now()
+	waitNodeReady(s.ctx, s.t, s.cs, vm, false)
+	return lost
+}
+
+// bootAgain boots the VM node, waits until it is Ready and removes the
+// out-of-service taint.
+func (s *scenario) bootAgain(vm string) {
+	s.t.Helper()
+	booted := time.Now()
+	if err := s.env.NodeAction(s.ctx, vm, "boot"); err != nil {
+		s.t.Fatal(err)
+	}
+	waitNodeReady(s.ctx, s.t, s.cs, vm, true)
+	s.t.Logf("%s Ready %s after the boot", vm, time.Since(booted).Round(time.Second))
+	if out, err := s.kubectl("taint", "node", vm, corev1.TaintNodeOutOfService+"-"); err != nil {
+		s.t.Fatalf("untaint: %v: %s", err, out)
+	}
 }

@@ -1,0 +1,101 @@
+package agent
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/berth-io/berth/internal/krbd"
+)
+
+// krbdOf is a krbd device on a bus folder of the test's: the kernel's
+// mappings are folders the test makes.
+func krbdOf(t *testing.T) (krbdDevice, string) {
+	t.Helper()
+	bus := filepath.Join(t.TempDir(), "rbd")
+	if err := os.MkdirAll(filepath.Join(bus, "devices"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"add_single_major", "remove_single_major"} {
+		if err := os.WriteFile(filepath.Join(bus, f), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return krbdDevice{bus: krbd.Bus{Root: bus}, records: records{dir: t.TempDir()}}, bus
+}
+
+func mapInKernel(t *testing.T, bus, id, pool, image, client string) {
+	t.Helper()
+	dir := filepath.Join(bus, "devices", id)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, v := range map[string]string{"pool": pool, "name": image, "current_snap": "-", "client_addr": client} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(v+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// An agent that stopped between the kernel's map and its record finds the
+// mapping by the recorded image, reports its own client for fencing, and
+// unmaps it by its number; once gone, the device is reported gone.
+func TestKRBDFindsMappingAfterRestart(t *testing.T) {
+	d, bus := krbdOf(t)
+	ctx := t.Context()
+	if err := d.records.save("vol-a", volumeRecord{Transport: TransportKRBD, RBD: "berth/pvc-a"}); err != nil {
+		t.Fatal(err)
+	}
+	if dev, err := d.Find(ctx, "vol-a"); err != nil || dev != "" {
+		t.Fatalf("Find before any mapping = %q, %v", dev, err)
+	}
+	mapInKernel(t, bus, "3", "berth", "pvc-b", "10.0.0.9:0/1")
+	mapInKernel(t, bus, "5", "berth", "pvc-a", "10.0.0.9:0/42")
+	att, err := d.Attach(ctx, attachRequest{Volume: "vol-a", Image: "berth/pvc-a", Cluster: cephCluster(),
+		Secrets: map[string]string{"userID": "berth", "userKey": testKey}})
+	if err != nil || att.Device != "/dev/rbd5" || att.NewDevice || att.NewConnection {
+		t.Fatalf("Attach of a mapped image = %+v, %v; want rbd5, nothing new", att, err)
+	}
+	if got, _ := os.ReadFile(filepath.Join(bus, "add_single_major")); len(got) != 0 {
+		t.Errorf("mapped again: %q", got)
+	}
+	if dev, err := d.Find(ctx, "vol-a"); err != nil || dev != "/dev/rbd5" {
+		t.Errorf("Find = %q, %v", dev, err)
+	}
+	if addrs, err := d.cephClients("vol-a"); err != nil || len(addrs) != 1 || addrs[0] != "10.0.0.9:0/42" {
+		t.Errorf("cephClients = %v, %v", addrs, err)
+	}
+	if err := d.Detach(ctx, "vol-a", "/dev/rbd5"); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(filepath.Join(bus, "remove_single_major")); string(got) != "5" {
+		t.Errorf("unmap request %q, want 5", got)
+	}
+	// The kernel's mapping gone under a recorded device (a reboot).
+	id := 5
+	if err := d.records.save("vol-a", volumeRecord{Transport: TransportKRBD, RBD: "berth/pvc-a", RBDDevice: &id}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(filepath.Join(bus, "devices", "5")); err != nil {
+		t.Fatal(err)
+	}
+	if abnormal, msg := d.Condition(ctx, "vol-a"); !abnormal || !strings.Contains(msg, "rbd5 is gone") {
+		t.Errorf("Condition after the mapping went = %t, %q", abnormal, msg)
+	}
+	if err := d.Stop(ctx, "vol-a"); err != nil {
+		t.Errorf("Stop with nothing mapped: %v", err)
+	}
+}
+
+// A stage request without the cephx client maps nothing.
+func TestKRBDWithoutSecretsMapsNothing(t *testing.T) {
+	d, bus := krbdOf(t)
+	if _, err := d.Attach(t.Context(), attachRequest{Volume: "vol-a", Image: "berth/pvc-a", Cluster: cephCluster()}); err == nil ||
+		!strings.Contains(err.Error(), "node-stage-secret-name") {
+		t.Fatalf("Attach without secrets: %v", err)
+	}
+	if got, _ := os.ReadFile(filepath.Join(bus, "add_single_major")); len(got) != 0 {
+		t.Errorf("mapped: %q", got)
+	}
+}
