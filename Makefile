@@ -132,8 +132,8 @@ e2e: build ## Run the end-to-end scenarios on a real two-node Kubernetes with be
 	hack/e2e.sh $(GO_TEST_FLAGS)
 
 .PHONY: e2e-vm
-e2e-vm: build ## Run the VM scenarios (kernel NFS client, nbd, power loss) on one netns and one VM node (root; qemu).
-	BERTH_E2E_NODES=1 BERTH_E2E_VM_NODES=1 BERTH_E2E_CEPH=0 hack/e2e.sh -timeout 75m -run 'TestE2E/VM' $(GO_TEST_FLAGS)
+e2e-vm: build ## Run the VM scenarios (kernel NFS client, nbd, ublk, krbd, power loss) on one netns and one VM node (root; qemu).
+	BERTH_E2E_NODES=1 BERTH_E2E_VM_NODES=1 BERTH_E2E_CEPH=1 hack/e2e.sh -timeout 75m -run 'TestE2E/VM' $(GO_TEST_FLAGS)
 
 .PHONY: conformance
 conformance: build ## Kubernetes External Storage tests on berth, per StorageClass (root; hack/conformance.sh; CONFORMANCE_QUICK=1 for the CI subset).
