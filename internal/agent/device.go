@@ -98,6 +98,10 @@ type attachment struct {
 	// NewConnection: the volume's servers and kernel connection did not
 	// exist before this call (Stop undoes them).
 	NewConnection bool
+	// Pending: the call failed without knowing whether the kernel made
+	// the device, which it may still do. The record stays, so that the
+	// next stage or unstage of the volume finds the device by it.
+	Pending bool
 }
 
 // transports are this agent's devices by the transport a record names. A

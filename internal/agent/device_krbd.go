@@ -75,8 +75,12 @@ func (k krbdDevice) mapped(volume string) (krbd.Device, bool, error) {
 		return k.bus.Get(*rec.RBDDevice, pool, image)
 	}
 	ds, err := k.bus.Find(pool, image)
-	if err != nil || len(ds) != 1 {
+	switch {
+	case err != nil || len(ds) == 0:
 		return krbd.Device{}, false, err
+	case len(ds) > 1:
+		return krbd.Device{}, false, fmt.Errorf("volume %s: the kernel maps its RBD image %s more than once (%v) and its record names "+
+			"none of them: unmap the ones no mount uses (/sys/bus/rbd/remove_single_major): %w", volume, rec.RBD, ds, volerr.ErrPrecondition)
 	}
 	return ds[0], true, nil
 }
@@ -86,14 +90,22 @@ func (k krbdDevice) Attach(ctx context.Context, req attachRequest) (attachment, 
 	if err != nil {
 		return attachment{}, err
 	}
-	if d, ok, err := k.mapped(req.Volume); err != nil {
-		return attachment{}, err
-	} else if ok {
-		return attachment{Device: k.bus.Path(d)}, nil
-	}
 	rec, _, err := k.records.load(req.Volume)
 	if err != nil {
 		return attachment{}, err
+	}
+	if d, ok, err := k.mapped(req.Volume); err != nil {
+		return attachment{}, err
+	} else if ok {
+		if rec.RBDDevice == nil {
+			// Found by its image (an earlier call stopped before its
+			// record): from now on by its number.
+			rec.RBDDevice = &d.ID
+			if err := k.records.save(req.Volume, rec); err != nil {
+				return attachment{}, err
+			}
+		}
+		return attachment{Device: k.bus.Path(d)}, nil
 	}
 	// The image is recorded before the kernel maps it: an agent that stops
 	// in between finds the mapping by it.
@@ -106,7 +118,7 @@ func (k krbdDevice) Attach(ctx context.Context, req attachRequest) (attachment, 
 	d, err := k.bus.Map(ctx, krbd.Spec{Monitors: access.MonHost, Client: access.Client, Key: access.Key,
 		Pool: access.Pool, Image: access.Image, ReadOnly: req.ReadOnly, Timeout: krbdTimeout})
 	if err != nil {
-		return attachment{}, fmt.Errorf("volume %s: %w", req.Volume, krbdCause(err))
+		return attachment{Pending: errors.Is(err, krbd.ErrPending)}, fmt.Errorf("volume %s: %w", req.Volume, krbdCause(err))
 	}
 	att := attachment{Device: k.bus.Path(d), NewDevice: true, NewConnection: true}
 	rec.RBDDevice = &d.ID
@@ -125,7 +137,7 @@ func krbdCause(err error) error {
 		return fmt.Errorf("%w: %w", err, volerr.ErrInUse)
 	case errors.Is(err, krbd.ErrRefused):
 		return fmt.Errorf("%w: %w", err, volerr.ErrPrecondition)
-	case errors.Is(err, krbd.ErrUnreachable), errors.Is(err, context.DeadlineExceeded):
+	case errors.Is(err, krbd.ErrUnreachable), errors.Is(err, krbd.ErrPending), errors.Is(err, context.DeadlineExceeded):
 		return fmt.Errorf("%w: %w", err, volerr.ErrUnavailable)
 	case errors.Is(err, krbd.ErrNoImage):
 		return fmt.Errorf("%w: %w", err, volerr.ErrNotFound)
@@ -141,10 +153,13 @@ func (k krbdDevice) Find(_ context.Context, volume string) (string, error) {
 	return k.bus.Path(d), nil
 }
 
-// Detach unmaps the volume's image; an open device is refused, never
-// forced.
-func (k krbdDevice) Detach(ctx context.Context, volume, _ string) error {
-	d, ok, err := k.mapped(volume)
+// Detach unmaps dev, when it maps the volume's image, else the mapping
+// the record finds; an open device is refused, never forced.
+func (k krbdDevice) Detach(ctx context.Context, volume, dev string) error {
+	d, ok, err := k.byPath(volume, dev)
+	if err == nil && !ok {
+		d, ok, err = k.mapped(volume)
+	}
 	if err != nil || !ok {
 		return err
 	}
@@ -157,6 +172,24 @@ func (k krbdDevice) Detach(ctx context.Context, volume, _ string) error {
 		return fmt.Errorf("volume %s: %w", volume, err)
 	}
 	return nil
+}
+
+// byPath is the mapping of dev (/dev/rbdN) when it maps the volume's
+// recorded image.
+func (k krbdDevice) byPath(volume, dev string) (krbd.Device, bool, error) {
+	id, ok := k.bus.ID(dev)
+	if !ok {
+		return krbd.Device{}, false, nil
+	}
+	rec, _, err := k.records.load(volume)
+	if err != nil {
+		return krbd.Device{}, false, err
+	}
+	pool, image, ok := rec.image()
+	if !ok {
+		return krbd.Device{}, false, nil
+	}
+	return k.bus.Get(id, pool, image)
 }
 
 // Stop unmaps what is still mapped: the kernel's client is the volume's

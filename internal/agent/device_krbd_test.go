@@ -1,11 +1,13 @@
 package agent
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/krbd"
 )
 
@@ -97,5 +99,53 @@ func TestKRBDWithoutSecretsMapsNothing(t *testing.T) {
 	}
 	if got, _ := os.ReadFile(filepath.Join(bus, "add_single_major")); len(got) != 0 {
 		t.Errorf("mapped: %q", got)
+	}
+}
+
+// Two mappings of the image and no recorded number: which one the volume
+// uses is not known, and nothing is unmapped on a guess. A device given
+// by path is unmapped when it maps the volume's image.
+func TestKRBDTwoMappingsOfTheImage(t *testing.T) {
+	d, bus := krbdOf(t)
+	ctx := t.Context()
+	if err := d.records.save("vol-a", volumeRecord{Transport: TransportKRBD, RBD: "berth/pvc-a"}); err != nil {
+		t.Fatal(err)
+	}
+	mapInKernel(t, bus, "1", "berth", "pvc-a", "10.0.0.9:0/1")
+	mapInKernel(t, bus, "2", "berth", "pvc-a", "10.0.0.9:0/2")
+	mapInKernel(t, bus, "3", "berth", "pvc-b", "10.0.0.9:0/3")
+	if dev, err := d.Find(ctx, "vol-a"); err == nil || !strings.Contains(err.Error(), "more than once") {
+		t.Fatalf("Find with two mappings = %q, %v; want an error", dev, err)
+	}
+	if err := d.Detach(ctx, "vol-a", "/dev/rbd3"); err == nil {
+		t.Fatal("Detach of another image's device by path went on to guess")
+	}
+	if got, _ := os.ReadFile(filepath.Join(bus, "remove_single_major")); len(got) != 0 {
+		t.Fatalf("unmapped %q", got)
+	}
+	if err := d.Detach(ctx, "vol-a", "/dev/rbd2"); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(filepath.Join(bus, "remove_single_major")); string(got) != "2" {
+		t.Errorf("unmap request %q, want 2", got)
+	}
+}
+
+// A map whose outcome is not known (the kernel took the request, no new
+// device found) fails the stage but keeps the record, so the next stage
+// or unstage finds the device should it appear.
+func TestKRBDStageWithUnknownOutcomeKeepsRecord(t *testing.T) {
+	e := cephStageEnv(t, v1.MounterKernel)
+	d, _ := krbdOf(t)
+	e.cfg.RBD = d.bus
+	e.agent = newTestAgent(t, e.cfg)
+	err := e.agent.Stage(t.Context(), StageRequest{VolumeID: "vol-a", StagingPath: e.staging,
+		Secrets: map[string]string{"userID": "berth", "userKey": testKey}})
+	if !errors.Is(err, krbd.ErrPending) {
+		t.Fatalf("stage: %v, want the outcome unknown", err)
+	}
+	rec, found, err := e.agent.records().load("vol-a")
+	if err != nil || !found || rec.Transport != TransportKRBD || rec.RBD != "rbd/berth-vol-a" {
+		t.Errorf("record after an unknown outcome: %+v, %t, %v", rec, found, err)
 	}
 }

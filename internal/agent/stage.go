@@ -179,7 +179,7 @@ func (a *Agent) undoStage(ctx context.Context, r StageRequest, d device, att att
 		if err := a.stopDevice(ctx, r.VolumeID, d); err != nil {
 			log.Error(err, "stop blockdev server after failed stage")
 		}
-	case recorded:
+	case recorded && !att.Pending:
 		if err := a.records().remove(r.VolumeID); err != nil {
 			log.Error(err, "remove record after failed stage")
 		}

@@ -62,8 +62,9 @@ type Spec struct {
 	// the kernel does not run for others. Without it the kernel takes the
 	// lock at its first write and hands it over when asked.
 	Exclusive bool
-	// Timeout bounds the kernel's wait for the monitors and for the lock
-	// (mount_timeout, lock_timeout); 0 is DefaultTimeout.
+	// Timeout bounds the kernel's wait for the monitors and the OSD map
+	// (mount_timeout; with Exclusive also for the lock, lock_timeout);
+	// 0 is DefaultTimeout.
 	Timeout time.Duration
 }
 
@@ -79,12 +80,15 @@ func (s Spec) options(msMode string) string {
 		t = DefaultTimeout
 	}
 	secs := strconv.Itoa(int((t + time.Second - 1) / time.Second))
-	opts := []string{"name=" + s.Client, "secret=" + s.Key, "ms_mode=" + msMode,
-		"mount_timeout=" + secs, "lock_timeout=" + secs, "noshare"}
+	opts := []string{"name=" + s.Client, "secret=" + s.Key}
+	if msMode != "" {
+		opts = append(opts, "ms_mode="+msMode)
+	}
+	opts = append(opts, "mount_timeout="+secs, "noshare")
 	if s.ReadOnly {
 		opts = append(opts, "read_only")
 	} else if s.Exclusive {
-		opts = append(opts, "exclusive")
+		opts = append(opts, "exclusive", "lock_timeout="+secs)
 	}
 	return strings.Join(opts, ",")
 }
@@ -92,7 +96,7 @@ func (s Spec) options(msMode string) string {
 // kernelMonitors turns MonHost's list into the kernel's: "IP:PORT,..."
 // and the messenger mode. The kernel speaks one protocol per mapping: v2
 // monitors when there are any (ms_mode=prefer-crc, kernels from 5.11),
-// else v1 (legacy).
+// else v1 with no ms_mode (older kernels refuse the option).
 func kernelMonitors(monHost string) (addrs, msMode string, err error) {
 	var v1, v2 []string
 	for _, m := range strings.Split(monHost, ",") {
@@ -115,7 +119,7 @@ func kernelMonitors(monHost string) (addrs, msMode string, err error) {
 	if len(v2) > 0 {
 		return strings.Join(v2, ","), "prefer-crc", nil
 	}
-	return strings.Join(v1, ","), "legacy", nil
+	return strings.Join(v1, ","), "", nil
 }
 
 // check refuses what the kernel's parser would split wrongly: its fields
@@ -148,6 +152,21 @@ func (b Bus) Path(d Device) string {
 		dev = "/dev"
 	}
 	return filepath.Join(dev, "rbd"+strconv.Itoa(d.ID))
+}
+
+// ID is the device number of path (/dev/rbdN); ok is false for another
+// path.
+func (b Bus) ID(path string) (id int, ok bool) {
+	dev := b.Dev
+	if dev == "" {
+		dev = "/dev"
+	}
+	n, found := strings.CutPrefix(path, filepath.Join(dev, "rbd"))
+	id, err := strconv.Atoi(n)
+	if !found || err != nil || strconv.Itoa(id) != n || id < 0 {
+		return 0, false
+	}
+	return id, true
 }
 
 // Map maps the image and returns its device. The kernel write blocks
@@ -183,7 +202,7 @@ func (b Bus) Map(ctx context.Context, s Spec) (Device, error) {
 			return d, nil
 		}
 	}
-	return Device{}, fmt.Errorf("rbd map %s/%s: the kernel took the request, but no new device of it is on %s", s.Pool, s.Image, b.root())
+	return Device{}, fmt.Errorf("rbd map %s/%s: the kernel took the request, but no new device of it is on %s: %w", s.Pool, s.Image, b.root(), ErrPending)
 }
 
 func containsID(ds []Device, id int) bool {
@@ -205,6 +224,12 @@ var (
 	ErrUnreachable = errors.New("no monitor answered")
 	// ErrNoImage: the pool or the image does not exist.
 	ErrNoImage = errors.New("no such pool or image")
+	// ErrPending: whether the kernel made the device is not known: it had
+	// not answered when the caller's context ended, and may still make it
+	// (an OSD that does not answer holds the map's header read, which
+	// mount_timeout does not bound); or it answered, but no new device of
+	// the image was found.
+	ErrPending = errors.New("the kernel did not answer in time and may still do it")
 )
 
 func mapCause(err error) error {
@@ -245,7 +270,7 @@ func writeWithin(ctx context.Context, path, line string) error {
 	case err := <-done:
 		return err
 	case <-ctx.Done():
-		return fmt.Errorf("the kernel did not answer: %w", ctx.Err())
+		return fmt.Errorf("%w: %w", ErrPending, ctx.Err())
 	}
 }
 

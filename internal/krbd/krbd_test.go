@@ -44,7 +44,7 @@ func TestKernelMonitors(t *testing.T) {
 	for _, c := range []struct{ in, addrs, mode string }{
 		{"[v2:10.0.0.1:3300]", "10.0.0.1:3300", "prefer-crc"},
 		{"[v2:10.0.0.1:3300],[v1:10.0.0.1:6789],[v2:[fd00::1]:3300]", "10.0.0.1:3300,[fd00::1]:3300", "prefer-crc"},
-		{"[v1:10.0.0.1:6789],[v1:10.0.0.2:6789]", "10.0.0.1:6789,10.0.0.2:6789", "legacy"},
+		{"[v1:10.0.0.1:6789],[v1:10.0.0.2:6789]", "10.0.0.1:6789,10.0.0.2:6789", ""},
 	} {
 		addrs, mode, err := kernelMonitors(c.in)
 		if err != nil || addrs != c.addrs || mode != c.mode {
@@ -72,17 +72,17 @@ func TestMapRequest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := "10.0.0.1:3300 name=berth-node,secret=QUJD+/==,ms_mode=prefer-crc,mount_timeout=20,lock_timeout=20,noshare,exclusive berth pvc-1 -"
+	want := "10.0.0.1:3300 name=berth-node,secret=QUJD+/==,ms_mode=prefer-crc,mount_timeout=20,noshare,exclusive,lock_timeout=20 berth pvc-1 -"
 	if string(got) != want {
 		t.Errorf("map request\n%s\nwant\n%s", got, want)
 	}
 	s.Exclusive = false
-	if s.options("prefer-crc") != "name=berth-node,secret=QUJD+/==,ms_mode=prefer-crc,mount_timeout=20,lock_timeout=20,noshare" {
+	if s.options("prefer-crc") != "name=berth-node,secret=QUJD+/==,ms_mode=prefer-crc,mount_timeout=20,noshare" {
 		t.Errorf("options without exclusive %s", s.options("prefer-crc"))
 	}
 	s.ReadOnly = true
-	if s.options("legacy") != "name=berth-node,secret=QUJD+/==,ms_mode=legacy,mount_timeout=20,lock_timeout=20,noshare,read_only" {
-		t.Errorf("read-only options %s", s.options("legacy"))
+	if s.options("") != "name=berth-node,secret=QUJD+/==,mount_timeout=20,noshare,read_only" {
+		t.Errorf("read-only msgr1 options %s", s.options(""))
 	}
 	for _, bad := range []Spec{
 		{Monitors: s.Monitors, Client: "a,b", Key: "k", Pool: "p", Image: "i"},
@@ -173,11 +173,25 @@ func TestMapWaitsAtMostCtx(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
 	defer cancel()
 	_, err := b.Map(ctx, Spec{Monitors: "[v2:10.0.0.1:3300]", Client: "c", Key: "k", Pool: "p", Image: "i"})
-	if !errors.Is(err, context.DeadlineExceeded) {
+	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, ErrPending) {
 		t.Fatalf("Map with no answer: %v", err)
 	}
 	// Let the writer go: open the FIFO for reading once.
 	if f, err := os.OpenFile(fifo, os.O_RDONLY|syscall.O_NONBLOCK, 0); err == nil {
 		_ = f.Close()
+	}
+}
+
+func TestID(t *testing.T) {
+	b := Bus{}
+	for path, want := range map[string]int{"/dev/rbd0": 0, "/dev/rbd12": 12} {
+		if id, ok := b.ID(path); !ok || id != want {
+			t.Errorf("ID(%q) = %d, %t", path, id, ok)
+		}
+	}
+	for _, path := range []string{"", "/dev/rbd", "/dev/rbd01", "/dev/rbd-1", "/dev/rbd1p1", "/dev/nbd1", "/tmp/dev/rbd1"} {
+		if id, ok := b.ID(path); ok {
+			t.Errorf("ID(%q) = %d, want none", path, id)
+		}
 	}
 }
