@@ -52,12 +52,21 @@ func (c Config) up(ctx context.Context) error {
 	}
 	c.progress("2/4 installing berth: Helm chart deploy/berth (CRDs, operator), then StorageCluster(s) %s (backend %s)",
 		strings.Join(c.storageClusters(), ", "), c.Backend)
-	if err := c.install(ctx, k, cephEnv); err != nil {
+	uncordon, err := c.cordonVMNodes(ctx, k, cenv)
+	if err != nil {
 		return err
 	}
-	c.progress("3/4 waiting for the operator to deploy the agent, keeper and CSI controller")
-	if err := c.waitDriver(ctx, k); err != nil {
-		c.dumpDriver(ctx, k)
+	err = c.install(ctx, k, cephEnv)
+	if err == nil {
+		c.progress("3/4 waiting for the operator to deploy the agent, keeper and CSI controller")
+		if err = c.waitDriver(ctx, k); err != nil {
+			c.dumpDriver(ctx, k)
+		}
+	}
+	if uerr := uncordon(); err == nil {
+		err = uerr
+	}
+	if err != nil {
 		return err
 	}
 	if c.Demo {
@@ -180,4 +189,34 @@ Look around (the API server is reachable from this host at %s):
 Remove everything:  berth dev down --repo %s   (or: make dev-down)
 `, env["API_SERVER"], env["KUBECONFIG"], env["KUBECTL"], DemoNamespace, DemoNamespace, DemoPod,
 		Namespace, Namespace, c.Repo)
+}
+
+// cordonVMNodes keeps berth's Deployments (operator, CSI controller) off
+// the VM nodes while berth is installed, when a netns node can run them:
+// a VM node has no sidecar images (hack/cluster/images.sh), and its
+// PreferNoSchedule taint alone once lost to the scheduler's other scores
+// (the CSI controller stuck in ErrImageNeverPull). DaemonSet pods run on
+// cordoned nodes. The returned func uncordons them.
+func (c Config) cordonVMNodes(ctx context.Context, k kubectl, env ClusterEnv) (func() error, error) {
+	var vms []string
+	netns := 0
+	for i := 1; env[fmt.Sprintf("NODE_NAME_%d", i)] != ""; i++ {
+		if env[fmt.Sprintf("NODE_KIND_%d", i)] == "vm" {
+			vms = append(vms, env[fmt.Sprintf("NODE_NAME_%d", i)])
+		} else {
+			netns++
+		}
+	}
+	if len(vms) == 0 || netns == 0 {
+		return func() error { return nil }, nil
+	}
+	if _, err := k.run(ctx, nil, append([]string{"cordon"}, vms...)...); err != nil {
+		return nil, fmt.Errorf("cordon the VM nodes while berth is installed: %w", err)
+	}
+	return func() error {
+		if _, err := k.run(context.WithoutCancel(ctx), nil, append([]string{"uncordon"}, vms...)...); err != nil {
+			return fmt.Errorf("uncordon the VM nodes after berth's install: %w", err)
+		}
+		return nil
+	}, nil
 }
