@@ -67,6 +67,11 @@ func (k krbdDevice) mapped(volume string) (krbd.Device, bool, error) {
 	if err != nil {
 		return krbd.Device{}, false, err
 	}
+	return k.mappedIn(volume, rec)
+}
+
+// mappedIn is mapped with the volume's record read already.
+func (k krbdDevice) mappedIn(volume string, rec volumeRecord) (krbd.Device, bool, error) {
 	pool, image, ok := rec.image()
 	if !ok {
 		return krbd.Device{}, false, nil
@@ -94,7 +99,7 @@ func (k krbdDevice) Attach(ctx context.Context, req attachRequest) (attachment, 
 	if err != nil {
 		return attachment{}, err
 	}
-	if d, ok, err := k.mapped(req.Volume); err != nil {
+	if d, ok, err := k.mappedIn(req.Volume, rec); err != nil {
 		return attachment{}, err
 	} else if ok {
 		if rec.RBDDevice == nil {
@@ -156,9 +161,19 @@ func (k krbdDevice) Find(_ context.Context, volume string) (string, error) {
 // Detach unmaps dev, when it maps the volume's image, else the mapping
 // the record finds; an open device is refused, never forced.
 func (k krbdDevice) Detach(ctx context.Context, volume, dev string) error {
-	d, ok, err := k.byPath(volume, dev)
+	rec, _, err := k.records.load(volume)
+	if err != nil {
+		return err
+	}
+	var d krbd.Device
+	ok := false
+	if id, isRBD := k.bus.ID(dev); isRBD {
+		if pool, image, named := rec.image(); named {
+			d, ok, err = k.bus.Get(id, pool, image)
+		}
+	}
 	if err == nil && !ok {
-		d, ok, err = k.mapped(volume)
+		d, ok, err = k.mappedIn(volume, rec)
 	}
 	if err != nil || !ok {
 		return err
@@ -172,24 +187,6 @@ func (k krbdDevice) Detach(ctx context.Context, volume, dev string) error {
 		return fmt.Errorf("volume %s: %w", volume, err)
 	}
 	return nil
-}
-
-// byPath is the mapping of dev (/dev/rbdN) when it maps the volume's
-// recorded image.
-func (k krbdDevice) byPath(volume, dev string) (krbd.Device, bool, error) {
-	id, ok := k.bus.ID(dev)
-	if !ok {
-		return krbd.Device{}, false, nil
-	}
-	rec, _, err := k.records.load(volume)
-	if err != nil {
-		return krbd.Device{}, false, err
-	}
-	pool, image, ok := rec.image()
-	if !ok {
-		return krbd.Device{}, false, nil
-	}
-	return k.bus.Get(id, pool, image)
 }
 
 // Stop unmaps what is still mapped: the kernel's client is the volume's
@@ -227,7 +224,7 @@ func (k krbdDevice) Condition(_ context.Context, volume string) (bool, string) {
 	if rec.RBDDevice == nil {
 		return false, ""
 	}
-	if _, ok, err := k.mapped(volume); err != nil {
+	if _, ok, err := k.mappedIn(volume, rec); err != nil {
 		return true, err.Error()
 	} else if !ok {
 		return true, fmt.Sprintf("the kernel no longer maps its RBD image %s (rbd%d is gone)", rec.RBD, *rec.RBDDevice)

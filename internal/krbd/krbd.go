@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -198,20 +199,11 @@ func (b Bus) Map(ctx context.Context, s Spec) (Device, error) {
 		return Device{}, err
 	}
 	for _, d := range after {
-		if d.Pool == s.Pool && d.Image == s.Image && !containsID(before, d.ID) {
+		if d.Pool == s.Pool && d.Image == s.Image && !slices.ContainsFunc(before, func(b Device) bool { return b.ID == d.ID }) {
 			return d, nil
 		}
 	}
 	return Device{}, fmt.Errorf("rbd map %s/%s: the kernel took the request, but no new device of it is on %s: %w", s.Pool, s.Image, b.root(), ErrPending)
-}
-
-func containsID(ds []Device, id int) bool {
-	for _, d := range ds {
-		if d.ID == id {
-			return true
-		}
-	}
-	return false
 }
 
 // The kernel's answers to a map that callers tell apart.
@@ -378,19 +370,6 @@ func (b Bus) Refresh(ctx context.Context, d Device) error {
 		return fmt.Errorf("rbd device %d: refresh: %w", d.ID, err)
 	}
 	return nil
-}
-
-// Size is the mapping's size in bytes.
-func (b Bus) Size(d Device) (int64, error) {
-	s, err := readAttr(filepath.Join(b.root(), "devices", strconv.Itoa(d.ID)), "size")
-	if err != nil {
-		return 0, err
-	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("rbd device %d: size %q: %w", d.ID, s, err)
-	}
-	return n, nil
 }
 
 // ErrBusy: the device is open (mounted or held by a process).
