@@ -102,15 +102,13 @@ func (k krbdDevice) Attach(ctx context.Context, req attachRequest) (attachment, 
 	if d, ok, err := k.mappedIn(req.Volume, rec); err != nil {
 		return attachment{}, err
 	} else if ok {
-		if rec.RBDDevice == nil {
-			// Found by its image (an earlier call stopped before its
-			// record): from now on by its number.
-			rec.RBDDevice = &d.ID
-			if err := k.records.save(req.Volume, rec); err != nil {
-				return attachment{}, err
-			}
+		same, err := k.sameAccess(ctx, req, d)
+		if err != nil {
+			return attachment{}, err
 		}
-		return attachment{Device: k.bus.Path(d)}, nil
+		if same {
+			return k.reuse(req.Volume, rec, d)
+		}
 	}
 	// The image is recorded before the kernel maps it: an agent that stops
 	// in between finds the mapping by it.
@@ -131,6 +129,46 @@ func (k krbdDevice) Attach(ctx context.Context, req attachRequest) (attachment, 
 		return att, err
 	}
 	return att, nil
+}
+
+// reuse gives the volume mapping d that an earlier call made.
+func (k krbdDevice) reuse(volume string, rec volumeRecord, d krbd.Device) (attachment, error) {
+	if rec.RBDDevice == nil {
+		// Found by its image (an earlier call stopped before its record):
+		// from now on by its number.
+		rec.RBDDevice = &d.ID
+		if err := k.records.save(volume, rec); err != nil {
+			return attachment{}, err
+		}
+	}
+	return attachment{Device: k.bus.Path(d)}, nil
+}
+
+// sameAccess tells whether mapping d is as read-only as req asks. A
+// mapping that is not is unmapped, so that it is made again: a stage
+// left by an earlier one of the other kind (a read-only stage that failed
+// before its undo) would else fail every write (EROFS), or write under a
+// read-only mount. One that is open is refused: a stage of the other kind
+// still uses it.
+func (k krbdDevice) sameAccess(ctx context.Context, req attachRequest, d krbd.Device) (bool, error) {
+	ro, err := k.bus.ReadOnly(d)
+	if err != nil {
+		return false, fmt.Errorf("volume %s: %w", req.Volume, err)
+	}
+	if ro == req.ReadOnly {
+		return true, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, krbdTimeout)
+	defer cancel()
+	if err := k.bus.Unmap(ctx, d); err != nil {
+		if errors.Is(err, krbd.ErrBusy) {
+			return false, fmt.Errorf("volume %s: the kernel maps its image as %s with read-only=%t and it is in use, asked read-only=%t: "+
+				"unstage the volume first: %w: %w", req.Volume, k.bus.Path(d), ro, req.ReadOnly, err, volerr.ErrInUse)
+		}
+		return false, fmt.Errorf("volume %s: unmap %s, mapped with read-only=%t, to map it with read-only=%t: %w",
+			req.Volume, k.bus.Path(d), ro, req.ReadOnly, err)
+	}
+	return false, nil
 }
 
 // krbdCause gives the kernel's answer its kind: a lock another client

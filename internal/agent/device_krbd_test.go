@@ -24,7 +24,26 @@ func krbdOf(t *testing.T) (krbdDevice, string) {
 			t.Fatal(err)
 		}
 	}
-	return krbdDevice{bus: krbd.Bus{Root: bus}, records: records{dir: t.TempDir()}}, bus
+	return krbdDevice{bus: krbd.Bus{Root: bus, Block: blockOf(bus)}, records: records{dir: t.TempDir()}}, bus
+}
+
+// blockOf is the block device folder beside a test's bus folder.
+func blockOf(bus string) string { return filepath.Join(filepath.Dir(bus), "block") }
+
+// setReadOnly sets the read-only flag of mapping id.
+func setReadOnly(t *testing.T, bus, id string, ro bool) {
+	t.Helper()
+	dir := filepath.Join(blockOf(bus), "rbd"+id)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	v := "0\n"
+	if ro {
+		v = "1\n"
+	}
+	if err := os.WriteFile(filepath.Join(dir, "ro"), []byte(v), 0o644); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func mapInKernel(t *testing.T, bus, id, pool, image, client string) {
@@ -38,6 +57,7 @@ func mapInKernel(t *testing.T, bus, id, pool, image, client string) {
 			t.Fatal(err)
 		}
 	}
+	setReadOnly(t, bus, id, false)
 }
 
 // An agent that stopped between the kernel's map and its record finds the
@@ -147,5 +167,38 @@ func TestKRBDStageWithUnknownOutcomeKeepsRecord(t *testing.T) {
 	rec, found, err := e.agent.records().load("vol-a")
 	if err != nil || !found || rec.Transport != TransportKRBD || rec.RBD != "rbd/berth-vol-a" {
 		t.Errorf("record after an unknown outcome: %+v, %t, %v", rec, found, err)
+	}
+}
+
+// A mapping left read-only by an earlier stage is unmapped and mapped
+// again for a read-write one, never handed over (every write would fail
+// EROFS); one of the asked kind is reused as it is.
+func TestKRBDMappingOfTheOtherAccessIsRemade(t *testing.T) {
+	d, bus := krbdOf(t)
+	ctx := t.Context()
+	five := 5
+	if err := d.records.save("vol-a", volumeRecord{Transport: TransportKRBD, RBD: "rbd/berth-vol-a", RBDDevice: &five}); err != nil {
+		t.Fatal(err)
+	}
+	mapInKernel(t, bus, "5", "rbd", "berth-vol-a", "10.0.0.9:0/42")
+	setReadOnly(t, bus, "5", true)
+	secrets := map[string]string{"userID": "berth", "userKey": testKey}
+	att, err := d.Attach(ctx, attachRequest{Volume: "vol-a", Image: "rbd/berth-vol-a", Cluster: cephCluster(), Secrets: secrets, ReadOnly: true})
+	if err != nil || att.Device != "/dev/rbd5" || att.NewDevice {
+		t.Fatalf("read-only Attach of a read-only mapping = %+v, %v; want rbd5 reused", att, err)
+	}
+	if got, _ := os.ReadFile(filepath.Join(bus, "remove_single_major")); len(got) != 0 {
+		t.Fatalf("unmapped %q", got)
+	}
+	_, err = d.Attach(ctx, attachRequest{Volume: "vol-a", Image: "rbd/berth-vol-a", Cluster: cephCluster(), Secrets: secrets})
+	if !errors.Is(err, krbd.ErrPending) {
+		t.Fatalf("read-write Attach of a read-only mapping: %v; want it unmapped and mapped again (no new device here)", err)
+	}
+	if got, _ := os.ReadFile(filepath.Join(bus, "remove_single_major")); string(got) != "5" {
+		t.Errorf("unmap request %q, want 5", got)
+	}
+	req, _ := os.ReadFile(filepath.Join(bus, "add_single_major"))
+	if !strings.Contains(string(req), " rbd berth-vol-a -") || strings.Contains(string(req), "read_only") {
+		t.Errorf("map request %q: want the image, read-write", req)
 	}
 }

@@ -26,6 +26,8 @@ type Bus struct {
 	Root string
 	// Dev is the folder of the device nodes; "" is /dev.
 	Dev string
+	// Block is the kernel's folder of block devices; "" is /sys/block.
+	Block string
 }
 
 func (b Bus) root() string {
@@ -343,6 +345,26 @@ func (b Bus) Find(pool, image string) ([]Device, error) {
 		}
 	}
 	return out, nil
+}
+
+// ReadOnly tells whether the kernel maps d read-only: the block device's
+// own flag, as the rbd bus shows no options but with the key.
+func (b Bus) ReadOnly(d Device) (bool, error) {
+	block := b.Block
+	if block == "" {
+		block = "/sys/block"
+	}
+	v, err := readAttr(filepath.Join(block, "rbd"+strconv.Itoa(d.ID)), "ro")
+	switch v {
+	case "0":
+		return false, nil
+	case "1":
+		return true, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return false, fmt.Errorf("rbd device %d: read-only flag %q: want 0 or 1", d.ID, v)
 }
 
 // ClientAddr is the address of the mapping's own Ceph client

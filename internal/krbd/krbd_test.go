@@ -192,3 +192,31 @@ func TestID(t *testing.T) {
 		}
 	}
 }
+
+// The read-only flag is the block device's; anything but 0 or 1 is an
+// error, not a guess.
+func TestReadOnly(t *testing.T) {
+	b := fakeBus(t)
+	b.Block = filepath.Join(filepath.Dir(b.Root), "block")
+	d := Device{ID: 7, Pool: "rbd", Image: "a"}
+	if _, err := b.ReadOnly(d); err == nil {
+		t.Error("ReadOnly of a device with no block folder took it")
+	}
+	if err := os.MkdirAll(filepath.Join(b.Block, "rbd7"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for v, want := range map[string]bool{"0\n": false, "1\n": true} {
+		if err := os.WriteFile(filepath.Join(b.Block, "rbd7", "ro"), []byte(v), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if ro, err := b.ReadOnly(d); err != nil || ro != want {
+			t.Errorf("ReadOnly with ro %q = %t, %v; want %t", v, ro, err, want)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(b.Block, "rbd7", "ro"), []byte("x\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.ReadOnly(d); err == nil {
+		t.Error("ReadOnly with ro \"x\" took it")
+	}
+}
