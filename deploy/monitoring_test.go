@@ -23,6 +23,7 @@ import (
 
 	"github.com/berth-io/berth/internal/metrics"
 	"github.com/berth-io/berth/internal/testenv"
+	"github.com/berth-io/berth/internal/version"
 )
 
 // monitoringValues turn on every monitoring object of the chart.
@@ -86,6 +87,9 @@ func berthMetrics(t *testing.T) map[string][]string {
 	driver.Set(true)
 	_, err = metrics.NewNode(reg, oneVolumeNode{}, logr.Discard())
 	must(err)
+	_, err = metrics.NewShareStates(reg, oneShare{}, logr.Discard(), "running", "error")
+	must(err)
+	must(metrics.NewBuildInfo(reg, version.Get()))
 
 	families, err := reg.Gather()
 	must(err)
@@ -119,6 +123,16 @@ func (oneVolumeNode) VolumeCounts(context.Context) ([]metrics.VolumeCount, error
 func (oneVolumeNode) KeeperConnections(context.Context) (int, error) { return 1, nil }
 func (oneVolumeNode) BlockdevIOErrors(context.Context) (map[string]uint64, error) {
 	return map[string]uint64{"pvc-1": 1}, nil
+}
+func (oneVolumeNode) DataDirs(context.Context) ([]metrics.DataDirUsage, error) {
+	return []metrics.DataDirUsage{{Dir: "/var/lib/berth/data", Size: 100, Free: 50, Promised: 60, Allocated: 40}}, nil
+}
+
+// oneShare is a cluster with one running share.
+type oneShare struct{}
+
+func (oneShare) ShareStates(context.Context) (map[string]int, error) {
+	return map[string]int{"running": 1}, nil
 }
 
 // inControllerRuntime tells whether controller-runtime's registry, which

@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
+	"github.com/berth-io/berth/internal/backend"
 	"github.com/berth-io/berth/internal/blockdev"
 	"github.com/berth-io/berth/internal/metrics"
 )
@@ -27,6 +28,22 @@ type NodeMetrics struct {
 	Agent *Agent
 	// Volumes is the manager's cache, which holds this node's Volumes only.
 	Volumes client.Reader
+	// Usage reads the data dirs (backend.Set.Usage); nil: none.
+	Usage func(ctx context.Context) (map[string]backend.Usage, error)
+}
+
+// DataDirs reports each data dir's filesystem and images, sorted by dir.
+func (n NodeMetrics) DataDirs(ctx context.Context) ([]metrics.DataDirUsage, error) {
+	if n.Usage == nil {
+		return nil, nil
+	}
+	usage, err := n.Usage(ctx)
+	out := make([]metrics.DataDirUsage, 0, len(usage))
+	for dir, u := range usage {
+		out = append(out, metrics.DataDirUsage{Dir: dir, Size: u.Size, Free: u.Free, Promised: u.Promised, Allocated: u.Allocated})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Dir < out[j].Dir })
+	return out, err
 }
 
 // VolumeCounts counts this node's Volumes by state and transport.

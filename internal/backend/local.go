@@ -440,6 +440,26 @@ func (l *Local) Expand(ctx context.Context, id string, size int64) (Image, error
 	return img, nil
 }
 
+// Usage is what a data dir's filesystem holds and has left, and what its
+// volume images promise and take.
+type Usage struct {
+	Size, Free          int64
+	Promised, Allocated int64
+}
+
+// Usage reads the data dir's filesystem and sums its volume images.
+func (l *Local) Usage(_ context.Context) (Usage, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(l.dir, &st); err != nil {
+		return Usage{}, fmt.Errorf("statfs %s: %w", l.dir, err)
+	}
+	promised, allocated, err := l.usage()
+	if err != nil {
+		return Usage{}, err
+	}
+	return Usage{Size: int64(st.Blocks) * st.Bsize, Free: int64(st.Bavail) * st.Bsize, Promised: promised, Allocated: allocated}, nil
+}
+
 // Capacity returns the bytes new images may still promise: the free space
 // of the data dir's filesystem, less what its images may still take beyond
 // what they hold (all of it when images are reserved), or, with

@@ -348,3 +348,40 @@ func mustOpen(t *testing.T, p string) *os.File {
 	t.Cleanup(func() { _ = f.Close() })
 	return f
 }
+
+// Usage reads the data dir's real filesystem and sums its images: a
+// reserved image's size is promised and allocated, a sparse one's only
+// promised, and the filesystem's numbers are statfs's.
+func TestUsage(t *testing.T) {
+	ctx := context.Background()
+	l, dir := newLocal(t)
+	if _, err := l.Create(ctx, "reserved", 8*mib); err != nil {
+		t.Fatal(err)
+	}
+	sparse := l.Provisioned(Provisioning{OvercommitPercent: 200})
+	if _, err := sparse.Create(ctx, "sparse", 16*mib); err != nil {
+		t.Fatal(err)
+	}
+	u, err := l.Usage(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	if u.Size != int64(st.Blocks)*st.Bsize || u.Free <= 0 || u.Free > u.Size {
+		t.Errorf("filesystem: size %d, free %d; statfs says %d blocks of %d", u.Size, u.Free, st.Blocks, st.Bsize)
+	}
+	if u.Promised != 24*mib || u.Allocated < 8*mib || u.Allocated >= 24*mib {
+		t.Errorf("images: promised %d, allocated %d; want 24 MiB promised, 8 MiB to less than 24 allocated", u.Promised, u.Allocated)
+	}
+	set, err := NewSet([]string{dir}, nil, testr.New(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	byDir, err := set.Usage(ctx)
+	if err != nil || byDir[dir].Promised != u.Promised {
+		t.Errorf("Set.Usage = %v, %v", byDir, err)
+	}
+}

@@ -59,6 +59,22 @@ func NewSet(dirs []string, place func(ctx context.Context, volumeID string) (Pla
 // Dirs returns the data dirs served, sorted.
 func (s *Set) Dirs() []string { return slices.Clone(s.dirs) }
 
+// Usage returns each data dir's Usage, by dir; a dir that cannot be read
+// is left out and its error returned with the others'.
+func (s *Set) Usage(ctx context.Context) (map[string]Usage, error) {
+	out := make(map[string]Usage, len(s.dirs))
+	var errs []error
+	for _, d := range s.dirs {
+		u, err := s.locals[d].Usage(ctx)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		out[d] = u
+	}
+	return out, errors.Join(errs...)
+}
+
 // WithQuiescer sets the quiescer of every backend.
 func (s *Set) WithQuiescer(q Quiescer) *Set {
 	for _, l := range s.locals {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/berth-io/berth/internal/metrics"
 	"github.com/berth-io/berth/internal/testenv"
+	"github.com/berth-io/berth/internal/version"
 )
 
 // TestNilGroupsRecordNothing: code built without metrics calls the same
@@ -82,6 +83,12 @@ type fakeNode struct {
 	// ioErrors per volume, or ioErr.
 	ioErrors map[string]uint64
 	ioErr    error
+	dirs     []metrics.DataDirUsage
+	dirsErr  error
+}
+
+func (f *fakeNode) DataDirs(context.Context) ([]metrics.DataDirUsage, error) {
+	return f.dirs, f.dirsErr
 }
 
 func (f *fakeNode) VolumeCounts(context.Context) ([]metrics.VolumeCount, error) {
@@ -133,6 +140,7 @@ func TestNodeGaugesReadAtScrape(t *testing.T) {
 	src := &fakeNode{
 		volumes: []metrics.VolumeCount{{State: "Available", Transport: "loop", N: 2}, {State: "Available", Transport: "fuse", N: 1}},
 		conns:   1,
+		dirs:    []metrics.DataDirUsage{{Dir: "/var/lib/berth/data", Size: 100, Free: 40, Promised: 80, Allocated: 55}},
 	}
 	if _, err := metrics.NewNode(reg, src, logr.Discard()); err != nil {
 		t.Fatal(err)
@@ -141,10 +149,13 @@ func TestNodeGaugesReadAtScrape(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	dir := func(name string) string { return testenv.Series(name, "dir", "/var/lib/berth/data") }
 	for s, n := range map[string]float64{
 		testenv.Series("berth_volumes", "state", "Available", "transport", "loop"): 2,
 		testenv.Series("berth_volumes", "state", "Available", "transport", "fuse"): 1,
 		"berth_keeper_up": 1, "berth_keeper_connections": 1,
+		dir("berth_data_dir_size_bytes"): 100, dir("berth_data_dir_free_bytes"): 40,
+		dir("berth_data_dir_promised_bytes"): 80, dir("berth_data_dir_allocated_bytes"): 55,
 	} {
 		if got[s] != n {
 			t.Errorf("%s = %v, want %v", s, got[s], n)
@@ -152,6 +163,7 @@ func TestNodeGaugesReadAtScrape(t *testing.T) {
 	}
 	src.volErr, src.keepErr, src.volumes = errors.New("cache not synced"), errors.New("keeper down"), nil
 	src.ioErr = errors.New("userspace root unreadable")
+	src.dirs, src.dirsErr = nil, errors.New("statfs: EIO")
 	got, err = testenv.Gathered(reg)
 	if err != nil {
 		t.Fatalf("scrape with failing sources: %v", err)
@@ -246,5 +258,53 @@ func TestPoolsKeep(t *testing.T) {
 	free, used := testenv.Series("berth_ceph_pool_free_bytes", "storage_cluster", "a"), testenv.Series("berth_ceph_pool_used_bytes", "storage_cluster", "a")
 	if len(got) != 2 || got[free] != 10 || got[used] != 4 {
 		t.Errorf("after keeping a: %v, want a's free 10 and used 4 only", got)
+	}
+}
+
+// TestBuildInfo: one series of value 1 naming the build.
+func TestBuildInfo(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	if err := metrics.NewBuildInfo(reg, version.Info{Version: "v0.2.0", Commit: "abc1234", GoVersion: "go1.24.4", Ceph: true}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := testenv.Gathered(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := testenv.Series("berth_build_info", "ceph", "true", "commit", "abc1234", "goversion", "go1.24.4", "version", "v0.2.0")
+	if len(got) != 1 || got[want] != 1 {
+		t.Errorf("build info: %v, want %s 1", got, want)
+	}
+}
+
+type fakeShares struct {
+	counts map[string]int
+	err    error
+}
+
+func (f *fakeShares) ShareStates(context.Context) (map[string]int, error) { return f.counts, f.err }
+
+// TestShareStates: every named state has a series, zero or not, a state
+// not named gets one too, and a failing source leaves them out.
+func TestShareStates(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	src := &fakeShares{counts: map[string]int{"running": 2, "odd": 1}}
+	if _, err := metrics.NewShareStates(reg, src, logr.Discard(), "running", "error"); err != nil {
+		t.Fatal(err)
+	}
+	got, err := testenv.Gathered(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	state := func(s string) string { return testenv.Series("berth_shares", "state", s) }
+	if len(got) != 3 || got[state("running")] != 2 || got[state("odd")] != 1 {
+		t.Errorf("share states: %v", got)
+	}
+	if v, ok := got[state("error")]; !ok || v != 0 {
+		t.Errorf("error state: %v, %t; want a zero series", v, ok)
+	}
+	src.err = errors.New("cache not synced")
+	if got, err = testenv.Gathered(reg); err != nil || len(got) != 0 {
+		t.Errorf("scrape with a failing source: %v, %v; want no series", got, err)
 	}
 }

@@ -28,6 +28,19 @@ type NodeSource interface {
 	// BlockdevIOErrors is, per staged userspace volume, how many requests
 	// its blockdev servers answered with an I/O error since it was staged.
 	BlockdevIOErrors(ctx context.Context) (map[string]uint64, error)
+	// DataDirs is the use of each data dir this agent keeps images in.
+	DataDirs(ctx context.Context) ([]DataDirUsage, error)
+}
+
+// DataDirUsage is what one data dir holds and has left.
+type DataDirUsage struct {
+	Dir string
+	// Size and Free are its filesystem's bytes, and those it may still
+	// write (statfs f_blocks and f_bavail).
+	Size, Free int64
+	// Promised is the sum of its volume images' sizes; Allocated the bytes
+	// they take (sparse images take less until written).
+	Promised, Allocated int64
 }
 
 // Node is a collector of the agent's node gauges, read from its source at
@@ -37,6 +50,7 @@ type NodeSource interface {
 //	berth_keeper_up                           1 when the keeper answered
 //	berth_keeper_connections                  FUSE connections the keeper holds (only when up)
 //	berth_blockdev_io_errors_total            requests of this node's userspace volumes their image failed
+//	berth_data_dir_{size,free,promised,allocated}_bytes{dir}   each data dir's filesystem and images
 //
 // The I/O error counter has no volume label: it is the node's sum, kept
 // monotonic while volumes are unstaged (their last counts stay in it).
@@ -45,7 +59,8 @@ type Node struct {
 	log     logr.Logger
 	timeout time.Duration
 
-	volumes, keeperUp, keeperConns, ioErrors *prometheus.Desc
+	volumes, keeperUp, keeperConns, ioErrors    *prometheus.Desc
+	dirSize, dirFree, dirPromised, dirAllocated *prometheus.Desc
 
 	mu sync.Mutex
 	// ioLast is each staged volume's count at the last scrape; ioGone the
@@ -67,6 +82,14 @@ func NewNode(reg prometheus.Registerer, src NodeSource, log logr.Logger) (*Node,
 			"FUSE connections of userspace volumes the keeper holds.", nil, nil),
 		ioErrors: prometheus.NewDesc(namespace+"_blockdev_io_errors_total",
 			"Requests of this node's userspace volumes that their blockdev servers answered with an error because the image failed (read, write, sync, fallocate), since the agent started; unstaged volumes' counts stay in it.", nil, nil),
+		dirSize: prometheus.NewDesc(namespace+"_data_dir_size_bytes",
+			"Size of the filesystem of a data dir (a StorageCluster's local volume images on this node).", []string{"dir"}, nil),
+		dirFree: prometheus.NewDesc(namespace+"_data_dir_free_bytes",
+			"Bytes the filesystem of a data dir may still write (statfs f_bavail): when none are left, writes of its thin volumes fail.", []string{"dir"}, nil),
+		dirPromised: prometheus.NewDesc(namespace+"_data_dir_promised_bytes",
+			"Sum of the sizes of a data dir's volume images: what its volumes may grow to.", []string{"dir"}, nil),
+		dirAllocated: prometheus.NewDesc(namespace+"_data_dir_allocated_bytes",
+			"Bytes a data dir's volume images take on its filesystem (sparse images take less than their size until written).", []string{"dir"}, nil),
 		ioLast: map[string]uint64{},
 	}
 	return registered(n, reg, "node", n)
@@ -78,6 +101,10 @@ func (n *Node) Describe(ch chan<- *prometheus.Desc) {
 	ch <- n.keeperUp
 	ch <- n.keeperConns
 	ch <- n.ioErrors
+	ch <- n.dirSize
+	ch <- n.dirFree
+	ch <- n.dirPromised
+	ch <- n.dirAllocated
 }
 
 // Collect implements prometheus.Collector. A source that fails leaves its
@@ -91,6 +118,16 @@ func (n *Node) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, c := range counts {
 		ch <- prometheus.MustNewConstMetric(n.volumes, prometheus.GaugeValue, float64(c.N), c.State, c.Transport)
+	}
+	dirs, err := n.src.DataDirs(ctx)
+	if err != nil {
+		n.log.Error(err, "data dir metrics left out of this scrape")
+	}
+	for _, d := range dirs {
+		ch <- prometheus.MustNewConstMetric(n.dirSize, prometheus.GaugeValue, float64(d.Size), d.Dir)
+		ch <- prometheus.MustNewConstMetric(n.dirFree, prometheus.GaugeValue, float64(d.Free), d.Dir)
+		ch <- prometheus.MustNewConstMetric(n.dirPromised, prometheus.GaugeValue, float64(d.Promised), d.Dir)
+		ch <- prometheus.MustNewConstMetric(n.dirAllocated, prometheus.GaugeValue, float64(d.Allocated), d.Dir)
 	}
 	if total, err := n.ioErrorTotal(ctx); err != nil {
 		n.log.Error(err, "blockdev I/O error count left out of this scrape")

@@ -1,8 +1,10 @@
 package metrics
 
 import (
+	"context"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -47,4 +49,57 @@ func (s *Share) Recovered(took time.Duration) {
 		return
 	}
 	s.duration.Observe(seconds(took))
+}
+
+// ShareSource answers, at scrape time, how many shares are in each state.
+type ShareSource interface {
+	ShareStates(ctx context.Context) (map[string]int, error)
+}
+
+// ShareStates is a collector of the operator's shares by state, read from
+// its source at each scrape:
+//
+//	berth_shares{state}    ShareManagers by status.state
+//
+// Every state in states has a series, zero or not, so that an alert on
+// error sees its first share.
+type ShareStates struct {
+	src    ShareSource
+	states []string
+	log    logr.Logger
+	desc   *prometheus.Desc
+}
+
+// NewShareStates makes and registers the share state collector.
+func NewShareStates(reg prometheus.Registerer, src ShareSource, log logr.Logger, states ...string) (*ShareStates, error) {
+	s := &ShareStates{src: src, states: states, log: log,
+		desc: prometheus.NewDesc(namespace+"_shares",
+			"Read-write-many shares (ShareManagers) by status.state: starting, running, stopping, stopped, error, unknown.",
+			[]string{"state"}, nil)}
+	return registered(s, reg, "share states", s)
+}
+
+// Describe implements prometheus.Collector.
+func (s *ShareStates) Describe(ch chan<- *prometheus.Desc) { ch <- s.desc }
+
+// Collect implements prometheus.Collector; a source that fails leaves the
+// series out of this scrape (and is logged).
+func (s *ShareStates) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	counts, err := s.src.ShareStates(ctx)
+	if err != nil {
+		s.log.Error(err, "share states left out of this scrape")
+		return
+	}
+	seen := map[string]bool{}
+	for _, st := range s.states {
+		seen[st] = true
+		ch <- prometheus.MustNewConstMetric(s.desc, prometheus.GaugeValue, float64(counts[st]), st)
+	}
+	for st, n := range counts {
+		if !seen[st] {
+			ch <- prometheus.MustNewConstMetric(s.desc, prometheus.GaugeValue, float64(n), st)
+		}
+	}
 }

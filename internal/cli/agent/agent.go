@@ -90,6 +90,9 @@ func newAgentMetrics() (agentMetrics, error) {
 	if m.cleanup, err = metrics.NewCleanup(reg); err != nil {
 		return m, err
 	}
+	if err = metrics.NewBuildInfo(reg, version.Get()); err != nil {
+		return m, err
+	}
 	m.driver, err = metrics.NewFlexDriver(reg)
 	return m, err
 }
@@ -265,7 +268,7 @@ func (c Config) Run(ctx context.Context) error {
 		return err
 	}
 	// The node gauges read the cache of this node's Volumes at scrape time.
-	if _, err := metrics.NewNode(ctrlmetrics.Registry, nodeagent.NodeMetrics{Agent: a, Volumes: mgr.GetClient()}, c.Log.WithName("metrics")); err != nil {
+	if _, err := metrics.NewNode(ctrlmetrics.Registry, nodeagent.NodeMetrics{Agent: a, Volumes: mgr.GetClient(), Usage: images.Usage}, c.Log.WithName("metrics")); err != nil {
 		return err
 	}
 

@@ -107,6 +107,9 @@ func (c Config) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := metrics.NewBuildInfo(reg, version.Get()); err != nil {
+		return err
+	}
 	ml, metricsHandler, err := c.metricsEndpoint(reg)
 	if err != nil {
 		return err

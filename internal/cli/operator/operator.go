@@ -149,6 +149,9 @@ func (c Config) Run(ctx context.Context) error {
 	if err != nil && !berthmetrics.IsAlreadyRegistered(err) {
 		return err
 	}
+	if err := berthmetrics.NewBuildInfo(metrics.Registry, version.Get()); err != nil && !berthmetrics.IsAlreadyRegistered(err) {
+		return err
+	}
 	breaker := &takeover.Reconciler{
 		Fencer: fence.New(direct, mgr.GetEventRecorderFor("berth-operator"), clock.RealClock{}, c.Log.WithName("take-over"),
 			fence.Options{Metrics: fenceMetrics}),
@@ -312,6 +315,11 @@ func (c Config) addShareManagers(mgr ctrl.Manager) error {
 		return err
 	}
 	shares, err := berthmetrics.NewShare(metrics.Registry, sharemanager.FailoverReasons...)
+	if err != nil && !berthmetrics.IsAlreadyRegistered(err) {
+		return err
+	}
+	_, err = berthmetrics.NewShareStates(metrics.Registry, sharemanager.StateCounts{Reader: mgr.GetClient(), Namespace: c.Cluster.Namespace},
+		c.Log.WithName("metrics"), sharemanager.States...)
 	if err != nil && !berthmetrics.IsAlreadyRegistered(err) {
 		return err
 	}
