@@ -280,15 +280,31 @@ func TestAgentWritesOnlyItsOwnNodesRecords(t *testing.T) {
 		t.Errorf("status after unstage: %+v", got.Status)
 	}
 
-	ownNC := &v1.NodeCleanup{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}, Spec: v1.NodeCleanupSpec{Blocklisted: []v1.BlocklistedClient{
-		{Address: "10.0.0.9:0/1", Volume: "vol-c", Reason: v1.ReasonNodeGone, BlocklistedAt: metav1.Now()}}}}
+	// Fenced Ceph clients are the operator's (F5): an agent that listed
+	// node-c's fenced client on its own list would have the operator lift
+	// that fence once node-a is clean.
+	nodeCClient := v1.BlocklistedClient{Address: "10.0.0.3:0/7", Volume: "vol-c", Reason: v1.ReasonNodeGone, BlocklistedAt: metav1.Now()}
+	refused("create own stale list with another node's fenced client", a.Create(ctx, &v1.NodeCleanup{
+		ObjectMeta: metav1.ObjectMeta{Name: "node-a"}, Spec: v1.NodeCleanupSpec{Blocklisted: []v1.BlocklistedClient{nodeCClient}}}), true)
+	ownNC := &v1.NodeCleanup{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}}
 	allowed("create own stale list", a.Create(ctx, ownNC))
 	t.Cleanup(func() { _ = admin.Delete(context.Background(), ownNC) })
 	ownNC.Status.Pending = 1
 	allowed("write own cleanup status", a.Status().Update(ctx, ownNC))
-	// Fenced clients and the operator's marks (F5): even on its own list,
-	// an agent takes no client off and sets no clean-since mark, either of
-	// which would have the operator lift a blocklist entry.
+	// The operator fences one of node-a's clients (a lock break).
+	fenced := get(ctx, t, &v1.NodeCleanup{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}})
+	fenced.Spec.Blocklisted = []v1.BlocklistedClient{{Address: "10.0.0.9:0/1", Volume: "vol-c", Reason: v1.ReasonNodeGone, BlocklistedAt: metav1.Now()}}
+	if err := admin.Update(ctx, fenced); err != nil {
+		t.Fatal(err)
+	}
+	added := get(ctx, t, &v1.NodeCleanup{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}})
+	added.Spec.Blocklisted = append(added.Spec.Blocklisted, nodeCClient)
+	refused("add another node's fenced client to its own list", a.Update(ctx, added), true)
+	kept := get(ctx, t, &v1.NodeCleanup{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}})
+	kept.Spec.Entries = nil
+	allowed("update own list, fenced clients kept", a.Update(ctx, kept))
+	// Nor does an agent take a client off, or set a clean-since mark, either
+	// of which would have the operator lift a blocklist entry.
 	unfenced := get(ctx, t, &v1.NodeCleanup{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}})
 	unfenced.Spec.Blocklisted = nil
 	refused("take a fenced client off its own list", a.Update(ctx, unfenced), true)
