@@ -58,7 +58,7 @@ func describeHolder(procRoot string, pid int) Holder {
 		h.Command = strings.TrimSpace(string(b))
 	}
 	if b, err := os.ReadFile(filepath.Join(dir, "cgroup")); err == nil {
-		h.PodUID = podUIDFromCgroup(string(b))
+		h.PodUID = PodUIDFromCgroup(string(b))
 	}
 	return h
 }
@@ -69,8 +69,8 @@ func describeHolder(procRoot string, pid int) Holder {
 // "/../", which still carries both parts.
 var podCgroup = regexp.MustCompile(`kubepods[^\n]*?pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})`)
 
-// podUIDFromCgroup returns the pod UID in a /proc/<pid>/cgroup file, or "".
-func podUIDFromCgroup(cgroup string) string {
+// PodUIDFromCgroup returns the pod UID in a /proc/<pid>/cgroup file, or "".
+func PodUIDFromCgroup(cgroup string) string {
 	m := podCgroup.FindStringSubmatch(cgroup)
 	if m == nil {
 		return ""

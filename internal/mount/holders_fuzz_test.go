@@ -28,13 +28,13 @@ func FuzzPodUIDFromCgroup(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, cgroup string) {
-		uid := podUIDFromCgroup(cgroup)
+		uid := PodUIDFromCgroup(cgroup)
 		if uid == "" {
 			return
 		}
 		i := strings.Index(cgroup, "kubepods")
 		if !uidPattern.MatchString(uid) || i < 0 || !strings.Contains(strings.ReplaceAll(cgroup[i:], "_", "-"), uid) {
-			t.Fatalf("podUIDFromCgroup(%q) = %q", cgroup, uid)
+			t.Fatalf("PodUIDFromCgroup(%q) = %q", cgroup, uid)
 		}
 	})
 }

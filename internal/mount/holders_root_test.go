@@ -50,8 +50,8 @@ func TestPodUIDFromCgroup(t *testing.T) {
 		"0::/system.slice/containerd.service\n":                                                                                                     "",
 		"0::/user.slice/pod" + uid + "\n":                                                                                                           "",
 	} {
-		if got := podUIDFromCgroup(in); got != want {
-			t.Errorf("podUIDFromCgroup(%q) = %q, want %q", in, got, want)
+		if got := PodUIDFromCgroup(in); got != want {
+			t.Errorf("PodUIDFromCgroup(%q) = %q, want %q", in, got, want)
 		}
 	}
 }

@@ -19,7 +19,7 @@ func TestOpenHolder(t *testing.T) {
 	// Namespaces the test holds by handle only: no process is in them.
 	stale, live := testenv.NetNS(t), testenv.NetNS(t)
 	dir := Dir(t.TempDir())
-	procs := ProcNamespaces{Proc: "/proc"}
+	procs := ProcNamespaces{Proc: "/proc", AnyPod: true}
 	if _, _, err := procs.OpenHolder(string(dir)); !errors.Is(err, ErrNoHolder) {
 		t.Fatalf("empty folder: %v, want ErrNoHolder", err)
 	}

@@ -125,7 +125,7 @@ func TestMoverCopiesHolderInterface(t *testing.T) {
 	if _, err := l.dialPeer(l.host); err == nil {
 		t.Fatal("the test host namespace reaches the peer before any copy")
 	}
-	stop := runMover(l.mover(t, l.hostSt, ProcNamespaces{Proc: "/proc"}))
+	stop := runMover(l.mover(t, l.hostSt, ProcNamespaces{Proc: "/proc", AnyPod: true}))
 	waitFor(t, "copy", func() bool {
 		c, err := l.hostNL.LinkByName(CopyName(h.uid))
 		return err == nil && c.Attrs().Alias == copyAlias(stateCopied, Record{PodUID: h.uid, Interface: holderIfc})
@@ -165,7 +165,7 @@ func TestRestartedMoverRemovesOrphanCopies(t *testing.T) {
 		}
 	}
 	// The first mover makes its copies and is killed: no stop runs.
-	if err := l.mover(t, l.hostSt, ProcNamespaces{Proc: "/proc"}).Sync(); err != nil {
+	if err := l.mover(t, l.hostSt, ProcNamespaces{Proc: "/proc", AnyPod: true}).Sync(); err != nil {
 		t.Fatalf("first mover: %v", err)
 	}
 	before := l.checkCopy(t, a, true)
@@ -173,7 +173,7 @@ func TestRestartedMoverRemovesOrphanCopies(t *testing.T) {
 	l.checkCopy(t, b, false)
 	b.stop(t, syscall.SIGKILL) // its record stays, its namespace goes
 
-	m := l.mover(t, l.hostSt, ProcNamespaces{Proc: "/proc"})
+	m := l.mover(t, l.hostSt, ProcNamespaces{Proc: "/proc", AnyPod: true})
 	if err := m.Sync(); err != nil {
 		t.Fatalf("restarted mover: %v", err)
 	}
@@ -205,7 +205,7 @@ func TestFailureMidCopyLeavesNothing(t *testing.T) {
 	h := l.startHolder(t, "pod-a", "10.77.0.10", macA)
 	for step := 1; ; step++ {
 		f := &failAt{step: step}
-		m := l.mover(t, f.wrap(l.hostSt), failingNamespaces{ProcNamespaces{Proc: "/proc"}, f})
+		m := l.mover(t, f.wrap(l.hostSt), failingNamespaces{ProcNamespaces{Proc: "/proc", AnyPod: true}, f})
 		err := m.Sync()
 		calls := f.calls
 		f.step = 0        // fail nothing more: the undo has run

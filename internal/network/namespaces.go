@@ -9,6 +9,8 @@ import (
 
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/berth-io/berth/internal/mount"
 )
 
 // ErrHolderGone means no process is in a holder's recorded namespace any
@@ -23,10 +25,25 @@ type Namespaces interface {
 }
 
 // ProcNamespaces finds namespaces in a proc filesystem of the host's PID
-// namespace (the mover runs with host PID).
+// namespace (the mover runs with host PID). It takes a namespace only from
+// a process of the record's own pod (kubelet's pod cgroup names the pod's
+// UID): a record cannot point the mover at another pod's network (F19).
 type ProcNamespaces struct {
 	// Proc is where that proc is mounted: /proc.
 	Proc string
+	// AnyPod takes the namespace from any process in it, also one outside
+	// kubelet's pod cgroups: for tests that run plain processes.
+	AnyPod bool
+}
+
+// ofPod tells whether process pid (a /proc entry's name) is one of pod
+// uid's.
+func (p ProcNamespaces) ofPod(pid, uid string) bool {
+	if p.AnyPod {
+		return true
+	}
+	b, err := os.ReadFile(filepath.Join(p.Proc, pid, "cgroup"))
+	return err == nil && mount.PodUIDFromCgroup(string(b)) == uid
 }
 
 // statNSID returns the identity of the namespace file at path.
@@ -39,11 +56,13 @@ func statNSID(path string) (NSID, error) {
 }
 
 // find returns a /proc/<pid>/ns/net path of r's namespace: the recorded PID
-// when it is in it, else the first process found in it.
+// when it is in it, else the first process found in it; each of r's pod.
+// A namespace that only other pods' processes are in is refused.
 func (p ProcNamespaces) find(r Record) (string, error) {
 	if r.PID > 0 {
-		path := filepath.Join(p.Proc, strconv.Itoa(r.PID), "ns", "net")
-		if id, err := statNSID(path); err == nil && id == r.NetNS {
+		pid := strconv.Itoa(r.PID)
+		path := filepath.Join(p.Proc, pid, "ns", "net")
+		if id, err := statNSID(path); err == nil && id == r.NetNS && p.ofPod(pid, r.PodUID) {
 			return path, nil
 		}
 	}
@@ -51,15 +70,24 @@ func (p ProcNamespaces) find(r Record) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("look for holder %s: %w", r.PodUID, err)
 	}
+	foreign := ""
 	for _, e := range entries {
 		if _, err := strconv.Atoi(e.Name()); err != nil {
 			continue
 		}
 		path := filepath.Join(p.Proc, e.Name(), "ns", "net")
 		// A process that exits meanwhile, or a kernel thread, fails stat: skip it.
-		if id, err := statNSID(path); err == nil && id == r.NetNS {
+		if id, err := statNSID(path); err != nil || id != r.NetNS {
+			continue
+		}
+		if p.ofPod(e.Name(), r.PodUID) {
 			return path, nil
 		}
+		foreign = e.Name()
+	}
+	if foreign != "" {
+		return "", fmt.Errorf("holder %s (%s/%s): its recorded network namespace is that of process %s, which is not of pod %s: refused",
+			r.PodUID, r.PodNamespace, r.PodName, foreign, r.PodUID)
 	}
 	return "", fmt.Errorf("holder %s (%s/%s): %w", r.PodUID, r.PodNamespace, r.PodName, ErrHolderGone)
 }

@@ -17,7 +17,7 @@ const moverEnvDir = "BERTH_TEST_MOVER_DIR"
 // mover` runs, in the namespace it was started in.
 func TestMoverProcess(t *testing.T) {
 	ctx, dir, host := childProcess(t, moverEnvDir, "the mover process")
-	m := NewMover(host, ProcNamespaces{Proc: "/proc"}, dir, testr.New(t))
+	m := NewMover(host, ProcNamespaces{Proc: "/proc", AnyPod: true}, dir, testr.New(t))
 	m.Interval = 20 * time.Millisecond
 	if err := m.Run(ctx); err != nil {
 		t.Fatal(err)
