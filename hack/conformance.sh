@@ -5,13 +5,18 @@
 # then e2e.test once per
 # StorageClass with its driver definition (test/conformance/<class>.yaml),
 # and always `berth dev down` (which fails when anything was left behind).
+# The classes of VM_CLASSES (berth-rwx: RWX claims, mounted by the kernel's
+# NFS client, which this machine's kernel lacks) run after the others, on
+# a cluster of their own: one netns node and one VM node (hack/vm), their
+# pods on the VM node.
 #
 #   hack/conformance.sh              as root, after `make build`
 #
 # Environment:
 #   CONFORMANCE_CLASSES  classes to test (default "berth berth-userspace
-#                        berth-ceph-userspace"; a berth-ceph-* class brings
-#                        up the test Ceph beside the local StorageCluster)
+#                        berth-ceph-userspace berth-rwx"; a berth-ceph-*
+#                        class brings up the test Ceph beside the local
+#                        StorageCluster, berth-rwx a VM node)
 #   CONFORMANCE_QUICK=1  a focused subset for CI (about 10 minutes in all)
 #   CONFORMANCE_SLOW=1   also the [Slow] specs (the fs-specific xfs patterns
 #                        among them); they about double the run
@@ -49,8 +54,6 @@ SKIPS=(
 	# VolumeAttributesClass (no ControllerModifyVolume), volume group
 	# snapshots (no CREATE_DELETE_GET_VOLUME_GROUP_SNAPSHOT), Windows nodes
 	'\[Feature:(SELinux|VolumeAttributesClass|volumegroupsnapshot|Windows)\]'
-	# ReadWriteMany: served through an NFS share manager, and these machines
-	# have no NFS client kernel module (the definitions do not claim RWX)
 )
 if [ "${CONFORMANCE_SLOW:-}" != 1 ] && [ "${CONFORMANCE_QUICK:-}" != 1 ]; then
 	# long specs, upstream's own split: run them with CONFORMANCE_SLOW=1
@@ -84,10 +87,19 @@ QUICK_FOCUS+='|\[Testpattern: Dynamic PV \(default fs\)\(allowExpansion\)\] volu
 QUICK_FOCUS+='|\[Testpattern: Dynamic PV \(xfs\)\] \[Slow\] volumes should store data$'
 QUICK_FOCUS+='|\[Testpattern: Dynamic Snapshot \(retain policy\)\] snapshottable.*should check snapshot fields, check restore correctly works after modifying source data, check deletion \(persistent\)$'
 
-classes=(${CONFORMANCE_CLASSES:-berth berth-userspace berth-ceph-userspace})
+classes=(${CONFORMANCE_CLASSES:-berth berth-userspace berth-ceph-userspace berth-rwx})
 for c in "${classes[@]}"; do
 	[ -f "test/conformance/$c.yaml" ] || { log "no driver definition test/conformance/$c.yaml"; exit 2; }
 done
+# Classes whose pods need a VM node's kernel; they run last, in a cluster
+# of one netns node and one VM node.
+VM_CLASSES=(berth-rwx)
+vm_classes=()
+keep=()
+for c in "${classes[@]}"; do
+	if [[ " ${VM_CLASSES[*]} " == *" $c "* ]]; then vm_classes+=("$c"); else keep+=("$c"); fi
+done
+classes=("${keep[@]}")
 # The classes of the ceph StorageCluster berth-ceph (berth-ceph-*) need the
 # test Ceph: `berth dev up --test-ceph` starts it in its own netns on the
 # cluster's network (hack/cluster/ceph.sh, ~20 s) and `berth dev down`
@@ -115,7 +127,7 @@ if [ "${#ceph_classes[@]}" -gt 0 ]; then
 			case $c in berth-ceph | berth-ceph-*) ;; *) keep+=("$c") ;; esac
 		done
 		classes=("${keep[@]}")
-		[ "${#classes[@]}" -gt 0 ] || exit 0
+		[ "${#classes[@]}" -gt 0 ] || [ "${#vm_classes[@]}" -gt 0 ] || exit 0
 	fi
 fi
 focus='External.Storage'
@@ -150,40 +162,71 @@ finish() {
 trap finish EXIT
 trap 'exit 130' INT TERM
 
-# The suite's pods run images of registry.k8s.io/e2e-test-images; up.sh
-# imports local builds of them under berth.local/e2e-test-images.
-BERTH_E2E_CONFORMANCE_IMAGES=1 "$BERTH" dev up --repo "$PWD" --demo=false --nodes "${BERTH_E2E_NODES:-2}" "${ceph[@]}"
-log "cluster with berth up after $((SECONDS - t0))s"
-ENV_FILE="${BERTH_E2E_DIR:-/var/lib/berth-e2e}/cluster.env"
-KUBECONFIG=$(sed -n 's/^KUBECONFIG=//p' "$ENV_FILE")
 repo_list="$OUT/repo-list.yaml"
-if ! "$KUBE_BIN/kubectl" --kubeconfig "$KUBECONFIG" get volumesnapshotclass berth >/dev/null 2>&1; then
-	# The definitions claim snapshots; a cluster without the snapshot CRDs,
-	# snapshot-controller and the chart's class cannot run those specs.
-	log "skip: [Feature:VolumeSnapshotDataSource]: the cluster has no VolumeSnapshotClass berth (snapshot CRDs, snapshot-controller)"
-	SKIPS+=('\[Feature:VolumeSnapshotDataSource\]')
-fi
-skip=$(IFS='|'; echo "${SKIPS[*]}")
-[ -z "${CONFORMANCE_SKIP:-}" ] || skip+="|$CONFORMANCE_SKIP"
 echo "promoterE2eRegistry: berth.local/e2e-test-images" >"$repo_list"
-
 failed=0
-for c in "${classes[@]}"; do
-	log "class $c: External Storage specs (focus ${focus:0:80}...)"
-	start=$SECONDS
-	# ginkgo exits non-zero when a spec fails; the report says which.
-	KUBE_TEST_REPO_LIST="$repo_list" "$KUBE_BIN/ginkgo" --procs "${CONFORMANCE_PROCS:-5}" \
-		--focus "$focus" --skip "$skip" --timeout 2h --no-color -v \
-		"$KUBE_BIN/e2e.test" -- \
-		-kubeconfig "$KUBECONFIG" -kubectl-path "$KUBE_BIN/kubectl" \
-		-storage.testdriver "$PWD/test/conformance/$c.yaml" -report-dir "$OUT/$c" \
-		>"$OUT/$c.log" 2>&1 &
-	ginkgo_pid=$!
-	wait "$ginkgo_pid" || true # in the background, so that a signal is handled at once
-	ginkgo_pid=
-	log "class $c: finished in $((SECONDS - start))s, log $OUT/$c.log"
-	"$PWD/bin/junit-summary" -class "$c" "$OUT/$c/junit_01.xml" || failed=1
-done
+# phase NODES VM_NODES EXTRA_UP_ARGS... -- CLASS...: brings the cluster up
+# in that shape (an up cluster of that shape is reused) and runs the classes.
+phase() {
+	local nodes=$1 vms=$2 up=() c def start
+	shift 2
+	while [ "$1" != -- ]; do up+=("$1"); shift; done
+	shift
+	# The suite's pods run images of registry.k8s.io/e2e-test-images; up.sh
+	# imports local builds of them under berth.local/e2e-test-images.
+	BERTH_E2E_CONFORMANCE_IMAGES=1 "$BERTH" dev up --repo "$PWD" --demo=false --nodes "$nodes" --vm-nodes "$vms" "${up[@]}"
+	log "cluster with berth up after $((SECONDS - t0))s ($nodes netns, $vms VM nodes)"
+	ENV_FILE="${BERTH_E2E_DIR:-/var/lib/berth-e2e}/cluster.env"
+	KUBECONFIG=$(sed -n 's/^KUBECONFIG=//p' "$ENV_FILE")
+	local skips=("${SKIPS[@]}")
+	if ! "$KUBE_BIN/kubectl" --kubeconfig "$KUBECONFIG" get volumesnapshotclass berth >/dev/null 2>&1; then
+		# The definitions claim snapshots; a cluster without the snapshot CRDs,
+		# snapshot-controller and the chart's class cannot run those specs.
+		log "skip: [Feature:VolumeSnapshotDataSource]: the cluster has no VolumeSnapshotClass berth (snapshot CRDs, snapshot-controller)"
+		skips+=('\[Feature:VolumeSnapshotDataSource\]')
+	fi
+	local skip
+	skip=$(IFS='|'; echo "${skips[*]}")
+	[ -z "${CONFORMANCE_SKIP:-}" ] || skip+="|$CONFORMANCE_SKIP"
+	local vm_node=
+	if [ "$vms" -gt 0 ]; then
+		vm_node=$(sed -n 's/^NODE_KIND_\([0-9]*\)=vm$/\1/p' "$ENV_FILE" | head -n1)
+		vm_node=$(sed -n "s/^NODE_NAME_$vm_node=//p" "$ENV_FILE")
+		[ -n "$vm_node" ] || { log "no VM node in $ENV_FILE"; failed=1; return; }
+	fi
+	for c in "$@"; do
+		def="$PWD/test/conformance/$c.yaml"
+		if [ -n "$vm_node" ]; then
+			# The suite's pods go to the VM node: its kernel has the NFS client.
+			def="$OUT/$c.yaml"
+			{ cat "test/conformance/$c.yaml"; echo "ClientNodeName: $vm_node"; } >"$def"
+		fi
+		log "class $c: External Storage specs${vm_node:+ on VM node $vm_node} (focus ${focus:0:80}...)"
+		start=$SECONDS
+		# ginkgo exits non-zero when a spec fails; the report says which.
+		KUBE_TEST_REPO_LIST="$repo_list" "$KUBE_BIN/ginkgo" --procs "${CONFORMANCE_PROCS:-5}" \
+			--focus "$focus" --skip "$skip" --timeout 2h --no-color -v \
+			"$KUBE_BIN/e2e.test" -- \
+			-kubeconfig "$KUBECONFIG" -kubectl-path "$KUBE_BIN/kubectl" \
+			-storage.testdriver "$def" -report-dir "$OUT/$c" \
+			>"$OUT/$c.log" 2>&1 &
+		ginkgo_pid=$!
+		wait "$ginkgo_pid" || true # in the background, so that a signal is handled at once
+		ginkgo_pid=
+		log "class $c: finished in $((SECONDS - start))s, log $OUT/$c.log"
+		"$PWD/bin/junit-summary" -class "$c" "$OUT/$c/junit_01.xml" || failed=1
+	done
+}
+if [ "${#classes[@]}" -gt 0 ]; then
+	phase "${BERTH_E2E_NODES:-2}" 0 "${ceph[@]}" -- "${classes[@]}"
+	if [ "${#vm_classes[@]}" -gt 0 ]; then
+		# Another shape: this cluster goes first.
+		"$BERTH" dev down --repo "$PWD" || failed=1
+	fi
+fi
+if [ "${#vm_classes[@]}" -gt 0 ]; then
+	phase 1 1 -- "${vm_classes[@]}"
+fi
 exit "$failed"
 }
 main "$@"

@@ -173,6 +173,7 @@ else
 	}
 	if [ "${BERTH_E2E:-1}" = 0 ]; then
 		left_out "VM e2e scenarios" "BERTH_E2E=0"
+		left_out "conformance RWX on the VM node" "BERTH_E2E=0"
 		prebuild all
 	elif [ "${BERTH_E2E_VM_CI:-1}" = 1 ]; then
 		prebuild vm
@@ -187,14 +188,25 @@ else
 		# No test Ceph, so no krbd scenario: with it (and 6 nbd cycles) the
 		# VM node was slower, and the ublk scenario's pods missed their
 		# 3-minute wait for Running (a run of bbc1c8b). make e2e-vm runs it.
+		# The cluster stays up for the storage suite's RWX class next.
 		tier "VM e2e scenarios" env BERTH_E2E_NODES=1 BERTH_E2E_VM_NODES=1 BERTH_E2E_CEPH=0 BERTH_E2E_VM_SANITY=0 \
-			BERTH_E2E_NBD_HEAL_CYCLES=10 BERTH_E2E_UBLK_HEAL_CYCLES=3 \
+			BERTH_E2E_NBD_HEAL_CYCLES=10 BERTH_E2E_UBLK_HEAL_CYCLES=3 BERTH_KEEP_CLUSTER=1 \
 			hack/e2e.sh -timeout 60m -run 'TestE2E/VM'
+		# The storage suite on RWX claims, mounted by the VM node's kernel
+		# NFS client (test/conformance/berth-rwx.yaml), on the same cluster:
+		# one spec that writes and reads, one with two pods on one volume.
+		# It takes the cluster down.
+		rwx_focus='\[Testpattern: Dynamic PV \(default fs\)\] volumes should store data$'
+		rwx_focus+='|\[Testpattern: Dynamic PV \(filesystem volmode\)\] multiVolume.* should concurrently access the single volume from pods on the same node$'
+		# e2e.test and ginkgo come from the builds beside the VM tier.
 		wait "$others_pid" || true
 		tee -a "$log" <"$log.others"
 		rm -f "$log.others"
+		tier "conformance RWX on the VM node" env CONFORMANCE_CLASSES=berth-rwx CONFORMANCE_QUICK=1 \
+			CONFORMANCE_FOCUS="$rwx_focus" hack/conformance.sh
 	else
 		left_out "VM e2e scenarios" "BERTH_E2E_VM_CI=0; make e2e-vm runs them"
+		left_out "conformance RWX on the VM node" "BERTH_E2E_VM_CI=0; make conformance runs it"
 		prebuild all
 	fi
 	# The e2e tier reuses the cluster the conformance tier kept only when
@@ -203,7 +215,8 @@ else
 	if [ "${BERTH_CONFORMANCE:-1}" != 0 ]; then
 		keep=0
 		[ "${BERTH_E2E:-1}" = 0 ] || keep=1
-		tier "conformance CI subset" env CONFORMANCE_QUICK=1 BERTH_KEEP_CLUSTER=$keep hack/conformance.sh &&
+		tier "conformance CI subset" env CONFORMANCE_QUICK=1 BERTH_KEEP_CLUSTER=$keep \
+			CONFORMANCE_CLASSES="berth berth-userspace berth-ceph-userspace" hack/conformance.sh &&
 			[ "${tiers[-1]##* }" = 0 ] && reuse=$keep
 	else
 		left_out "conformance CI subset" "BERTH_CONFORMANCE=0"
