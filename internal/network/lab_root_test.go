@@ -181,6 +181,10 @@ const holderEnvDir, holderEnvUID = "BERTH_TEST_HOLDER_DIR", "BERTH_TEST_HOLDER_U
 // childProcess begins a helper process of the root tests: it skips the
 // test unless env names the holders' folder, stops on SIGTERM, and opens
 // rtnetlink in the process's namespace.
+// childReadyEnv names a file a child process makes once it handles
+// SIGTERM, for a parent that stops it with one.
+const childReadyEnv = "BERTH_TEST_CHILD_READY"
+
 func childProcess(t *testing.T, env, what string) (context.Context, Dir, *NetlinkStack) {
 	dir := os.Getenv(env)
 	if dir == "" {
@@ -188,6 +192,12 @@ func childProcess(t *testing.T, env, what string) (context.Context, Dir, *Netlin
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	t.Cleanup(stop)
+	if ready := os.Getenv(childReadyEnv); ready != "" {
+		// SIGTERM is handled from here on: the parent may send it.
+		if err := os.WriteFile(ready, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 	st, err := OpenOwnStack()
 	if err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@ package network
 import (
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -24,11 +25,14 @@ func TestMoverProcess(t *testing.T) {
 	}
 }
 
-// startMover starts a mover process in the test host namespace.
+// startMover starts a mover process in the test host namespace and
+// returns once it handles SIGTERM (a child starved of CPU may take longer
+// than any fixed wait to get there).
 func (l *lab) startMover(t *testing.T) *exec.Cmd {
 	t.Helper()
+	ready := filepath.Join(t.TempDir(), "ready")
 	cmd := exec.Command(os.Args[0], "-test.run=^TestMoverProcess$")
-	cmd.Env = append(os.Environ(), moverEnvDir+"="+string(l.dir))
+	cmd.Env = append(os.Environ(), moverEnvDir+"="+string(l.dir), childReadyEnv+"="+ready)
 	var out strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &out
 	// The child is cloned from the thread that starts it, in its namespace.
@@ -43,6 +47,10 @@ func (l *lab) startMover(t *testing.T) *exec.Cmd {
 		if t.Failed() {
 			t.Logf("mover process output:\n%s", out.String())
 		}
+	})
+	waitFor(t, "mover process handling SIGTERM", func() bool {
+		_, err := os.Stat(ready)
+		return err == nil
 	})
 	return cmd
 }
