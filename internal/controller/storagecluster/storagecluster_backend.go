@@ -105,9 +105,21 @@ func (r *Reconciler) backendCondition(ctx context.Context, log logr.Logger, sc *
 	if cond.Reason == ReasonMonitorsUnreachable {
 		cond.Message += publicNetworkHint(sc)
 	}
-	r.conditionEvent(sc, cond, cond.Status != metav1.ConditionTrue)
+	// Without a node key every node holds the operator's, which may take
+	// a fenced client off the blocklist (F5): usable, but said, and a
+	// Warning Event.
+	sharedKey := cond.Status == metav1.ConditionTrue && sc.Spec.Ceph.NodeSecretRef == nil
+	if sharedKey {
+		cond.Message += SharedNodeKeyHint
+	}
+	r.conditionEvent(sc, cond, cond.Status != metav1.ConditionTrue || sharedKey)
 	return cond, recheck
 }
+
+// SharedNodeKeyHint ends the BackendReady message of a ceph cluster with
+// no spec.ceph.nodeSecretRef.
+const SharedNodeKeyHint = "; the nodes stage with secretRef's client too, whose key can take a fenced node's client off " +
+	"Ceph's blocklist: give them a client of their own, with profile rbd alone (spec.ceph.nodeSecretRef, docs/ceph.md#keys-by-role)"
 
 func (r *Reconciler) checkCeph(ctx context.Context, log logr.Logger, sc *v1.StorageCluster) (metav1.Condition, time.Duration) {
 	spec := sc.Spec.Ceph

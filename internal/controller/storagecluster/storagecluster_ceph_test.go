@@ -60,6 +60,11 @@ func TestBackendReadyOnRealCeph(t *testing.T) {
 			if !strings.Contains(cond.Message, tc.says) {
 				t.Errorf("message %q does not say %q", cond.Message, tc.says)
 			}
+			// No nodeSecretRef here: a usable cluster says the nodes share
+			// the operator's key (F5).
+			if tc.status == metav1.ConditionTrue && !strings.HasSuffix(cond.Message, storagecluster.SharedNodeKeyHint) {
+				t.Errorf("message %q does not end with the shared node key hint", cond.Message)
+			}
 			// Connect and op timeouts are 3 s here; a check is bounded by 6 s.
 			if took > 10*time.Second {
 				t.Errorf("took %s", took)
