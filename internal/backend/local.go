@@ -465,16 +465,12 @@ func (l *Local) Usage(_ context.Context) (Usage, error) {
 // what they hold (all of it when images are reserved), or, with
 // overcommit, that percent of the space the images are given less what
 // they promise.
-func (l *Local) Capacity(_ context.Context) (int64, error) {
-	var st unix.Statfs_t
-	if err := unix.Statfs(l.dir, &st); err != nil {
-		return 0, fmt.Errorf("statfs %s: %w", l.dir, err)
-	}
-	promised, allocated, err := l.usage()
+func (l *Local) Capacity(ctx context.Context) (int64, error) {
+	u, err := l.Usage(ctx)
 	if err != nil {
 		return 0, err
 	}
-	return l.prov.promisable(int64(st.Bavail)*st.Bsize, promised, allocated), nil
+	return l.prov.promisable(u.Free, u.Promised, u.Allocated), nil
 }
 
 // usage sums the volume images' apparent (promised) and allocated bytes.
