@@ -85,26 +85,29 @@ fi
 gotests=(env "${static[@]}" hack/gotest.sh "${tags[@]}" -v "$@")
 
 # In CI (CI=true, as root) the cluster tiers run too, every one, always,
-# one cluster at a time, in the foreground: the VM scenarios (kernel NFS
-# client, nbd, ublk, a real power-off: one netns node and one VM node,
-# qemu under TCG); the CI subset of the Kubernetes storage conformance
-# suite (CONFORMANCE_QUICK=1) and the end-to-end scenarios on one two-node
+# one cluster at a time, in the foreground: first the VM scenarios (kernel
+# NFS client, nbd, ublk, a real power-off: one netns node and one VM node,
+# qemu under TCG) and two specs of the Kubernetes storage suite on RWX
+# claims on that cluster; then the CI subset of the storage suite
+# (CONFORMANCE_QUICK=1) and the end-to-end scenarios on one two-node
 # cluster brought up once (conformance keeps it, e2e takes it down with
 # the leftovers check), the Ceph scenarios and class on a test Ceph in the
 # cluster's network; and last the two multus restart scenarios, in a
 # cluster of their own.
 #
-# The Go tests run beside them from the start, in a CPU cgroup of low
-# weight (hack/lib/cpushare.sh): they take what the clusters leave. The
-# clusters wait on emulated CPUs, heal timers and grace periods, and a TCG
-# guest starved of host CPU misses its own timers (a CI run with both at
-# one weight saw the VM node's kubelet time out TLS handshakes and an
-# agent take 2 minutes to restart, past nbd's dead-connection timeout).
-# The cluster tiers no longer wait for the Go tests either. The Go
-# tests wait for nothing emulated, and share nothing with a cluster: it
-# lives in its own network namespaces, under /var/lib/berth-e2e and
-# /run/berth, which no Go test touches, and its leftovers check looks
-# only there. The run ends when both lanes have.
+# The VM tiers run with nothing beside them. A TCG guest is one scheduling
+# group of the host (autogroups: a session each), so it gets one core of
+# two against any other busy session: in the last CI run with the Go tests
+# beside it, its agent's container took over 3 minutes to create, and
+# every scenario that waited for a pod on the VM node timed out (the run
+# before passed the same way, narrowly: bring-up 618 s, 310 s alone).
+# The Go tests start once the VM tiers end, beside the netns cluster tiers
+# (native speed, waiting mostly on grace periods and timers), in a CPU
+# cgroup of low weight (hack/lib/cpushare.sh): they take what those
+# clusters leave. They share nothing with a cluster: it lives in its own
+# network namespaces, under /var/lib/berth-e2e and /run/berth, which no Go
+# test touches, and its leftovers check looks only there. The run ends
+# when both lanes have.
 # BERTH_E2E=0 / BERTH_CONFORMANCE=0 / BERTH_E2E_VM_CI=0 /
 # BERTH_E2E_MULTUS_CI=0 leave tiers out, saying so.
 go_pid=
@@ -120,7 +123,7 @@ stop_background() {
 		kill "$go_pid" 2>/dev/null
 	fi
 }
-trap 'stop_background; rm -f "$log" "$log.go" "$log.gorc" "$log.others"' EXIT
+trap 'stop_background; rm -f "$log" "$log.go" "$log.gorc"' EXIT
 # flush_go: once the background Go tier has ended, its output goes into
 # the log and out (between two cluster tiers, never within one) and into
 # the table.
@@ -150,22 +153,23 @@ else
 	# API server's start, a heal's deadline) would be at risk.
 	if bg_cg=$(cpushare_create berth-test-background 256); then
 		bg=(cpushare_run "$bg_cg")
-		echo "test: go tests in the background: CPU cgroup $bg_cg, weight 256 of 1024"
 	else
 		bg=(nice -n 10)
 		echo "test: warning: no CPU cgroup could be made; go tests in the background at nice 10 only"
 	fi
-	echo "test: tier go tests: starting at $((SECONDS - start))s, beside the cluster tiers"
-	(
-		s=$SECONDS
-		"${bg[@]}" "${gotests[@]}" >"$log.go" 2>&1
-		echo "$? $((SECONDS - s))" >"$log.gorc"
-	) &
-	go_pid=$!
+	# start_go_tests: the Go tier, in the background from now on.
+	start_go_tests() {
+		echo "test: tier go tests: starting at $((SECONDS - start))s, beside the cluster tiers (${bg[*]})"
+		(
+			s=$SECONDS
+			"${bg[@]}" "${gotests[@]}" >"$log.go" 2>&1
+			echo "$? $((SECONDS - s))" >"$log.gorc"
+		) &
+		go_pid=$!
+	}
 
 	# prebuild PART: the cluster tiers' pinned binaries (hack/prebuild.sh;
-	# each builder skips what is cached). On a cold machine this is the
-	# critical lane's first step, so it runs in the foreground.
+	# each builder skips what is cached), in the foreground.
 	prebuild() {
 		local s=$SECONDS
 		hack/prebuild.sh "$1" 2>&1 | tee -a "$log" || true
@@ -174,39 +178,36 @@ else
 	if [ "${BERTH_E2E:-1}" = 0 ]; then
 		left_out "VM e2e scenarios" "BERTH_E2E=0"
 		left_out "conformance RWX on the VM node" "BERTH_E2E=0"
+		start_go_tests
 		prebuild all
 	elif [ "${BERTH_E2E_VM_CI:-1}" = 1 ]; then
 		prebuild vm
-		# The rest of the cluster binaries build beside the VM tier, at the
-		# Go tests' weight.
-		("${bg[@]}" hack/prebuild.sh others >"$log.others" 2>&1) &
-		others_pid=$!
-		# The VM tier is CI's longest (55 minutes with 20 nbd and 5 ublk heal
-		# cycles, no csi-sanity; the cluster tiers after it ~28): here it
-		# runs 10 nbd heal cycles (~54 s each under TCG), 3 ublk ones, and
-		# no csi-sanity on the VM node (~8 minutes). make e2e-vm runs all.
-		# No test Ceph, so no krbd scenario: with it (and 6 nbd cycles) the
-		# VM node was slower, and the ublk scenario's pods missed their
-		# 3-minute wait for Running (a run of bbc1c8b). make e2e-vm runs it.
+		# The VM tier: 10 nbd heal cycles (~54 s each under TCG with the Go
+		# tests beside it, ~10 s alone), 3 ublk ones, and no csi-sanity on
+		# the VM node (~8 minutes). make e2e-vm runs all (20 nbd cycles).
+		# No test Ceph, so no krbd scenario: with it the VM node was
+		# slower, and the ublk scenario's pods missed their 3-minute wait
+		# for Running (a run of bbc1c8b). make e2e-vm runs it.
 		# The cluster stays up for the storage suite's RWX class next.
 		tier "VM e2e scenarios" env BERTH_E2E_NODES=1 BERTH_E2E_VM_NODES=1 BERTH_E2E_CEPH=0 BERTH_E2E_VM_SANITY=0 \
 			BERTH_E2E_NBD_HEAL_CYCLES=10 BERTH_E2E_UBLK_HEAL_CYCLES=3 BERTH_KEEP_CLUSTER=1 \
 			hack/e2e.sh -timeout 60m -run 'TestE2E/VM'
+		# e2e.test and ginkgo for the storage suite, and what the later
+		# tiers run (cached: a second or two).
+		prebuild others
 		# The storage suite on RWX claims, mounted by the VM node's kernel
 		# NFS client (test/conformance/berth-rwx.yaml), on the same cluster:
-		# one spec that writes and reads, one with two pods on one volume.
+		# one spec that writes and reads (two pods on one volume there:
+		# VMReadWriteManyKernelClient; make conformance runs the class).
 		# It takes the cluster down.
 		rwx_focus='\[Testpattern: Dynamic PV \(default fs\)\] volumes should store data$'
-		rwx_focus+='|\[Testpattern: Dynamic PV \(filesystem volmode\)\] multiVolume.* should concurrently access the single volume from pods on the same node$'
-		# e2e.test and ginkgo come from the builds beside the VM tier.
-		wait "$others_pid" || true
-		tee -a "$log" <"$log.others"
-		rm -f "$log.others"
 		tier "conformance RWX on the VM node" env CONFORMANCE_CLASSES=berth-rwx CONFORMANCE_QUICK=1 \
 			CONFORMANCE_FOCUS="$rwx_focus" hack/conformance.sh
+		start_go_tests
 	else
 		left_out "VM e2e scenarios" "BERTH_E2E_VM_CI=0; make e2e-vm runs them"
 		left_out "conformance RWX on the VM node" "BERTH_E2E_VM_CI=0; make conformance runs it"
+		start_go_tests
 		prebuild all
 	fi
 	# The e2e tier reuses the cluster the conformance tier kept only when
