@@ -18,7 +18,9 @@ import (
 	"go.uber.org/zap/zapcore"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	crzap "sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/berth-io/berth/internal/cli"
@@ -148,7 +150,15 @@ func NewCommand(name, summary string, flags func(fs *flag.FlagSet) Run) cli.Comm
 			if err != nil {
 				return err
 			}
-			return run(ctx, NewLogger(stdio.Stderr, verbosity, name), cfg)
+			log := NewLogger(stdio.Stderr, verbosity, name)
+			// client-go and controller-runtime log some lines through their
+			// own global loggers (a watch stream that broke, leader
+			// election): unset, controller-runtime dropped them and printed
+			// a stack trace instead, and klog wrote plain text among the
+			// JSON lines.
+			ctrllog.SetLogger(log)
+			klog.SetLogger(log)
+			return run(ctx, log, cfg)
 		}
 	})
 }

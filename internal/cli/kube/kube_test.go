@@ -13,6 +13,8 @@ import (
 
 	"github.com/go-logr/logr"
 	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/berth-io/berth/internal/cli"
 )
@@ -59,19 +61,34 @@ current-context: x
 	return path
 }
 
-// TestNewCommand: the kube flags and -v come with the command's own.
+// TestNewCommand: the kube flags and -v come with the command's own, and
+// what client-go and controller-runtime log through their global loggers
+// (a watch stream that broke) reaches the command's JSON log, not a stack
+// trace about an unset logger. (controller-runtime's logger is set once
+// per process: this is the package's only test that runs a command.)
 func TestNewCommand(t *testing.T) {
 	var got *rest.Config
+	var stderr bytes.Buffer
 	c := NewCommand("x", "test", func(fs *flag.FlagSet) Run {
 		fs.String("own", "", "the command's own flag")
-		return func(_ context.Context, _ logr.Logger, rest *rest.Config) error { got = rest; return nil }
+		return func(_ context.Context, _ logr.Logger, rest *rest.Config) error {
+			got = rest
+			ctrllog.Log.Info("from controller-runtime")
+			klog.Background().Info("from klog")
+			return nil
+		}
 	})
 	t.Setenv("KUBECONFIG", writeKubeconfig(t))
-	if err := c.Main(t.Context(), []string{"--own=a", "-v=2", "--kube-api-qps=7"}, cli.IO{Stderr: &bytes.Buffer{}}); err != nil {
+	if err := c.Main(t.Context(), []string{"--own=a", "-v=2", "--kube-api-qps=7"}, cli.IO{Stderr: &stderr}); err != nil {
 		t.Fatal(err)
 	}
 	if got == nil || got.QPS != 7 || got.Timeout != APITimeout {
 		t.Errorf("rest config %+v; want qps 7 and the API timeout", got)
+	}
+	for _, want := range []string{`"msg":"from controller-runtime"`, `"msg":"from klog"`} {
+		if !strings.Contains(stderr.String(), want) {
+			t.Errorf("the command's log lacks %s:\n%s", want, stderr.String())
+		}
 	}
 }
 
