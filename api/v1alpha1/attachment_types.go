@@ -173,6 +173,7 @@ type AttachmentStatus struct {
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
+// +kubebuilder:storageversion
 // +kubebuilder:resource:scope=Cluster,shortName=batt,categories=berth
 // +kubebuilder:printcolumn:name="Mode",type=string,JSONPath=`.spec.accessMode`
 // +kubebuilder:printcolumn:name="Holders",type=string,JSONPath=`.spec.holders`

@@ -1,5 +1,11 @@
 // Package v1alpha1 holds berth's API types, group berth.io, version v1alpha1.
 //
+// v1alpha1 is every type's storage version (+kubebuilder:storageversion):
+// a later version is served beside it and becomes the storage version only
+// by a change that says so. Fields are only ever added to a served
+// version; docs/operations.md#api-versions-and-version-skew says how a
+// version that changes a field's meaning would come in.
+//
 // +kubebuilder:object:generate=true
 // +groupName=berth.io
 package v1alpha1

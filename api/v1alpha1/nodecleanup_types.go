@@ -139,6 +139,7 @@ type NodeCleanupStatus struct {
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
+// +kubebuilder:storageversion
 // +kubebuilder:resource:scope=Cluster,shortName=bnc,categories=berth
 // +kubebuilder:printcolumn:name="Entries",type=integer,JSONPath=`.status.pending`
 // +kubebuilder:printcolumn:name="Volumes",type=string,JSONPath=`.spec.entries[*].volume`

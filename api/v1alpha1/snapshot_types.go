@@ -54,6 +54,7 @@ type SnapshotStatus struct {
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
+// +kubebuilder:storageversion
 // +kubebuilder:resource:scope=Cluster,shortName=bsnap,categories=berth
 // +kubebuilder:printcolumn:name="Source",type=string,JSONPath=`.spec.sourceVolume`
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.spec.node`

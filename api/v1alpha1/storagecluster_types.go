@@ -443,6 +443,7 @@ type StorageClusterStatus struct {
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
+// +kubebuilder:storageversion
 // +kubebuilder:resource:scope=Cluster,shortName=bsc,categories=berth
 // +kubebuilder:printcolumn:name="Backend",type=string,JSONPath=`.spec.backend`
 // +kubebuilder:printcolumn:name="Network",type=string,JSONPath=`.spec.network.provider`
