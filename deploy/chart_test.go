@@ -481,6 +481,11 @@ func TestChartSchemaRefusesBadValues(t *testing.T) {
 	template(t, "--set-string", "apiServer.port=6443", "--set", "apiServer.host=10.0.0.1", "--set", "operator.unfenceCooldown=1m30s",
 		"--set", "shareManager.networkPolicy.nfsClientCIDRs={10.0.0.0/8,fd00::/64}", "--set", "kubeletDir=/var/lib/k0s/kubelet")
 	template(t, "--set", "apiServer.port=6443", "--set", "storageCluster.create=true", "--set", "storageCluster.spec.dataDir=/srv/berth")
+	// Flexvolume off: the operator gets no plugin folder.
+	c := operatorPod(t, decode(t, template(t, "--set", "flexvolume.enabled=false"))).Containers[0]
+	if !slices.Contains(c.Args, "--volume-plugin-dir=") {
+		t.Errorf("flexvolume.enabled=false: operator args %v, want an empty --volume-plugin-dir", c.Args)
+	}
 }
 
 // TestChartTakesBerthDevValues: the values `berth dev` installs the chart

@@ -206,7 +206,7 @@ func Flags(fs *flag.FlagSet, cfg *Config, env func(string) string) {
 	fs.StringVar(&o.ResizerImage, "resizer-image", "berth.local/csi-resizer:v1.14.0", "external-resizer sidecar image")
 	fs.StringVar(&o.SnapshotterImage, "snapshotter-image", "berth.local/csi-snapshotter:v8.3.0", "external-snapshotter sidecar image")
 	fs.StringVar(&o.KubeletDir, "kubelet-dir", "/var/lib/kubelet", "kubelet root folder on the nodes")
-	fs.StringVar(&o.VolumePluginDir, "volume-plugin-dir", "/usr/libexec/kubernetes/kubelet-plugins/volume/exec", "kubelet Flexvolume plugin folder on the nodes")
+	fs.StringVar(&o.VolumePluginDir, "volume-plugin-dir", "/usr/libexec/kubernetes/kubelet-plugins/volume/exec", "kubelet's Flexvolume plugin folder on the nodes; empty: Flexvolume off on every node")
 	fs.StringVar(&o.AgentServiceAccount, "agent-service-account", "berth-agent", "service account of the agent DaemonSet")
 	fs.StringVar(&o.ControllerServiceAccount, "controller-service-account", "berth-csi-controller", "service account of the CSI controller Deployment")
 	fs.StringVar(&o.APIServerHost, "api-server-host", "", "KUBERNETES_SERVICE_HOST for berth's pods (empty: leave as is)")

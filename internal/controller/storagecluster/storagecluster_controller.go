@@ -68,6 +68,9 @@ type Options struct {
 	// KubeletDir is the kubelet root on the nodes (usually /var/lib/kubelet).
 	KubeletDir string
 	// VolumePluginDir is kubelet's Flexvolume plugin folder on the nodes.
+	// Empty turns Flexvolume off on every node, whatever a cluster's
+	// spec.agent.flexvolume asks: the agent neither mounts nor installs
+	// into a plugin folder (chart value flexvolume.enabled=false).
 	VolumePluginDir string
 	// AgentServiceAccount and ControllerServiceAccount run the agent and the
 	// CSI controller; the chart creates them with their generated roles.
@@ -94,8 +97,8 @@ func (o Options) Validate() error {
 		return errors.New("image missing")
 	case o.ProvisionerImage == "" || o.ResizerImage == "" || o.SnapshotterImage == "":
 		return errors.New("CSI sidecar image missing")
-	case o.KubeletDir == "" || o.VolumePluginDir == "":
-		return errors.New("kubelet dir or volume plugin dir missing")
+	case o.KubeletDir == "":
+		return errors.New("kubelet dir missing")
 	case o.AgentServiceAccount == "" || o.ControllerServiceAccount == "":
 		return errors.New("service account missing")
 	}

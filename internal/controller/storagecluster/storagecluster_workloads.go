@@ -88,8 +88,9 @@ func (r *Reconciler) agentDaemonSet(plan nodeWidePlan, ds *appsv1.DaemonSet) {
 	endpoint := "unix://" + path.Join(pluginsDir, v1.DriverName, "csi.sock")
 	bidi := ptr.To(corev1.MountPropagationBidirectional)
 
-	// Without Flexvolume the plugin folder is neither mounted nor named:
-	// nodes whose /usr is read-only cannot make the default one.
+	// Without Flexvolume (no cluster asks, or the operator has no plugin
+	// folder) the plugin folder is neither mounted nor named: nodes whose
+	// /usr is read-only cannot make the default one.
 	pluginDir := ""
 	if plan.flexvolume {
 		pluginDir = o.VolumePluginDir
