@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -91,6 +92,32 @@ func (s *scenario) clientCIDRs(cluster string, cidrs []string) {
 		}
 		if _, err := s.kubectl("patch", "storagecluster", cluster, "--type=merge", "-p", `{"spec":{"rwx":{"clientCIDRs":`+restore+`}}}`); err != nil {
 			s.t.Errorf("restore the client CIDRs of %s: %v", cluster, err)
+		}
+	})
+}
+
+// shareLease sets StorageCluster cluster's spec.rwx.leaseDurationSeconds
+// until the test ends, when the former value (or the default) comes back.
+func (s *scenario) shareLease(cluster string, seconds int) {
+	s.t.Helper()
+	old, err := s.kubectl("get", "storagecluster", cluster, "-o", "jsonpath={.spec.rwx.leaseDurationSeconds}")
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	set := func(v string) error {
+		_, err := s.kubectl("patch", "storagecluster", cluster, "--type=merge", "-p", `{"spec":{"rwx":{"leaseDurationSeconds":`+v+`}}}`)
+		return err
+	}
+	if err := set(strconv.Itoa(seconds)); err != nil {
+		s.t.Fatalf("set the share Lease of %s: %v", cluster, err)
+	}
+	s.t.Cleanup(func() {
+		restore := "null"
+		if old != "" {
+			restore = old
+		}
+		if err := set(restore); err != nil {
+			s.t.Errorf("restore the share Lease of %s: %v", cluster, err)
 		}
 	})
 }
