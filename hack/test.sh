@@ -182,17 +182,20 @@ else
 		prebuild all
 	elif [ "${BERTH_E2E_VM_CI:-1}" = 1 ]; then
 		prebuild vm
-		# The VM tier: 4 nbd heal cycles and 2 of 5 ublk volumes (each
-		# ~90 s under TCG: a new agent pod on the VM node), and no
-		# csi-sanity on the VM node (~8 minutes). Alone, with 10 and 3
-		# cycles, the tier took ~55 minutes and the run over 90. make e2e-vm
-		# runs them all (20 nbd cycles, 5 ublk ones, csi-sanity).
+		# The VM tier: 3 nbd heal cycles, 2 ublk cycles of 3 volumes (a cycle
+		# is a new agent pod on the TCG node, ~30-40 s; a volume's writer
+		# and verifier pods ~2 minutes), and no csi-sanity on the VM node
+		# (~8 minutes). With 10 and 3 cycles of 5 ublk volumes the tier
+		# took ~55 minutes alone, with 4 and 2 cycles of 5 49 minutes (ublk 18),
+		# and the run passed 90. make e2e-vm runs them all (20 nbd cycles,
+		# 5 ublk ones of 5 volumes, csi-sanity).
 		# No test Ceph, so no krbd scenario: with it the VM node was
 		# slower, and the ublk scenario's pods missed their 3-minute wait
 		# for Running (a run of bbc1c8b). make e2e-vm runs it.
 		# The cluster stays up for the storage suite's RWX class next.
 		tier "VM e2e scenarios" env BERTH_E2E_NODES=1 BERTH_E2E_VM_NODES=1 BERTH_E2E_CEPH=0 BERTH_E2E_VM_SANITY=0 \
-			BERTH_E2E_NBD_HEAL_CYCLES=4 BERTH_E2E_UBLK_HEAL_CYCLES=2 BERTH_KEEP_CLUSTER=1 \
+			BERTH_E2E_NBD_HEAL_CYCLES=3 BERTH_E2E_UBLK_HEAL_CYCLES=2 \
+			BERTH_E2E_UBLK_HEAL_VOLUMES=3 BERTH_KEEP_CLUSTER=1 \
 			hack/e2e.sh -timeout 60m -run 'TestE2E/VM'
 		# e2e.test and ginkgo for the storage suite, and what the later
 		# tiers run (cached: a second or two).

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
@@ -63,6 +64,13 @@ func testVMUserspaceHeals(t *testing.T, h vmHeal) {
 			t.Fatalf("BERTH_E2E_%s_HEAL_CYCLES=%q: want a count >= 1", upper, v)
 		}
 		h.cycles = n
+	}
+	if v := os.Getenv("BERTH_E2E_" + upper + "_HEAL_VOLUMES"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			t.Fatalf("BERTH_E2E_%s_HEAL_VOLUMES=%q: want a count >= 1", upper, v)
+		}
+		h.volumes = n
 	}
 	cluster := "vm-" + h.transport
 	class := cluster + "-userspace"
@@ -126,14 +134,25 @@ func testVMUserspaceHeals(t *testing.T, h vmHeal) {
 		_, n := s.writerChecked(w)
 		files += n
 	}
+	// Every writer goes at once (each pod's end takes ~30 s on the TCG
+	// node), then each volume is read back.
+	acked := map[string]map[string]string{}
 	for _, w := range writers {
 		_, names, sums := s.acks(w)
-		acked := map[string]string{}
+		acked[w] = map[string]string{}
 		for i := range names {
-			acked[names[i]] = sums[i]
+			acked[w][names[i]] = sums[i]
 		}
-		s.deletePod(w)
-		s.verifyAcked(vm, w, []string{w}, acked)
+		if err := s.cs.CoreV1().Pods(s.ns).Delete(s.ctx, w, metav1.DeleteOptions{}); err != nil {
+			t.Fatalf("delete pod %s: %v", w, err)
+		}
+	}
+	for _, w := range writers {
+		s.waitFor("pod "+w+" gone", 2*time.Minute, func(ctx context.Context) (bool, error) {
+			_, err := s.cs.CoreV1().Pods(s.ns).Get(ctx, w, metav1.GetOptions{})
+			return apierrors.IsNotFound(err), nil
+		})
+		s.verifyAcked(vm, w, []string{w}, acked[w])
 	}
 	p50, p99 := percentile(stalls, 50), percentile(stalls, 99)
 	worst := slices.Max(stalls)
