@@ -4,9 +4,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
+
+	"github.com/berth-io/berth/internal/podcgroup"
 )
 
 // Holder is a process that holds a block device open.
@@ -58,22 +59,7 @@ func describeHolder(procRoot string, pid int) Holder {
 		h.Command = strings.TrimSpace(string(b))
 	}
 	if b, err := os.ReadFile(filepath.Join(dir, "cgroup")); err == nil {
-		h.PodUID = PodUIDFromCgroup(string(b))
+		h.PodUID = podcgroup.PodUID(string(b))
 	}
 	return h
-}
-
-// kubelet names a pod's cgroup after its UID: "kubepods/burstable/pod<uid>"
-// (cgroupfs driver) or "kubepods-burstable-pod<uid_with_underscores>.slice"
-// (systemd driver). Inside a cgroup namespace the path may start with
-// "/../", which still carries both parts.
-var podCgroup = regexp.MustCompile(`kubepods[^\n]*?pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})`)
-
-// PodUIDFromCgroup returns the pod UID in a /proc/<pid>/cgroup file, or "".
-func PodUIDFromCgroup(cgroup string) string {
-	m := podCgroup.FindStringSubmatch(cgroup)
-	if m == nil {
-		return ""
-	}
-	return strings.ReplaceAll(m[1], "_", "-")
 }

@@ -41,21 +41,6 @@ func TestRootUnstageHeldOpenNamesHolder(t *testing.T) {
 	}
 }
 
-func TestPodUIDFromCgroup(t *testing.T) {
-	const uid = "8d3f4a2e-1b2c-4d5e-8f90-0a1b2c3d4e5f"
-	for in, want := range map[string]string{
-		"0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod8d3f4a2e_1b2c_4d5e_8f90_0a1b2c3d4e5f.slice/cri-containerd-abc.scope\n": uid,
-		"12:memory:/kubepods/burstable/pod" + uid + "/0123abcd\n0::/\n":                                                                             uid,
-		"0::/../../kubepods-pod8d3f4a2e_1b2c_4d5e_8f90_0a1b2c3d4e5f.slice/cri-containerd-abc.scope\n":                                               uid,
-		"0::/system.slice/containerd.service\n":                                                                                                     "",
-		"0::/user.slice/pod" + uid + "\n":                                                                                                           "",
-	} {
-		if got := PodUIDFromCgroup(in); got != want {
-			t.Errorf("PodUIDFromCgroup(%q) = %q, want %q", in, got, want)
-		}
-	}
-}
-
 // describeHolder reads comm and cgroup below a proc root; a gone process is
 // named by its pid alone.
 func TestDescribeHolder(t *testing.T) {

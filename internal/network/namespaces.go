@@ -10,7 +10,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"github.com/berth-io/berth/internal/mount"
+	"github.com/berth-io/berth/internal/podcgroup"
 )
 
 // ErrHolderGone means no process is in a holder's recorded namespace any
@@ -43,7 +43,7 @@ func (p ProcNamespaces) ofPod(pid, uid string) bool {
 		return true
 	}
 	b, err := os.ReadFile(filepath.Join(p.Proc, pid, "cgroup"))
-	return err == nil && mount.PodUIDFromCgroup(string(b)) == uid
+	return err == nil && podcgroup.PodUID(string(b)) == uid
 }
 
 // statNSID returns the identity of the namespace file at path.

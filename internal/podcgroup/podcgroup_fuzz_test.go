@@ -1,4 +1,4 @@
-package mount
+package podcgroup
 
 import (
 	"os"
@@ -10,13 +10,13 @@ import (
 // uidPattern is a pod UID as unstage names it to the user.
 var uidPattern = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
 
-// FuzzPodUIDFromCgroup: unstage names the pods whose processes hold a
+// FuzzPodUID: unstage names the pods whose processes hold a
 // volume open from their /proc/<pid>/cgroup, which any process on the
 // node can shape by its cgroup names. Whatever the file says, the answer
 // is "" or a pod UID that the file holds after "kubepods" (with the
 // systemd driver's underscores as dashes). Seeds are this machine's own
 // cgroup file and kubelet's cgroupfs and systemd layouts.
-func FuzzPodUIDFromCgroup(f *testing.F) {
+func FuzzPodUID(f *testing.F) {
 	if b, err := os.ReadFile("/proc/self/cgroup"); err == nil {
 		f.Add(string(b))
 	}
@@ -28,13 +28,13 @@ func FuzzPodUIDFromCgroup(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, cgroup string) {
-		uid := PodUIDFromCgroup(cgroup)
+		uid := PodUID(cgroup)
 		if uid == "" {
 			return
 		}
 		i := strings.Index(cgroup, "kubepods")
 		if !uidPattern.MatchString(uid) || i < 0 || !strings.Contains(strings.ReplaceAll(cgroup[i:], "_", "-"), uid) {
-			t.Fatalf("PodUIDFromCgroup(%q) = %q", cgroup, uid)
+			t.Fatalf("PodUID(%q) = %q", cgroup, uid)
 		}
 	})
 }
