@@ -12,30 +12,6 @@ import (
 	"github.com/berth-io/berth/internal/testenv"
 )
 
-// podCgroup moves pid into a cgroup named as kubelet names pod uid's
-// (".../kubepods.../pod<uid>"), on this machine's cgroup hierarchy (v2, or
-// v1's cpu controller), and removes it at the end.
-func podCgroup(t *testing.T, pid int, uid string) {
-	t.Helper()
-	root := "/sys/fs/cgroup"
-	if _, err := os.Stat(filepath.Join(root, "cgroup.controllers")); err != nil {
-		root = filepath.Join(root, "cpu")
-	}
-	parent := filepath.Join(root, "berth-test-kubepods-"+strconv.Itoa(os.Getpid()))
-	dir := filepath.Join(parent, "pod"+uid)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Skipf("cannot make a cgroup under %s: %v", root, err)
-	}
-	t.Cleanup(func() {
-		// The process is killed first (cleanups run last first).
-		_ = os.Remove(dir)
-		_ = os.Remove(parent)
-	})
-	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644); err != nil {
-		t.Fatalf("move %d into %s: %v", pid, dir, err)
-	}
-}
-
 // A record takes the namespace only of a process of its own pod (F19): a
 // holder record naming the network namespace of another pod's process is
 // refused, whether it names that process's PID or not.
@@ -49,7 +25,7 @@ func TestNamespaceOnlyOfTheRecordsPod(t *testing.T) {
 	if err := NewInNamespace(ThreadSwitcher{}).Do(other, proc.Start); err != nil {
 		t.Fatal(err)
 	}
-	podCgroup(t, proc.Process.Pid, theirs)
+	testenv.PodCgroup(t, proc.Process.Pid, theirs)
 	t.Cleanup(func() { _ = proc.Process.Kill(); _ = proc.Wait() })
 	procs := ProcNamespaces{Proc: "/proc"}
 	for _, pid := range []int{proc.Process.Pid, 0} {

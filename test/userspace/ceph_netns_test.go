@@ -18,6 +18,7 @@ import (
 	v1 "github.com/berth-io/berth/api/v1alpha1"
 	"github.com/berth-io/berth/internal/keeper"
 	"github.com/berth-io/berth/internal/network"
+	"github.com/berth-io/berth/internal/testenv"
 	"github.com/berth-io/berth/internal/testenv/testceph"
 )
 
@@ -78,8 +79,12 @@ func (f *fixture) netnsCluster(t *testing.T, name string, c *testceph.Cluster, h
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	// The agent takes a namespace only from a process of the record's pod
+	// (its kubelet cgroup names the pod's UID).
+	uid := fmt.Sprintf("00000000-0000-4000-8000-%012d", cmd.Process.Pid)
+	testenv.PodCgroup(t, cmd.Process.Pid, uid)
 	id := netnsID(t, "/run/netns/"+cephNetns)
-	if err := dir.Write(network.Record{PodUID: "holder-" + name, PodNamespace: "berth-system", PodName: "holder-" + name,
+	if err := dir.Write(network.Record{PodUID: uid, PodNamespace: "berth-system", PodName: "holder-" + name,
 		Interface: "lo", PID: cmd.Process.Pid, NetNS: id}); err != nil {
 		t.Fatal(err)
 	}
