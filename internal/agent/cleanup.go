@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -41,8 +40,8 @@ func (a *Agent) Undo(ctx context.Context, s v1.StaleAttachment) error {
 		}
 		return nil
 	}
-	if err := a.forceUnstage(ctx, s.Volume, s.UndoPath(), lockBroken(s.Reason)); errors.Is(err, errForeignDevice) || errors.Is(err, errNotStagedThere) {
-		return fmt.Errorf("%w: %w", err, fence.ErrRefused) // never ours to undo
+	if err := a.forceUnstage(ctx, s.Volume, s.UndoPath(), lockBroken(s.Reason)); errors.Is(err, errForeignDevice) {
+		return fmt.Errorf("%w: %w", err, fence.ErrRefused) // another device there: never ours to undo
 	} else if err != nil {
 		return err
 	}
@@ -53,12 +52,6 @@ func (a *Agent) Undo(ctx context.Context, s v1.StaleAttachment) error {
 // Its own sentinel, so that an invalid argument from deeper down (the keeper,
 // mount) never makes the cleaner drop an entry undone.
 var errForeignDevice = volerr.New(volerr.ErrInvalid, "not the volume's device")
-
-// errNotStagedThere: nothing is mounted at the path an entry names, yet the
-// volume's device is mounted elsewhere on this node (a live stage at
-// another path, and its pods). An entry that names a made-up path must not
-// take those away (review F2).
-var errNotStagedThere = volerr.New(volerr.ErrInvalid, "not staged at that path")
 
 // forceUnstage removes every mount of the volume's device and detaches it,
 // even while pods use it. The caller holds the volume lock. Only the
@@ -74,11 +67,6 @@ func (a *Agent) forceUnstage(ctx context.Context, volume, staging string, broken
 	d, err := a.device(volume)
 	if err != nil {
 		return err
-	}
-	if staged == "" {
-		if err := a.refuseMountedElsewhere(ctx, volume, d, staging); err != nil {
-			return err
-		}
 	}
 	// Cutting a broken lock's connection (prepareForceUnstage) takes the
 	// backing file, and Find with it, away: name the staged device first.
@@ -125,27 +113,6 @@ func (a *Agent) forceUnstage(ctx context.Context, volume, staging string, broken
 		return err
 	}
 	a.log.Info("force unstaged", "volume", volume, "stagingPath", staging, "device", dev)
-	return nil
-}
-
-// refuseMountedElsewhere refuses a forced unstage at a path where nothing is
-// mounted while the volume's device is mounted somewhere on this node. What
-// is left of a stage there (the folder, a stopped device, a record) goes on
-// to be removed; a device with mounts is never taken from them by a path
-// that does not hold it.
-func (a *Agent) refuseMountedElsewhere(ctx context.Context, volume string, d device, staging string) error {
-	dev, err := d.Find(ctx, volume)
-	if err != nil || dev == "" {
-		return err
-	}
-	at, err := a.mounts.DeviceMounts(ctx, dev)
-	if err != nil {
-		return fmt.Errorf("mounts of %s: %w", dev, err)
-	}
-	if len(at) > 0 {
-		return fmt.Errorf("nothing is mounted at %s, but volume %s's device %s is, at %s: %w",
-			staging, volume, dev, strings.Join(at, ", "), errNotStagedThere)
-	}
 	return nil
 }
 

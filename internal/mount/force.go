@@ -21,9 +21,20 @@ import (
 // what berth must no longer hold (a deleted cluster, a fenced node), never
 // for the normal unstage path. It returns the paths it unmounted.
 func (m *Manager) ForceUnmountDevice(ctx context.Context, dev string) ([]string, error) {
-	targets, err := m.DeviceMounts(ctx, dev)
+	major, minor, found, err := m.devNumber(dev)
+	if err != nil || !found {
+		return nil, err
+	}
+	mis, err := m.mountInfo()
 	if err != nil {
 		return nil, err
+	}
+	var targets []string
+	for i := range mis {
+		mi := &mis[i]
+		if (mi.Major == major && mi.Minor == minor) || isBindOf(mis, mi, dev) {
+			targets = append(targets, mi.MountPoint)
+		}
 	}
 	var done []string
 	// Later lines sit on top of earlier ones: unmount from the end.
@@ -41,28 +52,6 @@ func (m *Manager) ForceUnmountDevice(ctx context.Context, dev string) ([]string,
 		m.log.Info("force unmounted", "path", t, "device", dev)
 	}
 	return done, nil
-}
-
-// DeviceMounts returns every mount point of dev on this node, in the mount
-// table's order: filesystem mounts and bind mounts of the device node. A
-// device node that does not exist has none.
-func (m *Manager) DeviceMounts(_ context.Context, dev string) ([]string, error) {
-	major, minor, found, err := m.devNumber(dev)
-	if err != nil || !found {
-		return nil, err
-	}
-	mis, err := m.mountInfo()
-	if err != nil {
-		return nil, err
-	}
-	var targets []string
-	for i := range mis {
-		mi := &mis[i]
-		if (mi.Major == major && mi.Minor == minor) || isBindOf(mis, mi, dev) {
-			targets = append(targets, mi.MountPoint)
-		}
-	}
-	return targets, nil
 }
 
 // statDevNumber returns the device number of the node dev; found is false
