@@ -143,10 +143,11 @@ func TestCephNetnsMode(t *testing.T) {
 	// serving; one that dies then is not started outside the namespace,
 	// the healer waits for a holder, and starts it once one is back.
 	holders := network.Dir(f.holdersDir() + "/" + name)
-	rec, err := holders.Read("holder-" + name)
-	if err != nil {
-		t.Fatal(err)
+	recs, err := holders.List()
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("holder records %+v, %v; want the one", recs, err)
 	}
+	rec := recs[0]
 	if err := holders.Remove(rec.PodUID); err != nil {
 		t.Fatal(err)
 	}
