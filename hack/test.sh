@@ -161,9 +161,12 @@ else
 	start_go_tests() {
 		echo "test: tier go tests: starting at $((SECONDS - start))s, beside the cluster tiers (${bg[*]})"
 		(
-			s=$SECONDS
-			"${bg[@]}" "${gotests[@]}" >"$log.go" 2>&1
-			echo "$? $((SECONDS - s))" >"$log.gorc"
+			s=$SECONDS r=0
+			# Not a bare command: under set -e a failure would end the
+			# subshell before it records the result, and the run would
+			# print nothing of the Go tests and count them passed.
+			"${bg[@]}" "${gotests[@]}" >"$log.go" 2>&1 || r=$?
+			echo "$r $((SECONDS - s))" >"$log.gorc"
 		) &
 		go_pid=$!
 	}
