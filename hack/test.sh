@@ -185,7 +185,7 @@ else
 		prebuild all
 	elif [ "${BERTH_E2E_VM_CI:-1}" = 1 ]; then
 		prebuild vm
-		# The VM tier: 3 nbd heal cycles, 2 ublk cycles of 3 volumes (a cycle
+		# The VM tier: 2 nbd heal cycles, 1 ublk cycle of 3 volumes (a cycle
 		# is a new agent pod on the TCG node, ~30-40 s; a volume's writer
 		# and verifier pods ~2 minutes), and no csi-sanity on the VM node
 		# (~8 minutes). With 10 and 3 cycles of 5 ublk volumes the tier
@@ -197,7 +197,7 @@ else
 		# for Running (a run of bbc1c8b). make e2e-vm runs it.
 		# The cluster stays up for the storage suite's RWX class next.
 		tier "VM e2e scenarios" env BERTH_E2E_NODES=1 BERTH_E2E_VM_NODES=1 BERTH_E2E_CEPH=0 BERTH_E2E_VM_SANITY=0 \
-			BERTH_E2E_NBD_HEAL_CYCLES=3 BERTH_E2E_UBLK_HEAL_CYCLES=2 \
+			BERTH_E2E_NBD_HEAL_CYCLES=2 BERTH_E2E_UBLK_HEAL_CYCLES=1 \
 			BERTH_E2E_UBLK_HEAL_VOLUMES=3 BERTH_KEEP_CLUSTER=1 \
 			hack/e2e.sh -timeout 60m -run 'TestE2E/VM'
 		# e2e.test and ginkgo for the storage suite, and what the later
