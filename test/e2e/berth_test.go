@@ -266,6 +266,12 @@ func (s *scenario) deletePod(name string) {
 	if err := s.cs.CoreV1().Pods(s.ns).Delete(s.ctx, name, metav1.DeleteOptions{}); err != nil {
 		s.t.Fatalf("delete pod %s: %v", name, err)
 	}
+	s.podGone(name)
+}
+
+// podGone waits until pod name (deleted already) is gone.
+func (s *scenario) podGone(name string) {
+	s.t.Helper()
 	s.waitFor("pod "+name+" gone", 2*time.Minute, func(ctx context.Context) (bool, error) {
 		_, err := s.cs.CoreV1().Pods(s.ns).Get(ctx, name, metav1.GetOptions{})
 		return apierrors.IsNotFound(err), nil

@@ -74,50 +74,42 @@ func testVMShareRefusesOtherTenants(t *testing.T) {
 // none) until the test ends, when the former list comes back.
 func (s *scenario) clientCIDRs(cluster string, cidrs []string) {
 	s.t.Helper()
-	old, err := s.kubectl("get", "storagecluster", cluster, "-o", "jsonpath={.spec.rwx.clientCIDRs}")
-	if err != nil {
-		s.t.Fatal(err)
-	}
 	list := "null"
 	if len(cidrs) > 0 {
 		list = `["` + strings.Join(cidrs, `","`) + `"]`
 	}
-	if _, err := s.kubectl("patch", "storagecluster", cluster, "--type=merge", "-p", `{"spec":{"rwx":{"clientCIDRs":`+list+`}}}`); err != nil {
-		s.t.Fatalf("set the client CIDRs of %s: %v", cluster, err)
-	}
-	s.t.Cleanup(func() {
-		restore := "null"
-		if old != "" {
-			restore = old // kubectl prints the list as JSON
-		}
-		if _, err := s.kubectl("patch", "storagecluster", cluster, "--type=merge", "-p", `{"spec":{"rwx":{"clientCIDRs":`+restore+`}}}`); err != nil {
-			s.t.Errorf("restore the client CIDRs of %s: %v", cluster, err)
-		}
-	})
+	s.rwxSetting(cluster, "clientCIDRs", list)
 }
 
 // shareLease sets StorageCluster cluster's spec.rwx.leaseDurationSeconds
 // until the test ends, when the former value (or the default) comes back.
 func (s *scenario) shareLease(cluster string, seconds int) {
 	s.t.Helper()
-	old, err := s.kubectl("get", "storagecluster", cluster, "-o", "jsonpath={.spec.rwx.leaseDurationSeconds}")
+	s.rwxSetting(cluster, "leaseDurationSeconds", strconv.Itoa(seconds))
+}
+
+// rwxSetting sets field of StorageCluster cluster's spec.rwx to value (JSON)
+// until the test ends, when the former value (none: null) comes back.
+func (s *scenario) rwxSetting(cluster, field, value string) {
+	s.t.Helper()
+	old, err := s.kubectl("get", "storagecluster", cluster, "-o", "jsonpath={.spec.rwx."+field+"}")
 	if err != nil {
 		s.t.Fatal(err)
 	}
 	set := func(v string) error {
-		_, err := s.kubectl("patch", "storagecluster", cluster, "--type=merge", "-p", `{"spec":{"rwx":{"leaseDurationSeconds":`+v+`}}}`)
+		_, err := s.kubectl("patch", "storagecluster", cluster, "--type=merge", "-p", `{"spec":{"rwx":{"`+field+`":`+v+`}}}`)
 		return err
 	}
-	if err := set(strconv.Itoa(seconds)); err != nil {
-		s.t.Fatalf("set the share Lease of %s: %v", cluster, err)
+	if err := set(value); err != nil {
+		s.t.Fatalf("set spec.rwx.%s of %s: %v", field, cluster, err)
 	}
 	s.t.Cleanup(func() {
 		restore := "null"
 		if old != "" {
-			restore = old
+			restore = old // kubectl prints a list as JSON
 		}
 		if err := set(restore); err != nil {
-			s.t.Errorf("restore the share Lease of %s: %v", cluster, err)
+			s.t.Errorf("restore spec.rwx.%s of %s: %v", field, cluster, err)
 		}
 	})
 }

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
@@ -148,10 +147,7 @@ func testVMUserspaceHeals(t *testing.T, h vmHeal) {
 		}
 	}
 	for _, w := range writers {
-		s.waitFor("pod "+w+" gone", 2*time.Minute, func(ctx context.Context) (bool, error) {
-			_, err := s.cs.CoreV1().Pods(s.ns).Get(ctx, w, metav1.GetOptions{})
-			return apierrors.IsNotFound(err), nil
-		})
+		s.podGone(w)
 		s.verifyAcked(vm, w, []string{w}, acked[w])
 	}
 	p50, p99 := percentile(stalls, 50), percentile(stalls, 99)
