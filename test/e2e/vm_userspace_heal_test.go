@@ -57,20 +57,8 @@ func testVMUserspaceHeals(t *testing.T, h vmHeal) {
 	s := newScenario(t, 40*time.Minute)
 	s.needBerthImage()
 	upper := strings.ToUpper(h.transport)
-	if v := os.Getenv("BERTH_E2E_" + upper + "_HEAL_CYCLES"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			t.Fatalf("BERTH_E2E_%s_HEAL_CYCLES=%q: want a count >= 1", upper, v)
-		}
-		h.cycles = n
-	}
-	if v := os.Getenv("BERTH_E2E_" + upper + "_HEAL_VOLUMES"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			t.Fatalf("BERTH_E2E_%s_HEAL_VOLUMES=%q: want a count >= 1", upper, v)
-		}
-		h.volumes = n
-	}
+	h.cycles = envCount(t, "BERTH_E2E_"+upper+"_HEAL_CYCLES", h.cycles)
+	h.volumes = envCount(t, "BERTH_E2E_"+upper+"_HEAL_VOLUMES", h.volumes)
 	cluster := "vm-" + h.transport
 	class := cluster + "-userspace"
 	s.storageCluster(cluster, "  agent:\n    userspaceTransport: "+h.transport+"\n")
@@ -204,4 +192,19 @@ echo 1 >"$d/cgroup.kill"`, p.UID, strings.ReplaceAll(string(p.UID), "-", "_"))
 		s.t.Fatalf("delete pod %s: %v", p.Name, err)
 	}
 	s.t.Logf("SIGKILLed pod %s's processes on %s and deleted it", p.Name, node)
+}
+
+// envCount is the count >= 1 in environment variable name, or def when it
+// is unset.
+func envCount(t *testing.T, name string, def int) int {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		t.Fatalf("%s=%q: want a count >= 1", name, v)
+	}
+	return n
 }
