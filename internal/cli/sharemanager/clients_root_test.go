@@ -9,7 +9,6 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/berth-io/berth/api/v1alpha1"
@@ -21,12 +20,7 @@ import (
 // (same pid), and each list applied is reported on the Lease for the
 // controller (berth.io/share-clients).
 func TestShareManagerFollowsItsClients(t *testing.T) {
-	env := suite.Require(t)
-	e := newShareEnv(t)
-	kubeconfig := filepath.Join(e.dir, "kubeconfig")
-	if err := env.WriteKubeconfig(kubeconfig); err != nil {
-		t.Fatal(err)
-	}
+	env, e, kubeconfig, cs := apiShareEnv(t)
 	ctx := context.Background()
 	sm := &v1.ShareManager{ObjectMeta: metav1.ObjectMeta{Name: e.volume, Namespace: "default"},
 		Spec: v1.ShareManagerSpec{Volume: e.volume, Image: "berth", Clients: []v1.ShareClient{{Node: "node-1", Addresses: []string{"10.7.0.1"}}}}}
@@ -34,10 +28,6 @@ func TestShareManagerFollowsItsClients(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), sm) })
-	cs, err := kubernetes.NewForConfig(env.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
 	e.start(t, "--kubeconfig", kubeconfig, "--lease-namespace", "default", "--lease-name", e.volume,
 		"--lease-holder", "share-manager-pod-1", "--lease-duration", "3s", "--share-manager", e.volume)
 	conf := filepath.Join(e.stateDir(), "ganesha.conf")

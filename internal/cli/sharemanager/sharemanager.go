@@ -56,7 +56,8 @@ type Config struct {
 	// DeviceTimeout bounds the wait for the device.
 	DeviceTimeout time.Duration
 	CheckInterval time.Duration
-	// Lease is renewed while serving; no name: no lease (outside Kubernetes).
+	// Lease is taken once the device is there and renewed until the stop;
+	// no name: no lease (outside Kubernetes).
 	Lease share.LeaseConfig
 	// ShareManager names the ShareManager (in the Lease's namespace) whose
 	// spec.clients are the addresses admitted; none: only Clients.
@@ -164,6 +165,18 @@ func (c Config) Run(ctx context.Context) (err error) {
 				c.Log.Info("could not release the lease; it lapses instead", "err", err.Error())
 			}
 		}()
+		// Renewals run from here on, through the stage and every serve:
+		// a start slower than the Lease (a busy node, a long mkfs or fsck)
+		// must not read as a dead share manager and be failed over again
+		// and again. They stop before the release above.
+		var stop func()
+		ctx, stop = renewing(ctx, lease)
+		defer func() {
+			stop()
+			if cause := context.Cause(ctx); errors.Is(cause, share.ErrLeaseLost) && !errors.Is(err, share.ErrLeaseLost) {
+				err = errors.Join(cause, err)
+			}
+		}()
 	}
 	clients := &admitted{extra: c.Clients}
 	if lease != nil {
@@ -208,6 +221,21 @@ func (c Config) Run(ctx context.Context) (err error) {
 	}
 }
 
+// renewing renews lease until stop is called; a lost lease cancels the
+// returned context with the loss as its cause (ganesha is then killed, a
+// stage under way stops).
+func renewing(ctx context.Context, lease *share.Lease) (_ context.Context, stop func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := lease.Renew(ctx); err != nil {
+			cancel(err)
+		}
+	}()
+	return ctx, func() { cancel(nil); <-done }
+}
+
 // stage mounts the device (formatting it when blank and allowed, growing
 // its filesystem to the device's size).
 func (c Config) stage(ctx context.Context) error {
@@ -237,18 +265,6 @@ func (c Config) serve(ctx context.Context, lease *share.Lease, clients *admitted
 		return err
 	}
 	defer done()
-	leaseDone := make(chan error, 1)
-	if lease != nil {
-		go func() {
-			err := lease.Renew(ctx)
-			if err != nil {
-				cancel(err)
-			}
-			leaseDone <- err
-		}()
-	} else {
-		leaseDone <- nil
-	}
 	sizeDone := make(chan struct{})
 	go func() {
 		defer close(sizeDone)
@@ -269,10 +285,6 @@ func (c Config) serve(ctx context.Context, lease *share.Lease, clients *admitted
 	_ = os.Remove(c.ReadyFile())
 	cancel(nil)
 	<-sizeDone
-	lerr := <-leaseDone
-	if err == nil && lerr != nil {
-		err = lerr
-	}
 	if err == nil && context.Cause(ctx) != nil && !errors.Is(context.Cause(ctx), context.Canceled) {
 		err = context.Cause(ctx)
 	}
