@@ -197,7 +197,8 @@ phase() {
 		# volumes land where its pods run): there their first Lease
 		# renewals can come later than the default 10 s, and the operator
 		# then fails them over again and again (CI runs of the e2e
-		# scenario VMShareOnWorkloadNode). The specs do not test the Lease.
+		# scenario VMShareOnWorkloadNode, see its comment). The specs do
+		# not test the Lease.
 		"$KUBE_BIN/kubectl" --kubeconfig "$KUBECONFIG" patch storagecluster berth --type=merge \
 			-p '{"spec":{"rwx":{"leaseDurationSeconds":60}}}' >/dev/null ||
 			log "warning: could not lengthen the share Lease of StorageCluster berth"

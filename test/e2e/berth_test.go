@@ -111,6 +111,11 @@ func (s *scenario) dump() {
 		{"get", "storageclusters", "-o", "wide"},
 		{"-n", berthNamespace, "logs", "--tail=60", "-l", agentPods, "--all-containers"},
 		{"-n", berthNamespace, "logs", "--tail=60", "-l", controllerPods, "--all-containers"},
+		// A share manager replaced meanwhile takes its log along: this
+		// is the last one's, with its Lease.
+		{"-n", berthNamespace, "logs", "--tail=60", "-l", "app.kubernetes.io/component=share-manager", "--all-containers", "--prefix"},
+		{"-n", berthNamespace, "get", "leases", "-o",
+			"custom-columns=NAME:.metadata.name,HOLDER:.spec.holderIdentity,ACQUIRED:.spec.acquireTime,RENEWED:.spec.renewTime,TRANSITIONS:.spec.leaseTransitions"},
 	} {
 		s.logKubectl(args...)
 	}

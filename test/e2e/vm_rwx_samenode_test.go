@@ -22,9 +22,13 @@ import (
 // The share manager starts on the TCG node, which runs Go at a fraction of
 // native speed: two CI runs saw its first Lease renewals come later than
 // the default 10 s, so the operator failed it over, again and again, to
-// the one node its local image allows. The scenario gives the default
-// cluster a 60 s Lease while it runs; what it checks does not depend on
-// the Lease.
+// the one node its local image allows. Renewing from the Lease's taking
+// (not from serving) did not remove that: under the start's load there,
+// a renewal round trip, like the readiness probe's exec (timed out after
+// 5 s), can outlast the 10 s, and a share manager that cannot renew for
+// a Lease's length must stop. The scenario gives the default cluster a
+// 60 s Lease while it runs, as an operator would on slow nodes; what it
+// checks does not depend on the Lease.
 func testVMShareOnWorkloadNode(t *testing.T) {
 	env, _ := needCluster(t)
 	vm := env.vmNode(t) // skips before a namespace is made
