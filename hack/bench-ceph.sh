@@ -25,8 +25,8 @@ export KUBEBUILDER_ASSETS
 
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
-BERTH_CEPH_BENCH=1 CGO_ENABLED=1 go test -tags ceph,pacific -count=1 -v -timeout 40m \
-	-run 'TestCephBench$' ./test/userspace/ 2>&1 | tee "$out" && rc=0 || rc=$?
+BERTH_CEPH_BENCH=1 BERTH_MEMORY_BENCH=1 CGO_ENABLED=1 go test -tags ceph,pacific -count=1 -v -timeout 40m \
+	-run 'TestCephBench$|TestIdleCephServerMemory$' ./test/userspace/ 2>&1 | tee "$out" && rc=0 || rc=$?
 
 # Leftovers: the test's own Ceph (its folder and ports, as
 # test/userspace's cephLazy places it), rbd-fuse, this volume's servers,
@@ -35,7 +35,7 @@ BERTH_CEPH_DIR=/var/lib/berth-ceph-userspace-test BERTH_CEPH_MON_PORT=3316 BERTH
 	BERTH_CEPH_PORT_MAX=7699 hack/ceph/leftovers.sh || rc=1
 left=$(
 	pgrep -a -x rbd-fuse || true
-	pgrep -a -f 'blockdev .*--volume ceph-bench( |$)' || true
+	pgrep -a -f 'blockdev .*--volume ceph-(bench|memory-[0-9]+)( |$)' || true
 	losetup -a | grep -E 'TestCephBench|/ceph-bench[/)]' || true
 	grep -E 'rbd-fuse|TestCephBench|/ceph-bench( |/)' /proc/self/mountinfo || true
 )

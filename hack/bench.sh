@@ -34,6 +34,11 @@
 #     the same test Ceph pool and against rbd-fuse + loop, 4k random QD64 and
 #     128k sequential (hack/bench-ceph.sh; targets >= 0.8x rbd bench, >= 2x
 #     rbd-fuse). BENCH_CEPH=0 leaves it out.
+#  6. Memory: the median idle blockdev server's resident, anonymous and
+#     proportional (PSS) memory and threads, over BENCH_MEMORY_VOLUMES
+#     (default 10) staged local userspace volumes (test/userspace
+#     TestIdleServerMemory) and as many ceph ones (hack/bench-ceph.sh;
+#     target PSS <= 6 MiB). BENCH_MEMORY=0 leaves the local one out.
 # Env: BENCH_SECONDS (fio seconds per run, default 10), BENCH_SIZE (default 1G),
 #      BENCH_ROUNDS (alternating runs per side, median reported, default 3),
 #      BERTH_BLOCKDEV_PASSTHROUGH (default true), BERTH_HEAL_CYCLES.
@@ -43,7 +48,7 @@ cd "$(dirname "$0")/.."
 export PATH="/usr/local/go/bin:$PATH"
 
 out=$(mktemp)
-trap 'rm -f "$out" "$out.heal" "$out.pvc" "$out.scale" "$out.share" "$out.ceph" "$out.keeper"' EXIT
+trap 'rm -f "$out" "$out.heal" "$out.pvc" "$out.scale" "$out.share" "$out.ceph" "$out.keeper" "$out.memory"' EXIT
 
 echo "== userspace / kernel loop device (fio direct=1, passthrough=${BERTH_BLOCKDEV_PASSTHROUGH:-true})"
 BERTH_BLOCKDEV_PASSTHROUGH=${BERTH_BLOCKDEV_PASSTHROUGH:-true} \
@@ -100,6 +105,16 @@ echo "== RWX failover (${BERTH_SHARE_FAILOVERS:-20} SIGKILLs of ganesha or the s
 BERTH_SHARE_FAILOVERS=${BERTH_SHARE_FAILOVERS:-20} go test -count=1 -v -timeout 30m \
 	-run 'TestFailoverLosesNoAcknowledgedWrite$' ./internal/cli/sharemanager/ 2>&1 | tee "$out.share" && share_rc=0 || share_rc=$?
 share=$(grep '^SHARE_FAILOVER_RESULT' "$out.share" || true)
+
+memory_rc=0
+: >"$out.memory"
+if [ "${BENCH_MEMORY:-1}" != 0 ]; then
+	echo
+	echo "== idle blockdev servers (${BENCH_MEMORY_VOLUMES:-10} local userspace volumes)"
+	BERTH_MEMORY_BENCH=1 go test -count=1 -v -timeout 10m -run 'TestIdleServerMemory$' ./test/userspace/ \
+		>"$out.memory" 2>&1 && memory_rc=0 || memory_rc=$?
+	grep -E '^(SERVER_MEMORY_RESULT|--- )' "$out.memory" || tail -n 40 "$out.memory"
+fi
 
 ceph_rc=0
 : >"$out.ceph"
@@ -169,11 +184,18 @@ grep '^SHARE_LEASE_RESULT' "$out.pvc" | awk '{
 	printf "%-34s %10s   target %-8s %s\n", "RWX failover, lapsed Lease p99", d, "<= 22s", ms <= 22000 ? "met" : "MISSED"
 	printf "%-34s %10s   (%s failovers, Lease %s, max %s)\n", "RWX failover, lapsed Lease p50", v["p50"], v["failovers"], v["lease"], v["max"]
 }' || true
+cat "$out.memory" "$out.ceph" | grep '^SERVER_MEMORY_RESULT' | awk '{
+	for (i = 2; i <= NF; i++) { split($i, p, "="); v[p[1]] = p[2] }
+	printf "%-34s %10s   target %-8s %s\n", "idle server PSS (" v["kind"] ")", v["pss"], "<= 6MiB", v["pss"] + 0 <= 6 ? "met" : "MISSED"
+	printf "%-34s %10s   (anonymous %s, threads %s; median of %s servers)\n", "idle server RSS (" v["kind"] ")", v["rss"], v["anon"], v["threads"], v["servers"]
+}' || true
+[ "$memory_rc" -eq 0 ] || echo "idle server memory (local) FAILED (exit $memory_rc): its figures do not count" >&2
 sed -n '/^== Ceph: berth/,$p' "$out.ceph"
 [ "$ceph_rc" -eq 0 ] || echo "Ceph bench FAILED (exit $ceph_rc): its figures do not count" >&2
 [ "$pvc_rc" -eq 0 ] || echo "PVC / lapsed-Lease bench FAILED (exit $pvc_rc): its figures do not count" >&2
 [ "$heal_rc" -eq 0 ] || { echo "heal test FAILED (exit $heal_rc): its figures above do not count" >&2; exit "$heal_rc"; }
 [ "$share_rc" -eq 0 ] || exit "$share_rc"
 [ "$keeper_rc" -eq 0 ] || exit "$keeper_rc"
+[ "$memory_rc" -eq 0 ] || exit "$memory_rc"
 [ "$ceph_rc" -eq 0 ] || exit "$ceph_rc"
 exit "$pvc_rc"
