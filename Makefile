@@ -60,6 +60,7 @@ build: ## Build bin/berth with version and commit, and the ceph backend (cgo; CE
 	$(if $(filter 0,$(CEPH)),,hack/install-deps.sh --ceph-build)
 	$(GO_BUILD) -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/berth ./cmd/berth
 	CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/berth-blockdev ./cmd/berth-blockdev
+	$(if $(filter 0,$(CEPH)),rm -f $(BIN)/berth-blockdev-ceph,$(GO_BUILD) -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/berth-blockdev-ceph ./cmd/berth-blockdev)
 	$(if $(filter 0,$(CEPH)),rm -f $(BIN)/berth-flexvolume,CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/berth-flexvolume ./cmd/berth)
 
 .PHONY: generate

@@ -141,23 +141,34 @@ func TestStopOwnServerByHandle(t *testing.T) {
 	}
 }
 
-// TestSlimBinaryForFileImages: the servers of file images run the slim
-// binary when there is one; rbd images need the full one (librbd).
-func TestSlimBinaryForFileImages(t *testing.T) {
-	var ran []string
-	a := newTestAgent(t, Config{Images: fakeImages{path: "/images/vol-1.img"},
-		Userspace: &UserspaceConfig{Root: t.TempDir(), Keeper: &hostKeeper{}, Binary: "/bin/berth", SlimBinary: "/bin/berth-blockdev",
-			Start: func(_ context.Context, p launch.Params) (Server, error) {
-				ran = append(ran, p.Binary)
-				return stoppable{pid: 7, stopped: new(int)}, nil
-			}}})
-	for _, img := range []string{"/images/vol-1.img", rbdimage.Spec("/images/vol-1.rbd")} {
-		if _, err := fuseOf(a).start(context.Background(), launch.Params{Volume: "vol-1", Image: img}); err != nil {
-			t.Fatal(err)
+// TestServerBinaryPerImage: the servers of file images run the slim
+// binary and those of rbd images its ceph build, when there are; else the
+// full one.
+func TestServerBinaryPerImage(t *testing.T) {
+	images := []string{"/images/vol-1.img", rbdimage.Spec("/images/vol-1.rbd")}
+	for _, c := range []struct {
+		slim, ceph string
+		want       []string
+	}{
+		{"/bin/berth-blockdev", "/bin/berth-blockdev-ceph", []string{"/bin/berth-blockdev", "/bin/berth-blockdev-ceph"}},
+		{"/bin/berth-blockdev", "", []string{"/bin/berth-blockdev", "/bin/berth"}},
+		{"", "", []string{"/bin/berth", "/bin/berth"}},
+	} {
+		var ran []string
+		a := newTestAgent(t, Config{Images: fakeImages{path: "/images/vol-1.img"},
+			Userspace: &UserspaceConfig{Root: t.TempDir(), Keeper: &hostKeeper{}, Binary: "/bin/berth", SlimBinary: c.slim, CephBinary: c.ceph,
+				Start: func(_ context.Context, p launch.Params) (Server, error) {
+					ran = append(ran, p.Binary)
+					return stoppable{pid: 7, stopped: new(int)}, nil
+				}}})
+		for _, img := range images {
+			if _, err := fuseOf(a).start(context.Background(), launch.Params{Volume: "vol-1", Image: img}); err != nil {
+				t.Fatal(err)
+			}
 		}
-	}
-	if want := []string{"/bin/berth-blockdev", "/bin/berth"}; !slices.Equal(ran, want) {
-		t.Fatalf("servers ran %v, want %v (file image, rbd image)", ran, want)
+		if !slices.Equal(ran, c.want) {
+			t.Errorf("slim %q, ceph %q: servers ran %v, want %v (file image, rbd image)", c.slim, c.ceph, ran, c.want)
+		}
 	}
 }
 

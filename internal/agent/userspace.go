@@ -67,8 +67,9 @@ type UserspaceConfig struct {
 	Binary string
 	// SlimBinary, when set, runs the servers of file images instead
 	// (launch.SlimBinary): an agent restart starts them all at once, and
-	// it is the cheaper one to start. Rbd images need Binary's librbd.
-	SlimBinary string
+	// it is the cheaper one to start. Rbd images need librbd: CephBinary,
+	// when set (launch.CephBinary), else Binary.
+	SlimBinary, CephBinary string
 	// KeeperSocket is the keeper's socket, named in errors that tell
 	// how to fix a keeper this agent cannot reach or see.
 	KeeperSocket string
@@ -206,7 +207,10 @@ func (u userspace) start(ctx context.Context, p launch.Params) (Server, error) {
 	// A heal pass holds the I/O of the servers it starts until all are
 	// started (launch.HoldGroup).
 	p.Hold = launch.HoldFrom(ctx)
-	if u.cfg.SlimBinary != "" && !strings.HasPrefix(p.Image, rbdimage.Prefix) {
+	switch rbd := strings.HasPrefix(p.Image, rbdimage.Prefix); {
+	case rbd && u.cfg.CephBinary != "":
+		p.Binary = u.cfg.CephBinary
+	case !rbd && u.cfg.SlimBinary != "":
 		p.Binary = u.cfg.SlimBinary
 	}
 	proc, err := u.cfg.Start(ctx, p)

@@ -204,8 +204,8 @@ const berthEntrypoint = "/usr/local/bin/berth"
 
 // berthBinaries are the image's files of berth and of the binaries beside
 // it, each when there is one: its static build, which the agent installs as
-// the host's Flexvolume driver, and the slim server binary, which the agent
-// runs for file images' blockdev servers.
+// the host's Flexvolume driver, and the server binaries, which the agent
+// runs for the blockdev servers of file images and of rbd images.
 func berthBinaries(berthBinary string) []File {
 	dir := path.Dir(berthEntrypoint)
 	files := []File{{Path: berthEntrypoint, Source: berthBinary, Mode: 0o755}}
@@ -214,6 +214,10 @@ func berthBinaries(berthBinary string) []File {
 	}
 	if slim := launch.SlimBinary(berthBinary); slim != "" {
 		files = append(files, File{Path: path.Join(dir, launch.SlimBinaryName), Source: slim, Mode: 0o755})
+	}
+	// Its libraries (librbd, librados) are berth's own, already in.
+	if ceph := launch.CephBinary(berthBinary); ceph != "" {
+		files = append(files, File{Path: path.Join(dir, launch.CephBinaryName), Source: ceph, Mode: 0o755})
 	}
 	return files
 }

@@ -161,6 +161,15 @@ func BuildBerth(dir string) (string, error) {
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("go build ./cmd/berth-blockdev: %w\n%s", err, b)
 	}
+	// And its ceph build (launch.CephBinaryName), which serves rbd images.
+	if os.Getenv("BERTH_CEPH") != "0" {
+		cmd = exec.Command("go", "build", "-tags", "ceph,pacific", "-o", filepath.Join(dir, "berth-blockdev-ceph"), "./cmd/berth-blockdev")
+		cmd.Dir = RepoRoot()
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
+		if b, err := cmd.CombinedOutput(); err != nil {
+			return "", fmt.Errorf("go build -tags ceph,pacific ./cmd/berth-blockdev: %w\n%s", err, b)
+		}
+	}
 	return out, nil
 }
 

@@ -72,12 +72,26 @@ type Params struct {
 // backend, and so several times cheaper to start (see its package comment).
 const SlimBinaryName = "berth-blockdev"
 
+// CephBinaryName is the file name, beside the berth binary, of
+// cmd/berth-blockdev built with the ceph backend (cgo, librbd): the server
+// of rbd images without the Kubernetes packages of the multi-call binary,
+// whose init cost each server start CPU and its heap memory for good.
+const CephBinaryName = "berth-blockdev-ceph"
+
 // SlimBinary is the slim server binary beside berth (SlimBinaryName), or
 // "" when there is none; it serves file images, not rbd ones.
-func SlimBinary(berth string) string {
-	slim := filepath.Join(filepath.Dir(berth), SlimBinaryName)
-	if fi, err := os.Stat(slim); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
-		return slim
+func SlimBinary(berth string) string { return beside(berth, SlimBinaryName) }
+
+// CephBinary is the server binary for rbd images beside berth
+// (CephBinaryName), or "" when there is none (a build without the ceph
+// backend, or an older image).
+func CephBinary(berth string) string { return beside(berth, CephBinaryName) }
+
+// beside is the executable file name in berth's folder, or "".
+func beside(berth, name string) string {
+	p := filepath.Join(filepath.Dir(berth), name)
+	if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+		return p
 	}
 	return ""
 }

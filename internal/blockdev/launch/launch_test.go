@@ -85,24 +85,26 @@ func TestErrorLine(t *testing.T) {
 	}
 }
 
-func TestSlimBinary(t *testing.T) {
-	dir := t.TempDir()
-	berth := filepath.Join(dir, "berth")
-	if got := SlimBinary(berth); got != "" {
-		t.Fatalf("none beside berth: %q", got)
-	}
-	slim := filepath.Join(dir, SlimBinaryName)
-	if err := os.WriteFile(slim, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if got := SlimBinary(berth); got != "" {
-		t.Fatalf("not executable: %q", got)
-	}
-	if err := os.Chmod(slim, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if got := SlimBinary(berth); got != slim {
-		t.Fatalf("got %q, want %q", got, slim)
+func TestServerBinariesBesideBerth(t *testing.T) {
+	for name, find := range map[string]func(string) string{SlimBinaryName: SlimBinary, CephBinaryName: CephBinary} {
+		dir := t.TempDir()
+		berth := filepath.Join(dir, "berth")
+		if got := find(berth); got != "" {
+			t.Fatalf("%s: none beside berth: %q", name, got)
+		}
+		bin := filepath.Join(dir, name)
+		if err := os.WriteFile(bin, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if got := find(berth); got != "" {
+			t.Fatalf("%s: not executable: %q", name, got)
+		}
+		if err := os.Chmod(bin, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if got := find(berth); got != bin {
+			t.Fatalf("%s: got %q, want %q", name, got, bin)
+		}
 	}
 }
 

@@ -461,7 +461,8 @@ func (c Config) userspace() (*nodeagent.UserspaceConfig, error) {
 		c.Log.Info("userspace transport auto stages over ublk on this node")
 	}
 	return &nodeagent.UserspaceConfig{
-		Root: filepath.Join(c.RunDir, userspaceDir), Binary: bin, SlimBinary: launch.SlimBinary(bin), KeeperSocket: c.KeeperSocket,
+		Root: filepath.Join(c.RunDir, userspaceDir), Binary: bin, SlimBinary: launch.SlimBinary(bin),
+		CephBinary: launch.CephBinary(bin), KeeperSocket: c.KeeperSocket,
 		Keeper: keeper.NewClient(c.KeeperSocket), Start: nodeagent.StartServer, StopPID: launch.StopPID,
 		CheckMount: blockdev.CheckMount, Workers: c.BlockdevWorkers, Passthrough: c.BlockdevPassthrough,
 		Transport: transport, NBD: nbdDevs, Ublk: ublkDevs, DeadConnTimeout: c.NBDDeadConnTimeout,
