@@ -29,7 +29,7 @@ COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -s -w -X github.com/berth-io/berth/internal/version.Version=$(VERSION) -X github.com/berth-io/berth/internal/version.Commit=$(COMMIT)
 
 # Generated files that `make verify` proves current.
-GENERATED := api/v1alpha1/zz_generated.deepcopy.go config/crd/bases config/rbac deploy/berth/crds deploy/berth/files deploy/manifests
+GENERATED := api/v1alpha1/zz_generated.deepcopy.go config/crd/bases config/rbac deploy/berth/crds deploy/berth/files deploy/manifests docs/api.md
 
 GO_TEST_FLAGS ?=
 
@@ -64,11 +64,12 @@ build: ## Build bin/berth with version and commit, and the ceph backend (cgo; CE
 	$(if $(filter 0,$(CEPH)),rm -f $(BIN)/berth-flexvolume,CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/berth-flexvolume ./cmd/berth)
 
 .PHONY: generate
-generate: $(CONTROLLER_GEN) $(HELM) ## Regenerate deepcopy code, CRDs, RBAC, the chart's copies and deploy/manifests.
+generate: $(CONTROLLER_GEN) $(HELM) ## Regenerate deepcopy code, CRDs, RBAC, the chart's copies, deploy/manifests and docs/api.md.
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./api/...
 	$(CONTROLLER_GEN) crd paths=./api/... output:crd:artifacts:config=config/crd/bases
 	$(foreach c,$(RBAC_COMPONENTS),$(CONTROLLER_GEN) rbac:roleName=berth-$(c) $(addprefix paths=,$(RBAC_$(c))) output:rbac:artifacts:config=config/rbac/$(c);)
 	hack/chart.sh $(HELM)
+	go run ./hack/apidocs -crds config/crd/bases -out docs/api.md
 
 .PHONY: helm-lint
 helm-lint: $(HELM) ## Lint the Helm chart (deploy/berth).
