@@ -41,10 +41,38 @@ var scrapeLabels = []string{"job", "instance", "namespace", "service", "endpoint
 var otherExporters = []string{"up", "kubelet_volume_stats_used_bytes", "kubelet_volume_stats_capacity_bytes",
 	"kube_persistentvolumeclaim_info", "kube_persistentvolume_info"}
 
-// berthMetrics builds every metric group of internal/metrics into one
-// registry, records a value in each so that vectors show, and returns each
-// series name a query can select with its label names.
+// berthMetrics returns each series name of berthRegistry a query can
+// select, with its label names.
 func berthMetrics(t *testing.T) map[string][]string {
+	t.Helper()
+	families, err := berthRegistry(t).Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string][]string{}
+	for _, f := range families {
+		var labelNames []string
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if !slices.Contains(labelNames, l.GetName()) {
+					labelNames = append(labelNames, l.GetName())
+				}
+			}
+		}
+		if f.GetType() == dto.MetricType_HISTOGRAM {
+			names[f.GetName()+"_bucket"] = append(slices.Clone(labelNames), "le")
+			names[f.GetName()+"_sum"] = labelNames
+			names[f.GetName()+"_count"] = labelNames
+			continue
+		}
+		names[f.GetName()] = labelNames
+	}
+	return names
+}
+
+// berthRegistry builds every metric group of internal/metrics into one
+// registry and records a value in each so that vectors show.
+func berthRegistry(t *testing.T) *prometheus.Registry {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	must := func(err error) {
@@ -90,28 +118,7 @@ func berthMetrics(t *testing.T) map[string][]string {
 	_, err = metrics.NewShareStates(reg, oneShare{}, logr.Discard(), "running", "error")
 	must(err)
 	must(metrics.NewBuildInfo(reg, version.Get()))
-
-	families, err := reg.Gather()
-	must(err)
-	names := map[string][]string{}
-	for _, f := range families {
-		var labelNames []string
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if !slices.Contains(labelNames, l.GetName()) {
-					labelNames = append(labelNames, l.GetName())
-				}
-			}
-		}
-		if f.GetType() == dto.MetricType_HISTOGRAM {
-			names[f.GetName()+"_bucket"] = append(slices.Clone(labelNames), "le")
-			names[f.GetName()+"_sum"] = labelNames
-			names[f.GetName()+"_count"] = labelNames
-			continue
-		}
-		names[f.GetName()] = labelNames
-	}
-	return names
+	return reg
 }
 
 // oneVolumeNode is a node with one volume and a keeper that answers.

@@ -17,6 +17,13 @@ export KUBEBUILDER_ASSETS
 export KUBEBUILDER_CONTROLPLANE_START_TIMEOUT="${KUBEBUILDER_CONTROLPLANE_START_TIMEOUT:-120s}"
 # The chart tests (deploy/) run the pinned helm, built once into bin/.
 make --no-print-directory -s helm >&2
+# deploy/'s alert test loads the chart's rules into Debian's Prometheus.
+if BERTH_PROMETHEUS_DIR=$(hack/prometheus.sh | tail -n 1); then
+	export BERTH_PROMETHEUS_DIR
+else
+	echo "test: hack/prometheus.sh failed: TestAlertsEvaluateInPrometheus will skip" >&2
+	unset BERTH_PROMETHEUS_DIR
+fi
 echo "test: setup done in $((SECONDS - start))s (KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS)"
 
 log=$(mktemp)
