@@ -141,7 +141,8 @@ func (cl *Cleaner) NeedLeaderElection() bool { return false }
 // entry lost its race and never landed): it is dropped without undo. So is
 // one written by another node (which may add entries to this list) that
 // names a path this node holds, whatever pod it names (F2): a live mount is
-// never undone by another node's word.
+// never undone by another node's word; a stage entry naming another path
+// than the one this node holds the volume staged at is refused.
 // Every other entry is undone, then removed; a failed undo stays listed.
 func (cl *Cleaner) RunOnce(ctx context.Context) (CleanResult, error) {
 	res, err := cl.runOnce(ctx)
@@ -200,6 +201,8 @@ func (cl *Cleaner) process(ctx context.Context, s v1.StaleAttachment) (dropped b
 		return false, err
 	}
 	undo := s.UndoPath()
+	// Where this node holds the volume staged, if it does.
+	staged := ""
 	for _, e := range att.Spec.Attachments { // none when the Attachment is gone
 		if e.Node != cl.node {
 			continue
@@ -211,6 +214,17 @@ func (cl *Cleaner) process(ctx context.Context, s v1.StaleAttachment) (dropped b
 			}
 			return true, nil
 		}
+		if e.StagingPath != "" {
+			staged = e.StagingPath
+		}
+	}
+	// A node stages a volume at one path (kubelet's, named by the volume).
+	// A stage entry that names another one while this node holds the
+	// volume staged is made up (F2): its undo would unmount the volume's
+	// device everywhere on the node, the live stage and its pods included.
+	if s.IsStage() && staged != "" {
+		return false, fmt.Errorf("stale stage entry of %s names %s, but this node holds the volume staged at %s: %w",
+			s.Volume, undo, staged, ErrRefused)
 	}
 	if err := cl.u.Undo(ctx, s); err != nil {
 		return false, fmt.Errorf("undo %s at %s: %w", s.Volume, s.MountDir, err)

@@ -87,7 +87,10 @@ func TestCleanerAfterRestart(t *testing.T) {
 // node's stale list (lock breaking), so an entry that names a path this
 // node holds for the volume, under another pod UID or as a stage record's
 // staging path, is dropped without undo: no node unmounts another's live
-// pod or stage by its word (F2). The entry for a path not held is undone.
+// pod or stage by its word (F2). A stage entry that names another staging
+// path while the node holds the volume staged is refused: its undo would
+// unmount the volume's device everywhere on the node. The entry for a path
+// not held is undone.
 func TestCleanerNeverUndoesAHeldPath(t *testing.T) {
 	cleanupVolume(t, "vol-f2", "f2-a")
 	mkNode(t, "f2-a")
@@ -95,6 +98,7 @@ func TestCleanerNeverUndoesAHeldPath(t *testing.T) {
 	holdOn(t, "vol-f2", "f2-a", live, v1.ReadWriteOnce)
 	stage, pod := stageReq("vol-f2", "f2-a", v1.ReadWriteOnce), podReq("vol-f2", "f2-a", live, v1.ReadWriteOnce)
 	gone := "/var/lib/kubelet/pods/uid-f2-gone/volumes/kubernetes.io~csi/vol-f2/mount"
+	madeUp := "/var/lib/kubelet/plugins/kubernetes.io/csi/berth.io/made-up/globalmount"
 	addStaleEntry(t, "f2-a",
 		// The live pod's mount, as another pod's.
 		v1.StaleAttachment{Volume: "vol-f2", MountDir: pod.MountDir, StagingPath: stage.StagingPath,
@@ -102,14 +106,24 @@ func TestCleanerNeverUndoesAHeldPath(t *testing.T) {
 		// The live stage, named as a stage record's staging path.
 		v1.StaleAttachment{Volume: "vol-f2", MountDir: "/var/lib/kubelet/plugins/berth.io/staging/other",
 			StagingPath: stage.StagingPath, Reason: v1.ReasonNodeOutOfService, FoundAt: metav1.Now()},
+		// A stage record at a made-up staging path: refused.
+		v1.StaleAttachment{Volume: "vol-f2", MountDir: madeUp, StagingPath: madeUp,
+			Reason: v1.ReasonNodeOutOfService, FoundAt: metav1.Now()},
 		// A pod of this node that is gone: undone.
 		v1.StaleAttachment{Volume: "vol-f2", MountDir: gone, StagingPath: stage.StagingPath,
 			Pod: "default/f2-gone", PodUID: "uid-f2-gone", Reason: v1.ReasonPodGone, FoundAt: metav1.Now()})
 
 	u := &recordingUndoer{}
 	cl := fence.NewCleaner(env.Client, "f2-a", u, clocktesting.NewFakeClock(time.Now()), testr.New(t), fence.CleanerOptions{Interval: time.Minute})
-	if _, err := cl.RunOnce(ctxT(t)); err != nil {
+	res, err := cl.RunOnce(ctxT(t))
+	if err != nil {
 		t.Fatal(err)
+	}
+	if want := (fence.CleanResult{Undone: 1, Dropped: 2, Refused: 1}); res != want {
+		t.Errorf("pass %+v, want %+v", res, want)
+	}
+	if c := meta.FindStatusCondition(getCleanup(t, "f2-a").Status.Conditions, v1.ConditionReady); c == nil || !strings.Contains(c.Message, madeUp) {
+		t.Errorf("Ready condition %+v does not name the refused path", c)
 	}
 	if got := u.undone(); len(got) != 1 || got[0] != "vol-f2:"+gone {
 		t.Errorf("undone %v, want only the gone pod's mount", got)
