@@ -56,8 +56,8 @@ func isSharePolicyDenial(err error) bool {
 // and releases Lease vol-a; writing another share's Lease, the
 // operator's leader-election Lease, or its own as another holder is
 // refused by the API server, as is every write by a token naming no pod.
-// The chart's NetworkPolicy, when CIDRs are given, admits NFS only from
-// them.
+// The chart's NetworkPolicy, when CIDRs are given, admits NFS and the
+// probes' port only from them.
 func TestShareManagerWritesOnlyItsOwnLease(t *testing.T) {
 	suite.Require(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -72,7 +72,8 @@ func TestShareManagerWritesOnlyItsOwnLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	if r := np.Spec.Ingress; len(r) != 1 || len(r[0].From) != 1 || r[0].From[0].IPBlock == nil || r[0].From[0].IPBlock.CIDR != "10.9.0.0/16" ||
-		len(r[0].Ports) != 1 || r[0].Ports[0].Port.IntValue() != 2049 || np.Spec.PodSelector.MatchLabels["app.kubernetes.io/component"] != "share-manager" {
+		len(r[0].Ports) != 2 || r[0].Ports[0].Port.IntValue() != 2049 || r[0].Ports[1].Port.IntValue() != sharemanager.HealthPort ||
+		np.Spec.PodSelector.MatchLabels["app.kubernetes.io/component"] != "share-manager" {
 		t.Errorf("NetworkPolicy %+v", np.Spec)
 	}
 

@@ -26,15 +26,24 @@ func Handler(g prometheus.Gatherer) http.Handler {
 // HealthHandler serves /healthz (the process answers) and /readyz (ready
 // returns nil).
 func HealthHandler(ready func() error) http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if err := ready(); err != nil {
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
-			return
+	return ProbeHandler(func() error { return nil }, ready)
+}
+
+// ProbeHandler serves /healthz (alive returns nil) and /readyz (ready
+// returns nil); a failed check answers 503 with its error.
+func ProbeHandler(alive, ready func() error) http.Handler {
+	check := func(f func() error) http.HandlerFunc {
+		return func(w http.ResponseWriter, _ *http.Request) {
+			if err := f(); err != nil {
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+			_, _ = w.Write([]byte("ok"))
 		}
-		_, _ = w.Write([]byte("ok"))
-	})
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", check(alive))
+	mux.HandleFunc("/readyz", check(ready))
 	return mux
 }
 

@@ -28,7 +28,10 @@ import (
 // 5 s), can outlast the 10 s, and a share manager that cannot renew for
 // a Lease's length must stop. The scenario gives the default cluster a
 // 60 s Lease while it runs, as an operator would on slow nodes; what it
-// checks does not depend on the Lease.
+// checks does not depend on the Lease. A later CI run failed it another
+// way: the share served 30 s after its start, but its exec probes (the
+// berth binary started in the pod) timed out after 5 and 10 s, so the
+// pod never turned Ready; the probes are HTTP now.
 func testVMShareOnWorkloadNode(t *testing.T) {
 	env, _ := needCluster(t)
 	vm := env.vmNode(t) // skips before a namespace is made

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"k8s.io/utils/clock"
+
+	"github.com/berth-io/berth/internal/metrics"
 )
 
 // The liveness probe (--alive) reads a heartbeat that Run writes from its
@@ -67,6 +69,9 @@ func (c Config) checkAlive() error {
 	if c.Clock == nil {
 		c.Clock = clock.RealClock{}
 	}
+	if c.AliveWithin == 0 {
+		c.AliveWithin = DefaultAliveWithin
+	}
 	b, err := os.ReadFile(c.AliveFile())
 	if err != nil {
 		return fmt.Errorf("no heartbeat: %w", err)
@@ -79,4 +84,24 @@ func (c Config) checkAlive() error {
 		return fmt.Errorf("last heartbeat %s ago, more than %s", age.Truncate(time.Second), c.AliveWithin)
 	}
 	return nil
+}
+
+// serveProbes serves checkAlive and checkReady over HTTP on HealthAddr
+// until the returned stop is called. An exec probe starts the berth binary
+// in the pod; on a busy slow node that took over 5 s, past the probe's
+// timeout, and kept a serving share out of its Service.
+func (c Config) serveProbes(ctx context.Context) (stop func(), err error) {
+	l, err := metrics.Listen(c.HealthAddr)
+	if err != nil || l == nil {
+		return func() {}, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := metrics.Serve(ctx, l, metrics.ProbeHandler(c.checkAlive, c.checkReady)); err != nil {
+			c.Log.Error(err, "probe endpoints stopped", "address", c.HealthAddr)
+		}
+	}()
+	return func() { cancel(); <-done }, nil
 }

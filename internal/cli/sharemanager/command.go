@@ -10,6 +10,7 @@ import (
 
 	"github.com/berth-io/berth/internal/cli"
 	"github.com/berth-io/berth/internal/cli/kube"
+	"github.com/berth-io/berth/internal/metrics"
 	"github.com/berth-io/berth/internal/share"
 )
 
@@ -74,6 +75,7 @@ func parse(args []string, stdio cli.IO) (Config, error) {
 	fs.BoolVar(&cfg.readyCheck, "ready", false, "only tell whether the share manager of --state-dir serves (exit 0) or not: the pod's readiness probe")
 	fs.BoolVar(&cfg.aliveCheck, "alive", false, "only tell whether the share manager of --state-dir still runs (exit 0: a heartbeat within --alive-within) or not: the pod's liveness probe")
 	fs.DurationVar(&cfg.AliveWithin, "alive-within", DefaultAliveWithin, "how old the heartbeat may be for --alive")
+	fs.StringVar(&cfg.HealthAddr, "health-addr", metrics.Disabled, "address of the probes' HTTP endpoints: /healthz (the heartbeat, as --alive) and /readyz (serving, as --ready); 0: none")
 	fs.IntVar(&verbosity, "v", 0, "log verbosity")
 	cfg.Kube.Register(fs)
 	if err := fs.Parse(args); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/berth-io/berth/internal/cli"
+	"github.com/berth-io/berth/internal/testenv"
 )
 
 func TestParseDefaultsAreFastFailoverOnNFSv41(t *testing.T) {
@@ -99,9 +101,20 @@ func TestReadyCheck(t *testing.T) {
 // TestAliveWhileWaitingForTheDevice: the liveness probe (--alive) passes
 // while the share manager waits for its device (not ready, not serving),
 // fails on a heartbeat older than --alive-within or none, and the
-// heartbeat goes when Run returns.
+// heartbeat goes when Run returns. The HTTP probes of --health-addr say
+// the same: /healthz 200, /readyz 503.
 func TestAliveWhileWaitingForTheDevice(t *testing.T) {
 	dir := t.TempDir()
+	health := "127.0.0.1:" + strconv.Itoa(testenv.FreePort(t))
+	probe := func(path string) (int, error) {
+		c := http.Client{Timeout: 5 * time.Second}
+		resp, err := c.Get("http://" + health + path)
+		if err != nil {
+			return 0, err
+		}
+		_ = resp.Body.Close()
+		return resp.StatusCode, nil
+	}
 	alive := func(extra ...string) error {
 		args := append([]string{"--state-dir", dir, "--alive"}, extra...)
 		return Command().Main(context.Background(), args, cli.IO{Stderr: io.Discard})
@@ -110,7 +123,7 @@ func TestAliveWhileWaitingForTheDevice(t *testing.T) {
 		t.Error("alive without a heartbeat")
 	}
 	cfg, err := parse([]string{"--volume", "pv1", "--device", filepath.Join(dir, "no-device"), "--state-dir", dir,
-		"--mount-path", filepath.Join(dir, "export")}, cli.IO{Stderr: io.Discard})
+		"--mount-path", filepath.Join(dir, "export"), "--health-addr", health}, cli.IO{Stderr: io.Discard})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,12 +140,21 @@ func TestAliveWhileWaitingForTheDevice(t *testing.T) {
 	if err := Command().Main(context.Background(), []string{"--state-dir", dir, "--ready"}, cli.IO{Stderr: io.Discard}); err == nil {
 		t.Error("ready while waiting for the device")
 	}
+	if code, err := probe("/healthz"); code != http.StatusOK {
+		t.Errorf("GET /healthz while waiting for the device: %d, %v", code, err)
+	}
+	if code, err := probe("/readyz"); code != http.StatusServiceUnavailable {
+		t.Errorf("GET /readyz while waiting for the device: %d, %v", code, err)
+	}
 	old := strconv.FormatInt(time.Now().Add(-2*time.Minute).Unix(), 10)
 	if err := os.WriteFile(filepath.Join(dir, "alive"), []byte(old), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	if err := alive(); err == nil || !strings.Contains(err.Error(), "heartbeat") {
 		t.Errorf("alive with a heartbeat 2m old: %v", err)
+	}
+	if code, err := probe("/healthz"); code != http.StatusServiceUnavailable {
+		t.Errorf("GET /healthz with a heartbeat 2m old: %d, %v", code, err)
 	}
 	if err := alive("--alive-within", "3m"); err != nil {
 		t.Errorf("not alive with a heartbeat 2m old, 3m allowed: %v", err)

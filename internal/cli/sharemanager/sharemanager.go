@@ -45,6 +45,9 @@ type Config struct {
 	// aliveCheck: only check its heartbeat (--alive), at most AliveWithin old.
 	readyCheck, aliveCheck bool
 	AliveWithin            time.Duration
+	// HealthAddr serves the same two checks over HTTP ("" or "0": not):
+	// kubelet's HTTP probes exec nothing in the pod.
+	HealthAddr string
 	// RecoveryDir is the recovery backend's root ("": on the volume).
 	RecoveryDir string
 	BindAddr    string
@@ -147,6 +150,11 @@ func (c Config) Run(ctx context.Context) (err error) {
 	}()
 	_ = os.Remove(c.ReadyFile())
 	defer c.heartbeat(ctx)()
+	stopProbes, err := c.serveProbes(ctx)
+	if err != nil {
+		return err
+	}
+	defer stopProbes()
 	if err := c.waitDevice(ctx); err != nil {
 		return err
 	}

@@ -34,6 +34,10 @@ const (
 	nfsPort    = 2049
 )
 
+// HealthPort is where a share-manager pod serves its probes (/healthz,
+// /readyz): the chart's NetworkPolicy admits it beside NFS.
+const HealthPort = 9745
+
 // Name is the name of a volume's share-manager pod, Service and claim:
 // share-manager-<volume>, cut to a DNS label (63) with a hash when the
 // volume name is long, since a Service name must be one.
@@ -77,6 +81,7 @@ func (r *Reconciler) podFor(sm *v1.ShareManager, vol *v1.Volume, rwx rwxSettings
 		"--volume=" + vol.Name,
 		"--device=" + devicePath,
 		"--state-dir=" + stateDir,
+		"--health-addr=:" + strconv.Itoa(HealthPort),
 		"--lease-namespace=" + sm.Namespace,
 		"--lease-name=" + vol.Name,
 		// Its spec.clients are the addresses ganesha admits.
@@ -131,19 +136,21 @@ func (r *Reconciler) podFor(sm *v1.ShareManager, vol *v1.Volume, rwx rwxSettings
 				ImagePullPolicy: r.Options.ImagePullPolicy,
 				Args:            args,
 				Env:             env,
-				Ports:           []corev1.ContainerPort{{Name: "nfs", ContainerPort: nfsPort, Protocol: corev1.ProtocolTCP}},
+				Ports: []corev1.ContainerPort{{Name: "nfs", ContainerPort: nfsPort, Protocol: corev1.ProtocolTCP},
+					{Name: "health", ContainerPort: HealthPort, Protocol: corev1.ProtocolTCP}},
 				Resources:       rwx.resources,
 				SecurityContext: shareManagerSecurity(),
 				// Every second: after a failover clients reach the new
 				// pod only once the Service lists it, i.e. once it is
 				// Ready, so each second of probe period is failover time.
-				// The probe only looks for a file, but it execs the berth
-				// binary, which can take over a second on a busy node: a
-				// single slow probe must not take a serving share out of
-				// its Service (clients stall). Failover itself rests on
-				// the Lease, not on readiness.
+				// Over HTTP, not exec: an exec of the berth binary in the
+				// pod took over 5 s on a busy slow node (a TCG VM) and
+				// kept a serving share out of its Service for minutes. A
+				// single slow probe must still not take a serving share
+				// out (clients stall). Failover itself rests on the Lease,
+				// not on readiness.
 				ReadinessProbe: &corev1.Probe{
-					ProbeHandler:  corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"berth", "share-manager", "--state-dir=" + stateDir, "--ready"}}},
+					ProbeHandler:  corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/readyz", Port: intstr.FromString("health")}},
 					PeriodSeconds: 1, TimeoutSeconds: 5, FailureThreshold: 3,
 				},
 				// Liveness reads the share manager's heartbeat, which it
@@ -153,7 +160,7 @@ func (r *Reconciler) podFor(sm *v1.ShareManager, vol *v1.Volume, rwx rwxSettings
 				// graces again. Generous: three minutes without a heartbeat
 				// (written every 10 s) before the kill.
 				LivenessProbe: &corev1.Probe{
-					ProbeHandler:        corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"berth", "share-manager", "--state-dir=" + stateDir, "--alive"}}},
+					ProbeHandler:        corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/healthz", Port: intstr.FromString("health")}},
 					InitialDelaySeconds: 30, PeriodSeconds: 30, TimeoutSeconds: 10, FailureThreshold: 5,
 				},
 				VolumeDevices: []corev1.VolumeDevice{{Name: "volume", DevicePath: devicePath}},

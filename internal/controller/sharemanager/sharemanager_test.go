@@ -4,6 +4,7 @@ import (
 	"context"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -595,13 +596,20 @@ func checkPod(t *testing.T, pod *corev1.Pod, volume, avoid string) {
 		sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Add, "SYS_ADMIN") || len(c.VolumeDevices) != 1 {
 		t.Errorf("container image %q security %+v devices %+v", c.Image, c.SecurityContext, c.VolumeDevices)
 	}
+	// The probes are kubelet's HTTP GETs of the share manager's
+	// --health-addr: an exec of berth in the pod was too slow on a slow node.
+	if !strings.Contains(args, "--health-addr=:"+strconv.Itoa(sharemanager.HealthPort)) ||
+		!slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool {
+			return p.Name == "health" && p.ContainerPort == sharemanager.HealthPort
+		}) {
+		t.Errorf("pod args %q, ports %+v: no health endpoint on %d", args, c.Ports, sharemanager.HealthPort)
+	}
 	for _, p := range []struct {
 		probe *corev1.Probe
-		flag  string
-	}{{c.ReadinessProbe, "--ready"}, {c.LivenessProbe, "--alive"}} {
-		want := []string{"berth", "share-manager", "--state-dir=/run/berth/share", p.flag}
-		if p.probe == nil || p.probe.Exec == nil || !reflect.DeepEqual(p.probe.Exec.Command, want) {
-			t.Errorf("probe %s = %+v, want exec %q", p.flag, p.probe, want)
+		path  string
+	}{{c.ReadinessProbe, "/readyz"}, {c.LivenessProbe, "/healthz"}} {
+		if p.probe == nil || p.probe.HTTPGet == nil || p.probe.HTTPGet.Path != p.path || p.probe.HTTPGet.Port.String() != "health" {
+			t.Errorf("probe %s = %+v, want an HTTP GET of port health", p.path, p.probe)
 		}
 	}
 	// Liveness is slow to kill: a share manager waiting for its device or
