@@ -35,30 +35,39 @@ func main() {
 }
 
 func run(dir, out string) error {
-	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
+	crds, err := readCRDs(dir)
 	if err != nil {
 		return err
-	}
-	var crds []apiextv1.CustomResourceDefinition
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			return err
-		}
-		var crd apiextv1.CustomResourceDefinition
-		if err := yaml.UnmarshalStrict(b, &crd); err != nil {
-			return fmt.Errorf("%s: %w", f, err)
-		}
-		crds = append(crds, crd)
-	}
-	if len(crds) == 0 {
-		return fmt.Errorf("no CRD in %s", dir)
 	}
 	var buf bytes.Buffer
 	if err := write(&buf, crds); err != nil {
 		return err
 	}
 	return os.WriteFile(out, buf.Bytes(), 0o644)
+}
+
+// readCRDs reads every CRD manifest of dir; none is an error.
+func readCRDs(dir string) ([]apiextv1.CustomResourceDefinition, error) {
+	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
+	if err != nil {
+		return nil, err
+	}
+	var crds []apiextv1.CustomResourceDefinition
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, err
+		}
+		var crd apiextv1.CustomResourceDefinition
+		if err := yaml.UnmarshalStrict(b, &crd); err != nil {
+			return nil, fmt.Errorf("%s: %w", f, err)
+		}
+		crds = append(crds, crd)
+	}
+	if len(crds) == 0 {
+		return nil, fmt.Errorf("no CRD in %s", dir)
+	}
+	return crds, nil
 }
 
 // write renders the page.

@@ -2,33 +2,18 @@ package main
 
 import (
 	"bytes"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	apiextv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
-	"sigs.k8s.io/yaml"
 )
 
 // TestEveryFieldHasARow: the page has a section per kind and a row per
 // spec and status field of the repository's CRDs, each row on one line.
 func TestEveryFieldHasARow(t *testing.T) {
-	files, err := filepath.Glob("../../config/crd/bases/*.yaml")
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no CRDs: %v", err)
-	}
-	var crds []apiextv1.CustomResourceDefinition
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var crd apiextv1.CustomResourceDefinition
-		if err := yaml.Unmarshal(b, &crd); err != nil {
-			t.Fatal(err)
-		}
-		crds = append(crds, crd)
+	crds, err := readCRDs("../../config/crd/bases")
+	if err != nil {
+		t.Fatal(err)
 	}
 	var buf bytes.Buffer
 	if err := write(&buf, crds); err != nil {
