@@ -448,6 +448,34 @@ func TestChartOperatorBudget(t *testing.T) {
 	}
 }
 
+// TestChartOperatorOnHostNetworkRolls: on the host's network a new
+// operator pod cannot start beside the old one on its node (the same
+// ports), so the Deployment replaces pods without a surge; on the pod
+// network it keeps the default rollout.
+func TestChartOperatorOnHostNetworkRolls(t *testing.T) {
+	strategy := func(sets ...string) appsv1.DeploymentStrategy {
+		for _, o := range render(t, sets...) {
+			if o.GetKind() != "Deployment" || o.GetName() != "berth-operator" {
+				continue
+			}
+			var dep appsv1.Deployment
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &dep); err != nil {
+				t.Fatal(err)
+			}
+			return dep.Spec.Strategy
+		}
+		t.Fatal("no operator Deployment rendered")
+		return appsv1.DeploymentStrategy{}
+	}
+	if s := strategy(); s.RollingUpdate != nil {
+		t.Errorf("pod network: strategy %+v, want the default", s)
+	}
+	s := strategy("operator.hostNetwork=true")
+	if s.RollingUpdate == nil || s.RollingUpdate.MaxSurge.IntValue() != 0 || s.RollingUpdate.MaxUnavailable.IntValue() != 1 {
+		t.Errorf("host network: strategy %+v, want maxSurge 0, maxUnavailable 1", s)
+	}
+}
+
 // TestChartSchemaRefusesBadValues: values.schema.json refuses a wrong type,
 // a key the chart does not know, an out-of-range number, and more than one
 // operator without leader election; Chart.yaml refuses Kubernetes before
