@@ -30,6 +30,7 @@ var scenarios = []func(*testing.T){
 	testMultusPublicNetwork,
 	testBerthImageRunsItsTools,
 	testFlexvolumePod,
+	testFlexvolumeReadOnlyPluginFolder,
 	testUserspaceSurvivesAgentRestart,
 	testPodWritesAndReadsEmptyDir,
 	testSnapshotRestore,

@@ -329,6 +329,7 @@ func (c Config) Run(ctx context.Context) error {
 	// degrades only that path (Event, Node condition, log,
 	// berth_flexvolume_driver_ready).
 	flex := &flexRunnable{server: sock, socket: c.AgentSocket, pluginDir: c.VolumePluginDir, log: c.Log.WithName("flexvolume"),
+		root:   func() (string, error) { return flexvolume.HostRoot("/proc") },
 		events: mgr.GetEventRecorderFor("berth-agent"), node: c.NodeName, metrics: m.driver,
 		condition: NodeCondition{Client: direct, Node: c.NodeName, Type: FlexvolumeCondition}.Set,
 		removable: flexRemovable(direct, c.KubeletDir)}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -34,9 +35,15 @@ import (
 // plugin folder it installs nothing, removes the condition, and still
 // serves the socket to a driver installed before.
 type flexRunnable struct {
-	server    *socket.Server
-	socket    string
+	server *socket.Server
+	socket string
+	// pluginDir is kubelet's Flexvolume folder, a path on the node.
 	pluginDir string
+	// root finds the node's root folder, below which pluginDir is reached
+	// (flexvolume.HostRoot; nil: pluginDir as this process sees it).
+	root func() (string, error)
+	// dir is pluginDir below the node's root, once the install found it.
+	dir string
 	// binary is installed as the driver ("": this executable).
 	binary string
 	log    logr.Logger
@@ -87,7 +94,7 @@ func (f *flexRunnable) Start(ctx context.Context) error {
 			return <-served
 		}
 		f.report(ctx, &corev1.NodeCondition{Status: corev1.ConditionTrue, Reason: reasonFlexInstalled,
-			Message: "driver " + driver + " installed; its init reached the agent"})
+			Message: "driver " + filepath.Join(f.pluginDir, flexvolume.Dir, flexvolume.Name) + " installed; its init reached the agent"})
 	}
 	f.problem.Store(nil)
 	f.ready.Store(true)
@@ -108,7 +115,7 @@ func (f *flexRunnable) removeIfUnused() {
 		f.log.Info("flexvolume driver stays", "reason", why)
 		return
 	}
-	if err := flexvolume.Remove(f.pluginDir); err != nil {
+	if err := flexvolume.Remove(f.dir); err != nil {
 		f.log.Error(err, "flexvolume driver could not be removed", "pluginDir", f.pluginDir)
 		return
 	}
@@ -199,7 +206,21 @@ func (f *flexRunnable) install() (string, error) {
 		}
 		self = flexvolume.DriverBinary(self)
 	}
-	return flexvolume.Install(f.pluginDir, self, map[string]string{flexvolume.SocketFile: f.socket + "\n"})
+	if f.dir == "" {
+		root := "/"
+		if f.root != nil {
+			var err error
+			if root, err = f.root(); err != nil {
+				return "", fmt.Errorf("find the node's root: %w", err)
+			}
+		}
+		dir, err := flexvolume.InRoot(root, f.pluginDir)
+		if err != nil {
+			return "", err
+		}
+		f.dir = dir
+	}
+	return flexvolume.Install(f.dir, self, map[string]string{flexvolume.SocketFile: f.socket + "\n"})
 }
 
 // init runs the installed driver's init, which handshakes with the socket.

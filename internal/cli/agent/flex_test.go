@@ -2,10 +2,12 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -64,14 +66,7 @@ func TestFlexInstallRetriedUntilInstalled(t *testing.T) {
 	}
 	ctx := testenv.Serve(t, "Start", f.Start)
 
-	poll := func(what string, cond func() bool) {
-		t.Helper()
-		if err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
-			return cond(), nil
-		}); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-	}
+	poll := func(what string, cond func() bool) { t.Helper(); pollFor(ctx, t, what, cond) }
 	poll("readiness naming the failed install", func() bool {
 		err := f.State()
 		return err != nil && strings.Contains(err.Error(), "install failed")
@@ -96,6 +91,67 @@ func TestFlexInstallRetriedUntilInstalled(t *testing.T) {
 		err := f.State()
 		return err != nil && strings.Contains(err.Error(), "init failed")
 	})
+}
+
+// TestFlexInstallsBelowTheNodesRoot: the plugin folder is a path on the
+// node, reached below the node's root (flexvolume.HostRoot), its links
+// resolved there; a root that cannot be found fails the install, told like
+// any failed install, and the runnable keeps running.
+func TestFlexInstallsBelowTheNodesRoot(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the agent socket admits only root peers; run as root")
+	}
+	dir := t.TempDir()
+	node := filepath.Join(dir, "node")
+	if err := os.MkdirAll(filepath.Join(node, "opt"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/opt", filepath.Join(node, "usr")); err != nil { // absolute: the node's /opt
+		t.Fatal(err)
+	}
+	var rootErr atomic.Pointer[error]
+	missing := errors.New("no ancestor process visible")
+	rootErr.Store(&missing)
+	events := record.NewFakeRecorder(100)
+	f := &flexRunnable{
+		server: socket.NewServer(noOps{}, testr.New(t)), socket: filepath.Join(dir, "agent.sock"),
+		pluginDir: "/usr/plugins", binary: "/bin/true", log: testr.New(t), events: events, node: "n1",
+		root: func() (string, error) {
+			if err := rootErr.Load(); err != nil {
+				return "", *err
+			}
+			return node, nil
+		},
+		retry: 20 * time.Millisecond, maxRetry: 50 * time.Millisecond,
+	}
+	ctx := testenv.Serve(t, "Start", f.Start)
+	poll := func(what string, cond func() bool) { t.Helper(); pollFor(ctx, t, what, cond) }
+	poll("state naming the missing root", func() bool {
+		err := f.State()
+		return err != nil && strings.Contains(err.Error(), "find the node's root: no ancestor process visible")
+	})
+	wantFailedEvent(t, events)
+
+	rootErr.Store(nil)
+	driver := filepath.Join(node, "opt", "plugins", flexvolume.Dir, flexvolume.Name)
+	poll("driver below the node's root", func() bool { _, err := os.Stat(driver); return err == nil })
+	b, err := os.ReadFile(filepath.Join(filepath.Dir(driver), flexvolume.SocketFile))
+	if err != nil || strings.TrimSpace(string(b)) != f.socket {
+		t.Errorf("socket file beside the driver: %q, %v", b, err)
+	}
+	if _, err := os.Stat(filepath.Join("/usr/plugins", flexvolume.Dir)); !os.IsNotExist(err) {
+		t.Errorf("driver in this process's own /usr: %v", err)
+	}
+}
+
+// pollFor waits up to 10 s for cond, failing the test with what.
+func pollFor(ctx context.Context, t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	if err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		return cond(), nil
+	}); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
 }
 
 // conditions records what a flexRunnable writes as its node's condition.

@@ -109,6 +109,21 @@ func socketPath(self string) string {
 	return flex.DefaultSocket
 }
 
+// driverPath is the path the driver was run by: kubelet and the agent run
+// it by its absolute path. That path comes first, not /proc/self/exe: the
+// agent runs it through the node's root (/proc/<pid>/root/...), where
+// /proc/self/exe names the file by its path on the node, which in the
+// agent's container is another file or none.
+func driverPath() string {
+	if filepath.IsAbs(os.Args[0]) {
+		return os.Args[0]
+	}
+	if self, err := os.Executable(); err == nil {
+		return self
+	}
+	return os.Args[0]
+}
+
 // Command is `berth flexvolume`; cmd/berth also runs it when started from a
 // Flexvolume plugin folder.
 func Command() cli.Command {
@@ -116,11 +131,7 @@ func Command() cli.Command {
 		Name:    "flexvolume",
 		Summary: "Flexvolume driver that kubelet runs (init, mount, unmount); forwards to the agent",
 		Main: func(ctx context.Context, args []string, stdio cli.IO) error {
-			self, err := os.Executable()
-			if err != nil {
-				self = os.Args[0]
-			}
-			return Config{Args: args, Socket: socketPath(self), Timeout: 10 * time.Minute, Out: stdio.Stdout}.Run(ctx)
+			return Config{Args: args, Socket: socketPath(driverPath()), Timeout: 10 * time.Minute, Out: stdio.Stdout}.Run(ctx)
 		},
 	}
 }

@@ -81,10 +81,15 @@ func TestNodeWideObjects(t *testing.T) {
 	if m := mounts["/srv/berth"]; m.MountPropagation == nil || *m.MountPropagation != corev1.MountPropagationHostToContainer {
 		t.Errorf("agent mount of the data dir: %+v, want HostToContainer", m)
 	}
-	for _, dir := range []string{"/var/lib/k8s-test/kubelet/plugins_registry", opts.VolumePluginDir, "/srv/berth", "/dev", "/run/berth"} {
+	for _, dir := range []string{"/var/lib/k8s-test/kubelet/plugins_registry", "/srv/berth", "/dev", "/run/berth"} {
 		if _, ok := mounts[dir]; !ok {
 			t.Errorf("agent has no mount at %s (mounts: %v)", dir, slices.Collect(maps.Keys(mounts)))
 		}
+	}
+	// The Flexvolume folder is reached through the node's root, never
+	// mounted (kubelet could not make it on a read-only /usr).
+	if _, ok := mounts[opts.VolumePluginDir]; ok {
+		t.Errorf("agent mounts the Flexvolume folder %s", opts.VolumePluginDir)
 	}
 	if agent.Spec.UpdateStrategy.Type != appsv1.RollingUpdateDaemonSetStrategyType {
 		t.Errorf("agent update strategy %q", agent.Spec.UpdateStrategy.Type)

@@ -89,8 +89,10 @@ func (r *Reconciler) agentDaemonSet(plan nodeWidePlan, ds *appsv1.DaemonSet) {
 	bidi := ptr.To(corev1.MountPropagationBidirectional)
 
 	// Without Flexvolume (no cluster asks, or the operator has no plugin
-	// folder) the plugin folder is neither mounted nor named: nodes whose
-	// /usr is read-only cannot make the default one.
+	// folder) the plugin folder is not named. It is never a hostPath
+	// volume: on a node whose /usr is read-only kubelet could not make the
+	// default one and the agent pod would never start. The agent reaches it
+	// through the node's root (hostPID) and reports a failed install.
 	pluginDir := ""
 	if plan.flexvolume {
 		pluginDir = o.VolumePluginDir
@@ -122,10 +124,6 @@ func (r *Reconciler) agentDaemonSet(plan nodeWidePlan, ds *appsv1.DaemonSet) {
 		hostPathVolume("pods-dir", podsDir, corev1.HostPathDirectoryOrCreate),
 		hostPathVolume("plugins-dir", pluginsDir, corev1.HostPathDirectoryOrCreate),
 		hostPathVolume("registration-dir", registryDir, corev1.HostPathDirectoryOrCreate),
-	}
-	if pluginDir != "" {
-		c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: "volume-plugin-dir", MountPath: pluginDir})
-		volumes = append(volumes, hostPathVolume("volume-plugin-dir", pluginDir, corev1.HostPathDirectoryOrCreate))
 	}
 	c.VolumeMounts = append(append(c.VolumeMounts, []corev1.VolumeMount{
 		{Name: "dev", MountPath: "/dev"},
