@@ -51,11 +51,13 @@ func testFlexvolumeReadOnlyPluginFolder(t *testing.T) {
 			}
 			return nil
 		}
-		if err := nsenter("sh", "-c", "mkdir -p "+ro+" && mount -t tmpfs -o ro,size=1m berth-read-only "+ro); err != nil {
+		// The nodes' folders below the cluster's work dir may share
+		// mounts: one made on one node can show on the others.
+		if err := nsenter("sh", "-c", "mkdir -p "+ro+" && { mountpoint -q "+ro+" || mount -t tmpfs -o ro,size=1m berth-read-only "+ro+"; }"); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() {
-			if err := nsenter("sh", "-c", "umount "+ro+" && rmdir "+ro); err != nil {
+			if err := nsenter("sh", "-c", "{ ! mountpoint -q "+ro+" || umount "+ro+"; } && { [ ! -d "+ro+" ] || rmdir "+ro+"; }"); err != nil {
 				t.Error(err)
 			}
 		})
@@ -94,7 +96,6 @@ func testFlexvolumeReadOnlyPluginFolder(t *testing.T) {
 		t.Fatalf("read back %q (%v), want %q", got, err, token)
 	}
 	s.deletePod(pod.Name)
-	s.podGone(pod.Name)
 
 	before = s.agentPodUIDs()
 	u.helm("rollback", dev.Release, "-n", berthNamespace)
