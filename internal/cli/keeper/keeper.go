@@ -14,6 +14,7 @@ import (
 
 	"github.com/berth-io/berth/internal/cli"
 	"github.com/berth-io/berth/internal/keeper"
+	"github.com/berth-io/berth/internal/metrics"
 )
 
 // Config is the keeper's flags.
@@ -22,6 +23,10 @@ type Config struct {
 	// Ping asks the running keeper at Socket whether it answers, and exits:
 	// the keeper pod's readiness probe.
 	Ping bool
+	// HealthAddr, when set, serves /readyz (this process serves Socket:
+	// the keeper pod's readiness probe over HTTP, which execs nothing) and
+	// /healthz there.
+	HealthAddr string
 	// HandOverWait is how long a stopped keeper holding connections serves
 	// on for a new keeper to take them over.
 	HandOverWait time.Duration
@@ -55,6 +60,22 @@ func (c Config) ping(ctx context.Context) error {
 	return nil
 }
 
+// serving is nil when the keeper answering at Socket is this process
+// (readiness served in process: a new keeper is ready once it has taken
+// over, the old one is not after it handed over).
+func (c Config) serving(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, pingTimeout)
+	defer cancel()
+	pid, err := keeper.NewClient(c.Socket).Serving(ctx)
+	if err != nil {
+		return fmt.Errorf("keeper at %s: %w", c.Socket, err)
+	}
+	if int(pid) != os.Getpid() {
+		return fmt.Errorf("keeper at %s answers from pid %d, not this one (%d): it has not taken over (yet), or handed over", c.Socket, pid, os.Getpid())
+	}
+	return nil
+}
+
 // Run serves until ctx ends, taking over from the keeper already serving
 // the socket if there is one. Once a new keeper took over, it holds
 // nothing and waits for ctx: a container that exits is started again, and
@@ -64,6 +85,18 @@ func (c Config) ping(ctx context.Context) error {
 func (c Config) Run(ctx context.Context) error {
 	if c.Ping {
 		return c.ping(ctx)
+	}
+	health, err := metrics.Listen(c.HealthAddr)
+	if err != nil {
+		return err
+	}
+	if health != nil {
+		probes := metrics.ProbeHandler(func() error { return nil }, func() error { return c.serving(ctx) })
+		go func() {
+			if err := metrics.Serve(ctx, health, probes); err != nil {
+				c.Log.Error(err, "health endpoint", "addr", c.HealthAddr)
+			}
+		}()
 	}
 	svc := keeper.New(keeper.HostKernel{}, c.Log)
 	svc.HandOverWait = c.HandOverWait
@@ -92,6 +125,7 @@ func Command() cli.Command {
 	return cli.FlagCommand("keeper", "hold userspace volumes' FUSE connections across server restarts", func(fs *flag.FlagSet, stdio cli.IO) func(context.Context) error {
 		cfg := Config{Log: logr.FromSlogHandler(slog.NewTextHandler(stdio.Stderr, nil))}
 		fs.StringVar(&cfg.Socket, "socket", "/run/berth/keeper.sock", "root-only Unix socket")
+		fs.StringVar(&cfg.HealthAddr, "health-addr", "", "serve /readyz (this keeper serves --socket) and /healthz here; empty: none")
 		fs.BoolVar(&cfg.Ping, "ping", false, "ask the keeper serving --socket whether it answers and is this container's, then exit (readiness probe)")
 		fs.DurationVar(&cfg.HandOverWait, "hand-over-wait", 25*time.Second,
 			"once stopped while holding connections, serve on this long for a new keeper to take them over (within the pod's 30s grace)")

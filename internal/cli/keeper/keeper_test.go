@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -49,8 +51,10 @@ func TestPingIsTheReadinessProbe(t *testing.T) {
 // TestProbeReadyOnceTakenOver runs a keeper in a mount namespace of its
 // own, as the old keeper's container is: the probe of this "container"
 // fails while that keeper answers, and succeeds once the keeper started
-// here took over. The old keeper then holds nothing, stays until stopped,
-// and exits 0 at once.
+// here took over. The same over HTTP (the pod's probe, /readyz on
+// --health-addr): the old keeper is ready until it hands over, the new one
+// from its take-over. The old keeper then holds nothing, stays until
+// stopped, and exits 0 at once.
 func TestProbeReadyOnceTakenOver(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("the keeper admits only root peers, and a mount namespace needs root; run as root")
@@ -63,7 +67,8 @@ func TestProbeReadyOnceTakenOver(t *testing.T) {
 	defer logFile.Close()
 	oldLog := func() string { b, _ := os.ReadFile(logFile.Name()); return string(b) }
 	old := exec.Command(os.Args[0], "-test.run=^TestHelperKeeper$")
-	old.Env = append(os.Environ(), "KEEPER_HELPER_SOCKET="+sock)
+	oldHealth, newHealth := freeAddr(t), freeAddr(t)
+	old.Env = append(os.Environ(), "KEEPER_HELPER_SOCKET="+sock, "KEEPER_HELPER_HEALTH="+oldHealth)
 	old.Stderr = logFile
 	old.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS}
 	if err := old.Start(); err != nil {
@@ -88,8 +93,13 @@ func TestProbeReadyOnceTakenOver(t *testing.T) {
 	if err := probe(); err == nil || !strings.Contains(err.Error(), "not from this container") {
 		t.Fatalf("probe while another container's keeper answers: %v", err)
 	}
-	testenv.Serve(t, "keeper", Config{Socket: sock, Log: logr.Discard()}.Run)
+	waitFor("old keeper's /readyz not 200 while it serves", func() bool { return readyz(oldHealth) == http.StatusOK })
+	testenv.Serve(t, "keeper", Config{Socket: sock, HealthAddr: newHealth, Log: logr.Discard()}.Run)
 	waitFor("probe fails after the take-over", func() bool { return probe() == nil })
+	waitFor("new keeper's /readyz not 200 after the take-over", func() bool { return readyz(newHealth) == http.StatusOK })
+	if code := readyz(oldHealth); code != http.StatusServiceUnavailable {
+		t.Errorf("old keeper's /readyz after its hand-over: %d, want 503", code)
+	}
 	select {
 	case err := <-exited:
 		t.Fatalf("the old keeper exited before it was stopped (its container would restart): %v", err)
@@ -117,10 +127,32 @@ func TestHelperKeeper(t *testing.T) {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
-	cfg := Config{Socket: sock, HandOverWait: time.Second, Log: logr.FromSlogHandler(slog.NewTextHandler(os.Stderr, nil))}
+	cfg := Config{Socket: sock, HealthAddr: os.Getenv("KEEPER_HELPER_HEALTH"), HandOverWait: time.Second, Log: logr.FromSlogHandler(slog.NewTextHandler(os.Stderr, nil))}
 	if err := cfg.Run(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	os.Exit(0)
+}
+
+// freeAddr is a 127.0.0.1 address with a port free just now.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// readyz is the status of GET /readyz at addr (0: no answer).
+func readyz(addr string) int {
+	c := http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get("http://" + addr + "/readyz")
+	if err != nil {
+		return 0
+	}
+	_ = resp.Body.Close()
+	return resp.StatusCode
 }

@@ -111,7 +111,7 @@ func TestNodeWideObjects(t *testing.T) {
 		ku.RollingUpdate.MaxSurge == nil || ku.RollingUpdate.MaxSurge.String() != "1" ||
 		ku.RollingUpdate.MaxUnavailable == nil || ku.RollingUpdate.MaxUnavailable.String() != "0" ||
 		!*kc.SecurityContext.Privileged || !keeper.Spec.Template.Spec.HostPID ||
-		!slices.Equal(kc.Args, []string{"keeper", "--socket=/run/berth/keeper.sock"}) {
+		!slices.Equal(kc.Args, []string{"keeper", "--socket=/run/berth/keeper.sock", "--health-addr=:9746"}) {
 		t.Errorf("keeper: strategy %+v args %v", ku, kc.Args)
 	}
 	checkPlacement(t, "keeper", keeper.Spec.Template.Spec)
@@ -123,11 +123,13 @@ func TestNodeWideObjects(t *testing.T) {
 			t.Errorf("keeper mounts %s", m.MountPath)
 		}
 	}
-	// The keeper is probed for readiness by a ping over its socket, and has
-	// no liveness probe: a restart would drop every FUSE connection it holds.
-	if rp := kc.ReadinessProbe; rp == nil || rp.Exec == nil ||
-		!slices.Equal(rp.Exec.Command, []string{"berth", "keeper", "--socket=/run/berth/keeper.sock", "--ping"}) || kc.LivenessProbe != nil {
-		t.Errorf("keeper probes: readiness %+v liveness %+v", kc.ReadinessProbe, kc.LivenessProbe)
+	// The keeper is probed for readiness over HTTP (it serves the socket
+	// itself), and has no liveness probe: a restart would drop every FUSE
+	// connection it holds.
+	if rp := kc.ReadinessProbe; rp == nil || rp.HTTPGet == nil || rp.HTTPGet.Path != "/readyz" ||
+		rp.HTTPGet.Port.String() != "health" || kc.LivenessProbe != nil ||
+		!slices.ContainsFunc(kc.Ports, func(p corev1.ContainerPort) bool { return p.Name == "health" && p.ContainerPort == 9746 }) {
+		t.Errorf("keeper probes: readiness %+v liveness %+v args %v ports %v", kc.ReadinessProbe, kc.LivenessProbe, kc.Args, kc.Ports)
 	}
 	checkEndpoints(t, agent.Spec.Template, "agent", 9741, 9742)
 

@@ -16,6 +16,9 @@ const (
 	AgentHealthPort       = 9742
 	ControllerMetricsPort = 9743
 	ControllerHealthPort  = 9744
+	// KeeperHealthPort serves the keeper's /readyz (on the pod network:
+	// the new keeper pod of a rollout starts beside the old one).
+	KeeperHealthPort = 9746
 )
 
 // Port names: a Prometheus scrape config or ServiceMonitor selects "metrics".
@@ -59,13 +62,15 @@ func withEndpoints(c *corev1.Container, metricsPort, healthPort int32, secure bo
 	c.ReadinessProbe = probe("/readyz", 2, 15)
 }
 
-// keeperReadiness asks the keeper itself over its socket. The keeper gets
-// no liveness probe on purpose: a restart drops every FUSE connection it
-// holds, which fails the I/O of every userspace volume on the node.
+// keeperReadiness asks the keeper whether it serves the socket itself,
+// over HTTP: an exec of the berth binary in the pod took longer than the
+// probe's timeout on a slow (emulated) node. The keeper gets no liveness
+// probe on purpose: a restart drops every FUSE connection it holds, which
+// fails the I/O of every userspace volume on the node.
 func keeperReadiness() *corev1.Probe {
 	return &corev1.Probe{
-		ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{
-			Command: []string{"berth", "keeper", "--socket=" + KeeperSocket, "--ping"},
+		ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
+			Path: "/readyz", Port: intstr.FromString(portHealth), Scheme: corev1.URISchemeHTTP,
 		}},
 		TimeoutSeconds: 5, PeriodSeconds: 10, SuccessThreshold: 1, FailureThreshold: 3,
 	}

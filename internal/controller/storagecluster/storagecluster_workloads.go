@@ -2,6 +2,7 @@ package storagecluster
 
 import (
 	"path"
+	"strconv"
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -190,7 +191,9 @@ func installsFlexvolume(ds *appsv1.DaemonSet) bool {
 // nothing of it.
 func (r *Reconciler) keeperDaemonSet(plan nodeWidePlan, ds *appsv1.DaemonSet) {
 	setLabels(&ds.ObjectMeta, objectLabels(NodeWide, componentKeeper))
-	c := r.container(componentKeeper, "keeper", "--socket="+KeeperSocket)
+	c := r.container(componentKeeper, "keeper", "--socket="+KeeperSocket,
+		"--health-addr=:"+strconv.Itoa(KeeperHealthPort))
+	c.Ports = []corev1.ContainerPort{{Name: portHealth, ContainerPort: KeeperHealthPort, Protocol: corev1.ProtocolTCP}}
 	c.SecurityContext = &corev1.SecurityContext{Privileged: ptr.To(true)}
 	c.Resources = keeperResources
 	c.ReadinessProbe = keeperReadiness()
