@@ -18,8 +18,9 @@
 #     TestKeeperHandOverUnderWriters; 0 errors asserted, target p99 <= 1s).
 #     BENCH_KEEPER=0 leaves it out.
 #  3. Provisioning: the time from PVC create to pod Running, p50/p99 over
-#     BERTH_BENCH_PVCS (default 20) claims and pods created at once, for the
-#     kernel and the userspace mounter, on a BENCH_NODES (default 2) node
+#     BERTH_BENCH_PVCS (default 20) claims and pods created at once on one
+#     node, for the kernel and the userspace mounter, against the same pods
+#     with an emptyDir (target p99 <= 1.5x), on a BENCH_NODES (default 2) node
 #     e2e cluster (hack/e2e.sh; test/e2e TestBenchPVCToRunning). BENCH_PVC=0
 #     leaves it out. On the same cluster, the RWX failover for a lapsed
 #     Lease: the share-manager pod frozen -> first verified client write,
@@ -177,6 +178,8 @@ grep '^KEEPER_HANDOVER_RESULT' "$out.keeper" | awk '{
 grep '^PVC_RUNNING_RESULT' "$out.pvc" | awk '{
 	for (i = 2; i <= NF; i++) { split($i, p, "="); v[p[1]] = p[2] }
 	printf "%-34s %10s   p99 %s (%s PVCs, %s nodes)\n", "PVC -> Running p50 (" v["class"] ")", v["p50"], v["p99"], v["pvcs"], v["nodes"]
+	if (v["p99_vs_emptydir"] != "" && v["p99_vs_emptydir"] != "-")
+		printf "%-34s %10s   target %-8s %s\n", "PVC -> Running p99 / emptyDir (" v["class"] ")", v["p99_vs_emptydir"] "x", "<= 1.5x", v["p99_vs_emptydir"] + 0 <= 1.5 ? "met" : "MISSED"
 }' || true
 grep '^SHARE_LEASE_RESULT' "$out.pvc" | awk '{
 	for (i = 2; i <= NF; i++) { split($i, p, "="); v[p[1]] = p[2] }

@@ -21,12 +21,15 @@ import (
 // TestBenchPVCToRunning is `make bench`'s figure for the whole provisioning
 // path (provisioner, CreateVolume, scheduling, stage, publish): the time from
 // creating a claim to its pod Running, for BERTH_BENCH_PVCS (default 20)
-// claims and pods created at once, per StorageClass. It prints one
-// PVC_RUNNING_RESULT line per class; hack/bench.sh reports them. Figures are
-// reported, never asserted (CI machines are shared).
+// claims and pods created at once on one node, per StorageClass, against
+// the same pods with an emptyDir (the baseline: what the node takes to start
+// a pod without berth). It prints one PVC_RUNNING_RESULT line per class,
+// with p99's ratio to the baseline's; hack/bench.sh reports them. Figures
+// are reported, never asserted (CI machines are shared).
 func TestBenchPVCToRunning(t *testing.T) {
 	n := benchRuns(t, "BERTH_BENCH_PVCS", 20)
-	for _, class := range []string{"berth", "berth-userspace"} {
+	var base time.Duration
+	for _, class := range []string{emptyDirClass, "berth", "berth-userspace"} {
 		t.Run(class, func(t *testing.T) {
 			s := newScenario(t, 10*time.Minute)
 			// client-go's default rate limit (5/s) would queue the creates,
@@ -34,12 +37,21 @@ func TestBenchPVCToRunning(t *testing.T) {
 			s.cs = s.env.clientWithRate(t, 200)
 			took, nodes := s.pvcsToRunning(class, n)
 			p50, p99 := percentile(took, 50), percentile(took, 99)
-			fmt.Printf("PVC_RUNNING_RESULT class=%s pvcs=%d nodes=%d p50=%v p99=%v max=%v\n",
-				class, n, len(nodes), p50, p99, slices.Max(took))
+			ratio := "-"
+			if class == emptyDirClass {
+				base = p99
+			} else if base > 0 {
+				ratio = fmt.Sprintf("%.2f", float64(p99)/float64(base))
+			}
+			fmt.Printf("PVC_RUNNING_RESULT class=%s pvcs=%d nodes=%d p50=%v p99=%v max=%v p99_vs_emptydir=%s\n",
+				class, n, len(nodes), p50, p99, slices.Max(took), ratio)
 			t.Logf("pods per node: %v", nodes)
 		})
 	}
 }
+
+// emptyDirClass stands for no class: the pods get an emptyDir, no claim.
+const emptyDirClass = "emptyDir"
 
 // benchRuns skips a benchmark unless BERTH_E2E_BENCH=1, and returns how
 // many runs the environment variable env asks for (def when unset).
@@ -113,9 +125,40 @@ func (s *scenario) pvcsToRunning(class string, n int) ([]time.Duration, map[stri
 	return took, nodes
 }
 
-// createClaimAndPod makes claim name (bound where the scheduler puts its
-// first consumer) and pod name using it.
+// createClaimAndPod makes claim name of class and pod name using it, on
+// the cluster's first node (class emptyDirClass: the pod alone, with an
+// emptyDir).
 func (s *scenario) createClaimAndPod(name, class string) error {
+	vol := claimSource(name)
+	if class == emptyDirClass {
+		vol = corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}
+	} else if err := s.createClaim(name, class); err != nil {
+		return err
+	}
+	grace := int64(1)
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: corev1.PodSpec{
+			// All on one node: the figure is one node's pod start.
+			NodeSelector: map[string]string{hostnameLabel: s.env.NodeName},
+			Containers: []corev1.Container{{
+				Name: "c", Image: s.env.BusyboxImage, ImagePullPolicy: corev1.PullNever,
+				Command:      []string{"sh", "-c", "exec sleep 3600"},
+				VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: "/data"}},
+			}},
+			TerminationGracePeriodSeconds: &grace,
+			Volumes:                       []corev1.Volume{{Name: "data", VolumeSource: vol}},
+		},
+	}
+	if _, err := s.cs.CoreV1().Pods(s.ns).Create(s.ctx, p, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create pod %s: %w", name, err)
+	}
+	return nil
+}
+
+// createClaim makes claim name of class, bound where the scheduler puts its
+// first consumer.
+func (s *scenario) createClaim(name, class string) error {
 	mode := corev1.PersistentVolumeFilesystem
 	c := &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
@@ -126,22 +169,6 @@ func (s *scenario) createClaimAndPod(name, class string) error {
 	}
 	if _, err := s.cs.CoreV1().PersistentVolumeClaims(s.ns).Create(s.ctx, c, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("create PVC %s: %w", name, err)
-	}
-	grace := int64(1)
-	p := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec: corev1.PodSpec{
-			Containers: []corev1.Container{{
-				Name: "c", Image: s.env.BusyboxImage, ImagePullPolicy: corev1.PullNever,
-				Command:      []string{"sh", "-c", "exec sleep 3600"},
-				VolumeMounts: []corev1.VolumeMount{{Name: "data", MountPath: "/data"}},
-			}},
-			TerminationGracePeriodSeconds: &grace,
-			Volumes:                       []corev1.Volume{{Name: "data", VolumeSource: claimSource(name)}},
-		},
-	}
-	if _, err := s.cs.CoreV1().Pods(s.ns).Create(s.ctx, p, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("create pod %s: %w", name, err)
 	}
 	return nil
 }
