@@ -193,15 +193,6 @@ phase() {
 		vm_node=$(sed -n 's/^NODE_KIND_\([0-9]*\)=vm$/\1/p' "$ENV_FILE" | head -n1)
 		vm_node=$(sed -n "s/^NODE_NAME_$vm_node=//p" "$ENV_FILE")
 		[ -n "$vm_node" ] || { log "no VM node in $ENV_FILE"; failed=1; return; }
-		# The share managers start on the TCG node too (the suite's
-		# volumes land where its pods run): there their first Lease
-		# renewals can come later than the default 10 s, and the operator
-		# then fails them over again and again (CI runs of the e2e
-		# scenario VMShareOnWorkloadNode, see its comment). The specs do
-		# not test the Lease.
-		"$KUBE_BIN/kubectl" --kubeconfig "$KUBECONFIG" patch storagecluster berth --type=merge \
-			-p '{"spec":{"rwx":{"leaseDurationSeconds":60}}}' >/dev/null ||
-			log "warning: could not lengthen the share Lease of StorageCluster berth"
 	fi
 	for c in "$@"; do
 		def="$PWD/test/conformance/$c.yaml"

@@ -3,7 +3,6 @@
 package e2e
 
 import (
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -79,13 +78,6 @@ func (s *scenario) clientCIDRs(cluster string, cidrs []string) {
 		list = `["` + strings.Join(cidrs, `","`) + `"]`
 	}
 	s.rwxSetting(cluster, "clientCIDRs", list)
-}
-
-// shareLease sets StorageCluster cluster's spec.rwx.leaseDurationSeconds
-// until the test ends, when the former value (or the default) comes back.
-func (s *scenario) shareLease(cluster string, seconds int) {
-	s.t.Helper()
-	s.rwxSetting(cluster, "leaseDurationSeconds", strconv.Itoa(seconds))
 }
 
 // rwxSetting sets field of StorageCluster cluster's spec.rwx to value (JSON)
