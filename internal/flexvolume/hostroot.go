@@ -1,7 +1,9 @@
 package flexvolume
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -14,7 +16,7 @@ import (
 // process reaches it: /proc/<pid>/root of its nearest ancestor in another
 // mount namespace (the container runtime's shim, whose namespace is the
 // one kubelet and the runtime resolve host paths in), or "/" when every
-// ancestor shares this process's (berth runs on the host).
+// ancestor it may inspect shares this process's (berth runs on the host).
 //
 // Why not a hostPath volume of the plugin folder: kubelet makes a
 // DirectoryOrCreate folder before the container starts, and on a node whose
@@ -36,6 +38,13 @@ func HostRoot(proc string) (string, error) {
 			return "", fmt.Errorf("no ancestor process visible (is the agent pod in the host's PID namespace, hostPID?)")
 		}
 		ns, err := os.Readlink(filepath.Join(proc, strconv.Itoa(pid), "ns", "mnt"))
+		if errors.Is(err, fs.ErrPermission) {
+			// An ancestor even root may not inspect (another user
+			// namespace's, such as a sandbox's init): every ancestor
+			// below it shares this process's mount namespace, so this
+			// one's root is the node's as far as it can be reached.
+			return "/", nil
+		}
 		if err != nil {
 			return "", fmt.Errorf("mount namespace of ancestor %d: %w", pid, err)
 		}

@@ -94,3 +94,19 @@ func TestHostRootRefusedWithoutHostPID(t *testing.T) {
 		t.Errorf("HostRoot in a new PID namespace: %q, want an error naming hostPID", got)
 	}
 }
+
+// TestHostRootOfThisProcess: run on the host (the test's ancestors share
+// its mount namespace up to one it may not inspect, as a sandbox's init),
+// HostRoot is "/" and no error.
+func TestHostRootOfThisProcess(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("reading other processes' namespaces needs root")
+	}
+	got, err := HostRoot("/proc")
+	if err != nil {
+		t.Fatalf("HostRoot: %v", err)
+	}
+	if got != "/" {
+		t.Logf("an ancestor of the test is in another mount namespace: %s", got)
+	}
+}
