@@ -181,6 +181,10 @@ grep '^PVC_RUNNING_RESULT' "$out.pvc" | awk '{
 	if (v["p99_vs_emptydir"] != "" && v["p99_vs_emptydir"] != "-")
 		printf "%-34s %10s   target %-8s %s\n", "PVC -> Running p99 / emptyDir (" v["class"] ")", v["p99_vs_emptydir"] "x", "<= 1.5x", v["p99_vs_emptydir"] + 0 <= 1.5 ? "met" : "MISSED"
 }' || true
+grep '^PVC_RUNNING_PHASES' "$out.pvc" | awk '{
+	for (i = 2; i <= NF; i++) { split($i, p, "="); v[p[1]] = p[2] }
+	printf "%-34s %10s   volumes+sandbox p99 %s, containers p99 %s\n", "  scheduled p99 (" v["class"] ")", v["scheduled_p99"], v["volumes_sandbox_p99"], v["containers_p99"]
+}' || true
 grep '^SHARE_LEASE_RESULT' "$out.pvc" | awk '{
 	for (i = 2; i <= NF; i++) { split($i, p, "="); v[p[1]] = p[2] }
 	d = v["p99"]; ms = d ~ /ms$/ ? d + 0 : (d ~ /s$/ ? d * 1000 : d)

@@ -35,7 +35,7 @@ func TestBenchPVCToRunning(t *testing.T) {
 			// client-go's default rate limit (5/s) would queue the creates,
 			// and the figure would measure the client.
 			s.cs = s.env.clientWithRate(t, 200)
-			took, nodes := s.pvcsToRunning(class, n)
+			took, nodes, ph := s.pvcsToRunning(class, n)
 			p50, p99 := percentile(took, 50), percentile(took, 99)
 			ratio := "-"
 			if class == emptyDirClass {
@@ -45,6 +45,12 @@ func TestBenchPVCToRunning(t *testing.T) {
 			}
 			fmt.Printf("PVC_RUNNING_RESULT class=%s pvcs=%d nodes=%d p50=%v p99=%v max=%v p99_vs_emptydir=%s\n",
 				class, n, len(nodes), p50, p99, slices.Max(took), ratio)
+			// Where the time goes (the API's condition times have whole
+			// seconds): to the pod's scheduling (with WaitForFirstConsumer
+			// that includes provisioning), to its sandbox (kubelet mounts
+			// the volumes first), to Running.
+			fmt.Printf("PVC_RUNNING_PHASES class=%s scheduled_p99=%v volumes_sandbox_p99=%v containers_p99=%v\n",
+				class, percentile(ph.scheduled, 99), percentile(ph.sandbox, 99), percentile(ph.containers, 99))
 			t.Logf("pods per node: %v", nodes)
 		})
 	}
@@ -71,10 +77,24 @@ func benchRuns(t *testing.T, env string, def int) int {
 	return n
 }
 
+// startPhases are each pod's times from its claim's creation to its
+// scheduling, from there to its sandbox ready, and from there to Running.
+type startPhases struct{ scheduled, sandbox, containers []time.Duration }
+
+// conditionTime is when p's condition typ turned true (zero: never).
+func conditionTime(p *corev1.Pod, typ corev1.PodConditionType) time.Time {
+	for _, c := range p.Status.Conditions {
+		if c.Type == typ && c.Status == corev1.ConditionTrue {
+			return c.LastTransitionTime.Time
+		}
+	}
+	return time.Time{}
+}
+
 // pvcsToRunning creates n claims of class, each with a pod that mounts it,
-// all at once, and returns each pair's time from claim create to pod Running
-// and how many pods ran on each node.
-func (s *scenario) pvcsToRunning(class string, n int) ([]time.Duration, map[string]int) {
+// all at once, and returns each pair's time from claim create to pod
+// Running, how many pods ran on each node, and the phases of each start.
+func (s *scenario) pvcsToRunning(class string, n int) ([]time.Duration, map[string]int, startPhases) {
 	s.t.Helper()
 	start := make([]time.Time, n)
 	errs := make([]error, n)
@@ -93,7 +113,7 @@ func (s *scenario) pvcsToRunning(class string, n int) ([]time.Duration, map[stri
 			s.t.Fatal(err)
 		}
 	}
-	running := make([]time.Time, n)
+	running, scheduled, sandbox := make([]time.Time, n), make([]time.Time, n), make([]time.Time, n)
 	nodes := map[string]int{}
 	left := n
 	s.waitFor(fmt.Sprintf("%d pods Running", n), 8*time.Minute, func(ctx context.Context) (bool, error) {
@@ -112,6 +132,8 @@ func (s *scenario) pvcsToRunning(class string, n int) ([]time.Duration, map[stri
 			}
 			if p.Status.Phase == corev1.PodRunning {
 				running[i] = now
+				scheduled[i] = conditionTime(&p, corev1.PodScheduled)
+				sandbox[i] = conditionTime(&p, corev1.PodReadyToStartContainers)
 				nodes[p.Spec.NodeName]++
 				left--
 			}
@@ -119,10 +141,20 @@ func (s *scenario) pvcsToRunning(class string, n int) ([]time.Duration, map[stri
 		return left == 0, nil
 	})
 	took := make([]time.Duration, n)
+	var ph startPhases
 	for i := range n {
 		took[i] = running[i].Sub(start[i]).Round(time.Millisecond)
+		if scheduled[i].IsZero() || sandbox[i].IsZero() {
+			continue
+		}
+		ph.scheduled = append(ph.scheduled, scheduled[i].Sub(start[i]).Round(time.Second))
+		ph.sandbox = append(ph.sandbox, sandbox[i].Sub(scheduled[i]))
+		ph.containers = append(ph.containers, running[i].Sub(sandbox[i]).Round(time.Second))
 	}
-	return took, nodes
+	if len(ph.scheduled) == 0 { // percentile needs one
+		ph = startPhases{scheduled: []time.Duration{0}, sandbox: []time.Duration{0}, containers: []time.Duration{0}}
+	}
+	return took, nodes, ph
 }
 
 // createClaimAndPod makes claim name of class and pod name using it, on
