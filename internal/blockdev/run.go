@@ -87,6 +87,21 @@ func openConn(ctx context.Context, c RunConfig) (*keeper.Conn, error) {
 	}
 }
 
+// startTimes are the steps of a server's start, each rounded to a
+// millisecond.
+type startTimes struct {
+	last                       time.Time
+	open, conn, takeover, lock time.Duration
+}
+
+// lap is the time since the previous lap.
+func (t *startTimes) lap() time.Duration {
+	now := time.Now()
+	d := now.Sub(t.last).Round(time.Millisecond)
+	t.last = now
+	return d
+}
+
 // workersFor is the request workers of a server of img: n when set, else
 // the image's own count (backing.Parallel), else 0 (the server's default).
 func workersFor(img backing.Image, n int) int {
@@ -99,6 +114,9 @@ func workersFor(img backing.Image, n int) int {
 // Run serves until ctx ends or the connection is unmounted.
 func Run(ctx context.Context, c RunConfig) error {
 	log := c.Log.WithValues("volume", c.Volume)
+	// Where a start's time goes, for the "serving" line: a heal of many
+	// volumes is as fast as its slowest step.
+	took := startTimes{last: time.Now()}
 	// The image first: one that cannot be opened (a refused Ceph key) makes
 	// the keeper mount nothing.
 	img, err := backing.Open(c.Image, c.Direct)
@@ -106,10 +124,12 @@ func Run(ctx context.Context, c RunConfig) error {
 		return err
 	}
 	defer func() { _ = img.Close() }()
+	took.open = took.lap()
 	conn, err := openConn(ctx, c)
 	if err != nil {
 		return fmt.Errorf("take connection of %s from keeper: %w", c.Volume, err)
 	}
+	took.conn = took.lap()
 	defer func() { _ = conn.File.Close() }()
 	saved, err := ParseSettings(conn.Settings)
 	if err != nil {
@@ -122,11 +142,13 @@ func Run(ctx context.Context, c RunConfig) error {
 			log.Error(err, "previous server's hold on the image not freed; the first write waits until it lapses")
 		}
 	}
+	took.takeover = took.lap()
 	if l, ok := img.(backing.Locker); ok {
 		if err := l.Lock(); err != nil {
 			return err
 		}
 	}
+	took.lock = took.lap()
 	// The kernel can do I/O itself only on an image with a descriptor.
 	_, hasFd := img.(backing.Descriptor)
 	workers := workersFor(img, c.Workers)
@@ -153,7 +175,8 @@ func Run(ctx context.Context, c RunConfig) error {
 	if err != nil {
 		return err
 	}
-	log.Info("serving", "image", c.Image, "takeover", saved != nil, "direct", img.Direct(), "workers", workers)
+	log.Info("serving", "image", c.Image, "takeover", saved != nil, "direct", img.Direct(), "workers", workers,
+		"openImage", took.open, "takeConnection", took.conn, "breakLock", took.takeover, "lock", took.lock)
 	if c.OnReady != nil {
 		go func() {
 			select {
