@@ -36,9 +36,8 @@ VM_CPUS="${BERTH_E2E_VM_CPUS:-2}"
 # code that the guest is patching (a static key flipped on another CPU):
 # two panics seen with the instruction pointer inside a jmp. single has
 # none of that, but berth's install took 3m18s to Ready instead of 1m51s.
-# (One panic was in update_cfs_group: cfs_bandwidth_used flips with the
-# first and last CFS quota. VM kubelets without quotas, cpuCFSQuota: false,
-# would avoid it; not set, as it was not yet run through the VM tier.)
+# (Two were in the CFS bandwidth code, whose static key flips with the
+# first and last CFS quota: VM kubelets set no quota, vm_write_files.)
 VM_TCG_THREAD="${BERTH_E2E_VM_TCG_THREAD:-multi}"
 QEMU=/usr/bin/qemu-system-x86_64
 
@@ -90,6 +89,13 @@ vm_write_files() {
 	# Pod syncs at kubelet's default pace: every sync costs the TCG guest.
 	sed -i '/^syncFrequency:/d' "$root$dir/config/kubelet.yaml"
 	echo "runtimeRequestTimeout: 15m0s" >>"$root$dir/config/kubelet.yaml"
+	# No CFS quota on a VM node: the kernel flips its cfs_bandwidth_used
+	# static key whenever the count of cgroups with a quota crosses zero
+	# (a pod with a CPU limit made or gone), and multi-threaded TCG has run
+	# stale code while the guest patched it: kernel panics in
+	# update_cfs_group and pick_task_fair (a cold CI run's VM tier lost its
+	# node so). Limits then bound nothing on VM nodes; nothing tests them.
+	echo "cpuCFSQuota: false" >>"$root$dir/config/kubelet.yaml"
 	cp "$PKI/ca.crt" "$PKI/kubelet-$name.crt" "$PKI/kubelet-$name.key" "$PKI/kube-proxy.crt" "$PKI/kube-proxy.key" "$root$PKI/"
 	# kube-proxy's config as dns.sh writes it for a netns node, without
 	# starting one here (the guest runs it).
