@@ -90,8 +90,8 @@ func openConn(ctx context.Context, c RunConfig) (*keeper.Conn, error) {
 // startTimes are the steps of a server's start, each rounded to a
 // millisecond.
 type startTimes struct {
-	last                       time.Time
-	open, conn, takeover, lock time.Duration
+	last                        time.Time
+	open, conn, breakLock, lock time.Duration
 }
 
 // lap is the time since the previous lap.
@@ -142,7 +142,7 @@ func Run(ctx context.Context, c RunConfig) error {
 			log.Error(err, "previous server's hold on the image not freed; the first write waits until it lapses")
 		}
 	}
-	took.takeover = took.lap()
+	took.breakLock = took.lap()
 	if l, ok := img.(backing.Locker); ok {
 		if err := l.Lock(); err != nil {
 			return err
@@ -176,7 +176,7 @@ func Run(ctx context.Context, c RunConfig) error {
 		return err
 	}
 	log.Info("serving", "image", c.Image, "takeover", saved != nil, "direct", img.Direct(), "workers", workers,
-		"openImage", took.open, "takeConnection", took.conn, "breakLock", took.takeover, "lock", took.lock)
+		"openImage", took.open, "takeConnection", took.conn, "breakLock", took.breakLock, "lock", took.lock)
 	if c.OnReady != nil {
 		go func() {
 			select {
