@@ -81,16 +81,6 @@ func benchRuns(t *testing.T, env string, def int) int {
 // scheduling, from there to its sandbox ready, and from there to Running.
 type startPhases struct{ scheduled, sandbox, containers []time.Duration }
 
-// conditionTime is when p's condition typ turned true (zero: never).
-func conditionTime(p *corev1.Pod, typ corev1.PodConditionType) time.Time {
-	for _, c := range p.Status.Conditions {
-		if c.Type == typ && c.Status == corev1.ConditionTrue {
-			return c.LastTransitionTime.Time
-		}
-	}
-	return time.Time{}
-}
-
 // pvcsToRunning creates n claims of class, each with a pod that mounts it,
 // all at once, and returns each pair's time from claim create to pod
 // Running, how many pods ran on each node, and the phases of each start.
@@ -151,9 +141,6 @@ func (s *scenario) pvcsToRunning(class string, n int) ([]time.Duration, map[stri
 		ph.sandbox = append(ph.sandbox, sandbox[i].Sub(scheduled[i]))
 		ph.containers = append(ph.containers, running[i].Sub(sandbox[i]).Round(time.Second))
 	}
-	if len(ph.scheduled) == 0 { // percentile needs one
-		ph = startPhases{scheduled: []time.Duration{0}, sandbox: []time.Duration{0}, containers: []time.Duration{0}}
-	}
 	return took, nodes, ph
 }
 
@@ -206,8 +193,11 @@ func (s *scenario) createClaim(name, class string) error {
 }
 
 // percentile is the nearest-rank percentile q (0-100] of d: with 20 samples
-// p99 is the slowest one.
+// p99 is the slowest one; of no samples, 0.
 func percentile(d []time.Duration, q float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
 	sorted := slices.Clone(d)
 	slices.Sort(sorted)
 	rank := int(math.Ceil(q / 100 * float64(len(sorted))))

@@ -76,11 +76,14 @@ func testUserspaceSurvivesAgentRestart(t *testing.T) {
 	s.writerUnharmed("writer", "after the agent restart", time.Minute)
 }
 
-func podReady(p *corev1.Pod) bool {
+func podReady(p *corev1.Pod) bool { return !conditionTime(p, corev1.PodReady).IsZero() }
+
+// conditionTime is when p's condition typ turned true (zero: it is not).
+func conditionTime(p *corev1.Pod, typ corev1.PodConditionType) time.Time {
 	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
+		if c.Type == typ && c.Status == corev1.ConditionTrue {
+			return c.LastTransitionTime.Time
 		}
 	}
-	return false
+	return time.Time{}
 }

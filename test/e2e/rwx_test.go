@@ -194,11 +194,9 @@ func (s *scenario) shareRunning(vol string, not types.UID) *corev1.Pod {
 		if p.UID == not || !p.DeletionTimestamp.IsZero() || state != v1.ShareRunning {
 			return false, nil
 		}
-		for _, c := range p.Status.Conditions {
-			if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
-				pod = p
-				return true, nil
-			}
+		if podReady(p) {
+			pod = p
+			return true, nil
 		}
 		return false, nil
 	}, func() string { return seen })
