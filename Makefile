@@ -86,7 +86,7 @@ helm-path: $(HELM) ## Print the pinned helm binary's path (building it first).
 image: build ## Write berth's OCI image (contents: internal/image BerthSpec) to _output/berth-image.tar.
 	hack/install-deps.sh e2fsprogs xfsprogs nfs-ganesha nfs-ganesha-vfs
 	rm -rf _output/.image && mkdir -p _output/.image
-	go run ./hack/images -out _output/.image -pause "" -busybox "" -berth $(BIN)/berth
+	go run -trimpath ./hack/images -out _output/.image -pause "" -busybox "" -berth $(BIN)/berth
 	mv _output/.image/berth.tar _output/berth-image.tar && rmdir _output/.image
 
 .PHONY: image-containerfile-check
@@ -109,7 +109,7 @@ test: ## Run every test: unit, envtest (real kube-apiserver + etcd), root tests.
 
 .PHONY: sanity
 sanity: ## Run csi-sanity (mount + block) and the bad-request/crash tests against the real driver (root).
-	set -o pipefail; KUBEBUILDER_ASSETS=$$(hack/kube-binaries.sh | tail -n 1) go test -count=1 -v ./test/sanity/ 2>&1 | grep -vE '^=== (RUN|PAUSE|CONT)'
+	set -o pipefail; KUBEBUILDER_ASSETS=$$(hack/kube-binaries.sh | tail -n 1) go test -trimpath -count=1 -v ./test/sanity/ 2>&1 | grep -vE '^=== (RUN|PAUSE|CONT)'
 
 FUZZTIME ?= 60s
 
@@ -127,7 +127,7 @@ sanity-binary: ## Run the standalone csi-sanity binary against berth agent + csi
 
 .PHONY: test-unit
 test-unit: ## Run unit tests only (no API server, no root).
-	go test -short $(GO_TEST_FLAGS) ./...
+	go test -trimpath -short $(GO_TEST_FLAGS) ./...
 
 .PHONY: e2e
 e2e: build ## Run the end-to-end scenarios on a real two-node Kubernetes with berth (root; hack/e2e.sh; BERTH_E2E_NODES).

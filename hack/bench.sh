@@ -61,7 +61,7 @@ KUBEBUILDER_ASSETS=$(hack/kube-binaries.sh | tail -n 1)
 export KUBEBUILDER_ASSETS
 # The test's output goes to our stdout through a file: `tee /dev/stderr`
 # would reopen, and so truncate, a log file that stderr is redirected to.
-BERTH_HEAL_CYCLES=${BERTH_HEAL_CYCLES:-50} go test -count=1 -v -timeout 60m \
+BERTH_HEAL_CYCLES=${BERTH_HEAL_CYCLES:-50} go test -trimpath -count=1 -v -timeout 60m \
 	-run 'TestHealUnderWriters$' ./test/userspace/ 2>&1 | tee "$out.heal" && heal_rc=0 || heal_rc=$?
 heal=$(grep '^HEAL_RESULT' "$out.heal" || true)
 [ -n "$heal" ] || { echo "heal test printed no result" >&2; exit 1; }
@@ -72,7 +72,7 @@ heal=$(grep '^HEAL_RESULT' "$out.heal" || true)
 heal_scale() {
 	local log="$out.scale.$1"
 	BERTH_BLOCKDEV_PASSTHROUGH=$1 BERTH_HEAL_VOLUMES=${BENCH_HEAL_SCALE_VOLUMES:-100} \
-		BERTH_HEAL_CYCLES=${BENCH_HEAL_SCALE_CYCLES:-10} go test -count=1 -v -timeout 60m \
+		BERTH_HEAL_CYCLES=${BENCH_HEAL_SCALE_CYCLES:-10} go test -trimpath -count=1 -v -timeout 60m \
 		-run 'TestHealUnderWriters$' ./test/userspace/ >"$log" 2>&1 && r=0 || r=$?
 	grep '^HEAL_RESULT' "$log" >>"$out.scale" || true
 	if [ "$r" -ne 0 ]; then
@@ -96,14 +96,14 @@ keeper_rc=0
 if [ "${BENCH_KEEPER:-1}" != 0 ]; then
 	echo
 	echo "== keeper hand-over (${BERTH_KEEPER_HANDOVERS:-50} keeper replacements under verifying writers on 5 userspace volumes)"
-	BERTH_KEEPER_HANDOVERS=${BERTH_KEEPER_HANDOVERS:-50} go test -count=1 -v -timeout 30m \
+	BERTH_KEEPER_HANDOVERS=${BERTH_KEEPER_HANDOVERS:-50} go test -trimpath -count=1 -v -timeout 30m \
 		-run 'TestKeeperHandOverUnderWriters$' ./internal/blockdev/ >"$out.keeper" 2>&1 && keeper_rc=0 || keeper_rc=$?
 	grep -E '^(KEEPER_HANDOVER_RESULT|--- |    keeper_handover)' "$out.keeper" || tail -n 40 "$out.keeper"
 fi
 
 echo
 echo "== RWX failover (${BERTH_SHARE_FAILOVERS:-20} SIGKILLs of ganesha or the share manager under a writing NFSv4.0 and then NFSv4.1 client)"
-BERTH_SHARE_FAILOVERS=${BERTH_SHARE_FAILOVERS:-20} go test -count=1 -v -timeout 30m \
+BERTH_SHARE_FAILOVERS=${BERTH_SHARE_FAILOVERS:-20} go test -trimpath -count=1 -v -timeout 30m \
 	-run 'TestFailoverLosesNoAcknowledgedWrite$' ./internal/cli/sharemanager/ 2>&1 | tee "$out.share" && share_rc=0 || share_rc=$?
 share=$(grep '^SHARE_FAILOVER_RESULT' "$out.share" || true)
 
@@ -112,7 +112,7 @@ memory_rc=0
 if [ "${BENCH_MEMORY:-1}" != 0 ]; then
 	echo
 	echo "== idle blockdev servers (${BENCH_MEMORY_VOLUMES:-10} local userspace volumes)"
-	BERTH_MEMORY_BENCH=1 go test -count=1 -v -timeout 10m -run 'TestIdleServerMemory$' ./test/userspace/ \
+	BERTH_MEMORY_BENCH=1 go test -trimpath -count=1 -v -timeout 10m -run 'TestIdleServerMemory$' ./test/userspace/ \
 		>"$out.memory" 2>&1 && memory_rc=0 || memory_rc=$?
 	grep -E '^(SERVER_MEMORY_RESULT|--- )' "$out.memory" || tail -n 40 "$out.memory"
 fi

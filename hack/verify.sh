@@ -29,14 +29,14 @@ fi
 
 # Both builds: the default one with the ceph backend (cgo, Ceph's C
 # headers) and the static one without it (`make build CEPH=0`).
-if ! CGO_ENABLED=0 go vet ./...; then
+if ! CGO_ENABLED=0 go vet -trimpath ./...; then
 	echo "verify: go vet (without ceph) failed" >&2
 	fail=1
 fi
 if ! hack/install-deps.sh --ceph-build; then
 	echo "verify: cannot vet the ceph build without gcc, librbd-dev and librados-dev" >&2
 	fail=1
-elif ! CGO_ENABLED=1 go vet -tags ceph,pacific ./...; then
+elif ! CGO_ENABLED=1 go vet -trimpath -tags ceph,pacific ./...; then
 	echo "verify: go vet -tags ceph,pacific failed" >&2
 	fail=1
 fi

@@ -13,11 +13,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	goruntime "runtime"
 	"strings"
 	"testing"
 
 	"github.com/go-logr/logr"
+	"golang.org/x/mod/modfile"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -40,17 +40,30 @@ type Env struct {
 	env    *envtest.Environment
 }
 
-// RepoRoot is the berth source tree this package was built from.
+// RepoRoot is the berth source tree the test runs in.
 //
 // BERTH_TEST_REPO_ROOT replaces it where the test binary runs away from the
 // source tree (a VM test node); it needs only the files the tests read
-// (config/crd/bases).
+// (config/crd/bases). Otherwise it is the nearest folder above the working
+// directory (go test runs a test in its package's folder) whose go.mod is
+// berth's. Not the source path compiled in: the tests build with -trimpath,
+// as `make build` does, so that both share one build cache.
 func RepoRoot() string {
 	if root := os.Getenv("BERTH_TEST_REPO_ROOT"); root != "" {
 		return root
 	}
-	_, file, _, _ := goruntime.Caller(0)
-	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+	dir, err := os.Getwd()
+	if err != nil {
+		panic(fmt.Sprintf("testenv: the working directory: %v", err))
+	}
+	for d := dir; ; d = filepath.Dir(d) {
+		if b, err := os.ReadFile(filepath.Join(d, "go.mod")); err == nil && modfile.ModulePath(b) == "github.com/berth-io/berth" {
+			return d
+		}
+		if filepath.Dir(d) == d {
+			panic(fmt.Sprintf("testenv: no berth go.mod above %s; run the test in the source tree or set BERTH_TEST_REPO_ROOT", dir))
+		}
+	}
 }
 
 // Assets returns the folder with kube-apiserver and etcd, building them once.
@@ -141,9 +154,12 @@ func BuildBerth(dir string) (string, error) {
 		return out, nil
 	}
 	out := filepath.Join(dir, "berth")
-	args, env := []string{"build", "-tags", "ceph,pacific"}, "CGO_ENABLED=1"
+	// -trimpath as in the Makefile: the same flags reuse what make build
+	// and the test binaries compiled (another set compiles every
+	// dependency again, minutes on a cold machine).
+	args, env := []string{"build", "-trimpath", "-tags", "ceph,pacific"}, "CGO_ENABLED=1"
 	if os.Getenv("BERTH_CEPH") == "0" {
-		args, env = []string{"build"}, "CGO_ENABLED=0"
+		args, env = []string{"build", "-trimpath"}, "CGO_ENABLED=0"
 	}
 	cmd := exec.Command("go", append(args, "-o", out, "./cmd/berth")...)
 	cmd.Dir = RepoRoot()
@@ -155,19 +171,19 @@ func BuildBerth(dir string) (string, error) {
 	// The slim server binary beside it, as `make build` puts it: the
 	// agent runs it for file images when it is there. Its name is
 	// launch.SlimBinaryName (not imported: launch's tests import testenv).
-	cmd = exec.Command("go", "build", "-o", filepath.Join(dir, "berth-blockdev"), "./cmd/berth-blockdev")
+	cmd = exec.Command("go", "build", "-trimpath", "-o", filepath.Join(dir, "berth-blockdev"), "./cmd/berth-blockdev")
 	cmd.Dir = RepoRoot()
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build ./cmd/berth-blockdev: %w\n%s", err, b)
+		return "", fmt.Errorf("go build -trimpath ./cmd/berth-blockdev: %w\n%s", err, b)
 	}
 	// And its ceph build (launch.CephBinaryName), which serves rbd images.
 	if os.Getenv("BERTH_CEPH") != "0" {
-		cmd = exec.Command("go", "build", "-tags", "ceph,pacific", "-o", filepath.Join(dir, "berth-blockdev-ceph"), "./cmd/berth-blockdev")
+		cmd = exec.Command("go", "build", "-trimpath", "-tags", "ceph,pacific", "-o", filepath.Join(dir, "berth-blockdev-ceph"), "./cmd/berth-blockdev")
 		cmd.Dir = RepoRoot()
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
 		if b, err := cmd.CombinedOutput(); err != nil {
-			return "", fmt.Errorf("go build -tags ceph,pacific ./cmd/berth-blockdev: %w\n%s", err, b)
+			return "", fmt.Errorf("go build -trimpath -tags ceph,pacific ./cmd/berth-blockdev: %w\n%s", err, b)
 		}
 	}
 	return out, nil

@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -62,8 +61,7 @@ func (s *scenario) cephCluster() string {
 // cephCLI runs the ceph CLI as client.admin in the test Ceph's netns
 // (hack/cluster/ceph.sh ceph ARGS).
 func (s *scenario) cephCLI(args ...string) (string, error) {
-	_, file, _, _ := runtime.Caller(0)
-	script := filepath.Join(filepath.Dir(file), "..", "..", "hack", "cluster", "ceph.sh")
+	script := filepath.Join(repoRoot(), "hack", "cluster", "ceph.sh")
 	ctx, cancel := context.WithTimeout(s.ctx, 90*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, script, append([]string{"ceph"}, args...)...)

@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"testing"
 
 	"k8s.io/client-go/kubernetes"
@@ -127,8 +126,7 @@ func needCluster(t *testing.T) (Env, kubernetes.Interface) {
 
 // script runs hack/cluster/NAME, its output on ours.
 func script(ctx context.Context, name string) error {
-	_, file, _, _ := runtime.Caller(0)
-	path := filepath.Join(filepath.Dir(file), "..", "..", "hack", "cluster", name)
+	path := filepath.Join(repoRoot(), "hack", "cluster", name)
 	cmd := exec.CommandContext(ctx, path)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Run(); err != nil {

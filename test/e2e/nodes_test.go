@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -131,8 +130,7 @@ func (e Env) NodeMounts(ctx context.Context, node string, subs ...string) ([]str
 // guest and its kubelet under TCG: up to 15 minutes, as berth dev up's
 // waits with VM nodes.
 func (e Env) NodeAction(ctx context.Context, node, action string) error {
-	_, file, _, _ := runtime.Caller(0)
-	script := filepath.Join(filepath.Dir(file), "..", "..", "hack", "cluster", "node.sh")
+	script := filepath.Join(repoRoot(), "hack", "cluster", "node.sh")
 	limit := 3 * time.Minute
 	if kind, _ := e.nodeVar("NODE_KIND", node); kind == "vm" && (action == "boot" || action == "start") {
 		limit = 15 * time.Minute
@@ -197,8 +195,7 @@ func (e Env) vmExec(ctx context.Context, node, script string) (string, error) {
 // vmExecFor is vmExec with exec.sh's own limit raised to limit (0: its
 // default, 10 minutes).
 func (e Env) vmExecFor(ctx context.Context, node, script string, limit time.Duration) (string, error) {
-	_, file, _, _ := runtime.Caller(0)
-	cmd := exec.CommandContext(ctx, filepath.Join(filepath.Dir(file), "..", "..", "hack", "vm", "exec.sh"), node, "sh", "-c", script)
+	cmd := exec.CommandContext(ctx, filepath.Join(repoRoot(), "hack", "vm", "exec.sh"), node, "sh", "-c", script)
 	cmd.Env = append(os.Environ(), "BERTH_E2E_DIR="+e.Vars["BERTH_E2E_DIR"])
 	if limit > 0 {
 		cmd.Env = append(cmd.Env, fmt.Sprintf("VM_EXEC_TIMEOUT=%d", int(limit.Seconds())))

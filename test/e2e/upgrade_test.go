@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"sort"
 	"strconv"
@@ -23,6 +22,7 @@ import (
 
 	"github.com/berth-io/berth/internal/cli/dev"
 	"github.com/berth-io/berth/internal/controller/sharemanager"
+	"github.com/berth-io/berth/internal/testenv"
 )
 
 // upgradeWriter is one verifying writer of the upgrade scenario.
@@ -291,10 +291,7 @@ func uptime(t *testing.T) time.Time {
 }
 
 // repoRoot is the checkout this test is in.
-func repoRoot() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
-}
+func repoRoot() string { return testenv.RepoRoot() }
 
 // imageTag is the tag of an image reference registry/repository:tag.
 func imageTag(ref string) string { return ref[strings.LastIndex(ref, ":")+1:] }

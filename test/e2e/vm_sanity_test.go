@@ -112,9 +112,9 @@ func buildVMSanity(ctx context.Context, t *testing.T, dir string) {
 		t.Fatal(err)
 	}
 	for _, args := range [][]string{
-		{"test", "-c", "-ldflags", "-s -w", "-o", filepath.Join(dir, "sanity.test"), "./test/sanity"},
-		{"build", "-ldflags", "-s -w", "-o", filepath.Join(dir, "berth"), "./cmd/berth"},
-		{"build", "-ldflags", "-s -w", "-o", filepath.Join(dir, "berth-blockdev"), "./cmd/berth-blockdev"},
+		{"test", "-c", "-trimpath", "-ldflags", "-s -w", "-o", filepath.Join(dir, "sanity.test"), "./test/sanity"},
+		{"build", "-trimpath", "-ldflags", "-s -w", "-o", filepath.Join(dir, "berth"), "./cmd/berth"},
+		{"build", "-trimpath", "-ldflags", "-s -w", "-o", filepath.Join(dir, "berth-blockdev"), "./cmd/berth-blockdev"},
 	} {
 		cmd := exec.CommandContext(ctx, "go", args...)
 		cmd.Dir = root
