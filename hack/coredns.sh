@@ -25,6 +25,12 @@ if [ -x "$BIN" ]; then
 	echo "$BIN"
 	exit 0
 fi
+cache_lock "$BIN"
+if [ -x "$BIN" ]; then
+	log "built meanwhile: $BIN"
+	echo "$BIN"
+	exit 0
+fi
 need_go
 mkdir -p "$OUT"
 scratch

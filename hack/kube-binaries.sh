@@ -224,8 +224,15 @@ EOF
 }
 
 for c in "${missing[@]}"; do
+	cache_lock "$OUT/$c"
+	if [ -x "$OUT/$c" ]; then
+		log "built meanwhile: $c"
+		cache_unlock
+		continue
+	fi
 	start=$SECONDS
 	if [ "$c" = etcd ]; then build_etcd; else build_kube "$c"; fi
+	cache_unlock
 	log "$c ready in $((SECONDS - start))s"
 done
 echo "$OUT"

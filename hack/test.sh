@@ -62,7 +62,7 @@ tier() {
 	[ "$r" -eq 0 ] || rc=$r
 	tiers+=("$(printf '%-28s %6ss  exit %s' "$name" "$((SECONDS - s))" "$r")")
 	echo "test: tier $name: exit $r in $((SECONDS - s))s"
-	flush_go
+	flush_background
 }
 # left_out NAME WHY: a tier that does not run says so, in the table too.
 left_out() {
@@ -118,6 +118,7 @@ gotests=(env "${static[@]}" hack/gotest.sh "${tags[@]}" -v "$@")
 # BERTH_E2E=0 / BERTH_CONFORMANCE=0 / BERTH_E2E_VM_CI=0 /
 # BERTH_E2E_MULTUS_CI=0 leave tiers out, saying so.
 go_pid=
+late_pid=
 bg_cg=
 # On the way out (a failure, or CI's time up) nothing of the background
 # lane may run on: its processes are all in its cgroup.
@@ -126,16 +127,23 @@ stop_background() {
 	if [ -n "$bg_cg" ] && [ -d "$bg_cg" ]; then
 		for p in $(cat "$bg_cg/cgroup.procs" 2>/dev/null); do kill "$p" 2>/dev/null; done
 		cpushare_remove "$bg_cg" || true
-	elif [ -n "$go_pid" ]; then
-		kill "$go_pid" 2>/dev/null
+	else
+		[ -z "$go_pid" ] || kill "$go_pid" 2>/dev/null
+		[ -z "$late_pid" ] || kill "$late_pid" 2>/dev/null
 	fi
 }
-trap 'stop_background; rm -f "$log" "$log.go" "$log.gorc"' EXIT
-# flush_go: once the background Go tier has ended, its output goes into
-# the log and out (between two cluster tiers, never within one) and into
-# the table.
-flush_go() {
+trap 'stop_background; rm -f "$log" "$log.go" "$log.gorc" "$log.late" "$log.late.done"' EXIT
+# flush_background: once a background job (the late builds, the Go tier)
+# has ended, its output goes into the log and out (between two cluster
+# tiers, never within one), and the Go tier's into the table.
+flush_background() {
 	local r took
+	if [ -n "$late_pid" ] && [ -e "$log.late.done" ]; then
+		wait "$late_pid" 2>/dev/null || true
+		late_pid=
+		tee -a "$log" <"$log.late"
+		rm -f "$log.late" "$log.late.done"
+	fi
 	[ -n "$go_pid" ] && [ -s "$log.gorc" ] || return 0
 	wait "$go_pid" 2>/dev/null || true
 	go_pid=
@@ -178,6 +186,18 @@ else
 		go_pid=$!
 	}
 
+	# start_late_builds: hack/prebuild.sh late, in the background.
+	start_late_builds() {
+		echo "test: prebuild late: starting at $((SECONDS - start))s, beside the cluster tiers"
+		(
+			s=$SECONDS
+			"${bg[@]}" hack/prebuild.sh late >"$log.late" 2>&1 || true
+			echo "test: prebuild late in $((SECONDS - s))s" >>"$log.late"
+			touch "$log.late.done"
+		) &
+		late_pid=$!
+	}
+
 	# prebuild PART: the cluster tiers' pinned binaries (hack/prebuild.sh;
 	# each builder skips what is cached), in the foreground.
 	prebuild() {
@@ -207,9 +227,8 @@ else
 			BERTH_E2E_NBD_HEAL_CYCLES=2 BERTH_E2E_UBLK_HEAL_CYCLES=1 \
 			BERTH_E2E_UBLK_HEAL_VOLUMES=3 BERTH_KEEP_CLUSTER=1 \
 			hack/e2e.sh -timeout 60m -run 'TestE2E/VM'
-		# e2e.test and ginkgo for the storage suite, and what the later
-		# tiers run (cached: a second or two).
-		prebuild others
+		# e2e.test and ginkgo for the storage suite (cached: a second).
+		prebuild suite
 		# The storage suite on RWX claims, mounted by the VM node's kernel
 		# NFS client (test/conformance/berth-rwx.yaml), on the same cluster:
 		# one spec that writes and reads (two pods on one volume there:
@@ -219,6 +238,11 @@ else
 		tier "conformance RWX on the VM node" env CONFORMANCE_CLASSES=berth-rwx CONFORMANCE_QUICK=1 \
 			CONFORMANCE_FOCUS="$rwx_focus" hack/conformance.sh
 		start_go_tests
+		# What only the last tiers use (multus, whereabouts, the previous
+		# release: ~240 s of both cores cold), beside the next tiers, in the
+		# Go tests' cgroup; a tier that needs one first waits for its build
+		# (hack/lib/gobuild.sh's cache_lock).
+		start_late_builds
 	else
 		left_out "VM e2e scenarios" "BERTH_E2E_VM_CI=0; make e2e-vm runs them"
 		left_out "conformance RWX on the VM node" "BERTH_E2E_VM_CI=0; make conformance runs it"
@@ -250,12 +274,17 @@ else
 	else
 		left_out "multus e2e scenarios" "BERTH_E2E=0 or BERTH_E2E_MULTUS_CI=0"
 	fi
+	if [ -n "$late_pid" ]; then
+		wait "$late_pid" 2>/dev/null || true
+		touch "$log.late.done"
+		flush_background
+	fi
 	if [ -n "$go_pid" ]; then
 		s=$SECONDS
 		echo "test: the cluster tiers are done; waiting for the go tests"
 		wait "$go_pid" || true
 		echo "test: waited $((SECONDS - s))s for the go tests"
-		flush_go
+		flush_background
 	fi
 	[ "${bg[0]}" != cpushare_run ] || cpushare_remove "$bg_cg" || true
 	bg_cg=

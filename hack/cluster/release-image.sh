@@ -42,6 +42,7 @@ short=$(git -C "$REPO" rev-parse --short=7 "$commit")
 tag="berth.local/berth:$short"
 out="$CACHE_ROOT/release/$commit"
 
+[ -s "$out/berth.tar" ] || cache_lock "$out"
 if [ -s "$out/berth.tar" ]; then
 	log "cached: berth $short in $out"
 else
@@ -62,7 +63,7 @@ else
 	# dev image does (images.sh).
 	"$REPO/hack/install-deps.sh" e2fsprogs xfsprogs nfs-ganesha nfs-ganesha-vfs >&2
 	mkdir "$tmp/img"
-	(cd "$tmp/src" && go run ./hack/images -out "$tmp/img" -pause "" -busybox "" -berth "$tmp/src/bin/berth" -berth-tag "$tag" >&2)
+	(cd "$tmp/src" && go run -trimpath ./hack/images -out "$tmp/img" -pause "" -busybox "" -berth "$tmp/src/bin/berth" -berth-tag "$tag" >&2)
 	mv "$tmp/img/berth.tar" "$tmp/berth.tar"
 	rmdir "$tmp/img"
 	echo "$tag" >"$tmp/tag"

@@ -21,6 +21,28 @@ scratch() {
 	trap 'chmod -R u+w "$work" 2>/dev/null; rm -rf "$work"' EXIT
 }
 
+# cache_lock FILE: holds FILE.lock (until cache_unlock or the script's
+# exit), so that two builds of one cached file (CI's background prebuild
+# and a bring-up that needs the file now) never write it at once: the
+# second waits, then finds it built. Call it, then check the cache again.
+# One lock at a time: two builders never wait on each other in a circle.
+cache_lock_fd=
+cache_lock() {
+	cache_unlock
+	mkdir -p "$(dirname "$1")"
+	exec {cache_lock_fd}>"$1.lock"
+	if ! flock -n "$cache_lock_fd"; then
+		log "waiting for another build of $(basename "$1")"
+		flock "$cache_lock_fd"
+	fi
+}
+
+# cache_unlock lets the lock of cache_lock go.
+cache_unlock() {
+	[ -z "$cache_lock_fd" ] || exec {cache_lock_fd}>&-
+	cache_lock_fd=
+}
+
 # build_module_command NAME MODULE VERSION CMD-DIR BIN LDFLAGS [PREPARE]
 # builds the command CMD-DIR of MODULE@VERSION as the static binary BIN,
 # unless BIN is there. It is built in a writable copy of the downloaded
@@ -30,6 +52,12 @@ build_module_command() {
 	local name=$1 mod=$2 version=$3 cmd=$4 bin=$5 ldflags=$6 prepare=${7:-} dir start=$SECONDS
 	if [ -x "$bin" ]; then
 		log "cached: $bin"
+		return 0
+	fi
+	cache_lock "$bin"
+	if [ -x "$bin" ]; then
+		log "built meanwhile: $bin"
+		cache_unlock
 		return 0
 	fi
 	need_go
@@ -42,5 +70,6 @@ build_module_command() {
 	if [ -n "$prepare" ]; then (cd "$work/$name" && "$prepare"); fi
 	(cd "$work/$name" && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags "$ldflags" -o "$bin.tmp" "$cmd")
 	mv "$bin.tmp" "$bin"
+	cache_unlock
 	log "$name $version ready in $((SECONDS - start))s"
 }
