@@ -154,7 +154,10 @@ vm_boot() {
 	# panic=-1 with -no-reboot: a kernel panic ends qemu (a dead node);
 	# no_timer_check: on a busy machine the emulated CPU is too slow for the
 	# kernel's IO-APIC timer check, which then panics ("IO-APIC + timer
-	# doesn't work!", seen here at load 15).
+	# doesn't work!", seen here at load 15); mitigations=off: a test
+	# guest of our own code needs no defence against speculation, and its
+	# retpolines and RSB fills are emulated instructions on every indirect
+	# call and context switch.
 	# A guest kernel once panicked 29 s into its boot under TCG (an oops in
 	# the page allocator, in mkdir): such a boot is tried once more rather
 	# than failing the whole bring-up after the 300 s wait.
@@ -163,7 +166,7 @@ vm_boot() {
 		launch "qemu@$i" "$dir/logs/qemu.log" "" --net="/run/netns/$NETNS" -- \
 			"$QEMU" -name "$name" -nodefaults -no-user-config -display none -no-reboot \
 			-accel "tcg,thread=$VM_TCG_THREAD" -cpu max -smp "$VM_CPUS" -m "$VM_MEMORY" -rtc base=utc \
-			-kernel "$img/vmlinuz" -initrd "$img/initrd.img" -append "console=ttyS0 loglevel=4 panic=-1 no_timer_check" \
+			-kernel "$img/vmlinuz" -initrd "$img/initrd.img" -append "console=ttyS0 loglevel=4 panic=-1 no_timer_check mitigations=off" \
 			-serial stdio \
 			-drive "file=$disk,if=virtio,format=qcow2,cache=unsafe,discard=unmap" \
 			-netdev "tap,id=net0,ifname=$(node_hub_if "$i"),script=no,downscript=no" \
