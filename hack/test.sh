@@ -9,18 +9,6 @@ export PATH="/usr/local/go/bin:$PATH"
 
 start=$SECONDS
 hack/install-deps.sh
-# CI: the VM tier's image (downloads, unpacking, mkfs: little CPU) builds
-# beside the setup's compiles; prebuild vm waits for it (cache_lock).
-vm_image_log=
-if [ "${CI:-}" = true ] && [ "$(id -u)" -eq 0 ] && [ "${BERTH_E2E:-1}" != 0 ] && [ "${BERTH_E2E_VM_CI:-1}" = 1 ]; then
-	vm_image_log=$(mktemp)
-	echo "test: the VM image builds beside the setup (hack/vm/image.sh)"
-	(
-		s=$SECONDS
-		hack/vm/image.sh >"$vm_image_log" 2>&1 || echo "test: hack/vm/image.sh failed (prebuild vm tries again)" >>"$vm_image_log"
-		echo "test: VM image in the background: $((SECONDS - s))s" >>"$vm_image_log"
-	) &
-fi
 KUBEBUILDER_ASSETS=$(hack/kube-binaries.sh | tail -n 1)
 export KUBEBUILDER_ASSETS
 # envtest waits 20 s for its kube-apiserver by default; on a busy 2-core
@@ -144,7 +132,7 @@ stop_background() {
 		[ -z "$late_pid" ] || kill "$late_pid" 2>/dev/null
 	fi
 }
-trap 'stop_background; rm -f "$log" "$log.go" "$log.gorc" "$log.late" "$log.late.done" ${vm_image_log:+"$vm_image_log"}' EXIT
+trap 'stop_background; rm -f "$log" "$log.go" "$log.gorc" "$log.late" "$log.late.done"' EXIT
 # flush_background: once a background job (the late builds, the Go tier)
 # has ended, its output goes into the log and out (between two cluster
 # tiers, never within one), and the Go tier's into the table.
@@ -216,11 +204,6 @@ else
 		local s=$SECONDS
 		hack/prebuild.sh "$1" 2>&1 | tee -a "$log" || true
 		echo "test: prebuild $1 in $((SECONDS - s))s"
-		if [ -n "$vm_image_log" ] && [ "$1" = vm ]; then
-			tee -a "$log" <"$vm_image_log"
-			rm -f "$vm_image_log"
-			vm_image_log=
-		fi
 	}
 	if [ "${BERTH_E2E:-1}" = 0 ]; then
 		left_out "VM e2e scenarios" "BERTH_E2E=0"

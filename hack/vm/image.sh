@@ -48,8 +48,8 @@ die() { log "error: $*"; exit 1; }
 
 [ "$(id -u)" -eq 0 ] || die "run as root (mmdebstrap --mode=root, mke2fs of a root tree)"
 "$REPO/hack/install-deps.sh" mmdebstrap qemu-utils kmod busybox-static xz-utils cpio e2fsprogs
-# One build at a time (its apt state folders too): CI starts one in the
-# background, and a bring-up's own waits for it, then finds it cached.
+# One build at a time (its apt state folders too): a second run waits,
+# then finds the image cached.
 cache_lock "$VM_CACHE/image"
 
 # apt_state SUITE: a private apt setup for SUITE (sources, lists, cache,
