@@ -40,11 +40,17 @@ GO_TEST_FLAGS ?=
 # backend, which the agent installs as the host's Flexvolume driver (hosts
 # need no Ceph libraries). CEPH=0 builds a static berth without it: its
 # operator reports CephNotBuilt for a ceph StorageCluster.
+#
+# netgo,osusergo: the Go resolver and user lookup, as in the static builds.
+# With them a cgo build compiles every pure-Go package exactly as a static
+# one does, so the Go build cache serves both (and the test clusters'
+# programs, hack/modalign): a cold machine compiles client-go once.
 CEPH ?= 1
+CEPH_TAGS := ceph,pacific,netgo,osusergo
 ifeq ($(CEPH),0)
 GO_BUILD := CGO_ENABLED=0 go build
 else
-GO_BUILD := CGO_ENABLED=1 go build -tags ceph,pacific
+GO_BUILD := CGO_ENABLED=1 go build -tags $(CEPH_TAGS)
 endif
 
 ##@ General

@@ -25,7 +25,7 @@ export KUBEBUILDER_ASSETS
 
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
-BERTH_CEPH_BENCH=1 BERTH_MEMORY_BENCH=1 CGO_ENABLED=1 go test -trimpath -tags ceph,pacific -count=1 -v -timeout 40m \
+BERTH_CEPH_BENCH=1 BERTH_MEMORY_BENCH=1 CGO_ENABLED=1 go test -trimpath -tags ceph,pacific,netgo,osusergo -count=1 -v -timeout 40m \
 	-run 'TestCephBench$|TestIdleCephServerMemory$' ./test/userspace/ 2>&1 | tee "$out" && rc=0 || rc=$?
 
 # Leftovers: the test's own Ceph (its folder and ports, as

@@ -140,7 +140,7 @@ fi
 
 log "building e2e.test, agnhost and the summary tool (cached after the first run)"
 KUBE_BIN=$(hack/kube-binaries.sh e2e.test agnhost ginkgo kubectl | tail -n1)
-go build -trimpath -o "$PWD/bin/junit-summary" ./hack/junit-summary
+CGO_ENABLED=0 go build -trimpath -o "$PWD/bin/junit-summary" ./hack/junit-summary
 rm -rf "$OUT"
 mkdir -p "$OUT"
 

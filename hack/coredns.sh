@@ -63,6 +63,7 @@ EOF
 	go mod init berth.local/coredns >/dev/null 2>&1
 	go get "github.com/coredns/coredns@$COREDNS_VERSION" >/dev/null 2>&1 || go get "github.com/coredns/coredns@$COREDNS_VERSION"
 	go mod tidy >/dev/null 2>&1 || go mod tidy
+	align_with_berth
 	# The version CoreDNS reports is its module's; GitCommit names the pin.
 	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION" -o "$BIN.tmp" .
 )

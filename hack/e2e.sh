@@ -87,7 +87,7 @@ echo "e2e: cluster with berth up after $((SECONDS - t0))s" >&2
 out=$(mktemp /tmp/berth-e2e-XXXXXX.log)
 set +e
 BERTH_E2E_ENV="${BERTH_E2E_DIR:-/var/lib/berth-e2e}/cluster.env" \
-	go test -tags e2e -trimpath -ldflags=-w -count=1 -p 1 -timeout 40m -v "$@" ./test/e2e/... 2>&1 | tee "$out"
+	go test -tags e2e,netgo,osusergo -trimpath -ldflags=-w -count=1 -p 1 -timeout 40m -v "$@" ./test/e2e/... 2>&1 | tee "$out"
 rc=${PIPESTATUS[0]}
 set -e
 if [ "$rc" -ne 0 ]; then

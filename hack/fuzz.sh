@@ -33,7 +33,7 @@ fi
 # targets in ceph-tagged files run too; without the Ceph libraries, none.
 tags=()
 if [ "${BERTH_CEPH:-1}" != 0 ] && dpkg-query -W -f='${Status}' librbd-dev 2>/dev/null | grep -q 'install ok installed'; then
-	tags=(-tags ceph,pacific)
+	tags=(-tags ceph,pacific,netgo,osusergo)
 fi
 
 start=$SECONDS

@@ -65,6 +65,7 @@ EOF
 		go mod init berth.local/etcd >/dev/null 2>&1
 		go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >/dev/null 2>&1 || go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION"
 		go mod tidy >/dev/null 2>&1 || go mod tidy
+		align_with_berth
 		CGO_ENABLED=0 go build -trimpath -o "$OUT/etcd.tmp" .
 	)
 	mv "$OUT/etcd.tmp" "$OUT/etcd"
@@ -73,6 +74,7 @@ EOF
 AGNHOST_PKG=k8s.io/kubernetes/test/images/agnhost
 GINKGO_PKG=github.com/onsi/ginkgo/v2/ginkgo
 
+staging_keep=
 kube_module() {
 	# One module for every Kubernetes component: the staging replaces are shared.
 	[ -f "$work/kube/go.mod" ] && return 0
@@ -81,7 +83,14 @@ kube_module() {
 	modfile=$(cd "$work" && GOFLAGS=-mod=mod go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
 	[ -n "$modfile" ] || { log "could not download k8s.io/kubernetes@$KUBE_VERSION"; exit 1; }
 	staging=$(sed -n 's#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging/.*#\1#p' "$modfile" | sort -u)
-	local minor="v0.${KUBE_VERSION#v1.}"
+	local minor="v0.${KUBE_VERSION#v1.}" shared
+	# k8s.io/kubernetes requires its staging modules at v0.0.0: each is
+	# replaced by its release, and the ones berth uses are also required at
+	# that release. Required, not only replaced, they are built as the
+	# very modules berth's build has (the build cache keys a package by its
+	# module's path and version), and client-go compiles once (see
+	# align_with_berth).
+	shared=$(cd "$BERTH_ROOT" && go list -m -f '{{.Path}}' all | sort)
 	{
 		echo "module berth.local/kube"
 		echo
@@ -89,8 +98,13 @@ kube_module() {
 		echo
 		echo "require k8s.io/kubernetes $KUBE_VERSION"
 		echo
-		for m in $staging; do echo "replace $m => $m $minor"; done
+		for m in $staging; do
+			echo "replace $m v0.0.0 => $m $minor"
+			if [ "${BERTH_ALIGN:-1}" != 0 ] && grep -qx "$m" <<<"$shared"; then echo "require $m $minor"; fi
+		done
 	} >"$work/kube/go.mod"
+	# The staging modules stay at this release, whatever berth uses.
+	staging_keep="^($(tr '\n' '|' <<<"$staging" | sed 's/|$//; s/\./\\./g'))\$"
 }
 
 kube_main() {
@@ -209,6 +223,7 @@ EOF
 	(
 		cd "$work/kube"
 		GOFLAGS=-mod=mod go mod tidy >/dev/null 2>&1 || GOFLAGS=-mod=mod go mod tidy
+		align_with_berth "$staging_keep"
 		if [ "$c" = agnhost ] || [ "$c" = ginkgo ]; then
 			local pkg=$AGNHOST_PKG
 			[ "$c" = agnhost ] || pkg=$GINKGO_PKG

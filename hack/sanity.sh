@@ -14,8 +14,8 @@ hack/install-deps.sh
 KUBEBUILDER_ASSETS=$(hack/kube-binaries.sh | tail -n 1)
 export KUBEBUILDER_ASSETS
 make --no-print-directory build >/dev/null
-go build -trimpath -o bin/csi-sanity github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity
-go build -trimpath -o bin/apiserver ./test/apiserver
+CGO_ENABLED=0 go build -trimpath -o bin/csi-sanity github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity
+CGO_ENABLED=0 go build -trimpath -o bin/apiserver ./test/apiserver
 
 work=$(mktemp -d /tmp/berth-sanity.XXXXXX)
 pids=()

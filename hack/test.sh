@@ -42,7 +42,9 @@ if [ "${BERTH_CEPH:-1}" != 0 ] && ! hack/install-deps.sh --ceph-build; then
 	echo "test: testing the build without Ceph (BERTH_CEPH=0): its libraries are missing"
 	export BERTH_CEPH=0
 fi
-tags=(-tags ceph,pacific)
+# netgo,osusergo as the Makefile's CEPH_TAGS: the build cache then serves
+# make build, the tests and their static builds alike.
+tags=(-tags ceph,pacific,netgo,osusergo)
 [ "${BERTH_CEPH:-1}" = 0 ] && tags=()
 
 ci=

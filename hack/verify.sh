@@ -36,8 +36,8 @@ fi
 if ! hack/install-deps.sh --ceph-build; then
 	echo "verify: cannot vet the ceph build without gcc, librbd-dev and librados-dev" >&2
 	fail=1
-elif ! CGO_ENABLED=1 go vet -trimpath -tags ceph,pacific ./...; then
-	echo "verify: go vet -tags ceph,pacific failed" >&2
+elif ! CGO_ENABLED=1 go vet -trimpath -tags ceph,pacific,netgo,osusergo ./...; then
+	echo "verify: go vet -tags ceph,pacific,netgo,osusergo failed" >&2
 	fail=1
 fi
 

@@ -38,7 +38,7 @@ build_and_import_images() {
 	if stale "$tool" "${srcs[@]}" || stale "$pause" "${srcs[@]}" || [ "$(cat "$tool.sum" 2>/dev/null)" != "$sum" ]; then
 		log "building the image tool and the pause binary"
 		(cd "$REPO" && ticking "building the image tool" sh -c \
-			"CGO_ENABLED=0 go build -trimpath -o '$pause' ./hack/images/pause && go build -trimpath -o '$tool' ./hack/images")
+			"CGO_ENABLED=0 go build -trimpath -o '$pause' ./hack/images/pause && CGO_ENABLED=0 go build -trimpath -o '$tool' ./hack/images")
 		echo "$sum" >"$tool.sum"
 	fi
 	# -busybox defaults to /bin/busybox in the tool: "" skips a fresh one.

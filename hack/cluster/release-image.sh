@@ -57,7 +57,20 @@ else
 	# "dev"; the version is the commit, as `git describe --always` says
 	# without tags.
 	log "building berth $short with its own Makefile (first time only, a few minutes)"
-	(cd "$tmp/src" && ticking "building berth $short" make --no-print-directory build VERSION="$short" COMMIT="$short" >&2)
+	# At today's module versions and tags where it builds so (hack/modalign:
+	# the build cache then has its dependencies compiled already, ~3 minutes
+	# of both cores less on a cold machine); its code is the release's.
+	build_release() { (cd "$tmp/src" && ticking "building berth $short" make --no-print-directory build VERSION="$short" COMMIT="$short" "$@" >&2); }
+	cp "$tmp/src/go.mod" "$tmp/go.mod.orig"
+	cp "$tmp/src/go.sum" "$tmp/go.sum.orig"
+	if [ "${BERTH_ALIGN:-1}" = 0 ] ||
+		! (cd "$tmp/src" && align_with_berth) ||
+		! build_release GO_BUILD="CGO_ENABLED=1 go build -tags ceph,pacific,netgo,osusergo"; then
+		[ "${BERTH_ALIGN:-1}" = 0 ] || log "berth $short does not build at today's module versions: building it at its own"
+		cp "$tmp/go.mod.orig" "$tmp/src/go.mod"
+		cp "$tmp/go.sum.orig" "$tmp/src/go.sum"
+		build_release
+	fi
 	log "writing the image $tag with its own image builder"
 	# The image carries the node's mkfs/resize tools and ganesha, as the
 	# dev image does (images.sh).

@@ -136,6 +136,11 @@ func (e *Env) WriteKubeconfig(path string) error {
 	return clientcmd.WriteToFile(*cfg, path)
 }
 
+// CephTags are the build tags of berth with the ceph backend, as the
+// Makefile's CEPH_TAGS: netgo,osusergo keep every pure-Go package compiled
+// as in a static build, so both share the Go build cache.
+const CephTags = "ceph,pacific,netgo,osusergo"
+
 // BuildBerth builds the berth binary into dir, as `make build` does, and
 // returns its path: with the ceph backend (cgo against Debian's librbd and
 // librados), or static without it when BERTH_CEPH=0 (`make build CEPH=0`).
@@ -157,7 +162,7 @@ func BuildBerth(dir string) (string, error) {
 	// -trimpath as in the Makefile: the same flags reuse what make build
 	// and the test binaries compiled (another set compiles every
 	// dependency again, minutes on a cold machine).
-	args, env := []string{"build", "-trimpath", "-tags", "ceph,pacific"}, "CGO_ENABLED=1"
+	args, env := []string{"build", "-trimpath", "-tags", CephTags}, "CGO_ENABLED=1"
 	if os.Getenv("BERTH_CEPH") == "0" {
 		args, env = []string{"build", "-trimpath"}, "CGO_ENABLED=0"
 	}
@@ -179,11 +184,11 @@ func BuildBerth(dir string) (string, error) {
 	}
 	// And its ceph build (launch.CephBinaryName), which serves rbd images.
 	if os.Getenv("BERTH_CEPH") != "0" {
-		cmd = exec.Command("go", "build", "-trimpath", "-tags", "ceph,pacific", "-o", filepath.Join(dir, "berth-blockdev-ceph"), "./cmd/berth-blockdev")
+		cmd = exec.Command("go", "build", "-trimpath", "-tags", CephTags, "-o", filepath.Join(dir, "berth-blockdev-ceph"), "./cmd/berth-blockdev")
 		cmd.Dir = RepoRoot()
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=1")
 		if b, err := cmd.CombinedOutput(); err != nil {
-			return "", fmt.Errorf("go build -trimpath -tags ceph,pacific ./cmd/berth-blockdev: %w\n%s", err, b)
+			return "", fmt.Errorf("go build -trimpath -tags %s ./cmd/berth-blockdev: %w\n%s", CephTags, err, b)
 		}
 	}
 	return out, nil
