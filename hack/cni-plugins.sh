@@ -49,9 +49,18 @@ names=("$@")
 # drop_vendor: the module zip keeps only vendor/modules.txt.
 drop_vendor() { rm -rf vendor; }
 
+# align_keep NAME: the modules a plugin keeps at its own versions
+# (align_with_berth): multus v4.2.2 reads podresources' CDIDevices, which
+# k8s.io/kubelet v0.34 renamed CdiDevices.
+align_keep() {
+	case "$1" in
+	multus) echo '^k8s\.io/kubelet$' ;;
+	esac
+}
+
 mkdir -p "$OUT"
 for n in "${names[@]}"; do
 	read -r mod version cmd ldflags < <(module "$n")
-	build_module_command "$n" "$mod" "$version" "$cmd" "$OUT/$n-$version" "-s -w $ldflags" drop_vendor
+	ALIGN_KEEP=$(align_keep "$n") build_module_command "$n" "$mod" "$version" "$cmd" "$OUT/$n-$version" "-s -w $ldflags" drop_vendor
 done
 echo "$OUT"

@@ -64,7 +64,7 @@ else
 	cp "$tmp/src/go.mod" "$tmp/go.mod.orig"
 	cp "$tmp/src/go.sum" "$tmp/go.sum.orig"
 	if [ "${BERTH_ALIGN:-1}" = 0 ] ||
-		! (cd "$tmp/src" && align_with_berth) ||
+		! (cd "$tmp/src" && align_with_berth && GOFLAGS=-mod=mod go mod tidy) ||
 		! build_release GO_BUILD="CGO_ENABLED=1 go build -tags ceph,pacific,netgo,osusergo"; then
 		[ "${BERTH_ALIGN:-1}" = 0 ] || log "berth $short does not build at today's module versions: building it at its own"
 		cp "$tmp/go.mod.orig" "$tmp/src/go.mod"
@@ -76,7 +76,7 @@ else
 	# dev image does (images.sh).
 	"$REPO/hack/install-deps.sh" e2fsprogs xfsprogs nfs-ganesha nfs-ganesha-vfs >&2
 	mkdir "$tmp/img"
-	(cd "$tmp/src" && go run -trimpath ./hack/images -out "$tmp/img" -pause "" -busybox "" -berth "$tmp/src/bin/berth" -berth-tag "$tag" >&2)
+	(cd "$tmp/src" && CGO_ENABLED=0 go run -trimpath ./hack/images -out "$tmp/img" -pause "" -busybox "" -berth "$tmp/src/bin/berth" -berth-tag "$tag" >&2)
 	mv "$tmp/img/berth.tar" "$tmp/berth.tar"
 	rmdir "$tmp/img"
 	echo "$tag" >"$tmp/tag"

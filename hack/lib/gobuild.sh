@@ -48,7 +48,7 @@ BERTH_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 
 # align_with_berth [KEEP-REGEX]: in the Go module of the current folder,
 # raises every requirement that berth's go.mod also selects to berth's
-# version where berth's is higher (hack/modalign), then tidies. On a cold
+# version where berth's is higher (hack/modalign). On a cold
 # machine, client-go, grpc and golang.org/x then compile once for berth and
 # every program built here, not once per program (~170 s of both cores per
 # client-go). Modules matching KEEP-REGEX keep their own versions.
@@ -60,14 +60,18 @@ align_with_berth() {
 		(cd "$BERTH_ROOT" && CGO_ENABLED=0 go build -trimpath -o "$work/modalign" ./hack/modalign)
 	fi
 	local round
-	# Raised modules can bring in more shared ones: a second round.
+	# Raised modules can bring in more shared ones: a second round. No go
+	# mod tidy: it resolves every package of the module, tests included
+	# (csi-provisioner's e2e tests import k8s.io/kubernetes); the build's
+	# -mod=mod adds what the program itself needs.
 	for round in 1 2; do
 		"$work/modalign" -berth "$BERTH_ROOT" ${1:+-keep "$1"} || return 1
-		GOFLAGS=-mod=mod go mod tidy >/dev/null 2>&1 || GOFLAGS=-mod=mod go mod tidy || return 1
 	done
 }
 
 # build_module_command NAME MODULE VERSION CMD-DIR BIN LDFLAGS [PREPARE]
+# (ALIGN_KEEP: the modules, a regular expression, that align_with_berth
+# leaves at the program's own versions)
 # builds the command CMD-DIR of MODULE@VERSION as the static binary BIN,
 # unless BIN is there. It is built in a writable copy of the downloaded
 # module with the module's own go.mod and go.sum (the dependency versions it
@@ -95,7 +99,7 @@ build_module_command() {
 	build_here() { (cd "$work/$name" && CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags "$ldflags" -o "$bin.tmp" "$cmd"); }
 	cp "$work/$name/go.mod" "$work/$name.go.mod"
 	cp "$work/$name/go.sum" "$work/$name.go.sum" 2>/dev/null || : >"$work/$name.go.sum"
-	if ! (cd "$work/$name" && align_with_berth) || ! build_here; then
+	if ! (cd "$work/$name" && align_with_berth "${ALIGN_KEEP:-}") || ! build_here; then
 		[ "${BERTH_ALIGN:-1}" != 0 ] || exit 1
 		log "$name $version does not build at berth's module versions: building it at its own"
 		cp "$work/$name.go.mod" "$work/$name/go.mod"

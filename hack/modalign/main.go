@@ -71,8 +71,8 @@ func run(berthDir, keep string, out io.Writer) error {
 	}
 	raised := raise(mine, target, keepRE)
 	for _, m := range raised {
-		if err := f.AddRequire(m.Path, m.Version); err != nil {
-			return fmt.Errorf("require %s: %w", m, err)
+		if err := pin(f, m); err != nil {
+			return err
 		}
 	}
 	f.Cleanup()
@@ -106,6 +106,23 @@ func raise(mine, target map[string]string, keep *regexp.Regexp) []module.Version
 	return out
 }
 
+// pin makes m's version the one f selects: a replacement of the module
+// by a version of itself (how sidecars pin k8s.io modules) is moved to
+// it too, or it would still win over the requirement.
+func pin(f *modfile.File, m module.Version) error {
+	for _, r := range f.Replace {
+		if r.Old.Path == m.Path && r.New.Path == m.Path && r.New.Version != "" {
+			if err := f.AddReplace(r.Old.Path, r.Old.Version, m.Path, m.Version); err != nil {
+				return fmt.Errorf("replace %s: %w", m, err)
+			}
+		}
+	}
+	if err := f.AddRequire(m.Path, m.Version); err != nil {
+		return fmt.Errorf("require %s: %w", m, err)
+	}
+	return nil
+}
+
 // listed is what `go list -m -json` prints of one module.
 type listed struct {
 	Path    string
@@ -115,8 +132,9 @@ type listed struct {
 }
 
 // buildList is the selected version of every module in dir's build list,
-// without the main module and without replaced ones (their code is not the
-// version's).
+// without the main module. A module replaced by a version of itself counts
+// at that version; one replaced by another module or a folder is left out
+// (its code is not the version's).
 func buildList(dir string) (map[string]string, error) {
 	cmd := exec.Command("go", "list", "-m", "-json", "all")
 	cmd.Dir = dir
@@ -140,9 +158,16 @@ func parseList(b []byte) (map[string]string, error) {
 		} else if err != nil {
 			return nil, fmt.Errorf("go list output: %w", err)
 		}
-		if m.Main || m.Replace != nil {
+		v := m.Version
+		if m.Replace != nil {
+			if m.Replace.Path != m.Path || m.Replace.Version == "" {
+				continue
+			}
+			v = m.Replace.Version
+		}
+		if m.Main {
 			continue
 		}
-		out[m.Path] = m.Version
+		out[m.Path] = v
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"regexp"
 	"testing"
 
+	"golang.org/x/mod/modfile"
 	"golang.org/x/mod/module"
 )
 
@@ -36,16 +37,55 @@ func TestRaise(t *testing.T) {
 	}
 }
 
-func TestParseListSkipsMainAndReplaced(t *testing.T) {
+func TestParseListSkipsMainAndReplacedByOthers(t *testing.T) {
 	in := `{"Path":"berth.local/x","Main":true}
 {"Path":"golang.org/x/net","Version":"v0.41.0"}
 {"Path":"k8s.io/api","Version":"v0.0.0","Replace":{"Path":"k8s.io/api","Version":"v0.34.4"}}
+{"Path":"example.com/fork","Version":"v1.0.0","Replace":{"Path":"example.com/other","Version":"v1.1.0"}}
+{"Path":"example.com/local","Version":"v1.0.0","Replace":{"Path":"../local"}}
 `
 	got, err := parseList([]byte(in))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := map[string]string{"golang.org/x/net": "v0.41.0"}; !reflect.DeepEqual(got, want) {
+	want := map[string]string{"golang.org/x/net": "v0.41.0", "k8s.io/api": "v0.34.4"}
+	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("parseList = %v, want %v", got, want)
+	}
+}
+
+func TestPinMovesAVersionReplacement(t *testing.T) {
+	in := `module example.com/sidecar
+
+go 1.24
+
+require k8s.io/apimachinery v0.33.0
+
+replace k8s.io/apimachinery => k8s.io/apimachinery v0.33.0
+
+replace example.com/local => ../local
+`
+	f, err := modfile.Parse("go.mod", []byte(in), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pin(f, module.Version{Path: "k8s.io/apimachinery", Version: "v0.34.4"}); err != nil {
+		t.Fatal(err)
+	}
+	f.Cleanup()
+	var got []string
+	for _, r := range f.Require {
+		got = append(got, "require "+r.Mod.String())
+	}
+	for _, r := range f.Replace {
+		got = append(got, "replace "+r.Old.String()+" => "+r.New.String())
+	}
+	want := []string{
+		"require k8s.io/apimachinery@v0.34.4",
+		"replace k8s.io/apimachinery => k8s.io/apimachinery@v0.34.4",
+		"replace example.com/local => ../local",
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("go.mod after pin:\n%v\nwant\n%v", got, want)
 	}
 }
