@@ -65,7 +65,7 @@ EOF
 	go mod tidy >/dev/null 2>&1 || go mod tidy
 	align_with_berth
 	# The version CoreDNS reports is its module's; GitCommit names the pin.
-	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION" -o "$BIN.tmp" .
+	CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -ldflags "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION" -o "$BIN.tmp" .
 )
 mv "$BIN.tmp" "$BIN"
 log "CoreDNS $COREDNS_VERSION ready in $((SECONDS - start))s"

@@ -66,7 +66,7 @@ EOF
 		go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >/dev/null 2>&1 || go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION"
 		go mod tidy >/dev/null 2>&1 || go mod tidy
 		align_with_berth
-		CGO_ENABLED=0 go build -trimpath -o "$OUT/etcd.tmp" .
+		CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath -o "$OUT/etcd.tmp" .
 	)
 	mv "$OUT/etcd.tmp" "$OUT/etcd"
 }
